@@ -1,0 +1,55 @@
+"""`fleet-agent` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from agent import __version__
+from agent.config import DEFAULT_PATH, AgentConfig
+
+
+def _add_config(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=DEFAULT_PATH,
+        metavar="PATH",
+        help=f"TOML config file (default: {DEFAULT_PATH}); FLEETD_* environment variables override it",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fleet-agent",
+        description="fleetd's on-node agent: IMDS watcher, telemetry, torchrun supervisor, checkpoints.",
+    )
+    parser.add_argument("--version", action="version", version=f"fleet-agent {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    run = sub.add_parser("run", help="run the agent (systemd service on every node)")
+    _add_config(run)
+    config = sub.add_parser("config", help="configuration tools (config check)")
+    csub = config.add_subparsers(dest="config_command", metavar="ACTION", required=True)
+    check = csub.add_parser(
+        "check",
+        help="validate the config; print it with secrets redacted (exit 0) or each error (exit 2)",
+    )
+    _add_config(check)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "config":
+        from fleetd.protocol.settings import config_check
+
+        return config_check(AgentConfig, args.config)
+    if args.command == "run":
+        print("fleet-agent run: not built yet (tracked in issue 5)", file=sys.stderr)
+        return 3
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""fleet-agent's configuration: /etc/fleetd/agent.toml plus FLEETD_* environment overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from fleetd.protocol.settings import (
+    AwsConfig,
+    CheckpointConfig,
+    FileSettings,
+    Group,
+    JobConfig,
+    MqttConfig,
+    Name,
+    RendezvousConfig,
+    load_settings,
+)
+
+DEFAULT_PATH = Path("/etc/fleetd/agent.toml")
+
+
+class NodeConfig(Group):
+    fleet: Name = "default"
+    imds_url: str = "http://169.254.169.254"
+    imds_token_ttl_s: Annotated[int, Field(ge=60, le=21600)] = 21600
+    imds_timeout_s: Annotated[float, Field(gt=0)] = 1.0
+    poll_interval_s: Annotated[float, Field(gt=0, le=1.0)] = 0.5
+    telemetry_interval_s: Annotated[float, Field(gt=0)] = 1.0
+    # Address other nodes reach this one on (torchrun --local-addr); empty: IMDS local-ipv4.
+    node_addr: str = ""
+    state_dir: Path = Path("/var/lib/fleet-agent")
+    # Local channel the trainer reports step/throughput on (a unix datagram socket).
+    trainer_socket: Path = Path("/run/fleet-agent/trainer.sock")
+    min_nodes: Annotated[int, Field(ge=1)] = 1
+    max_nodes: Annotated[int, Field(ge=1)] = 4
+    shutdown_timeout_s: Annotated[float, Field(gt=0)] = 90.0
+
+
+class LoggingConfig(Group):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class AgentConfig(FileSettings):
+    node: NodeConfig = NodeConfig()
+    aws: AwsConfig = AwsConfig()
+    mqtt: MqttConfig = MqttConfig()
+    rendezvous: RendezvousConfig = RendezvousConfig()
+    checkpoints: CheckpointConfig = CheckpointConfig()
+    job: JobConfig = JobConfig()
+    logging: LoggingConfig = LoggingConfig()
+
+
+def load(path: Path | None = DEFAULT_PATH) -> AgentConfig:
+    return load_settings(AgentConfig, path)

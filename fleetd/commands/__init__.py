@@ -1,0 +1,1 @@
+"""Subcommands of `fleetd`; see fleetd/cli.py for the table."""

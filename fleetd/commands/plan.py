@@ -1,0 +1,17 @@
+"""`fleetd plan`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from fleetd.commands.common import add_config_argument, not_built
+from fleetd.config import DEFAULT_PATH
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument('--json', action='store_true', help='print JSON instead of a table')
+
+
+def run(args: argparse.Namespace) -> int:
+    return not_built("fleetd plan", 9)

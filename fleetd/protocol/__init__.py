@@ -1,0 +1,50 @@
+"""Everything that crosses a process boundary: wire messages, topics, shared config groups, the
+checkpoint layout in S3, and the log format. The agent imports nothing else from fleetd."""
+
+from fleetd.protocol.errors import ProtocolError
+from fleetd.protocol.messages import (
+    SCHEMA_VERSION,
+    CheckpointCommand,
+    CheckpointSaved,
+    CheckpointUploaded,
+    Command,
+    DrainCommand,
+    Event,
+    GpuSample,
+    LeaveCommand,
+    Message,
+    Notice,
+    Rebalance,
+    ShutdownCommand,
+    Status,
+    Telemetry,
+    TrainerExited,
+    parse_message,
+)
+from fleetd.protocol.topics import NodeTopic, decode, fleet_filter, node_topic, parse_topic
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "CheckpointCommand",
+    "CheckpointSaved",
+    "CheckpointUploaded",
+    "Command",
+    "DrainCommand",
+    "Event",
+    "GpuSample",
+    "LeaveCommand",
+    "Message",
+    "NodeTopic",
+    "Notice",
+    "ProtocolError",
+    "Rebalance",
+    "ShutdownCommand",
+    "Status",
+    "Telemetry",
+    "TrainerExited",
+    "decode",
+    "fleet_filter",
+    "node_topic",
+    "parse_message",
+    "parse_topic",
+]

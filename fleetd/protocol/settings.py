@@ -1,0 +1,201 @@
+"""Config groups shared by the controller and the agent, and the one loader both use.
+
+Config is input from another party (an operator's TOML file and environment), so it lives with the
+other boundary contracts: it is validated strictly (unknown keys are errors) and reported field by
+field, never with a traceback. Precedence: environment (``FLEETD_`` prefix, ``__`` for nesting)
+over the TOML file over defaults.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import sys
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+NonEmpty = Annotated[str, Field(min_length=1)]
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+
+
+class Group(BaseModel):
+    """Base of every config group: frozen, and unknown keys are errors (typos must not pass)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AwsConfig(Group):
+    region: NonEmpty = "us-east-1"
+    # moto server, LocalStack or any S3/EC2-compatible endpoint; None means real AWS.
+    endpoint_url: str | None = None
+    profile: str | None = None
+
+
+class MqttConfig(Group):
+    url: NonEmpty = Field("mqtt://127.0.0.1:1883", description="mqtt://host:port or mqtts://host:port")
+    username: str | None = None
+    password: SecretStr | None = None
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    keepalive_s: Annotated[int, Field(ge=5, le=3600)] = 15
+
+    @model_validator(mode="after")
+    def _cert_pair(self) -> "MqttConfig":
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file must be given together")
+        if not (self.url.startswith("mqtt://") or self.url.startswith("mqtts://")):
+            raise ValueError("url must start with mqtt:// or mqtts://")
+        return self
+
+    @property
+    def host(self) -> str:
+        return self.url.split("://", 1)[1].rsplit(":", 1)[0]
+
+    @property
+    def port(self) -> int:
+        rest = self.url.split("://", 1)[1]
+        if ":" in rest:
+            return int(rest.rsplit(":", 1)[1].rstrip("/"))
+        return 8883 if self.url.startswith("mqtts://") else 1883
+
+    @property
+    def tls(self) -> bool:
+        return self.url.startswith("mqtts://") or self.ca_file is not None
+
+
+class RendezvousConfig(Group):
+    # Where the rendezvous host binds (control host) / where nodes reach it (agents).
+    host: NonEmpty = "127.0.0.1"
+    port: Annotated[int, Field(ge=1, le=65535)] = 29400
+    run_id: Name = "fleetd"
+    join_timeout_s: Annotated[float, Field(gt=0)] = 600.0
+    # torchrun's default is 30 s; fleetd completes rounds itself, so a short last call is safe.
+    last_call_timeout_s: Annotated[float, Field(gt=0)] = 2.0
+    heartbeat_s: Annotated[float, Field(gt=0)] = 2.0
+    close_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+
+
+class CheckpointConfig(Group):
+    bucket: Name = "fleetd-checkpoints"
+    prefix: Annotated[str, Field(pattern=r"^[A-Za-z0-9_./-]*$")] = "checkpoints"
+    keep: Annotated[int, Field(ge=1)] = 3
+    interval_steps: Annotated[int, Field(ge=1)] = 100
+    local_dir: Path = Path("/var/lib/fleet-agent/checkpoints")
+
+
+class JobConfig(Group):
+    name: Name = "train"
+    entrypoint: NonEmpty = "agent.examples.train_toy"
+    args: tuple[str, ...] = ()
+    nproc_per_node: Annotated[int, Field(ge=1)] = 1
+    # run `python -m <entrypoint>` when True, else treat it as a script path
+    module: bool = True
+
+
+_CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("config_file", default=None)
+
+
+class FileSettings(BaseSettings):
+    """BaseSettings whose sources are: environment, then the TOML file named at load time."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="FLEETD_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        path = _CONFIG_FILE.get()
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if path is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
+        return tuple(sources)
+
+
+S = TypeVar("S", bound=FileSettings)
+
+
+class ConfigError(Exception):
+    """The config could not be loaded; ``problems`` holds one (path, reason) per invalid field."""
+
+    def __init__(self, source: str, problems: list[tuple[str, str]]):
+        self.source = source
+        self.problems = problems
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        lines = [f"invalid configuration ({self.source}):"]
+        lines += [f"  {path}: {reason}" for path, reason in self.problems]
+        return "\n".join(lines)
+
+
+_REASONS = {
+    "extra_forbidden": "unknown key (not a setting of this version; check the spelling)",
+    "missing": "required but not set",
+}
+
+
+def _problems(err: ValidationError) -> list[tuple[str, str]]:
+    out = []
+    for e in err.errors(include_url=False):
+        path = ".".join(str(p) for p in e["loc"]) or "<root>"
+        reason = _REASONS.get(e["type"], e["msg"])
+        if e["type"] not in _REASONS and "input" in e and not isinstance(e["input"], (dict, list)):
+            reason = f"{reason} (got {e['input']!r})"
+        out.append((path, reason))
+    return out
+
+
+def load_settings(cls: type[S], path: Path | None, **overrides: Any) -> S:
+    """Load ``cls`` from the TOML file at ``path`` (None: environment and defaults only).
+
+    Raises ConfigError listing every invalid field; never a bare ValidationError or traceback.
+    """
+    source = str(path) if path is not None else "environment and defaults"
+    if path is not None:
+        if not path.is_file():
+            raise ConfigError(source, [("<file>", f"config file {path} does not exist")])
+        try:
+            tomllib.loads(path.read_text())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(source, [("<file>", f"not valid TOML: {exc}")]) from None
+    token = _CONFIG_FILE.set(path)
+    try:
+        return cls(**overrides)
+    except ValidationError as err:
+        raise ConfigError(source, _problems(err)) from None
+    finally:
+        _CONFIG_FILE.reset(token)
+
+
+def redacted_dump(settings: BaseModel) -> dict[str, Any]:
+    """The effective config as plain JSON-able data; SecretStr values print as '**********'."""
+    return settings.model_dump(mode="json")
+
+
+def config_check(cls: type[FileSettings], path: Path | None, out=sys.stdout, err=sys.stderr) -> int:
+    """Shared body of ``fleetd config check`` and ``fleet-agent config check``: exit 0 or 2."""
+    import json
+
+    try:
+        settings = load_settings(cls, path)
+    except ConfigError as exc:
+        print(exc.render(), file=err)
+        return 2
+    print(json.dumps(redacted_dump(settings), indent=2, sort_keys=True), file=out)
+    return 0

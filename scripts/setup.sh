@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Idempotent set-up on a fresh machine: mosquitto (apt), a virtualenv, the CPU build of torch,
+# then fleetd with its test and demo extras. Called by `make test` and `make demo`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+need_apt=()
+command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need_apt+=(mosquitto)
+command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "setup: installing ${need_apt[*]} with apt-get"
+  as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$PY" -m venv .venv
+fi
+
+# torch first, pinned to a CPU build: an unpinned torch drags in several GB of CUDA wheels.
+# (Where no local CPU wheel exists, point PIP_EXTRA_INDEX_URL at a CPU wheel index.)
+if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
+  echo "setup: installing torch (CPU build)"
+  .venv/bin/pip install -q "torch==${TORCH_VERSION:-2.13.0}"
+fi
+
+stamp=.venv/.fleetd-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "setup: installing fleetd[test,demo]"
+  .venv/bin/pip install -q -e '.[test,demo]'
+  touch "$stamp"
+fi

@@ -1,0 +1,71 @@
+"""Shared fixtures: a moto server and a real mosquitto, each on a random port.
+
+- ``moto_endpoint``: URL of a ThreadedMotoServer; its state is reset after every test that uses it.
+- ``aio_session`` / ``aws_client_kwargs``: an aiobotocore session and the kwargs (endpoint, region,
+  no retries) to create clients against moto.
+- ``mosquitto``: a session-wide broker; ``mosquitto_factory``: private brokers (for restart tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from moto.server import ThreadedMotoServer
+
+from tests.harness import moto as moto_harness
+from tests.harness.mosquitto import Mosquitto
+
+moto_harness.use_fake_credentials()
+
+
+@pytest.fixture(scope="session")
+def _moto_server() -> Iterator[str]:
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def moto_endpoint(_moto_server: str) -> Iterator[str]:
+    yield _moto_server
+    moto_harness.reset(_moto_server)
+
+
+@pytest.fixture
+def aws_client_kwargs(moto_endpoint: str) -> dict:
+    return {
+        "endpoint_url": moto_endpoint,
+        "region_name": "us-east-1",
+        "config": moto_harness.NO_RETRIES,
+    }
+
+
+@pytest.fixture
+def aio_session():
+    from aiobotocore.session import get_session
+
+    return get_session()
+
+
+@pytest.fixture(scope="session")
+def mosquitto() -> Iterator[Mosquitto]:
+    broker = Mosquitto().start()
+    yield broker
+    broker.close()
+
+
+@pytest.fixture
+def mosquitto_factory() -> Iterator:
+    brokers: list[Mosquitto] = []
+
+    def make(**kwargs) -> Mosquitto:
+        b = Mosquitto(**kwargs)
+        brokers.append(b)
+        return b
+
+    yield make
+    for b in brokers:
+        b.close()

@@ -1,0 +1,1 @@
+"""Test harness: real services on random ports (moto server, mosquitto)."""
