@@ -39,6 +39,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _run(path: Path) -> int:
+    import asyncio
+
+    from agent.config import load
+    from agent.main import run_agent
+    from fleetd.protocol.logs import configure_logging
+    from fleetd.protocol.settings import ConfigError
+
+    try:
+        # The default path may not exist on a dev box: then environment and defaults only.
+        config = load(path if path != DEFAULT_PATH or path.exists() else None)
+    except ConfigError as exc:
+        print(exc.render(), file=sys.stderr)
+        return 2
+    configure_logging(config.logging.level)
+    asyncio.run(run_agent(config))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "config":
@@ -46,8 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return config_check(AgentConfig, args.config)
     if args.command == "run":
-        print("fleet-agent run: not built yet (tracked in issue 5)", file=sys.stderr)
-        return 3
+        return _run(args.config)
     return 2
 
 

@@ -60,6 +60,17 @@ class CapacityConfig(Group):
     subnet_ids: tuple[str, ...] = ()
     price_book: Path | None = None  # file price source (demo, tests, simulator)
     spot_advisor_csv: Path | None = None  # interruption-rate prior (shared/traces snapshot)
+    # Placement ranking: price per GPU x (1 + interruptions/node-hour x interruption_cost_h).
+    interruption_cost_h: Annotated[float, Field(ge=0)] = 0.25
+    # Own history counts as much as the Spot Advisor prior after this many node-hours in a pool.
+    prior_weight_node_hours: Annotated[float, Field(gt=0)] = 50.0
+    # A pool with a notice this recent is "interrupting now" and avoided.
+    interrupting_window_s: Annotated[float, Field(ge=0)] = 900.0
+    # Diversification: at most this many pools per launch, each within this factor of the best.
+    max_pools_per_launch: Annotated[int, Field(ge=1)] = 4
+    diversify_within: Annotated[float, Field(ge=1)] = 1.5
+    # A node that never reports this long after launch is terminated (broken boot).
+    boot_timeout_s: Annotated[float, Field(gt=0)] = 900.0
 
     @model_validator(mode="after")
     def _something_to_buy(self) -> "CapacityConfig":
@@ -75,6 +86,10 @@ class BudgetConfig(Group):
     warn_at: Fraction = 0.8
     forbid_on_demand_at: Fraction = 0.9
     shrink_at: Fraction = 0.95
+    # The forecast is spent + current burn over this horizon.
+    forecast_horizon_s: Annotated[float, Field(gt=0)] = 3600.0
+    # Time a clean stop (coordinated checkpoint, upload, shutdown) may take; kept in reserve.
+    stop_reserve_s: Annotated[float, Field(ge=0)] = 180.0
 
     @model_validator(mode="after")
     def _ordered(self) -> "BudgetConfig":
@@ -91,12 +106,20 @@ class ScalingConfig(Group):
     scale_down_util_pct: Annotated[float, Field(ge=0, le=100)] = 30.0
     cooldown_s: Annotated[float, Field(ge=0)] = 300.0
     straggler_ratio: Fraction = 0.5
+    # Scale down only when one node's marginal efficiency is below
+    # min_marginal_efficiency x (1 - efficiency_hysteresis): no flapping around the threshold.
+    efficiency_hysteresis: Annotated[float, Field(ge=0, lt=1)] = 0.1
+    initial_nodes: Annotated[int, Field(ge=0)] | None = None  # None: fleet.max_nodes
 
 
 class RebalanceConfig(Group):
     max_checkpoint_age_s: Annotated[float, Field(gt=0)] = 600.0
     max_recommendation_replacements_per_hour: Annotated[int, Field(ge=0)] = 2
     silence_s: Annotated[float, Field(gt=0)] = 30.0  # telemetry silence that counts as a signal
+    # Do not ask for another checkpoint while the last request is younger than this.
+    checkpoint_retry_s: Annotated[float, Field(gt=0)] = 120.0
+    # A planned drain (scale-down, return to spot) that has not finished by then is terminated.
+    drain_timeout_s: Annotated[float, Field(gt=0)] = 300.0
 
 
 class LoggingConfig(Group):

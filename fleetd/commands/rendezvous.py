@@ -1,11 +1,11 @@
-"""`fleetd rendezvous`."""
+"""`fleetd rendezvous`: host the job's c10d rendezvous store in its own long-lived process."""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+import sys
 
-from fleetd.commands.common import add_config_argument, not_built
+from fleetd.commands.common import add_config_argument
 from fleetd.config import DEFAULT_PATH
 
 
@@ -14,4 +14,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return not_built("fleetd rendezvous", 6)
+    from fleetd.config import load
+    from fleetd.protocol.logs import bind_context, configure_logging
+    from fleetd.protocol.settings import ConfigError
+    from fleetd.rendezvous.host import HostSpec, run_until_signalled
+
+    try:
+        cfg = load(args.config)
+    except ConfigError as exc:
+        print(exc.render(), file=sys.stderr)
+        return 2
+    configure_logging(cfg.logging.level, json=cfg.logging.json_lines)
+    bind_context(fleet=cfg.fleet.name, component="rendezvous-host", run_id=cfg.rendezvous.run_id)
+    return run_until_signalled(HostSpec(cfg.rendezvous.host, cfg.rendezvous.port))

@@ -71,6 +71,22 @@ class Node:
     gpu_util_pct: float | None = None
     steps_per_s: float | None = None
     step: int | None = None
+    # The most this node can cost per hour: its spot bid (AWS reclaims it above that), or its
+    # on-demand price. The hard budget cap is committed at this price; None: price_per_hour.
+    max_price_per_hour: float | None = None
+    running_since: float | None = None  # joined training (first telemetry with a step)
+    drain_started_at: float | None = None  # when a Drain was sent (planned or on notice)
+
+    @property
+    def worst_case_price_per_hour(self) -> float:
+        if self.max_price_per_hour is None:
+            return self.price_per_hour
+        return max(self.price_per_hour, self.max_price_per_hour)
+
+    @property
+    def leaving(self) -> bool:
+        """Already on its way out: counts for spend, not for capacity."""
+        return self.phase in (NodePhase.DRAINING, NodePhase.LEAVING, NodePhase.TERMINATED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,15 +96,32 @@ class Action:
     reason: str
 
 
+class LaunchPurpose(StrEnum):
+    CAPACITY = "capacity"  # reach the target node count (first start, scale-up, replace a loss)
+    REBALANCE_PREBUY = "rebalance-prebuy"  # counts against rebalance churn per hour
+    RETURN_TO_SPOT = "return-to-spot"  # spot node that will replace an on-demand one
+    ON_DEMAND_FALLBACK = "on-demand-fallback"
+
+
 @dataclass(frozen=True, slots=True)
 class Launch(Action):
     count: int
     market: Market
     # Ranked candidate pools for one CreateFleet request (diversified over types and zones).
     pools: tuple[PoolId, ...]
+    # Spot: the bid per instance (AWS reclaims the node above it); None on on-demand.
     max_price_per_hour: float | None = None
-    # The hourly price the planner budgeted for each node (its worst case among `pools`).
+    # The current hourly price the planner budgeted for each node (the highest among `pools`);
+    # the burn-rate cap is checked at this price, the total cap at max_price_per_hour.
     budgeted_price_per_hour: float = 0.0
+    purpose: LaunchPurpose = LaunchPurpose.CAPACITY
+    # Burn-rate room left under budget.max_usd_per_hour before this launch: a ceiling for
+    # CreateFleet's MaxTotalPrice, so EC2 itself never buys past the cap.
+    max_total_price_per_hour: float | None = None
+
+    @property
+    def worst_case_price_per_hour(self) -> float:
+        return max(self.budgeted_price_per_hour, self.max_price_per_hour or 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,8 +158,41 @@ class StopJob(Action):
     """Coordinated checkpoint, then stop every node cleanly (budget exhausted or job done)."""
 
 
+class BudgetLevel(StrEnum):
+    """Graded responses as the spend forecast nears budget.total_usd (DESIGN.md)."""
+
+    NORMAL = "normal"
+    WARN = "warn"
+    FORBID_ON_DEMAND = "forbid-on-demand"
+    SHRINK = "shrink"
+    STOP = "stop"  # at the cap: coordinated checkpoint, then stop cleanly
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetStatus:
+    """The budget as the planner saw it (for logs, /metrics and `fleetd status`)."""
+
+    level: BudgetLevel = BudgetLevel.NORMAL
+    spent_usd: float = 0.0
+    burn_usd_per_hour: float = 0.0  # nodes kept (not leaving), at current prices, after the plan
+    forecast_usd: float = 0.0  # spent + burn over budget.forecast_horizon_s
+    committed_usd: float = 0.0  # spent + worst case until the next decision and a clean stop
+    runway_h: float | None = None  # hours until total_usd at the current burn (None: no burn)
+    reason: str = ""
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     actions: tuple[Action, ...] = ()
     # Decisions that led to no action are still worth a log line ("holding at 3: cool-down").
     notes: tuple[str, ...] = field(default=())
+    # The node count the planner now aims for. The caller passes it back as
+    # Observation.target_nodes, and sets Observation.last_scaling_at = now when it changed.
+    target_nodes: int | None = None
+    budget: BudgetStatus = field(default_factory=BudgetStatus)
+    # True when this plan needed spot capacity and no spot pool could be tried: the caller starts
+    # Observation.spot_unavailable_since (on-demand fallback after capacity.spot_wait_s).
+    spot_short: bool = False
+
+    def of_type(self, kind: type) -> tuple:
+        return tuple(a for a in self.actions if isinstance(a, kind))

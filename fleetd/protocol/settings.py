@@ -90,6 +90,16 @@ class CheckpointConfig(Group):
     keep: Annotated[int, Field(ge=1)] = 3
     interval_steps: Annotated[int, Field(ge=1)] = 100
     local_dir: Path = Path("/var/lib/fleet-agent/checkpoints")
+    # Parts in flight at once across all files (memory: upload_concurrency x part size).
+    upload_concurrency: Annotated[int, Field(ge=1, le=64)] = 8
+    # 0: chosen per file for throughput (8-64 MiB); else a fixed part size (S3 minimum is 5 MiB).
+    part_size_mb: Annotated[int, Field(ge=0, le=5120)] = 0
+
+    @model_validator(mode="after")
+    def _part_size(self) -> "CheckpointConfig":
+        if 0 < self.part_size_mb < 5:
+            raise ValueError("part_size_mb must be 0 (auto) or >= 5 (S3's minimum part size)")
+        return self
 
 
 class JobConfig(Group):

@@ -6,12 +6,12 @@ agent and controller against the broker that production runs.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
+from fleetd.demo.broker import find_mosquitto as _find, mosquitto_config
 from tests.harness.ports import free_port, wait_port
 
 INSTALL_HINT = (
@@ -20,9 +20,7 @@ INSTALL_HINT = (
 
 
 def find_mosquitto() -> str:
-    exe = shutil.which("mosquitto") or next(
-        (p for p in ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto") if os.path.exists(p)), None
-    )
+    exe = _find()
     if exe is None:
         raise RuntimeError(INSTALL_HINT)
     return exe
@@ -38,19 +36,11 @@ class Mosquitto:
         self.dir = Path(tempfile.mkdtemp(prefix="fleetd-mosquitto-"))
         self.conf = self.dir / "mosquitto.conf"
         self.log = self.dir / "mosquitto.log"
-        lines = [
-            f"listener {self.port} {self.host}" if listener_block is None else listener_block,
-            "persistence false",
-            f"log_dest file {self.log}",
-            "log_type error",
-            "log_type warning",
-            "log_type notice",
-        ]
-        if listener_block is None:
-            lines.append("allow_anonymous true")
-        if os.geteuid() == 0:
-            lines.append("user root")  # mosquitto drops to 'mosquitto' otherwise and cannot write the log
-        self.conf.write_text("\n".join(lines) + "\n" + extra_config + "\n")
+        base = mosquitto_config(self.port, self.log, self.host)
+        if listener_block is not None:
+            # A custom listener (TLS, ACL tests) replaces the anonymous plain one.
+            base = base.replace(f"listener {self.port} {self.host}\nallow_anonymous true\n", listener_block + "\n")
+        self.conf.write_text(base + "log_type notice\n" + extra_config + "\n")
         self.proc: subprocess.Popen | None = None
 
     @property

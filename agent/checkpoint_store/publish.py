@@ -1,0 +1,195 @@
+"""Making step N visible, once every node's shards are in S3: receipts → manifest → latest.
+
+Who writes the manifest, and why (multi-node publishing)
+--------------------------------------------------------
+Each node uploads only its own shard files. When they are all complete it writes a receipt,
+``step-N/_parts/<writer>.json`` (its files with sizes and SHA-256), then lists the receipts of
+step N. Any node that sees receipts from every expected writer merges them (deterministically:
+sorted files, sorted writers) and creates ``MANIFEST.json`` with ``If-None-Match: *``: exactly one
+create wins, the others get 412 and read the winner back. At least one node always sees every
+receipt: S3 is strongly read-after-write consistent, so the node whose receipt PUT finished last
+lists after all receipts exist. No controller round-trip is needed, so a checkpoint taken on a
+notice becomes durable while the controller is down or restarting, and the node that finishes last
+(usually the one with the most data, often the departing one) publishes without waiting for anyone.
+
+``latest`` only moves forward, with ``If-Match: <ETag it read>`` (``If-None-Match: *`` for the
+first), re-reading and retrying when another writer got there first, and only after the manifest it
+points to has been read back.
+
+Safe without conditional writes: moto 5.2 honours IfNoneMatch/IfMatch on PutObject (checked in
+moto/s3/responses.py, put_object), but as a check-then-write that is not atomic under concurrent
+requests, and other S3-compatible stores may ignore the headers. So both writes are followed by a
+read-back: two merges of the same receipts differ only in ``writer``/``created_at``
+(Manifest.same_content), so a lost race leaves an equivalent manifest; and a ``latest`` read back at
+an older step than ours is advanced again. Retention runs only on the node whose name is in the
+stored manifest, so one node deletes per step.
+
+Retention: keep the newest K complete steps; delete complete steps older than those, plus
+incomplete leftovers older than the oldest kept one. It runs only after a newer step is complete
+(it is called after publishing), it never deletes the step ``latest`` names, and since K >= 1 the
+only complete checkpoint is never deleted. A step's manifest is deleted first, so readers stop
+trusting it before its files go.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections import defaultdict
+
+from fleetd.protocol.checkpoints import (
+    MANIFEST_NAME,
+    CheckpointLayout,
+    LatestPointer,
+    Manifest,
+    WriterReceipt,
+    merge_receipts,
+    parse_latest,
+    parse_manifest,
+    parse_receipt,
+)
+from fleetd.protocol.errors import ProtocolError
+from fleetd.protocol.logs import get_logger
+
+from agent.checkpoint_store.errors import ObjectNotFound, PreconditionFailed, StoreError
+from agent.checkpoint_store.s3 import S3Bucket
+
+log = get_logger(__name__)
+
+_LATEST_ATTEMPTS = 8
+
+
+def _b64sha(data: bytes) -> str:
+    return base64.b64encode(hashlib.sha256(data).digest()).decode()
+
+
+class Publisher:
+    def __init__(self, bucket: S3Bucket, layout: CheckpointLayout):
+        self._bucket = bucket
+        self._layout = layout
+
+    async def write_receipt(self, receipt: WriterReceipt) -> None:
+        data = receipt.to_json()
+        key = self._layout.receipt_key(receipt.step, receipt.writer)
+        await self._bucket.put_bytes(key, data, sha256_b64=_b64sha(data), content_type="application/json")
+
+    async def read_receipts(self, step: int) -> list[WriterReceipt]:
+        out = []
+        for obj in await self._bucket.list_objects(self._layout.receipts_prefix(step)):
+            try:
+                data, _ = await self._bucket.get_bytes(obj.key)
+                out.append(parse_receipt(data, source=obj.key, job=self._layout.job, step=step))
+            except ObjectNotFound:
+                continue
+            except ProtocolError as exc:
+                log.warning("checkpoint_receipt_rejected", key=obj.key, error=str(exc))
+        return out
+
+    async def read_manifest(self, step: int) -> Manifest | None:
+        """The manifest of step N, None if absent; ProtocolError if present but invalid."""
+        key = self._layout.manifest_key(step)
+        try:
+            data, _ = await self._bucket.get_bytes(key)
+        except ObjectNotFound:
+            return None
+        return parse_manifest(data, source=key, job=self._layout.job, step=step)
+
+    async def try_publish(self, step: int, writer: str, expected_writers: tuple[str, ...]) -> Manifest | None:
+        """Write step N's manifest if every expected writer's receipt is there; return the stored
+        manifest (ours or the one that beat us), or None while receipts are still missing."""
+        receipts = [r for r in await self.read_receipts(step) if r.writer in expected_writers]
+        if {r.writer for r in receipts} != set(expected_writers):
+            return None
+        ours = merge_receipts(receipts, job=self._layout.job, step=step, merged_by=writer)
+        key = self._layout.manifest_key(step)
+        data = ours.to_json()
+        try:
+            await self._bucket.put_bytes(
+                key, data, sha256_b64=_b64sha(data), if_none_match=True, content_type="application/json"
+            )
+        except PreconditionFailed:
+            log.debug("manifest_already_written", step=step, writer=writer)
+        stored = await self.read_manifest(step)  # read-after-write: trust what S3 holds
+        if stored is None:
+            raise StoreError(f"{key} vanished right after it was written")
+        if not stored.same_content(ours):
+            raise ProtocolError(f"{key} lists other files than the receipts of step {step}")
+        return stored
+
+    async def read_latest(self) -> tuple[LatestPointer | None, str | None]:
+        """(pointer, ETag); (None, None) if absent. ProtocolError if present but invalid."""
+        key = self._layout.latest_key()
+        try:
+            data, etag = await self._bucket.get_bytes(key)
+        except ObjectNotFound:
+            return None, None
+        return parse_latest(data, source=key, job=self._layout.job), etag
+
+    async def advance_latest(self, step: int, writer: str) -> int:
+        """Point ``latest`` at step N unless it already names N or newer; returns the step it names."""
+        key = self._layout.latest_key()
+        for _ in range(_LATEST_ATTEMPTS):
+            try:
+                current, etag = await self.read_latest()
+            except ProtocolError as exc:
+                # A corrupt pointer is replaced (readers list the steps anyway); keep its ETag.
+                log.warning("latest_pointer_rejected", key=key, error=str(exc))
+                current, etag = None, (await self._bucket.get_bytes(key))[1]
+            if current is not None and current.step >= step:
+                return current.step
+            data = LatestPointer(job=self._layout.job, step=step, writer=writer).to_json()
+            try:
+                await self._bucket.put_bytes(
+                    key,
+                    data,
+                    sha256_b64=_b64sha(data),
+                    if_match=etag,
+                    if_none_match=etag is None,
+                    content_type="application/json",
+                )
+            except (PreconditionFailed, ObjectNotFound):
+                continue  # someone moved it (or deleted it) between our read and write: re-read
+            check, _ = await self.read_latest()
+            if check is not None and check.step >= step:
+                return check.step
+        raise StoreError(f"{key}: could not advance to step {step} after {_LATEST_ATTEMPTS} attempts")
+
+    async def steps(self) -> dict[int, list[str]]:
+        """Every step under the job prefix with its keys (one listing of the prefix)."""
+        by_step: dict[int, list[str]] = defaultdict(list)
+        for obj in await self._bucket.list_objects(self._layout.job_prefix):
+            step = self._layout.step_of_key(obj.key)
+            if step is not None:
+                by_step[step].append(obj.key)
+        return dict(by_step)
+
+    async def complete_steps(self) -> list[int]:
+        """Steps that have a manifest, newest first (not verified: restore does that)."""
+        return sorted(
+            (s for s, keys in (await self.steps()).items() if self._layout.manifest_key(s) in keys),
+            reverse=True,
+        )
+
+    async def apply_retention(self, keep: int) -> list[int]:
+        """Delete what retention allows (see module docstring); returns the deleted steps."""
+        if keep < 1:
+            raise ValueError("keep must be >= 1")
+        by_step = await self.steps()
+        complete = sorted((s for s, keys in by_step.items() if self._layout.manifest_key(s) in keys), reverse=True)
+        kept = complete[:keep]
+        if not kept:
+            return []
+        oldest_kept = kept[-1]
+        try:
+            latest, _ = await self.read_latest()
+        except ProtocolError:
+            latest = None
+        protected = set(kept) | ({latest.step} if latest else set())
+        doomed = sorted(s for s in by_step if s < oldest_kept and s not in protected)
+        for step in doomed:
+            keys = by_step[step]
+            manifest = [k for k in keys if k.endswith("/" + MANIFEST_NAME)]
+            await self._bucket.delete_keys(manifest)
+            await self._bucket.delete_keys(k for k in keys if k not in manifest)
+            log.info("checkpoint_deleted", step=step, objects=len(keys), reason=f"retention keeps {keep}")
+        return doomed

@@ -1,0 +1,273 @@
+"""The node side of a spot notice (DESIGN.md "One interruption, end to end"), and the agent hooks
+that wire it and torchrun supervision into the agent (agent.main.NodeHooks).
+
+On a notice the agent does not wait for the controller:
+
+1. request a coordinated checkpoint with ``hold`` in the rendezvous store (every rank saves at the
+   same step N and then waits instead of running ahead);
+2. wait until every rank acknowledged step N;
+3. upload this node's files of step N (agent/checkpoint_store) and say so in the store
+   (``drain_ready``: fleetd may now remove the node);
+4. wait for fleetd's leave (store key, or the MQTT ``leave`` command), bounded by the notice's
+   deadline;
+5. SIGKILL torchrun's whole process tree and confirm with ``left``; fleetd then pokes the
+   survivors, who re-form at the smaller size and resume from step N (their local copy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from agent.supervisor import LaunchSpec, TorchrunExit, TorchrunProcess
+from agent.trainer import local_ckpt
+from agent.trainer.store_link import StoreLink, StoreLinkError
+from fleetd.protocol import rendezvous_keys as keys
+from fleetd.protocol.logs import get_logger
+
+if TYPE_CHECKING:
+    from agent.main import AgentContext
+
+log = get_logger(__name__)
+
+
+class ShardUploader(Protocol):
+    async def upload(self, step: int, directory: Path, *, deadline: datetime | None) -> bool:
+        """Upload this node's files of ``step``; True when this node's shard is durable."""
+
+
+@dataclass
+class CheckpointStoreUploader:
+    """ShardUploader over agent.checkpoint_store (one S3 writer per node)."""
+
+    store: Any  # agent.checkpoint_store.store.CheckpointStore
+    writer: str
+    expected_writers: tuple[str, ...] | None = None  # None: replicated state, each node complete
+
+    async def upload(self, step: int, directory: Path, *, deadline: datetime | None) -> bool:
+        files = [p for p in sorted(directory.rglob("*")) if p.is_file()]
+        # Raises on failure; returning means this node's receipt is written (its shard is safe).
+        await self.store.upload_step(
+            step, files, writer=self.writer, expected_writers=self.expected_writers,
+            deadline=deadline, root=directory,
+        )
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class EmergencyOutcome:
+    step: int | None
+    durable: bool
+    left: bool
+    timings: dict[str, float]  # seconds since the notice, per phase
+    detail: str = ""
+
+
+@dataclass
+class EmergencyFlow:
+    link: StoreLink
+    node_addr: str
+    torchrun: TorchrunProcess
+    ckpt_dir: Path
+    uploader: ShardUploader | None = None
+    leave_event: asyncio.Event = field(default_factory=asyncio.Event)  # set by an MQTT leave
+    poll_s: float = 0.02
+
+    async def _store(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        return await asyncio.to_thread(fn, *args, **kw)
+
+    async def run(self, *, deadline: datetime | None = None, reason: str = "spot notice") -> EmergencyOutcome:
+        t0 = time.monotonic()
+        marks: dict[str, float] = {}
+        mark = lambda name: marks.__setitem__(name, round(time.monotonic() - t0, 4))  # noqa: E731
+        budget = _seconds_until(deadline, default=110.0)
+        log.warning("emergency_started", node_addr=self.node_addr, reason=reason, budget_s=round(budget, 1))
+        step: int | None = None
+        durable = False
+        detail = ""
+        try:
+            seq = await self._store(self.link.request_checkpoint, reason, hold=True,
+                                    leaving=(self.node_addr,), by=self.node_addr)
+            mark("requested")
+            step = await self._wait_saved(seq, until=t0 + budget * 0.5)
+            mark("saved")
+            if step is not None and self.uploader is not None:
+                try:
+                    durable = await asyncio.wait_for(
+                        self.uploader.upload(step, local_ckpt.step_dir(self.ckpt_dir, step), deadline=deadline),
+                        timeout=max(1.0, t0 + budget * 0.8 - time.monotonic()),
+                    )
+                except (TimeoutError, OSError, Exception) as exc:  # noqa: BLE001 - report, then leave anyway
+                    if isinstance(exc, asyncio.CancelledError):
+                        raise
+                    detail = f"upload failed: {exc}"
+                    log.error("emergency_upload_failed", step=step, error=str(exc))
+                mark("uploaded")
+            elif step is None:
+                detail = "no checkpoint acknowledged before the deadline; the last durable one stands"
+            await self._store(self.link.mark_drain_ready, self.node_addr,
+                              keys.DrainReady(step=step, durable=durable, detail=detail))
+            mark("drain_ready")
+            await self._wait_leave(until=t0 + budget)
+            mark("leave")
+        except StoreLinkError as exc:
+            # The store is unreachable: nobody can steer; stop the tree anyway before the deadline.
+            detail = f"rendezvous store unreachable: {exc}"
+            log.error("emergency_store_unreachable", error=str(exc))
+        exit_ = await self.stop_tree()
+        mark("stopped")
+        try:
+            await self._store(self.link.mark_left, self.node_addr, keys.Left(exit_code=exit_.exit_code if exit_ else None))
+        except StoreLinkError as exc:
+            log.warning("emergency_left_unreported", error=str(exc))
+        log.warning("emergency_done", step=step, durable=durable, timings=marks, detail=detail)
+        return EmergencyOutcome(step, durable, True, marks, detail)
+
+    async def _wait_saved(self, seq: int, until: float) -> int | None:
+        while time.monotonic() < until:
+            acks = await self._store(self.link.acks, seq)
+            if acks and len({a.rank for a in acks}) >= acks[0].world_size:
+                return max(a.step for a in acks)
+            await asyncio.sleep(self.poll_s)
+        acks = await self._store(self.link.acks, seq)
+        mine = [a.step for a in acks if a.node_addr == self.node_addr]
+        return max(mine) if mine else None
+
+    async def _wait_leave(self, until: float) -> None:
+        while time.monotonic() < until and not self.leave_event.is_set():
+            if await self._store(self.link.leave_requested, self.node_addr) is not None:
+                return
+            try:
+                await asyncio.wait_for(self.leave_event.wait(), self.poll_s)
+            except TimeoutError:
+                pass
+        if not self.leave_event.is_set() and time.monotonic() >= until:
+            log.warning("emergency_leave_timeout", node_addr=self.node_addr)
+
+    async def stop_tree(self) -> TorchrunExit | None:
+        if not self.torchrun.running:
+            return None
+        self.torchrun.kill()
+        return await self.torchrun.wait()
+
+
+def _seconds_until(deadline: datetime | None, default: float) -> float:
+    if deadline is None:
+        return default
+    return max(1.0, (deadline - datetime.now(UTC)).total_seconds() - 5.0)
+
+
+# ---------------------------------------------------------------------- the agent's hooks
+@dataclass
+class ElasticHooks:
+    """agent.main.NodeHooks: supervise torchrun and run the emergency path."""
+
+    spec: LaunchSpec
+    instance_id: str
+    publish_event: Callable[[Any], Awaitable[None]]
+    set_state: Callable[[str], Awaitable[None]]
+    checkpoints: Any = None  # fleetd.protocol.settings.CheckpointConfig
+    aws: Any = None
+    log_path: Path | None = None
+    torchrun: TorchrunProcess | None = None
+    flow: EmergencyFlow | None = None
+    _emergency: asyncio.Task | None = None
+
+    @classmethod
+    def from_context(cls, ctx: "AgentContext") -> "ElasticHooks":
+        cfg = ctx.config
+        addr = cfg.node.node_addr or ctx.identity.local_ipv4
+        return cls(
+            spec=LaunchSpec.from_config(cfg, addr),
+            instance_id=ctx.identity.instance_id,
+            publish_event=ctx.publish_event,
+            set_state=ctx.set_state,
+            checkpoints=cfg.checkpoints,
+            aws=cfg.aws,
+            log_path=cfg.node.state_dir / "torchrun.log",
+        )
+
+    def _link(self) -> StoreLink:
+        return StoreLink(self.spec.rdzv_host, self.spec.rdzv_port, self.spec.run_id)
+
+    async def run(self) -> None:
+        from fleetd.protocol.messages import TrainerExited
+
+        self.torchrun = TorchrunProcess(self.spec, log_path=self.log_path).start()
+        await self.set_state("training")
+        exit_ = await self.torchrun.wait()
+        await self.publish_event(
+            TrainerExited(instance_id=self.instance_id, exit_code=exit_.exit_code, reason=exit_.reason)
+        )
+
+    async def _with_store(self, body: Callable[[Any], Awaitable[Any]]) -> Any:
+        if self.checkpoints is None:
+            return await body(None)
+        from agent.checkpoint_store.store import CheckpointStore
+
+        async with CheckpointStore.connect(self.checkpoints, self.aws, job=self.spec.job) as store:
+            return await body(store)
+
+    async def on_notice(self, notice: Any) -> None:
+        await self._drain(deadline=notice.action_time, reason=f"spot notice ({notice.action})")
+
+    async def on_drain(self, command: Any) -> None:
+        await self._drain(deadline=command.deadline, reason=command.reason)
+
+    async def _drain(self, *, deadline: datetime | None, reason: str) -> None:
+        if self.torchrun is None or self.flow is not None:
+            return  # not training, or already leaving (notice and drain both arrived)
+        await self.set_state("draining")
+        link = await asyncio.to_thread(self._link().connect)
+
+        async def body(store: Any) -> EmergencyOutcome:
+            uploader = CheckpointStoreUploader(store, self.instance_id) if store is not None else None
+            self.flow = EmergencyFlow(link, self.spec.node_addr, self.torchrun, self.spec.ckpt_dir, uploader)
+            return await self.flow.run(deadline=deadline, reason=reason)
+
+        await self._with_store(body)
+        await self.set_state("leaving")
+
+    async def on_rebalance(self, rebalance: Any) -> None:
+        log.info("rebalance_recommendation", notice_time=rebalance.notice_time.isoformat())
+
+    async def on_checkpoint_saved(self, report: Any) -> None:
+        """Periodic checkpoints go to S3 too, so a node lost without notice costs at most one
+        interval (the survivors resume from the newest copy they hold; a newcomer from S3)."""
+        if self.checkpoints is None or self.flow is not None:
+            return
+
+        async def body(store: Any) -> None:
+            result = await store.upload_step(
+                report.step, [p for p in sorted(Path(report.path).rglob("*")) if p.is_file()],
+                writer=self.instance_id, root=Path(report.path),
+            )
+            await self.publish_event(result.to_event(self.instance_id))
+
+        await self._with_store(body)
+
+    async def on_checkpoint(self, command: Any) -> None:
+        link = await asyncio.to_thread(self._link().connect)
+        await asyncio.to_thread(link.request_checkpoint, command.reason, by=self.instance_id)
+
+    async def on_leave(self, command: Any) -> None:
+        if self.flow is not None:
+            self.flow.leave_event.set()
+            return
+        if self.torchrun is not None and self.torchrun.running:
+            self.torchrun.kill()
+            await self.torchrun.wait()
+            link = await asyncio.to_thread(self._link().connect)
+            await asyncio.to_thread(link.mark_left, self.spec.node_addr, keys.Left())
+
+    async def on_shutdown(self, command: Any) -> None:
+        await self.stop()
+
+    async def stop(self) -> None:
+        if self.torchrun is not None and self.torchrun.running:
+            await self.torchrun.stop(timeout_s=10.0)

@@ -1,0 +1,1 @@
+"""Example training scripts (used by the tests, the benchmarks and ``fleetd demo``)."""

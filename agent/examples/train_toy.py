@@ -1,0 +1,80 @@
+"""A small regression MLP that trains on CPU (gloo) in a fraction of a second per step.
+
+Run under torchrun (what fleetd's supervisor does) or alone:
+``python -m agent.examples.train_toy --steps 100``. It uses fleetd's checkpoint helper, so it
+resumes where the job left off after a membership change, and keeps the global batch constant
+whatever the world size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--steps", type=int, default=1000, help="total steps of the job")
+    p.add_argument("--global-batch", type=int, default=64)
+    p.add_argument("--dim", type=int, default=32)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--step-sleep", type=float, default=0.05,
+                   help="extra seconds per step, standing in for real work (keeps CPU use low)")
+    p.add_argument("--mode", choices=("state_dict", "dcp"), default="state_dict")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    t_main = time.time()
+    args = parse_args(argv)
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from agent.trainer import ElasticCheckpointer, TrainerContext, loss_weight, rank_indices
+
+    torch.set_num_threads(1)  # many ranks share few cores; oversubscription only slows them
+    ctx = TrainerContext.from_env()
+    if "MASTER_ADDR" in os.environ:
+        dist.init_process_group("gloo")
+    t_group = time.time()
+    torch.manual_seed(args.seed)  # the same initial weights on every rank
+    data_gen = torch.Generator().manual_seed(1234)
+    n = 4096
+    x = torch.randn(n, args.dim, generator=data_gen)
+    true_w = torch.randn(args.dim, 1, generator=data_gen)
+    y = torch.tanh(x @ true_w) + 0.01 * torch.randn(n, 1, generator=data_gen)
+
+    model = nn.Sequential(nn.Linear(args.dim, args.hidden), nn.Tanh(), nn.Linear(args.hidden, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    ckpt = ElasticCheckpointer(model, optimizer, mode=args.mode, ctx=ctx)
+    step = ckpt.resume()
+    ddp = nn.parallel.DistributedDataParallel(model) if dist.is_initialized() else model
+    ckpt.emit("start", from_step=step, restart_count=ctx.restart_count, t_main=t_main, t_group=t_group)
+
+    while step < args.steps:
+        step += 1
+        idx = rank_indices(step, args.global_batch, n, ctx.rank, ctx.world_size, args.seed)
+        weight = loss_weight(args.global_batch, ctx.rank, ctx.world_size)
+        optimizer.zero_grad(set_to_none=True)
+        loss = nn.functional.mse_loss(ddp(x[idx]), y[idx]) * weight
+        loss.backward()
+        optimizer.step()
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
+        ckpt.emit("step", step=step, loss=round(float(loss.detach()) / weight, 6))
+        ckpt.step_done(step)
+
+    ckpt.save(step)
+    ckpt.emit("done", step=step)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,311 @@
+"""`fleet-agent run`: the agent's components under one asyncio.TaskGroup.
+
+    IMDS watcher ──notice──> MQTT events (QoS 1, at once) ──> controller
+                 └─────────> hooks.on_notice (emergency path, local, not waiting for anyone)
+    trainer channel ──progress──> telemetry (QoS 0, ~1 Hz)
+                    └─checkpoint saved──> MQTT event + hooks.on_checkpoint_saved
+    MQTT commands ──> hooks.on_checkpoint / on_drain / on_leave / on_shutdown
+
+The emergency path and torchrun supervision are pluggable (``NodeHooks``): the elastic
+training side provides them in ``agent.supervisor`` (``create_hooks(ctx)``); without it the
+agent runs with ``LoggingHooks``. SIGTERM/SIGINT give a bounded clean shutdown: hooks stop,
+queued events are delivered, the retained status says offline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import importlib.util
+import signal
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from agent import __version__
+from agent.config import AgentConfig
+from agent.imds import Identity, ImdsClient, SpotSignal, SpotWatcher, read_identity
+from agent.mqtt_session import MqttSession
+from agent.outbox import Outbox
+from agent.telemetry import TelemetryLoop
+from agent.trainer_channel import TrainerChannel, TrainerProgress
+from fleetd.protocol.logs import bind_context, get_logger
+from fleetd.protocol.messages import (
+    CheckpointCommand,
+    CheckpointSaved,
+    DrainCommand,
+    LeaveCommand,
+    Message,
+    Notice,
+    Rebalance,
+    ShutdownCommand,
+)
+from fleetd.protocol.trainer import CheckpointSavedLocally
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class AgentContext:
+    """What the hooks may use: identity, config, and the agent's ways to report."""
+
+    config: AgentConfig
+    identity: Identity
+    publish_event: Callable[[Message], Awaitable[None]]  # QoS 1 via the outbox
+    set_state: Callable[[str], Awaitable[None]]  # retained status: ready/training/draining/leaving
+    trainer_progress: Callable[[], TrainerProgress]
+    request_stop: Callable[[], None]  # begin the agent's clean shutdown
+
+
+class NodeHooks(Protocol):
+    """The node's emergency path and trainer supervision (implemented in agent.supervisor)."""
+
+    async def run(self) -> None:
+        """Long-running work (supervise torchrun). Returning early is fine."""
+
+    async def on_notice(self, notice: Notice) -> None:
+        """A spot interruption notice: start checkpoint → upload → leave now, locally."""
+
+    async def on_rebalance(self, rebalance: Rebalance) -> None:
+        """A rebalance recommendation: a risk signal only; the controller decides."""
+
+    async def on_checkpoint_saved(self, report: CheckpointSavedLocally) -> None:
+        """The trainer saved a checkpoint locally (upload it)."""
+
+    async def on_checkpoint(self, command: CheckpointCommand) -> None: ...
+
+    async def on_drain(self, command: DrainCommand) -> None: ...
+
+    async def on_leave(self, command: LeaveCommand) -> None: ...
+
+    async def on_shutdown(self, command: ShutdownCommand) -> None:
+        """Stop training cleanly; the agent stops itself after this returns."""
+
+    async def stop(self) -> None:
+        """Agent shutdown (SIGTERM): stop what ``run`` started. Bounded by the caller."""
+
+
+class LoggingHooks:
+    """Default hooks: log what would be done. Used when agent.supervisor is not installed."""
+
+    def __init__(self, ctx: AgentContext) -> None:
+        self.ctx = ctx
+
+    async def run(self) -> None:
+        return None
+
+    async def on_notice(self, notice: Notice) -> None:
+        log.warning("hook_notice", action=notice.action, action_time=notice.action_time.isoformat())
+
+    async def on_rebalance(self, rebalance: Rebalance) -> None:
+        log.info("hook_rebalance", notice_time=rebalance.notice_time.isoformat())
+
+    async def on_checkpoint_saved(self, report: CheckpointSavedLocally) -> None:
+        log.info("hook_checkpoint_saved", step=report.step)
+
+    async def on_checkpoint(self, command: CheckpointCommand) -> None:
+        log.info("hook_checkpoint", reason=command.reason)
+
+    async def on_drain(self, command: DrainCommand) -> None:
+        log.info("hook_drain", reason=command.reason)
+
+    async def on_leave(self, command: LeaveCommand) -> None:
+        log.info("hook_leave", reason=command.reason)
+
+    async def on_shutdown(self, command: ShutdownCommand) -> None:
+        log.info("hook_shutdown", reason=command.reason)
+
+    async def stop(self) -> None:
+        return None
+
+
+HooksFactory = Callable[[AgentContext], NodeHooks]
+
+
+def default_hooks_factory(config: AgentConfig) -> HooksFactory:
+    """agent.supervisor.create_hooks when that module exists and node.supervise_training is set,
+    else LoggingHooks.
+
+    find_spec first, so an ImportError *inside* the supervisor is a loud failure, not a silent
+    fallback to hooks that do nothing.
+    """
+    if config.node.supervise_training and importlib.util.find_spec("agent.supervisor") is not None:
+        module = importlib.import_module("agent.supervisor")
+        return module.create_hooks
+    return LoggingHooks
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, hooks_factory: HooksFactory | None = None) -> None:
+        self.config = config
+        self.hooks_factory = hooks_factory or default_hooks_factory(config)
+        self._stop = asyncio.Event()
+        self._commands: asyncio.Queue[Message] = asyncio.Queue()
+        self._tg: asyncio.TaskGroup | None = None
+        self.identity: Identity | None = None
+        self.session: MqttSession | None = None
+        self.hooks: NodeHooks | None = None
+        self.watcher: SpotWatcher | None = None
+
+    def request_stop(self) -> None:
+        if not self._stop.is_set():
+            log.info("agent_stop_requested")
+        self._stop.set()
+
+    async def run(self) -> None:
+        node = self.config.node
+        async with ImdsClient(node.imds_url, token_ttl_s=node.imds_token_ttl_s, timeout_s=node.imds_timeout_s) as imds:
+            identity = await self._unless_stopped(read_identity(imds))
+            if identity is None:
+                return
+            self.identity = identity
+            bind_context(fleet=node.fleet, instance_id=identity.instance_id)
+            outbox = Outbox(node.state_dir / "outbox.jsonl")
+            await outbox.open()
+            session = self.session = MqttSession(
+                self.config.mqtt,
+                fleet=node.fleet,
+                instance_id=identity.instance_id,
+                outbox=outbox,
+                on_command=self._commands.put,
+                status_fields={
+                    "agent_version": __version__,
+                    "instance_type": identity.instance_type,
+                    "zone": identity.zone,
+                    "lifecycle": identity.lifecycle,
+                    "node_addr": node.node_addr or identity.local_ipv4,
+                },
+            )
+            session.state = "ready"
+            trainer = TrainerChannel(node.trainer_socket, self._checkpoint_saved)
+            ctx = AgentContext(
+                config=self.config,
+                identity=identity,
+                publish_event=session.publish_event,
+                set_state=session.set_state,
+                trainer_progress=trainer.progress,
+                request_stop=self.request_stop,
+            )
+            hooks = self.hooks = self.hooks_factory(ctx)
+            watcher = self.watcher = SpotWatcher(imds, self._on_spot_signal, interval_s=node.poll_interval_s)
+            telemetry = TelemetryLoop(
+                identity.instance_id, session.publish_telemetry, trainer.progress, interval_s=node.telemetry_interval_s
+            )
+            log.info("agent_started", version=__version__)
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                tasks = [
+                    tg.create_task(session.run(), name="mqtt"),
+                    tg.create_task(watcher.run(), name="imds-watcher"),
+                    tg.create_task(telemetry.run(), name="telemetry"),
+                    tg.create_task(trainer.run(), name="trainer-channel"),
+                    tg.create_task(self._dispatch_commands(), name="commands"),
+                    tg.create_task(self._guarded("hooks.run", hooks.run), name="hooks"),
+                ]
+                await self._stop.wait()
+                await self._shutdown(hooks, session)
+                for task in tasks:
+                    task.cancel()
+            self._tg = None
+        log.info("agent_stopped")
+
+    async def _unless_stopped(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        work = asyncio.ensure_future(coro)
+        stopped = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (work, stopped):
+                if not t.done():
+                    t.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await t
+        return work.result() if work.done() and not work.cancelled() else None
+
+    async def _shutdown(self, hooks: NodeHooks, session: MqttSession) -> None:
+        timeout = self.config.node.shutdown_timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            async with asyncio.timeout(timeout):
+                # Leave a few seconds of the budget for the goodbye on MQTT.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(0.1, timeout - 5.0)):
+                        await self._guarded("hooks.stop", hooks.stop)
+                await session.close(timeout_s=max(0.1, deadline - loop.time()))
+        except TimeoutError:
+            log.warning("agent_shutdown_timeout", timeout_s=timeout)
+
+    async def _guarded(self, name: str, hook: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """Run a hook; its bugs are logged, never allowed to take the IMDS watcher down with it."""
+        try:
+            await hook(*args)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("hook_failed", hook=name)
+
+    def _spawn(self, name: str, hook: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """Start a hook as its own task in the agent's TaskGroup (never awaited by the caller)."""
+        if self._tg is not None:
+            self._tg.create_task(self._guarded(name, hook, *args), name=name)
+
+    async def _on_spot_signal(self, sig: SpotSignal) -> None:
+        assert self.identity is not None and self.session is not None and self.hooks is not None
+        iid = self.identity.instance_id
+        if sig.action is not None:
+            notice = Notice(instance_id=iid, action=sig.action.action, action_time=sig.action.time, source="imds")
+            # Publish first (held in the outbox until acknowledged), then act without waiting.
+            await self.session.publish_event(notice)
+            self._spawn("hooks.on_notice", self.hooks.on_notice, notice)
+        if sig.rebalance is not None:
+            rebalance = Rebalance(instance_id=iid, notice_time=sig.rebalance.notice_time, source="imds")
+            await self.session.publish_event(rebalance)
+            self._spawn("hooks.on_rebalance", self.hooks.on_rebalance, rebalance)
+
+    async def _checkpoint_saved(self, report: CheckpointSavedLocally) -> None:
+        assert self.identity is not None and self.session is not None and self.hooks is not None
+        await self.session.publish_event(
+            CheckpointSaved(
+                instance_id=self.identity.instance_id,
+                step=report.step,
+                world_size=report.world_size,
+                nbytes=report.nbytes,
+                duration_s=report.duration_s,
+            )
+        )
+        self._spawn("hooks.on_checkpoint_saved", self.hooks.on_checkpoint_saved, report)
+
+    async def _dispatch_commands(self) -> None:
+        while True:
+            command = await self._commands.get()
+            hooks = self.hooks
+            assert hooks is not None
+            if isinstance(command, CheckpointCommand):
+                self._spawn("hooks.on_checkpoint", hooks.on_checkpoint, command)
+            elif isinstance(command, DrainCommand):
+                self._spawn("hooks.on_drain", hooks.on_drain, command)
+            elif isinstance(command, LeaveCommand):
+                self._spawn("hooks.on_leave", hooks.on_leave, command)
+            elif isinstance(command, ShutdownCommand):
+                self._spawn("hooks.on_shutdown", self._shutdown_command, hooks, command)
+
+    async def _shutdown_command(self, hooks: NodeHooks, command: ShutdownCommand) -> None:
+        try:
+            await hooks.on_shutdown(command)
+        finally:
+            self.request_stop()
+
+
+async def run_agent(config: AgentConfig, hooks_factory: HooksFactory | None = None) -> None:
+    """Run until SIGTERM/SIGINT (or a shutdown command), then stop cleanly within the timeout."""
+    agent = Agent(config, hooks_factory)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, agent.request_stop)
+    try:
+        await agent.run()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

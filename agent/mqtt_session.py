@@ -1,0 +1,191 @@
+"""The agent's MQTT session: one connection at a time, reconnecting with backoff forever.
+
+- ``status`` is retained; the last will (set at every connect) is the same Status with
+  ``state="offline"``, so a killed agent or a dead node shows up as offline without the
+  controller having to time anything out.
+- events go through the Outbox at QoS 1 and leave it only when the broker acknowledged them;
+  after a reconnect the oldest unacknowledged event is sent first.
+- telemetry is QoS 0 and only sent while connected (the next sample replaces a lost one).
+- commands are subscribed on the node's own topic and checked against topic and instance id
+  before they reach the handler (never trust the broker to filter).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiomqtt
+
+from agent.outbox import Outbox, OutboxItem
+from fleetd.protocol.errors import ProtocolError
+from fleetd.protocol.logs import get_logger
+from fleetd.protocol.messages import Message, Status, Telemetry
+from fleetd.protocol.mqtt_options import client_kwargs
+from fleetd.protocol.settings import MqttConfig
+from fleetd.protocol.topics import CHANNEL_QOS, decode, node_topic
+
+log = get_logger(__name__)
+
+OnCommand = Callable[[Message], Awaitable[None]]
+PUBLISH_TIMEOUT_S = 10.0
+MAX_COMMAND_BYTES = 64 * 1024
+
+
+class Backoff:
+    """Exponential backoff with jitter; ``reset()`` after a successful connection."""
+
+    def __init__(self, initial_s: float = 0.2, max_s: float = 10.0) -> None:
+        self.initial_s = initial_s
+        self.max_s = max_s
+        self._next = initial_s
+
+    def reset(self) -> None:
+        self._next = self.initial_s
+
+    def next_delay(self) -> float:
+        delay = self._next * random.uniform(0.75, 1.25)
+        self._next = min(self._next * 2, self.max_s)
+        return delay
+
+
+class MqttSession:
+    def __init__(
+        self,
+        cfg: MqttConfig,
+        *,
+        fleet: str,
+        instance_id: str,
+        outbox: Outbox,
+        on_command: OnCommand,
+        status_fields: dict[str, Any] | None = None,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.fleet = fleet
+        self.instance_id = instance_id
+        self.outbox = outbox
+        self.on_command = on_command
+        self.status_fields = dict(status_fields or {})
+        self.backoff = backoff or Backoff()
+        self.state = "starting"
+        self.connected = asyncio.Event()
+        self.connects = 0
+        self._client: aiomqtt.Client | None = None
+        self._seen_commands: OrderedDict[str, None] = OrderedDict()
+        self.topic = {ch: node_topic(fleet, instance_id, ch) for ch in ("status", "telemetry", "events", "commands")}
+
+    # ------------------------------------------------------------------ public API
+    async def publish_event(self, event: Message) -> None:
+        """Queue a QoS 1 event; returns once it is held (and journaled), not when delivered."""
+        if event.instance_id != self.instance_id:
+            raise ValueError(f"event for {event.instance_id} published by {self.instance_id}")
+        await self.outbox.put(OutboxItem(event.msg_id, self.topic["events"], event.to_json()))
+
+    async def publish_telemetry(self, telemetry: Telemetry) -> None:
+        client = self._client
+        if client is None:
+            return  # QoS 0: a sample taken while disconnected is simply not sent
+        with contextlib.suppress(aiomqtt.MqttError):
+            await client.publish(self.topic["telemetry"], telemetry.to_json(), qos=CHANNEL_QOS["telemetry"])
+
+    async def set_state(self, state: str) -> None:
+        """Change the retained status (e.g. ready -> training -> draining)."""
+        self.state = state
+        client = self._client
+        if client is not None:
+            with contextlib.suppress(aiomqtt.MqttError, TimeoutError):
+                await self._publish_status(client, state)
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        """Bounded clean goodbye: deliver queued events, then retain status offline.
+
+        The caller cancels ``run()`` afterwards; a graceful disconnect does not fire the will,
+        hence the explicit offline status.
+        """
+        self.state = "offline"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        if self.connected.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, deadline - loop.time() - 1.0)):
+                    await self.outbox.wait_empty()
+        if len(self.outbox):
+            log.warning("mqtt_close_undelivered", events=len(self.outbox), journaled=self.outbox.journal is not None)
+        client = self._client
+        if client is not None:
+            with contextlib.suppress(aiomqtt.MqttError, TimeoutError):
+                async with asyncio.timeout(max(0.1, deadline - loop.time())):
+                    await self._publish_status(client, "offline")
+
+    # ------------------------------------------------------------------ connection loop
+    def _status(self, state: str) -> Status:
+        return Status(instance_id=self.instance_id, state=state, **self.status_fields)
+
+    async def _publish_status(self, client: aiomqtt.Client, state: str) -> None:
+        await client.publish(self.topic["status"], self._status(state).to_json(), qos=1, retain=True)
+
+    def _make_client(self) -> aiomqtt.Client:
+        will = aiomqtt.Will(self.topic["status"], self._status("offline").to_json(), qos=1, retain=True)
+        return aiomqtt.Client(
+            identifier=f"fleet-agent-{self.fleet}-{self.instance_id}",
+            will=will,
+            clean_session=True,
+            **client_kwargs(self.cfg, timeout_s=PUBLISH_TIMEOUT_S),
+        )
+
+    async def run(self) -> None:
+        while True:
+            try:
+                async with self._make_client() as client:
+                    self._client = client
+                    self.connects += 1
+                    self.backoff.reset()
+                    await client.subscribe(self.topic["commands"], qos=CHANNEL_QOS["commands"])
+                    await self._publish_status(client, self.state)
+                    self.connected.set()
+                    log.info("mqtt_connected", broker=f"{self.cfg.host}:{self.cfg.port}", connects=self.connects, queued_events=len(self.outbox))
+                    async with asyncio.TaskGroup() as tg:
+                        tg.create_task(self._pump_events(client))
+                        tg.create_task(self._receive_commands(client))
+            except* (aiomqtt.MqttError, TimeoutError) as group:
+                log.warning("mqtt_disconnected", error="; ".join(str(e) for e in group.exceptions))
+            finally:
+                self._client = None
+                self.connected.clear()
+            await asyncio.sleep(self.backoff.next_delay())
+
+    async def _pump_events(self, client: aiomqtt.Client) -> None:
+        while True:
+            item = await self.outbox.first()
+            # Raises MqttError/TimeoutError on a lost connection: the item stays queued.
+            await client.publish(item.topic, item.payload, qos=CHANNEL_QOS["events"], timeout=PUBLISH_TIMEOUT_S)
+            await self.outbox.ack(item.msg_id)
+
+    async def _receive_commands(self, client: aiomqtt.Client) -> None:
+        async for message in client.messages:
+            await self._handle_command(str(message.topic), message.payload)
+
+    async def _handle_command(self, topic: str, payload: Any) -> None:
+        if not isinstance(payload, (bytes, bytearray, str)) or len(payload) > MAX_COMMAND_BYTES:
+            log.warning("mqtt_command_rejected", topic=topic, error="payload missing or too large")
+            return
+        try:
+            where, msg = decode(topic, bytes(payload) if not isinstance(payload, str) else payload, fleet=self.fleet)
+            if where.channel != "commands" or where.instance_id != self.instance_id:
+                raise ProtocolError(f"topic {topic!r} is not this node's command topic")
+        except ProtocolError as exc:
+            log.warning("mqtt_command_rejected", topic=topic, error=str(exc))
+            return
+        if msg.msg_id in self._seen_commands:
+            log.debug("mqtt_command_duplicate", msg_id=msg.msg_id)
+            return
+        self._seen_commands[msg.msg_id] = None
+        while len(self._seen_commands) > 1000:
+            self._seen_commands.popitem(last=False)
+        log.info("mqtt_command", kind=msg.kind, msg_id=msg.msg_id)
+        await self.on_command(msg)

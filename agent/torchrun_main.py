@@ -1,0 +1,103 @@
+"""``python -m agent.torchrun_main <torchrun args>``: torchrun with faster rendezvous polling.
+
+torch's dynamic rendezvous polls the store once a second while it waits for a round to complete
+(``_delay(seconds=1)``) and serves a cached copy of the state for up to a second
+(``_BackendRendezvousStateHolder(cache_duration=1)``); that includes the elastic agent's
+``num_nodes_waiting`` check that triggers a re-rendezvous. fleetd completes rounds itself within
+milliseconds, so these two fixed seconds dominate a membership change. ``FLEETD_RDZV_POLL_S``
+(default 0.1) replaces both; the store load is a few small requests per second per node.
+
+Everything else is torchrun unchanged. If a future torch renames these internals, the launcher
+logs it and runs torchrun as is (slower, still correct).
+
+Before joining a job that is already training, the launcher also asks it for a coordinated
+checkpoint and waits until every rank has saved and is holding (``checkpoint_before_join``). A
+newcomer in the wait list makes every running node restart its workers; without this they would
+be killed mid-training and lose every step since their last checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def _patch(poll_s: float) -> bool:
+    try:
+        from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+        from torch.distributed.elastic.rendezvous import utils
+
+        holder_init = dr._BackendRendezvousStateHolder.__init__
+        if holder_init.__defaults__ != (1,) or not callable(getattr(dr, "_delay", None)):
+            raise AttributeError("torch's rendezvous internals changed")
+        holder_init.__defaults__ = (poll_s,)
+        original_delay = utils._delay
+
+        def _delay(seconds):  # noqa: ANN001, ANN202 - same signature as torch's
+            if seconds == 1:  # the fixed poll of a waiting join; random skews pass through
+                seconds = poll_s
+            return original_delay(seconds)
+
+        dr._delay = _delay
+        return True
+    except (ImportError, AttributeError) as exc:
+        print(f"fleetd: running torchrun unpatched: {exc}", file=sys.stderr)
+        return False
+
+
+def _job_running(link, node_addr: str) -> bool:  # noqa: ANN001
+    """Is a round complete with other participants (i.e. are ranks training right now)?"""
+    import base64
+    import pickle
+
+    key = "torch.rendezvous." + link.run_id
+    if not link._op("check", [key]):
+        return False
+    raw = link._op("get", key)
+    if raw == b"Y2FuaW1hZGFt":  # torch's "no state yet" sentinel
+        return False
+    # torchrun itself unpickles this value a moment later; this reads it the same way.
+    state = pickle.loads(base64.b64decode(raw))
+    return bool(state.complete and state.participants and not state.closed
+                and all(n.addr != node_addr for n in state.participants))
+
+
+def checkpoint_before_join(timeout_s: float) -> int | None:
+    """Ask the running job to save and hold; return the saved step (None: nothing to wait for)."""
+    store, run_id, addr = (os.environ.get(k) for k in ("FLEETD_STORE", "FLEETD_RUN_ID", "FLEETD_NODE_ADDR"))
+    if not store or not run_id:
+        return None
+    import time
+
+    from agent.trainer.store_link import StoreLink, StoreLinkError
+
+    host, _, port = store.rpartition(":")
+    try:
+        link = StoreLink(host, int(port), run_id).connect()
+        if not _job_running(link, addr or ""):
+            return None
+        seq = link.request_checkpoint(f"{addr} joins", hold=True, by=addr or "")
+        until = time.monotonic() + timeout_s
+        while time.monotonic() < until:
+            acks = link.acks(seq)
+            if acks and len({a.rank for a in acks}) >= acks[0].world_size:
+                step = max(a.step for a in acks)
+                print(f"fleetd: the job saved step {step} before this node joins", file=sys.stderr)
+                return step
+            time.sleep(0.02)
+        print("fleetd: no checkpoint before joining (ranks did not answer in time)", file=sys.stderr)
+    except (StoreLinkError, OSError, ValueError, AttributeError) as exc:
+        print(f"fleetd: no checkpoint before joining: {exc}", file=sys.stderr)
+    return None
+
+
+def main() -> None:
+    _patch(float(os.environ.get("FLEETD_RDZV_POLL_S", "0.1")))
+    checkpoint_before_join(float(os.environ.get("FLEETD_JOIN_CKPT_TIMEOUT_S", "10")))
+    from torch.distributed.run import main as torchrun_main
+
+    torchrun_main()
+
+
+if __name__ == "__main__":
+    main()

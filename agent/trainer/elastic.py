@@ -1,0 +1,346 @@
+"""The training-side checkpoint helper a user's script imports.
+
+    ckpt = ElasticCheckpointer(model, optimizer)        # reads torchrun's and fleetd's env
+    step = ckpt.resume()                                 # newest checkpoint: local, else S3
+    while step < total:
+        step += 1
+        ...train one step...
+        ckpt.step_done(step)                             # periodic save, fleetd's requests
+
+``step`` counts completed steps; a checkpoint "at step N" holds the state after N steps, and a job
+resumed from it continues with step N+1.
+
+Every ``step_done`` rank 0 reads the newest checkpoint request number from the rendezvous store
+(one local round trip) and all ranks agree on it with one tiny all_reduce(MAX): whatever step a
+rank saw the request at, all of them learn it at the same step, save that step, and ack it in the
+store. A request with ``hold`` (a node is about to leave) then keeps every rank from running ahead:
+they wait until their agent restarts them into the new rendezvous round (or fleetd releases them,
+or ``hold_timeout_s`` passes), so the survivors resume from exactly the step they last completed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from agent.trainer import local_ckpt
+from agent.trainer.context import TrainerContext
+from agent.trainer.local_ckpt import Mode, SavedStep
+
+_NONE = -1
+
+
+class ElasticCheckpointer:
+    def __init__(
+        self,
+        model: Any,
+        optimizer: Any = None,
+        *,
+        mode: Mode = "state_dict",
+        ctx: TrainerContext | None = None,
+        extra_state: dict[str, Any] | None = None,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.mode: Mode = mode
+        self.ctx = ctx or TrainerContext.from_env()
+        self.extra_state = extra_state if extra_state is not None else {}
+        self.root = self.ctx.ckpt_dir
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.handled_seq = 0
+        self.last_saved: int | None = None
+        self.resumed_from: int | None = None
+        self._link = None
+        self._progress_at = time.monotonic()
+        self._progress_step: int | None = None
+        if self.ctx.steered:
+            from agent.trainer.store_link import StoreLink
+
+            self._link = StoreLink(self.ctx.store_host, self.ctx.store_port, self.ctx.run_id).connect()
+            # Requests made before this worker started were answered by the previous workers.
+            self.handled_seq = self._agree_max(self._link.latest_request_seq() if self.ctx.rank == 0 else 0)
+
+    # ------------------------------------------------------------------ collectives
+    def _dist(self):  # noqa: ANN202
+        import torch.distributed as dist
+
+        return dist if dist.is_available() and dist.is_initialized() else None
+
+    def _all_reduce(self, value: int, op: str) -> int:
+        dist = self._dist()
+        if dist is None:
+            return value
+        import torch
+
+        t = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+        return int(t.item())
+
+    def _agree_max(self, value: int) -> int:
+        return self._all_reduce(value, "MAX")
+
+    def _barrier(self) -> None:
+        dist = self._dist()
+        if dist is not None:
+            dist.barrier()
+
+    # ------------------------------------------------------------------ state
+    def _plain_state(self) -> dict[str, Any]:
+        model = getattr(self.model, "module", self.model)  # unwrap DDP
+        state = {"model": model.state_dict(), "extra": dict(self.extra_state)}
+        if self.optimizer is not None:
+            state["optimizer"] = self.optimizer.state_dict()
+        return state
+
+    def _apply_plain(self, state: dict[str, Any]) -> None:
+        model = getattr(self.model, "module", self.model)
+        model.load_state_dict(state["model"])
+        if self.optimizer is not None and "optimizer" in state:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.extra_state.clear()
+        self.extra_state.update(state.get("extra", {}))
+
+    # ------------------------------------------------------------------ save
+    def save(self, step: int) -> SavedStep | None:
+        """Save step ``step`` on every node (collective: call on all ranks at the same step)."""
+        if self.last_saved == step:
+            return None
+        started = time.monotonic()
+        saved: SavedStep | None = None
+        if self.mode == "state_dict":
+            if self.ctx.local_rank == 0:
+                saved = local_ckpt.save_plain(self.root, step, self._plain_state())
+        else:
+            saved = self._save_dcp(step, started)
+        self._barrier()  # every node's copy is in place before anyone acks or moves on
+        self.last_saved = step
+        if saved is not None:
+            local_ckpt.prune(self.root, self.ctx.ckpt_keep)
+            self._report_saved(saved)
+        self.emit("saved", step=step, duration_s=round(time.monotonic() - started, 4))
+        return saved
+
+    def _save_dcp(self, step: int, started: float) -> SavedStep | None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer if self.optimizer is not None else [])
+        tmp = local_ckpt.dcp_tmp_dir(self.root, step)
+        tmp.mkdir(parents=True, exist_ok=True)
+        dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=dcp.FileSystemWriter(str(tmp)))
+        self._barrier()
+        if self.ctx.local_rank != 0:
+            return None
+        return local_ckpt.finish_dcp(self.root, step, started)
+
+    # ------------------------------------------------------------------ resume
+    def resume(self) -> int:
+        """Load the newest checkpoint every rank can use; return its step (0: fresh start)."""
+        mine = local_ckpt.newest_complete(self.root, self.mode)
+        newest = self._agree_max(_NONE if mine is None else mine)
+        if newest != _NONE and mine != newest and self.ctx.local_rank == 0:
+            self._restore_from_s3()
+        self._barrier()
+        have = local_ckpt.is_complete(local_ckpt.step_dir(self.root, newest), self.mode) if newest != _NONE else False
+        everyone = newest != _NONE and self._all_reduce(1 if have else 0, "MIN") == 1
+        if newest == _NONE:
+            step = 0
+        elif everyone:
+            self._load_local(newest)
+            step = newest
+        elif self.mode == "state_dict":
+            step = self._load_from_peer(newest, have)
+        else:
+            # Sharded state cannot be copied from one peer: fall back to what all ranks hold.
+            fallback = local_ckpt.newest_complete(self.root, self.mode)
+            step = self._all_reduce(_NONE if fallback is None else fallback, "MIN")
+            if step == _NONE:
+                step = 0
+            else:
+                self._load_local(step)
+        self.resumed_from = step
+        self.last_saved = step if step else None
+        self.emit("resumed", from_step=step)
+        return step
+
+    def _load_local(self, step: int) -> None:
+        if self.mode == "state_dict":
+            self._apply_plain(local_ckpt.load_plain(self.root, step))
+            return
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer if self.optimizer is not None else [])
+        sd = {"model": model_sd, "optim": optim_sd}
+        dcp.load(sd, storage_reader=dcp.FileSystemReader(str(local_ckpt.step_dir(self.root, step))))
+        set_state_dict(
+            self.model,
+            self.optimizer if self.optimizer is not None else [],
+            model_state_dict=sd["model"],
+            optim_state_dict=sd["optim"],
+        )
+
+    def _load_from_peer(self, step: int, have: bool) -> int:
+        """Replicated state: the lowest rank holding ``step`` sends it to everyone (a newcomer
+        with no S3 copy still starts at the survivors' step)."""
+        import ctypes
+        import io
+
+        import torch
+        import torch.distributed as dist
+
+        src = self._all_reduce(self.ctx.rank if have else 1 << 30, "MIN")
+        # broadcast_object_list needs numpy; a byte tensor does not.
+        blob = b""
+        if self.ctx.rank == src:
+            blob = (local_ckpt.step_dir(self.root, step) / local_ckpt.PLAIN_FILE).read_bytes()
+        size = self._all_reduce(len(blob), "MAX")
+        buf = torch.zeros(size, dtype=torch.uint8)
+        if self.ctx.rank == src:
+            buf[:] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+        dist.broadcast(buf, src=src)
+        raw = ctypes.string_at(buf.data_ptr(), size)  # the tensor's bytes, without numpy
+        state = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=False)
+        self._apply_plain(state["state"])
+        self.emit("state_from_peer", step=step, src=src, nbytes=size)
+        return step
+
+    def _restore_from_s3(self) -> int | None:
+        """Newest durable checkpoint from S3 into the local directory (agent/checkpoint_store)."""
+        if not self.ctx.s3_bucket:
+            return None
+        import asyncio
+
+        from fleetd.protocol.settings import AwsConfig, CheckpointConfig
+
+        from agent.checkpoint_store.errors import StoreError
+        from agent.checkpoint_store.store import CheckpointStore
+
+        async def fetch() -> int | None:
+            cfg = CheckpointConfig(bucket=self.ctx.s3_bucket, prefix=self.ctx.s3_prefix, local_dir=self.root)
+            aws = AwsConfig(region=self.ctx.s3_region, endpoint_url=self.ctx.s3_endpoint)
+            async with CheckpointStore.connect(cfg, aws, job=self.ctx.job) as store:
+                restored = await store.restore_latest(self.root)
+                return None if restored is None else restored.step
+
+        started = time.monotonic()
+        try:
+            step = asyncio.run(fetch())
+        except (StoreError, OSError) as exc:
+            self.emit("restore_failed", error=str(exc))
+            return None
+        if step is not None and self.mode == "state_dict":
+            d = local_ckpt.step_dir(self.root, step)
+            if (d / local_ckpt.PLAIN_FILE).is_file() and not (d / local_ckpt.MARKER).is_file():
+                (d / local_ckpt.MARKER).write_text(json.dumps({"step": step, "mode": self.mode, "restored": True}))
+        self.emit("restored", step=step, duration_s=round(time.monotonic() - started, 3))
+        return step
+
+    # ------------------------------------------------------------------ every step
+    def step_done(self, step: int) -> None:
+        """Call on every rank after each completed step."""
+        if self._link is not None:
+            seen = self._link.latest_request_seq() if self.ctx.rank == 0 else 0
+            agreed = self._agree_max(seen)
+            if agreed > self.handled_seq:
+                self._answer(step, agreed)
+                return
+        if self.ctx.ckpt_interval and step % self.ctx.ckpt_interval == 0:
+            self.save(step)
+        self._report_progress(step)
+
+    def _answer(self, step: int, seq: int) -> None:
+        assert self._link is not None
+        requests = [r for s in range(self.handled_seq + 1, seq + 1) if (r := self._link.request(s)) is not None]
+        hold = any(r.hold for r in requests)
+        self.save(step)
+        for s in range(self.handled_seq + 1, seq + 1):
+            self._ack(s, step)
+        self.handled_seq = seq
+        self.emit("checkpoint_request", seq=seq, step=step, hold=hold,
+                  reasons=[r.reason for r in requests])
+        if hold:
+            self._hold(step)
+
+    def _ack(self, seq: int, step: int) -> None:
+        from fleetd.protocol.rendezvous_keys import CheckpointAck
+
+        assert self._link is not None
+        self._link.ack(
+            CheckpointAck(
+                seq=seq,
+                step=step,
+                rank=self.ctx.rank,
+                world_size=self.ctx.world_size,
+                node_addr=self.ctx.node_addr,
+                local_dir=str(local_ckpt.step_dir(self.root, step)),
+            )
+        )
+
+    def _hold(self, step: int) -> None:
+        """Do not run ahead of a checkpoint a leave waits on. Normally the agent's torchrun
+        restarts this worker into the next round while it waits here."""
+        assert self._link is not None
+        self.emit("hold", step=step)
+        until = time.monotonic() + self.ctx.hold_timeout_s
+        while time.monotonic() < until:
+            if self._link.released(self.handled_seq):
+                self.emit("released", step=step)
+                return
+            newest = self._link.latest_request_seq()
+            if newest > self.handled_seq:  # nothing changed since the save: ack the same step
+                for s in range(self.handled_seq + 1, newest + 1):
+                    self._ack(s, step)
+                self.handled_seq = newest
+            time.sleep(0.05)
+        self.emit("hold_timeout", step=step)
+
+    # ------------------------------------------------------------------ reporting
+    def emit(self, event: str, **fields: Any) -> None:
+        """Append one JSON line to the events file (tests and benchmarks read it); cheap no-op
+        without one."""
+        if self.ctx.events_file is None:
+            return
+        rec = {"ev": event, "t": time.time(), "rank": self.ctx.rank, "world": self.ctx.world_size,
+               "node": self.ctx.node_addr, "pid": os.getpid(), **fields}
+        line = (json.dumps(rec) + "\n").encode()
+        fd = os.open(self.ctx.events_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+
+    def _report_saved(self, saved: SavedStep) -> None:
+        if self.ctx.trainer_socket is None:
+            return
+        from fleetd.protocol.trainer import CheckpointSavedLocally, send_report
+
+        send_report(
+            self.ctx.trainer_socket,
+            CheckpointSavedLocally(
+                rank=self.ctx.rank,
+                step=saved.step,
+                world_size=self.ctx.world_size,
+                path=str(saved.directory),
+                nbytes=saved.nbytes,
+                duration_s=saved.duration_s,
+            ),
+        )
+
+    def _report_progress(self, step: int) -> None:
+        if self.ctx.trainer_socket is None or self.ctx.local_rank != 0:
+            return
+        now = time.monotonic()
+        if self._progress_step is not None and now - self._progress_at < 1.0:
+            return
+        rate = None
+        if self._progress_step is not None and now > self._progress_at:
+            rate = max(0.0, (step - self._progress_step) / (now - self._progress_at))
+        self._progress_at, self._progress_step = now, step
+        from fleetd.protocol.trainer import Progress, send_report
+
+        send_report(self.ctx.trainer_socket, Progress(rank=self.ctx.rank, step=step, steps_per_s=rate,
+                                                      world_size=self.ctx.world_size))

@@ -1,0 +1,112 @@
+"""Blocking client of the rendezvous store for the node side (training ranks and the agent).
+
+The agent calls it through ``asyncio.to_thread``; the training ranks call it directly (once per step:
+one local round trip). Key names and values are the contract in fleetd.protocol.rendezvous_keys.
+Store failures become :class:`StoreLinkError`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from fleetd.protocol import rendezvous_keys as keys
+from fleetd.protocol.errors import ProtocolError
+from fleetd.protocol.logs import get_logger
+
+log = get_logger(__name__)
+V = TypeVar("V", bound=keys._Value)
+
+
+class StoreLinkError(Exception):
+    """The rendezvous store could not be reached or answered nonsense."""
+
+
+class StoreLink:
+    def __init__(self, host: str, port: int, run_id: str, *, timeout_s: float = 10.0) -> None:
+        self.host, self.port, self.run_id = host, port, run_id
+        self._timeout = timedelta(seconds=timeout_s)
+        self._store: Any = None
+        self._lock = threading.Lock()
+
+    def connect(self) -> "StoreLink":
+        from torch.distributed import TCPStore
+
+        try:
+            self._store = TCPStore(
+                self.host, self.port, is_master=False, multi_tenant=True, timeout=self._timeout
+            )
+        except (RuntimeError, ValueError, TimeoutError, OSError) as exc:
+            raise StoreLinkError(f"rendezvous store {self.host}:{self.port} unreachable: {exc}") from None
+        return self
+
+    def _op(self, name: str, *args: Any) -> Any:
+        if self._store is None:
+            self.connect()
+        with self._lock:
+            try:
+                return getattr(self._store, name)(*args)
+            except (RuntimeError, ValueError, TimeoutError) as exc:
+                raise StoreLinkError(f"store {name} failed: {exc}") from None
+
+    def _read(self, model: type[V], key: str) -> V | None:
+        if not self._op("check", [key]):
+            return None
+        try:
+            return keys.parse_value(model, self._op("get", key))
+        except ProtocolError as exc:
+            log.warning("store_bad_value", key=key, error=str(exc))
+            return None
+
+    # ------------------------------------------------------------------ checkpoint requests
+    def request_checkpoint(
+        self, reason: str, *, hold: bool = False, leaving: tuple[str, ...] = (), by: str = ""
+    ) -> int:
+        seq = int(self._op("add", keys.request_seq_key(self.run_id), 1))
+        req = keys.CheckpointRequest(seq=seq, reason=reason, hold=hold, leaving=leaving, requested_by=by)
+        self._op("set", keys.request_key(self.run_id, seq), req.to_bytes())
+        return seq
+
+    def latest_request_seq(self) -> int:
+        """The newest request number (0: none yet). Never blocks: ``add(key, 0)``."""
+        return int(self._op("add", keys.request_seq_key(self.run_id), 0))
+
+    def request(self, seq: int, wait_s: float = 5.0) -> keys.CheckpointRequest | None:
+        """Request ``seq``; its writer bumps the number before writing the value, so wait a little."""
+        key = keys.request_key(self.run_id, seq)
+        until = time.monotonic() + wait_s
+        while not self._op("check", [key]):
+            if time.monotonic() > until:
+                return None
+            time.sleep(0.005)
+        return self._read(keys.CheckpointRequest, key)
+
+    def ack(self, ack: keys.CheckpointAck) -> None:
+        self._op("set", keys.ack_key(self.run_id, ack.seq, ack.rank), ack.to_bytes())
+        self._op("add", keys.ack_count_key(self.run_id, ack.seq), 1)
+
+    def acks(self, seq: int) -> list[keys.CheckpointAck]:
+        count = int(self._op("add", keys.ack_count_key(self.run_id, seq), 0))
+        out: list[keys.CheckpointAck] = []
+        rank = 0
+        while len(out) < count and rank < 4096:
+            a = self._read(keys.CheckpointAck, keys.ack_key(self.run_id, seq, rank))
+            if a is not None:
+                out.append(a)
+            rank += 1
+        return out
+
+    def released(self, seq: int) -> bool:
+        return bool(self._op("check", [keys.release_key(self.run_id, seq)]))
+
+    # ------------------------------------------------------------------ leaving
+    def mark_drain_ready(self, addr: str, value: keys.DrainReady) -> None:
+        self._op("set", keys.drain_ready_key(self.run_id, addr), value.to_bytes())
+
+    def leave_requested(self, addr: str) -> keys.Leave | None:
+        return self._read(keys.Leave, keys.leave_key(self.run_id, addr))
+
+    def mark_left(self, addr: str, value: keys.Left) -> None:
+        self._op("set", keys.left_key(self.run_id, addr), value.to_bytes())

@@ -1,0 +1,79 @@
+"""``python -m agent.warm_launch <module> [args...]``: torchrun's worker entrypoint when the node
+has a warm pool (agent/warm_pool.py). Stdlib only, so it starts fast.
+
+It asks the pool (``$FLEETD_WARM_POOL``) to fork the worker with this process's argv, environment,
+cwd and stdio; relays SIGTERM/SIGINT/SIGHUP to it; and exits with its status. Without a pool it
+execs an ordinary (cold) ``python -m <module>``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+
+from agent.warm_pool import recv_msg, send_msg
+
+ENV_SOCKET = "FLEETD_WARM_POOL"
+
+
+def _cold(argv: list[str]) -> None:
+    os.execv(sys.executable, [sys.executable, "-u", "-m", *argv])
+
+
+def _connect(conn: socket.socket, path: str, wait_s: float) -> None:
+    """Connect, waiting while the pool is still importing (its socket appears when it is warm):
+    waiting for it is faster than a cold start that imports torch all over again."""
+    until = time.monotonic() + wait_s
+    while True:
+        try:
+            conn.connect(path)
+            return
+        except (FileNotFoundError, ConnectionRefusedError):
+            if time.monotonic() >= until:
+                raise
+            time.sleep(0.02)
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    if not argv:
+        print("usage: python -m agent.warm_launch <module> [args...]", file=sys.stderr)
+        sys.exit(2)
+    path = os.environ.get(ENV_SOCKET)
+    if not path:
+        _cold(argv)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        _connect(conn, path, float(os.environ.get("FLEETD_WARM_WAIT_S", "30")))
+        env = {k: v for k, v in os.environ.items() if k != ENV_SOCKET}
+        send_msg(conn, {"argv": argv, "env": env, "cwd": os.getcwd(), "module": True}, [0, 1, 2])
+        pid = recv_msg(conn)[0]["pid"]
+    except (OSError, ConnectionError, KeyError, ValueError) as exc:
+        print(f"warm_launch: pool unavailable ({exc}); starting a cold worker", file=sys.stderr)
+        conn.close()
+        _cold(argv)
+        return
+
+    def relay(sig: int, _frame: object) -> None:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, relay)
+    try:
+        code = int(recv_msg(conn)[0]["exit"])
+    except (OSError, ConnectionError, KeyError, ValueError):
+        code = 1  # the pool died: the worker died with it
+    if code < 0:  # killed by a signal: end the same way, so torchrun reports the same thing
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+"""A warm pool for torchrun's workers: a process that has already imported torch (and the training
+script's modules) forks a fresh worker for every worker torchrun starts.
+
+Why: after a membership change torchrun restarts every worker, and a fresh Python that imports
+torch takes seconds on a busy small machine: that start-up, not the rendezvous, dominated
+"notice -> survivors training again". A fork of a process with the imports done starts in tens of
+milliseconds. It is the forkserver/zygote technique; the pool never runs a torch op (so no
+OpenMP/gloo threads exist to be broken by fork), it only imports.
+
+Wiring (agent/supervisor.py does it): the supervisor starts ``python -m agent.warm_pool --socket S
+--preload M ...`` next to torchrun, and torchrun's entrypoint becomes ``-m agent.warm_launch
+<module> <args>``. The launcher (stdlib only, starts in ~50 ms) hands its argv, environment, cwd
+and stdio file descriptors to the pool over a unix socket, relays signals to the forked worker and
+exits with the worker's status, so torchrun sees an ordinary worker. The worker dies with its
+launcher (it watches the connection), so torchrun stopping or killing a launcher stops the worker.
+If the pool is not there, the launcher execs a normal cold worker instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import importlib
+import json
+import os
+import runpy
+import selectors
+import signal
+import socket
+import struct
+import sys
+import threading
+import traceback
+
+MAX_MSG = 1 << 20
+
+
+def recv_msg(conn: socket.socket, max_fds: int = 0) -> tuple[dict, list[int]]:
+    """One length-prefixed JSON message, with up to ``max_fds`` file descriptors attached."""
+    fds = array.array("i")
+    data, anc, _, _ = conn.recvmsg(4, socket.CMSG_LEN(max_fds * fds.itemsize) if max_fds else 0)
+    for level, kind, payload in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
+    if len(data) < 4:
+        raise ConnectionError("peer closed")
+    (size,) = struct.unpack("!I", data)
+    if size > MAX_MSG:
+        raise ConnectionError(f"message of {size} bytes")
+    body = b""
+    while len(body) < size:
+        chunk = conn.recv(size - len(body))
+        if not chunk:
+            raise ConnectionError("peer closed")
+        body += chunk
+    return json.loads(body), list(fds)
+
+
+def send_msg(conn: socket.socket, msg: dict, fds: list[int] | None = None) -> None:
+    body = json.dumps(msg).encode()
+    header = struct.pack("!I", len(body))
+    if fds:
+        conn.sendmsg([header], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+        conn.sendall(body)
+    else:
+        conn.sendall(header + body)
+
+
+def exit_code(status: int) -> int:
+    """waitpid status -> shell-style code (negative: killed by that signal)."""
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+def _run_worker(conn: socket.socket, request: dict, fds: list[int]) -> None:
+    """In the forked child: become the worker torchrun asked for, then exit."""
+    code = 1
+    try:
+        os.setsid()
+        for target, fd in zip((0, 1, 2), fds):
+            os.dup2(fd, target)
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+
+        def die_with_launcher() -> None:
+            try:
+                conn.recv(1)
+            except OSError:
+                pass
+            os.killpg(0, signal.SIGKILL)
+
+        threading.Thread(target=die_with_launcher, daemon=True, name="warm-pool-lifeline").start()
+        argv = request["argv"]
+        sys.argv = list(argv)
+        if request.get("module", True):
+            # The pool imported the entrypoint only to warm its dependencies; run it afresh.
+            sys.modules.pop(argv[0], None)
+            runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(argv[0], run_name="__main__")
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if not isinstance(exc.code, int) and exc.code is not None:
+            print(exc.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - report like an uncaught exception would, then exit 1
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def serve(socket_path: str, preload: list[str]) -> None:
+    for name in preload:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - a bad preload only costs warmth
+            print(f"warm_pool: cannot preload {name}: {exc}", file=sys.stderr)
+    try:
+        os.unlink(socket_path)
+    except FileNotFoundError:
+        pass
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(socket_path)
+    listener.listen(64)
+    stop = False
+
+    def _stop(*_: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ)
+    children: dict[int, socket.socket] = {}
+    print(f"warm_pool: ready on {socket_path} (preloaded {', '.join(preload)})", file=sys.stderr, flush=True)
+    while not stop:
+        for _key, _ in sel.select(timeout=0.05):
+            conn, _ = listener.accept()
+            try:
+                conn.settimeout(5)
+                request, fds = recv_msg(conn, max_fds=3)
+                conn.settimeout(None)
+            except (OSError, ValueError, ConnectionError) as exc:
+                print(f"warm_pool: bad request: {exc}", file=sys.stderr)
+                conn.close()
+                continue
+            pid = os.fork()
+            if pid == 0:
+                sel.close()
+                listener.close()
+                for other in children.values():
+                    other.close()
+                _run_worker(conn, request, fds)
+            for fd in fds:
+                os.close(fd)
+            children[pid] = conn
+            try:
+                send_msg(conn, {"pid": pid})
+            except OSError:
+                pass
+        # Reap finished workers and tell their launchers how they ended.
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            conn = children.pop(pid, None)
+            if conn is not None:
+                try:
+                    send_msg(conn, {"exit": exit_code(status)})
+                except OSError:
+                    pass
+                conn.close()
+    for pid in list(children):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        os.unlink(socket_path)
+    except FileNotFoundError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="pre-warmed worker pool for torchrun (see module doc)")
+    p.add_argument("--socket", required=True)
+    p.add_argument("--preload", action="append", default=[])
+    args = p.parse_args(argv)
+    serve(args.socket, args.preload or ["torch", "torch.distributed"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,313 @@
+"""Fault injection in front of moto: a small HTTP proxy that answers like AWS does when it fails.
+
+moto's fleets never fail and it never throttles, so tests and the local demo put this proxy
+between the adapter and moto. Rules pick an EC2 operation (and, for CreateFleet, a pool) and say
+what AWS would answer, using AWS's real payloads:
+
+- a call-level error (``RequestLimitExceeded`` with HTTP 503, ``UnauthorizedOperation`` with 403,
+  ``InsufficientInstanceCapacity`` with 500, ...) in EC2's ``<Response><Errors>`` XML;
+- for an instant CreateFleet, a per-pool failure: the failing overrides are removed from the
+  request moto sees, and each comes back in the response's ``errorSet`` with its ErrorCode, as AWS
+  reports pools that had no capacity (HTTP 200, fewer or no instances);
+- a held response: the request reaches moto (so the instances exist) but the answer is held
+  until released, to kill a controller between "EC2 launched" and "fleetd recorded it".
+
+Everything else is forwarded unchanged. The proxy runs its own event loop in a thread, so it
+serves a controller in a subprocess as well as one in the test's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from urllib.parse import parse_qsl, urlencode
+from xml.sax.saxutils import escape
+
+import aiohttp
+from aiohttp import web
+
+from fleetd.policy.model import PoolId
+from fleetd.protocol.logs import get_logger
+
+log = get_logger(__name__)
+
+EC2_NS = "http://ec2.amazonaws.com/doc/2016-11-15/"
+
+# HTTP status AWS uses for each error code it can answer with (call-level).
+HTTP_STATUS = {
+    "RequestLimitExceeded": 503,
+    "InsufficientInstanceCapacity": 500,
+    "InternalError": 500,
+    "Unavailable": 503,
+    "UnauthorizedOperation": 403,
+    "AuthFailure": 401,
+}
+
+MESSAGES = {
+    "RequestLimitExceeded": "Request limit exceeded.",
+    "InsufficientInstanceCapacity": (
+        "We currently do not have sufficient {itype} capacity in the Availability Zone you requested"
+        " ({zone}). Our system will be working on provisioning additional capacity."
+    ),
+    "MaxSpotInstanceCountExceeded": "Max spot instance count exceeded",
+    "SpotMaxPriceTooLow": "Your Spot request price of {price} is lower than the minimum required Spot request fulfillment price of 0.5.",
+    "UnfulfillableCapacity": "Unable to fulfill capacity due to your request configuration. Please adjust your request and try again.",
+    "UnauthorizedOperation": "You are not authorized to perform this operation. Encoded authorization failure message: fake-{request_id}",
+    "InternalError": "An internal error has occurred",
+}
+
+
+@dataclass
+class FaultRule:
+    """Fail ``operation`` (optionally only for ``pool``) with ``code``, ``times`` times (None: always)."""
+
+    operation: str
+    code: str
+    pool: PoolId | None = None  # CreateFleet only: fail just this pool's overrides
+    times: int | None = 1
+    hits: int = 0
+
+    def spent(self) -> bool:
+        return self.times is not None and self.hits >= self.times
+
+
+@dataclass
+class _Hold:
+    operation: str
+    arrived: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+
+
+class FaultProxy:
+    """``with FaultProxy(moto_url, zone_of_subnet) as proxy: ...`` then point clients at proxy.url."""
+
+    def __init__(self, upstream: str, zone_of_subnet: Mapping[str, str] | None = None):
+        self.upstream = upstream.rstrip("/")
+        self.zone_of_subnet = dict(zone_of_subnet or {})
+        self._rules: list[FaultRule] = []
+        self._holds: list[_Hold] = []
+        self._lock = threading.Lock()
+        self.calls: list[tuple[str, dict[str, str]]] = []  # (operation, params) as received
+        self.injected: list[tuple[str, str]] = []  # (operation, code) answered with a fault
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._started = threading.Event()
+        self.url = ""
+
+    # -- rules (called from any thread) -------------------------------------------------------
+    def fail(self, operation: str, code: str, *, pool: PoolId | None = None, times: int | None = 1) -> FaultRule:
+        rule = FaultRule(operation, code, pool, times)
+        with self._lock:
+            self._rules.append(rule)
+        return rule
+
+    def hold(self, operation: str) -> _Hold:
+        """Forward the next ``operation`` to moto but hold its answer until ``release`` is set."""
+        h = _Hold(operation)
+        with self._lock:
+            self._holds.append(h)
+        return h
+
+    def clear(self) -> None:
+        with self._lock:
+            self._rules.clear()
+            for h in self._holds:
+                h.release.set()
+            self._holds.clear()
+
+    def calls_of(self, operation: str) -> list[dict[str, str]]:
+        with self._lock:
+            return [p for op, p in self.calls if op == operation]
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> "FaultProxy":
+        self._thread = threading.Thread(target=self._serve, name="fault-proxy", daemon=True)
+        self._thread.start()
+        if not self._started.wait(10):
+            raise RuntimeError("fault proxy did not start")
+        return self
+
+    def stop(self) -> None:
+        self.clear()
+        if self._loop is not None and self._runner is not None:
+            fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
+            fut.result(10)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def __enter__(self) -> "FaultProxy":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _serve(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(self._start_app())
+        self._started.set()
+        loop.run_forever()
+        loop.close()
+
+    async def _start_app(self) -> None:
+        app = web.Application(client_max_size=16 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._session = aiohttp.ClientSession(auto_decompress=False)
+        app.on_cleanup.append(lambda _app: self._session.close())
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+
+    # -- request handling -------------------------------------------------------------------------
+    def _take_rule(self, operation: str, pools: list[PoolId]) -> list[FaultRule]:
+        """Rules that fire for this call (each fired rule counts one hit)."""
+        fired = []
+        with self._lock:
+            for rule in self._rules:
+                if rule.operation != operation or rule.spent():
+                    continue
+                if rule.pool is not None and rule.pool not in pools:
+                    continue
+                rule.hits += 1
+                fired.append(rule)
+                if rule.pool is None:
+                    break  # a call-level fault answers the whole call
+        return fired
+
+    def _take_hold(self, operation: str) -> _Hold | None:
+        with self._lock:
+            for h in self._holds:
+                if h.operation == operation and not h.arrived.is_set():
+                    return h
+        return None
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        params = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)) if body else {}
+        operation = params.get("Action", "")
+        with self._lock:
+            self.calls.append((operation, params))
+        overrides = _overrides(params) if operation == "CreateFleet" else []
+        pools = [self._pool(o) for o in overrides]
+        fired = self._take_rule(operation, [p for p in pools if p is not None])
+        call_level = next((r for r in fired if r.pool is None), None)
+        if call_level is not None:
+            with self._lock:
+                self.injected.append((operation, call_level.code))
+            log.info("fault_injected", operation=operation, code=call_level.code)
+            return _error_response(call_level.code, pools[0] if pools else None)
+        failing = {r.pool: r.code for r in fired if r.pool is not None}
+        errors: list[tuple[dict[str, str], str, PoolId]] = []
+        if failing:
+            keep = [o for o, p in zip(overrides, pools) if p not in failing]
+            errors = [(o, failing[p], p) for o, p in zip(overrides, pools) if p in failing]  # type: ignore[index]
+            with self._lock:
+                self.injected.extend((operation, code) for _, code, _ in errors)
+            log.info("fault_injected", operation=operation, failed_pools=[str(p) for p in failing])
+            if not keep:
+                return _create_fleet_response(params, errors, upstream_xml=None)
+            body = _with_overrides(params, keep).encode()
+        hold = self._take_hold(operation)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
+        async with self._session.request(
+            request.method, self.upstream + request.path_qs, data=body, headers=headers
+        ) as upstream:
+            payload = await upstream.read()
+            status = upstream.status
+            ctype = upstream.headers.get("Content-Type", "text/xml")
+        if hold is not None:
+            hold.arrived.set()
+            await asyncio.get_running_loop().run_in_executor(None, hold.release.wait)
+        if errors and status == 200:
+            return _create_fleet_response(params, errors, upstream_xml=payload.decode())
+        return web.Response(body=payload, status=status, headers={"Content-Type": ctype})
+
+    def _pool(self, override: Mapping[str, str]) -> PoolId | None:
+        itype = override.get("InstanceType")
+        zone = override.get("AvailabilityZone") or self.zone_of_subnet.get(override.get("SubnetId", ""))
+        return PoolId(itype, zone) if itype and zone else None
+
+
+def _overrides(params: Mapping[str, str]) -> list[dict[str, str]]:
+    """LaunchTemplateConfigs.1.Overrides.N.* of a query-protocol CreateFleet request."""
+    prefix = "LaunchTemplateConfigs.1.Overrides."
+    found: dict[int, dict[str, str]] = {}
+    for key, value in params.items():
+        if key.startswith(prefix):
+            n, _, field_name = key[len(prefix):].partition(".")
+            found.setdefault(int(n), {})[field_name] = value
+    return [found[n] for n in sorted(found)]
+
+
+def _with_overrides(params: Mapping[str, str], keep: list[dict[str, str]]) -> str:
+    prefix = "LaunchTemplateConfigs.1.Overrides."
+    out = {k: v for k, v in params.items() if not k.startswith(prefix)}
+    for n, override in enumerate(keep, start=1):
+        for field_name, value in override.items():
+            out[f"{prefix}{n}.{field_name}"] = value
+    return urlencode(out)
+
+
+def _message(code: str, pool: PoolId | None, override: Mapping[str, str] | None = None) -> str:
+    template = MESSAGES.get(code, code)
+    return template.format(
+        itype=pool.instance_type if pool else "the requested",
+        zone=pool.zone if pool else "the requested zone",
+        price=(override or {}).get("MaxPrice", "0.001"),
+        request_id=uuid.uuid4().hex[:12],
+    )
+
+
+def _error_response(code: str, pool: PoolId | None) -> web.Response:
+    request_id = str(uuid.uuid4())
+    xml = (
+        '<?xml version="1.0" encoding="UTF-8"?>\n'
+        f"<Response><Errors><Error><Code>{escape(code)}</Code>"
+        f"<Message>{escape(_message(code, pool))}</Message></Error></Errors>"
+        f"<RequestID>{request_id}</RequestID></Response>"
+    )
+    return web.Response(text=xml, status=HTTP_STATUS.get(code, 400), content_type="text/xml")
+
+
+def _error_item(params: Mapping[str, str], override: Mapping[str, str], code: str, pool: PoolId) -> str:
+    lt_id = params.get("LaunchTemplateConfigs.1.LaunchTemplateSpecification.LaunchTemplateId", "")
+    version = params.get("LaunchTemplateConfigs.1.LaunchTemplateSpecification.Version", "1")
+    lifecycle = "spot" if params.get("TargetCapacitySpecification.DefaultTargetCapacityType") == "spot" else "on-demand"
+    ov = "".join(
+        f"<{k[0].lower() + k[1:]}>{escape(v)}</{k[0].lower() + k[1:]}>"
+        for k, v in override.items()
+        if k in ("InstanceType", "SubnetId", "AvailabilityZone", "MaxPrice")
+    )
+    return (
+        "<item><launchTemplateAndOverrides><launchTemplateSpecification>"
+        f"<launchTemplateId>{escape(lt_id)}</launchTemplateId><version>{escape(version)}</version>"
+        f"</launchTemplateSpecification><overrides>{ov}</overrides></launchTemplateAndOverrides>"
+        f"<lifecycle>{lifecycle}</lifecycle><errorCode>{escape(code)}</errorCode>"
+        f"<errorMessage>{escape(_message(code, pool, override))}</errorMessage></item>"
+    )
+
+
+def _create_fleet_response(
+    params: Mapping[str, str], errors: list[tuple[dict[str, str], str, PoolId]], upstream_xml: str | None
+) -> web.Response:
+    items = "".join(_error_item(params, o, code, pool) for o, code, pool in errors)
+    error_set = f"<errorSet>{items}</errorSet>"
+    if upstream_xml is None:
+        # Every pool failed: AWS still answers 200 with a fleet id and only the errors.
+        xml = (
+            f'<?xml version="1.0" encoding="UTF-8"?>\n<CreateFleetResponse xmlns="{EC2_NS}">'
+            f"<requestId>{uuid.uuid4()}</requestId><fleetId>fleet-{uuid.uuid4()}</fleetId>"
+            f"{error_set}<fleetInstanceSet/></CreateFleetResponse>"
+        )
+    else:
+        xml = upstream_xml.replace("</CreateFleetResponse>", f"{error_set}</CreateFleetResponse>", 1)
+    return web.Response(text=xml, status=200, content_type="text/xml")

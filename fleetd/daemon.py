@@ -1,0 +1,174 @@
+"""The ``fleetd run`` process: the reconcile loop plus pluggable components, one TaskGroup.
+
+Components are ``async def run(ctx: DaemonContext) -> None`` coroutines that other parts of
+fleetd provide (MQTT intake, SQS consumer, metrics server, rendezvous steering). They share
+``ctx.wake`` to start a reconcile pass early (a notice must not wait for the next interval).
+
+Shutdown: SIGTERM or SIGINT sets ``stopping``; every task is cancelled and given
+``shutdown_timeout_s`` to finish. The loop never leaves a half-written record behind: intents are
+written before a launch and resolved by tag after a restart, so being cancelled mid-pass is safe.
+Training does not depend on this process (the rendezvous store lives in its own process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetd.config import FleetdConfig
+from fleetd.protocol.logs import get_logger
+from fleetd.protocol.sdnotify import Heartbeat, Notifier, watchdog
+from fleetd.reconcile.build import build_reconciler, ec2_client_kwargs
+from fleetd.reconcile.loop import PassReport, Planner, Reconciler
+from fleetd.reconcile.ports import Clock, NodeCommander, NodeObserver, SignalSource
+
+log = get_logger(__name__)
+
+
+@dataclass
+class DaemonContext:
+    cfg: FleetdConfig
+    wake: asyncio.Event = field(default_factory=asyncio.Event)  # set to start a pass now
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    reconciler: Reconciler | None = None
+    last_report: PassReport | None = None
+
+    def wake_loop(self) -> None:
+        """Callable from intake code (e.g. NodeRegistry(wake=ctx.wake_loop))."""
+        self.wake.set()
+
+
+Component = Callable[[DaemonContext], Awaitable[None]]
+
+
+@dataclass
+class Plugins:
+    """What the rest of fleetd plugs into the daemon (all optional)."""
+
+    components: Sequence[Component] = ()
+    observer: NodeObserver | None = None
+    signals: SignalSource | None = None
+    commander: NodeCommander | None = None
+    ledger: Any = None
+
+
+class _Stop(Exception):
+    """Raised inside the TaskGroup to cancel every task on a shutdown signal."""
+
+
+async def run_daemon(
+    cfg: FleetdConfig,
+    *,
+    planner: Planner,
+    plugins: Plugins | None = None,
+    dry_run: bool = False,
+    passes: int | None = None,
+    clock: Clock = time.time,
+    shutdown_timeout_s: float = 20.0,
+    session: Any = None,
+    ctx: DaemonContext | None = None,
+) -> int:
+    """Run until SIGTERM/SIGINT (or ``passes`` reconcile passes); returns the exit status."""
+    from aiobotocore.session import get_session
+
+    plugins = plugins or Plugins()
+    ctx = ctx or DaemonContext(cfg)
+    notifier = Notifier.from_environment()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, _on_signal, ctx, sig)
+    session = session or get_session()
+    if cfg.aws.profile:
+        session.set_config_variable("profile", cfg.aws.profile)
+    try:
+        async with session.create_client("ec2", **ec2_client_kwargs(cfg)) as client:
+            built = await build_reconciler(
+                cfg, client, planner=planner, clock=clock, dry_run=dry_run, signals=plugins.signals,
+                observer=plugins.observer, commander=plugins.commander, ledger=plugins.ledger,
+            )
+            ctx.reconciler = built.reconciler
+            try:
+                return await _supervise(ctx, built.reconciler, plugins, notifier, passes, shutdown_timeout_s)
+            finally:
+                await built.close()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+def _on_signal(ctx: DaemonContext, sig: signal.Signals) -> None:
+    log.info("shutdown_requested", signal=sig.name)
+    ctx.stopping.set()
+
+
+async def _supervise(
+    ctx: DaemonContext,
+    reconciler: Reconciler,
+    plugins: Plugins,
+    notifier: Notifier,
+    passes: int | None,
+    shutdown_timeout_s: float,
+) -> int:
+    interval = ctx.cfg.fleet.reconcile_interval_s
+    heartbeat = Heartbeat(max_silence_s=max(4 * interval, 120.0))
+
+    def on_pass(report: PassReport) -> None:
+        ctx.last_report = report
+        heartbeat.beat()
+
+    async def reconcile() -> None:
+        await reconciler.run(ctx.wake, passes=passes, on_pass=on_pass)
+        if passes is not None:
+            ctx.stopping.set()  # a bounded run (tests, --once style) ends the daemon
+
+    async def group() -> None:
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(reconcile(), name="reconcile")
+                tg.create_task(watchdog(notifier, heartbeat), name="watchdog")
+                for component in plugins.components:
+                    tg.create_task(component(ctx), name=getattr(component, "__name__", "component"))
+                notifier.ready("reconciling")
+                log.info("daemon_started", fleet=ctx.cfg.fleet.name, components=len(plugins.components))
+                await ctx.stopping.wait()
+                raise _Stop
+        except* _Stop:
+            pass
+
+    task = asyncio.create_task(group(), name="fleetd")
+    stop_wait = asyncio.create_task(ctx.stopping.wait())
+    try:
+        await asyncio.wait({task, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        # Cancelled from outside (an embedding test or program): stop the children, then obey.
+        stop_wait.cancel()
+        task.cancel()
+        await asyncio.wait({task}, timeout=shutdown_timeout_s)
+        raise
+    if task.done():
+        stop_wait.cancel()
+        return _exit_status(task)
+    notifier.stopping("shutting down")
+    # Bounded: a component stuck in a blocking call must not hold the unit past its stop timeout.
+    done, _ = await asyncio.wait({task}, timeout=shutdown_timeout_s)
+    if not done:
+        log.error("shutdown_timeout", timeout_s=shutdown_timeout_s)
+        task.cancel()
+        return 1
+    status = _exit_status(task)
+    log.info("daemon_stopped", status=status)
+    return status
+
+
+def _exit_status(task: asyncio.Task) -> int:
+    if task.cancelled():
+        return 1
+    exc = task.exception()
+    if exc is None:
+        return 0
+    log.error("daemon_failed", error=repr(exc), exc_info=exc)
+    return 1

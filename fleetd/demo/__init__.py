@@ -1,0 +1,1 @@
+"""`fleetd demo`: the whole loop on one machine (a local cloud, a broker, agents, real torchrun)."""

@@ -1,0 +1,107 @@
+"""The local launcher: every instance fleetd buys from the (moto) cloud becomes a local node.
+
+A node is a fake IMDS with that instance's identity plus a real ``fleet-agent run`` process
+(which runs real torchrun on CPU). Each node gets its own loopback address (127.0.0.N), so the
+rendezvous sees distinct hosts. When the instance is terminated in EC2 (by fleetd, or by the
+scenario playing AWS after a notice), the node's whole process tree is stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agent.fake_imds import FakeImds
+from fleetd.demo.procs import Child
+from fleetd.protocol.logs import get_logger
+
+log = get_logger(__name__)
+FIRST_HOST_OCTET = 10  # 127.0.0.10, .11, ... (127.0.0.1 stays the control host)
+
+
+@dataclass
+class LocalNode:
+    instance_id: str
+    instance_type: str
+    zone: str
+    lifecycle: str
+    addr: str
+    imds: FakeImds
+    agent: Child
+    started_at: float
+    stopped_at: float | None = None
+
+
+@dataclass
+class Launcher:
+    """Mirrors EC2's view of the fleet into local processes. ``describe`` returns the fleet's
+    instances as dicts with InstanceId, InstanceType, Placement.AvailabilityZone, State.Name,
+    InstanceLifecycle (absent for on-demand)."""
+
+    workdir: Path
+    describe: Callable[[], "asyncio.Future[list[dict]]"]
+    agent_config: Callable[[str, str, str], Path]  # (instance_id, addr, imds_url) -> agent.toml
+    poll_s: float = 0.5
+    nodes: dict[str, LocalNode] = field(default_factory=dict)
+    _next_octet: int = FIRST_HOST_OCTET
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.sync(await self.describe())
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the cloud being briefly unreachable is not fatal to the demo
+                log.warning("launcher_sync_failed", error=str(exc))
+            await asyncio.sleep(self.poll_s)
+
+    async def sync(self, instances: list[dict]) -> None:
+        loop = asyncio.get_running_loop()
+        for inst in instances:
+            iid, state = inst["InstanceId"], inst["State"]["Name"]
+            node = self.nodes.get(iid)
+            if state in ("pending", "running") and node is None:
+                self.nodes[iid] = await self._start(inst, loop.time())
+            elif state not in ("pending", "running") and node is not None and node.stopped_at is None:
+                await self._stop(node, loop.time(), reason=f"EC2 state {state}")
+
+    async def _start(self, inst: dict, now: float) -> LocalNode:
+        iid = inst["InstanceId"]
+        addr = f"127.0.0.{self._next_octet}"
+        self._next_octet += 1
+        lifecycle = "spot" if inst.get("InstanceLifecycle") == "spot" else "on-demand"
+        imds = FakeImds(
+            instance_id=iid,
+            instance_type=inst["InstanceType"],
+            zone=inst["Placement"]["AvailabilityZone"],
+            lifecycle=lifecycle,
+            local_ipv4=addr,
+        )
+        url = await imds.start("127.0.0.1", 0)
+        conf = self.agent_config(iid, addr, url)
+        agent = await Child.start(
+            f"agent-{iid}",
+            [sys.executable, "-m", "agent.cli", "run", "--config", str(conf)],
+            self.workdir / "nodes" / iid / "agent.log",
+        )
+        log.info("node_started", instance_id=iid, addr=addr, pool=f"{inst['InstanceType']}@{imds.zone}",
+                 lifecycle=lifecycle)
+        return LocalNode(iid, inst["InstanceType"], imds.zone, lifecycle, addr, imds, agent, now)
+
+    async def _stop(self, node: LocalNode, now: float, reason: str) -> None:
+        node.stopped_at = now
+        # The instance is gone: like real hardware vanishing, no grace beyond a brief SIGTERM.
+        await node.agent.stop(timeout=3.0)
+        await node.imds.stop()
+        log.info("node_stopped", instance_id=node.instance_id, reason=reason)
+
+    def live(self) -> list[LocalNode]:
+        return [n for n in self.nodes.values() if n.stopped_at is None]
+
+    async def close(self) -> None:
+        loop = asyncio.get_running_loop()
+        for node in self.live():
+            await self._stop(node, loop.time(), reason="demo over")

@@ -1,0 +1,89 @@
+"""Interruption scenarios for the demo: what AWS does to the fleet, and when.
+
+A scenario is a list of timed steps relative to the moment the first node trains. The demo plays
+AWS: a notice appears at the node's (fake) IMDS, and after the notice period the instance is
+terminated in EC2 whether or not the fleet was ready — exactly the contract of a real spot notice.
+Times are compressed (a 120 s notice becomes ``notice_s``) so the demo fits in minutes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+StepKind = Literal["notice", "rebalance", "capacity-error", "capacity-restored"]
+
+
+@dataclass(frozen=True)
+class Step:
+    at_s: float
+    kind: StepKind
+    # Which node: the N-th oldest live spot node (0 = oldest). For capacity steps: the N-th
+    # cheapest pool of the price book.
+    target: int = 0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    steps: tuple[Step, ...]
+    notice_s: float = 20.0  # compressed two-minute warning
+    description: str = ""
+
+
+NAMED: dict[str, Scenario] = {
+    "default": Scenario(
+        "default",
+        (
+            Step(30, "notice", 0),
+            Step(60, "rebalance", 0),
+            Step(65, "capacity-error", 0),
+            Step(80, "notice", 0),
+            Step(130, "capacity-restored", 0),
+        ),
+        description="two notices (one after a rebalance recommendation), a capacity error on the "
+        "cheapest pool while a replacement is bought",
+    ),
+    "short": Scenario(
+        "short",
+        (
+            Step(10, "notice", 0),
+            Step(25, "rebalance", 0),
+            Step(26, "capacity-error", 0),
+            Step(35, "notice", 0),
+        ),
+        notice_s=12.0,
+        description="the default story in half the time (CI)",
+    ),
+    "calm": Scenario("calm", (), description="no interruptions: baseline throughput and cost"),
+}
+
+
+def from_trace(path: Path, duration_s: float, max_notices: int = 4) -> Scenario:
+    """Turn a spot trace's node removals into notices, time-scaled to fit the demo.
+
+    Removals are taken in trace order; the first ``max_notices`` are spread over the middle of
+    the run in proportion to their trace times (the demo fleet is small, so a 32-node trace's
+    removals cannot all apply).
+    """
+    from fleetd.sim.traces import load_trace
+
+    trace = load_trace(path)
+    removals = sorted(t for t, delta in trace.removal_times() if delta < 0)[:max_notices] if hasattr(
+        trace, "removal_times") else []
+    if not removals:
+        return Scenario(f"trace:{path.name}", (), description="trace has no removals")
+    span = max(removals[-1] - removals[0], 1.0)
+    start, usable = 0.15 * duration_s, 0.55 * duration_s
+    steps = tuple(Step(start + usable * (t - removals[0]) / span, "notice", 0) for t in removals)
+    return Scenario(f"trace:{path.name}", steps, description=f"{len(steps)} removals from {path}")
+
+
+def resolve(name: str | None, trace: Path | None, duration_s: float) -> Scenario:
+    if trace is not None:
+        return from_trace(trace, duration_s)
+    key = name or "default"
+    if key not in NAMED:
+        raise ValueError(f"unknown scenario {key!r}; choose one of {', '.join(sorted(NAMED))}")
+    return NAMED[key]

@@ -1,0 +1,143 @@
+"""Controller side of MQTT: subscribe to the fleet's agent channels, validate, feed the registry.
+
+Every message is checked by ``fleetd.protocol.topics.decode`` (topic shape, fleet, kind allowed on
+the channel, payload instance id == topic instance id); the broker's filtering and ACLs are not
+trusted. A message that fails is logged once (one line with topic, size and reason) and dropped;
+nothing a publisher sends can stop the intake.
+
+The session is persistent (fixed client id, clean_session=False) so the broker queues QoS 1 events
+while the controller restarts; duplicates that this causes are dropped by the registry.
+The same connection carries commands to agents (``send_command``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aiomqtt
+
+from fleetd.intake.events import IntakeEvent, from_message
+from fleetd.intake.registry import NodeRegistry
+from fleetd.protocol.errors import ProtocolError
+from fleetd.protocol.logs import get_logger
+from fleetd.protocol.messages import CheckpointCommand, DrainCommand, LeaveCommand, ShutdownCommand
+from fleetd.protocol.mqtt_options import client_kwargs
+from fleetd.protocol.settings import MqttConfig
+from fleetd.protocol.topics import CHANNEL_QOS, decode, fleet_filter, node_topic
+
+log = get_logger(__name__)
+
+# Our largest legitimate message (telemetry of an 8-GPU node) is ~2 KiB.
+MAX_PAYLOAD_BYTES = 64 * 1024
+AGENT_CHANNELS = ("status", "telemetry", "events")
+PUBLISH_TIMEOUT_S = 10.0
+
+Command = CheckpointCommand | DrainCommand | LeaveCommand | ShutdownCommand
+
+
+class BusUnavailable(Exception):
+    """The controller is not connected to the broker right now; the command was not sent."""
+
+
+def _preview(payload: bytes, limit: int = 64) -> str:
+    return repr(payload[:limit]) + ("..." if len(payload) > limit else "")
+
+
+class MqttIntake:
+    def __init__(
+        self,
+        cfg: MqttConfig,
+        fleet: str,
+        registry: NodeRegistry,
+        *,
+        subscriptions: tuple[str, ...] | None = None,
+        client_id: str | None = None,
+        max_payload_bytes: int = MAX_PAYLOAD_BYTES,
+        backoff_initial_s: float = 0.2,
+        backoff_max_s: float = 5.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.cfg = cfg
+        self.fleet = fleet
+        self.registry = registry
+        self.subscriptions = subscriptions or tuple(fleet_filter(fleet, ch) for ch in AGENT_CHANNELS)
+        self.client_id = client_id or f"fleetd-{fleet}"
+        self.max_payload_bytes = max_payload_bytes
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.clock = clock
+        self.connected = asyncio.Event()
+        self.accepted = 0
+        self.rejected = 0
+        self._client: aiomqtt.Client | None = None
+
+    async def run(self) -> None:
+        delay = self.backoff_initial_s
+        while True:
+            try:
+                async with aiomqtt.Client(
+                    identifier=self.client_id, clean_session=False, **client_kwargs(self.cfg, timeout_s=PUBLISH_TIMEOUT_S)
+                ) as client:
+                    for sub in self.subscriptions:
+                        await client.subscribe(sub, qos=1)
+                    self._client = client
+                    self.connected.set()
+                    delay = self.backoff_initial_s
+                    log.info("intake_mqtt_connected", broker=f"{self.cfg.host}:{self.cfg.port}", subscriptions=list(self.subscriptions))
+                    async for message in client.messages:
+                        self.handle(str(message.topic), message.payload, retained=message.retain)
+            except aiomqtt.MqttError as exc:
+                log.warning("intake_mqtt_disconnected", error=str(exc), retry_in_s=round(delay, 2))
+            finally:
+                self._client = None
+                self.connected.clear()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.backoff_max_s)
+
+    def handle(self, topic: str, payload: Any, *, retained: bool = False) -> IntakeEvent | None:
+        """Validate one message and apply it; returns the event, or None if it was dropped.
+
+        A retained message (the broker replaying a node's last status on subscribe) is old news:
+        it is dated by its ``sent_at``, so a dead node's stale "ready" does not look like a sign
+        of life after a controller restart.
+        """
+        if not isinstance(payload, (bytes, bytearray)):
+            payload = b"" if payload is None else str(payload).encode()
+        payload = bytes(payload)
+        try:
+            if len(payload) > self.max_payload_bytes:
+                raise ProtocolError(f"payload of {len(payload)} bytes exceeds {self.max_payload_bytes}")
+            _, msg = decode(topic, payload, fleet=self.fleet)
+        except ProtocolError as exc:
+            self.rejected += 1
+            log.warning(
+                "intake_message_rejected",
+                topic=topic[:256],
+                nbytes=len(payload),
+                preview=_preview(payload),
+                reason=str(exc)[:500],
+            )
+            return None
+        now = self.clock()
+        event = from_message(msg, min(now, msg.sent_at.timestamp()) if retained else now)
+        if event is None:
+            log.debug("intake_message_ignored", topic=topic, kind=msg.kind)
+            return None
+        self.accepted += 1
+        self.registry.apply(event)
+        return event
+
+    async def send_command(self, command: Command) -> None:
+        """Publish a command to its node at QoS 1 (waits for the broker's ack)."""
+        client = self._client
+        if client is None:
+            raise BusUnavailable(f"not connected to the broker; {command.kind} for {command.instance_id} not sent")
+        topic = node_topic(self.fleet, command.instance_id, "commands")
+        try:
+            await client.publish(topic, command.to_json(), qos=CHANNEL_QOS["commands"], timeout=PUBLISH_TIMEOUT_S)
+        except aiomqtt.MqttError as exc:
+            raise BusUnavailable(f"{command.kind} for {command.instance_id} not sent: {exc}") from None
+        log.info("command_sent", kind=command.kind, instance_id=command.instance_id, msg_id=command.msg_id)

@@ -1,0 +1,206 @@
+"""The node registry: what the intakes have learned about each node, merged and de-duplicated.
+
+Both intakes call ``apply(event)``; the reconcile loop reads ``record(id)`` / ``records()`` or
+folds the facts into the planner's ``Node`` with ``observe(node)`` (the fields the two-signal rule
+and the rebalance policy read: last_seen_at, agent_offline_at, notice_at, notice_deadline,
+rebalance_at, ec2_state, telemetry). Urgent events wake the reconcile loop through ``wake``;
+telemetry does not (the loop's own interval picks it up).
+
+De-duplication: QoS 1 redeliveries and SQS at-least-once delivery repeat a ``dedup_key``; a
+repeat is counted and ignored. The same fact from two *sources* (IMDS notice via MQTT and the
+EventBridge warning) is not a duplicate: both are kept as independent signals.
+
+Everything runs on the event loop; no locking needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from fleetd.intake.events import (
+    URGENT,
+    AgentStatus,
+    AgentTelemetry,
+    InstanceStateChanged,
+    IntakeEvent,
+    InterruptionNotice,
+    RebalanceRecommended,
+    TrainingEvent,
+)
+from fleetd.policy.model import Node
+from fleetd.protocol.logs import get_logger
+from fleetd.protocol.messages import Status, Telemetry
+
+log = get_logger(__name__)
+
+# Higher = further along toward gone; merging EC2's view with events keeps the furthest.
+_EC2_STATE_RANK = {"pending": 0, "running": 1, "stopping": 2, "stopped": 3, "shutting-down": 4, "terminated": 5}
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    instance_id: str
+    tracked: bool = False  # launched by this fleet (the controller said so via track())
+    status: Status | None = None
+    status_at: float | None = None
+    last_seen_at: float | None = None  # any message from the agent except "offline"
+    agent_offline_at: float | None = None  # last will or clean goodbye
+    telemetry: Telemetry | None = None
+    telemetry_at: float | None = None
+    notice_at: float | None = None  # first time any source reported the interruption
+    notice_deadline: float | None = None
+    notice_action: str | None = None
+    notice_sources: frozenset[str] = frozenset()
+    rebalance_at: float | None = None
+    rebalance_sources: frozenset[str] = frozenset()
+    ec2_state: str | None = None
+    ec2_state_at: float | None = None
+    last_event: IntakeEvent | None = None  # the last non-telemetry event
+
+
+@dataclass
+class RegistryStats:
+    applied: int = 0
+    duplicates: int = 0
+    by_type: dict[str, int] = field(default_factory=dict)
+
+
+class NodeRegistry:
+    def __init__(
+        self,
+        *,
+        wake: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.time,
+        dedup_capacity: int = 100_000,
+        training_event_capacity: int = 10_000,
+    ) -> None:
+        self._wake = wake or (lambda: None)
+        self.clock = clock
+        self._nodes: dict[str, NodeRecord] = {}
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._dedup_capacity = dedup_capacity
+        # checkpoint-saved/-uploaded and trainer-exited, in arrival order, for the reconcile loop.
+        self._training: deque[TrainingEvent] = deque(maxlen=training_event_capacity)
+        self.stats = RegistryStats()
+
+    # ------------------------------------------------------------------ membership
+    def track(self, instance_id: str) -> None:
+        """This fleet launched ``instance_id`` (EventBridge events for it are ours)."""
+        rec = self._nodes.get(instance_id) or NodeRecord(instance_id)
+        self._nodes[instance_id] = dataclasses.replace(rec, tracked=True)
+
+    def forget(self, instance_id: str) -> None:
+        self._nodes.pop(instance_id, None)
+
+    def is_known(self, instance_id: str) -> bool:
+        """Tracked, or has spoken on this fleet's topics."""
+        return instance_id in self._nodes
+
+    def record(self, instance_id: str) -> NodeRecord | None:
+        return self._nodes.get(instance_id)
+
+    def records(self) -> tuple[NodeRecord, ...]:
+        return tuple(self._nodes.values())
+
+    def drain_training_events(self) -> list[TrainingEvent]:
+        out = list(self._training)
+        self._training.clear()
+        return out
+
+    # ------------------------------------------------------------------ intake
+    def apply(self, event: IntakeEvent) -> bool:
+        """Merge one event; False if it was a duplicate delivery (nothing changed)."""
+        if not isinstance(event, AgentTelemetry) and event.dedup_key:
+            if event.dedup_key in self._seen:
+                self.stats.duplicates += 1
+                log.debug("intake_duplicate", instance_id=event.instance_id, key=event.dedup_key)
+                return False
+            self._seen[event.dedup_key] = None
+            if len(self._seen) > self._dedup_capacity:
+                self._seen.popitem(last=False)
+        at = event.received_at or self.clock()
+        rec = self._nodes.get(event.instance_id) or NodeRecord(event.instance_id)
+        self._nodes[event.instance_id] = _merge(rec, event, at)
+        self.stats.applied += 1
+        name = type(event).__name__
+        self.stats.by_type[name] = self.stats.by_type.get(name, 0) + 1
+        if isinstance(event, TrainingEvent):
+            self._training.append(event)
+        if isinstance(event, URGENT):
+            self._wake()
+        return True
+
+    def apply_all(self, events: Iterable[IntakeEvent]) -> int:
+        return sum(self.apply(e) for e in events)
+
+    # ------------------------------------------------------------------ for the planner
+    def observe(self, node: Node) -> Node:
+        """``node`` (from EC2 and the state DB) with what the intakes learned folded in."""
+        rec = self._nodes.get(node.instance_id)
+        if rec is None:
+            return node
+        tele = rec.telemetry
+        ec2_state = node.ec2_state
+        if rec.ec2_state is not None and _EC2_STATE_RANK.get(rec.ec2_state, 0) > _EC2_STATE_RANK.get(ec2_state, 0):
+            ec2_state = rec.ec2_state  # the event is news DescribeInstances may not show yet
+        return dataclasses.replace(
+            node,
+            ec2_state=ec2_state,
+            last_seen_at=_latest(node.last_seen_at, rec.last_seen_at),
+            agent_offline_at=_latest(node.agent_offline_at, rec.agent_offline_at),
+            notice_at=node.notice_at if node.notice_at is not None else rec.notice_at,
+            notice_deadline=node.notice_deadline if node.notice_deadline is not None else rec.notice_deadline,
+            rebalance_at=node.rebalance_at if node.rebalance_at is not None else rec.rebalance_at,
+            gpu_util_pct=tele.gpu_util_pct if tele is not None else node.gpu_util_pct,
+            steps_per_s=tele.steps_per_s if tele is not None and tele.steps_per_s is not None else node.steps_per_s,
+            step=tele.step if tele is not None and tele.step is not None else node.step,
+        )
+
+
+def _latest(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return max(a, b)
+
+
+def _merge(rec: NodeRecord, event: IntakeEvent, at: float) -> NodeRecord:
+    replace = dataclasses.replace
+    if isinstance(event, AgentTelemetry):
+        return replace(rec, telemetry=event.telemetry, telemetry_at=at, last_seen_at=at)
+    if isinstance(event, AgentStatus):
+        if event.status.state == "offline":
+            return replace(rec, status=event.status, status_at=at, agent_offline_at=at, last_event=event)
+        return replace(rec, status=event.status, status_at=at, last_seen_at=at, last_event=event)
+    if isinstance(event, InterruptionNotice):
+        seen_by_agent = event.source == "imds"
+        return replace(
+            rec,
+            notice_at=rec.notice_at if rec.notice_at is not None else at,
+            # Keep the earliest deadline any source gave: acting late is the expensive mistake.
+            notice_deadline=min(rec.notice_deadline, event.action_time)
+            if rec.notice_deadline is not None
+            else event.action_time,
+            notice_action=event.action,
+            notice_sources=rec.notice_sources | {event.source},
+            last_seen_at=at if seen_by_agent else rec.last_seen_at,
+            last_event=event,
+        )
+    if isinstance(event, RebalanceRecommended):
+        return replace(
+            rec,
+            rebalance_at=rec.rebalance_at if rec.rebalance_at is not None else at,
+            rebalance_sources=rec.rebalance_sources | {event.source},
+            last_seen_at=at if event.source == "imds" else rec.last_seen_at,
+            last_event=event,
+        )
+    if isinstance(event, InstanceStateChanged):
+        return replace(rec, ec2_state=event.state, ec2_state_at=at, last_event=event)
+    if isinstance(event, TrainingEvent):
+        return replace(rec, last_seen_at=at, last_event=event)
+    raise TypeError(f"unknown intake event {type(event).__name__}")

@@ -1,0 +1,183 @@
+"""EventBridge → SQS intake: the controller's second, independent view of spot events.
+
+An EventBridge rule (source ``aws.ec2``) targets one SQS queue per controller. This consumer
+long-polls it, turns the three EC2 event types into the same internal events the MQTT intake
+produces (``InterruptionNotice``, ``RebalanceRecommended``) plus ``InstanceStateChanged``, and
+deletes each message after it was handled. Delivery is at least once: a repeated EventBridge event
+id is dropped by the registry. Events about instances this fleet does not know (another fleet's
+nodes, when a rule is shared) and malformed bodies are logged once and deleted, so a poison
+message cannot come back forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from fleetd.adapters.aws_errors import AwsError, aws_call
+from fleetd.intake.events import InstanceStateChanged, IntakeEvent, InterruptionNotice, RebalanceRecommended
+from fleetd.intake.registry import NodeRegistry
+from fleetd.protocol.errors import ProtocolError
+from fleetd.protocol.logs import get_logger
+
+log = get_logger(__name__)
+
+SPOT_WARNING = "EC2 Spot Instance Interruption Warning"
+REBALANCE = "EC2 Instance Rebalance Recommendation"
+STATE_CHANGE = "EC2 Instance State-change Notification"
+DETAIL_TYPES = (SPOT_WARNING, REBALANCE, STATE_CHANGE)
+# AWS gives two minutes between the warning and the action; the event carries only its own time.
+SPOT_WARNING_LEAD_S = 120.0
+EC2_STATES = frozenset({"pending", "running", "stopping", "stopped", "shutting-down", "terminated"})
+_INSTANCE_ID = re.compile(r"^i-[0-9a-f]{8,32}$")
+MAX_BODY_BYTES = 256 * 1024
+
+# The EventBridge event pattern for the rule that feeds this intake.
+EVENT_PATTERN: dict[str, Any] = {"source": ["aws.ec2"], "detail-type": list(DETAIL_TYPES)}
+
+
+def _event_time(value: Any) -> float:
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            pass
+    raise ProtocolError(f"event time {str(value)[:40]!r} is not a timestamp")
+
+
+def parse_event(body: str | bytes, received_at: float) -> IntakeEvent | None:
+    """One SQS body (an EventBridge event) → an intake event; None for an EC2 event we do not use.
+
+    Raises ProtocolError for anything that is not a well-formed event of a type we handle.
+    """
+    if len(body) > MAX_BODY_BYTES:
+        raise ProtocolError(f"body of {len(body)} bytes is too large")
+    try:
+        event = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"body is not JSON: {exc}") from None
+    if not isinstance(event, dict):
+        raise ProtocolError("body is not a JSON object")
+    detail_type = event.get("detail-type")
+    detail = event.get("detail")
+    event_id = event.get("id")
+    if not isinstance(detail_type, str) or not isinstance(detail, dict) or not isinstance(event_id, str):
+        raise ProtocolError("not an EventBridge event (need id, detail-type, detail)")
+    if event.get("source") != "aws.ec2":
+        raise ProtocolError(f"source {str(event.get('source'))[:60]!r} is not aws.ec2")
+    if detail_type not in DETAIL_TYPES:
+        return None
+    instance_id = detail.get("instance-id")
+    if not isinstance(instance_id, str) or not _INSTANCE_ID.match(instance_id):
+        raise ProtocolError(f"detail.instance-id {str(instance_id)[:40]!r} is not an instance id")
+    at = _event_time(event.get("time"))
+    common = {"instance_id": instance_id, "received_at": received_at, "dedup_key": f"eventbridge:{event_id}"}
+    if detail_type == SPOT_WARNING:
+        action = detail.get("instance-action")
+        if action not in ("terminate", "stop", "hibernate"):
+            raise ProtocolError(f"detail.instance-action {str(action)[:40]!r} is unknown")
+        return InterruptionNotice(action=action, action_time=at + SPOT_WARNING_LEAD_S, source="eventbridge", **common)
+    if detail_type == REBALANCE:
+        return RebalanceRecommended(notice_time=at, source="eventbridge", **common)
+    state = detail.get("state")
+    if state not in EC2_STATES:
+        raise ProtocolError(f"detail.state {str(state)[:40]!r} is not an EC2 state")
+    return InstanceStateChanged(state=state, **common)
+
+
+class SqsIntake:
+    """Long-polls one queue with an aiobotocore SQS client; ``run()`` until cancelled."""
+
+    def __init__(
+        self,
+        sqs: Any,
+        queue_url: str,
+        registry: NodeRegistry,
+        *,
+        wait_s: int = 20,
+        is_ours: Callable[[str], bool] | None = None,
+        backoff_max_s: float = 30.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.sqs = sqs
+        self.queue_url = queue_url
+        self.registry = registry
+        self.wait_s = wait_s
+        self.is_ours = is_ours or registry.is_known
+        self.backoff_max_s = backoff_max_s
+        self.clock = clock
+        self.handled = 0
+        self.rejected = 0
+        self.not_ours = 0
+
+    async def run(self) -> None:
+        delay = 1.0
+        while True:
+            try:
+                await self.poll_once()
+                delay = 1.0
+            except AwsError as exc:
+                log.warning("intake_sqs_failed", error=str(exc), retry_in_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.backoff_max_s)
+
+    async def poll_once(self) -> list[IntakeEvent]:
+        """One long poll; returns the events applied (duplicates and foreign events excluded)."""
+        async with aws_call("ReceiveMessage"):
+            resp = await self.sqs.receive_message(
+                QueueUrl=self.queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=self.wait_s
+            )
+        messages = resp.get("Messages", [])
+        applied: list[IntakeEvent] = []
+        done: list[dict[str, str]] = []
+        for i, message in enumerate(messages):
+            event = self._handle(message)
+            if event is not None:
+                applied.append(event)
+            done.append({"Id": str(i), "ReceiptHandle": message["ReceiptHandle"]})
+        if done:
+            async with aws_call("DeleteMessageBatch"):
+                resp = await self.sqs.delete_message_batch(QueueUrl=self.queue_url, Entries=done)
+            for failed in resp.get("Failed", []):
+                # It will come back after the visibility timeout; the registry drops the repeat.
+                log.warning("intake_sqs_delete_failed", code=failed.get("Code"), message=failed.get("Message"))
+        return applied
+
+    def _handle(self, message: dict[str, Any]) -> IntakeEvent | None:
+        body = message.get("Body", "")
+        try:
+            event = parse_event(body, self.clock())
+        except ProtocolError as exc:
+            self.rejected += 1
+            log.warning("intake_sqs_rejected", message_id=message.get("MessageId"), reason=str(exc)[:300], nbytes=len(body))
+            return None
+        if event is None:
+            return None
+        if not self.is_ours(event.instance_id):
+            self.not_ours += 1
+            log.info("intake_sqs_not_ours", instance_id=event.instance_id, type=type(event).__name__)
+            return None
+        if not self.registry.apply(event):
+            return None
+        self.handled += 1
+        log.info("intake_sqs_event", instance_id=event.instance_id, type=type(event).__name__)
+        return event
+
+
+async def run(aws: Any, queue_url: str, registry: NodeRegistry, *, wait_s: int = 20) -> None:
+    """TaskGroup component for fleetd's daemon: consume ``queue_url`` until cancelled.
+
+    ``aws`` is the AwsConfig (region, endpoint_url, profile).
+    """
+    from aiobotocore.session import AioSession
+
+    session = AioSession(profile=aws.profile) if aws.profile else AioSession()
+    async with session.create_client("sqs", region_name=aws.region, endpoint_url=aws.endpoint_url) as sqs:
+        await SqsIntake(sqs, queue_url, registry, wait_s=wait_s).run()

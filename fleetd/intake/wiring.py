@@ -1,0 +1,53 @@
+"""Plugging the intake into ``fleetd run``: one registry, the MQTT intake, the SQS consumer.
+
+    ctx = DaemonContext(cfg)
+    intake = build_intake(cfg, wake=ctx.wake_loop)
+    await run_daemon(cfg, planner=..., ctx=ctx,
+                     plugins=Plugins(components=intake.components(), observer=intake.registry))
+
+``intake.mqtt.send_command`` is how the controller reaches an agent (QoS 1 on its command topic).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetd.config import FleetdConfig
+from fleetd.intake import sqs
+from fleetd.intake.mqtt import MqttIntake
+from fleetd.intake.registry import NodeRegistry
+from fleetd.protocol.logs import get_logger
+
+log = get_logger(__name__)
+
+Component = Callable[[Any], Awaitable[None]]  # fleetd.daemon.Component: async def (ctx) -> None
+
+
+@dataclass
+class Intake:
+    cfg: FleetdConfig = field(repr=False)
+    registry: NodeRegistry
+    mqtt: MqttIntake
+
+    def components(self) -> list[Component]:
+        """TaskGroup components for the daemon: the MQTT intake, and SQS when a queue is set."""
+        out: list[Component] = [self._run_mqtt]
+        if self.cfg.events.sqs_queue_url:
+            out.append(self._run_sqs)
+        else:
+            log.info("intake_sqs_disabled", why="events.sqs_queue_url is not set")
+        return out
+
+    async def _run_mqtt(self, ctx: Any) -> None:
+        await self.mqtt.run()
+
+    async def _run_sqs(self, ctx: Any) -> None:
+        assert self.cfg.events.sqs_queue_url is not None
+        await sqs.run(self.cfg.aws, self.cfg.events.sqs_queue_url, self.registry)
+
+
+def build_intake(cfg: FleetdConfig, wake: Callable[[], None] | None = None) -> Intake:
+    registry = NodeRegistry(wake=wake)
+    return Intake(cfg, registry, MqttIntake(cfg.mqtt, cfg.fleet.name, registry))

@@ -1,0 +1,316 @@
+"""The spend and goodput ledger: pure functions over an ordered list of events.
+
+Billing model (EC2 Linux): each instance accrues per second at the price in force for its pool and
+market, from launch to stop, with a 60 s minimum per launch. A price change applies from its
+timestamp to every running instance of that pool and market. The same billed seconds at the
+pool's on-demand price give the on-demand equivalent (what the run would have cost without spot).
+
+The events are the persisted truth (fleetd.reconcile.ledger_store): a restarted fleetd re-reads them
+and recomputes exactly the same totals. Times are seconds on the caller's clock.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal, TypeAlias
+
+from fleetd.policy.model import Market, PoolId, PoolOffer
+from fleetd.policy.observation import PoolStats
+
+MINIMUM_CHARGE_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceStarted:
+    at: float
+    instance_id: str
+    pool: PoolId
+    market: Market
+    price_per_hour: float  # price in force at launch
+    on_demand_price_per_hour: float  # for the on-demand equivalent
+    event_id: str = ""  # de-duplication key in the store ("" = none)
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceStopped:
+    at: float
+    instance_id: str
+    event_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PriceChanged:
+    """The price of ``pool`` on ``market`` is ``price_per_hour`` from ``at`` on."""
+
+    at: float
+    pool: PoolId
+    market: Market
+    price_per_hour: float
+    event_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StepReached:
+    """Training completed ``step`` (the highest step so far of the current attempt)."""
+
+    at: float
+    step: int
+    event_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StepsLost:
+    """Training went back from ``from_step`` to ``to_step`` (the checkpoint it resumed from)."""
+
+    at: float
+    from_step: int
+    to_step: int
+    event_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryTime:
+    """``seconds`` from losing a node to every survivor training again."""
+
+    at: float
+    seconds: float
+    event_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class IdleGpuTime:
+    at: float
+    instance_id: str
+    gpu_seconds: float
+    event_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Interruption:
+    """For pool statistics: a notice, or a loss without one (two-signal rule / terminal state)."""
+
+    at: float
+    instance_id: str
+    pool: PoolId
+    kind: Literal["notice", "loss"]
+    event_id: str = ""
+
+
+LedgerEvent: TypeAlias = (
+    InstanceStarted
+    | InstanceStopped
+    | PriceChanged
+    | StepReached
+    | StepsLost
+    | RecoveryTime
+    | IdleGpuTime
+    | Interruption
+)
+EVENT_TYPES: dict[str, type] = {
+    "instance-started": InstanceStarted,
+    "instance-stopped": InstanceStopped,
+    "price-changed": PriceChanged,
+    "step-reached": StepReached,
+    "steps-lost": StepsLost,
+    "recovery-time": RecoveryTime,
+    "idle-gpu-time": IdleGpuTime,
+    "interruption": Interruption,
+}
+EVENT_KINDS: dict[type, str] = {v: k for k, v in EVENT_TYPES.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceBill:
+    instance_id: str
+    pool: PoolId
+    market: Market
+    started_at: float
+    stopped_at: float | None
+    billed_seconds: float
+    usd: float
+    on_demand_equivalent_usd: float
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerSummary:
+    spend_usd: float
+    on_demand_equivalent_usd: float
+    savings_pct: float
+    spend_by_market: dict[str, float]
+    spend_by_pool: dict[str, float]
+    node_seconds: float
+    useful_steps: int
+    steps_lost: int
+    recovery_s: float
+    idle_gpu_s: float
+    usd_per_1k_steps: float | None  # None until a useful step exists
+    instances: tuple[InstanceBill, ...] = field(default=())
+
+    def as_json(self) -> dict:
+        return {
+            "spend_usd": round(self.spend_usd, 6),
+            "on_demand_equivalent_usd": round(self.on_demand_equivalent_usd, 6),
+            "savings_pct": round(self.savings_pct, 3),
+            "spend_by_market": {k: round(v, 6) for k, v in sorted(self.spend_by_market.items())},
+            "spend_by_pool": {k: round(v, 6) for k, v in sorted(self.spend_by_pool.items())},
+            "node_seconds": round(self.node_seconds, 3),
+            "useful_steps": self.useful_steps,
+            "steps_lost": self.steps_lost,
+            "recovery_s": round(self.recovery_s, 3),
+            "idle_gpu_s": round(self.idle_gpu_s, 3),
+            "usd_per_1k_steps": None
+            if self.usd_per_1k_steps is None
+            else round(self.usd_per_1k_steps, 6),
+            "instances": len(self.instances),
+        }
+
+
+def _ordered(events: Iterable[LedgerEvent]) -> list[LedgerEvent]:
+    # Stable: events at the same timestamp keep the order they were recorded in.
+    return sorted(events, key=lambda e: e.at)
+
+
+def _integrate(
+    start: float, end: float, initial: float, changes: list[tuple[float, float]]
+) -> float:
+    """USD for [start, end] at ``initial`` USD/h, changing to p at each (t, p) in ``changes``."""
+    usd, t, price = 0.0, start, initial
+    for at, new_price in changes:
+        if at <= start:
+            continue
+        if at >= end:
+            break
+        usd += price * (at - t) / 3600.0
+        t, price = at, new_price
+    return usd + price * (end - t) / 3600.0
+
+
+def bills(events: Iterable[LedgerEvent], now: float) -> list[InstanceBill]:
+    """One bill per launched instance; running instances accrue until ``now``.
+
+    The 60 s minimum is charged from launch (a launch commits it), so a running instance younger
+    than a minute already owes its full minute.
+    """
+    ordered = _ordered(events)
+    prices: dict[tuple[PoolId, Market], list[tuple[float, float]]] = defaultdict(list)
+    for e in ordered:
+        if isinstance(e, PriceChanged):
+            prices[(e.pool, e.market)].append((e.at, e.price_per_hour))
+    starts: dict[str, InstanceStarted] = {}
+    stops: dict[str, float] = {}
+    for e in ordered:
+        if isinstance(e, InstanceStarted) and e.instance_id not in starts:
+            starts[e.instance_id] = e
+        elif isinstance(e, InstanceStopped) and e.instance_id not in stops:
+            stops[e.instance_id] = e.at
+    out = []
+    for iid, s in starts.items():
+        stopped = stops.get(iid)
+        end = stopped if stopped is not None else max(now, s.at)
+        end = max(end, s.at + MINIMUM_CHARGE_S)
+        usd = _integrate(s.at, end, s.price_per_hour, prices.get((s.pool, s.market), []))
+        od = _integrate(
+            s.at, end, s.on_demand_price_per_hour, prices.get((s.pool, Market.ON_DEMAND), [])
+        )
+        out.append(InstanceBill(iid, s.pool, s.market, s.at, stopped, end - s.at, usd, od))
+    return out
+
+
+def spend_usd(events: Iterable[LedgerEvent], now: float) -> float:
+    return sum(b.usd for b in bills(events, now))
+
+
+def summarize(events: Iterable[LedgerEvent], now: float) -> LedgerSummary:
+    events = list(events)
+    all_bills = bills(events, now)
+    spend = sum(b.usd for b in all_bills)
+    od = sum(b.on_demand_equivalent_usd for b in all_bills)
+    by_market: dict[str, float] = defaultdict(float)
+    by_pool: dict[str, float] = defaultdict(float)
+    for b in all_bills:
+        by_market[b.market.value] += b.usd
+        by_pool[str(b.pool)] += b.usd
+    highest = 0
+    lost = 0
+    recovery = 0.0
+    idle = 0.0
+    for e in _ordered(events):
+        if isinstance(e, StepReached):
+            highest = max(highest, e.step)
+        elif isinstance(e, StepsLost):
+            lost += max(0, e.from_step - e.to_step)
+        elif isinstance(e, RecoveryTime):
+            recovery += e.seconds
+        elif isinstance(e, IdleGpuTime):
+            idle += e.gpu_seconds
+    # Redone steps do not count twice: useful progress is the highest step reached.
+    useful = highest
+    return LedgerSummary(
+        spend_usd=spend,
+        on_demand_equivalent_usd=od,
+        savings_pct=(100.0 * (1.0 - spend / od)) if od > 0 else 0.0,
+        spend_by_market=dict(by_market),
+        spend_by_pool=dict(by_pool),
+        node_seconds=sum(b.billed_seconds for b in all_bills),
+        useful_steps=useful,
+        steps_lost=lost,
+        recovery_s=recovery,
+        idle_gpu_s=idle,
+        usd_per_1k_steps=(1000.0 * spend / useful) if useful > 0 else None,
+        instances=tuple(all_bills),
+    )
+
+
+def price_changes(
+    known: Mapping[tuple[PoolId, Market], float], offers: Iterable[PoolOffer], now: float
+) -> list[PriceChanged]:
+    """PriceChanged events for every pool price that differs from ``known`` (the prices already
+    recorded); the caller records them and updates ``known``. A pool with no spot price keeps its
+    last spot price: running spot nodes are billed at it until they go."""
+    out = []
+    for o in offers:
+        for market, price in ((Market.SPOT, o.spot_price), (Market.ON_DEMAND, o.on_demand_price)):
+            if price is not None and known.get((o.pool, market)) != price:
+                out.append(PriceChanged(now, o.pool, market, price))
+    return out
+
+
+def pool_history(
+    events: Iterable[LedgerEvent], now: float, priors: dict[PoolId, float] | None = None
+) -> dict[PoolId, PoolStats]:
+    """Node-hours, notices and losses per pool: the learned half of the interruption rate."""
+    priors = priors or {}
+    hours: dict[PoolId, float] = defaultdict(float)
+    notices: dict[PoolId, int] = defaultdict(int)
+    losses: dict[PoolId, int] = defaultdict(int)
+    last_notice: dict[PoolId, float] = {}
+    starts: dict[str, InstanceStarted] = {}
+    stops: dict[str, float] = {}
+    for e in _ordered(events):
+        if isinstance(e, InstanceStarted):
+            starts.setdefault(e.instance_id, e)
+        elif isinstance(e, InstanceStopped):
+            stops.setdefault(e.instance_id, e.at)
+        elif isinstance(e, Interruption):
+            if e.kind == "notice":
+                notices[e.pool] += 1
+                last_notice[e.pool] = e.at
+            else:
+                losses[e.pool] += 1
+    for iid, s in starts.items():
+        end = stops.get(iid, now)
+        hours[s.pool] += max(0.0, end - s.at) / 3600.0
+    pools = set(hours) | set(notices) | set(losses) | set(priors)
+    return {
+        pool: PoolStats(
+            pool=pool,
+            node_hours=hours.get(pool, 0.0),
+            notices=notices.get(pool, 0),
+            losses=losses.get(pool, 0),
+            last_notice_at=last_notice.get(pool),
+            prior_interruptions_per_hour=priors.get(pool),
+        )
+        for pool in sorted(pools)
+    }

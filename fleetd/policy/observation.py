@@ -1,0 +1,77 @@
+"""What the planner sees on one pass: plain frozen data assembled by the caller.
+
+The daemon (fleetd/reconcile) builds it from EC2, MQTT intake, the SQLite stores and the price
+source; the simulator builds it from its virtual world. Times are on the caller's clock (the same
+clock as ``now`` passed to ``plan``). Prices are USD per instance-hour.
+
+Fields the caller keeps between passes (the planner is stateless):
+- ``target_nodes`` / ``last_scaling_at``: pass back ``Plan.target_nodes``; set ``last_scaling_at``
+  to ``now`` whenever it differs from the previous target.
+- ``rebalance_prebuys_last_hour``: Launches with purpose ``rebalance-prebuy`` executed in the
+  last hour (rebalance churn cap).
+- ``spot_unavailable_since``: set when a needed spot launch found no pool (every spot pool failed
+  with a capacity error, or none is offered), cleared when a spot launch succeeds.
+- ``stop_issued_at``: when a StopJob was executed.
+- ``budget_level``: pass back ``Plan.budget.level``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+
+from fleetd.policy.model import BudgetLevel, Node, PoolId, PoolOffer
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStats:
+    """This fleet's own history with one pool (persisted; see fleetd.policy.ledger.pool_history)."""
+
+    pool: PoolId
+    node_hours: float = 0.0
+    notices: int = 0  # interruption notices received for nodes in this pool
+    losses: int = 0  # nodes lost without a notice (two-signal rule or terminal EC2 state)
+    # Unavailable until then after a capacity error (capacity_error_ttl_s), per market: a spot
+    # shortage says nothing about on-demand capacity, and the other way round.
+    capacity_error_until: float | None = None
+    on_demand_capacity_error_until: float | None = None
+    last_notice_at: float | None = None  # a recent notice means "interrupting now"
+    # Prior from the Spot Advisor bucket table (fleetd.policy.placement.prior_rate_for_bucket).
+    prior_interruptions_per_hour: float | None = None
+
+
+class DesiredJob(StrEnum):
+    RUN = "run"
+    STOP = "stop"  # the operator (or the job finishing) asked to stop: checkpoint, then stop
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    nodes: tuple[Node, ...] = ()
+    offers: tuple[PoolOffer, ...] = ()
+    pool_stats: tuple[PoolStats, ...] = ()
+    # Ledger snapshot: everything accrued so far, 60 s minimum charges of launches included.
+    spent_usd: float = 0.0
+    # Telemetry aggregates: measured training steps/s keyed by the number of training NODES.
+    throughput_by_nodes: Mapping[int, float] = field(default_factory=lambda: MappingProxyType({}))
+    # Last checkpoint whose manifest is in S3 (durable), and the last checkpoint we asked for.
+    last_durable_checkpoint_step: int | None = None
+    last_durable_checkpoint_at: float | None = None
+    last_checkpoint_request_at: float | None = None
+    # Scaling memory (see module docstring).
+    target_nodes: int | None = None
+    last_scaling_at: float | None = None
+    rebalance_prebuys_last_hour: int = 0
+    spot_unavailable_since: float | None = None
+    desired_job: DesiredJob = DesiredJob.RUN
+    stop_issued_at: float | None = None
+    # The previous plan's Plan.budget.level: a Warn is emitted when the level rises, not every pass.
+    budget_level: BudgetLevel = BudgetLevel.NORMAL
+
+    def stats_by_pool(self) -> dict[PoolId, PoolStats]:
+        return {s.pool: s for s in self.pool_stats}
+
+    def offers_by_pool(self) -> dict[PoolId, PoolOffer]:
+        return {o.pool: o for o in self.offers}

@@ -1,0 +1,200 @@
+"""Placement: which pools to buy from, ranked by expected cost per useful GPU-hour.
+
+score = price / GPUs x (1 + expected interruptions per node-hour x capacity.interruption_cost_h)
+
+The interruption rate blends this fleet's own history (notices + losses per node-hour in the pool)
+with a prior from AWS's Spot Advisor buckets, as a Gamma-Poisson posterior mean: the prior counts
+as ``capacity.prior_weight_node_hours`` node-hours of experience, so a pool we have run for long
+is judged by what it did to us, and a new pool by what AWS says about it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from fleetd.config import CapacityConfig
+from fleetd.policy.model import Market, PoolId, PoolOffer
+from fleetd.policy.observation import PoolStats
+
+# Spot Advisor "frequency of interruption" buckets: share of instances interrupted over a month.
+# We use each bucket's midpoint (25 % for the open ">20%" bucket).
+BUCKET_MONTHLY_SHARE = (0.025, 0.075, 0.125, 0.175, 0.25)
+HOURS_PER_MONTH = 730.0
+
+
+@dataclass(frozen=True, slots=True)
+class AdvisorRow:
+    """One row of the Spot Advisor table (fleetd.adapters.spot_advisor reads the CSV)."""
+
+    region: str
+    instance_type: str
+    savings_pct: float
+    bucket_index: int
+    bucket_label: str
+
+
+def prior_rate_for_bucket(bucket_index: int) -> float:
+    """Interruptions per node-hour implied by a Spot Advisor bucket index (0..4)."""
+    if not 0 <= bucket_index < len(BUCKET_MONTHLY_SHARE):
+        raise ValueError(f"Spot Advisor bucket index {bucket_index} is not in 0..4")
+    return BUCKET_MONTHLY_SHARE[bucket_index] / HOURS_PER_MONTH
+
+
+def region_of_zone(zone: str) -> str:
+    """'us-east-1a' -> 'us-east-1' (a zone is its region plus a letter)."""
+    return re.sub(r"[a-z]+$", "", zone)
+
+
+def priors_for_pools(
+    rows: Iterable[AdvisorRow], pools: Iterable[PoolId]
+) -> dict[PoolId, float]:
+    """Prior interruptions per node-hour for every pool the table knows (by region and type)."""
+    table = {(r.region, r.instance_type): r.bucket_index for r in rows}
+    out: dict[PoolId, float] = {}
+    for pool in pools:
+        bucket = table.get((region_of_zone(pool.zone), pool.instance_type))
+        if bucket is not None:
+            out[pool] = prior_rate_for_bucket(bucket)
+    return out
+
+
+def interruption_rate(stats: PoolStats | None, cfg: CapacityConfig) -> tuple[float, str]:
+    """Expected interruptions per node-hour, and how it was derived (for the reason string)."""
+    if stats is None:
+        return 0.0, "no history, no prior"
+    events = stats.notices + stats.losses
+    prior = stats.prior_interruptions_per_hour
+    if prior is None:
+        if stats.node_hours <= 0:
+            return 0.0, "no history, no prior"
+        rate = events / stats.node_hours
+        return rate, f"{events} interruptions in {stats.node_hours:.1f} node-h"
+    weight = cfg.prior_weight_node_hours
+    rate = (events + prior * weight) / (stats.node_hours + weight)
+    return rate, (
+        f"{events} interruptions in {stats.node_hours:.1f} node-h blended with prior "
+        f"{prior:.4f}/h"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RankedPool:
+    offer: PoolOffer
+    market: Market
+    price_per_hour: float
+    interruptions_per_hour: float
+    score: float  # expected USD per useful GPU-hour
+    reason: str
+
+    @property
+    def pool(self) -> PoolId:
+        return self.offer.pool
+
+
+def is_interrupting_now(stats: PoolStats | None, now: float, window_s: float) -> bool:
+    return (
+        stats is not None
+        and stats.last_notice_at is not None
+        and now - stats.last_notice_at <= window_s
+    )
+
+
+def rank_pools(
+    offers: Iterable[PoolOffer],
+    stats: Mapping[PoolId, PoolStats],
+    cfg: CapacityConfig,
+    now: float,
+    market: Market,
+    avoid: frozenset[PoolId] = frozenset(),
+) -> tuple[list[RankedPool], list[str]]:
+    """Pools that can be bought on ``market`` now, best first; and why the others cannot."""
+    ranked: list[RankedPool] = []
+    skipped: list[str] = []
+    for offer in offers:
+        pool = offer.pool
+        s = stats.get(pool)
+        if pool in avoid:
+            skipped.append(f"{pool}: avoided (its node is at risk)")
+            continue
+        until = None
+        if s is not None:
+            until = s.capacity_error_until if market is Market.SPOT else s.on_demand_capacity_error_until
+        if until is not None and until > now:
+            skipped.append(f"{pool}: capacity error, unavailable for another {until - now:.0f} s")
+            continue
+        if offer.gpus <= 0:
+            skipped.append(f"{pool}: no GPUs")
+            continue
+        if market is Market.ON_DEMAND:
+            price = offer.on_demand_price
+            rate, rate_why = 0.0, "on-demand is not interrupted"
+        else:
+            if offer.spot_price is None:
+                skipped.append(f"{pool}: no spot price")
+                continue
+            if offer.spot_price >= offer.on_demand_price:
+                skipped.append(
+                    f"{pool}: spot ${offer.spot_price:.3f}/h is not below on-demand "
+                    f"${offer.on_demand_price:.3f}/h"
+                )
+                continue
+            if cfg.max_spot_price_per_hour is not None and offer.spot_price > cfg.max_spot_price_per_hour:
+                skipped.append(
+                    f"{pool}: spot ${offer.spot_price:.3f}/h above max_spot_price_per_hour "
+                    f"${cfg.max_spot_price_per_hour:.3f}/h"
+                )
+                continue
+            if is_interrupting_now(s, now, cfg.interrupting_window_s):
+                skipped.append(
+                    f"{pool}: interrupting now (notice {now - s.last_notice_at:.0f} s ago)"  # type: ignore[union-attr]
+                )
+                continue
+            price = offer.spot_price
+            rate, rate_why = interruption_rate(s, cfg)
+        per_gpu = price / offer.gpus
+        score = per_gpu * (1.0 + rate * cfg.interruption_cost_h)
+        ranked.append(
+            RankedPool(
+                offer=offer,
+                market=market,
+                price_per_hour=price,
+                interruptions_per_hour=rate,
+                score=score,
+                reason=(
+                    f"{pool} {market.value} ${price:.3f}/h for {offer.gpus} GPU "
+                    f"(${per_gpu:.3f}/GPU-h), {rate:.4f} interruptions/h ({rate_why}) "
+                    f"-> ${score:.3f} per useful GPU-h"
+                ),
+            )
+        )
+    ranked.sort(key=lambda r: (r.score, r.price_per_hour, str(r.pool)))
+    return ranked, skipped
+
+
+def diversify(ranked: list[RankedPool], cfg: CapacityConfig) -> list[RankedPool]:
+    """Up to max_pools_per_launch pools near the best score, spread over types and zones.
+
+    One CreateFleet request over several pools lets EC2's price-capacity-optimized strategy dodge a
+    pool that is short of capacity, and spreading over zones and types keeps one reclaim wave from
+    taking the whole fleet. Pools much worse than the best (diversify_within) are never added.
+    """
+    if not ranked:
+        return []
+    limit = ranked[0].score * cfg.diversify_within
+    candidates = [r for r in ranked if r.score <= limit]
+    chosen = [candidates[0]]
+    rest = candidates[1:]
+    while rest and len(chosen) < cfg.max_pools_per_launch:
+        zones = {c.pool.zone for c in chosen}
+        types = {c.pool.instance_type for c in chosen}
+
+        def novelty(r: RankedPool) -> int:
+            return (r.pool.zone not in zones) + (r.pool.instance_type not in types)
+
+        # Most novel first; among equally novel, the better score (rest is sorted by score).
+        best = max(rest, key=novelty)
+        chosen.append(best)
+        rest.remove(best)
+    return chosen

@@ -1,0 +1,200 @@
+"""Scaling: the target node count, from GPU utilisation and measured throughput per world size.
+
+Rules, first match wins:
+1. config bounds: the target always lies in [min_nodes, max_nodes];
+2. budget level SHRINK: one node fewer per pass (never below min_nodes), waiting for each drain;
+3. cool-down: no change within scaling.cooldown_s of the last one;
+4. only a fleet that is at its target and reporting is judged (throughput at n is measured at n);
+5. idle: mean GPU utilisation below scale_down_util_pct -> one node fewer;
+6. marginal efficiency: the last node adds less than min_marginal_efficiency x (1 - hysteresis)
+   of the average throughput per dollar -> one node fewer;
+7. busy (utilisation >= scale_up_util_pct), budget NORMAL and staying below warn_at with one more
+   node, and that node is expected to add at least min_marginal_efficiency of the average
+   throughput per dollar -> one node more.
+Utilisation between the two thresholds, and efficiency inside the hysteresis band, hold.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from fleetd.config import FleetdConfig
+from fleetd.policy.model import BudgetLevel, Node, NodePhase
+
+
+@dataclass(frozen=True, slots=True)
+class TargetDecision:
+    target: int
+    reason: str
+
+    def changed_from(self, previous: int | None) -> bool:
+        return previous is not None and previous != self.target
+
+
+def initial_target(cfg: FleetdConfig) -> int:
+    wanted = cfg.scaling.initial_nodes
+    if wanted is None:
+        wanted = cfg.fleet.max_nodes
+    return min(max(wanted, cfg.fleet.min_nodes), cfg.fleet.max_nodes)
+
+
+def _efficiency(gain: float, next_price: float, throughput: float, cost: float) -> float:
+    """Marginal throughput per dollar of one node, as a share of the average per dollar."""
+    if throughput <= 0 or cost <= 0 or next_price <= 0:
+        return 0.0
+    return (gain / next_price) / (throughput / cost)
+
+
+def decide_target(
+    *,
+    previous: int | None,
+    training: list[Node],
+    throughput_by_nodes: Mapping[int, float],
+    budget_level: BudgetLevel,
+    any_leaving: bool,
+    next_node_price: float | None,
+    last_scaling_at: float | None,
+    cfg: FleetdConfig,
+    now: float,
+    up_blocked_by_budget: str = "",
+) -> TargetDecision:
+    """``training``: kept nodes in phase RUNNING (the ones whose telemetry means something).
+    ``up_blocked_by_budget``: why one more node would push the budget to warn ("" if it would not).
+    """
+    lo, hi = cfg.fleet.min_nodes, cfg.fleet.max_nodes
+    sc = cfg.scaling
+    if previous is None:
+        start = initial_target(cfg)
+        return TargetDecision(start, f"starting with {start} nodes (initial target)")
+    if not lo <= previous <= hi:
+        bounded = min(max(previous, lo), hi)
+        return TargetDecision(
+            bounded, f"target {previous} is outside [min_nodes={lo}, max_nodes={hi}]: now {bounded}"
+        )
+
+    if budget_level is BudgetLevel.SHRINK:
+        if previous <= lo:
+            return TargetDecision(previous, f"budget says shrink, but already at min_nodes={lo}")
+        if any_leaving:
+            return TargetDecision(
+                previous, "budget says shrink: waiting for the node already leaving first"
+            )
+        return TargetDecision(
+            previous - 1,
+            f"budget forecast past shrink_at: shrinking from {previous} to {previous - 1} "
+            f"nodes (toward min_nodes={lo})",
+        )
+
+    if last_scaling_at is not None and now - last_scaling_at < sc.cooldown_s:
+        return TargetDecision(
+            previous,
+            f"holding at {previous}: cool-down, last change {now - last_scaling_at:.0f} s ago "
+            f"(cooldown_s={sc.cooldown_s:.0f})",
+        )
+
+    n = len(training)
+    utils = [x.gpu_util_pct for x in training if x.gpu_util_pct is not None]
+    if n != previous or not utils:
+        return TargetDecision(
+            previous,
+            f"holding at {previous}: {n} nodes training with {len(utils)} reporting GPU "
+            "utilisation; judging scale only once the fleet is at its target and reporting",
+        )
+    util = statistics.fmean(utils)
+    cost = sum(x.price_per_hour for x in training)
+    avg_price = cost / n
+    here = throughput_by_nodes.get(n)
+
+    if util < sc.scale_down_util_pct and previous > lo:
+        return TargetDecision(
+            previous - 1,
+            f"scale down {previous}->{previous - 1}: mean GPU utilisation {util:.0f}% < "
+            f"scale_down_util_pct {sc.scale_down_util_pct:.0f}% (idle)",
+        )
+
+    below = throughput_by_nodes.get(n - 1)
+    if here is not None and below is not None and previous > lo:
+        eff = _efficiency(here - below, avg_price, here, cost)
+        floor = sc.min_marginal_efficiency * (1 - sc.efficiency_hysteresis)
+        if eff < floor:
+            return TargetDecision(
+                previous - 1,
+                f"scale down {previous}->{previous - 1}: node {n} adds {here - below:.3f} "
+                f"steps/s = {eff:.0%} of the average throughput per dollar, below "
+                f"{floor:.0%} (min_marginal_efficiency {sc.min_marginal_efficiency:.0%} less "
+                f"{sc.efficiency_hysteresis:.0%} hysteresis)",
+            )
+
+    if util < sc.scale_up_util_pct:
+        return TargetDecision(
+            previous,
+            f"holding at {previous}: mean GPU utilisation {util:.0f}% is between "
+            f"scale_down_util_pct {sc.scale_down_util_pct:.0f}% and scale_up_util_pct "
+            f"{sc.scale_up_util_pct:.0f}%",
+        )
+    if previous >= hi:
+        return TargetDecision(previous, f"holding at max_nodes={hi}: GPUs busy ({util:.0f}%)")
+    if budget_level is not BudgetLevel.NORMAL:
+        return TargetDecision(
+            previous, f"holding at {previous}: no scale-up while the budget is at {budget_level.value}"
+        )
+    if up_blocked_by_budget:
+        return TargetDecision(previous, f"holding at {previous}: {up_blocked_by_budget}")
+    if here is None:
+        return TargetDecision(
+            previous, f"holding at {previous}: no throughput measured at {n} nodes yet"
+        )
+    price = next_node_price if next_node_price is not None else avg_price
+    above = throughput_by_nodes.get(n + 1)
+    if above is not None:
+        gain, source = above - here, f"measured at {n + 1} nodes"
+    elif below is not None:
+        gain, source = here - below, f"assumed equal to node {n}'s measured gain"
+    else:
+        return TargetDecision(
+            previous + 1,
+            f"scale up {previous}->{previous + 1}: GPUs busy ({util:.0f}% >= "
+            f"{sc.scale_up_util_pct:.0f}%) and no measurement beyond {n} nodes yet: exploring",
+        )
+    eff = _efficiency(gain, price, here, cost)
+    if eff >= sc.min_marginal_efficiency:
+        return TargetDecision(
+            previous + 1,
+            f"scale up {previous}->{previous + 1}: GPUs busy ({util:.0f}%) and node {n + 1} "
+            f"adds {gain:.3f} steps/s ({source}) = {eff:.0%} of the average throughput per "
+            f"dollar >= min_marginal_efficiency {sc.min_marginal_efficiency:.0%}",
+        )
+    return TargetDecision(
+        previous,
+        f"holding at {previous}: node {n + 1} would add {gain:.3f} steps/s ({source}) = "
+        f"{eff:.0%} of the average throughput per dollar < min_marginal_efficiency "
+        f"{sc.min_marginal_efficiency:.0%}",
+    )
+
+
+def stragglers(training: list[Node], ratio: float) -> list[tuple[Node, str]]:
+    """Nodes much slower than the median (steps/s below ratio x median), slowest first."""
+    rates = [x.steps_per_s for x in training if x.steps_per_s is not None]
+    if len(rates) < 2:
+        return []
+    median = statistics.median(rates)
+    if median <= 0:
+        return []
+    slow = [
+        x
+        for x in training
+        if x.phase is NodePhase.RUNNING
+        and x.steps_per_s is not None
+        and x.steps_per_s < ratio * median
+    ]
+    slow.sort(key=lambda x: (x.steps_per_s, x.instance_id))
+    return [
+        (
+            x,
+            f"{x.instance_id} is straggling: {x.steps_per_s:.3f} steps/s < straggler_ratio "
+            f"{ratio:.0%} of the median {median:.3f}; replacing it",
+        )
+        for x in slow
+    ]

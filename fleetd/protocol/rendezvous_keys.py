@@ -1,0 +1,155 @@
+"""Keys fleetd, the agents and the training ranks share in the rendezvous store (a cross-process
+contract), and the versioned values stored under them.
+
+The c10d store that hosts torchrun's rendezvous is also the fastest channel every rank can reach
+(one local TCP round trip per step), so the just-in-time checkpoint handshake runs through it:
+
+1. A requester (fleetd, or a node's agent on a spot notice without waiting for fleetd) takes the
+   next sequence number with an atomic ``add`` on :func:`request_seq_key` and writes a
+   :class:`CheckpointRequest` under :func:`request_key` for that number. Per-number keys mean two
+   requesters never overwrite each other.
+2. Every step, rank 0 reads the sequence number (``add(key, 0)``: one round trip, never blocks) and
+   the ranks agree on it with a collective, so all of them save at the same step.
+3. Each rank writes a :class:`CheckpointAck` under :func:`ack_key` and bumps :func:`ack_count_key`.
+4. With ``hold`` set, ranks then wait (they do not run ahead of a checkpoint a leave is waiting on)
+   until their agent restarts them into the next rendezvous round, or :func:`release_key` is set.
+5. The leaving node's agent writes :func:`drain_ready_key` when its shard is durable; fleetd removes
+   the node from the rendezvous and writes :func:`leave_key`; the agent stops its process tree and
+   writes :func:`left_key`.
+
+Values are JSON of frozen pydantic models with ``schema_version``; anything else is rejected with
+:class:`~fleetd.protocol.errors.ProtocolError`.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Annotated, TypeVar
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+
+from fleetd.protocol.errors import ProtocolError
+
+SCHEMA_VERSION = 1
+ROOT = "fleetd"
+# torchrun keeps its rendezvous state under this key (torch/distributed/elastic/rendezvous/
+# c10d_rendezvous_backend.py); fleetd reads and steers it.
+TORCH_STATE_PREFIX = "torch.rendezvous."
+
+_ADDR = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+Step = Annotated[int, Field(ge=0)]
+Seq = Annotated[int, Field(ge=1)]
+
+
+def torch_state_key(run_id: str) -> str:
+    return TORCH_STATE_PREFIX + run_id
+
+
+def _base(run_id: str) -> str:
+    return f"{ROOT}.{run_id}"
+
+
+def _addr(addr: str) -> str:
+    if not _ADDR.match(addr):
+        raise ProtocolError(f"node address {addr!r} cannot be part of a store key")
+    return addr
+
+
+def request_seq_key(run_id: str) -> str:
+    return f"{_base(run_id)}.ckpt.seq"
+
+
+def request_key(run_id: str, seq: int) -> str:
+    return f"{_base(run_id)}.ckpt.request.{seq}"
+
+
+def ack_key(run_id: str, seq: int, rank: int) -> str:
+    return f"{_base(run_id)}.ckpt.ack.{seq}.{rank}"
+
+
+def ack_count_key(run_id: str, seq: int) -> str:
+    return f"{_base(run_id)}.ckpt.ack.{seq}.count"
+
+
+def release_key(run_id: str, seq: int) -> str:
+    return f"{_base(run_id)}.ckpt.release.{seq}"
+
+
+def drain_ready_key(run_id: str, addr: str) -> str:
+    return f"{_base(run_id)}.node.{_addr(addr)}.drain_ready"
+
+
+def leave_key(run_id: str, addr: str) -> str:
+    return f"{_base(run_id)}.node.{_addr(addr)}.leave"
+
+
+def left_key(run_id: str, addr: str) -> str:
+    return f"{_base(run_id)}.node.{_addr(addr)}.left"
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class _Value(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    schema_version: int = SCHEMA_VERSION
+
+    def to_bytes(self) -> bytes:
+        return self.model_dump_json().encode()
+
+
+class CheckpointRequest(_Value):
+    """Save at the next step all ranks agree on. ``hold``: then wait for the membership change."""
+
+    seq: Seq
+    reason: Annotated[str, Field(max_length=200)]
+    hold: bool = False
+    leaving: tuple[str, ...] = ()  # node addresses whose departure this checkpoint protects
+    requested_at: AwareDatetime = Field(default_factory=_now)
+    requested_by: Annotated[str, Field(max_length=128)] = ""
+
+
+class CheckpointAck(_Value):
+    """One rank saved step ``step`` for request ``seq``."""
+
+    seq: Seq
+    step: Step
+    rank: Annotated[int, Field(ge=0)]
+    world_size: Annotated[int, Field(ge=1)]
+    node_addr: str = ""
+    local_dir: str = ""  # the step's directory on that node
+    saved_at: AwareDatetime = Field(default_factory=_now)
+
+
+class DrainReady(_Value):
+    """The leaving node's checkpoint shard for ``step`` is durable (or the deadline forced it)."""
+
+    step: Step | None
+    durable: bool
+    detail: str = ""
+
+
+class Leave(_Value):
+    reason: str = ""
+
+
+class Left(_Value):
+    exit_code: int | None = None
+
+
+V = TypeVar("V", bound=_Value)
+
+
+def parse_value(model: type[V], raw: bytes | str) -> V:
+    """Decode one stored value; raise ProtocolError with a readable reason."""
+    try:
+        value = model.model_validate_json(raw)
+    except ValidationError as err:
+        raise ProtocolError(f"bad {model.__name__} in the rendezvous store: {err.errors(include_url=False)[:3]}") from None
+    if value.schema_version > SCHEMA_VERSION:
+        raise ProtocolError(
+            f"{model.__name__} schema_version {value.schema_version} is newer than this build"
+        )
+    return value

@@ -1,0 +1,149 @@
+"""A daemon component that makes each reconcile pass visible: ``/metrics`` and ``status.json``.
+
+Both come from the same facts of the same pass, so Prometheus and ``fleetd status`` never disagree.
+Wiring (fleetd/commands/run.py)::
+
+    from fleetd.publish import status_component
+    plugins = Plugins(components=[status_component()], ...)
+
+The daemon has no per-pass callback for components, so this one watches ``ctx.last_report``
+(set by the daemon's ``on_pass``) a few times a second; a pass is published once, shortly after it
+ends. Facts the pass report does not carry yet are read from the reconciler (state DB, intake
+observer, training signals); see ``_nodes``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from prometheus_client import REGISTRY
+
+from fleetd.metrics import FleetMetrics, MetricsServer
+from fleetd.policy.model import Node, NodePhase
+from fleetd.protocol.logs import get_logger
+from fleetd.snapshot import StatusSnapshot, build_snapshot, write_snapshot
+
+log = get_logger(__name__)
+
+POLL_S = 0.2
+RendezvousView = Callable[[], "tuple[int, int] | None"]  # (round, world size), None: unknown
+
+
+class PassPublisher:
+    """Turns one pass (report + reconciler) into metrics and an atomically written snapshot."""
+
+    def __init__(self, cfg: Any, metrics: FleetMetrics, rendezvous: RendezvousView | None = None) -> None:
+        self.cfg = cfg
+        self.metrics = metrics
+        self.rendezvous = rendezvous
+        self._pool_totals: dict[str, dict[str, int]] = {"notices": {}, "capacity_errors": {}}
+        self._rebalanced: set[str] = set()
+
+    async def publish(self, report: Any, reconciler: Any) -> StatusSnapshot:
+        nodes = await _nodes(report, reconciler)
+        signals = reconciler.signals.snapshot()
+        checkpoint = None
+        if signals.last_durable_checkpoint_step is not None and signals.last_durable_checkpoint_at is not None:
+            checkpoint = (signals.last_durable_checkpoint_step, signals.last_durable_checkpoint_at)
+        plan = report.plan
+        snap = build_snapshot(
+            now=report.now,
+            fleet=self.cfg.fleet.name,
+            reconcile_interval_s=self.cfg.fleet.reconcile_interval_s,
+            nodes=nodes,
+            budget=plan.budget if plan is not None else None,
+            budget_total_usd=self.cfg.budget.total_usd,
+            budget_max_usd_per_hour=self.cfg.budget.max_usd_per_hour,
+            target_nodes=plan.target_nodes if plan is not None else None,
+            rendezvous=self.rendezvous() if self.rendezvous is not None else None,
+            checkpoint=checkpoint,
+        )
+        self.metrics.observe_snapshot(snap)
+        duration = getattr(report, "duration_s", None)
+        if duration is not None:
+            self.metrics.reconcile_duration.observe(duration)
+        await self._count_events(nodes, reconciler)
+        await asyncio.to_thread(write_snapshot, self.cfg.fleet.state_dir, snap)
+        return snap
+
+    async def _count_events(self, nodes: Sequence[Node], reconciler: Any) -> None:
+        """Notices and capacity errors are counted once each in the state DB (pool_stats); the
+        Prometheus counters follow those totals. Rebalances are counted per instance here."""
+        for row in await reconciler.state.pool_stats():
+            pool = str(row.pool)
+            for name, total, count in (
+                ("notices", row.notices, self.metrics.count_notice),
+                ("capacity_errors", row.capacity_errors, self.metrics.count_capacity_error),
+            ):
+                seen = self._pool_totals[name].get(pool, 0)
+                if total > seen:
+                    count(pool, total - seen)
+                    self._pool_totals[name][pool] = total
+        for n in nodes:
+            if n.rebalance_at is not None and n.instance_id not in self._rebalanced:
+                self._rebalanced.add(n.instance_id)
+                self.metrics.count_rebalance(str(n.pool))
+
+
+async def _nodes(report: Any, reconciler: Any) -> list[Node]:
+    """The planner's nodes of this pass. Preferred: the pass's own observation (when PassReport
+    carries it); otherwise rebuilt from the state DB's open instances and the intake observer."""
+    observation = getattr(report, "observation", None)
+    if observation is not None:
+        return list(observation.nodes)
+    nodes = []
+    for row in await reconciler.state.instances():  # open rows, ec2_state as of this pass
+        node = reconciler.observer.observe(Node(
+            instance_id=row.instance_id, pool=row.pool, market=row.market, price_per_hour=row.price_per_hour,
+            launched_at=row.launched_at, ec2_state=row.ec2_state, notice_at=row.notice_at,
+            max_price_per_hour=row.max_price_per_hour, drain_started_at=row.drain_started_at,
+        ))
+        nodes.append(replace(node, phase=_phase(node)))
+    return nodes
+
+
+def _phase(node: Node) -> NodePhase:
+    # Same rule as the reconcile loop's (Reconciler._with_phase); goes away once PassReport carries
+    # the observation.
+    if node.ec2_state in ("shutting-down", "terminated"):
+        return NodePhase.TERMINATED
+    if node.drain_started_at is not None:
+        return NodePhase.DRAINING
+    if node.running_since is not None or node.last_seen_at is not None:
+        return NodePhase.RUNNING
+    return NodePhase.PENDING
+
+
+def status_component(rendezvous: RendezvousView | None = None, *, port: int | None = None,
+                     on_listening: Callable[[int], None] | None = None) -> Callable[[Any], Any]:
+    """The daemon component: serve /metrics on ``metrics.host:metrics.port`` (``port`` overrides,
+    0 = any free port, reported through ``on_listening``) and publish every pass."""
+
+    async def publish_status(ctx: Any) -> None:
+        cfg = ctx.cfg
+        metrics = FleetMetrics(cfg.fleet.name)
+        publisher = PassPublisher(cfg, metrics, rendezvous)
+        server = MetricsServer(metrics, cfg.metrics.host, cfg.metrics.port if port is None else port,
+                               also=(REGISTRY,))
+        async with server:
+            if on_listening is not None:
+                on_listening(server.port)
+            last = None
+            while True:
+                report = ctx.last_report
+                if report is not None and report is not last and ctx.reconciler is not None:
+                    last = report
+                    started = time.perf_counter()
+                    try:
+                        await publisher.publish(report, ctx.reconciler)
+                    except OSError as exc:
+                        # A full disk must not take the controller down; the next pass retries.
+                        log.warning("status_publish_failed", error=str(exc))
+                    log.debug("status_published", seconds=round(time.perf_counter() - started, 4))
+                await asyncio.sleep(POLL_S)
+
+    return publish_status

@@ -1,0 +1,160 @@
+"""Persisted ledger events in ``<state_dir>/fleetd.db`` (table ``ledger_events``).
+
+The events are the truth; totals are always recomputed from them by the pure functions in
+fleetd.policy.ledger, so a restarted fleetd reports exactly the same spend. An event with an
+``event_id`` is stored once (a retry after a crash cannot double-charge); rows this build cannot
+read are logged and skipped, never fatal, and never deleted.
+
+sqlite3 blocks, so the async methods run it in a worker thread (one connection, one lock).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import threading
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+from fleetd.policy import ledger
+from fleetd.policy.ledger import EVENT_KINDS, EVENT_TYPES, LedgerEvent, LedgerSummary
+from fleetd.policy.model import Market, PoolId
+from fleetd.protocol.logs import get_logger
+
+log = get_logger(__name__)
+
+DB_NAME = "fleetd.db"
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS ledger_events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,
+    kind TEXT NOT NULL,
+    event_id TEXT UNIQUE,             -- NULL: no de-duplication key
+    payload TEXT NOT NULL             -- JSON of the event's fields
+);
+CREATE INDEX IF NOT EXISTS ledger_events_at ON ledger_events(at);
+"""
+
+
+class LedgerStoreError(Exception):
+    """The ledger database cannot be opened or written (path, permissions, corruption)."""
+
+
+def encode(event: LedgerEvent) -> tuple[str, str]:
+    kind = EVENT_KINDS.get(type(event))
+    if kind is None:
+        raise TypeError(f"not a ledger event: {event!r}")
+    data = asdict(event)
+    # asdict turns a nested PoolId into a dict: store it as "type@zone" text, markets by value.
+    for f in fields(event):
+        if f.name == "pool":
+            data["pool"] = str(getattr(event, "pool"))
+        elif f.name == "market":
+            data["market"] = getattr(event, "market").value
+    return kind, json.dumps(data, sort_keys=True)
+
+
+def decode(kind: str, payload: str) -> LedgerEvent:
+    """Raises ValueError for a row this build does not understand."""
+    cls = EVENT_TYPES.get(kind)
+    if cls is None:
+        raise ValueError(f"unknown ledger event kind {kind!r}")
+    data: dict[str, Any] = json.loads(payload)
+    if not isinstance(data, dict):
+        raise ValueError("payload is not a JSON object")
+    if "pool" in data:
+        data["pool"] = PoolId.parse(data["pool"])
+    if "market" in data:
+        data["market"] = Market(data["market"])
+    try:
+        return cls(**data)
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
+
+
+class LedgerStore:
+    """Append-only event log. Use ``await LedgerStore.open(path)``; ``await store.close()``."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path):
+        self._conn = conn
+        self._path = path
+        self._lock = threading.Lock()
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @classmethod
+    def open_sync(cls, path: Path) -> "LedgerStore":
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.executescript(SCHEMA)
+        except (sqlite3.Error, OSError) as exc:
+            raise LedgerStoreError(f"cannot open ledger {path}: {exc}") from exc
+        return cls(conn, path)
+
+    @classmethod
+    async def open(cls, path: Path) -> "LedgerStore":
+        return await asyncio.to_thread(cls.open_sync, path)
+
+    # ------------------------------------------------------------------ sync core (worker thread)
+    def append_sync(self, events: list[LedgerEvent]) -> int:
+        rows = []
+        for e in events:
+            kind, payload = encode(e)
+            rows.append((e.at, kind, e.event_id or None, payload))
+        with self._lock:
+            try:
+                before = self._conn.total_changes
+                with self._conn:  # one transaction: all of them or none
+                    self._conn.execute("BEGIN")
+                    self._conn.executemany(
+                        "INSERT OR IGNORE INTO ledger_events(at, kind, event_id, payload) "
+                        "VALUES (?, ?, ?, ?)",
+                        rows,
+                    )
+                return self._conn.total_changes - before
+            except sqlite3.Error as exc:
+                raise LedgerStoreError(f"cannot write ledger {self._path}: {exc}") from exc
+
+    def events_sync(self) -> list[LedgerEvent]:
+        with self._lock:
+            try:
+                rows = self._conn.execute(
+                    "SELECT seq, kind, payload FROM ledger_events ORDER BY seq"
+                ).fetchall()
+            except sqlite3.Error as exc:
+                raise LedgerStoreError(f"cannot read ledger {self._path}: {exc}") from exc
+        out: list[LedgerEvent] = []
+        for seq, kind, payload in rows:
+            try:
+                out.append(decode(kind, payload))
+            except (ValueError, json.JSONDecodeError) as exc:
+                log.warning("ledger_row_skipped", seq=seq, kind=kind, error=str(exc), db=str(self._path))
+        return out
+
+    def close_sync(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    # ----------------------------------------------------------------------------- async surface
+    async def append(self, *events: LedgerEvent) -> int:
+        """Store events (idempotent per event_id); returns how many were new."""
+        return await asyncio.to_thread(self.append_sync, list(events))
+
+    async def events(self) -> list[LedgerEvent]:
+        return await asyncio.to_thread(self.events_sync)
+
+    async def summary(self, now: float) -> LedgerSummary:
+        return ledger.summarize(await self.events(), now)
+
+    async def spent_usd(self, now: float) -> float:
+        """fleetd.reconcile.ports.SpendSource: everything accrued so far."""
+        return ledger.spend_usd(await self.events(), now)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.close_sync)

@@ -1,0 +1,443 @@
+"""The reconcile loop's memory in ``<state_dir>/fleetd.db``: launches, instances, pool statistics.
+
+What must survive a restart:
+- **launches**, keyed by client token, written as an *intent* before CreateFleet is called and
+  settled afterwards. An intent still open after a crash is resolved by the fleet's tags: its
+  instances carry ``fleetd:launch=<token>``. Never a second purchase for one planned launch.
+- **instances** fleetd has seen, with the price they were bought at, the bid, and whether fleetd
+  itself terminated them (so a termination is not mistaken for an interruption).
+- **pool statistics** (node-hours, notices, losses, capacity-error TTL) that the placement policy
+  learns interruption rates from.
+- small loop memory (target node count, when spot became unavailable, ...) in ``meta``.
+
+sqlite3 is blocking, so every call runs in a worker thread (one connection, one lock).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fleetd.policy.model import Market, PoolId
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS launches (
+    token TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL,
+    planned_at REAL NOT NULL,
+    count INTEGER NOT NULL,
+    market TEXT NOT NULL,
+    pools TEXT NOT NULL,              -- JSON list of "type@zone", ranked
+    purpose TEXT NOT NULL DEFAULT 'capacity',
+    max_price_per_hour REAL,
+    reason TEXT NOT NULL DEFAULT '',
+    status TEXT NOT NULL,             -- intent | launched | failed | abandoned
+    instance_ids TEXT NOT NULL DEFAULT '[]',
+    settled_at REAL,
+    detail TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS launches_status ON launches(status);
+CREATE TABLE IF NOT EXISTS instances (
+    instance_id TEXT PRIMARY KEY,
+    pool TEXT NOT NULL,
+    market TEXT NOT NULL,
+    price_per_hour REAL NOT NULL,
+    max_price_per_hour REAL,
+    launched_at REAL NOT NULL,
+    launch_token TEXT,
+    ec2_state TEXT NOT NULL,
+    first_seen_at REAL NOT NULL,
+    last_seen_at REAL NOT NULL,
+    accounted_until REAL NOT NULL,    -- node-hours are accrued to the pool up to here
+    notice_at REAL,
+    drain_started_at REAL,
+    terminate_requested_at REAL,
+    ended_at REAL,
+    end_reason TEXT
+);
+CREATE TABLE IF NOT EXISTS pool_stats (
+    pool TEXT PRIMARY KEY,
+    node_seconds REAL NOT NULL DEFAULT 0,
+    notices INTEGER NOT NULL DEFAULT 0,
+    losses INTEGER NOT NULL DEFAULT 0,
+    capacity_errors INTEGER NOT NULL DEFAULT 0,
+    capacity_error_until REAL,
+    last_error_code TEXT,
+    last_notice_at REAL
+);
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+"""
+
+OPEN = "intent"
+LAUNCHED = "launched"
+FAILED = "failed"
+ABANDONED = "abandoned"
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchRow:
+    token: str
+    seq: int
+    planned_at: float
+    count: int
+    market: Market
+    pools: tuple[PoolId, ...]
+    purpose: str
+    max_price_per_hour: float | None
+    status: str
+    instance_ids: tuple[str, ...]
+    settled_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceRow:
+    instance_id: str
+    pool: PoolId
+    market: Market
+    price_per_hour: float
+    max_price_per_hour: float | None
+    launched_at: float
+    launch_token: str | None
+    ec2_state: str
+    first_seen_at: float
+    notice_at: float | None
+    drain_started_at: float | None
+    terminate_requested_at: float | None
+    ended_at: float | None
+    end_reason: str | None
+
+    @property
+    def open(self) -> bool:
+        return self.ended_at is None
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStatsRow:
+    pool: PoolId
+    node_hours: float
+    notices: int
+    losses: int
+    capacity_errors: int
+    capacity_error_until: float | None
+    last_error_code: str | None
+    last_notice_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class SeenInstance:
+    """What the loop observed of one instance on EC2 this pass."""
+
+    instance_id: str
+    pool: PoolId
+    market: Market
+    ec2_state: str
+    launched_at: float
+    launch_token: str | None
+    price_per_hour: float  # price now, used when fleetd sees the instance for the first time
+    state_reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SyncReport:
+    adopted: tuple[str, ...] = ()  # running instances fleetd had no record of
+    ended: tuple[tuple[str, str], ...] = ()  # (instance_id, end_reason)
+
+
+TERMINAL = ("shutting-down", "terminated")
+
+
+class StateStore:
+    def __init__(self, path: Path):
+        self.path = path
+        self._lock = threading.Lock()
+        self._db: sqlite3.Connection | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    @classmethod
+    async def open(cls, state_dir: Path) -> "StateStore":
+        store = cls(Path(state_dir) / "fleetd.db")
+        await asyncio.to_thread(store._open)
+        return store
+
+    @classmethod
+    async def open_snapshot(cls, state_dir: Path) -> "StateStore":
+        """A private copy of the state (for --dry-run): plans see the real history, and nothing
+        the dry run records touches the live database."""
+        import tempfile
+
+        src = Path(state_dir) / "fleetd.db"
+        store = cls(Path(tempfile.mkdtemp(prefix="fleetd-dry-run-")) / "fleetd.db")
+
+        def copy() -> None:
+            if src.exists():
+                with sqlite3.connect(f"file:{src}?mode=ro", uri=True) as live, sqlite3.connect(store.path) as snap:
+                    live.backup(snap)
+            store._open()
+
+        await asyncio.to_thread(copy)
+        return store
+
+    def _open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")  # an intent must be on disk before CreateFleet
+        db.executescript(SCHEMA)
+        self._db = db
+
+    async def close(self) -> None:
+        if self._db is not None:
+            await asyncio.to_thread(self._db.close)
+            self._db = None
+
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        def call() -> Any:
+            with self._lock:
+                assert self._db is not None, "StateStore is closed"
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    result = fn(self._db, *args)
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+                self._db.execute("COMMIT")
+                return result
+
+        return await asyncio.to_thread(call)
+
+    # -- launches -------------------------------------------------------------------------------
+    async def settled_launch_count(self) -> int:
+        return await self._run(
+            lambda db: db.execute("SELECT COUNT(*) FROM launches WHERE status != ?", (OPEN,)).fetchone()[0]
+        )
+
+    async def record_intent(
+        self,
+        *,
+        token: str,
+        seq: int,
+        now: float,
+        count: int,
+        market: Market,
+        pools: Sequence[PoolId],
+        purpose: str,
+        max_price_per_hour: float | None,
+        reason: str,
+    ) -> None:
+        """Write the launch before buying it. Other open intents are abandoned: the loop is
+        level-based, so only the launch planned now is worth resuming."""
+
+        def tx(db: sqlite3.Connection) -> None:
+            db.execute(
+                "UPDATE launches SET status=?, settled_at=?, detail='superseded by a new plan' "
+                "WHERE status=? AND token != ?",
+                (ABANDONED, now, OPEN, token),
+            )
+            db.execute(
+                "INSERT OR IGNORE INTO launches (token, seq, planned_at, count, market, pools, purpose,"
+                " max_price_per_hour, reason, status) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (token, seq, now, count, str(market), json.dumps([str(p) for p in pools]), purpose,
+                 max_price_per_hour, reason, OPEN),
+            )
+
+        await self._run(tx)
+
+    async def settle_launch(self, token: str, status: str, instance_ids: Iterable[str], now: float, detail: str = "") -> None:
+        await self._run(
+            lambda db: db.execute(
+                "UPDATE launches SET status=?, instance_ids=?, settled_at=?, detail=? WHERE token=?",
+                (status, json.dumps(sorted(instance_ids)), now, detail, token),
+            )
+        )
+
+    async def launches(self, status: str | None = None) -> list[LaunchRow]:
+        def q(db: sqlite3.Connection) -> list[LaunchRow]:
+            sql = "SELECT token, seq, planned_at, count, market, pools, purpose, max_price_per_hour, status," \
+                  " instance_ids, settled_at FROM launches"
+            rows = db.execute(sql + (" WHERE status=?" if status else "") + " ORDER BY seq, planned_at",
+                              (status,) if status else ()).fetchall()
+            return [
+                LaunchRow(r[0], r[1], r[2], r[3], Market(r[4]), tuple(PoolId.parse(p) for p in json.loads(r[5])),
+                          r[6], r[7], r[8], tuple(json.loads(r[9])), r[10])
+                for r in rows
+            ]
+
+        return await self._run(q)
+
+    async def launches_since(self, purpose: str, since: float) -> int:
+        return await self._run(
+            lambda db: db.execute(
+                "SELECT COUNT(*) FROM launches WHERE purpose=? AND status=? AND settled_at >= ?",
+                (purpose, LAUNCHED, since),
+            ).fetchone()[0]
+        )
+
+    # -- instances ------------------------------------------------------------------------------
+    async def record_launched(self, seen: Sequence[SeenInstance], max_price_per_hour: float | None, now: float) -> None:
+        """Instances a launch returned (before DescribeInstances shows them)."""
+
+        def tx(db: sqlite3.Connection) -> None:
+            for s in seen:
+                db.execute(
+                    "INSERT OR IGNORE INTO instances (instance_id, pool, market, price_per_hour,"
+                    " max_price_per_hour, launched_at, launch_token, ec2_state, first_seen_at,"
+                    " last_seen_at, accounted_until) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                    (s.instance_id, str(s.pool), str(s.market), s.price_per_hour, max_price_per_hour,
+                     s.launched_at or now, s.launch_token, s.ec2_state, now, now, s.launched_at or now),
+                )
+
+        await self._run(tx)
+
+    async def sync_instances(self, seen: Sequence[SeenInstance], now: float) -> SyncReport:
+        """Fold one DescribeInstances answer into the table: adopt unknown instances, accrue
+        node-hours per pool, and close instances that ended (counting losses)."""
+
+        def tx(db: sqlite3.Connection) -> SyncReport:
+            known = {r[0]: r for r in db.execute(
+                "SELECT instance_id, accounted_until, terminate_requested_at, notice_at, pool FROM instances"
+                " WHERE ended_at IS NULL")}
+            adopted, ended = [], []
+            seen_ids = set()
+            for s in seen:
+                seen_ids.add(s.instance_id)
+                row = known.get(s.instance_id)
+                if row is None:
+                    exists = db.execute("SELECT 1 FROM instances WHERE instance_id=?", (s.instance_id,)).fetchone()
+                    if exists or s.ec2_state in TERMINAL:
+                        continue  # already closed, or ended before we ever saw it alive
+                    db.execute(
+                        "INSERT INTO instances (instance_id, pool, market, price_per_hour, launched_at,"
+                        " launch_token, ec2_state, first_seen_at, last_seen_at, accounted_until)"
+                        " VALUES (?,?,?,?,?,?,?,?,?,?)",
+                        (s.instance_id, str(s.pool), str(s.market), s.price_per_hour, s.launched_at,
+                         s.launch_token, s.ec2_state, now, now, max(s.launched_at, 0.0) or now),
+                    )
+                    adopted.append(s.instance_id)
+                    continue
+                _accrue(db, s.instance_id, row[4], row[1], now)
+                if s.ec2_state in TERMINAL:
+                    reason = _close(db, s.instance_id, now, row[2], row[3], row[4], s.state_reason)
+                    ended.append((s.instance_id, reason))
+                else:
+                    db.execute("UPDATE instances SET ec2_state=?, last_seen_at=?, launched_at=?"
+                               " WHERE instance_id=?", (s.ec2_state, now, s.launched_at or now, s.instance_id))
+            for iid, row in known.items():
+                if iid not in seen_ids:
+                    # Gone from DescribeInstances altogether (terminated long ago).
+                    _accrue(db, iid, row[4], row[1], now)
+                    ended.append((iid, _close(db, iid, now, row[2], row[3], row[4], "")))
+            return SyncReport(tuple(adopted), tuple(ended))
+
+        return await self._run(tx)
+
+    async def instances(self, open_only: bool = True) -> list[InstanceRow]:
+        def q(db: sqlite3.Connection) -> list[InstanceRow]:
+            sql = ("SELECT instance_id, pool, market, price_per_hour, max_price_per_hour, launched_at, launch_token,"
+                   " ec2_state, first_seen_at, notice_at, drain_started_at, terminate_requested_at, ended_at,"
+                   " end_reason FROM instances" + (" WHERE ended_at IS NULL" if open_only else "")
+                   + " ORDER BY instance_id")
+            return [InstanceRow(r[0], PoolId.parse(r[1]), Market(r[2]), *r[3:]) for r in db.execute(sql)]
+
+        return await self._run(q)
+
+    async def mark_terminate_requested(self, instance_ids: Sequence[str], now: float) -> None:
+        await self._run(lambda db: db.executemany(
+            "UPDATE instances SET terminate_requested_at=COALESCE(terminate_requested_at, ?) WHERE instance_id=?",
+            [(now, i) for i in instance_ids]))
+
+    async def mark_drain_started(self, instance_id: str, now: float) -> None:
+        await self._run(lambda db: db.execute(
+            "UPDATE instances SET drain_started_at=COALESCE(drain_started_at, ?) WHERE instance_id=?",
+            (now, instance_id)))
+
+    async def record_notice(self, instance_id: str, at: float) -> bool:
+        """Count an interruption notice once per instance; True when it was new."""
+
+        def tx(db: sqlite3.Connection) -> bool:
+            row = db.execute("SELECT pool, notice_at FROM instances WHERE instance_id=?", (instance_id,)).fetchone()
+            if row is None or row[1] is not None:
+                return False
+            db.execute("UPDATE instances SET notice_at=? WHERE instance_id=?", (at, instance_id))
+            _ensure_pool(db, row[0])
+            db.execute("UPDATE pool_stats SET notices=notices+1, last_notice_at=MAX(COALESCE(last_notice_at,0),?)"
+                       " WHERE pool=?", (at, row[0]))
+            return True
+
+        return await self._run(tx)
+
+    # -- pools ----------------------------------------------------------------------------------
+    async def mark_pool_unavailable(self, pool: PoolId, until: float, code: str) -> None:
+        def tx(db: sqlite3.Connection) -> None:
+            _ensure_pool(db, str(pool))
+            db.execute(
+                "UPDATE pool_stats SET capacity_errors=capacity_errors+1, last_error_code=?,"
+                " capacity_error_until=MAX(COALESCE(capacity_error_until, 0), ?) WHERE pool=?",
+                (code, until, str(pool)))
+
+        await self._run(tx)
+
+    async def pool_stats(self) -> list[PoolStatsRow]:
+        def q(db: sqlite3.Connection) -> list[PoolStatsRow]:
+            rows = db.execute("SELECT pool, node_seconds, notices, losses, capacity_errors, capacity_error_until,"
+                              " last_error_code, last_notice_at FROM pool_stats ORDER BY pool")
+            return [PoolStatsRow(PoolId.parse(r[0]), r[1] / 3600.0, *r[2:]) for r in rows]
+
+        return await self._run(q)
+
+    async def spend_estimate(self, now: float) -> float:
+        """Spend at each instance's recorded price, 60 s minimum per instance. A stand-in until the
+        budget ledger (fleetd.reconcile.ledger_store) is wired in as the loop's SpendSource."""
+
+        def q(db: sqlite3.Connection) -> float:
+            total = 0.0
+            for price, start, end in db.execute("SELECT price_per_hour, launched_at, ended_at FROM instances"):
+                total += price * max(60.0, (end if end is not None else now) - start) / 3600.0
+            return total
+
+        return await self._run(q)
+
+    # -- meta -----------------------------------------------------------------------------------
+    async def get_meta(self, key: str, default: Any = None) -> Any:
+        row = await self._run(lambda db: db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone())
+        return json.loads(row[0]) if row else default
+
+    async def set_meta(self, key: str, value: Any) -> None:
+        await self._run(lambda db: db.execute(
+            "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+            (key, json.dumps(value))))
+
+
+def _ensure_pool(db: sqlite3.Connection, pool: str) -> None:
+    db.execute("INSERT OR IGNORE INTO pool_stats (pool) VALUES (?)", (pool,))
+
+
+def _accrue(db: sqlite3.Connection, instance_id: str, pool: str, accounted_until: float, now: float) -> None:
+    if now > accounted_until:
+        _ensure_pool(db, pool)
+        db.execute("UPDATE pool_stats SET node_seconds=node_seconds+? WHERE pool=?", (now - accounted_until, pool))
+        db.execute("UPDATE instances SET accounted_until=? WHERE instance_id=?", (now, instance_id))
+
+
+def _close(db: sqlite3.Connection, instance_id: str, now: float, terminate_requested_at: float | None,
+           notice_at: float | None, pool: str, state_reason: str) -> str:
+    """End an instance's record. Ended without fleetd asking and without a notice: a loss."""
+    if terminate_requested_at is not None:
+        reason = "terminated by fleetd"
+    elif notice_at is not None:
+        reason = "interrupted after notice"
+    else:
+        reason = f"lost ({state_reason or 'no notice'})"
+        _ensure_pool(db, pool)
+        db.execute("UPDATE pool_stats SET losses=losses+1 WHERE pool=?", (pool,))
+    db.execute("UPDATE instances SET ended_at=?, end_reason=?, ec2_state='terminated' WHERE instance_id=?",
+               (now, reason, instance_id))
+    return reason

@@ -1,0 +1,2 @@
+"""The rendezvous adapter: the long-lived store host, torchrun's state as plain data, and the
+client fleetd reads and steers the rendezvous with."""

@@ -1,0 +1,125 @@
+"""What fleetd does to the rendezvous in one steering pass: a pure function of what it observed.
+
+Plain frozen data in, actions (each with a reason) out, ``now`` passed in; no I/O. The sequence a
+leaving node goes through, one pass at a time (level-based: every pass re-reads the store):
+
+1. its agent says its checkpoint shard is durable (``drain_ready``)  -> RemoveNode + TellLeave
+2. its agent stopped its process tree (``left``), or it never says so in time -> PokeSurvivors:
+   a marker in the wait list makes every survivor's torchrun restart its (holding) workers into a
+   new round at once, instead of after a failed collective against the departed peer;
+3. the survivors (and any waiting newcomer) have all joined the new round -> CompleteRound, so
+   nobody waits for torchrun's last-call timeout; the marker goes in the same write.
+
+Nodes that stopped heartbeating (lost without notice) are removed as soon as they are stale.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from fleetd.rendezvous.state import MARKER_ADDR, RendezvousState
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    state: RendezvousState | None
+    now: datetime
+    # Participants of the last complete round fleetd saw (None: not known yet, e.g. just adopted).
+    members: frozenset[str] | None
+    drain_ready: frozenset[str] = frozenset()  # nodes whose agent reported a durable shard
+    told_leave: dict[str, datetime] = field(default_factory=dict)  # when fleetd told them
+    left: frozenset[str] = frozenset()  # nodes whose agent confirmed the tree is stopped
+    min_nodes: int = 1
+    max_nodes: int = 1 << 30
+    left_timeout: timedelta = timedelta(seconds=5)
+    dead_after: timedelta = timedelta(seconds=6)
+
+
+@dataclass(frozen=True, slots=True)
+class SteerAction:
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveNodes(SteerAction):
+    addrs: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class TellLeave(SteerAction):
+    addr: str
+
+
+@dataclass(frozen=True, slots=True)
+class PokeSurvivors(SteerAction):
+    finished: frozenset[str]  # leaves this poke completes (fleetd forgets them afterwards)
+
+
+@dataclass(frozen=True, slots=True)
+class FinishLeaves(SteerAction):
+    finished: frozenset[str]  # survivors are already re-forming without a poke
+
+
+@dataclass(frozen=True, slots=True)
+class CompleteRound(SteerAction):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class DropMarkers(SteerAction):
+    pass
+
+
+def expected_members(obs: Observation) -> frozenset[str] | None:
+    """Who should be in the round being formed: last members, minus leavers, plus newcomers."""
+    s = obs.state
+    if s is None or obs.members is None:
+        return None
+    gone = obs.drain_ready | frozenset(obs.told_leave) | obs.left
+    stale = {n.addr for n in s.stale(obs.now, obs.dead_after)}
+    waiting = {n.addr for n in s.waiting}
+    return frozenset((obs.members - gone - stale) | waiting)
+
+
+def plan(obs: Observation) -> tuple[SteerAction, ...]:
+    s = obs.state
+    if s is None or s.closed:
+        return ()
+    actions: list[SteerAction] = []
+    present = s.participant_addrs | {n.addr for n in s.wait_list if n.addr != MARKER_ADDR}
+
+    stale = frozenset(n.addr for n in s.stale(obs.now, obs.dead_after)) & present
+    if stale:
+        actions.append(RemoveNodes(f"no heartbeat for over {obs.dead_after.total_seconds():g} s", stale))
+
+    for addr in sorted(obs.drain_ready - frozenset(obs.told_leave)):
+        if addr in present:
+            actions.append(RemoveNodes(f"{addr} is draining and its checkpoint is saved", frozenset({addr})))
+        actions.append(TellLeave(f"{addr} removed from the rendezvous; stop its process tree", addr))
+
+    if obs.told_leave:
+        done = frozenset(
+            a for a, told in obs.told_leave.items() if a in obs.left or obs.now - told > obs.left_timeout
+        )
+        if done == frozenset(obs.told_leave) and not (done & present):
+            if s.complete and s.participants and not s.has_marker:
+                actions.append(
+                    PokeSurvivors(f"{', '.join(sorted(done))} left: survivors re-form now", done)
+                )
+            else:
+                actions.append(FinishLeaves("survivors are already re-forming", done))
+
+    if not s.complete:
+        expected = expected_members(obs)
+        if (
+            expected
+            and obs.min_nodes <= len(expected) <= obs.max_nodes
+            and expected <= s.participant_addrs
+        ):
+            actions.append(
+                CompleteRound(f"all {len(expected)} expected nodes joined round {s.round}")
+            )
+    elif s.has_marker and any(n.local_id < s.round for n in s.wait_list if n.addr == MARKER_ADDR):
+        actions.append(DropMarkers(f"round {s.round} formed after the poke"))
+    return tuple(actions)

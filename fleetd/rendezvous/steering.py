@@ -1,0 +1,203 @@
+"""The steering loop: observe the rendezvous store, ``decide.plan``, apply the actions.
+
+Level-based like the reconcile loop: each pass re-reads torchrun's state and the drain keys, so a
+fleetd that was SIGKILLed and restarted simply adopts what it finds (the store lives in the separate
+rendezvous host process and training never notices fleetd was gone). The only memory kept between
+passes is what the store can re-teach: the last complete round's members, and which leaves are in
+flight.
+
+Run it inside fleetd (``Steerer.run``), or standalone for tests and the demo:
+``python -m fleetd.rendezvous.steering --host H --port P --run-id R``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from fleetd.protocol.logs import get_logger
+from fleetd.rendezvous import decide
+from fleetd.rendezvous.client import RendezvousClient
+from fleetd.rendezvous.errors import RendezvousError, RendezvousUnavailable
+from fleetd.rendezvous.state import RendezvousState
+
+log = get_logger(__name__)
+
+
+@dataclass
+class SteerSettings:
+    min_nodes: int = 1
+    max_nodes: int = 1 << 30
+    interval_s: float = 0.05  # one pass is one batch of local round trips; survivors wait on it
+    left_timeout_s: float = 5.0
+    dead_after_s: float = 6.0
+
+
+@dataclass
+class Steerer:
+    client: RendezvousClient
+    settings: SteerSettings = field(default_factory=SteerSettings)
+    members: frozenset[str] | None = None
+    members_round: int | None = None
+    told_leave: dict[str, datetime] = field(default_factory=dict)
+    last_state: RendezvousState | None = None
+    adopted: bool = False
+
+    async def observe(self, now: datetime) -> decide.Observation:
+        from fleetd.protocol import rendezvous_keys as keys
+
+        run_id = self.client.run_id
+        # Candidates come from the previous pass: a node that appears now is checked next pass.
+        candidates = set(self.members or ()) | set(self.told_leave)
+        if self.last_state is not None:
+            candidates |= self.last_state.participant_addrs | {n.addr for n in self.last_state.waiting}
+        ready_keys = {a: keys.drain_ready_key(run_id, a) for a in candidates}
+        left_keys = {a: keys.left_key(run_id, a) for a in self.told_leave}
+        snap, raw = await self.client.observe_with([*ready_keys.values(), *left_keys.values()])
+        s = snap.state
+        if s is not None and s.complete and s.round != self.members_round:
+            # The first sight of a complete round is its membership. Later sights of the same
+            # round only shrink while its members exit to re-form; they are still expected.
+            self.members, self.members_round = s.participant_addrs, s.round
+        if not self.adopted and s is not None:
+            self.adopted = True
+            log.info(
+                "rendezvous_adopted",
+                round=s.round,
+                complete=s.complete,
+                participants=sorted(str(n) for n in s.participants),
+                waiting=sorted(str(n) for n in s.waiting),
+            )
+        ready = {a for a, k in ready_keys.items() if self.client.parse(keys.DrainReady, k, raw[k]) is not None}
+        left = {a for a, k in left_keys.items() if self.client.parse(keys.Left, k, raw[k]) is not None}
+        self.last_state = s
+        st = self.settings
+        return decide.Observation(
+            state=s,
+            now=now,
+            members=self.members,
+            drain_ready=frozenset(ready),
+            told_leave=dict(self.told_leave),
+            left=frozenset(left),
+            min_nodes=st.min_nodes,
+            max_nodes=st.max_nodes,
+            left_timeout=timedelta(seconds=st.left_timeout_s),
+            dead_after=timedelta(seconds=st.dead_after_s),
+        )
+
+    async def step(self) -> tuple[decide.SteerAction, ...]:
+        now = datetime.now(UTC)
+        obs = await self.observe(now)
+        actions = decide.plan(obs)
+        for action in actions:
+            await self.apply(action, obs)
+        return actions
+
+    async def apply(self, action: decide.SteerAction, obs: decide.Observation) -> None:
+        st = self.settings
+        log.info("rendezvous_steer", action=type(action).__name__, reason=action.reason)
+        match action:
+            case decide.RemoveNodes(addrs=addrs):
+                await self.client.update(lambda s: s.without_addrs(addrs, st.min_nodes))
+                if self.members is not None:
+                    self.members = self.members - addrs
+            case decide.TellLeave(addr=addr):
+                await self.client.tell_leave(addr, action.reason)
+                self.told_leave[addr] = obs.now
+            case decide.PokeSurvivors(finished=done):
+                await self.client.update(
+                    lambda s: s.with_marker(datetime.now(UTC), s.round) if s.complete and not s.has_marker else None
+                )
+                await self._forget(done)
+            case decide.FinishLeaves(finished=done):
+                await self._forget(done)
+            case decide.CompleteRound():
+                expected = decide.expected_members(obs) or frozenset()
+
+                def complete(s: RendezvousState) -> RendezvousState | None:
+                    # Re-check on the fresh copy the CAS loop read: a node may have left meanwhile.
+                    if s.complete or s.closed or not expected <= s.participant_addrs:
+                        return None
+                    return s.completed().without_markers()
+
+                done = await self.client.update(complete)
+                if done is not None:
+                    self.members, self.members_round = done.participant_addrs, done.round
+                    log.info("rendezvous_round_completed", round=done.round, ranks=done.ranks_by_addr())
+            case decide.DropMarkers():
+                await self.client.update(lambda s: s.without_markers() if s.has_marker else None)
+
+    async def _forget(self, done: frozenset[str]) -> None:
+        for addr in done:
+            self.told_leave.pop(addr, None)
+            await self.client.forget_node(addr)
+
+    async def close_rendezvous(self) -> None:
+        """Job end: no node may join again; torchruns exit when their workers finish."""
+        await self.client.update(lambda s: None if s.closed else s.closed_for_good())
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Steer until ``stop``; a store outage is logged and retried, never fatal."""
+        while not stop.is_set():
+            try:
+                await self.step()
+            except RendezvousUnavailable as exc:
+                log.warning("rendezvous_unreachable", error=str(exc))
+                await _sleep_or_stop(stop, 1.0)
+                try:
+                    await self.client.connect()
+                except RendezvousUnavailable:
+                    pass
+                continue
+            except RendezvousError as exc:
+                log.error("rendezvous_steer_failed", error=str(exc))
+            await _sleep_or_stop(stop, self.settings.interval_s)
+
+
+async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except TimeoutError:
+        pass
+
+
+async def _main(args: argparse.Namespace) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    client = RendezvousClient(args.host, args.port, args.run_id)
+    while not stop.is_set():
+        try:
+            await client.connect()
+            break
+        except RendezvousUnavailable as exc:
+            log.warning("rendezvous_unreachable", error=str(exc))
+            await _sleep_or_stop(stop, 0.5)
+    settings = SteerSettings(min_nodes=args.min_nodes, max_nodes=args.max_nodes, dead_after_s=args.dead_after_s)
+    await Steerer(client, settings).run(stop)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from fleetd.protocol.logs import bind_context, configure_logging
+
+    p = argparse.ArgumentParser(description="steer a torchrun c10d rendezvous (fleetd's loop, standalone)")
+    p.add_argument("--host", required=True)
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--run-id", required=True)
+    p.add_argument("--min-nodes", type=int, default=1)
+    p.add_argument("--max-nodes", type=int, default=1 << 30)
+    p.add_argument("--dead-after-s", type=float, default=6.0)
+    args = p.parse_args(argv)
+    configure_logging("info", json=True, stream=sys.stderr)
+    bind_context(component="steering", run_id=args.run_id)
+    return asyncio.run(_main(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""Every default the simulator uses, each with the source it comes from.
+
+A policy's result is only as honest as its inputs, so no number in fleetd/sim is written inline:
+it is a `Sourced` value here, and `fleetd simulate` prints the sources next to the results.
+Measured values from bench/ (bench/rebalance.py, bench/upload.py write their last line as one JSON
+object) replace the DESIGN.md figures when a results file is found (`measured_overrides`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class Sourced:
+    value: float
+    source: str
+
+
+# --- rendezvous and recovery (DESIGN.md "Rendezvous facts measured here") -----------------
+FLEETD_REFORM_S = Sourced(
+    5.0,
+    "DESIGN.md: controller-steered leave/join, 4-6 s measured to every rank training again "
+    "(midpoint)",
+)
+TORCHRUN_REFORM_S = Sourced(
+    40.0, "DESIGN.md: torchrun defaults, 35-45 s to re-form per join or leave (midpoint)"
+)
+# A node lost with no notice: fleetd learns of it from two signals (lifecycle.py's rule): the
+# agent's last will arrives after MQTT keep-alive x 1.5, and the EC2 state change soon after.
+FLEETD_LOSS_DETECT_S = Sourced(
+    22.5, "MQTT keep-alive 15 s (protocol/settings.py) x 1.5 until the broker sends the last will"
+)
+# Planner passes between events in the simulator (events wake it at once, as in the daemon).
+SIM_PASS_INTERVAL_S = Sourced(
+    60.0, "simulator choice: keeps a 24 h trace well under a second; the daemon passes every 10 s"
+)
+DEADLINE_PASS_INTERVAL_S = Sourced(
+    600.0,
+    "simulator choice for multi-day deadline jobs: passes also run at every event and at each "
+    "time the planner's inputs change (capacity-error TTL, spot_wait_s, the deadline guard)",
+)
+# SkyPilot managed jobs relaunch the whole cluster on any loss: provision, set up, restore.
+CHECKPOINT_RESTART_RECOVERY_S = Sourced(
+    300.0,
+    "assumption: full cluster relaunch (provision + boot ~2-3 min, setup, restore from S3); "
+    "SkyPilot publishes no single figure",
+)
+
+# --- the job ------------------------------------------------------------------------------
+CHECKPOINT_STALL_S = Sourced(
+    5.0,
+    "assumption: training paused while a few-GB state is written to local disk (torch DCP); "
+    "the upload to S3 runs in the background. Measure yours with bench/upload.py",
+)
+PERIODIC_CHECKPOINT_S = Sourced(
+    1800.0,
+    "assumption: a common periodic checkpoint cadence (every 30 min) for jobs without fleetd",
+)
+FLEETD_MAX_CHECKPOINT_AGE_S = Sourced(
+    600.0, "fleetd config rebalance.max_checkpoint_age_s default (fleetd/config.py)"
+)
+SCALING_EFFICIENCY_PER_DOUBLING = Sourced(
+    0.95,
+    "assumption: data-parallel training keeps 95 % of per-node throughput per doubling of nodes",
+)
+NOTICE_LEAD_S = Sourced(120.0, "AWS: the spot interruption notice comes ~2 minutes ahead")
+NO_NOTICE_SHARE = Sourced(
+    0.05,
+    "assumption: AWS's notice is best effort and AWS gives no figure; 1 loss in 20 unannounced",
+)
+MIN_CHARGE_S = Sourced(60.0, "AWS: Linux instances are billed per second, 60 s minimum")
+
+# --- single-node deadline jobs (Can't Be Late, NSDI'24) ------------------------------------
+CHANGEOVER_S = Sourced(
+    0.2 * 3600,
+    "Can't Be Late (NSDI'24): restart overhead d = 0.2 h (its larger setting) for a cold "
+    "start of a node and restore from the last checkpoint",
+)
+FLEETD_CHANGEOVER_S = Sourced(
+    0.05 * 3600,
+    "Can't Be Late (NSDI'24): d = 0.05 h (its smaller setting); fleetd's node joins seconds "
+    "after its agent starts (DESIGN.md target <= 5 s) so boot dominates",
+)
+
+# --- prices (us-east-1) -------------------------------------------------------------------
+# On-demand: AWS public Linux prices for us-east-1. Spot: on-demand x (1 - savings) from the
+# Spot Advisor snapshot shared/traces/aws_spot_advisor_gpu_snapshot_2025-06.csv (us-east-1 row).
+ON_DEMAND_USD_PER_HOUR = {
+    "p3.2xlarge": 3.06,
+    "p3.8xlarge": 12.24,
+    "g4dn.xlarge": 0.526,
+    "g4dn.12xlarge": 3.912,
+    "g5.xlarge": 1.006,
+    "g5.12xlarge": 5.672,
+    "g6.xlarge": 0.805,
+    "p4d.24xlarge": 32.7726,
+}
+SPOT_SAVINGS_PCT = {  # us-east-1, Spot Advisor snapshot 2025-06
+    "p3.2xlarge": 80,
+    "p3.8xlarge": 86,
+    "g4dn.xlarge": 64,
+    "g4dn.12xlarge": 64,
+    "g5.xlarge": 59,
+    "g5.12xlarge": 58,
+    "g6.xlarge": 49,
+    "p4d.24xlarge": 67,
+}
+PRICE_SOURCE = (
+    "on-demand: AWS us-east-1 list price; spot: on-demand x (1 - savings) from the Spot "
+    "Advisor snapshot 2025-06 (shared/traces)"
+)
+
+
+def prices_for(instance_type: str) -> tuple[float, float]:
+    """(spot, on-demand) USD per hour for a known instance type."""
+    try:
+        od = ON_DEMAND_USD_PER_HOUR[instance_type]
+        saving = SPOT_SAVINGS_PCT[instance_type]
+    except KeyError:
+        known = ", ".join(sorted(ON_DEMAND_USD_PER_HOUR))
+        raise ValueError(
+            f"no default price for {instance_type}; pass --spot-price and --on-demand-price "
+            f"(known: {known})"
+        ) from None
+    return round(od * (1 - saving / 100.0), 4), od
+
+
+def instance_type_for_trace(trace_name: str) -> tuple[str, str]:
+    """(instance type, why): trace files are named after their family; 1-GPU size assumed."""
+    name = trace_name.lower()
+    for family, itype in (("p3", "p3.2xlarge"), ("g4dn", "g4dn.xlarge"), ("g5", "g5.xlarge")):
+        if name.startswith(family):
+            return itype, f"trace named after {family}; its 1-GPU size assumed"
+    return "g5.xlarge", "default instance type"
+
+
+def measured_overrides(bench_dir: Path | None = None) -> dict[str, Sourced]:
+    """Measured figures from bench results, when the benchmarks have been run here.
+
+    bench/rebalance.py and bench/upload.py print one JSON object as their last line; when that
+    line is saved as bench/results/<name>.json, its numbers replace the DESIGN.md figures:
+    ``notice_to_training_s`` (rebalance) and ``checkpoint_stall_s`` (upload).
+    """
+    root = bench_dir or Path(os.environ.get("FLEETD_BENCH_RESULTS", "bench/results"))
+    found: dict[str, Sourced] = {}
+    for file, key, target in (
+        ("rebalance.json", "notice_to_training_s", "reform_s"),
+        ("upload.json", "checkpoint_stall_s", "checkpoint_stall_s"),
+    ):
+        path = root / file
+        try:
+            value = json.loads(path.read_text()).get(key)
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(value, (int, float)) and value > 0:
+            found[target] = Sourced(float(value), f"measured: {path} {key}")
+    return found

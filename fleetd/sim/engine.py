@@ -1,0 +1,518 @@
+"""Discrete-event simulation of one training job on a spot trace.
+
+A virtual clock and a heap of timed events; no asyncio, no sleeping. The `World` replays a
+`Trace` (spot capacity appearing and being reclaimed, with notices `notice_lead_s` ahead unless
+the loss is one of the unannounced ones), bills every node it holds per second (60 s minimum),
+and integrates the job's progress between events. A `Policy` reacts to the world's callbacks
+(start, capacity, notice, loss, timers) by buying and releasing nodes, changing the training
+membership, stalling, checkpointing and rolling back: everything a recovery strategy does.
+
+Accounting (all in node-seconds, so policies compare on the same footing):
+paid = useful + lost work (rolled back) + stalls by reason + idle (held but not training).
+Effective time = useful / paid. Work done at a reduced size counts as useful node-time: the
+scaling-efficiency curve changes how many steps a node-second buys, not whether it was wasted.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from fleetd.sim.defaults import MIN_CHARGE_S
+from fleetd.sim.job import JobSpec
+from fleetd.sim.traces import ADD, Trace
+
+SPOT = "spot"
+ON_DEMAND = "on-demand"
+
+# Same-time ordering: trace changes first, then notices, then policy work.
+_TRACE, _NOTICE, _POLICY = 0, 1, 2
+
+
+class Timer:
+    __slots__ = ("cancelled",)
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class EventQueue:
+    """A heap of (time, priority, seq) -> callback, and the virtual clock it drives."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._heap: list[tuple[float, int, int, Timer, Callable[[], None]]] = []
+        self._seq = itertools.count()
+
+    def at(self, t: float, fn: Callable[[], None], priority: int = _POLICY) -> Timer:
+        timer = Timer()
+        heapq.heappush(self._heap, (max(t, self.now), priority, next(self._seq), timer, fn))
+        return timer
+
+    def pop_until(self, horizon: float) -> Callable[[], None] | None:
+        while self._heap and self._heap[0][0] <= horizon:
+            t, _, _, timer, fn = heapq.heappop(self._heap)
+            if timer.cancelled:
+                continue
+            self.now = t
+            return fn
+        return None
+
+
+@dataclass(eq=False, slots=True)
+class SimNode:
+    id: str
+    market: str
+    price_per_hour: float
+    acquired_at: float
+    pool: str
+    member: bool = False  # in the training world
+    notice_at: float | None = None
+    notice_deadline: float | None = None
+    released_at: float | None = None
+    lost: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    t: float
+    nodes: int
+    spent_usd: float
+    progress: float  # share of the job's work
+
+
+@dataclass
+class SimResult:
+    policy: str
+    trace: str
+    cost_usd: float
+    on_demand_cost_usd: float  # the same paid node-time at on-demand prices
+    paid_node_s: float
+    useful_node_s: float
+    effective_time: float
+    steps_done: float
+    steps_lost: float
+    total_steps: float
+    completed: bool
+    finished_at_s: float | None
+    deadline_s: float | None
+    deadline_met: bool | None
+    notices: int
+    losses_without_notice: int
+    overhead_node_s: dict[str, float]
+    on_demand_node_s: float
+    actions: list[str] = field(default_factory=list)
+    timeline: list[Sample] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {
+            "policy": self.policy,
+            "trace": self.trace,
+            "cost_usd": round(self.cost_usd, 4),
+            "on_demand_cost_usd": round(self.on_demand_cost_usd, 4),
+            "savings_pct": round(100.0 * (1 - self.cost_usd / self.on_demand_cost_usd), 2)
+            if self.on_demand_cost_usd > 0
+            else None,
+            "effective_time": round(self.effective_time, 4),
+            "paid_node_hours": round(self.paid_node_s / 3600.0, 3),
+            "useful_node_hours": round(self.useful_node_s / 3600.0, 3),
+            "on_demand_node_hours": round(self.on_demand_node_s / 3600.0, 3),
+            "steps_done": round(self.steps_done, 1),
+            "usd_per_1k_steps": round(1000.0 * self.cost_usd / self.steps_done, 4) if self.steps_done > 0 else None,
+            "steps_lost": round(self.steps_lost, 1),
+            "progress": round(self.steps_done / self.total_steps, 4),
+            "completed": self.completed,
+            "finished_at_h": None if self.finished_at_s is None else round(self.finished_at_s / 3600.0, 3),
+            "deadline_h": None if self.deadline_s is None else round(self.deadline_s / 3600.0, 3),
+            "deadline_met": self.deadline_met,
+            "notices": self.notices,
+            "losses_without_notice": self.losses_without_notice,
+            "overhead_node_hours": {k: round(v / 3600.0, 3) for k, v in sorted(self.overhead_node_s.items())},
+        }
+
+
+class Policy(Protocol):
+    name: str
+
+    def start(self, world: "World") -> None: ...
+    def on_capacity(self, world: "World") -> None: ...
+    def on_notice(self, world: "World", node: SimNode) -> None: ...
+    def on_lost(self, world: "World", node: SimNode, noticed: bool) -> None: ...
+
+
+class World:
+    """The simulated cloud and job. Policies act on it; it keeps the books."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        job: JobSpec,
+        spot_price: float,
+        on_demand_price: float,
+        seed: int = 0,
+        horizon_s: float | None = None,
+        sample_every_s: float = 0.0,
+    ) -> None:
+        self.trace = trace
+        self.job = job
+        self.spot_price = spot_price
+        self.on_demand_price = on_demand_price
+        self.seed = seed
+        self.horizon_s = trace.duration_s if horizon_s is None else horizon_s
+        self.queue = EventQueue()
+        self.free: dict[str, str] = {}  # trace node -> pool, available and not held
+        self.held: dict[str, SimNode] = {}
+        self._removal_at: dict[str, float] = {}  # trace node -> its next removal time
+        self._pending_removals: dict[str, list[float]] = {}
+        self._serial = itertools.count(1)
+        # Job state.
+        self.progress = 0.0
+        self.checkpoint_progress = 0.0
+        self.steps_lost = 0.0
+        self.stalled_until = 0.0
+        self.stall_reason = ""
+        self._stalls: list[tuple[float, float, str]] = []  # queued (begin, end, reason)
+        self._uncommitted_node_s = 0.0
+        self.useful_node_s = 0.0
+        self.overhead: dict[str, float] = {}
+        self.done_at: float | None = None
+        self._last = 0.0
+        self._members = 0
+        # Billing of released nodes.
+        self.spent_released = 0.0
+        self.paid_released_s = 0.0
+        self.od_paid_released_s = 0.0
+        self.notices = 0
+        self.unannounced = 0
+        self.actions: list[str] = []
+        self._completion: Timer | None = None
+        self._sample_every = sample_every_s
+        self.timeline: list[Sample] = []
+
+    # --- clock and timers ----------------------------------------------------------------
+    @property
+    def now(self) -> float:
+        return self.queue.now
+
+    def after(self, delay_s: float, fn: Callable[[], None]) -> Timer:
+        return self.queue.at(self.now + max(0.0, delay_s), fn)
+
+    def log(self, text: str) -> None:
+        self.actions.append(f"{self.now:.0f}s {text}")
+
+    # --- the market ----------------------------------------------------------------------
+    def free_spot(self) -> int:
+        return len(self.free)
+
+    def acquire_spot(self, count: int) -> list[SimNode]:
+        """Take up to ``count`` available spot nodes (all of them: the trace is the capacity)."""
+        got: list[SimNode] = []
+        for trace_node in list(self.free)[: max(0, count)]:
+            pool = self.free.pop(trace_node)
+            node = SimNode(trace_node, SPOT, self.spot_price, self.now, pool)
+            self.held[node.id] = node
+            got.append(node)
+            removal = self._removal_at.get(trace_node)
+            # Bought inside its notice window: AWS sends the notice right away.
+            if (
+                removal is not None
+                and removal - self.job.notice_lead_s <= self.now
+                and self._announced(trace_node, removal)
+            ):
+                self.queue.at(self.now, lambda n=node, r=removal: self._notice(n, r), _NOTICE)
+        return got
+
+    def acquire_on_demand(self, count: int) -> list[SimNode]:
+        got = []
+        for _ in range(max(0, count)):
+            node = SimNode(f"od-{next(self._serial)}", ON_DEMAND, self.on_demand_price, self.now, "on-demand")
+            self.held[node.id] = node
+            got.append(node)
+        return got
+
+    def release(self, node: SimNode) -> None:
+        """Stop paying for ``node`` (terminated by the policy, or reclaimed)."""
+        if node.id not in self.held:
+            return
+        self.advance()
+        if node.member:
+            self.set_members([n for n in self.members() if n is not node])
+        del self.held[node.id]
+        node.released_at = self.now
+        billed = max(self.now - node.acquired_at, MIN_CHARGE_S.value)
+        # The 60 s minimum beyond what was used is paid for nothing.
+        self._add_overhead("minimum charge", billed - (self.now - node.acquired_at))
+        self.spent_released += billed * node.price_per_hour / 3600.0
+        self.paid_released_s += billed
+        if node.market == ON_DEMAND:
+            self.od_paid_released_s += billed
+
+    def spent_usd(self) -> float:
+        live = sum((self.now - n.acquired_at) * n.price_per_hour for n in self.held.values())
+        return self.spent_released + live / 3600.0
+
+    # --- training ------------------------------------------------------------------------
+    def members(self) -> list[SimNode]:
+        return [n for n in self.held.values() if n.member]
+
+    def set_members(self, nodes: list[SimNode]) -> None:
+        self.advance()
+        wanted = {n.id for n in nodes}
+        for n in self.held.values():
+            n.member = n.id in wanted
+        self._members = len(wanted)
+
+    def stall(self, seconds: float, reason: str, after_current: bool = False) -> None:
+        """Every member stops training for ``seconds``: from now, overlapping any stall under
+        way, or (``after_current``) once the stall under way is over (one thing after another,
+        e.g. a re-form after the checkpoint that precedes it)."""
+        self.advance()
+        if seconds <= 0:
+            return
+        begin = max(self.now, self.stalled_until)
+        end = (begin if after_current else self.now) + seconds
+        if end > begin:
+            self._stalls.append((begin, end, reason))
+            self.stalled_until = end
+            self.stall_reason = reason
+
+    @property
+    def training(self) -> bool:
+        return self._members > 0 and self.now >= self.stalled_until and self.done_at is None
+
+    def checkpoint(self, stall_s: float | None = None) -> bool:
+        """Save a checkpoint of the current progress (paying the stall). False if nothing new."""
+        self.advance()
+        if self.progress <= self.checkpoint_progress:
+            return False
+        self.checkpoint_progress = self.progress
+        self.useful_node_s += self._uncommitted_node_s
+        self._uncommitted_node_s = 0.0
+        self.stall(self.job.checkpoint_stall_s if stall_s is None else stall_s, "checkpoint")
+        return True
+
+    def rollback(self) -> None:
+        """Resume from the last checkpoint: the work since then is lost."""
+        self.advance()
+        self.steps_lost += self.progress - self.checkpoint_progress
+        self._add_overhead("lost work", self._uncommitted_node_s)
+        self._uncommitted_node_s = 0.0
+        self.progress = self.checkpoint_progress
+
+    @property
+    def remaining_steps(self) -> float:
+        return max(0.0, self.job.total_steps - self.progress)
+
+    @property
+    def done(self) -> bool:
+        return self.done_at is not None
+
+    def _add_overhead(self, reason: str, node_s: float) -> None:
+        if node_s > 0:
+            self.overhead[reason] = self.overhead.get(reason, 0.0) + node_s
+
+    def advance(self) -> None:
+        """Integrate progress and node-time from the last call to now."""
+        now = self.now
+        dt = now - self._last
+        if dt <= 0:
+            return
+        w = self._members
+        idle = len(self.held) - w
+        if idle:
+            self._add_overhead("idle (held, not training)", idle * dt)
+        if w and self.done_at is None:
+            stalled = 0.0
+            while self._stalls:
+                begin, end, reason = self._stalls[0]
+                part = max(0.0, min(now, end) - max(self._last, begin))
+                if part:
+                    stalled += part
+                    self._add_overhead(reason, w * part)
+                if end > now:
+                    break
+                self._stalls.pop(0)
+            active = dt - stalled
+            if active > 1e-12:
+                self.progress += self.job.throughput(w) * active
+                self._uncommitted_node_s += w * active
+        else:
+            while self._stalls and self._stalls[0][1] <= now:
+                self._stalls.pop(0)
+        self._last = now
+
+    # --- running -------------------------------------------------------------------------
+    def _schedule_completion(self) -> None:
+        if self._completion is not None:
+            self._completion.cancel()
+            self._completion = None
+        if self.done_at is not None or self._members == 0:
+            return
+        rate = self.job.throughput(self._members)
+        t = max(self.now, self.stalled_until) + self.remaining_steps / rate
+        self._completion = self.queue.at(t, self._complete, _TRACE)
+
+    def _complete(self) -> None:
+        self.advance()
+        if self.remaining_steps > 1e-6 * self.job.total_steps:
+            return  # a stale estimate; a fresh one is scheduled after this event
+        self.progress = self.job.total_steps
+        self.useful_node_s += self._uncommitted_node_s
+        self._uncommitted_node_s = 0.0
+        self.done_at = self.now
+        for node in list(self.held.values()):
+            self.release(node)
+        self.log("job complete")
+
+    def _notice(self, node: SimNode, removal_at: float) -> None:
+        if self.held.get(node.id) is not node or node.notice_at is not None:
+            return
+        node.notice_at = self.now
+        node.notice_deadline = removal_at
+        self.notices += 1
+        self.policy.on_notice(self, node)
+
+    def _announced(self, trace_node: str, t: float) -> bool:
+        # Decided per (seed, node, time) so every policy sees the same unannounced losses.
+        return random.Random(f"{self.seed}:{trace_node}:{t}").random() >= self.job.no_notice_share
+
+    def _trace_event(self, kind: str, trace_node: str, pool: str) -> None:
+        if kind == ADD:
+            self.free[trace_node] = pool
+            self.policy.on_capacity(self)
+            return
+        self.free.pop(trace_node, None)
+        later = self._pending_removals.get(trace_node, [])
+        if later:
+            later.pop(0)
+        if later:
+            self._removal_at[trace_node] = later[0]
+        else:
+            self._removal_at.pop(trace_node, None)
+        node = self.held.get(trace_node)
+        if node is None:
+            return
+        noticed = node.notice_at is not None
+        if not noticed:
+            self.unannounced += 1
+        node.lost = True
+        self.release(node)
+        self.policy.on_lost(self, node, noticed)
+
+    def _sample(self) -> None:
+        self.advance()
+        self.timeline.append(
+            Sample(self.now, len(self.held), self.spent_usd(), self.progress / self.job.total_steps)
+        )
+        if self.done_at is None:
+            self.queue.at(self.now + self._sample_every, self._sample, _POLICY)
+
+    def run(self, policy: Policy) -> SimResult:
+        self.policy = policy
+        lead = self.job.notice_lead_s
+        for ev in self.trace.events:
+            fn = lambda k=ev.kind, n=ev.node, p=ev.pool: self._trace_event(k, n, p)  # noqa: E731
+            self.queue.at(ev.t, fn, _TRACE)
+            if ev.kind != ADD:
+                if self._announced(ev.node, ev.t):
+                    self.queue.at(
+                        max(0.0, ev.t - lead),
+                        lambda n=ev.node, t=ev.t: self._notice_trace(n, t),
+                        _NOTICE,
+                    )
+        # Removal times must be known before nodes are bought (for notices inside the window).
+        for ev in self.trace.events:
+            if ev.kind != ADD:
+                self._pending_removals.setdefault(ev.node, []).append(ev.t)
+        for node, times in self._pending_removals.items():
+            self._removal_at[node] = times[0]
+        self.queue.at(0.0, lambda: policy.start(self), _POLICY)
+        if self._sample_every > 0:
+            self.queue.at(0.0, self._sample, _POLICY)
+        while True:
+            fn = self.queue.pop_until(self.horizon_s)
+            if fn is None:
+                break
+            self.advance()
+            fn()
+            self._schedule_completion()
+            if self.done_at is not None:
+                break
+        self.queue.now = max(self.queue.now, self.done_at or self.horizon_s)
+        if self.done_at is None:
+            self.queue.now = self.horizon_s
+            self.advance()
+            # Cut off by the end of the trace: the work in hand counts (the job goes on).
+            self.useful_node_s += self._uncommitted_node_s
+            self._uncommitted_node_s = 0.0
+            for node in list(self.held.values()):
+                self.release(node)
+        if self._sample_every > 0:
+            self.timeline.append(
+                Sample(self.now, 0, self.spent_usd(), self.progress / self.job.total_steps)
+            )
+        return self._result(policy.name)
+
+    def _notice_trace(self, trace_node: str, removal_at: float) -> None:
+        node = self.held.get(trace_node)
+        if node is not None:
+            self._notice(node, removal_at)
+
+    def _result(self, name: str) -> SimResult:
+        paid = self.paid_released_s
+        deadline = self.job.deadline_s
+        met = None
+        if deadline is not None:
+            met = self.done_at is not None and self.done_at <= deadline + 1e-6
+        on_demand_cost = paid * self.on_demand_price / 3600.0
+        return SimResult(
+            policy=name,
+            trace=self.trace.name,
+            cost_usd=self.spent_released,
+            on_demand_cost_usd=on_demand_cost,
+            paid_node_s=paid,
+            useful_node_s=self.useful_node_s,
+            effective_time=self.useful_node_s / paid if paid > 0 else 0.0,
+            steps_done=self.progress,
+            steps_lost=self.steps_lost,
+            total_steps=self.job.total_steps,
+            completed=self.done_at is not None,
+            finished_at_s=self.done_at,
+            deadline_s=deadline,
+            deadline_met=met,
+            notices=self.notices,
+            losses_without_notice=self.unannounced,
+            overhead_node_s=dict(self.overhead),
+            on_demand_node_s=self.od_paid_released_s,
+            actions=self.actions,
+            timeline=self.timeline,
+        )
+
+
+def simulate(
+    trace: Trace,
+    policy: Policy,
+    job: JobSpec,
+    spot_price: float,
+    on_demand_price: float,
+    seed: int = 0,
+    horizon_s: float | None = None,
+    sample_every_s: float = 0.0,
+) -> SimResult:
+    world = World(trace, job, spot_price, on_demand_price, seed, horizon_s, sample_every_s)
+    return world.run(policy)
+
+
+def stalled_fraction(result: SimResult) -> float:
+    """Share of paid node-time that went to stalls, rollbacks and idling."""
+    if result.paid_node_s <= 0:
+        return 0.0
+    return math.fsum(result.overhead_node_s.values()) / result.paid_node_s

@@ -1,0 +1,430 @@
+"""fleetd's own policy in the simulator: the daemon's planner, `fleetd.policy.planner.plan`,
+driven with a virtual clock.
+
+The simulator plays the parts the daemon's adapters play: it builds the `Observation` the
+reconcile loop would build (nodes with their phase and notices, offers, pool history, spend),
+calls ``plan(obs, cfg, now)``, and carries out each action the way fleetd's components do
+(DESIGN.md "One interruption, end to end"):
+
+- Launch: spot nodes come from the trace's free capacity; a launch that gets fewer than asked is
+  a capacity error, which marks the pool unavailable for ``capacity.capacity_error_ttl_s``, as
+  the loop does. On-demand always succeeds. A new node joins at the next rendezvous round after a
+  coordinated checkpoint, so the re-form loses no steps (cost: stall + re-form for every rank).
+- Drain: coordinated checkpoint, the node leaves the rendezvous, survivors re-form in
+  ``reform_s``; the node stays DRAINING (billed, idle) until reclaimed or terminated by the
+  planner, as in the reconcile loop today (``leaving_signal=True``: DESIGN.md's LEAVING report).
+- A loss with no notice: the collective hangs until fleetd learns of it (``detect_s``), the
+  survivors resume from the last checkpoint.
+
+Passes run on every event the daemon would be woken by (notice, loss, a drain finishing) and,
+between events, every ``tick_s`` (default `defaults.SIM_PASS_INTERVAL_S`, 60 s: the daemon's
+10 s would make a 24 h trace cost ~8,600 planner passes; time-driven decisions such as a capacity
+error's TTL or spot_wait_s expiring are therefore seen up to 60 s later than in the daemon).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from fleetd.config import FleetdConfig
+from fleetd.policy.model import (
+    Drain,
+    Launch,
+    MarkPoolUnavailable,
+    Market,
+    Node,
+    NodePhase,
+    Plan,
+    PoolId,
+    PoolOffer,
+    RequestCheckpoint,
+    StopJob,
+    Terminate,
+    Warn,
+)
+from fleetd.policy.observation import Observation, PoolStats
+from fleetd.policy.planner import plan
+from fleetd.sim import defaults as d
+from fleetd.sim.engine import ON_DEMAND, SimNode, Timer, World
+
+Planner = Callable[[Observation, FleetdConfig, float], Plan]
+
+
+@dataclass(frozen=True, slots=True)
+class ActionRecord:
+    """One executed action, in a form the daemon's loop can be compared with."""
+
+    t: float
+    kind: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.t:.0f}s {self.kind} {self.detail}"
+
+
+def describe(action) -> tuple[str, str]:
+    """(kind, detail) of an action, without its free-text reason."""
+    kind = type(action).__name__
+    if isinstance(action, Launch):
+        return kind, f"{action.count} {action.market.value} {action.purpose.value}"
+    if isinstance(action, (Drain, Terminate)):
+        return kind, action.instance_id
+    if isinstance(action, MarkPoolUnavailable):
+        return kind, str(action.pool)
+    if isinstance(action, Warn):
+        return kind, action.code
+    return kind, ""
+
+
+class FleetdPolicy:
+    name = "fleetd"
+
+    def __init__(
+        self,
+        cfg: FleetdConfig,
+        pool: PoolId,
+        gpus_per_node: int = 1,
+        reform_s: float = d.FLEETD_REFORM_S.value,
+        detect_s: float = d.FLEETD_LOSS_DETECT_S.value,
+        prior_interruptions_per_hour: float | None = None,
+        tick_s: float | None = None,
+        startup_s: float = 0.0,
+        guard: "DeadlineGuard | None" = None,
+        leaving_signal: bool = False,
+        od_pool: PoolId | None = None,
+        planner: Planner = plan,
+    ) -> None:
+        self.cfg = cfg
+        # The trace covers one spot pool. On-demand is offered in a pool of its own (another
+        # zone of the region): the planner marks a whole pool unavailable after a spot capacity
+        # error, and EC2's on-demand capacity does not run out with spot capacity.
+        self.od_pool = od_pool or PoolId(pool.instance_type, f"{pool.zone}-on-demand")
+        self.planner = planner
+        self.startup_s = startup_s  # launch -> agent up and state restored (trace adds: 0)
+        self.guard = guard
+        # DESIGN.md step 4 has the node report that it left (phase LEAVING, which the planner
+        # terminates at once). The reconcile loop does not derive LEAVING yet (it only knows
+        # DRAINING), so by default a drained node is billed until AWS reclaims it or the drain
+        # times out, as in the daemon today. True: model the DESIGN.md behaviour.
+        self.leaving_signal = leaving_signal
+        self.pool = pool
+        self.gpus = gpus_per_node
+        self.reform_s = reform_s
+        self.detect_s = detect_s
+        self.prior = prior_interruptions_per_hour
+        self.tick_s = tick_s or d.SIM_PASS_INTERVAL_S.value
+        self.phase: dict[str, NodePhase] = {}
+        self.running_since: dict[str, float] = {}
+        self.drain_started: dict[str, float] = {}
+        self.target: int | None = None
+        self.last_scaling_at: float | None = None
+        self.budget_level = None
+        self.spot_unavailable_since: float | None = None
+        self.capacity_error_until: float | None = None
+        self.stop_issued_at: float | None = None
+        self.last_durable_at: float | None = None
+        self.last_durable_step: int | None = None
+        self.last_request_at: float | None = None
+        self.notices = 0
+        self.losses = 0
+        self.last_notice_at: float | None = None
+        self.node_s_closed = 0.0
+        self.throughput: dict[int, float] = {}
+        self.record: list[ActionRecord] = []
+        self.passes = 0
+        self.pass_times: list[float] = []
+        self._tick: Timer | None = None
+
+    # --- world callbacks -----------------------------------------------------------------
+    def start(self, world: World) -> None:
+        self._pass(world)
+
+    def on_capacity(self, world: World) -> None:
+        pass  # the daemon cannot see spot capacity appear; its next launch attempt finds it
+
+    def on_notice(self, world: World, node: SimNode) -> None:
+        self.notices += 1
+        self.last_notice_at = world.now
+        self._pass(world)
+
+    def on_lost(self, world: World, node: SimNode, noticed: bool) -> None:
+        self.node_s_closed += world.now - node.acquired_at  # lost nodes are always spot
+        phase = self.phase.pop(node.id, None)
+        if not noticed:
+            self.losses += 1
+        if phase is NodePhase.RUNNING:
+            # Still in the collective: every rank hangs until fleetd declares it lost, then
+            # the survivors resume from the last checkpoint.
+            world.rollback()
+            world.stall(self.detect_s + self.reform_s, "loss recovery")
+            world.after(self.detect_s, lambda: self._pass(world))
+        else:
+            self._pass(world)
+
+    # --- one reconcile pass --------------------------------------------------------------
+    def _pass(self, world: World) -> None:
+        if world.done:
+            return
+        now = world.now
+        cfg, hide_spot = self.cfg, False
+        if self.guard is not None:
+            cfg, hide_spot = self.guard.adjust(world, self.cfg, self.spot_unavailable_since)
+            if hide_spot and self.spot_unavailable_since is None:
+                self.spot_unavailable_since = now  # "no spot pool is offered" counts as none found
+        obs = self._observe(world, hide_spot)
+        result: Plan = self.planner(obs, cfg, now)
+        self.passes += 1
+        self.pass_times.append(now)
+        if result.target_nodes is not None and result.target_nodes != self.target:
+            if self.target is not None:
+                self.last_scaling_at = now
+            self.target = result.target_nodes
+        self.budget_level = result.budget.level
+        if result.spot_short and self.spot_unavailable_since is None:
+            self.spot_unavailable_since = now  # as the loop remembers it (reconcile/loop.py)
+        for action in result.actions:
+            kind, detail = describe(action)
+            self.record.append(ActionRecord(now, kind, detail))
+            self._execute(world, action)
+        self._schedule_next(world, cfg, acted=bool(result.actions))
+
+    def _schedule_next(self, world: World, cfg: FleetdConfig, acted: bool) -> None:
+        """The next pass: one reconcile interval after a pass that acted (the daemon's cadence,
+        so it sees the outcome, e.g. a capacity error); else after ``tick_s``, or sooner when a
+        time-driven input of the planner changes (capacity-error TTL, spot_wait_s, deadline)."""
+        now = world.now
+        interval = cfg.fleet.reconcile_interval_s
+        times = [now + (interval if acted else self.tick_s)]
+        if self.capacity_error_until is not None and self.capacity_error_until > now:
+            times.append(self.capacity_error_until + 1e-3)
+        if self.spot_unavailable_since is not None:
+            times.append(self.spot_unavailable_since + cfg.capacity.spot_wait_s + 1e-3)
+        if self.guard is not None:
+            times.extend(self.guard.wake_times(world))
+        t = min(x for x in times if x > now)
+        if self._tick is not None:
+            self._tick.cancel()
+        self._tick = world.queue.at(t, lambda: self._pass(world))
+
+    def telemetry(self, world: World, node: SimNode) -> dict:
+        """What the node's agent reports (MQTT intake in the daemon): the simulated agents."""
+        phase = self.phase.get(node.id, NodePhase.RUNNING)
+        training = phase is NodePhase.RUNNING and node.member
+        members = world.members()
+        return {
+            "last_seen_at": None if phase is NodePhase.PENDING else world.now,
+            "notice_at": node.notice_at,
+            "notice_deadline": node.notice_deadline,
+            "gpu_util_pct": 95.0 if training else None,
+            "steps_per_s": world.job.throughput(len(members)) / len(members) if training else None,
+            "step": int(world.progress) if training else None,
+            "running_since": self.running_since.get(node.id),
+        }
+
+    def signals(self) -> dict:
+        """What the training/checkpoint side reports (SignalSource in the daemon)."""
+        return {
+            "throughput_by_nodes": MappingProxyType(dict(self.throughput)),
+            "last_durable_checkpoint_step": self.last_durable_step,
+            "last_durable_checkpoint_at": self.last_durable_at,
+            "last_checkpoint_request_at": self.last_request_at,
+        }
+
+    def _observe(self, world: World, hide_spot: bool = False) -> Observation:
+        now = world.now
+        nodes = []
+        members = world.members()
+        if members:
+            self.throughput[len(members)] = world.job.throughput(len(members))
+        for n in world.held.values():
+            nodes.append(
+                Node(
+                    instance_id=n.id,
+                    pool=self.od_pool if n.market == ON_DEMAND else self.pool,
+                    market=Market.ON_DEMAND if n.market == ON_DEMAND else Market.SPOT,
+                    price_per_hour=n.price_per_hour,
+                    launched_at=n.acquired_at,
+                    phase=self.phase.get(n.id, NodePhase.RUNNING),
+                    drain_started_at=self.drain_started.get(n.id),
+                    **self.telemetry(world, n),
+                )
+            )
+        live_node_s = sum(now - n.acquired_at for n in world.held.values() if n.market != ON_DEMAND)
+        stats = PoolStats(
+            pool=self.pool,
+            node_hours=(self.node_s_closed + live_node_s) / 3600.0,
+            notices=self.notices,
+            losses=self.losses,
+            capacity_error_until=self.capacity_error_until,
+            last_notice_at=self.last_notice_at,
+            prior_interruptions_per_hour=self.prior,
+        )
+        offers = (
+            PoolOffer(
+                pool=self.pool,
+                gpus=self.gpus,
+                spot_price=None if hide_spot else world.spot_price,
+                on_demand_price=world.on_demand_price,
+            ),
+            PoolOffer(
+                pool=self.od_pool, gpus=self.gpus, spot_price=None, on_demand_price=world.on_demand_price
+            ),
+        )
+        kwargs = {}
+        if self.budget_level is not None:
+            kwargs["budget_level"] = self.budget_level
+        return Observation(
+            nodes=tuple(nodes),
+            offers=offers,
+            pool_stats=(stats,),
+            spent_usd=world.spent_usd(),
+            **self.signals(),
+            target_nodes=self.target,
+            last_scaling_at=self.last_scaling_at,
+            spot_unavailable_since=self.spot_unavailable_since,
+            stop_issued_at=self.stop_issued_at,
+            **kwargs,
+        )
+
+    # --- carrying out actions ------------------------------------------------------------
+    def _execute(self, world: World, action) -> None:
+        if isinstance(action, Launch):
+            self._launch(world, action)
+        elif isinstance(action, Drain):
+            self._drain(world, action.instance_id)
+        elif isinstance(action, Terminate):
+            self._terminate(world, action.instance_id)
+        elif isinstance(action, RequestCheckpoint):
+            self._checkpoint(world)
+            self.last_request_at = world.now
+        elif isinstance(action, StopJob):
+            self._checkpoint(world)
+            self.stop_issued_at = world.now
+            world.set_members([])
+            for node_id in self.phase:
+                self.phase[node_id] = NodePhase.LEAVING
+        elif isinstance(action, MarkPoolUnavailable):
+            self.capacity_error_until = action.until
+        # Warn: logged through the record only.
+
+    def _checkpoint(self, world: World) -> None:
+        world.checkpoint()
+        self.last_durable_at = world.now
+        self.last_durable_step = int(world.progress)
+
+    def _launch(self, world: World, action: Launch) -> None:
+        if action.market is Market.SPOT:
+            got = world.acquire_spot(action.count)
+            if got:
+                self.spot_unavailable_since = None
+            if len(got) < action.count:
+                # CreateFleet's partial fulfilment carries a capacity error for the pool.
+                self.capacity_error_until = world.now + self.cfg.capacity.capacity_error_ttl_s
+                if not got and self.spot_unavailable_since is None:
+                    self.spot_unavailable_since = world.now
+        else:
+            got = world.acquire_on_demand(action.count)
+        if not got:
+            return
+        world.log(f"launch {len(got)} {action.market.value}")
+        for n in got:
+            self.phase[n.id] = NodePhase.PENDING
+        if self.startup_s <= 0:
+            self._admit(world, got)
+        else:
+            world.after(self.startup_s, lambda: self._admit_later(world, got))
+
+    def _admit_later(self, world: World, nodes: list[SimNode]) -> None:
+        alive = [n for n in nodes if world.held.get(n.id) is n and self.phase.get(n.id) is NodePhase.PENDING]
+        if alive:
+            self._admit(world, alive)
+            self._pass(world)
+
+    def _admit(self, world: World, nodes: list[SimNode]) -> None:
+        """New nodes join at the next round: checkpoint first, so the re-form loses nothing."""
+        if world.members():
+            self._checkpoint(world)
+        world.set_members(world.members() + nodes)
+        world.stall(self.reform_s, "re-form", after_current=True)
+        for n in nodes:
+            self.phase[n.id] = NodePhase.RUNNING
+            self.running_since[n.id] = world.now
+
+    def _drain(self, world: World, node_id: str) -> None:
+        node = world.held.get(node_id)
+        if node is None or self.phase.get(node_id) is not NodePhase.RUNNING:
+            return
+        # The daemon marks the node DRAINING; it stays billed (idle, out of the rendezvous) until
+        # AWS reclaims it or the planner terminates it (notice deadline passed, drain timeout).
+        self.phase[node_id] = NodePhase.DRAINING
+        self.drain_started[node_id] = world.now
+        self._checkpoint(world)
+        world.set_members([n for n in world.members() if n is not node])
+        world.stall(self.reform_s, "re-form", after_current=True)
+        if self.leaving_signal:
+            world.after(world.job.checkpoint_stall_s, lambda: self._left(world, node))
+
+    def _left(self, world: World, node: SimNode) -> None:
+        """The agent reports the trainer exited after the checkpoint: the node has left."""
+        if world.held.get(node.id) is node and self.phase.get(node.id) is NodePhase.DRAINING:
+            self.phase[node.id] = NodePhase.LEAVING
+            self._pass(world)
+
+    def _terminate(self, world: World, node_id: str) -> None:
+        node = world.held.get(node_id)
+        if node is None:
+            return
+        if node.member:
+            world.rollback()
+            world.stall(self.reform_s, "re-form")
+        if node.market != ON_DEMAND:
+            self.node_s_closed += world.now - node.acquired_at
+        self.phase.pop(node_id, None)
+        world.release(node)
+
+
+class DeadlineGuard:
+    """Deadline awareness for a single-node job, expressed through the planner's inputs.
+
+    The planner has no notion of a deadline yet, so the simulator feeds Can't Be Late's uniform
+    progress rule into the knobs the planner already has:
+    - ``capacity.spot_wait_s``: wait for spot only while the job is ahead of the progress line
+      C x t / D (when idle it falls behind at t = done x D / C; then fall back to on-demand);
+    - inside the safety margin (remaining time < remaining work + 2d) spot is not offered, so
+      the job finishes on on-demand without risking another changeover.
+    Proposed for fleetd/policy: a `deadline` in the job config and this rule in the planner.
+    """
+
+    def __init__(self, deadline_s: float, changeover_s: float) -> None:
+        self.deadline_s = deadline_s
+        self.d = changeover_s
+
+    def _work(self, world: World) -> tuple[float, float, float]:
+        """(total, done, remaining) work in seconds on one node."""
+        rate = world.job.throughput(1)
+        return world.job.total_steps / rate, world.progress / rate, world.remaining_steps / rate
+
+    def _behind_at(self, world: World) -> float:
+        total, done, _ = self._work(world)
+        return done * self.deadline_s / total
+
+    def _safety_at(self, world: World) -> float:
+        _, _, remaining = self._work(world)
+        return self.deadline_s - remaining - 2 * self.d
+
+    def adjust(
+        self, world: World, cfg: FleetdConfig, spot_unavailable_since: float | None
+    ) -> tuple[FleetdConfig, bool]:
+        now = world.now
+        if now >= self._safety_at(world):
+            wait, hide_spot = 0.0, True
+        else:
+            base = spot_unavailable_since if spot_unavailable_since is not None else now
+            wait, hide_spot = max(0.0, self._behind_at(world) - base), False
+        capacity = cfg.capacity.model_copy(update={"spot_wait_s": wait})
+        return cfg.model_copy(update={"capacity": capacity}), hide_spot
+
+    def wake_times(self, world: World) -> list[float]:
+        return [self._behind_at(world) + 1e-3, self._safety_at(world) + 1e-3]

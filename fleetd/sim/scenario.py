@@ -1,0 +1,152 @@
+"""A runnable comparison: a trace, a job, prices and the policies to compare.
+
+`fleetd simulate`, `fleetd plan`, bench/sim*.py and the tests build their runs here, so they all
+use the same defaults (fleetd/sim/defaults.py) and the same policy set.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from fleetd.config import BudgetConfig, CapacityConfig, FleetConfig, FleetdConfig
+from fleetd.policy.model import PoolId
+from fleetd.sim import defaults as d
+from fleetd.sim.engine import Policy, SimResult, simulate
+from fleetd.sim.fleetd_policy import DeadlineGuard, FleetdPolicy
+from fleetd.sim.job import JobSpec
+from fleetd.sim.planner_tools import young_daly_interval_s
+from fleetd.sim.policies import (
+    CheckpointRestart,
+    Greedy,
+    OnDemandOnly,
+    TorchrunElastic,
+    UniformProgress,
+)
+from fleetd.sim.traces import Trace
+
+CLUSTER_POLICIES = ("on-demand", "checkpoint-restart", "torchrun-default", "fleetd")
+DEADLINE_POLICIES = ("on-demand", "greedy", "uniform-progress", "fleetd")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    trace: Trace
+    job: JobSpec
+    instance_type: str
+    spot_price: float
+    on_demand_price: float
+    budget_usd: float = 1e9
+    max_usd_per_hour: float = 1e6
+    allow_on_demand: bool = True
+    reform_s: float = d.FLEETD_REFORM_S.value
+    torchrun_reform_s: float = d.TORCHRUN_REFORM_S.value
+    restart_recovery_s: float = d.CHECKPOINT_RESTART_RECOVERY_S.value
+    changeover_s: float = d.CHANGEOVER_S.value
+    fleetd_changeover_s: float = d.FLEETD_CHANGEOVER_S.value
+    on_demand_nodes: int | None = None  # None: the trace's time-average live nodes
+    # Baselines' periodic checkpoint interval; None: Young/Daly for the rate of the events that
+    # make each baseline roll back on this trace (the best any fixed period can do).
+    periodic_checkpoint_s: float | None = None
+    leaving_signal: bool = False  # fleetd: drained nodes report LEAVING (DESIGN.md step 4)
+    seed: int = 0
+    sources: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def deadline_mode(self) -> bool:
+        return self.job.deadline_s is not None and self.job.max_nodes == 1
+
+    def policy_names(self) -> tuple[str, ...]:
+        return DEADLINE_POLICIES if self.deadline_mode else CLUSTER_POLICIES
+
+    def fleetd_config(self) -> FleetdConfig:
+        return FleetdConfig(
+            fleet=FleetConfig(min_nodes=self.job.min_nodes, max_nodes=self.job.max_nodes),
+            capacity=CapacityConfig(
+                instance_types=(self.instance_type,), allow_on_demand=self.allow_on_demand
+            ),
+            budget=BudgetConfig(total_usd=self.budget_usd, max_usd_per_hour=self.max_usd_per_hour),
+        )
+
+    def make_policy(self, name: str) -> Policy:
+        job = self.job
+        if name == "on-demand":
+            nodes = self.on_demand_nodes or max(1, min(job.max_nodes, round(self.trace.mean_live())))
+            return OnDemandOnly(nodes if not self.deadline_mode else 1, job.periodic_checkpoint_s)
+        if name == "checkpoint-restart":
+            return CheckpointRestart(self.restart_recovery_s, self.baseline_interval_s(removals_only=True))
+        if name == "torchrun-default":
+            return TorchrunElastic(self.torchrun_reform_s, self.baseline_interval_s(removals_only=False))
+        if name == "greedy":
+            return Greedy(self.changeover_s)
+        if name == "uniform-progress":
+            return UniformProgress(self.changeover_s)
+        if name == "fleetd":
+            pool = PoolId(self.instance_type, self.trace.pools()[0] if self.trace.pools() else "trace")
+            if self.deadline_mode:
+                assert job.deadline_s is not None
+                return FleetdPolicy(
+                    self.fleetd_config(),
+                    pool,
+                    reform_s=self.reform_s,
+                    startup_s=self.fleetd_changeover_s,
+                    guard=DeadlineGuard(job.deadline_s, self.fleetd_changeover_s),
+                    leaving_signal=self.leaving_signal,
+                    tick_s=d.DEADLINE_PASS_INTERVAL_S.value,
+                )
+            return FleetdPolicy(
+                self.fleetd_config(), pool, reform_s=self.reform_s, leaving_signal=self.leaving_signal
+            )
+        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(self.all_names())}")
+
+    def baseline_interval_s(self, removals_only: bool) -> float:
+        """Checkpoint-restart rolls back on every loss, torchrun on every change."""
+        if self.periodic_checkpoint_s is not None:
+            return self.periodic_checkpoint_s
+        times = {ev.t for ev in self.trace.events if ev.t > 0 and (ev.kind == "remove" or not removals_only)}
+        if not times:
+            return self.job.periodic_checkpoint_s
+        mtbf = self.trace.duration_s / len(times)
+        return max(self.job.checkpoint_stall_s, young_daly_interval_s(self.job.checkpoint_stall_s, mtbf))
+
+    @staticmethod
+    def all_names() -> tuple[str, ...]:
+        return tuple(dict.fromkeys(CLUSTER_POLICIES + DEADLINE_POLICIES))
+
+    def horizon_s(self) -> float:
+        if self.job.deadline_s is not None:
+            # Deadline jobs may run past the trace on on-demand; stop at 3x the deadline.
+            return max(self.trace.duration_s, 3 * self.job.deadline_s)
+        return self.trace.duration_s
+
+    def run(self, name: str, sample_every_s: float = 0.0, trace: Trace | None = None) -> SimResult:
+        tr = trace or self.trace
+        return simulate(
+            tr,
+            self.make_policy(name),
+            self.job,
+            self.spot_price,
+            self.on_demand_price,
+            seed=self.seed,
+            horizon_s=max(tr.duration_s, 3 * self.job.deadline_s) if self.job.deadline_s else tr.duration_s,
+            sample_every_s=sample_every_s,
+        )
+
+
+def ideal_steps(trace: Trace, job: JobSpec) -> float:
+    """Steps a perfect elastic job (no overheads) would do using every live node up to max."""
+    total = 0.0
+    events = trace.events
+    live = 0
+    for i, ev in enumerate(events):
+        live += 1 if ev.kind == "add" else -1
+        end = events[i + 1].t if i + 1 < len(events) else trace.duration_s
+        total += job.throughput(min(live, job.max_nodes)) * max(0.0, end - ev.t)
+    return total
+
+
+def timed(fn: Callable[[], SimResult]) -> tuple[SimResult, float]:
+    t0 = time.perf_counter()
+    r = fn()
+    return r, time.perf_counter() - t0

@@ -1,0 +1,126 @@
+"""Shared pieces of the provisioning tests: moto behind the fault proxy, a test config, a clock.
+
+Clients here make exactly one attempt (``total_max_attempts=1``): an injected fault must reach
+the adapter, not be retried away by botocore.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from botocore.config import Config
+
+from fleetd.adapters.ec2 import TAG_FLEET
+from fleetd.adapters.faults import FaultProxy
+from fleetd.adapters.pricing import DEMO_PRICE_BOOK
+from fleetd.config import BudgetConfig, CapacityConfig, FleetConfig, FleetdConfig
+from fleetd.policy.model import PoolId
+
+ONE_ATTEMPT = Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=5, read_timeout=30)
+ZONES = ("us-east-1a", "us-east-1b")
+TYPES = ("g5.xlarge", "g4dn.xlarge")
+# Cheapest first in the demo price book: g4dn.xlarge@us-east-1a ($0.2206), g4dn.xlarge@us-east-1b.
+CHEAPEST = PoolId("g4dn.xlarge", "us-east-1a")
+
+
+class FakeClock:
+    """Starts at the real time (EC2 launch times are real) and only moves when told to."""
+
+    def __init__(self, start: float):
+        self.t = start
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+@dataclass
+class Cloud:
+    moto: str
+    proxy: FaultProxy
+    session: Any
+    ami: str
+    subnets: dict[str, str]  # zone -> subnet id
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def config(self, state_dir: Path, *, fleet: str = "t", nodes: int = 3, **capacity: Any) -> FleetdConfig:
+        cap = dict(
+            instance_types=TYPES,
+            zones=ZONES,
+            ami_id=self.ami,
+            subnet_ids=tuple(self.subnets[z] for z in ZONES),
+            price_book=DEMO_PRICE_BOOK,
+            capacity_error_ttl_s=120.0,
+        )
+        cap.update(capacity)
+        return FleetdConfig(
+            fleet=FleetConfig(name=fleet, min_nodes=nodes, max_nodes=nodes, state_dir=state_dir,
+                              reconcile_interval_s=0.2),
+            capacity=CapacityConfig(**cap),
+            budget=BudgetConfig(total_usd=10_000.0, max_usd_per_hour=100.0),
+        )
+
+    @contextlib.asynccontextmanager
+    async def client(self, *, direct: bool = False) -> AsyncIterator[Any]:
+        """An EC2 client through the fault proxy (``direct``: straight to moto, for checks)."""
+        url = self.moto if direct else self.proxy.url
+        async with self.session.create_client(
+            "ec2", endpoint_url=url, region_name="us-east-1", config=ONE_ATTEMPT
+        ) as c:
+            yield c
+
+    async def instances(self, fleet: str = "t", states: tuple[str, ...] = ("pending", "running")) -> list[dict]:
+        """What EC2 (moto) really holds for the fleet, bypassing the proxy."""
+        async with self.client(direct=True) as c:
+            resp = await c.describe_instances(
+                Filters=[
+                    {"Name": f"tag:{TAG_FLEET}", "Values": [fleet]},
+                    {"Name": "instance-state-name", "Values": list(states)},
+                ]
+            )
+        return [i for r in resp["Reservations"] for i in r["Instances"]]
+
+    async def terminate_directly(self, instance_id: str) -> None:
+        """As AWS does when it reclaims a spot node: fleetd is not asked."""
+        async with self.client(direct=True) as c:
+            await c.terminate_instances(InstanceIds=[instance_id])
+
+
+async def make_cloud(moto_endpoint: str, session: Any) -> Cloud:
+    async with session.create_client(
+        "ec2", endpoint_url=moto_endpoint, region_name="us-east-1", config=ONE_ATTEMPT
+    ) as c:
+        subnets = (await c.describe_subnets())["Subnets"]
+        # A name filter keeps moto from serialising its ~1,300 default images (seconds per test).
+        named = {"Name": "name", "Values": ["amzn2-ami-hvm-2.0*"]}
+        images = (await c.describe_images(Owners=["amazon"], Filters=[named]))["Images"]
+        images = images or (await c.describe_images(Owners=["amazon"]))["Images"]
+        ami = images[0]["ImageId"]
+    by_zone = {}
+    for s in subnets:
+        if s.get("DefaultForAz"):
+            by_zone[s["AvailabilityZone"]] = s["SubnetId"]
+    proxy = FaultProxy(moto_endpoint, {v: k for k, v in by_zone.items()}).start()
+    return Cloud(moto_endpoint, proxy, session, ami, by_zone)
+
+
+def pools_of(instances: list[dict]) -> list[PoolId]:
+    return sorted(PoolId(i["InstanceType"], i["Placement"]["AvailabilityZone"]) for i in instances)
+
+
+import pytest  # noqa: E402  (fixtures below are imported by the test modules that use them)
+
+
+@pytest.fixture
+async def cloud(moto_endpoint: str, aio_session: Any) -> AsyncIterator[Cloud]:
+    c = await make_cloud(moto_endpoint, aio_session)
+    try:
+        yield c
+    finally:
+        c.proxy.stop()

@@ -1,0 +1,139 @@
+"""The shared checkpoint layout (fleetd.protocol.checkpoints) and the uploader's pure parts."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+
+import pytest
+
+from agent.checkpoint_store.slots import PrioritySlots, priority
+from agent.checkpoint_store.uploader import MiB, UploadTuning, choose_part_size
+from fleetd.protocol.checkpoints import (
+    CheckpointLayout,
+    Checksum,
+    FileEntry,
+    LatestPointer,
+    Manifest,
+    WriterReceipt,
+    merge_receipts,
+    parse_latest,
+    parse_manifest,
+    parse_receipt,
+)
+from fleetd.protocol.errors import ProtocolError
+
+
+def entry(name: str, data: bytes = b"x") -> FileEntry:
+    return FileEntry(name=name, size=len(data), checksum=Checksum.sha256(hashlib.sha256(data).digest()))
+
+
+def receipt(writer: str, files: list[str], writers=("a", "b"), step: int = 7) -> WriterReceipt:
+    return WriterReceipt(
+        job="train", step=step, writer=writer, world_size=4, expected_writers=writers,
+        files=tuple(entry(f) for f in files),
+    )
+
+
+def test_keys_follow_the_documented_layout():
+    lay = CheckpointLayout("ckpt/runs", "train")
+    assert lay.file_key(12, "__0_0.distcp") == "ckpt/runs/train/step-12/__0_0.distcp"
+    assert lay.file_key(12, "sub/opt.pt") == "ckpt/runs/train/step-12/sub/opt.pt"
+    assert lay.manifest_key(12) == "ckpt/runs/train/step-12/MANIFEST.json"
+    assert lay.receipt_key(12, "i-0abc") == "ckpt/runs/train/step-12/_parts/i-0abc.json"
+    assert lay.latest_key() == "ckpt/runs/train/latest"
+    assert CheckpointLayout("", "train").step_prefix(0) == "train/step-0/"
+    assert lay.step_of_prefix("ckpt/runs/train/step-12/") == 12
+    assert lay.step_of_key("ckpt/runs/train/step-3/_parts/x.json") == 3
+    for foreign in ("ckpt/runs/train/latest", "ckpt/runs/train/step-01/x", "other/train/step-1/x",
+                    "ckpt/runs/train/step-x/a"):
+        assert lay.step_of_key(foreign) is None
+
+
+@pytest.mark.parametrize("bad", ["../escape", "/abs", "a/../b", "MANIFEST.json", "_parts/x.json", "", "a//b",
+                                 "sp ace", "a\\b"])
+def test_file_names_that_would_escape_or_collide_are_rejected(bad):
+    with pytest.raises(ValueError):
+        CheckpointLayout("p", "train").file_key(1, bad)
+
+
+def test_manifest_round_trips_and_parser_rejects_bad_objects():
+    m = Manifest(job="train", step=7, world_size=2, writers=("a",), writer="a", files=(entry("b"), entry("a")))
+    assert [f.name for f in m.files] == ["a", "b"]  # sorted, so two merges serialise alike
+    assert parse_manifest(m.to_json(), source="k", job="train", step=7) == m
+
+    raw = json.loads(m.to_json())
+    cases = {
+        b"not json": "not a valid Manifest",
+        json.dumps({**raw, "schema_version": 99}).encode(): "schema_version 99",
+        json.dumps({**raw, "surprise": 1}).encode(): "surprise",
+        json.dumps({**raw, "files": []}).encode(): "at least one file",
+        json.dumps({**raw, "files": [{**raw["files"][0], "name": "../../etc/passwd"}]}).encode(): "forbidden",
+        json.dumps({**raw, "files": [{**raw["files"][0], "checksum": {"algorithm": "sha256", "value": "zz"}}]}).encode(): "hex",
+        json.dumps({**raw, "files": [raw["files"][0], raw["files"][0]]}).encode(): "more than once",
+    }
+    for data, reason in cases.items():
+        with pytest.raises(ProtocolError, match=reason):
+            parse_manifest(data, source="s3://b/k", job="train", step=7)
+    with pytest.raises(ProtocolError, match="not train/step-8"):
+        parse_manifest(m.to_json(), source="k", job="train", step=8)
+
+
+def test_receipt_and_latest_parsers_check_job_and_step():
+    r = receipt("a", ["x"])
+    assert parse_receipt(r.to_json(), source="k", job="train", step=7) == r
+    with pytest.raises(ProtocolError):
+        parse_receipt(r.to_json(), source="k", job="other", step=7)
+    p = LatestPointer(job="train", step=3, writer="a")
+    assert parse_latest(p.to_json(), source="k", job="train").step == 3
+    with pytest.raises(ProtocolError):
+        parse_latest(b'{"kind": "checkpoint-latest"}', source="k", job="train")
+
+
+def test_merge_needs_every_expected_writer_and_distinct_files():
+    a, b = receipt("a", ["__0_0.distcp", ".metadata"]), receipt("b", ["__1_0.distcp"])
+    with pytest.raises(ProtocolError, match=r"missing from writers \['b'\]"):
+        merge_receipts([a], job="train", step=7, merged_by="a")
+    m1 = merge_receipts([a, b], job="train", step=7, merged_by="a")
+    m2 = merge_receipts([b, a], job="train", step=7, merged_by="b")
+    assert m1.writers == ("a", "b") and len(m1.files) == 3
+    assert m1.same_content(m2) and m1.writer != m2.writer
+    clash = receipt("b", ["__0_0.distcp"])
+    with pytest.raises(ProtocolError, match="more than once"):
+        merge_receipts([a, clash], job="train", step=7, merged_by="a")
+
+
+def test_part_size_is_chosen_for_throughput_and_s3_limits():
+    t = UploadTuning(concurrency=8)
+    assert choose_part_size(1 << 30, t) == 16 * MiB  # 64 parts: 8 slots stay busy
+    assert choose_part_size(40 * MiB, t) == 8 * MiB  # never below the per-request sweet spot
+    assert choose_part_size(200 << 30, t) >= (200 << 30) / 10_000  # S3's 10,000-part limit
+    assert choose_part_size(40 * MiB, UploadTuning(part_size=5 * MiB)) == 5 * MiB
+    with pytest.raises(ValueError):
+        UploadTuning(part_size=1 * MiB)
+
+
+async def test_free_slots_go_to_the_urgent_then_newest_upload_first():
+    slots = PrioritySlots(1)
+    order: list[str] = []
+    gate = asyncio.Event()
+
+    async def take(name: str, prio) -> None:
+        async with slots.slot(prio):
+            order.append(name)
+            await gate.wait()
+
+    holder = asyncio.create_task(take("holder", priority(1, False)))
+    await asyncio.sleep(0)
+    waiters = [
+        asyncio.create_task(take("old", priority(5, False))),
+        asyncio.create_task(take("new", priority(9, False))),
+        asyncio.create_task(take("notice", priority(9, True))),
+    ]
+    cancelled = asyncio.create_task(take("cancelled", priority(99, True)))
+    await asyncio.sleep(0.01)
+    cancelled.cancel()
+    gate.set()
+    await asyncio.gather(holder, *waiters)
+    assert order == ["holder", "notice", "new", "old"]

@@ -1,0 +1,317 @@
+"""deploy/iam: every EC2/SQS/S3 call the code makes is allowed, and nothing much beyond it.
+
+The calls are found statically: every ``<client>.<snake_method>(`` whose name is an operation of the
+EC2, S3 or SQS service model (botocore's own list), and every ``get_paginator("<op>")``. Controller
+code is fleetd/** (minus the local demo) plus any agent module it imports; node code is agent/**.
+A small evaluator then checks each action (and, for S3, the resource and condition keys) against
+the policy JSON, so a new call without a policy change fails here, not in production.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import botocore.session
+import pytest
+from botocore import xform_name
+
+from fleetd.adapters import ec2 as ec2_adapter
+from fleetd.protocol.checkpoints import CheckpointLayout
+from fleetd.protocol.settings import CheckpointConfig, JobConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+IAM = ROOT / "deploy" / "iam"
+SERVICES = ("ec2", "s3", "sqs")
+NOT_PRODUCTION = ("fleetd/demo/", "fleetd/commands/demo.py")
+
+# IAM authorises these API operations under another action name.
+IAM_ACTION_OF = {
+    "sqs:DeleteMessageBatch": ("sqs:DeleteMessage",),
+    "sqs:ChangeMessageVisibilityBatch": ("sqs:ChangeMessageVisibility",),
+    "sqs:SendMessageBatch": ("sqs:SendMessage",),
+    "s3:HeadObject": ("s3:GetObject",),
+    "s3:HeadBucket": ("s3:ListBucket",),
+    "s3:ListObjectsV2": ("s3:ListBucket",),
+    "s3:ListObjects": ("s3:ListBucket",),
+    "s3:DeleteObjects": ("s3:DeleteObject",),
+    "s3:CreateMultipartUpload": ("s3:PutObject",),
+    "s3:UploadPart": ("s3:PutObject",),
+    "s3:CompleteMultipartUpload": ("s3:PutObject",),
+    "s3:CopyObject": ("s3:GetObject", "s3:PutObject"),
+    "s3:UploadPartCopy": ("s3:GetObject", "s3:PutObject"),
+    "s3:ListMultipartUploads": ("s3:ListBucketMultipartUploads",),
+    "s3:ListParts": ("s3:ListMultipartUploadParts",),
+}
+# What one API call needs besides its own action (CreateFleet launches and tags instances with the
+# template's instance profile).
+IMPLIED = {
+    "ec2:CreateFleet": ("ec2:RunInstances", "ec2:CreateTags", "iam:PassRole"),
+    "ec2:RunInstances": ("ec2:CreateTags", "iam:PassRole"),
+}
+# Calls that exist only for moto/the local demo, never in production: with the reason.
+NOT_GRANTED_ON_PURPOSE = {
+    "s3:CreateBucket": "S3Bucket.ensure_bucket (demo and tests); operators create the bucket",
+}
+BUCKET_ACTIONS = {"s3:ListBucket", "s3:ListBucketMultipartUploads", "s3:CreateBucket"}
+
+
+# ------------------------------------------------------------------ static call extraction
+def _operations() -> dict[str, dict[str, str]]:
+    session = botocore.session.get_session()
+    return {
+        svc: {xform_name(op): op for op in session.get_service_model(svc).operation_names}
+        for svc in SERVICES
+    }
+
+
+OPERATIONS = _operations()
+
+
+@dataclass(frozen=True)
+class Call:
+    action: str  # "ec2:DescribeInstances"
+    where: str  # "fleetd/adapters/ec2.py:123"
+
+
+def _services_of(tree: ast.AST) -> tuple[str, ...]:
+    """Services a file creates clients for; files handed a client (no create_client) could hold any."""
+    created = {
+        node.args[0].value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "create_client" and node.args
+        and isinstance(node.args[0], ast.Constant) and node.args[0].value in SERVICES
+    }
+    return tuple(sorted(created)) or SERVICES
+
+
+def calls_in(path: Path) -> list[Call]:
+    tree = ast.parse(path.read_text(), str(path))
+    services = _services_of(tree)
+    rel = path.relative_to(ROOT).as_posix()
+    out = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        name = node.func.attr
+        if name == "get_paginator" and node.args and isinstance(node.args[0], ast.Constant):
+            name = node.args[0].value
+        for svc in services:
+            op = OPERATIONS[svc].get(name)
+            if op is not None:
+                out.append(Call(f"{svc}:{op}", f"{rel}:{node.lineno}"))
+    return out
+
+
+def _modules_imported(tree: ast.AST) -> set[str]:
+    mods = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            mods.add(node.module)
+        elif isinstance(node, ast.Import):
+            mods.update(a.name for a in node.names)
+    return mods
+
+
+def controller_files() -> list[Path]:
+    files = [
+        p for p in sorted((ROOT / "fleetd").rglob("*.py"))
+        if not p.relative_to(ROOT).as_posix().startswith(NOT_PRODUCTION)
+    ]
+    # Agent code the controller imports runs with the controller's role.
+    imported = set()
+    for p in files:
+        imported |= {m for m in _modules_imported(ast.parse(p.read_text())) if m.startswith("agent.")}
+    for mod in sorted(imported):
+        base = ROOT / Path(*mod.split("."))
+        files += [base.with_suffix(".py")] if base.with_suffix(".py").exists() else sorted(base.rglob("*.py"))
+    return files
+
+
+def node_files() -> list[Path]:
+    return sorted((ROOT / "agent").rglob("*.py"))
+
+
+def all_calls(files: Iterable[Path]) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for path in files:
+        for call in calls_in(path):
+            found.setdefault(call.action, []).append(call.where)
+    return found
+
+
+def iam_actions(api_action: str) -> tuple[str, ...]:
+    own = IAM_ACTION_OF.get(api_action, (api_action,))
+    return (*own, *IMPLIED.get(api_action, ()))
+
+
+# ------------------------------------------------------------------ a small policy evaluator
+def load(name: str) -> dict:
+    return json.loads((IAM / name).read_text())
+
+
+def _listify(v) -> list:
+    return v if isinstance(v, list) else [v]
+
+
+def _condition_holds(op: str, key: str, expected, context: dict[str, list[str]]) -> bool:
+    expected = [str(e) for e in _listify(expected)]
+    present = key in context
+    values = context.get(key, [])
+    if op == "Null":
+        return (not present) == (expected[0] == "true")
+    if op.startswith("ForAllValues:"):
+        inner = op.split(":", 1)[1]
+        return all(_condition_holds(inner, key, expected, {key: [v]}) for v in values)
+    if not present:
+        return False
+    if op in ("StringEquals", "ArnEquals"):
+        return any(v in expected for v in values)
+    if op in ("StringLike", "ArnLike"):
+        return any(fnmatch.fnmatchcase(v, e) for v in values for e in expected)
+    raise AssertionError(f"evaluator does not know condition operator {op}")
+
+
+def _statement_applies(st: dict, action: str, resource: str | None, context: dict | None) -> bool:
+    if not any(fnmatch.fnmatch(action.lower(), a.lower()) for a in _listify(st["Action"])):
+        return False
+    if resource is not None and not any(fnmatch.fnmatchcase(resource, r) for r in _listify(st["Resource"])):
+        return False
+    if context is not None:
+        for op, clauses in st.get("Condition", {}).items():
+            if not all(_condition_holds(op, k, v, context) for k, v in clauses.items()):
+                return False
+    return True
+
+
+def allowed(policy: dict, action: str, resource: str | None = None, context: dict | None = None) -> bool:
+    """IAM's rule: an explicit Deny wins, else any matching Allow. ``resource``/``context`` None:
+    judge the action alone (some statement could allow it)."""
+    stmts = [s for s in policy["Statement"] if _statement_applies(s, action, resource, context)]
+    return any(s["Effect"] == "Allow" for s in stmts) and not any(s["Effect"] == "Deny" for s in stmts)
+
+
+# ------------------------------------------------------------------ tests
+@pytest.mark.parametrize("name", ["controller-policy.json", "node-policy.json"])
+def test_policies_parse_and_are_least_privilege_shaped(name):
+    policy = load(name)
+    assert policy["Version"] == "2012-10-17"
+    sids = [s["Sid"] for s in policy["Statement"]]
+    assert len(sids) == len(set(sids))
+    for st in policy["Statement"]:
+        assert st["Effect"] == "Allow" and st["Action"] and st["Resource"]
+        for action in _listify(st["Action"]):
+            service, _, verb = action.partition(":")
+            assert verb not in ("*", "") and service in ("ec2", "s3", "sqs", "iam"), action
+            if verb.endswith("*"):
+                assert verb == "Describe*" and service == "ec2", f"{action}: wildcards only for read-only Describe*"
+
+
+def test_extractor_finds_the_calls_we_know_about():
+    """Guards against a vacuous pass: the extractor must see the adapters' known calls."""
+    controller = all_calls(controller_files())
+    node = all_calls(node_files())
+    for action in ("ec2:CreateFleet", "ec2:TerminateInstances", "ec2:DescribeInstances",
+                   "ec2:DescribeSpotPriceHistory", "sqs:ReceiveMessage"):
+        assert action in controller, (action, sorted(controller))
+    for action in ("s3:PutObject", "s3:GetObject", "s3:CompleteMultipartUpload", "s3:ListObjectsV2"):
+        assert action in node, (action, sorted(node))
+
+
+def test_every_controller_call_is_allowed_by_the_controller_policy():
+    policy = load("controller-policy.json")
+    missing = {
+        needed: where
+        for action, where in all_calls(controller_files()).items()
+        for needed in iam_actions(action)
+        if needed not in NOT_GRANTED_ON_PURPOSE and not allowed(policy, needed)
+    }
+    assert not missing, f"controller-policy.json lacks: {missing}"
+
+
+def test_every_node_call_is_allowed_on_the_checkpoint_prefix_only():
+    policy = load("node-policy.json")
+    cfg, job = CheckpointConfig(), JobConfig()
+    layout = CheckpointLayout(cfg.prefix, job.name)
+    bucket_arn = f"arn:aws:s3:::{cfg.bucket}"
+    object_arn = f"{bucket_arn}/{layout.manifest_key(7)}"
+    list_context = {"s3:prefix": [layout.job_prefix]}
+    calls = all_calls(node_files())
+    assert not [a for a in calls if not a.startswith("s3:")], "nodes call only S3"
+    problems = []
+    for action, where in calls.items():
+        for needed in iam_actions(action):
+            if needed in NOT_GRANTED_ON_PURPOSE:
+                continue
+            resource = bucket_arn if needed in BUCKET_ACTIONS else object_arn
+            if not allowed(policy, needed, resource, list_context):
+                problems.append((needed, where))
+            if needed not in BUCKET_ACTIONS:
+                # ... and the same action outside the prefix is not allowed.
+                assert not allowed(policy, needed, f"{bucket_arn}/other-team/x", list_context), needed
+                assert not allowed(policy, needed, f"arn:aws:s3:::another-bucket/{layout.manifest_key(7)}", {})
+    assert not problems, f"node-policy.json lacks: {problems}"
+    assert not allowed(policy, "s3:ListBucket", bucket_arn, {"s3:prefix": ["other-team/"]})
+    assert not allowed(policy, "s3:ListBucket", bucket_arn, {})  # listing the whole bucket
+
+
+def test_calls_left_ungranted_run_only_outside_production():
+    for action, reason in NOT_GRANTED_ON_PURPOSE.items():
+        assert not allowed(load("node-policy.json"), action) and not allowed(load("controller-policy.json"), action)
+    # ensure_bucket (the CreateBucket caller) is called only by its own wrapper and the demo.
+    callers = [
+        f"{p.relative_to(ROOT)}:{n.lineno}"
+        for p in [*controller_files(), *node_files()]
+        for n in ast.walk(ast.parse(p.read_text()))
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "ensure_bucket"
+    ]
+    assert all(c.startswith("agent/checkpoint_store/store.py") for c in callers), callers
+
+
+def test_launches_are_allowed_only_with_the_fleet_tag_and_terminations_only_of_tagged_instances():
+    policy = load("controller-policy.json")
+    tag = ec2_adapter.TAG_FLEET
+    assert tag == "fleetd:fleet"
+    instance = "arn:aws:ec2:us-east-1:123456789012:instance/i-0123456789abcdef0"
+    tagged_request = {f"aws:RequestTag/{tag}": ["prod"], "aws:TagKeys": [tag]}
+    assert allowed(policy, "ec2:RunInstances", instance, tagged_request)
+    assert allowed(policy, "ec2:CreateFleet", "arn:aws:ec2:us-east-1:123456789012:fleet/fleet-1", tagged_request)
+    assert not allowed(policy, "ec2:RunInstances", instance, {})
+    assert allowed(policy, "ec2:TerminateInstances", instance, {f"aws:ResourceTag/{tag}": ["prod"]})
+    assert not allowed(policy, "ec2:TerminateInstances", instance, {"aws:ResourceTag/Name": ["db"]})
+    # Tags: while creating, or the pool tag on fleet instances; never retagging foreign instances.
+    assert allowed(policy, "ec2:CreateTags", instance, {"ec2:CreateAction": ["CreateFleet"]})
+    assert allowed(policy, "ec2:CreateTags", instance,
+                   {f"aws:ResourceTag/{tag}": ["prod"], "aws:TagKeys": [ec2_adapter.TAG_POOL]})
+    assert not allowed(policy, "ec2:CreateTags", instance, {"aws:TagKeys": [tag]})
+    assert not allowed(policy, "ec2:CreateTags", instance,
+                       {f"aws:ResourceTag/{tag}": ["prod"], "aws:TagKeys": [tag]})
+    node_role = "arn:aws:iam::123456789012:role/fleetd-node"
+    assert allowed(policy, "iam:PassRole", node_role, {"iam:PassedToService": ["ec2.amazonaws.com"]})
+    assert not allowed(policy, "iam:PassRole", "arn:aws:iam::123456789012:role/admin",
+                       {"iam:PassedToService": ["ec2.amazonaws.com"]})
+    assert not allowed(policy, "iam:PassRole", node_role, {"iam:PassedToService": ["lambda.amazonaws.com"]})
+
+
+def test_the_adapters_create_fleet_request_tags_what_the_policy_requires():
+    """CreateFleet with the adapter's real request: every resource it tags at creation carries the
+    fleet tag, which is what LaunchOnlyFleetTaggedInstances demands."""
+    from fleetd.adapters.launch_template import TemplateRef
+    from fleetd.policy.model import Market, PoolId
+
+    api = ec2_adapter.AioEc2(None, fleet="prod", job="train", template=TemplateRef("lt-1", "$Default"))
+    spec = ec2_adapter.LaunchSpec(token="t", count=2, market=Market.SPOT, pools=(PoolId("g5.xlarge", "us-east-1a"),))
+    request = api.create_fleet_request(spec)
+    policy = load("controller-policy.json")
+    for ts in request["TagSpecifications"]:
+        tags = {t["Key"]: t["Value"] for t in ts["Tags"]}
+        assert tags[ec2_adapter.TAG_FLEET] == "prod"
+        context = {f"aws:RequestTag/{k}": [v] for k, v in tags.items()} | {"aws:TagKeys": list(tags)}
+        resource = f"arn:aws:ec2:us-east-1:123456789012:{ts['ResourceType']}/x-1"
+        assert allowed(policy, "ec2:CreateFleet", resource, context), ts["ResourceType"]
+        assert allowed(policy, "ec2:CreateTags", resource, {"ec2:CreateAction": ["CreateFleet"]})

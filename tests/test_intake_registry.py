@@ -1,0 +1,77 @@
+"""The node registry merges both intakes' events and feeds the planner's Node observations."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from fleetd.intake.events import (
+    AgentStatus,
+    AgentTelemetry,
+    InstanceStateChanged,
+    InterruptionNotice,
+    RebalanceRecommended,
+    from_message,
+)
+from fleetd.intake.registry import NodeRegistry
+from fleetd.policy.lifecycle import assess
+from fleetd.policy.model import Market, Node, PoolId
+from fleetd.protocol.messages import Status, Telemetry
+
+IID = "i-0123456789abcdef0"
+
+
+def node(**kw) -> Node:
+    return Node(IID, PoolId("g5.xlarge", "us-east-1a"), Market.SPOT, 0.4, launched_at=0.0, **kw)
+
+
+def status(state: str) -> Status:
+    return Status(instance_id=IID, state=state)
+
+
+def test_duplicates_are_dropped_and_urgent_events_wake_the_loop() -> None:
+    wakes: list[int] = []
+    reg = NodeRegistry(wake=lambda: wakes.append(1))
+    notice = InterruptionNotice(IID, "terminate", 1120.0, "imds", received_at=1000.0, dedup_key="m1")
+    assert reg.apply(notice) is True
+    assert reg.apply(notice) is False  # QoS 1 redelivery
+    tele = from_message(Telemetry(instance_id=IID, step=3), 1001.0)
+    assert reg.apply(tele) and reg.apply(tele)  # telemetry is never de-duplicated (QoS 0)
+    assert reg.stats.duplicates == 1 and len(wakes) == 1  # telemetry does not wake the loop
+
+
+def test_two_sources_merge_into_one_notice_with_both_sources() -> None:
+    reg = NodeRegistry()
+    reg.apply(InterruptionNotice(IID, "terminate", 1130.0, "eventbridge", received_at=1005.0, dedup_key="eb:1"))
+    reg.apply(InterruptionNotice(IID, "terminate", 1121.0, "imds", received_at=1001.0, dedup_key="m1"))
+    rec = reg.record(IID)
+    assert rec.notice_sources == {"imds", "eventbridge"}
+    assert rec.notice_at == 1005.0  # first seen
+    assert rec.notice_deadline == 1121.0  # earliest deadline wins
+    assert rec.last_seen_at == 1001.0  # only the agent's own message says it is alive
+
+
+def test_observe_folds_intake_facts_into_the_planner_node() -> None:
+    reg = NodeRegistry()
+    reg.apply(AgentStatus(IID, status("training"), received_at=900.0, dedup_key="s1"))
+    reg.apply(AgentTelemetry(IID, Telemetry(instance_id=IID, step=50, steps_per_s=4.0), received_at=950.0))
+    reg.apply(RebalanceRecommended(IID, 940.0, "eventbridge", received_at=940.0, dedup_key="eb:2"))
+    observed = reg.observe(node())
+    assert observed.last_seen_at == 950.0 and observed.step == 50 and observed.steps_per_s == 4.0
+    assert observed.rebalance_at == 940.0 and observed.notice_at is None
+    # An EC2 event is news DescribeInstances may not show yet: the further state wins.
+    reg.apply(InstanceStateChanged(IID, "shutting-down", received_at=960.0, dedup_key="eb:3"))
+    assert reg.observe(node(ec2_state="running")).ec2_state == "shutting-down"
+    assert reg.observe(node(ec2_state="terminated")).ec2_state == "terminated"
+    assert reg.observe(Node("i-unknown", PoolId("a", "b"), Market.SPOT, 1.0, 0.0)).last_seen_at is None
+
+
+def test_registry_feeds_the_two_signal_rule() -> None:
+    reg = NodeRegistry()
+    reg.apply(AgentStatus(IID, status("training"), received_at=1000.0, dedup_key="s1"))
+    reg.apply(InterruptionNotice(IID, "terminate", 1120.0, "eventbridge", received_at=1001.0, dedup_key="eb:1"))
+    one = assess(reg.observe(node()), now=1002.0, silence_s=30.0)
+    assert not one.lost  # a notice alone: the node is draining, not lost
+    # The last will arrives (status offline): a second, independent signal.
+    reg.apply(from_message(Status(instance_id=IID, state="offline", sent_at=datetime.now(UTC)), 1003.0))
+    two = assess(reg.observe(node()), now=1004.0, silence_s=30.0)
+    assert two.lost and len(two.signals) == 2

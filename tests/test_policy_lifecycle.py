@@ -1,0 +1,82 @@
+"""Two-signal rule (issue 5): lost only on a terminal EC2 state or two independent signals."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetd.policy.lifecycle import Signal, assess
+from fleetd.policy.model import NodePhase, Terminate
+from fleetd.policy.observation import Observation
+from fleetd.policy.planner import plan
+from fleetd.policy.model import Launch
+from tests.policy_fixtures import A, B, NOW, config, node, offer
+
+SILENCE_S = 30.0
+QUIET = NOW - 120  # last heard 120 s ago: more than SILENCE_S
+
+
+@pytest.mark.parametrize(
+    ("case", "fields", "lost", "signals", "reason"),
+    [
+        ("terminal EC2 state alone", {"ec2_state": "terminated"}, True, (), "EC2 reports it terminated"),
+        ("shutting-down alone", {"ec2_state": "shutting-down"}, True, (), "EC2 reports it shutting-down"),
+        (
+            "notice + silence",
+            {"notice_at": NOW - 60, "seen": QUIET},
+            True,
+            (Signal.NOTICE, Signal.SILENCE),
+            "two signals (interruption notice + telemetry silence)",
+        ),
+        (
+            "state change + last will",
+            {"ec2_state": "stopping", "agent_offline_at": NOW - 5, "seen": NOW - 10},
+            True,
+            (Signal.LAST_WILL, Signal.STATE_CHANGE),
+            "two signals (agent offline (last will) + EC2 state change)",
+        ),
+        ("missed heartbeat alone", {"seen": QUIET}, False, (Signal.SILENCE,), "not lost until a second"),
+        ("notice alone", {"notice_at": NOW - 60}, False, (Signal.NOTICE,), "not lost until a second"),
+        (
+            "last will alone",
+            {"agent_offline_at": NOW - 5, "seen": NOW - 6},
+            False,
+            (Signal.LAST_WILL,),
+            "not lost until a second",
+        ),
+        (
+            "offline then back online is no signal",
+            {"agent_offline_at": NOW - 50, "seen": NOW - 2},
+            False,
+            (),
+            "is healthy",
+        ),
+        ("booting node is not silent", {"seen": None, "phase": NodePhase.PENDING}, False, (), "is healthy"),
+    ],
+)
+def test_two_signal_rule(case, fields, lost, signals, reason) -> None:
+    verdict = assess(node("i-1", **fields), NOW, SILENCE_S)
+    assert verdict.lost is lost, case
+    assert verdict.signals == signals, case
+    assert reason in verdict.reason, case
+
+
+def _plan_for(n):
+    cfg = config(fleet={"min_nodes": 1, "max_nodes": 1}, rebalance={"silence_s": SILENCE_S})
+    obs = Observation(nodes=(n,), offers=(offer(A, 0.4), offer(B, 0.5)), target_nodes=1, last_scaling_at=NOW)
+    return plan(obs, cfg, NOW)
+
+
+def test_planner_terminates_and_replaces_a_node_lost_by_two_signals() -> None:
+    result = _plan_for(node("i-1", notice_at=NOW - 60, seen=QUIET, notice_deadline=NOW + 60))
+    (term,) = result.of_type(Terminate)
+    assert term.instance_id == "i-1"
+    assert "lost: two signals" in term.reason and "stops billing" in term.reason
+    (launch,) = result.of_type(Launch)
+    # The replacement avoids the pool that is interrupting now.
+    assert launch.count == 1 and launch.pools == (B,)
+
+
+def test_planner_never_recovers_on_a_missed_heartbeat_alone() -> None:
+    result = _plan_for(node("i-1", seen=QUIET))
+    assert result.actions == ()
+    assert any("no action" in n for n in result.notes)

@@ -1,0 +1,98 @@
+"""`fleetd run`: the daemon's TaskGroup, its components, shutdown, and --dry-run."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+from fleetd.config import AwsConfig
+from fleetd.daemon import DaemonContext, Plugins, run_daemon
+from fleetd.policy.planner import plan
+from tests.reconcile_support import Cloud, cloud  # noqa: F401
+from tests.test_reconcile_crash import log_events, write_config
+
+
+def daemon_config(cloud: Cloud, tmp_path: Path):
+    cfg = cloud.config(tmp_path / "state")
+    return cfg.model_copy(update={"aws": AwsConfig(endpoint_url=cloud.proxy.url)})
+
+
+async def test_components_run_beside_the_loop_and_can_wake_it(cloud: Cloud, tmp_path: Path) -> None:
+    cfg = daemon_config(cloud, tmp_path)
+    cfg = cfg.model_copy(update={"fleet": dataclasses.replace(cfg.fleet) if False else cfg.fleet.model_copy(
+        update={"reconcile_interval_s": 3600.0})})
+    ctx = DaemonContext(cfg)
+    seen: list[int] = []
+
+    async def intake(c: DaemonContext) -> None:
+        # Waits for the first pass, then wakes the loop the way an urgent notice would.
+        while c.last_report is None:
+            await asyncio.sleep(0.05)
+        seen.append(1)
+        c.wake_loop()
+        while True:
+            await asyncio.sleep(3600)
+
+    # Two passes with an hour between them: only the wake-up makes the second one happen now.
+    status = await asyncio.wait_for(
+        run_daemon(cfg, planner=plan, plugins=Plugins(components=[intake]), passes=2, ctx=ctx), 60
+    )
+    assert status == 0 and seen == [1]
+    assert len(await cloud.instances()) == 3
+
+
+async def test_a_component_that_ignores_cancellation_cannot_hold_shutdown(cloud: Cloud, tmp_path: Path) -> None:
+    cfg = daemon_config(cloud, tmp_path)
+    ctx = DaemonContext(cfg)
+
+    async def stubborn(c: DaemonContext) -> None:
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                continue  # misbehaves on purpose
+
+    task = asyncio.create_task(
+        run_daemon(cfg, planner=plan, plugins=Plugins(components=[stubborn]), ctx=ctx, shutdown_timeout_s=1.0)
+    )
+    while ctx.last_report is None:
+        await asyncio.sleep(0.05)
+    ctx.stopping.set()  # what SIGTERM does
+    assert await asyncio.wait_for(task, 30) == 1  # bounded: gave up after 1 s, reported failure
+
+
+async def test_a_crashing_component_ends_the_daemon_with_failure(cloud: Cloud, tmp_path: Path) -> None:
+    cfg = daemon_config(cloud, tmp_path)
+
+    async def broken(c: DaemonContext) -> None:
+        raise RuntimeError("component bug")
+
+    assert await asyncio.wait_for(run_daemon(cfg, planner=plan, plugins=Plugins(components=[broken])), 30) == 1
+
+
+async def test_dry_run_plans_and_logs_without_side_effects(cloud: Cloud, tmp_path: Path) -> None:
+    config = write_config(cloud, tmp_path)
+    log = tmp_path / "dry.log"
+    proc = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "fleetd.cli", "run", "--config", str(config), "--dry-run", "--passes", "2"],
+        stdout=log.open("w"), stderr=subprocess.STDOUT, timeout=60,
+    )
+    assert proc.returncode == 0, log.read_text()
+    assert "action" in log_events(log) and '"outcome": "dry-run"' in log.read_text()
+    assert not cloud.proxy.calls_of("CreateFleet") and not cloud.proxy.calls_of("CreateLaunchTemplate")
+    assert not await cloud.instances()
+    assert not (tmp_path / "state" / "fleetd.db").exists()
+
+
+async def test_bad_config_is_one_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[fleet]\nmin_nodes = 5\nmax_nodes = 2\n[capacity]\ninstance_types = ['g5.xlarge']\n")
+    proc = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "fleetd.cli", "run", "--config", str(bad)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2 and "min_nodes" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,125 @@
+"""The simulator's headline comparisons, run end to end through the CLI and the scenario API.
+
+- `fleetd simulate` on the Bamboo p3 trace: one JSON object per policy; fleetd's planner gets a
+  higher effective time than checkpoint-restart and torchrun's defaults.
+- Can't Be Late's qualitative result on synthetic single-node traces over 200 random start
+  offsets: Uniform Progress cheaper than greedy, no deadline misses; fleetd's policy (through
+  the real planner) meets every deadline and costs no more than Uniform Progress.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from fleetd.cli import main
+from fleetd.sim.job import JobSpec
+from fleetd.sim.scenario import Scenario
+from fleetd.sim.traces import SyntheticPool, synthetic_trace
+
+P3 = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "oobleck-bamboo" / "p3-trace.csv"
+REQUIRED = {"policy", "cost_usd", "on_demand_cost_usd", "effective_time", "steps_lost", "completed", "deadline_met"}
+
+
+@pytest.fixture(scope="module")
+def p3_results() -> dict[str, dict]:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["simulate", "--trace", str(P3), "--policy", "all", "--json"]) == 0
+    return {r["policy"]: r for r in json.loads(out.getvalue())}
+
+
+def test_simulate_p3_reports_every_policy_with_the_required_fields(p3_results):
+    assert set(p3_results) == {"on-demand", "checkpoint-restart", "torchrun-default", "fleetd"}
+    for r in p3_results.values():
+        assert REQUIRED <= set(r)
+        assert 0 < r["effective_time"] <= 1
+        assert r["deadline_met"] is None  # no deadline given
+
+
+def test_fleetd_beats_both_baselines_on_p3(p3_results):
+    fleetd = p3_results["fleetd"]
+    assert fleetd["completed"]
+    assert fleetd["effective_time"] > p3_results["checkpoint-restart"]["effective_time"]
+    assert fleetd["effective_time"] > p3_results["torchrun-default"]["effective_time"]
+    assert fleetd["cost_usd"] < 0.5 * p3_results["on-demand"]["cost_usd"]
+    # Baselines roll back on losses; fleetd only on the unannounced ones.
+    assert fleetd["losses_without_notice"] > 0
+    assert p3_results["on-demand"]["effective_time"] > 0.99
+
+
+def test_simulate_table_names_the_sources_of_its_inputs(capsys):
+    assert main(["simulate", "--trace", "p3", "--policy", "torchrun-default"]) == 0
+    out = capsys.readouterr().out
+    assert "torchrun-default" in out and "effective" in out
+    assert "DESIGN.md" in out and "Spot Advisor" in out and "Young/Daly" in out
+
+
+def test_simulate_rejects_unknown_policy_and_missing_trace(capsys):
+    assert main(["simulate", "--trace", "p3", "--policy", "psychic"]) == 2
+    assert "unknown policy" in capsys.readouterr().err
+    assert main(["simulate", "--trace", "/nonexistent/trace.csv"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_simulate_json_trace_with_value_meaning(tmp_path, capsys):
+    trace = tmp_path / "avail.json"
+    # 1 = preempted: available for 30 h, then 6 h gone, then back.
+    trace.write_text(json.dumps({"metadata": {"gap_seconds": 3600}, "data": [0] * 30 + [1] * 6 + [0] * 60}))
+    args = ["simulate", "--trace", str(trace), "--trace-values", "preempted", "--max-nodes", "1",
+            "--deadline-h", "40", "--work-node-hours", "32", "--spot-price", "1", "--on-demand-price", "3", "--json"]
+    assert main(args) == 0
+    res = {r["policy"]: r for r in json.loads(capsys.readouterr().out)}
+    assert set(res) == {"on-demand", "greedy", "uniform-progress", "fleetd"}
+    assert all(r["deadline_met"] for r in res.values())
+    assert res["on-demand"]["cost_usd"] == pytest.approx(32 * 3.0, rel=1e-3)
+    assert res["greedy"]["cost_usd"] < res["on-demand"]["cost_usd"]
+
+
+# --- Can't Be Late (NSDI'24), tight deadline: 48 h of work due in 52 h --------------------------
+OFFSETS = 200
+
+
+@pytest.fixture(scope="module")
+def deadline_runs():
+    # Single-node spot availability: interruptions ~0.1/h, outages ~3 h (about 77 % available).
+    trace = synthetic_trace([SyntheticPool("us-east-1a", 1, 0.1, 3 * 3600.0, 1.0)], 90 * 86400.0, seed=11)
+    job = JobSpec(total_steps=48 * 3600.0, deadline_s=52 * 3600.0, checkpoint_stall_s=0.0, no_notice_share=0.0)
+    sc = Scenario(trace, job, "p3.2xlarge", spot_price=0.612, on_demand_price=3.06)
+    same_d = replace(sc, changeover_s=sc.fleetd_changeover_s)
+    rng = random.Random(5)
+    runs: dict[str, list] = {}
+    for _ in range(OFFSETS):
+        window = trace.window(rng.uniform(0, trace.duration_s - 3 * job.deadline_s))
+        for name in sc.policy_names():
+            runs.setdefault(name, []).append(sc.run(name, trace=window))
+        runs.setdefault("uniform-progress-same-d", []).append(same_d.run("uniform-progress", trace=window))
+    return runs
+
+
+def _mean_cost(runs) -> float:
+    return statistics.fmean(r.cost_usd for r in runs)
+
+
+def test_uniform_progress_is_cheaper_than_greedy_and_nobody_is_late(deadline_runs):
+    assert all(len(v) == OFFSETS for v in deadline_runs.values())
+    for name in ("on-demand", "greedy", "uniform-progress"):
+        assert all(r.deadline_met for r in deadline_runs[name]), name
+    assert _mean_cost(deadline_runs["uniform-progress"]) < _mean_cost(deadline_runs["greedy"])
+    assert _mean_cost(deadline_runs["greedy"]) < _mean_cost(deadline_runs["on-demand"])
+
+
+def test_fleetd_meets_every_deadline_and_costs_no_more_than_uniform_progress(deadline_runs):
+    fleetd = deadline_runs["fleetd"]
+    assert all(r.deadline_met for r in fleetd)
+    assert _mean_cost(fleetd) <= _mean_cost(deadline_runs["uniform-progress"])
+    # Also against Uniform Progress given fleetd's smaller changeover overhead.
+    assert _mean_cost(fleetd) <= _mean_cost(deadline_runs["uniform-progress-same-d"])

@@ -1,0 +1,157 @@
+"""The three systemd units: `systemd-analyze verify` clean, notify+watchdog, hardening, stop bounds.
+
+verify checks that every ExecStart binary exists and is executable, so the units (which point at the
+production venv, /opt/fleetd/venv/bin) are copied with that prefix rewritten to this checkout's venv,
+where `fleetd` and `fleet-agent` are installed. It needs no systemd as PID 1 (works in a container).
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from agent.config import NodeConfig
+from fleetd.cli import COMMANDS
+
+ROOT = Path(__file__).resolve().parent.parent
+UNITS = ("fleetd.service", "fleetd-rendezvous.service", "fleet-agent.service")
+PROD_BIN = "/opt/fleetd/venv/bin/"
+VENV_BIN = str(Path(sys.executable).parent) + "/"
+INSTALL_HINT = "systemd-analyze missing: `apt-get install -y systemd` (scripts/setup.sh does it)"
+
+
+def systemd_analyze() -> str:
+    exe = shutil.which("systemd-analyze") or "/usr/bin/systemd-analyze"
+    if not Path(exe).exists():
+        raise RuntimeError(INSTALL_HINT)
+    return exe
+
+
+def parse_unit(text: str) -> dict[str, dict[str, list[str]]]:
+    """Section -> key -> values (keys such as SystemCallFilter may repeat)."""
+    out: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    section = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("["):
+            section = line.strip("[]")
+            continue
+        key, value = line.split("=", 1)
+        out[section][key.strip()].append(value.strip())
+    return out
+
+
+def unit(name: str) -> dict[str, dict[str, list[str]]]:
+    return parse_unit((ROOT / "systemd" / name).read_text())
+
+
+def service(name: str) -> dict[str, str]:
+    return {k: v[-1] for k, v in unit(name)["Service"].items()}
+
+
+@pytest.fixture
+def local_units(tmp_path: Path) -> list[Path]:
+    paths = []
+    for name in UNITS:
+        text = (ROOT / "systemd" / name).read_text()
+        assert PROD_BIN in text, f"{name} should run the production venv's entry point"
+        path = tmp_path / name
+        path.write_text(text.replace(PROD_BIN, VENV_BIN))
+        paths.append(path)
+    return paths
+
+
+def verify(paths: list[Path]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [systemd_analyze(), "verify", "--man=no", *map(str, paths)],
+        capture_output=True, text=True, timeout=60,
+    )
+
+
+def test_systemd_analyze_verify_passes_on_all_three_units(local_units):
+    result = verify(local_units)
+    # verify exits 0 on unknown keys and unparsable values (it only warns), so any output fails too.
+    assert result.returncode == 0 and result.stdout + result.stderr == "", result.stdout + result.stderr
+
+
+def test_verify_would_catch_a_typo_and_a_missing_binary(local_units, tmp_path):
+    typo = tmp_path / "typo.service"
+    typo.write_text(local_units[0].read_text().replace("NoNewPrivileges=", "NoNewPrivilege="))
+    assert "Unknown key" in verify([typo]).stderr
+    missing = tmp_path / "missing.service"
+    missing.write_text(local_units[0].read_text().replace(VENV_BIN + "fleetd", "/nonexistent/fleetd"))
+    assert verify([missing]).returncode != 0
+
+
+@pytest.mark.parametrize("name,max_exposure", [
+    ("fleetd.service", 2.0), ("fleetd-rendezvous.service", 2.0), ("fleet-agent.service", 4.0),
+])
+def test_hardening_exposure_score(local_units, name, max_exposure):
+    """systemd's own scoring (0 = locked down, 10 = unprotected). The agent is looser on purpose:
+    torchrun and the trainer run in its sandbox and need the GPUs, JIT and NCCL syscalls."""
+    path = next(p for p in local_units if p.name == name)
+    result = subprocess.run(
+        [systemd_analyze(), "security", "--offline=true", f"--threshold={int(max_exposure * 10)}", str(path)],
+        capture_output=True, text=True, timeout=60,
+    )
+    overall = result.stdout.strip().splitlines()[-1]
+    assert result.returncode == 0, overall
+    assert float(overall.split(":")[-1].split()[0]) <= max_exposure, overall
+
+
+@pytest.mark.parametrize("name", UNITS)
+def test_notify_watchdog_restart_and_dedicated_user(name):
+    s = service(name)
+    assert s["Type"] == "notify" and s["NotifyAccess"] == "main"
+    assert 10 <= int(s["WatchdogSec"]) <= 120
+    assert s["Restart"] == "on-failure"
+    assert s["KillMode"] == "mixed"  # SIGTERM to the daemon only; it stops its children in order
+    assert s["User"] not in ("root", "") and s["User"] == s["Group"]
+    assert s["StateDirectory"]
+    for key, value in {
+        "NoNewPrivileges": "yes", "ProtectSystem": "strict", "PrivateTmp": "yes",
+        "CapabilityBoundingSet": "", "RestrictSUIDSGID": "yes",
+    }.items():
+        assert s[key] == value, (name, key)
+    assert s["ProtectHome"] in ("yes", "read-only")
+
+
+def test_exec_start_runs_existing_subcommands_with_the_default_configs():
+    argv = {name: shlex.split(service(name)["ExecStart"]) for name in UNITS}
+    assert argv["fleetd.service"] == [PROD_BIN + "fleetd", "run", "--config", "/etc/fleetd/fleetd.toml"]
+    assert argv["fleetd-rendezvous.service"][:2] == [PROD_BIN + "fleetd", "rendezvous"]
+    assert argv["fleet-agent.service"] == [
+        PROD_BIN + "fleet-agent", "run", "--config", "/etc/fleetd/agent.toml"
+    ]
+    assert {"run", "rendezvous"} <= set(COMMANDS)
+    help_text = subprocess.run(
+        [VENV_BIN + "fleet-agent", "run", "--help"], capture_output=True, text=True, timeout=60
+    ).stdout
+    assert "--config" in help_text
+
+
+def test_stop_timeout_exceeds_the_agents_own_shutdown_bound():
+    agent_bound = NodeConfig().shutdown_timeout_s
+    assert int(service("fleet-agent.service")["TimeoutStopSec"]) >= agent_bound + 15
+    # The agent needs its GPUs: no PrivateDevices there, but the controller units have it.
+    assert "PrivateDevices" not in service("fleet-agent.service")
+    assert service("fleetd.service")["PrivateDevices"] == "yes"
+
+
+def test_rendezvous_survives_controller_restarts():
+    rdzv = unit("fleetd-rendezvous.service")
+    controller = unit("fleetd.service")
+    for key in ("PartOf", "BindsTo", "Requires", "Requisite"):
+        assert key not in rdzv["Unit"], key
+        assert "fleetd-rendezvous.service" not in " ".join(controller["Unit"].get(key, [])), key
+    assert "fleetd-rendezvous.service" in " ".join(controller["Unit"]["Wants"])
+    # The store is unauthenticated: the unit fences it to private networks as well.
+    assert service("fleetd-rendezvous.service")["IPAddressDeny"] == "any"
