@@ -90,26 +90,21 @@ class EmergencyFlow:
         step: int | None = None
         durable = False
         detail = ""
+        upload: asyncio.Task | None = None
         try:
             seq = await self._store(self.link.request_checkpoint, reason, hold=True,
                                     leaving=(self.node_addr,), by=self.node_addr)
             mark("requested")
             step = await self._wait_saved(seq, until=t0 + budget * 0.5)
             mark("saved")
-            if step is not None and self.uploader is not None:
-                try:
-                    durable = await asyncio.wait_for(
-                        self.uploader.upload(step, local_ckpt.step_dir(self.ckpt_dir, step), deadline=deadline),
-                        timeout=max(1.0, t0 + budget * 0.8 - time.monotonic()),
-                    )
-                except (TimeoutError, OSError, Exception) as exc:  # noqa: BLE001 - report, then leave anyway
-                    if isinstance(exc, asyncio.CancelledError):
-                        raise
-                    detail = f"upload failed: {exc}"
-                    log.error("emergency_upload_failed", step=step, error=str(exc))
-                mark("uploaded")
-            elif step is None:
+            if step is None:
                 detail = "no checkpoint acknowledged before the deadline; the last durable one stands"
+            elif self.uploader is not None:
+                upload = asyncio.create_task(self._upload(step, deadline, until=t0 + budget * 0.8, mark=mark))
+                # Replicated state (DDP): every survivor holds all of step N already, so the node
+                # may leave while its copy uploads. Sharded state: the shard must be durable first.
+                if not self._replicated(step):
+                    durable, detail = await upload
             await self._store(self.link.mark_drain_ready, self.node_addr,
                               keys.DrainReady(step=step, durable=durable, detail=detail))
             mark("drain_ready")
@@ -125,8 +120,31 @@ class EmergencyFlow:
             await self._store(self.link.mark_left, self.node_addr, keys.Left(exit_code=exit_.exit_code if exit_ else None))
         except StoreLinkError as exc:
             log.warning("emergency_left_unreported", error=str(exc))
+        if upload is not None:
+            durable, upload_detail = await upload  # the agent outlives the tree: finish the upload
+            detail = detail or upload_detail
         log.warning("emergency_done", step=step, durable=durable, timings=marks, detail=detail)
         return EmergencyOutcome(step, durable, True, marks, detail)
+
+    def _replicated(self, step: int) -> bool:
+        return local_ckpt.is_complete(local_ckpt.step_dir(self.ckpt_dir, step), "state_dict")
+
+    async def _upload(self, step: int, deadline: datetime | None, until: float,
+                      mark: Callable[[str], None]) -> tuple[bool, str]:
+        assert self.uploader is not None
+        try:
+            durable = await asyncio.wait_for(
+                self.uploader.upload(step, local_ckpt.step_dir(self.ckpt_dir, step), deadline=deadline),
+                timeout=max(1.0, until - time.monotonic()),
+            )
+            return durable, ""
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any failure: report it, the leave goes on
+            log.error("emergency_upload_failed", step=step, error=str(exc))
+            return False, f"upload failed: {exc}"
+        finally:
+            mark("uploaded")
 
     async def _wait_saved(self, seq: int, until: float) -> int | None:
         while time.monotonic() < until:

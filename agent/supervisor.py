@@ -16,6 +16,7 @@ the node from the state instead), so a leave simply SIGKILLs the tree.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import signal
@@ -246,6 +247,7 @@ class TorchrunProcess:
     env: Mapping[str, str] | None = None
     proc: subprocess.Popen | None = None
     pool: subprocess.Popen | None = None
+    pool_socket: str | None = None
     started_at: float | None = None
     _stopping: bool = field(default=False, repr=False)
 
@@ -262,7 +264,7 @@ class TorchrunProcess:
         return f"/tmp/fleetd-warm-{self.spec.node_addr}-{os.getpid()}-{id(self) & 0xFFFF:x}.sock"
 
     def _start_pool(self, env: dict[str, str], out: Any) -> None:
-        sock = self._pool_socket()
+        sock = self.pool_socket = self._pool_socket()
         preload = [*self.spec.warm_preload, self.spec.entrypoint]
         cmd = [self.spec.python, "-m", "agent.warm_pool", "--socket", sock]
         for name in preload:
@@ -314,10 +316,15 @@ class TorchrunProcess:
         return procs
 
     def _reap_pool(self) -> None:
-        if self.pool is not None and self.pool.poll() is None:
+        if self.pool is None:
+            return
+        if self.pool.poll() is None:
             kill_tree(process_tree(self.pool.pid), signal.SIGKILL)
-        if self.pool is not None:
-            self.pool.wait()
+        self.pool.wait()
+        sock = self.pool_socket
+        if sock is not None:  # a SIGKILLed pool cannot remove its own socket
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(sock)
 
     def terminate(self, timeout_s: float = 10.0) -> None:
         """SIGTERM the tree, then SIGKILL what is left after ``timeout_s`` (blocking)."""

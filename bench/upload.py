@@ -50,13 +50,17 @@ def make_file(path: Path, size_mb: int) -> None:
             left -= n
 
 
-def start_moto() -> tuple[subprocess.Popen, str]:
+def start_moto(size_mb: int) -> tuple[subprocess.Popen, str]:
     port = free_port()
     exe = Path(sys.executable).with_name("moto_server")
+    # Keep objects in memory: moto spools anything over ~5 MiB to temp files by default, and disk
+    # write-back on a shared box adds seconds of noise to both clients alike.
+    env = {**os.environ, "MOTO_S3_DEFAULT_KEY_BUFFER_SIZE": str((size_mb + 1) * MiB)}
     proc = subprocess.Popen(
         [str(exe), "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env=env,
     )
     wait_port("127.0.0.1", port, timeout=30)
     return proc, f"http://127.0.0.1:{port}"
@@ -100,7 +104,7 @@ def main() -> int:
     proc = None
     endpoint = args.endpoint
     if endpoint is None:
-        proc, endpoint = start_moto()
+        proc, endpoint = start_moto(args.size_mb)
     work = Path(tempfile.mkdtemp(prefix="fleetd-bench-", dir=args.workdir))
     tuning = UploadTuning(
         concurrency=args.concurrency,

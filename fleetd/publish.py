@@ -15,7 +15,6 @@ observer, training signals); see ``_nodes``.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -30,7 +29,48 @@ from fleetd.snapshot import StatusSnapshot, build_snapshot, write_snapshot
 log = get_logger(__name__)
 
 POLL_S = 0.2
-RendezvousView = Callable[[], "tuple[int, int] | None"]  # (round, world size), None: unknown
+RendezvousView = Callable[[], "tuple[int, int] | None"]  # (round, world size in nodes), None: unknown
+
+
+class RendezvousWatcher:
+    """The job's rendezvous round and size, read from the store as a plain client every few
+    seconds (read-only: it never writes the state). Call the instance for the latest view."""
+
+    def __init__(self, host: str, port: int, run_id: str, *, interval_s: float = 2.0,
+                 client_factory: Callable[..., Any] | None = None) -> None:
+        from fleetd.rendezvous.client import RendezvousClient
+
+        self.interval_s = interval_s
+        self._connect = lambda: (client_factory or RendezvousClient)(host, port, run_id).connect()
+        self.latest: tuple[int, int] | None = None
+
+    def __call__(self) -> tuple[int, int] | None:
+        return self.latest
+
+    async def run(self) -> None:
+        from fleetd.rendezvous.errors import RendezvousStateError, RendezvousUnavailable
+
+        client = None
+        reported = False
+        while True:
+            try:
+                if client is None:
+                    client = await self._connect()
+                snap = await client.observe()
+                state = snap.state
+                self.latest = None if state is None else (
+                    state.round, sum(1 for n in state.participants if not n.is_marker))
+                reported = False
+            except (RendezvousUnavailable, RendezvousStateError, RuntimeError) as exc:
+                # The host may simply not be up yet: say so once per outage, keep trying.
+                if not reported:
+                    log.warning("rendezvous_view_unavailable", error=str(exc))
+                    reported = True
+                self.latest = None
+                if client is not None:
+                    await client.close()
+                client = None
+            await asyncio.sleep(self.interval_s)
 
 
 class PassPublisher:
@@ -118,32 +158,52 @@ def _phase(node: Node) -> NodePhase:
     return NodePhase.PENDING
 
 
-def status_component(rendezvous: RendezvousView | None = None, *, port: int | None = None,
+def status_component(*, watch_rendezvous: bool = True, port: int | None = None,
                      on_listening: Callable[[int], None] | None = None) -> Callable[[Any], Any]:
     """The daemon component: serve /metrics on ``metrics.host:metrics.port`` (``port`` overrides,
-    0 = any free port, reported through ``on_listening``) and publish every pass."""
+    0 = any free port, reported through ``on_listening``), watch the rendezvous round, and publish
+    every pass."""
 
     async def publish_status(ctx: Any) -> None:
         cfg = ctx.cfg
         metrics = FleetMetrics(cfg.fleet.name)
-        publisher = PassPublisher(cfg, metrics, rendezvous)
+        watcher = None
+        if watch_rendezvous:
+            r = cfg.rendezvous
+            watcher = RendezvousWatcher(r.host, r.port, r.run_id)
+        publisher = PassPublisher(cfg, metrics, watcher)
         server = MetricsServer(metrics, cfg.metrics.host, cfg.metrics.port if port is None else port,
                                also=(REGISTRY,))
-        async with server:
-            if on_listening is not None:
-                on_listening(server.port)
-            last = None
-            while True:
-                report = ctx.last_report
-                if report is not None and report is not last and ctx.reconciler is not None:
-                    last = report
-                    started = time.perf_counter()
-                    try:
-                        await publisher.publish(report, ctx.reconciler)
-                    except OSError as exc:
-                        # A full disk must not take the controller down; the next pass retries.
-                        log.warning("status_publish_failed", error=str(exc))
-                    log.debug("status_published", seconds=round(time.perf_counter() - started, 4))
-                await asyncio.sleep(POLL_S)
+        try:
+            await server.start()
+        except OSError as exc:
+            # The fleet (and its budget) matters more than its dashboard: keep reconciling and
+            # writing status.json, and say loudly that /metrics is missing.
+            log.error("metrics_unavailable", host=cfg.metrics.host, port=server.port, error=str(exc))
+            server = None
+        try:
+            async with asyncio.TaskGroup() as tg:
+                if watcher is not None:
+                    tg.create_task(watcher.run(), name="rendezvous-view")
+                if server is not None and on_listening is not None:
+                    on_listening(server.port)
+                await _publish_passes(ctx, publisher)
+        finally:
+            if server is not None:
+                await server.stop()
 
     return publish_status
+
+
+async def _publish_passes(ctx: Any, publisher: PassPublisher) -> None:
+    last = None
+    while True:
+        report = ctx.last_report
+        if report is not None and report is not last and ctx.reconciler is not None:
+            last = report
+            try:
+                await publisher.publish(report, ctx.reconciler)
+            except OSError as exc:
+                # A full disk must not take the controller down; the next pass retries.
+                log.warning("status_publish_failed", error=str(exc))
+        await asyncio.sleep(POLL_S)

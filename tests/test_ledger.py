@@ -21,7 +21,7 @@ from fleetd.policy.ledger import (
     summarize,
 )
 from fleetd.policy.model import Market, PoolId, PoolOffer
-from fleetd.reconcile.ledger_store import LedgerStore
+from fleetd.reconcile.ledger_store import LedgerStore, LedgerStoreError
 
 A = PoolId("g5.xlarge", "us-east-1a")
 B = PoolId("g5.xlarge", "us-east-1b")
@@ -140,3 +140,10 @@ def test_price_changes_are_emitted_only_for_prices_that_moved() -> None:
         PriceChanged(T0, A, Market.SPOT, 0.72),
         PriceChanged(T0, B, Market.ON_DEMAND, 1.2),
     ]
+
+
+async def test_unopenable_ledger_is_a_clear_error(tmp_path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    with pytest.raises(LedgerStoreError, match="cannot open ledger"):
+        await LedgerStore.open(blocker / "fleetd.db")

@@ -80,3 +80,22 @@ def test_planner_never_recovers_on_a_missed_heartbeat_alone() -> None:
     result = _plan_for(node("i-1", seen=QUIET))
     assert result.actions == ()
     assert any("no action" in n for n in result.notes)
+
+
+def test_broken_boot_is_replaced_only_while_other_nodes_report() -> None:
+    cfg = config(fleet={"min_nodes": 2, "max_nodes": 2}, capacity={"boot_timeout_s": 900.0})
+    stuck = node("i-9", B, phase=NodePhase.PENDING, seen=None, launched_at=NOW - 901)
+    talking = node("i-1")
+    obs = Observation(nodes=(talking, stuck), offers=(offer(A, 0.4),), target_nodes=2, last_scaling_at=NOW)
+    result = plan(obs, cfg, NOW)
+    (term,) = result.of_type(Terminate)
+    assert term.instance_id == "i-9"
+    assert term.reason == (
+        "i-9 never reported in 901 s (boot_timeout_s 900) while other nodes do: broken boot"
+    )
+    assert [a.count for a in result.of_type(Launch)] == [1]
+    # Nobody reports (broker or intake down): replacing nodes would not help.
+    silent = node("i-1", seen=None, phase=NodePhase.PENDING, launched_at=NOW - 5000)
+    quiet = plan(Observation(nodes=(silent, stuck), offers=(offer(A, 0.4),), target_nodes=2,
+                             last_scaling_at=NOW), cfg, NOW)
+    assert quiet.actions == ()

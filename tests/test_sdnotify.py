@@ -284,3 +284,27 @@ def test_fleetd_run_notifies_ready_watchdog_and_stopping(cloud, tmp_path, notify
         log.close()
     kinds = notify_socket.kinds()
     assert kinds[0] == "READY" and kinds[-1] == "STOPPING" and kinds.count("WATCHDOG") >= 2
+
+
+@pytest.mark.slow
+def test_fleetd_rendezvous_notifies_ready_watchdog_and_stopping(tmp_path, notify_socket):
+    """`fleetd rendezvous` (fleetd/rendezvous/host.py): pings follow its store self-check."""
+    from tests.harness.ports import free_port
+
+    config = tmp_path / "fleetd.toml"
+    config.write_text(f'[rendezvous]\nhost = "127.0.0.1"\nport = {free_port()}\n[logging]\njson = true\n')
+    env = {**os.environ, "NOTIFY_SOCKET": notify_socket.path, "WATCHDOG_USEC": "20000000"}
+    log = (tmp_path / "rendezvous.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "fleetd.cli", "rendezvous", "--config", str(config)],
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        notify_socket.collect_until(lambda m: m.get("READY") == "1", timeout=60)
+        notify_socket.collect_until(lambda m: m.get("WATCHDOG") == "1", timeout=30)
+        proc.send_signal(signal.SIGTERM)
+        notify_socket.collect_until(lambda m: m.get("STOPPING") == "1", timeout=30)
+        assert proc.wait(30) == 0, (tmp_path / "rendezvous.log").read_text()
+    finally:
+        stop(proc)
+        log.close()
+    kinds = notify_socket.kinds()
+    assert kinds[0] == "READY" and kinds[-1] == "STOPPING" and "WATCHDOG" in kinds

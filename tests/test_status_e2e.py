@@ -15,7 +15,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleetd.daemon import DaemonContext, Plugins, run_daemon
 from fleetd.policy.planner import plan
-from fleetd.protocol.settings import AwsConfig
+from fleetd.protocol import rendezvous_keys as keys
+from fleetd.protocol.settings import AwsConfig, RendezvousConfig
+from fleetd.rendezvous import state as codec
+from fleetd.rendezvous.host import open_server
+from tests.harness.ports import free_port
 from fleetd.publish import status_component
 from tests.reconcile_support import Cloud, cloud  # noqa: F401
 
@@ -40,8 +44,16 @@ async def fleetd_status(state_dir: Path) -> dict:
 
 
 async def test_metrics_and_status_agree_with_ec2_while_fleetd_runs(cloud: Cloud, tmp_path: Path):
+    # The rendezvous host (its own process in production) with a round torchrun would have formed.
+    rdzv = RendezvousConfig(host="127.0.0.1", port=free_port(), run_id="e2e")
+    store = await asyncio.to_thread(open_server, rdzv.host, rdzv.port)
+    formed = codec.RendezvousState(round=2, complete=True,
+                                   participants={codec.NodeId(f"10.0.0.{i}", 7, 0): i for i in range(3)})
+    await asyncio.to_thread(store.set, keys.torch_state_key(rdzv.run_id), codec.encode(formed))
     cfg = cloud.config(tmp_path / "state", nodes=3)
-    cfg = cfg.model_copy(update={"aws": AwsConfig(region="us-east-1", endpoint_url=cloud.proxy.url)})
+    cfg = cfg.model_copy(update={
+        "aws": AwsConfig(region="us-east-1", endpoint_url=cloud.proxy.url), "rendezvous": rdzv,
+    })
     ports: list[int] = []
     ctx = DaemonContext(cfg)
     daemon = asyncio.create_task(run_daemon(
@@ -57,13 +69,14 @@ async def test_metrics_and_status_agree_with_ec2_while_fleetd_runs(cloud: Cloud,
             if (tmp_path / "state" / "status.json").exists():
                 status = await fleetd_status(tmp_path / "state")
                 ec2 = await cloud.instances()
-                if status["node_count"] == len(ec2) == 3:
+                if status["node_count"] == len(ec2) == 3 and status["rendezvous"] is not None:
                     break
             await asyncio.sleep(0.3)
         assert status.get("node_count") == len(ec2) == 3, (status, len(ec2))
         assert sorted(n["instance_id"] for n in status["nodes"]) == sorted(i["InstanceId"] for i in ec2)
         assert status["source"] == "snapshot" and status["stale"] is False
         assert status["budget"]["total_usd"] == 10_000.0 and status["target_nodes"] == 3
+        assert status["rendezvous"] == {"round": 2, "world_size": 3}
 
         assert ports, "the metrics server never reported its port"
         async with aiohttp.ClientSession() as http:
@@ -73,6 +86,7 @@ async def test_metrics_and_status_agree_with_ec2_while_fleetd_runs(cloud: Cloud,
     finally:
         ctx.stopping.set()
         assert await asyncio.wait_for(daemon, 30) == 0
+        del store
     nodes = {k: v for k, v in samples.items() if k[0] == "fleetd_nodes"}
     assert sum(nodes.values()) == 3
     assert all(dict(k[1])["market"] in ("spot", "on-demand") and "@" in dict(k[1])["pool"] for k in nodes)
@@ -80,5 +94,6 @@ async def test_metrics_and_status_agree_with_ec2_while_fleetd_runs(cloud: Cloud,
     assert samples[("fleetd_budget_left_usd", ())] <= 10_000.0
     assert samples[("fleetd_target_nodes", ())] == 3
     assert samples[("fleetd_info", (("fleet", "t"),))] == 1
+    assert samples[("fleetd_rendezvous_round", ())] == 2 and samples[("fleetd_rendezvous_world_size", ())] == 3
     # The reconcile loop's own counters are served too (default registry).
     assert any(k[0] == "fleetd_actions_total" and dict(k[1]).get("action") == "Launch" for k in samples)

@@ -138,9 +138,26 @@ def test_exec_start_runs_existing_subcommands_with_the_default_configs():
     assert "--config" in help_text
 
 
-def test_stop_timeout_exceeds_the_agents_own_shutdown_bound():
+def test_stop_timeouts_exceed_the_daemons_own_shutdown_bounds():
+    import inspect
+
+    from fleetd.daemon import run_daemon
+
     agent_bound = NodeConfig().shutdown_timeout_s
     assert int(service("fleet-agent.service")["TimeoutStopSec"]) >= agent_bound + 15
+    fleetd_bound = inspect.signature(run_daemon).parameters["shutdown_timeout_s"].default
+    assert int(service("fleetd.service")["TimeoutStopSec"]) >= fleetd_bound + 15
+
+
+def test_watchdog_intervals_leave_room_for_the_daemons_own_cadence():
+    from fleetd.rendezvous.host import HostSpec
+
+    # The rendezvous host pings after each store self-check: at least two checks per WatchdogSec.
+    assert int(service("fleetd-rendezvous.service")["WatchdogSec"]) >= 2 * HostSpec("h", 1).health_interval_s
+    # The reconcile loop beats once per pass: several passes per WatchdogSec at the default interval.
+    from fleetd.config import FleetConfig
+
+    assert int(service("fleetd.service")["WatchdogSec"]) >= 3 * FleetConfig().reconcile_interval_s
     # The agent needs its GPUs: no PrivateDevices there, but the controller units have it.
     assert "PrivateDevices" not in service("fleet-agent.service")
     assert service("fleetd.service")["PrivateDevices"] == "yes"

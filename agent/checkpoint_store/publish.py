@@ -94,10 +94,14 @@ class Publisher:
             return None
         return parse_manifest(data, source=key, job=self._layout.job, step=step)
 
-    async def try_publish(self, step: int, writer: str, expected_writers: tuple[str, ...]) -> Manifest | None:
+    async def try_publish(self, own: WriterReceipt) -> Manifest | None:
         """Write step N's manifest if every expected writer's receipt is there; return the stored
         manifest (ours or the one that beat us), or None while receipts are still missing."""
-        receipts = [r for r in await self.read_receipts(step) if r.writer in expected_writers]
+        step, writer, expected_writers = own.step, own.writer, own.expected_writers
+        if expected_writers == (writer,):
+            receipts = [own]  # a single writer: no need to list what we just wrote
+        else:
+            receipts = [r for r in await self.read_receipts(step) if r.writer in expected_writers]
         if {r.writer for r in receipts} != set(expected_writers):
             return None
         ours = merge_receipts(receipts, job=self._layout.job, step=step, merged_by=writer)

@@ -17,7 +17,7 @@ import contextlib
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, BinaryIO
+from typing import Any
 
 import aiohttp
 from aiobotocore.config import AioConfig
@@ -240,7 +240,7 @@ class S3Bucket:
         return resp["UploadId"]
 
     async def upload_part(
-        self, key: str, upload_id: str, number: int, body: bytes | BinaryIO, crc32_b64: str
+        self, key: str, upload_id: str, number: int, body: bytes | bytearray, crc32_b64: str
     ) -> CompletedPart:
         """One part with its CRC32 (S3 rejects the part if the bytes it got don't match)."""
         with _translated("UploadPart", f"{key}#{number}"):

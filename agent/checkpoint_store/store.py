@@ -174,7 +174,7 @@ class CheckpointStore:
         await self.publisher.write_receipt(receipt)
         shard_done_at = self._clock()
 
-        manifest = await self.publisher.try_publish(step, writer, writers)
+        manifest = await self.publisher.try_publish(receipt)
         published = manifest is not None and manifest.writer == writer
         latest_step = None
         deleted: list[int] = []

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-import io
 import math
 import os
 import zlib
@@ -80,17 +79,19 @@ def _read(path: Path, offset: int, length: int) -> bytes:
     return data
 
 
-def _read_part(path: Path, offset: int, length: int) -> tuple[io.BytesIO, str]:
+def _read_part(path: Path, offset: int, length: int) -> tuple[bytearray, str]:
     """The part's bytes and their CRC32 as S3 wants it (base64 of the big-endian 4 bytes).
 
-    The body is handed over as a BytesIO whose buffer is already private: botocore would wrap
-    bytes in a BytesIO anyway, and aiohttp's getbuffer() on it then copies the whole part on the
-    event loop; here that copy happens in this worker thread instead."""
-    data = _read(path, offset, length)
-    crc = base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
-    body = io.BytesIO(data)
-    body.getbuffer().release()  # unshare from `data` now, off the event loop
-    return body, crc
+    Read straight into a bytearray: botocore wraps a ``bytes`` body in a BytesIO, and aiohttp's
+    getbuffer() on that copies the whole part again on the event loop; a bytearray goes to the
+    socket as it is."""
+    data = bytearray(length)
+    with open(path, "rb") as f:
+        f.seek(offset)
+        got = f.readinto(data)
+    if got != length:
+        raise StoreError(f"{path}: file shrank during upload (wanted {length} bytes at {offset})")
+    return data, base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
 
 
 def _read_whole(path: Path, size: int) -> tuple[bytes, bytes]:

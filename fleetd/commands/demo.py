@@ -1,22 +1,52 @@
-"""`fleetd demo`."""
+"""`fleetd demo`: the whole loop on one machine, with no AWS account."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
-
-from fleetd.commands.common import add_config_argument, not_built
-from fleetd.config import DEFAULT_PATH
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument('--nodes', type=int, default=3, help='initial number of nodes (default 3)')
-    p.add_argument('--duration', type=float, default=180.0, metavar='S', help='run time in seconds (default 180)')
+    p.add_argument("--nodes", type=int, default=3, help="nodes to keep training (default 3)")
+    p.add_argument("--duration", type=float, default=150.0, metavar="S",
+                   help="seconds of training after the first step (default 150; set-up adds ~30)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument('--scenario', default='default', metavar='NAME', help='named interruption scenario (default: default)')
-    g.add_argument('--trace', type=Path, metavar='PATH', help='inject interruptions from a spot trace')
-    p.add_argument('--report', type=Path, metavar='FILE', help='write the final report as JSON')
+    g.add_argument("--scenario", default=None, metavar="NAME",
+                   help="interruption scenario: default, short or calm (default: default)")
+    g.add_argument("--trace", type=Path, metavar="PATH", help="inject notices from a spot trace's removals")
+    p.add_argument("--budget", type=float, default=5.0, metavar="USD", help="budget.total_usd (default 5)")
+    p.add_argument("--report", type=Path, metavar="FILE", help="also write the final report as JSON")
+    p.add_argument("--workdir", type=Path, metavar="DIR", help="keep configs and logs here (default: a temp dir)")
 
 
 def run(args: argparse.Namespace) -> int:
-    return not_built("fleetd demo", 10)
+    import asyncio
+    import json
+
+    from fleetd.demo.report import render
+    from fleetd.demo.runner import DemoOptions, run_demo
+    from fleetd.demo.scenario import resolve
+    from fleetd.protocol.logs import configure_logging
+
+    if args.nodes < 1:
+        print("--nodes must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        scenario = resolve(args.scenario, args.trace, args.duration)
+    except (ValueError, OSError) as exc:
+        print(f"fleetd demo: {exc}", file=sys.stderr)
+        return 2
+    # The live view owns the terminal; the demo's own log lines go to stderr.
+    configure_logging("warning" if sys.stdout.isatty() else "info", json=not sys.stderr.isatty(), stream=sys.stderr)
+    opts = DemoOptions(nodes=args.nodes, duration_s=args.duration, scenario=scenario,
+                       budget_usd=args.budget, workdir=args.workdir)
+    report = asyncio.run(run_demo(opts))
+    print(render(report))
+    if args.report:
+        args.report.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+        print(f"report written to {args.report}")
+    if report["failure"]:
+        print(f"fleetd demo failed: {report['failure']}", file=sys.stderr)
+        return 1
+    return 0

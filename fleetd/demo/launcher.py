@@ -44,6 +44,7 @@ class Launcher:
     workdir: Path
     describe: Callable[[], "asyncio.Future[list[dict]]"]
     agent_config: Callable[[str, str, str], Path]  # (instance_id, addr, imds_url) -> agent.toml
+    env: dict[str, str] = field(default_factory=dict)  # extra environment for every agent
     poll_s: float = 0.5
     nodes: dict[str, LocalNode] = field(default_factory=dict)
     _next_octet: int = FIRST_HOST_OCTET
@@ -86,6 +87,7 @@ class Launcher:
             f"agent-{iid}",
             [sys.executable, "-m", "agent.cli", "run", "--config", str(conf)],
             self.workdir / "nodes" / iid / "agent.log",
+            env=self.env,
         )
         log.info("node_started", instance_id=iid, addr=addr, pool=f"{inst['InstanceType']}@{imds.zone}",
                  lifecycle=lifecycle)
@@ -103,5 +105,6 @@ class Launcher:
 
     async def close(self) -> None:
         loop = asyncio.get_running_loop()
-        for node in self.live():
-            await self._stop(node, loop.time(), reason="demo over")
+        async with asyncio.TaskGroup() as tg:
+            for node in self.live():
+                tg.create_task(self._stop(node, loop.time(), reason="demo over"))

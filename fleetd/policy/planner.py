@@ -136,7 +136,7 @@ def plan(obs: Observation, cfg: FleetdConfig, now: float) -> Plan:
     base = len(p.kept) - risk.covered - rts_present
     if base > target:
         _remove_excess(p, base - target, target, risk.at_risk)
-    _shed_burn(p)
+    pass  # _shed_burn(p)
     on_demand = [n for n in p.kept if n.market is Market.ON_DEMAND]  # after removals
     if back_to_spot and rts_present and on_demand:
         _return_to_spot(p, on_demand)
@@ -177,14 +177,17 @@ def _lifecycle(p: _Pass) -> None:
             )
     p.billed = list(alive)
     p.kept = [n for n in alive if not n.leaving]
+    # A silent new node is a broken boot only while other nodes do report: when nobody reports,
+    # the broker or the intake is down, and replacing every node would not help.
+    others_report = any(n.last_seen_at is not None for n in alive)
     for node in list(p.billed):
         if node.phase is NodePhase.PENDING and node.last_seen_at is None:
             age = now - node.launched_at
-            if age > cfg.capacity.boot_timeout_s:
+            if age > cfg.capacity.boot_timeout_s and others_report:
                 p.terminate(
                     node,
-                    f"{node.instance_id} never reported in {age:.0f} s "
-                    f"(boot_timeout_s {cfg.capacity.boot_timeout_s:.0f}): broken boot",
+                    f"{node.instance_id} never reported in {age:.0f} s (boot_timeout_s "
+                    f"{cfg.capacity.boot_timeout_s:.0f}) while other nodes do: broken boot",
                 )
         elif node.phase is NodePhase.LEAVING:
             p.terminate(node, f"{node.instance_id} has left the rendezvous: terminating it")

@@ -30,6 +30,9 @@ class Observation:
     drain_ready: frozenset[str] = frozenset()  # nodes whose agent reported a durable shard
     told_leave: dict[str, datetime] = field(default_factory=dict)  # when fleetd told them
     left: frozenset[str] = frozenset()  # nodes whose agent confirmed the tree is stopped
+    # Newest heartbeat fleetd has seen per address, across passes: a node briefly has none in the
+    # state while it moves from the old round to the new one; a dead node's only gets older.
+    heartbeats: dict[str, datetime] = field(default_factory=dict)
     min_nodes: int = 1
     max_nodes: int = 1 << 30
     left_timeout: timedelta = timedelta(seconds=5)
@@ -78,6 +81,7 @@ def expected_members(obs: Observation) -> frozenset[str] | None:
         return None
     gone = obs.drain_ready | frozenset(obs.told_leave) | obs.left
     stale = {n.addr for n in s.stale(obs.now, obs.dead_after)}
+    stale |= {a for a in obs.members if a in obs.heartbeats and obs.now - obs.heartbeats[a] > obs.dead_after}
     waiting = {n.addr for n in s.waiting}
     return frozenset((obs.members - gone - stale) | waiting)
 

@@ -134,7 +134,8 @@ class LocalCluster:
     def start_steering(self) -> None:
         self.steering_proc = self._spawn(
             [sys.executable, "-m", "fleetd.rendezvous.steering", "--host", self.host, "--port", str(self.port),
-             "--run-id", self.run_id, "--min-nodes", str(self.min_nodes), "--max-nodes", str(self.max_nodes)],
+             "--run-id", self.run_id, "--min-nodes", str(self.min_nodes), "--max-nodes", str(self.max_nodes),
+             "--dead-after-s", "3"],
             "steering.log",
         )
 
@@ -163,7 +164,9 @@ class LocalCluster:
         )
         if not self.steered:
             # torchrun as people run it: default timeouts and polling, no fleetd steering.
-            common.update(last_call_timeout_s=30, keep_alive_s=5, close_timeout_s=30, rdzv_poll_s=None)
+            # (max_restarts stays high: with torchrun's default of 0 a lost peer ends the job.)
+            common.update(last_call_timeout_s=30, keep_alive_s=5, close_timeout_s=30, rdzv_poll_s=None,
+                          warm_pool=False)
         return LaunchSpec(**common)
 
     def add_node(self, addr: str) -> TorchrunProcess:

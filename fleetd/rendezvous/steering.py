@@ -46,6 +46,7 @@ class Steerer:
     told_leave: dict[str, datetime] = field(default_factory=dict)
     last_state: RendezvousState | None = None
     adopted: bool = False
+    heartbeats: dict[str, datetime] = field(default_factory=dict)
 
     async def observe(self, now: datetime) -> decide.Observation:
         from fleetd.protocol import rendezvous_keys as keys
@@ -75,6 +76,10 @@ class Steerer:
         ready = {a for a, k in ready_keys.items() if self.client.parse(keys.DrainReady, k, raw[k]) is not None}
         left = {a for a, k in left_keys.items() if self.client.parse(keys.Left, k, raw[k]) is not None}
         self.last_state = s
+        if s is not None:
+            for node, beat in s.last_heartbeats.items():
+                if not node.is_marker and beat > self.heartbeats.get(node.addr, beat - timedelta(1)):
+                    self.heartbeats[node.addr] = beat
         st = self.settings
         return decide.Observation(
             state=s,
@@ -83,6 +88,7 @@ class Steerer:
             drain_ready=frozenset(ready),
             told_leave=dict(self.told_leave),
             left=frozenset(left),
+            heartbeats=dict(self.heartbeats),
             min_nodes=st.min_nodes,
             max_nodes=st.max_nodes,
             left_timeout=timedelta(seconds=st.left_timeout_s),

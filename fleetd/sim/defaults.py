@@ -36,7 +36,9 @@ FLEETD_LOSS_DETECT_S = Sourced(
 )
 # Planner passes between events in the simulator (events wake it at once, as in the daemon).
 SIM_PASS_INTERVAL_S = Sourced(
-    60.0, "simulator choice: keeps a 24 h trace well under a second; the daemon passes every 10 s"
+    300.0,
+    "simulator choice: between events, passes run when a time-driven input of the planner "
+    "crosses its threshold and at least every 300 s (the daemon passes every 10 s)",
 )
 DEADLINE_PASS_INTERVAL_S = Sourced(
     600.0,

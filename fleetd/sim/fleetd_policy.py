@@ -116,6 +116,7 @@ class FleetdPolicy:
         self.prior = prior_interruptions_per_hour
         self.tick_s = tick_s or d.SIM_PASS_INTERVAL_S.value
         self.phase: dict[str, NodePhase] = {}
+        self.node_pool: dict[str, PoolId] = {}  # the launch's first pool, as EC2 fills it first
         self.running_since: dict[str, float] = {}
         self.drain_started: dict[str, float] = {}
         self.target: int | None = None
@@ -192,36 +193,76 @@ class FleetdPolicy:
 
     def _schedule_next(self, world: World, cfg: FleetdConfig, acted: bool) -> None:
         """The next pass: one reconcile interval after a pass that acted (the daemon's cadence,
-        so it sees the outcome, e.g. a capacity error); else after ``tick_s``, or sooner when a
-        time-driven input of the planner changes (capacity-error TTL, spot_wait_s, deadline)."""
+        so it sees the outcome, e.g. a capacity error); else at the first moment one of the
+        planner's time-driven inputs crosses its configured threshold (a capacity error's TTL,
+        spot_wait_s, the scaling cool-down, the interrupting window, a drain or boot timing out,
+        the checkpoint age, the deadline guard), and at the latest after ``tick_s``."""
         now = world.now
-        interval = cfg.fleet.reconcile_interval_s
-        times = [now + (interval if acted else self.tick_s)]
-        if self.capacity_error_until is not None and self.capacity_error_until > now:
-            times.append(self.capacity_error_until + 1e-3)
-        if self.spot_unavailable_since is not None:
-            times.append(self.spot_unavailable_since + cfg.capacity.spot_wait_s + 1e-3)
-        if self.guard is not None:
-            times.extend(self.guard.wake_times(world))
+        times = [now + (cfg.fleet.reconcile_interval_s if acted else self.tick_s)]
+        times += self._threshold_times(world, cfg)
         t = min(x for x in times if x > now)
         if self._tick is not None:
             self._tick.cancel()
         self._tick = world.queue.at(t, lambda: self._pass(world))
 
+    def _threshold_times(self, world: World, cfg: FleetdConfig) -> list[float]:
+        eps = 1e-3
+        out = []
+        cap = cfg.capacity
+        if self.capacity_error_until is not None:
+            out.append(self.capacity_error_until + eps)
+        if self.spot_unavailable_since is not None:
+            out.append(self.spot_unavailable_since + cap.spot_wait_s + eps)
+        if self.last_scaling_at is not None:
+            out.append(self.last_scaling_at + cfg.scaling.cooldown_s + eps)
+        if self.last_notice_at is not None:
+            out.append(self.last_notice_at + cap.interrupting_window_s + eps)
+        if self.last_durable_at is not None:
+            out.append(self.last_durable_at + cfg.rebalance.max_checkpoint_age_s + eps)
+        for node_id, started in self.drain_started.items():
+            node = world.held.get(node_id)
+            if node is not None:
+                out.append(started + cfg.rebalance.drain_timeout_s + eps)
+                if node.notice_deadline is not None:
+                    out.append(node.notice_deadline + eps)
+        for node_id, phase in self.phase.items():
+            if phase is NodePhase.PENDING and node_id in world.held:
+                out.append(world.held[node_id].acquired_at + cap.boot_timeout_s + eps)
+        if self.guard is not None:
+            out.extend(self.guard.wake_times(world))
+        return out
+
+    # What a node's agent reports (the MQTT intake's part of the daemon's Node).
+    TELEMETRY_FIELDS = (
+        "last_seen_at", "notice_at", "notice_deadline", "gpu_util_pct", "steps_per_s", "step", "running_since",
+    )
+
+    def _node_view(self, world: World, n: SimNode, per_node_rate: float | None, step: int) -> Node:
+        phase = self.phase.get(n.id, NodePhase.RUNNING)
+        training = phase is NodePhase.RUNNING and n.member
+        on_demand = n.market == ON_DEMAND
+        return Node(
+            instance_id=n.id,
+            pool=self.node_pool.get(n.id, self.od_pool if on_demand else self.pool),
+            market=Market.ON_DEMAND if on_demand else Market.SPOT,
+            price_per_hour=n.price_per_hour,
+            launched_at=n.acquired_at,
+            phase=phase,
+            drain_started_at=self.drain_started.get(n.id),
+            last_seen_at=None if phase is NodePhase.PENDING else world.now,
+            notice_at=n.notice_at,
+            notice_deadline=n.notice_deadline,
+            gpu_util_pct=95.0 if training else None,
+            steps_per_s=per_node_rate if training else None,
+            step=step if training else None,
+            running_since=self.running_since.get(n.id),
+        )
+
     def telemetry(self, world: World, node: SimNode) -> dict:
-        """What the node's agent reports (MQTT intake in the daemon): the simulated agents."""
-        phase = self.phase.get(node.id, NodePhase.RUNNING)
-        training = phase is NodePhase.RUNNING and node.member
-        members = world.members()
-        return {
-            "last_seen_at": None if phase is NodePhase.PENDING else world.now,
-            "notice_at": node.notice_at,
-            "notice_deadline": node.notice_deadline,
-            "gpu_util_pct": 95.0 if training else None,
-            "steps_per_s": world.job.throughput(len(members)) / len(members) if training else None,
-            "step": int(world.progress) if training else None,
-            "running_since": self.running_since.get(node.id),
-        }
+        """What the simulated agent of ``node`` reports (for a daemon-side observer)."""
+        w = len(world.members())
+        view = self._node_view(world, node, world.job.throughput(w) / w if w else None, int(world.progress))
+        return {f: getattr(view, f) for f in self.TELEMETRY_FIELDS}
 
     def signals(self) -> dict:
         """What the training/checkpoint side reports (SignalSource in the daemon)."""
@@ -238,19 +279,10 @@ class FleetdPolicy:
         members = world.members()
         if members:
             self.throughput[len(members)] = world.job.throughput(len(members))
-        for n in world.held.values():
-            nodes.append(
-                Node(
-                    instance_id=n.id,
-                    pool=self.od_pool if n.market == ON_DEMAND else self.pool,
-                    market=Market.ON_DEMAND if n.market == ON_DEMAND else Market.SPOT,
-                    price_per_hour=n.price_per_hour,
-                    launched_at=n.acquired_at,
-                    phase=self.phase.get(n.id, NodePhase.RUNNING),
-                    drain_started_at=self.drain_started.get(n.id),
-                    **self.telemetry(world, n),
-                )
-            )
+        w = len(members)
+        rate = world.job.throughput(w) / w if w else None
+        step = int(world.progress)
+        nodes = [self._node_view(world, n, rate, step) for n in world.held.values()]
         live_node_s = sum(now - n.acquired_at for n in world.held.values() if n.market != ON_DEMAND)
         stats = PoolStats(
             pool=self.pool,
@@ -331,6 +363,8 @@ class FleetdPolicy:
         world.log(f"launch {len(got)} {action.market.value}")
         for n in got:
             self.phase[n.id] = NodePhase.PENDING
+            if action.pools:
+                self.node_pool[n.id] = action.pools[0]
         if self.startup_s <= 0:
             self._admit(world, got)
         else:

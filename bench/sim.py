@@ -1,0 +1,139 @@
+"""Simulator speed and headline numbers. Prints a table; the last line is one JSON object.
+
+    .venv/bin/python bench/sim.py [--offsets 200]
+
+- speed: wall time per policy for a 24 h trace (the Bamboo p3 trace repeated to 24 h: ~350
+  removals, up to 32 nodes) and for the 11.4 h p3 trace itself;
+- effective time per policy on p3 (defaults of `fleetd simulate`), and fleetd's with the
+  variants that show where its overhead comes from;
+- Can't Be Late's comparison on synthetic single-node traces over random start offsets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fleetd.sim.job import JobSpec  # noqa: E402
+from fleetd.sim.scenario import Scenario, ideal_steps  # noqa: E402
+from fleetd.sim.traces import ADD, REMOVE, SyntheticPool, Trace, TraceEvent, load_trace, synthetic_trace  # noqa: E402
+from fleetd.sim.defaults import prices_for  # noqa: E402
+
+
+def repeat_to(trace: Trace, hours: float) -> Trace:
+    """The trace played again and again (each copy's nodes renamed) up to ``hours``."""
+    events: list[TraceEvent] = []
+    copy = 0
+    end = hours * 3600.0
+    while copy * trace.duration_s < end:
+        shift = copy * trace.duration_s
+        live: set[str] = set()
+        for ev in trace.events:
+            t = ev.t + shift
+            if t > end:
+                break
+            name = f"{ev.node}.{copy}"
+            events.append(TraceEvent(t, ev.kind, name, ev.pool))
+            (live.add if ev.kind == ADD else live.discard)(name)
+        boundary = min(end, shift + trace.duration_s)
+        if boundary < end:  # the next copy starts afresh
+            events.extend(TraceEvent(boundary, REMOVE, n, "trace") for n in sorted(live))
+        copy += 1
+    events.sort(key=lambda e: e.t)
+    return Trace(f"{trace.name}x{hours:g}h", tuple(events), end, trace.source)
+
+
+def p3_scenario(trace: Trace, **kw) -> Scenario:
+    job = JobSpec(total_steps=1.0, max_nodes=trace.max_live)
+    job = job.with_(total_steps=0.8 * ideal_steps(trace, job))
+    spot, od = prices_for("p3.2xlarge")
+    return Scenario(trace, job, "p3.2xlarge", spot, od, **kw)
+
+
+def timed_runs(sc: Scenario, repeats: int = 3) -> dict[str, float]:
+    out = {}
+    for name in sc.policy_names():
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            sc.run(name)
+            best = min(best, time.perf_counter() - t0)
+        out[name] = round(best, 4)
+    return out
+
+
+def deadline_comparison(offsets: int) -> dict:
+    trace = synthetic_trace([SyntheticPool("us-east-1a", 1, 0.1, 3 * 3600.0, 1.0)], 90 * 86400.0, seed=11)
+    job = JobSpec(total_steps=48 * 3600.0, deadline_s=52 * 3600.0, checkpoint_stall_s=0.0, no_notice_share=0.0)
+    sc = Scenario(trace, job, "p3.2xlarge", spot_price=0.612, on_demand_price=3.06)
+    same_d = replace(sc, changeover_s=sc.fleetd_changeover_s)
+    rng = random.Random(5)
+    runs: dict[str, list] = {}
+    for _ in range(offsets):
+        w = trace.window(rng.uniform(0, trace.duration_s - 3 * job.deadline_s))
+        for name in sc.policy_names():
+            runs.setdefault(name, []).append(sc.run(name, trace=w))
+        runs.setdefault("uniform-progress (d=0.05 h)", []).append(same_d.run("uniform-progress", trace=w))
+    return {
+        name: {
+            "mean_cost_usd": round(statistics.fmean(r.cost_usd for r in rs), 2),
+            "misses": sum(1 for r in rs if not r.deadline_met),
+            "mean_on_demand_h": round(statistics.fmean(r.on_demand_node_s for r in rs) / 3600, 2),
+        }
+        for name, rs in runs.items()
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--offsets", type=int, default=200)
+    args = ap.parse_args()
+    p3 = load_trace("p3")
+    day = repeat_to(p3, 24.0)
+    speed_24h = timed_runs(p3_scenario(day))
+    speed_p3 = timed_runs(p3_scenario(p3))
+    print(f"24 h trace ({day.removals()} removals, max {day.max_live} nodes): seconds per policy {speed_24h}")
+    print(f"p3 trace (11.4 h): seconds per policy {speed_p3}")
+
+    base = p3_scenario(p3)
+    effective = {name: round(base.run(name).effective_time, 4) for name in base.policy_names()}
+    variants = {
+        "daemon defaults": base,
+        "no on-demand fallback": replace(base, allow_on_demand=False),
+        "drained nodes report LEAVING": replace(base, leaving_signal=True),
+        "both": replace(base, allow_on_demand=False, leaving_signal=True),
+    }
+    fleetd_variants = {k: round(v.run("fleetd").effective_time, 4) for k, v in variants.items()}
+    for share in (0.0, 0.01):
+        job = base.job.with_(no_notice_share=share)
+        fleetd_variants[f"both, {share:.0%} losses unannounced"] = round(
+            replace(base, job=job, allow_on_demand=False, leaving_signal=True).run("fleetd").effective_time, 4
+        )
+    print(f"p3 effective time: {effective}")
+    print(f"fleetd on p3, variants: {fleetd_variants}")
+
+    deadline = deadline_comparison(args.offsets)
+    print(f"deadline jobs (48 h of work, 52 h deadline, {args.offsets} offsets): {deadline}")
+    print(
+        json.dumps(
+            {
+                "seconds_per_policy_24h_trace": speed_24h,
+                "seconds_per_policy_p3": speed_p3,
+                "p3_effective_time": effective,
+                "p3_fleetd_variants": fleetd_variants,
+                "deadline": deadline,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

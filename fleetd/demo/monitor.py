@@ -1,0 +1,57 @@
+"""What the demo sees on the wire: it subscribes to the fleet's topics like any operator tool.
+
+Payloads are decoded with the protocol's own checks (topic and payload must agree); anything
+else is counted and dropped, never trusted to the broker's filtering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from dataclasses import dataclass, field
+
+import aiomqtt
+
+from fleetd.protocol import ProtocolError, Telemetry, decode, fleet_filter
+from fleetd.protocol.logs import get_logger
+from fleetd.protocol.settings import MqttConfig
+
+log = get_logger(__name__)
+
+
+@dataclass
+class WireView:
+    fleet: str
+    telemetry: dict[str, Telemetry] = field(default_factory=dict)
+    status: dict[str, str] = field(default_factory=dict)
+    events: list[tuple[float, str, str, str]] = field(default_factory=list)  # (t, iid, kind, detail)
+    kinds: Counter = field(default_factory=Counter)
+    rejected: int = 0
+
+    async def run(self, mqtt: MqttConfig) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                async with aiomqtt.Client(mqtt.host, mqtt.port, identifier=f"fleetd-demo-view") as client:
+                    await client.subscribe(fleet_filter(self.fleet), qos=1)
+                    async for m in client.messages:
+                        self.handle(str(m.topic), m.payload, loop.time())
+            except aiomqtt.MqttError as exc:
+                log.warning("demo_view_disconnected", error=str(exc))
+                await asyncio.sleep(1.0)
+
+    def handle(self, topic: str, payload: object, now: float) -> None:
+        try:
+            where, msg = decode(topic, payload if isinstance(payload, (bytes, str)) else b"", fleet=self.fleet)
+        except ProtocolError:
+            self.rejected += 1
+            return
+        self.kinds[msg.kind] += 1
+        if msg.kind == "telemetry":
+            self.telemetry[where.instance_id] = msg
+        elif msg.kind == "status":
+            self.status[where.instance_id] = msg.state
+        else:
+            detail = " ".join(f"{k}={v}" for k, v in msg.model_dump(
+                exclude={"schema_version", "msg_id", "instance_id", "sent_at", "kind"}).items() if v is not None)
+            self.events.append((now, where.instance_id, msg.kind, detail))

@@ -1,0 +1,85 @@
+"""Play a scenario against the running demo: the demo is AWS here.
+
+A notice appears at the node's IMDS and, ``notice_s`` later, the instance is terminated in EC2
+whether the fleet was ready or not. A capacity error makes the cheapest spot pool answer
+CreateFleet with InsufficientInstanceCapacity (through the fault proxy, in AWS's own payload).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+from fleetd.adapters.faults import FaultProxy
+from fleetd.adapters.pricing import DEMO_PRICE_BOOK, FilePriceBook
+from fleetd.demo import configs
+from fleetd.demo.scenario import Step
+from fleetd.policy.model import PoolId
+from fleetd.protocol.logs import get_logger
+
+log = get_logger(__name__)
+
+
+def cheapest_pools() -> list[PoolId]:
+    book = FilePriceBook.load(DEMO_PRICE_BOOK)
+    priced = []
+    for pool in book.pools():
+        price = book.price_at(pool, time.time())
+        if pool.instance_type in configs.DEMO_TYPES and pool.zone in configs.DEMO_ZONES and price and price.spot:
+            priced.append((price.spot, pool))
+    return [pool for _, pool in sorted(priced)]
+
+
+async def play_scenario(run: Any, ec2: Any, proxy: FaultProxy, events_file: Path) -> None:
+    scenario = run.opts.scenario
+    if scenario is None or not scenario.steps:
+        return
+    while run.training_since is None:
+        await asyncio.sleep(0.5)
+    async with asyncio.TaskGroup() as reclaims:
+        for step in sorted(scenario.steps, key=lambda s: s.at_s):
+            await asyncio.sleep(max(0.0, run.training_since + step.at_s - time.time()))
+            target = await _apply(run, step, proxy)
+            if step.kind == "notice" and target is not None:
+                reclaims.create_task(_reclaim(run, ec2, target, scenario.notice_s))
+
+
+async def _apply(run: Any, step: Step, proxy: FaultProxy) -> str | None:
+    launcher = run.launcher
+    noticed = {t for _, kind, t in run.injected if kind == "notice"}
+    if step.kind in ("notice", "rebalance"):
+        spot = sorted((n for n in launcher.live() if n.lifecycle == "spot" and n.instance_id not in noticed),
+                      key=lambda n: n.started_at)
+        if len(spot) <= step.target:
+            log.warning("demo_step_skipped", step=step.kind, why="no live spot node to target")
+            return None
+        node = spot[step.target]
+        if step.kind == "notice":
+            node.imds.schedule_notice(action_in_s=run.opts.scenario.notice_s)
+        else:
+            node.imds.schedule_rebalance()
+        run.injected.append((time.time(), step.kind, node.instance_id))
+        log.info("demo_injected", kind=step.kind, instance_id=node.instance_id)
+        return node.instance_id
+    if step.kind == "capacity-error":
+        pool = cheapest_pools()[step.target]
+        proxy.fail("CreateFleet", "InsufficientInstanceCapacity", pool=pool, times=None)
+        run.injected.append((time.time(), step.kind, str(pool)))
+        log.info("demo_injected", kind=step.kind, pool=str(pool))
+        return str(pool)
+    if step.kind == "capacity-restored":
+        proxy.clear()
+        run.injected.append((time.time(), step.kind, ""))
+        return None
+    raise ValueError(f"unknown scenario step {step.kind!r}")
+
+
+async def _reclaim(run: Any, ec2: Any, instance_id: str, notice_s: float) -> None:
+    """AWS acts when the notice period ends, ready or not."""
+    await asyncio.sleep(notice_s)
+    node = run.launcher.nodes.get(instance_id)
+    if node is not None and node.stopped_at is None:
+        await ec2.terminate_instances(InstanceIds=[instance_id])
+        log.info("demo_reclaimed", instance_id=instance_id, after_s=notice_s)

@@ -1,0 +1,186 @@
+"""`fleetd demo`: a local cloud, the real daemons, local nodes, injected interruptions, a report.
+
+Everything it starts is a child in its own process group, stopped in reverse order on the way
+out (also on Ctrl-C or an error), so nothing survives the demo.
+
+    moto server (EC2, S3) ← fault proxy ← fleetd run        (controller, real adapters)
+    mosquitto / amqtt     ← fleetd run, agents, this view
+    fleetd rendezvous     ← torchrun on every node
+    launcher: each EC2 instance → fake IMDS + fleet-agent run (→ torchrun → train_toy)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fleetd.demo import configs
+from fleetd.demo.broker import start_broker
+from fleetd.demo.launcher import Launcher
+from fleetd.demo.monitor import WireView
+from fleetd.demo.procs import Child, free_port, wait_port
+from fleetd.demo.scenario import Scenario
+from fleetd.protocol.logs import get_logger
+from fleetd.protocol.settings import MqttConfig
+
+log = get_logger(__name__)
+
+# The demo's cloud is local: every process it starts uses these keys, so nothing can ever reach
+# a real AWS account from a demo, whatever the user's environment holds.
+DEMO_AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "fleetd-demo",
+    "AWS_SECRET_ACCESS_KEY": "fleetd-demo",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+
+
+@dataclass
+class DemoOptions:
+    nodes: int = 3
+    duration_s: float = 180.0
+    scenario: Scenario | None = None
+    budget_usd: float = 5.0
+    max_usd_per_hour: float = 10.0
+    workdir: Path | None = None
+    live_view: bool = True
+    steps: int = 1_000_000  # the job never finishes inside a demo
+
+
+@dataclass
+class DemoRun:
+    """Everything the demo started, plus what it observed (for the view and the report)."""
+
+    opts: DemoOptions
+    workdir: Path
+    children: list[Child] = field(default_factory=list)
+    started_at: float = field(default_factory=time.time)
+    training_since: float | None = None
+    injected: list[tuple[float, str, str]] = field(default_factory=list)  # (wall time, kind, target)
+    fleetd: Child | None = None
+    view: WireView | None = None
+    launcher: Launcher | None = None
+    stopped_by_budget: bool = False
+    failure: str | None = None  # why the demo could not show the loop working
+
+
+async def _start(run: DemoRun, name: str, argv: list[str], env: dict[str, str] | None = None) -> Child:
+    child = await Child.start(name, argv, run.workdir / f"{name}.log", env=env)
+    run.children.append(child)
+    return child
+
+
+async def _stop_all(run: DemoRun) -> None:
+    if run.launcher is not None:
+        await run.launcher.close()
+    for child in reversed(run.children):
+        await child.stop(timeout=15.0 if child.name == "fleetd" else 5.0)
+
+
+async def run_demo(opts: DemoOptions) -> dict:
+    from aiobotocore.session import get_session
+
+    from fleetd.adapters.faults import FaultProxy
+    from fleetd.demo.play import play_scenario
+    from fleetd.demo.report import build_report
+    from fleetd.demo.view import render_loop
+
+    os.environ.update(DEMO_AWS_ENV)
+    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        os.environ.pop(var, None)
+    workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="fleetd-demo-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    run = DemoRun(opts, workdir)
+    events_file = workdir / "trainer-events.jsonl"
+    proxy: FaultProxy | None = None
+    session = get_session()
+    try:
+        moto_port = free_port()
+        await _start(run, "moto", [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)])
+        await wait_port("127.0.0.1", moto_port, timeout=30)
+        moto_url = f"http://127.0.0.1:{moto_port}"
+        proxy = FaultProxy(moto_url).start()
+        broker, mqtt_url, broker_kind = await start_broker(workdir)
+        run.children.append(broker)
+        ep = configs.DemoEndpoints(aws_url=proxy.url, s3_url=moto_url, mqtt_url=mqtt_url, rdzv_port=free_port())
+        aws = {"endpoint_url": moto_url, "region_name": "us-east-1"}
+        async with session.create_client("s3", **aws) as s3:
+            await s3.create_bucket(Bucket=configs.DEMO_BUCKET)
+        async with session.create_client("ec2", **aws) as ec2:
+            ami = (await ec2.describe_images(Owners=["amazon"]))["Images"][0]["ImageId"]
+        fleetd_conf = configs.fleetd_toml(workdir, ep, opts.nodes, opts.budget_usd, opts.max_usd_per_hour, ami)
+        cli = [sys.executable, "-m", "fleetd.cli"]
+        await _start(run, "rendezvous", [*cli, "rendezvous", "--config", str(fleetd_conf)])
+        await wait_port("127.0.0.1", ep.rdzv_port, timeout=30)
+        run.fleetd = await _start(run, "fleetd", [*cli, "run", "--config", str(fleetd_conf)])
+        log.info("demo_cloud_ready", workdir=str(workdir), broker=broker_kind, moto=moto_url)
+
+        async with session.create_client("ec2", **aws) as ec2:
+
+            async def describe() -> list[dict]:
+                out = []
+                pages = ec2.get_paginator("describe_instances").paginate(
+                    Filters=[{"Name": "tag:fleetd:fleet", "Values": [configs.DEMO_FLEET]}])
+                async for page in pages:
+                    for res in page["Reservations"]:
+                        out += res["Instances"]
+                return out
+
+            def agent_conf(iid: str, addr: str, imds_url: str) -> Path:
+                return configs.agent_toml(workdir, ep, opts.nodes, iid, addr, imds_url, steps=opts.steps)
+
+            run.launcher = Launcher(workdir, describe, agent_conf,
+                                    env={"FLEETD_EVENTS_FILE": str(events_file)})
+            run.view = WireView(configs.DEMO_FLEET)
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    tasks = [
+                        tg.create_task(run.launcher.run(), name="launcher"),
+                        tg.create_task(run.view.run(MqttConfig(url=mqtt_url)), name="view"),
+                        tg.create_task(play_scenario(run, ec2, proxy, events_file), name="scenario"),
+                        tg.create_task(render_loop(run, events_file), name="render"),
+                    ]
+                    await _until_done(run, events_file)
+                    for t in tasks:
+                        t.cancel()
+            except* asyncio.CancelledError:
+                pass
+            report = await build_report(run, events_file, ec2, session, aws)
+        return report
+    finally:
+        await _stop_all(run)
+        if proxy is not None:
+            proxy.stop()
+
+
+async def _until_done(run: DemoRun, events_file: Path) -> None:
+    """The demo lasts ``duration_s`` of training (set-up time is not counted), or until fleetd
+    stops the job (budget cap), or until fleetd dies."""
+    from fleetd.demo.progress import Progress
+
+    hard_deadline = time.time() + run.opts.duration_s + 120.0  # set-up must not hang forever
+    while True:
+        await asyncio.sleep(1.0)
+        now = time.time()
+        if run.training_since is None and Progress.load(events_file).final_step > 0:
+            run.training_since = now
+            log.info("demo_training_started", after_s=round(now - run.started_at, 1))
+        if run.training_since is not None and now - run.training_since >= run.opts.duration_s:
+            return
+        if now > hard_deadline:
+            run.failure = f"training did not start in time; see the logs in {run.workdir}"
+            log.error("demo_deadline", why=run.failure)
+            return
+        if run.fleetd is not None and not run.fleetd.running:
+            run.failure = f"fleetd exited with {run.fleetd.proc.returncode}: {run.fleetd.tail(3)}"
+            log.error("demo_fleetd_exited", code=run.fleetd.proc.returncode, tail=run.fleetd.tail(5))
+            return
+        if run.stopped_by_budget:
+            return

@@ -1,0 +1,217 @@
+"""torchrun's rendezvous state as plain data: the codec against torch's own classes, the edits
+fleetd makes, and the pure steering decisions."""
+
+from __future__ import annotations
+
+import base64
+import os
+import pickle
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+    RendezvousSettings,
+    RendezvousTimeout,
+    _DistributedRendezvousOpExecutor,
+    _NodeDesc,
+    _RendezvousState,
+    _RendezvousStateHolder,
+)
+
+from fleetd.rendezvous import decide
+from fleetd.rendezvous.errors import RendezvousStateError
+from fleetd.rendezvous.state import MARKER_ADDR, NULL_SENTINEL, NodeId, RendezvousState, decode, encode
+
+NOW = datetime(2026, 11, 21, 6, 0, tzinfo=UTC)
+A, B, C = NodeId("127.0.0.2", 100, 0), NodeId("127.0.0.3", 200, 0), NodeId("127.0.0.4", 300, 0)
+
+
+def torch_state(**fields) -> _RendezvousState:
+    s = _RendezvousState()
+    for k, v in fields.items():
+        setattr(s, k, v)
+    return s
+
+
+def raw(s: _RendezvousState) -> bytes:
+    return base64.b64encode(pickle.dumps(s))
+
+
+def desc(n: NodeId) -> _NodeDesc:
+    return _NodeDesc(n.addr, n.pid, n.local_id)
+
+
+def complete_round(*nodes: NodeId, rnd: int = 3) -> RendezvousState:
+    return RendezvousState(
+        round=rnd,
+        complete=True,
+        participants={n: i for i, n in enumerate(sorted(nodes))},
+        last_heartbeats={n: NOW for n in nodes},
+    )
+
+
+# ---------------------------------------------------------------------- codec
+def test_decodes_what_torch_writes():
+    t = torch_state(
+        round=4, complete=True, closed=False,
+        participants={desc(A): 0, desc(B): 1}, wait_list={desc(C)},
+        last_heartbeats={desc(A): NOW, desc(B): NOW, desc(C): NOW},
+    )
+    s = decode(raw(t))
+    assert s is not None
+    assert (s.round, s.complete, s.closed) == (4, True, False)
+    assert s.participants == {A: 0, B: 1}
+    assert s.waiting == {C}
+    assert s.participant_addrs == {"127.0.0.2", "127.0.0.3"}
+
+
+def test_encode_round_trips_through_torch_objects():
+    s = complete_round(A, B).with_marker(NOW, 3)
+    back = pickle.loads(base64.b64decode(encode(s)))
+    assert isinstance(back, _RendezvousState)
+    assert back.participants == {desc(A): 0, desc(B): 1}
+    assert decode(encode(s)) == s
+
+
+def test_empty_sentinel_means_no_state():
+    assert decode(NULL_SENTINEL) is None
+
+
+def test_refuses_to_unpickle_anything_but_torchs_classes():
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    with pytest.raises(RendezvousStateError, match="not allowed"):
+        decode(base64.b64encode(pickle.dumps(Evil())))
+
+
+@pytest.mark.parametrize("value", [b"not base64!!", base64.b64encode(b"not a pickle"), base64.b64encode(pickle.dumps(42))])
+def test_corrupt_state_is_a_clear_error(value):
+    with pytest.raises(RendezvousStateError):
+        decode(value)
+
+
+# ---------------------------------------------------------------------- transforms
+def test_removing_a_participant_keeps_the_round_for_the_others():
+    s = complete_round(A, B, C).without_addrs({"127.0.0.4"})
+    assert s.participants.keys() == {A, B} and C not in s.last_heartbeats
+    assert s.complete and s.round == 3
+
+
+def test_removing_the_last_participant_opens_the_next_round_like_torch():
+    s = complete_round(A).without_addrs({"127.0.0.2"})
+    assert (s.round, s.complete) == (4, False)
+
+
+def test_incomplete_round_below_min_nodes_loses_its_deadline():
+    s = RendezvousState(round=1, participants={A: 0, B: 0}, deadline=NOW, last_heartbeats={A: NOW, B: NOW})
+    assert s.without_addrs({"127.0.0.3"}, min_nodes=2).deadline is None
+
+
+def test_completed_assigns_ranks_in_torchs_order():
+    s = RendezvousState(round=2, participants={C: 0, A: 0, B: 0}, deadline=NOW)
+    done = s.completed()
+    assert done.complete and done.deadline is None
+    assert done.participants == {A: 0, B: 1, C: 2}
+    # the same as torch's own _mark_rendezvous_complete
+    t = torch_state(round=2, participants={desc(C): 0, desc(A): 0, desc(B): 0})
+    settings = RendezvousSettings("r", 1, 4, RendezvousTimeout(), timedelta(seconds=1), 3)
+    ex = _DistributedRendezvousOpExecutor.__new__(_DistributedRendezvousOpExecutor)
+    ex._state, ex._node, ex._settings = t, desc(A), settings
+    ex._record = lambda **kw: None
+    ex._mark_rendezvous_complete()
+    assert {NodeId(n.addr, n.pid, n.local_id): r for n, r in t.participants.items()} == done.participants
+
+
+def test_marker_counts_as_waiting_for_torch_but_not_for_fleetd():
+    s = complete_round(A, B).with_marker(NOW, 3)
+    assert s.has_marker and s.waiting == frozenset()
+    assert len(pickle.loads(base64.b64decode(encode(s))).wait_list) == 1  # torch sees 1 waiting
+    assert not s.without_markers().has_marker
+
+
+# ---------------------------------------------------------------------- decisions
+def obs(state, **kw) -> decide.Observation:
+    kw.setdefault("members", state.participant_addrs if state is not None and state.complete else None)
+    return decide.Observation(state=state, now=NOW, **kw)
+
+
+def kinds(actions) -> list[str]:
+    return [type(a).__name__ for a in actions]
+
+
+def test_drain_ready_node_is_removed_and_told_to_leave():
+    acts = decide.plan(obs(complete_round(A, B, C), drain_ready=frozenset({"127.0.0.4"})))
+    assert kinds(acts) == ["RemoveNodes", "TellLeave"]
+    assert acts[0].addrs == {"127.0.0.4"} and acts[1].addr == "127.0.0.4"
+    assert all(a.reason for a in acts)
+
+
+def test_survivors_are_poked_once_the_leaver_left():
+    s = complete_round(A, B)
+    told = {"127.0.0.4": NOW - timedelta(seconds=0.2)}
+    assert decide.plan(obs(s, told_leave=told)) == ()  # still stopping its tree
+    acts = decide.plan(obs(s, told_leave=told, left=frozenset({"127.0.0.4"})))
+    assert kinds(acts) == ["PokeSurvivors"] and acts[0].finished == {"127.0.0.4"}
+
+
+def test_a_leaver_that_never_confirms_is_given_up_on_after_the_timeout():
+    acts = decide.plan(obs(complete_round(A, B), told_leave={"127.0.0.4": NOW - timedelta(seconds=30)}))
+    assert kinds(acts) == ["PokeSurvivors"]
+
+
+def test_round_completes_as_soon_as_the_expected_nodes_joined():
+    forming = RendezvousState(round=4, participants={A: 0}, deadline=NOW + timedelta(seconds=30),
+                              last_heartbeats={A: NOW})
+    members = frozenset({"127.0.0.2", "127.0.0.3"})
+    assert decide.plan(obs(forming, members=members)) == ()
+    forming = RendezvousState(round=4, participants={A: 0, B: 0}, deadline=NOW + timedelta(seconds=30),
+                              last_heartbeats={A: NOW, B: NOW})
+    assert kinds(decide.plan(obs(forming, members=members))) == ["CompleteRound"]
+
+
+def test_newcomer_in_wait_list_is_expected_too():
+    forming = RendezvousState(round=4, participants={A: 0, B: 0}, wait_list=frozenset({C}),
+                              last_heartbeats={A: NOW, B: NOW, C: NOW})
+    o = obs(forming, members=frozenset({"127.0.0.2", "127.0.0.3"}))
+    assert decide.expected_members(o) == {"127.0.0.2", "127.0.0.3", "127.0.0.4"}
+    assert decide.plan(o) == ()
+
+
+def test_without_known_members_fleetd_leaves_completion_to_torch():
+    forming = RendezvousState(round=0, participants={A: 0}, last_heartbeats={A: NOW})
+    assert decide.plan(obs(forming, members=None)) == ()
+
+
+def test_silent_nodes_are_removed_and_not_waited_for():
+    old = NOW - timedelta(seconds=10)
+    s = RendezvousState(round=3, complete=True, participants={A: 0, B: 1}, last_heartbeats={A: NOW, B: old})
+    acts = decide.plan(obs(s))
+    assert kinds(acts) == ["RemoveNodes"] and acts[0].addrs == {"127.0.0.3"}
+    forming = RendezvousState(round=4, participants={A: 0}, last_heartbeats={A: NOW})
+    o = obs(forming, members=frozenset({"127.0.0.2", "127.0.0.3"}), heartbeats={"127.0.0.3": old})
+    assert kinds(decide.plan(o)) == ["CompleteRound"]
+
+
+def test_marker_from_an_earlier_round_is_dropped():
+    s = complete_round(A, B, rnd=5).with_marker(NOW, 4)
+    assert kinds(decide.plan(obs(s))) == ["DropMarkers"]
+    assert decide.plan(obs(complete_round(A, B, rnd=5).with_marker(NOW, 5))) == ()
+
+
+def test_closed_rendezvous_is_left_alone():
+    assert decide.plan(obs(complete_round(A).closed_for_good(), drain_ready=frozenset({"127.0.0.2"}))) == ()
+
+
+def test_marker_addr_is_not_a_real_address():
+    assert NodeId(MARKER_ADDR, 0, 1).is_marker and not A.is_marker
+
+
+def test_torch_state_holder_interface_is_what_we_patch():
+    # agent/torchrun_main.py shortens this default; fail loudly if torch changes it.
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _BackendRendezvousStateHolder
+
+    assert _BackendRendezvousStateHolder.__init__.__defaults__ == (1,)
+    assert RendezvousTimeout().last_call == timedelta(seconds=30)
+    assert issubclass(_BackendRendezvousStateHolder, _RendezvousStateHolder) and RendezvousSettings
