@@ -77,6 +77,7 @@ class EmergencyFlow:
     uploader: ShardUploader | None = None
     leave_event: asyncio.Event = field(default_factory=asyncio.Event)  # set by an MQTT leave
     poll_s: float = 0.02
+    leave_wait_s: float = 30.0
 
     async def _store(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kw)
@@ -108,7 +109,9 @@ class EmergencyFlow:
             await self._store(self.link.mark_drain_ready, self.node_addr,
                               keys.DrainReady(step=step, durable=durable, detail=detail))
             mark("drain_ready")
-            await self._wait_leave(until=t0 + budget)
+            # fleetd answers within a pass when it is up; without it, do not hold the survivors
+            # for the whole notice (they re-form by themselves once this node is gone).
+            await self._wait_leave(until=t0 + min(budget, self.leave_wait_s))
             mark("leave")
         except StoreLinkError as exc:
             # The store is unreachable: nobody can steer; stop the tree anyway before the deadline.
@@ -194,7 +197,7 @@ class ElasticHooks:
     log_path: Path | None = None
     torchrun: TorchrunProcess | None = None
     flow: EmergencyFlow | None = None
-    _emergency: asyncio.Task | None = None
+    draining: bool = False
 
     @classmethod
     def from_context(cls, ctx: "AgentContext") -> "ElasticHooks":
@@ -238,8 +241,9 @@ class ElasticHooks:
         await self._drain(deadline=command.deadline, reason=command.reason)
 
     async def _drain(self, *, deadline: datetime | None, reason: str) -> None:
-        if self.torchrun is None or self.flow is not None:
+        if self.torchrun is None or self.draining:
             return  # not training, or already leaving (notice and drain both arrived)
+        self.draining = True
         await self.set_state("draining")
         link = await asyncio.to_thread(self._link().connect)
 
@@ -257,8 +261,8 @@ class ElasticHooks:
     async def on_checkpoint_saved(self, report: Any) -> None:
         """Periodic checkpoints go to S3 too, so a node lost without notice costs at most one
         interval (the survivors resume from the newest copy they hold; a newcomer from S3)."""
-        if self.checkpoints is None or self.flow is not None:
-            return
+        if self.checkpoints is None or self.draining:
+            return  # while draining, the emergency path uploads the step that matters
 
         async def body(store: Any) -> None:
             result = await store.upload_step(

@@ -31,6 +31,7 @@ from agent.outbox import Outbox
 from agent.telemetry import TelemetryLoop
 from agent.trainer_channel import TrainerChannel, TrainerProgress
 from fleetd.protocol.logs import bind_context, get_logger
+from fleetd.protocol.sdnotify import Heartbeat, Notifier, watchdog
 from fleetd.protocol.messages import (
     CheckpointCommand,
     CheckpointSaved,
@@ -140,6 +141,8 @@ class Agent:
     def __init__(self, config: AgentConfig, hooks_factory: HooksFactory | None = None) -> None:
         self.config = config
         self.hooks_factory = hooks_factory or default_hooks_factory(config)
+        # Read (and removed from os.environ) before torchrun is spawned: children must not inherit it.
+        self.notifier = Notifier.from_environment()
         self._stop = asyncio.Event()
         self._commands: asyncio.Queue[Message] = asyncio.Queue()
         self._tg: asyncio.TaskGroup | None = None
@@ -202,7 +205,12 @@ class Agent:
                     tg.create_task(trainer.run(), name="trainer-channel"),
                     tg.create_task(self._dispatch_commands(), name="commands"),
                     tg.create_task(self._guarded("hooks.run", hooks.run), name="hooks"),
+                    # systemd pings only while the IMDS watcher keeps polling (a stuck one would miss a notice).
+                    tg.create_task(
+                        watchdog(self.notifier, Heartbeat.following(lambda: watcher.polls, 10.0)), name="watchdog"
+                    ),
                 ]
+                self.notifier.ready("watching IMDS")
                 await self._stop.wait()
                 await self._shutdown(hooks, session)
                 for task in tasks:
@@ -302,8 +310,13 @@ async def run_agent(config: AgentConfig, hooks_factory: HooksFactory | None = No
     """Run until SIGTERM/SIGINT (or a shutdown command), then stop cleanly within the timeout."""
     agent = Agent(config, hooks_factory)
     loop = asyncio.get_running_loop()
+
+    def stop() -> None:
+        agent.notifier.stopping("checkpoint, upload, leave")
+        agent.request_stop()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, agent.request_stop)
+        loop.add_signal_handler(sig, stop)
     try:
         await agent.run()
     finally:

@@ -48,8 +48,9 @@ def main() -> None:
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         _connect(conn, path, float(os.environ.get("FLEETD_WARM_WAIT_S", "30")))
-        env = {k: v for k, v in os.environ.items() if k != ENV_SOCKET}
-        send_msg(conn, {"argv": argv, "env": env, "cwd": os.getcwd(), "module": True}, [0, 1, 2])
+        # The environment travels whole, pool socket included: a forked torchrun's own workers
+        # are forked from the same pool.
+        send_msg(conn, {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "module": True}, [0, 1, 2])
         pid = recv_msg(conn)[0]["pid"]
     except (OSError, ConnectionError, KeyError, ValueError) as exc:
         print(f"warm_launch: pool unavailable ({exc}); starting a cold worker", file=sys.stderr)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import array
+import gc
 import importlib
 import json
 import os
@@ -121,12 +122,31 @@ def _run_worker(conn: socket.socket, request: dict, fds: list[int]) -> None:
             os._exit(code)
 
 
+def warm_torch_lazily_imported_parts() -> None:
+    """Constructing the first optimizer imports ~800 modules (torch._dynamo, sympy, ...): about a
+    second of CPU in every fresh worker. Do it once here. It runs no tensor op, starts no thread
+    (checked in tests), so forking afterwards stays safe."""
+    if "torch" not in sys.modules:
+        return
+    import torch
+
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+
+
 def serve(socket_path: str, preload: list[str]) -> None:
     for name in preload:
         try:
             importlib.import_module(name)
         except Exception as exc:  # noqa: BLE001 - a bad preload only costs warmth
             print(f"warm_pool: cannot preload {name}: {exc}", file=sys.stderr)
+    warm_torch_lazily_imported_parts()
+    if threading.active_count() > 1 or len(os.listdir("/proc/self/task")) > 1:
+        print("warm_pool: a preload started threads; forked workers may misbehave", file=sys.stderr)
+    # Everything imported so far is shared with every forked worker. Move it out of the garbage
+    # collector's sight: a collection in a worker would otherwise touch every object and copy
+    # the whole heap page by page (seconds of CPU on a busy machine).
+    gc.collect()
+    gc.freeze()
     try:
         os.unlink(socket_path)
     except FileNotFoundError:

@@ -58,7 +58,7 @@ def _first_step_at(cluster: LocalCluster, world: int, since: float, nodes: set[s
 async def steered(workdir: Path, endpoint: str, cycles: int) -> dict:
     cluster = LocalCluster(workdir, run_id="bench", min_nodes=1, max_nodes=8, ckpt_interval=50,
                            train_args=TRAIN_ARGS, s3_bucket=BUCKET, s3_endpoint=endpoint)
-    cfg = CheckpointConfig(bucket=BUCKET, prefix="bench", local_dir=workdir / "agent")
+    cfg = CheckpointConfig(bucket=BUCKET, prefix=cluster.s3_prefix, local_dir=workdir / "agent")
     aws = AwsConfig(region="us-east-1", endpoint_url=endpoint)
     out: dict = {"notice_s": [], "steps_lost": [], "join_s": [], "join_steps_lost": [], "phases": []}
     try:

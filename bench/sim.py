@@ -59,13 +59,15 @@ def p3_scenario(trace: Trace, **kw) -> Scenario:
 
 
 def timed_runs(sc: Scenario, repeats: int = 3) -> dict[str, float]:
+    """Best of ``repeats`` CPU seconds per policy (CPU time: the box is shared, wall time is not
+    this process's alone)."""
     out = {}
     for name in sc.policy_names():
         best = float("inf")
         for _ in range(repeats):
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             sc.run(name)
-            best = min(best, time.perf_counter() - t0)
+            best = min(best, time.process_time() - t0)
         out[name] = round(best, 4)
     return out
 
@@ -100,8 +102,8 @@ def main() -> None:
     day = repeat_to(p3, 24.0)
     speed_24h = timed_runs(p3_scenario(day))
     speed_p3 = timed_runs(p3_scenario(p3))
-    print(f"24 h trace ({day.removals()} removals, max {day.max_live} nodes): seconds per policy {speed_24h}")
-    print(f"p3 trace (11.4 h): seconds per policy {speed_p3}")
+    print(f"24 h trace ({day.removals()} removals, max {day.max_live} nodes): CPU seconds per policy {speed_24h}")
+    print(f"p3 trace (11.4 h): CPU seconds per policy {speed_p3}")
 
     base = p3_scenario(p3)
     effective = {name: round(base.run(name).effective_time, 4) for name in base.policy_names()}
@@ -125,8 +127,8 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "seconds_per_policy_24h_trace": speed_24h,
-                "seconds_per_policy_p3": speed_p3,
+                "cpu_seconds_per_policy_24h_trace": speed_24h,
+                "cpu_seconds_per_policy_p3": speed_p3,
                 "p3_effective_time": effective,
                 "p3_fleetd_variants": fleetd_variants,
                 "deadline": deadline,

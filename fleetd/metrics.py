@@ -18,7 +18,6 @@ half-updated node table.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import math
 import time
@@ -208,9 +207,3 @@ class MetricsServer:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
-
-
-async def serve_metrics(metrics: FleetMetrics, host: str, port: int) -> None:
-    """Serve until cancelled: one line in the daemon's TaskGroup."""
-    async with MetricsServer(metrics, host, port):
-        await asyncio.Event().wait()

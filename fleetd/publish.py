@@ -82,6 +82,7 @@ class PassPublisher:
         self.rendezvous = rendezvous
         self._pool_totals: dict[str, dict[str, int]] = {"notices": {}, "capacity_errors": {}}
         self._rebalanced: set[str] = set()
+        self._last_plan: Any = None
 
     async def publish(self, report: Any, reconciler: Any) -> StatusSnapshot:
         nodes = await _nodes(report, reconciler)
@@ -89,8 +90,12 @@ class PassPublisher:
         checkpoint = None
         if signals.last_durable_checkpoint_step is not None and signals.last_durable_checkpoint_at is not None:
             checkpoint = (signals.last_durable_checkpoint_step, signals.last_durable_checkpoint_at)
-        plan = report.plan
-        snap = build_snapshot(
+        # A pass cut short before planning (EC2 unreachable) keeps showing the last known budget.
+        plan = self._last_plan = report.plan or self._last_plan
+        # Building (pydantic) and writing are ~30 ms at 2,000 nodes: off the event loop.
+        snap = await asyncio.to_thread(
+            _build_and_write,
+            self.cfg.fleet.state_dir,
             now=report.now,
             fleet=self.cfg.fleet.name,
             reconcile_interval_s=self.cfg.fleet.reconcile_interval_s,
@@ -105,9 +110,8 @@ class PassPublisher:
         self.metrics.observe_snapshot(snap)
         duration = getattr(report, "duration_s", None)
         if duration is not None:
-            self.metrics.reconcile_duration.observe(duration)
+            self.metrics.observe_reconcile(duration)
         await self._count_events(nodes, reconciler)
-        await asyncio.to_thread(write_snapshot, self.cfg.fleet.state_dir, snap)
         return snap
 
     async def _count_events(self, nodes: Sequence[Node], reconciler: Any) -> None:
@@ -127,6 +131,12 @@ class PassPublisher:
             if n.rebalance_at is not None and n.instance_id not in self._rebalanced:
                 self._rebalanced.add(n.instance_id)
                 self.metrics.count_rebalance(str(n.pool))
+
+
+def _build_and_write(state_dir: Any, **facts: Any) -> StatusSnapshot:
+    snap = build_snapshot(**facts)
+    write_snapshot(state_dir, snap)
+    return snap
 
 
 async def _nodes(report: Any, reconciler: Any) -> list[Node]:
@@ -203,7 +213,8 @@ async def _publish_passes(ctx: Any, publisher: PassPublisher) -> None:
             last = report
             try:
                 await publisher.publish(report, ctx.reconciler)
-            except OSError as exc:
-                # A full disk must not take the controller down; the next pass retries.
-                log.warning("status_publish_failed", error=str(exc))
+            except Exception as exc:  # noqa: BLE001 (CancelledError is not an Exception: it propagates)
+                # Status and metrics are for people: a full disk or a bug here must not take the
+                # controller (and the fleet's budget enforcement) down. The next pass retries.
+                log.error("status_publish_failed", error=repr(exc), exc_info=exc)
         await asyncio.sleep(POLL_S)

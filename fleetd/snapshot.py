@@ -177,7 +177,7 @@ def write_snapshot(state_dir: Path, snapshot: StatusSnapshot) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=".status-", suffix=".json", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(snapshot.model_dump_json(indent=1).encode())
+            f.write(snapshot.model_dump_json().encode())  # compact: 2,000 nodes stay ~0.5 MB
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o640)

@@ -13,6 +13,7 @@ from agent.checkpoint_store.uploader import MiB, UploadTuning, choose_part_size
 from fleetd.protocol.checkpoints import (
     CheckpointLayout,
     Checksum,
+    Digest,
     FileEntry,
     LatestPointer,
     Manifest,
@@ -102,6 +103,24 @@ def test_merge_needs_every_expected_writer_and_distinct_files():
     clash = receipt("b", ["__0_0.distcp"])
     with pytest.raises(ProtocolError, match="more than once"):
         merge_receipts([a, clash], job="train", step=7, merged_by="a")
+
+
+def test_digest_reproduces_plain_and_s3_composite_sha256():
+    data = bytes(range(256)) * 1000  # 256,000 bytes
+    parts = [hashlib.sha256(data[i : i + 100_000]).digest() for i in range(0, len(data), 100_000)]
+    want = hashlib.sha256(b"".join(parts)).hexdigest()  # S3's COMPOSITE ChecksumSHA256, in hex
+    for chunk in (1, 4096, 100_000, 300_000):  # however the bytes arrive
+        d = Digest("sha256-composite", 100_000)
+        for i in range(0, len(data), chunk):
+            d.update(data[i : i + chunk])
+        assert d.checksum() == Checksum(algorithm="sha256-composite", value=want, part_size=100_000)
+    plain = Digest("sha256")
+    plain.update(data)
+    assert plain.checksum().value == hashlib.sha256(data).hexdigest()
+    with pytest.raises(ValueError, match="part_size"):
+        Checksum(algorithm="sha256-composite", value=want)
+    with pytest.raises(ProtocolError, match="cannot be verified"):
+        Digest.like(Checksum(algorithm="crc32c", value="0a1b2c3d"))
 
 
 def test_part_size_is_chosen_for_throughput_and_s3_limits():

@@ -4,6 +4,7 @@ retention, conditional `latest`, deadline reporting."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import os
 from datetime import UTC, datetime, timedelta
@@ -14,6 +15,7 @@ from structlog.testing import capture_logs
 
 from agent.checkpoint_store import CheckpointStore, PreconditionFailed, UploadTuning
 from agent.checkpoint_store.uploader import MiB
+from fleetd.protocol.checkpoints import Checksum, Digest
 from fleetd.protocol.settings import AwsConfig, CheckpointConfig
 
 BUCKET = "ckpt-test"
@@ -25,10 +27,10 @@ TUNING = UploadTuning(concurrency=4, part_size=5 * MiB)
 def open_store(aws_client_kwargs, tmp_path):
     """open_store(name, keep=3) -> async context manager of a CheckpointStore: one per 'node'."""
 
-    def make(node: str = "node", keep: int = 3):
+    def make(node: str = "node", keep: int = 3, tuning: UploadTuning = TUNING):
         cfg = CheckpointConfig(bucket=BUCKET, prefix="runs", keep=keep, local_dir=tmp_path / node)
         aws = AwsConfig(region=aws_client_kwargs["region_name"], endpoint_url=aws_client_kwargs["endpoint_url"])
-        return CheckpointStore.connect(cfg, aws, job="train", tuning=TUNING, client_config=aws_client_kwargs["config"])
+        return CheckpointStore.connect(cfg, aws, job="train", tuning=tuning, client_config=aws_client_kwargs["config"])
 
     return make
 
@@ -44,6 +46,12 @@ def write(path: Path, nbytes: int) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(os.urandom(nbytes))
     return path
+
+
+def digest_like(checksum: Checksum, path: Path) -> Checksum:
+    d = Digest.like(checksum)
+    d.update(path.read_bytes())
+    return d.checksum()
 
 
 def sha(path: Path) -> str:
@@ -82,7 +90,9 @@ async def test_sharded_checkpoint_from_three_writers_round_trips_verified(open_s
     originals = {p.name: p for ps in shards.values() for p in ps}
     assert {f.name for f in restored.manifest.files} == set(originals)
     for f in restored.manifest.files:
-        assert f.checksum.algorithm == "sha256" and f.checksum.value == sha(originals[f.name])
+        # Multipart shards carry S3's composite SHA-256 (5 MiB parts), single PUTs a plain one.
+        assert f.checksum.algorithm == ("sha256-composite" if f.size > 5 * MiB else "sha256")
+        assert f.checksum == digest_like(f.checksum, originals[f.name])
         assert sha(restored.directory / f.name) == sha(originals[f.name])
     assert restored.directory == tmp_path / "restore" / "step-20"
     assert not (tmp_path / "restore" / "step-20.partial").exists()
@@ -101,12 +111,19 @@ async def test_corrupted_object_is_detected_and_previous_checkpoint_restored(sto
     tampered = bytearray(step2[0].read_bytes())
     tampered[4 * MiB] ^= 0xFF
     async with aio_session.create_client("s3", **aws_client_kwargs) as s3:
+        # The manifest's composite SHA-256 is S3's own checksum of the object (parts were sent
+        # with ChecksumSHA256), so S3 can vouch for a file without a download.
+        head = await s3.head_object(Bucket=BUCKET, Key=key, ChecksumMode="ENABLED")
+        entry = next(f for f in (await store.publisher.read_manifest(2)).files if f.name == "model.pt")
+        # (real S3 appends "-<parts>" to a composite value; moto's HEAD leaves it off)
+        s3_value = head["ChecksumSHA256"].split("-")[0]
+        assert s3_value == base64.b64encode(bytes.fromhex(entry.checksum.value)).decode()
         await s3.put_object(Bucket=BUCKET, Key=key, Body=bytes(tampered))
 
     with capture_logs() as logs:
         restored = await store.restore_latest(tmp_path / "restore")
     assert restored is not None and restored.step == 1
-    assert [s for s, _ in restored.skipped] == [2] and "SHA-256 mismatch" in restored.skipped[0][1]
+    assert [s for s, _ in restored.skipped] == [2] and "mismatch" in restored.skipped[0][1]
     fallback = [e for e in logs if e["event"] == "checkpoint_restore_fallback"]
     assert len(fallback) == 1 and fallback[0]["restored_step"] == 1 and fallback[0]["log_level"] == "warning"
     assert sha(restored.directory / "model.pt") == sha(step1[0])
@@ -183,7 +200,29 @@ async def test_deadline_is_reported_and_bad_input_is_refused(store, tmp_path):
         await store.upload_step(4, [tmp_path / "MANIFEST.json"], writer="w")
 
 
-def _b64(data: bytes) -> str:
-    import base64
+async def test_after_a_notice_the_newest_checkpoint_overtakes_older_uploads(open_store, tmp_path):
+    # One slot: parts go strictly one at a time, so the order they get it in is the whole story.
+    async with open_store("w", tuning=UploadTuning(concurrency=1, part_size=5 * MiB)) as store:
+        await store.ensure_bucket()
+        finished: list[int] = []
 
+        async def upload(step: int, path: Path, **kw):
+            r = await store.upload_step(step, [path], writer="w", **kw)
+            finished.append(step)
+            return r
+
+        old = asyncio.create_task(upload(1, write(tmp_path / "s1/m.pt", 30 * MiB)))  # 6 parts
+        while not await store.bucket.list_multipart_uploads(store.layout.step_prefix(1)):
+            await asyncio.sleep(0.01)
+        urgent = await upload(2, write(tmp_path / "s2/m.pt", 6 * MiB), deadline=datetime.now(UTC) + timedelta(minutes=2))
+        assert urgent.beat_deadline and urgent.complete and finished == [2]
+        assert not old.done()  # step 1 still has parts queued behind step 2's
+        await old
+        assert finished == [2, 1]
+        # Step 1 completed late, and `latest` stays on the newer step.
+        latest, _ = await store.publisher.read_latest()
+        assert latest.step == 2
+
+
+def _b64(data: bytes) -> str:
     return base64.b64encode(hashlib.sha256(data).digest()).decode()

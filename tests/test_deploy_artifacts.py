@@ -97,7 +97,17 @@ def test_cloud_init_writes_a_valid_agent_config(tmp_path):
     path.write_text(agent_toml["content"])
     cfg = load_settings(AgentConfig, path)
     assert cfg.mqtt.tls and cfg.mqtt.cert_file is not None
-    assert ["systemctl", "enable", "--now", "fleet-agent.service"] in data["runcmd"]
+    assert ["systemctl", "enable", "fleet-agent.service"] in data["runcmd"]
+    assert ["systemctl", "restart", "--no-block", "fleet-agent.service"] in data["runcmd"]
+
+
+def test_agent_unit_is_not_ordered_after_the_user_data_that_starts_it():
+    """User data (cloud-init's runcmd and fleetd's launch-template script) runs inside
+    cloud-final.service and (re)starts the agent: ordering the agent after cloud-final deadlocks."""
+    from tests.test_systemd import unit
+
+    after = " ".join(unit("fleet-agent.service")["Unit"].get("After", []))
+    assert "cloud-final.service" not in after and "cloud-init.service" in after
 
 
 def _unquote(v):

@@ -24,7 +24,7 @@ from fleetd.adapters.ec2 import (
 from fleetd.adapters.launch_template import AGENT_ENV_FILE, ensure_launch_template
 from fleetd.config import GpuRequirements
 from fleetd.policy.model import Market, PoolId
-from tests.reconcile_support import ZONES, Cloud, cloud  # noqa: F401
+from tests.reconcile_support import ZONES, Cloud, cloud  # noqa: F401 (the pytest fixture)
 
 A = PoolId("g4dn.xlarge", "us-east-1a")
 B = PoolId("g5.xlarge", "us-east-1b")

@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 
 def store_for(aws_client_kwargs: dict, local_dir: Path, job: str):
-    cfg = CheckpointConfig(bucket=BUCKET, prefix="ckpt", local_dir=local_dir)
+    cfg = CheckpointConfig(bucket=BUCKET, prefix="checkpoints", local_dir=local_dir)
     aws = AwsConfig(region=aws_client_kwargs["region_name"], endpoint_url=aws_client_kwargs["endpoint_url"])
     return CheckpointStore.connect(cfg, aws, job=job, client_config=aws_client_kwargs["config"])
 

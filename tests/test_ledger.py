@@ -5,6 +5,8 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fleetd.policy.ledger import (
     IdleGpuTime,
@@ -147,3 +149,33 @@ async def test_unopenable_ledger_is_a_clear_error(tmp_path) -> None:
     blocker.write_text("")
     with pytest.raises(LedgerStoreError, match="cannot open ledger"):
         await LedgerStore.open(blocker / "fleetd.db")
+
+
+def _naive_usd(start: float, end: float, initial: float, changes: list[tuple[float, float]]) -> float:
+    """Reference: walk every change in time order (changes at or before the launch do not apply)."""
+    usd, t, price = 0.0, start, initial
+    for at, new_price in sorted(changes, key=lambda c: c[0]):
+        if at <= start:
+            continue
+        if at >= end:
+            break
+        usd += price * (at - t) / 3600.0
+        t, price = at, new_price
+    return usd + price * (end - t) / 3600.0
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(
+    changes=st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 500)), max_size=12),
+    windows=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 5_000), st.integers(1, 500)),
+                     min_size=1, max_size=4),
+)
+def test_fast_accrual_matches_a_step_by_step_walk(changes, windows) -> None:
+    events: list = [PriceChanged(float(t), A, Market.SPOT, p / 100) for t, p in changes]
+    expected = 0.0
+    for k, (start, length, price) in enumerate(windows):
+        end = start + max(length, 60)  # the 60 s minimum
+        events.append(InstanceStarted(float(start), f"i-{k}", A, Market.SPOT, price / 100, 9.0))
+        events.append(InstanceStopped(float(start + length), f"i-{k}"))
+        expected += _naive_usd(start, end, price / 100, [(float(t), p / 100) for t, p in changes])
+    assert spend_usd(events, now=1e9) == pytest.approx(expected, rel=1e-9, abs=1e-12)

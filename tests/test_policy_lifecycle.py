@@ -99,3 +99,31 @@ def test_broken_boot_is_replaced_only_while_other_nodes_report() -> None:
     quiet = plan(Observation(nodes=(silent, stuck), offers=(offer(A, 0.4),), target_nodes=2,
                              last_scaling_at=NOW), cfg, NOW)
     assert quiet.actions == ()
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"phase": NodePhase.LEAVING}, "i-1 has left the rendezvous: terminating it"),
+        (
+            {"phase": NodePhase.DRAINING, "notice_at": NOW - 130, "notice_deadline": NOW - 10},
+            "i-1 drain overdue (notice deadline passed 10 s ago): terminating it",
+        ),
+        (
+            {"phase": NodePhase.DRAINING, "drain_started_at": NOW - 301},
+            "i-1 drain overdue (draining for 301 s > drain_timeout_s 300): terminating it",
+        ),
+    ],
+)
+def test_leaving_and_overdue_drains_are_terminated(fields, reason) -> None:
+    cfg = config(fleet={"min_nodes": 0, "max_nodes": 1}, rebalance={"drain_timeout_s": 300.0})
+    obs = Observation(nodes=(node("i-1", **fields),), offers=(), target_nodes=0, last_scaling_at=NOW)
+    (term,) = plan(obs, cfg, NOW).actions
+    assert isinstance(term, Terminate) and term.reason == reason
+
+
+def test_a_drain_in_time_is_left_alone() -> None:
+    cfg = config(fleet={"min_nodes": 0, "max_nodes": 1})
+    draining = node("i-1", phase=NodePhase.DRAINING, drain_started_at=NOW - 20)
+    obs = Observation(nodes=(draining,), offers=(), target_nodes=0, last_scaling_at=NOW)
+    assert plan(obs, cfg, NOW).actions == ()

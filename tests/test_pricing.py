@@ -16,7 +16,7 @@ from fleetd.adapters.pricing import (
     slope_per_hour,
 )
 from fleetd.policy.model import PoolId
-from tests.reconcile_support import Cloud, cloud  # noqa: F401
+from tests.reconcile_support import Cloud, cloud  # noqa: F401 (the pytest fixture)
 
 A = PoolId("g5.xlarge", "us-east-1a")
 B = PoolId("g5.xlarge", "us-east-1b")

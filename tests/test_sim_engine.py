@@ -128,3 +128,18 @@ def test_job_model_scaling_and_units():
         JobSpec(total_steps=0)
     with pytest.raises(ValueError):
         JobSpec(total_steps=1, min_nodes=3, max_nodes=2)
+
+
+def test_measured_bench_results_replace_design_figures(tmp_path):
+    from fleetd.sim.defaults import FLEETD_REFORM_S, measured_overrides
+
+    assert measured_overrides(tmp_path) == {}
+    (tmp_path / "rebalance.json").write_text(
+        json.dumps({"notice_to_training_s": 2.4, "default_notice_to_training_s": 41.0, "steps_lost": 0})
+    )
+    found = measured_overrides(tmp_path)
+    assert found["reform_s"].value == 2.4 and "bench/rebalance.py" in found["reform_s"].source
+    assert found["torchrun_reform_s"].value == 41.0
+    (tmp_path / "rebalance.json").write_text("not json")
+    assert measured_overrides(tmp_path) == {}
+    assert "DESIGN.md" in FLEETD_REFORM_S.source

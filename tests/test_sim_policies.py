@@ -123,3 +123,22 @@ def test_fleetd_meets_every_deadline_and_costs_no_more_than_uniform_progress(dea
     assert _mean_cost(fleetd) <= _mean_cost(deadline_runs["uniform-progress"])
     # Also against Uniform Progress given fleetd's smaller changeover overhead.
     assert _mean_cost(fleetd) <= _mean_cost(deadline_runs["uniform-progress-same-d"])
+
+
+def test_simulate_uses_an_operator_config_and_rejects_a_bad_one(tmp_path, capsys):
+    good = tmp_path / "fleetd.toml"
+    good.write_text('[capacity]\ninstance_types = ["p3.2xlarge"]\nspot_wait_s = 1200\n')
+    assert main(["simulate", "--trace", "g4dn", "--policy", "fleetd", "--config", str(good), "--json"]) == 0
+    (result,) = json.loads(capsys.readouterr().out)
+    assert result["policy"] == "fleetd" and result["completed"]
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[capacity]\nspot_wiat_s = 5\n")
+    assert main(["simulate", "--trace", "g4dn", "--config", str(bad)]) == 2
+    assert "spot_wiat_s" in capsys.readouterr().err
+
+
+def test_fleetd_stays_inside_its_budget_on_p3(capsys):
+    assert main(["simulate", "--trace", "p3", "--policy", "fleetd", "--budget-usd", "50", "--json"]) == 0
+    (result,) = json.loads(capsys.readouterr().out)
+    assert 40 < result["cost_usd"] <= 50.0  # it spent the budget, and not a cent more
+    assert not result["completed"]

@@ -61,7 +61,7 @@ async def test_metrics_and_status_agree_with_ec2_while_fleetd_runs(cloud: Cloud,
         plugins=Plugins(components=[status_component(port=0, on_listening=ports.append)]),
     ))
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120  # generous: a loaded 2-core CI box
         status: dict = {}
         ec2: list = []
         while time.monotonic() < deadline:
@@ -72,7 +72,7 @@ async def test_metrics_and_status_agree_with_ec2_while_fleetd_runs(cloud: Cloud,
                 if status["node_count"] == len(ec2) == 3 and status["rendezvous"] is not None:
                     break
             await asyncio.sleep(0.3)
-        assert status.get("node_count") == len(ec2) == 3, (status, len(ec2))
+        assert status.get("node_count") == len(ec2) == 3 and status.get("rendezvous"), (status, len(ec2))
         assert sorted(n["instance_id"] for n in status["nodes"]) == sorted(i["InstanceId"] for i in ec2)
         assert status["source"] == "snapshot" and status["stale"] is False
         assert status["budget"]["total_usd"] == 10_000.0 and status["target_nodes"] == 3

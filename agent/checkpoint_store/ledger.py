@@ -25,6 +25,20 @@ log = get_logger(__name__)
 class LedgerEntry:
     key: str
     upload_id: str
+    pid: int
+
+    def owner_alive(self) -> bool:
+        """Whether the process that started the upload still runs (then it is not stale).
+        This process's own entries count as dead: it knows which uploads it has in flight."""
+        if self.pid == os.getpid():
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
 
 
 class UploadLedger:
@@ -39,7 +53,7 @@ class UploadLedger:
     def record(self, key: str, upload_id: str) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         tmp = self._path(upload_id).with_suffix(".tmp")
-        tmp.write_text(json.dumps({"key": key, "upload_id": upload_id}))
+        tmp.write_text(json.dumps({"key": key, "upload_id": upload_id, "pid": os.getpid()}))
         os.replace(tmp, self._path(upload_id))
 
     def forget(self, upload_id: str) -> None:
@@ -52,7 +66,7 @@ class UploadLedger:
         for p in sorted(self.directory.glob("*.json")):
             try:
                 d = json.loads(p.read_text())
-                out.append(LedgerEntry(str(d["key"]), str(d["upload_id"])))
+                out.append(LedgerEntry(str(d["key"]), str(d["upload_id"]), int(d["pid"])))
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("upload_ledger_entry_unreadable", path=str(p), error=str(exc))
                 p.unlink(missing_ok=True)

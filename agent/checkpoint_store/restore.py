@@ -3,7 +3,7 @@
 Candidates are every ``step-N/`` under the job prefix plus the step ``latest`` names (listing, not
 only ``latest``, so a node killed between writing the manifest and moving ``latest`` loses
 nothing). Newest first: a step without a manifest is an upload in progress and is passed over; a
-step with a manifest is downloaded (files in parallel, each streamed to disk while it is hashed)
+step with a manifest is downloaded (files in parallel, each streamed to disk while it is hashed the way the manifest says)
 into ``<dest>/step-N.partial`` and checked file by file against the manifest's size and SHA-256.
 Only a fully verified copy is renamed to ``<dest>/step-N``. If a newer checkpoint had to be passed
 over because it is corrupt, invalid, or named by ``latest`` but incomplete, one warning line
@@ -13,13 +13,12 @@ over because it is corrupt, invalid, or named by ``latest`` but incomplete, one 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleetd.protocol.checkpoints import FileEntry, Manifest
+from fleetd.protocol.checkpoints import Checksum, Digest, FileEntry, Manifest
 from fleetd.protocol.errors import ProtocolError
 from fleetd.protocol.logs import get_logger
 
@@ -42,17 +41,18 @@ class RestoredCheckpoint:
 
 
 class _Sink:
-    """A file being written and hashed chunk by chunk (called from worker threads, one at a time)."""
+    """A file being written and hashed chunk by chunk (called from worker threads, one at a time),
+    the way its manifest entry was hashed (Digest: sha256 or sha256-composite)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, checksum: Checksum):
+        self.digest = Digest.like(checksum)  # ProtocolError for an algorithm we cannot verify
         path.parent.mkdir(parents=True, exist_ok=True)
         self._f = open(path, "wb")
-        self.hash = hashlib.sha256()
         self.size = 0
 
     def write(self, chunk: bytes) -> None:
         self._f.write(chunk)
-        self.hash.update(chunk)
+        self.digest.update(chunk)
         self.size += len(chunk)
 
     def close(self) -> None:
@@ -145,7 +145,10 @@ class Restorer:
     async def _fetch(self, step: int, entry: FileEntry, into: Path) -> None:
         key = self._layout.file_key(step, entry.name)
         async with self._files:
-            sink = await asyncio.to_thread(_Sink, into / entry.name)
+            try:
+                sink = await asyncio.to_thread(_Sink, into / entry.name, entry.checksum)
+            except ProtocolError as exc:
+                raise CheckpointCorrupt(f"step {step}: {entry.name}: {exc}") from None
             try:
                 async with self._bucket.stream(key) as chunks:
                     async for chunk in chunks:
@@ -160,10 +163,10 @@ class Restorer:
             raise CheckpointCorrupt(
                 f"step {step}: {entry.name} has {sink.size} bytes, manifest says {entry.size}"
             )
-        if entry.checksum.algorithm != "sha256":
-            raise CheckpointCorrupt(f"step {step}: {entry.name}: {entry.checksum.algorithm} verification is not supported by this build")
-        if sink.hash.hexdigest() != entry.checksum.value:
-            raise CheckpointCorrupt(f"step {step}: {entry.name} SHA-256 mismatch (bytes changed after upload)")
+        if sink.digest.checksum() != entry.checksum:
+            raise CheckpointCorrupt(
+                f"step {step}: {entry.name} {entry.checksum.algorithm} mismatch (bytes changed after upload)"
+            )
 
 
 def _replace_dir(src: Path, dst: Path) -> None:

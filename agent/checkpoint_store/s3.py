@@ -5,10 +5,10 @@ Every call goes through ``_translated`` so callers see only the store's own erro
 caught.
 
 Payload signing is switched off (``payload_signing_enabled=False``): every object fleetd writes
-carries an explicit checksum header (``x-amz-checksum-crc32`` per multipart part,
-``x-amz-checksum-sha256`` for single PUTs), which is itself signed and which S3 verifies against the
-body, so signing the payload as well would only hash every byte again, synchronously on the event
-loop (botocore does that over plain http unless told not to).
+carries an explicit ``x-amz-checksum-sha256`` header (per part for multipart uploads), which is
+itself signed and which S3 verifies against the body, so signing the payload as well would only
+hash every byte again, synchronously on the event loop (botocore does that over plain http unless
+told not to).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import contextlib
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, BinaryIO
 
 import aiohttp
 from aiobotocore.config import AioConfig
@@ -55,7 +55,7 @@ class MultipartInfo:
 class CompletedPart:
     number: int
     etag: str
-    crc32_b64: str
+    sha256_b64: str
 
 
 @contextlib.contextmanager
@@ -84,9 +84,10 @@ def _translated(op: str, key: str = ""):
 class S3Bucket:
     """One bucket through one aiobotocore client. Create it with ``S3Bucket.connect(...)``."""
 
-    def __init__(self, client: Any, bucket: str):
+    def __init__(self, client: Any, bucket: str, region: str = "us-east-1"):
         self._client = client
         self.bucket = bucket
+        self._region = region
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -121,7 +122,7 @@ class S3Bucket:
         async with session.create_client(
             "s3", region_name=region, endpoint_url=endpoint_url, config=base.merge(ours)
         ) as client:
-            yield cls(client, bucket)
+            yield cls(client, bucket, region)
 
     # ------------------------------------------------------------------ bucket
     async def ensure_bucket(self) -> None:
@@ -133,8 +134,13 @@ class S3Bucket:
             except ClientError as exc:
                 if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") != 404:
                     raise
+            location = (
+                {}
+                if self._region == "us-east-1"
+                else {"CreateBucketConfiguration": {"LocationConstraint": self._region}}
+            )
             try:
-                await self._client.create_bucket(Bucket=self.bucket)
+                await self._client.create_bucket(Bucket=self.bucket, **location)
             except ClientError as exc:
                 if exc.response.get("Error", {}).get("Code") not in (
                     "BucketAlreadyOwnedByYou",
@@ -146,7 +152,7 @@ class S3Bucket:
     async def put_bytes(
         self,
         key: str,
-        data: bytes,
+        data: bytes | BinaryIO,
         *,
         sha256_b64: str,
         if_match: str | None = None,
@@ -235,14 +241,14 @@ class S3Bucket:
     async def create_multipart(self, key: str) -> str:
         with _translated("CreateMultipartUpload", key):
             resp = await self._client.create_multipart_upload(
-                Bucket=self.bucket, Key=key, ChecksumAlgorithm="CRC32"
+                Bucket=self.bucket, Key=key, ChecksumAlgorithm="SHA256"
             )
         return resp["UploadId"]
 
     async def upload_part(
-        self, key: str, upload_id: str, number: int, body: bytes | bytearray, crc32_b64: str
+        self, key: str, upload_id: str, number: int, body: bytes | BinaryIO, sha256_b64: str
     ) -> CompletedPart:
-        """One part with its CRC32 (S3 rejects the part if the bytes it got don't match)."""
+        """One part with its SHA-256 (S3 rejects the part if the bytes it got don't match)."""
         with _translated("UploadPart", f"{key}#{number}"):
             resp = await self._client.upload_part(
                 Bucket=self.bucket,
@@ -250,9 +256,9 @@ class S3Bucket:
                 UploadId=upload_id,
                 PartNumber=number,
                 Body=body,
-                ChecksumCRC32=crc32_b64,
+                ChecksumSHA256=sha256_b64,
             )
-        return CompletedPart(number, resp["ETag"], crc32_b64)
+        return CompletedPart(number, resp["ETag"], sha256_b64)
 
     async def complete_multipart(self, key: str, upload_id: str, parts: list[CompletedPart]) -> str:
         ordered = sorted(parts, key=lambda p: p.number)
@@ -263,7 +269,7 @@ class S3Bucket:
                 UploadId=upload_id,
                 MultipartUpload={
                     "Parts": [
-                        {"PartNumber": p.number, "ETag": p.etag, "ChecksumCRC32": p.crc32_b64}
+                        {"PartNumber": p.number, "ETag": p.etag, "ChecksumSHA256": p.sha256_b64}
                         for p in ordered
                     ]
                 },

@@ -24,6 +24,7 @@ from pathlib import Path
 from botocore.config import Config
 
 from fleetd.protocol.checkpoints import CheckpointLayout, FileEntry, WriterReceipt, validate_file_name
+from fleetd.protocol.errors import ProtocolError
 from fleetd.protocol.logs import get_logger
 from fleetd.protocol.messages import CheckpointUploaded
 from fleetd.protocol.settings import AwsConfig, CheckpointConfig
@@ -121,7 +122,7 @@ class CheckpointStore:
             max_connections=tuning.concurrency + 4,
             config=client_config,
         ) as bucket:
-            yield cls(
+            store = cls(
                 bucket,
                 prefix=checkpoints.prefix,
                 job=job,
@@ -130,6 +131,10 @@ class CheckpointStore:
                 tuning=tuning,
                 clock=clock,
             )
+            try:
+                yield store
+            finally:
+                await asyncio.to_thread(store.uploader.close)
 
     async def ensure_bucket(self) -> None:
         await self.bucket.ensure_bucket()
@@ -156,6 +161,9 @@ class CheckpointStore:
         named = [(self._name(p, root), p) for p in files]
         if not named:
             raise ValueError("upload_step needs at least one file")
+        names = [n for n, _ in named]
+        if len(set(names)) != len(names):
+            raise ValueError(f"two files would get the same name in step {step}: {sorted(names)}")
         # Stale uploads are cleaned before ours start; a failure here must not cost a checkpoint.
         try:
             await self.uploader.abort_stale_uploads(step, now=self._clock())
@@ -174,7 +182,13 @@ class CheckpointStore:
         await self.publisher.write_receipt(receipt)
         shard_done_at = self._clock()
 
-        manifest = await self.publisher.try_publish(receipt)
+        try:
+            manifest = await self.publisher.try_publish(receipt)
+        except ProtocolError as exc:
+            # Receipts that cannot be merged (writers disagree on who takes part) or a manifest
+            # that lists other files: our shards are safe in S3, but the step is not published.
+            log.error("checkpoint_publish_rejected", step=step, writer=writer, error=str(exc))
+            manifest = None
         published = manifest is not None and manifest.writer == writer
         latest_step = None
         deleted: list[int] = []

@@ -3,11 +3,11 @@
 - Parts of every file of every step share one pool of ``concurrency`` slots (PrioritySlots), so
   memory is bounded by concurrency × part size, and after a notice the urgent / newest step's parts
   overtake older ones.
-- Each part is read and CRC32'd in a worker thread and sent with ``ChecksumCRC32``: S3 rejects a
-  part whose bytes don't match, so nothing is corrupted on the wire. CRC32 (zlib, ~4 GB/s) rather
-  than SHA-256 per part keeps client CPU at boto3's level; end-to-end integrity comes from the
-  whole-file SHA-256 in the manifest, computed in another thread while the parts go out and
-  verified on restore.
+- Each part is read and SHA-256'd once, in the uploader's own worker threads, and sent with
+  ``ChecksumSHA256``: S3 rejects a part whose bytes don't match, and the same digests make the
+  manifest's ``sha256-composite`` checksum (S3's own COMPOSITE checksum of the object), so every
+  byte is read and hashed exactly once. Payload signing is off (s3.py), so that is all the
+  hashing there is; boto3 over http hashes every part twice (SHA-256 to sign, CRC32 to check).
 - Part size is chosen per file for throughput: 8-16 MiB (~2 parts per slot), never more than
   10,000 parts. Measured against moto, 8 MiB parts beat 32 MiB ones by ~1.5x (moto spools bodies
   over 16 MiB to disk) and AWS recommends 8-16 MiB parts over many connections; bigger parts only
@@ -20,15 +20,16 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import hashlib
 import math
 import os
-import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from fleetd.protocol.checkpoints import Checksum, CheckpointLayout, FileEntry, sha256_file
+from fleetd.protocol.checkpoints import Checksum, CheckpointLayout, FileEntry
 from fleetd.protocol.logs import get_logger
 
 from agent.checkpoint_store.errors import ObjectNotFound, StoreError, first_error
@@ -70,33 +71,24 @@ def choose_part_size(size: int, tuning: UploadTuning) -> int:
     return math.ceil(part / MiB) * MiB
 
 
-def _read(path: Path, offset: int, length: int) -> bytes:
-    with open(path, "rb") as f:
+def _read_part(path: Path, offset: int, length: int) -> tuple[io.BytesIO, bytes]:
+    """The part as a BytesIO, read in place, and its SHA-256 (a worker thread runs this).
+
+    Why a BytesIO filled through its own buffer: botocore turns ``bytes`` bodies into a BytesIO
+    whose buffer it shares, and aiohttp's getbuffer() on that copies the whole part on the event
+    loop; a ``bytearray`` body is worse on Python < 3.12.9 (aiohttp joins it with the headers and
+    slices it: two full copies on the loop). A BytesIO that owns its buffer is streamed in 256 KiB
+    reads with no big copy, and the one copy from the page cache happens here, off the loop."""
+    body = io.BytesIO()
+    body.write(bytes(length))  # BytesIO has no "allocate n bytes"; the zero-fill is cheap
+    with body.getbuffer() as view, open(path, "rb") as f:
         f.seek(offset)
-        data = f.read(length)
-    if len(data) != length:
-        raise StoreError(f"{path}: file shrank during upload (wanted {length} bytes at {offset})")
-    return data
-
-
-def _read_part(path: Path, offset: int, length: int) -> tuple[bytearray, str]:
-    """The part's bytes and their CRC32 as S3 wants it (base64 of the big-endian 4 bytes).
-
-    Read straight into a bytearray: botocore wraps a ``bytes`` body in a BytesIO, and aiohttp's
-    getbuffer() on that copies the whole part again on the event loop; a bytearray goes to the
-    socket as it is."""
-    data = bytearray(length)
-    with open(path, "rb") as f:
-        f.seek(offset)
-        got = f.readinto(data)
-    if got != length:
-        raise StoreError(f"{path}: file shrank during upload (wanted {length} bytes at {offset})")
-    return data, base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
-
-
-def _read_whole(path: Path, size: int) -> tuple[bytes, bytes]:
-    data = _read(path, 0, size)
-    return data, hashlib.sha256(data).digest()
+        got = f.readinto(view)
+        if got != length:
+            raise StoreError(f"{path}: file shrank during upload (wanted {length} bytes at {offset})")
+        digest = hashlib.sha256(view).digest()
+    body.seek(0)
+    return body, digest
 
 
 def _fingerprint(path: Path) -> tuple[int, int]:
@@ -117,7 +109,19 @@ class Uploader:
         self._ledger = ledger
         self.tuning = tuning
         self._slots = PrioritySlots(tuning.concurrency)
-        self._active: set[str] = set()  # upload ids this process is working on right now
+        # Own threads for reading and hashing parts: the default executor has only cpu+4 workers,
+        # and part reads must not queue behind unrelated to_thread work elsewhere in the agent.
+        self._pool = ThreadPoolExecutor(tuning.concurrency, thread_name_prefix="ckpt-upload")
+        # Upload ids this process is working on, and keys whose CreateMultipartUpload is in flight
+        # (its id is not known yet): stale-upload cleanup must never touch either.
+        self._active: set[str] = set()
+        self._creating: set[str] = set()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    async def _in_pool(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     async def upload_files(
         self, step: int, files: list[tuple[str, Path]], prio: tuple[int, int]
@@ -143,34 +147,40 @@ class Uploader:
         part_size = choose_part_size(size, self.tuning)
         if size <= part_size:
             async with self._slots.slot(prio):
-                data, digest = await asyncio.to_thread(_read_whole, path, size)
+                data, digest = await self._in_pool(_read_part, path, 0, size)
                 await self._bucket.put_bytes(key, data, sha256_b64=base64.b64encode(digest).decode())
+            checksum = Checksum.sha256(digest)
         else:
-            digest = await self._multipart(key, path, size, part_size, prio)
+            checksum = await self._multipart(key, path, size, part_size, prio)
         if await asyncio.to_thread(_fingerprint, path) != before:
             raise StoreError(f"{path} changed while it was uploaded; not publishing it")
-        return FileEntry(name=name, size=size, checksum=Checksum.sha256(digest))
+        return FileEntry(name=name, size=size, checksum=checksum)
 
     async def _multipart(
         self, key: str, path: Path, size: int, part_size: int, prio: tuple[int, int]
-    ) -> bytes:
-        upload_id = await self._bucket.create_multipart(key)
+    ) -> Checksum:
+        self._creating.add(key)
+        try:
+            upload_id = await self._bucket.create_multipart(key)
+        finally:
+            self._creating.discard(key)
         self._active.add(upload_id)
         try:
             await asyncio.to_thread(self._ledger.record, key, upload_id)
             n_parts = math.ceil(size / part_size)
             parts: list[CompletedPart] = []
+            digests: dict[int, bytes] = {}
 
             async def send(number: int) -> None:
                 offset = (number - 1) * part_size
                 length = min(part_size, size - offset)
                 async with self._slots.slot(prio):
-                    data, b64 = await asyncio.to_thread(_read_part, path, offset, length)
+                    data, digests[number] = await self._in_pool(_read_part, path, offset, length)
+                    b64 = base64.b64encode(digests[number]).decode()
                     parts.append(await self._bucket.upload_part(key, upload_id, number, data, b64))
 
             try:
                 async with asyncio.TaskGroup() as tg:
-                    whole = tg.create_task(asyncio.to_thread(sha256_file, path))
                     for number in range(1, n_parts + 1):
                         tg.create_task(send(number))
             except BaseExceptionGroup as eg:
@@ -185,7 +195,7 @@ class Uploader:
             self._active.discard(upload_id)
         await asyncio.to_thread(self._ledger.forget, upload_id)
         log.debug("multipart_complete", key=key, parts=n_parts, part_size=part_size)
-        return whole.result()
+        return Checksum.sha256_composite((digests[n] for n in range(1, n_parts + 1)), part_size)
 
     async def _abort_quietly(self, key: str, upload_id: str) -> None:
         async def abort() -> None:
@@ -195,25 +205,24 @@ class Uploader:
                 pass
             await asyncio.to_thread(self._ledger.forget, upload_id)
 
+        # If we are cancelled again while aborting, the shielded abort finishes in the background.
         task = asyncio.ensure_future(abort())
         try:
             await asyncio.wait_for(asyncio.shield(task), timeout=10)
         except (StoreError, TimeoutError) as exc:
             log.warning("multipart_abort_failed", key=key, upload_id=upload_id, error=str(exc))
-        except asyncio.CancelledError:
-            # We are being cancelled again while aborting: let the abort finish in the background.
-            raise
 
     async def abort_stale_uploads(self, current_step: int, now: datetime | None = None) -> int:
         """Abort multipart uploads under the job prefix that nobody will complete: this writer's own
         from an earlier run (the ledger), and any for an older step that are older than
         ``stale_upload_after_s``. Uploads this process has in flight are never touched."""
         now = now or datetime.now(UTC)
-        own = {e.upload_id: e for e in await asyncio.to_thread(self._ledger.entries)}
+        # Entries of a live process (an operator's upload next to the agent) are not ours to abort.
+        own = {e.upload_id: e for e in await asyncio.to_thread(self._ledger.entries) if not e.owner_alive()}
         cutoff = now - timedelta(seconds=self.tuning.stale_upload_after_s)
         aborted = 0
         for u in await self._bucket.list_multipart_uploads(self._layout.job_prefix):
-            if u.upload_id in self._active:
+            if u.upload_id in self._active or u.key in self._creating:
                 continue
             step = self._layout.step_of_key(u.key)
             initiated = u.initiated.astimezone(UTC) if u.initiated else None

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = TrainerContext.from_env()
     if "MASTER_ADDR" in os.environ:
         dist.init_process_group("gloo")
-    t_group = time.time()
+    t_group, cpu_group = time.time(), time.process_time()
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     data_gen = torch.Generator().manual_seed(1234)
     n = 4096
@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     ckpt = ElasticCheckpointer(model, optimizer, mode=args.mode, ctx=ctx)
     step = ckpt.resume()
     ddp = nn.parallel.DistributedDataParallel(model) if dist.is_initialized() else model
-    ckpt.emit("start", from_step=step, restart_count=ctx.restart_count, t_main=t_main, t_group=t_group)
+    ckpt.emit("start", from_step=step, restart_count=ctx.restart_count, t_main=t_main, t_group=t_group,
+              cpu_group=cpu_group, cpu=time.process_time())
 
     while step < args.steps:
         step += 1

@@ -31,6 +31,7 @@ from agent.trainer.context import TrainerContext
 from agent.trainer.local_ckpt import Mode, SavedStep
 
 _NONE = -1
+LEFT_GRACE_S = 5.0
 
 
 class ElasticCheckpointer:
@@ -138,33 +139,51 @@ class ElasticCheckpointer:
 
     # ------------------------------------------------------------------ resume
     def resume(self) -> int:
-        """Load the newest checkpoint every rank can use; return its step (0: fresh start)."""
-        mine = local_ckpt.newest_complete(self.root, self.mode)
-        newest = self._agree_max(_NONE if mine is None else mine)
-        if newest != _NONE and mine != newest and self.ctx.local_rank == 0:
-            self._restore_from_s3()
-        self._barrier()
-        have = local_ckpt.is_complete(local_ckpt.step_dir(self.root, newest), self.mode) if newest != _NONE else False
-        everyone = newest != _NONE and self._all_reduce(1 if have else 0, "MIN") == 1
+        """Load the newest checkpoint every rank can use; return its step (0: fresh start).
+
+        Local copies first: the newest step any rank holds wins. Replicated state a rank lacks
+        (a newcomer) comes from a peer over the process group, which is faster than S3. S3 is read
+        when no rank has a local copy (a fresh or fully replaced cluster), or for sharded state a
+        node's local directory cannot complete.
+        """
+        newest = self._agree_max(self._newest_local())
         if newest == _NONE:
-            step = 0
-        elif everyone:
-            self._load_local(newest)
-            step = newest
-        elif self.mode == "state_dict":
-            step = self._load_from_peer(newest, have)
-        else:
-            # Sharded state cannot be copied from one peer: fall back to what all ranks hold.
-            fallback = local_ckpt.newest_complete(self.root, self.mode)
-            step = self._all_reduce(_NONE if fallback is None else fallback, "MIN")
-            if step == _NONE:
-                step = 0
+            if self.ctx.local_rank == 0:
+                self._restore_from_s3()
+            self._barrier()
+            newest = self._agree_max(self._newest_local())
+        step = 0
+        if newest != _NONE:
+            if not self._everyone_has(newest) and self.mode == "dcp":
+                if self.ctx.local_rank == 0 and not self._has(newest):
+                    self._restore_from_s3()
+                self._barrier()
+            if self._everyone_has(newest):
+                self._load_local(newest)
+                step = newest
+            elif self.mode == "state_dict":
+                step = self._load_from_peer(newest, self._has(newest))
             else:
-                self._load_local(step)
+                # Sharded state cannot come from one peer: fall back to what every rank holds.
+                step = self._all_reduce(self._newest_local(), "MIN")
+                if step == _NONE:
+                    step = 0
+                else:
+                    self._load_local(step)
         self.resumed_from = step
         self.last_saved = step if step else None
         self.emit("resumed", from_step=step)
         return step
+
+    def _newest_local(self) -> int:
+        mine = local_ckpt.newest_complete(self.root, self.mode)
+        return _NONE if mine is None else mine
+
+    def _has(self, step: int) -> bool:
+        return local_ckpt.is_complete(local_ckpt.step_dir(self.root, step), self.mode)
+
+    def _everyone_has(self, step: int) -> bool:
+        return self._all_reduce(1 if self._has(step) else 0, "MIN") == 1
 
     def _load_local(self, step: int) -> None:
         if self.mode == "state_dict":
@@ -263,7 +282,7 @@ class ElasticCheckpointer:
         self.emit("checkpoint_request", seq=seq, step=step, hold=hold,
                   reasons=[r.reason for r in requests])
         if hold:
-            self._hold(step)
+            self._hold(step, leaving=tuple(a for r in requests for a in r.leaving))
 
     def _ack(self, seq: int, step: int) -> None:
         from fleetd.protocol.rendezvous_keys import CheckpointAck
@@ -280,16 +299,29 @@ class ElasticCheckpointer:
             )
         )
 
-    def _hold(self, step: int) -> None:
+    def _hold(self, step: int, leaving: tuple[str, ...] = ()) -> None:
         """Do not run ahead of a checkpoint a leave waits on. Normally the agent's torchrun
-        restarts this worker into the next round while it waits here."""
+        restarts this worker into the next round while it waits here (fleetd pokes it).
+
+        Without fleetd (its steering process down), nobody pokes: once every leaving node has
+        stopped and ``LEFT_GRACE_S`` passed, the worker fails on purpose so torchrun re-forms
+        without the departed node (a failure restart instead of a membership restart)."""
         assert self._link is not None
-        self.emit("hold", step=step)
+        self.emit("hold", step=step, leaving=list(leaving))
         until = time.monotonic() + self.ctx.hold_timeout_s
+        all_left_at: float | None = None
         while time.monotonic() < until:
             if self._link.released(self.handled_seq):
                 self.emit("released", step=step)
                 return
+            if leaving and all_left_at is None and all(self._link.has_left(a) for a in leaving):
+                all_left_at = time.monotonic()
+            if all_left_at is not None and time.monotonic() - all_left_at > LEFT_GRACE_S:
+                self.emit("hold_abandoned", step=step)
+                raise RuntimeError(
+                    f"{', '.join(leaving)} left {LEFT_GRACE_S:g} s ago and no re-rendezvous came "
+                    "(fleetd's steering down?): restarting so torchrun re-forms without them"
+                )
             newest = self._link.latest_request_seq()
             if newest > self.handled_seq:  # nothing changed since the save: ack the same step
                 for s in range(self.handled_seq + 1, newest + 1):

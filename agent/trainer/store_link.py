@@ -108,5 +108,8 @@ class StoreLink:
     def leave_requested(self, addr: str) -> keys.Leave | None:
         return self._read(keys.Leave, keys.leave_key(self.run_id, addr))
 
+    def has_left(self, addr: str) -> bool:
+        return bool(self._op("check", [keys.left_key(self.run_id, addr)]))
+
     def mark_left(self, addr: str, value: keys.Left) -> None:
         self._op("set", keys.left_key(self.run_id, addr), value.to_bytes())

@@ -27,7 +27,8 @@ def run(args: argparse.Namespace) -> int:
     from fleetd.adapters.aws_errors import AwsError
     from fleetd.adapters.pricing import PriceBookError
     from fleetd.adapters.spot_advisor import SpotAdvisorError
-    from fleetd.daemon import run_daemon
+    from fleetd.daemon import DaemonContext, run_daemon
+    from fleetd.reconcile.ledger_store import LedgerStoreError
     from fleetd.policy.planner import plan
     from fleetd.protocol.logs import bind_context, configure_logging, get_logger
     from fleetd.protocol.settings import ConfigError
@@ -43,9 +44,38 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(cfg.logging.level, json=cfg.logging.json_lines)
     bind_context(fleet=cfg.fleet.name, component="fleetd")
     log = get_logger("fleetd.run")
+    async def main() -> int:
+        ctx = DaemonContext(cfg)
+        plugins, ledger = await plugins_for(cfg, ctx, dry_run=args.dry_run)
+        try:
+            return await run_daemon(cfg, planner=plan, plugins=plugins, dry_run=args.dry_run,
+                                    passes=args.passes, ctx=ctx)
+        finally:
+            if ledger is not None:
+                await ledger.close()
+
     try:
-        return asyncio.run(run_daemon(cfg, planner=plan, dry_run=args.dry_run, passes=args.passes))
-    except (AwsError, PriceBookError, SpotAdvisorError) as exc:
+        return asyncio.run(main())
+    except (AwsError, PriceBookError, SpotAdvisorError, LedgerStoreError) as exc:
         # Start-up failures (no AMI, no permission, bad price book): one clear line, exit 1.
         log.error("startup_failed", error=str(exc))
         return 1
+
+
+async def plugins_for(cfg, ctx, *, dry_run: bool):
+    """The components of a production `fleetd run`: MQTT (and SQS) intake feeding the node
+    registry the loop observes through, /metrics + status.json, and the budget ledger.
+    A dry run gets no ledger (it would write); its spend comes from the state's estimate."""
+    from fleetd.daemon import Plugins
+    from fleetd.intake.wiring import build_intake
+    from fleetd.publish import status_component
+    from fleetd.reconcile.ledger_store import DB_NAME, LedgerStore
+
+    intake = build_intake(cfg, wake=ctx.wake_loop)
+    ledger = None if dry_run else await LedgerStore.open(cfg.fleet.state_dir / DB_NAME)
+    plugins = Plugins(
+        components=[*intake.components(), status_component()],
+        observer=intake.registry,
+        ledger=ledger,
+    )
+    return plugins, ledger

@@ -27,16 +27,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from fleetd.sim.options import build_scenario, sources
-    from fleetd.sim.planner_tools import plot_results
+    from fleetd.sim.planner_tools import plot_results, require_matplotlib
     from fleetd.sim.scenario import Scenario
     from fleetd.sim.traces import TraceError, load_trace
 
     try:
+        if args.plot:
+            require_matplotlib()  # before minutes of simulation, not after
         trace = load_trace(args.trace, args.trace_values)
         if args.start_offset_h:
             trace = trace.window(args.start_offset_h * 3600)
         scenario = build_scenario(args, trace)
-    except (TraceError, ValueError) as exc:
+    except (TraceError, ValueError, RuntimeError) as exc:
         print(f"fleetd simulate: {exc}", file=sys.stderr)
         return 2
     names = scenario.policy_names() if args.policy == "all" else (args.policy,)
@@ -54,11 +56,7 @@ def run(args: argparse.Namespace) -> int:
     sample = trace.duration_s / 500 if args.plot else 0.0
     results = [scenario.run(n, sample_every_s=sample) for n in names]
     if args.plot:
-        try:
-            plot_results(results, args.plot)
-        except RuntimeError as exc:
-            print(f"fleetd simulate: {exc}", file=sys.stderr)
-            return 2
+        plot_results(results, args.plot)
     if args.json:
         print(json.dumps([r.to_json() for r in results], indent=2))
         return 0

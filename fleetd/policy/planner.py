@@ -88,7 +88,6 @@ class _Pass:
 def plan(obs: Observation, cfg: FleetdConfig, now: float) -> Plan:
     p = _Pass(obs, cfg, now)
     _lifecycle(p)
-
     if obs.stop_issued_at is not None:
         return _finish_stop(p)
 
@@ -97,9 +96,7 @@ def plan(obs: Observation, cfg: FleetdConfig, now: float) -> Plan:
         why = view.reason if view.level is BudgetLevel.STOP else "job stop requested"
         p.actions.append(StopJob(reason=f"{why}: coordinated checkpoint, then stop every node"))
         return _result(p, view, target=0)
-    if view.level is not BudgetLevel.NORMAL and _LEVEL_ORDER.index(view.level) > _LEVEL_ORDER.index(
-        obs.budget_level
-    ):
+    if _LEVEL_ORDER.index(view.level) > _LEVEL_ORDER.index(obs.budget_level):
         p.actions.append(Warn(reason=view.reason, code=f"budget-{view.level.value}"))
 
     for drain in rebalance_policy.notice_drains(p.kept, now):
@@ -108,11 +105,35 @@ def plan(obs: Observation, cfg: FleetdConfig, now: float) -> Plan:
 
     target = _scale(p, view.level)
     spot_ranked, spot_skipped = _spot_pools(p)
+    risk = _rebalance_risk(p, target, view.level)
+    sizing = _size_fleet(p, target, risk, bool(spot_ranked), view.level)
+
+    headroom = budget_policy.headroom(obs.spent_usd, p.billed, p.kept, cfg)
+    spot_short = False
+    need = max(0, target - sizing.counted)
+    if need:
+        headroom, spot_short = _buy(
+            p, need, LaunchPurpose.CAPACITY, spot_ranked, spot_skipped, headroom, view.level
+        )
+    if risk.prebuy:
+        pools = [r for r in spot_ranked if r.pool not in risk.avoid]
+        if pools:
+            headroom, _ = _buy(p, risk.prebuy, LaunchPurpose.REBALANCE_PREBUY, pools, [], headroom, view.level)
+        else:
+            p.notes.append("no spot pool outside the at-risk pools to pre-buy in")
+    if sizing.buy_spot_for_on_demand:
+        headroom, _ = _buy(p, 1, LaunchPurpose.RETURN_TO_SPOT, spot_ranked, [], headroom, view.level)
+    return _result(p, view, target=target, spot_short=spot_short)
+
+
+def _rebalance_risk(p: _Pass, target: int, level: BudgetLevel) -> rebalance_policy.RiskPlan:
+    """Pre-buys for nodes with a rebalance recommendation, and a checkpoint if the last is old."""
+    obs, cfg = p.obs, p.cfg
     risk = rebalance_policy.plan_risk(
         p.kept,
         target,
         obs.rebalance_prebuys_last_hour,
-        view.level in (BudgetLevel.NORMAL, BudgetLevel.WARN),
+        level in (BudgetLevel.NORMAL, BudgetLevel.WARN),
         cfg,
     )
     p.notes.extend(risk.notes)
@@ -124,43 +145,44 @@ def plan(obs: Observation, cfg: FleetdConfig, now: float) -> Plan:
                 last_request_at=obs.last_checkpoint_request_at,
                 max_age_s=cfg.rebalance.max_checkpoint_age_s,
                 retry_s=cfg.rebalance.checkpoint_retry_s,
-                now=now,
+                now=p.now,
             )
         )
+    return risk
 
-    # Extras beyond the target cover at-risk nodes first, then one spot node replacing on-demand.
+
+@dataclass(frozen=True, slots=True)
+class _Sizing:
+    counted: int  # kept nodes that count toward the target
+    buy_spot_for_on_demand: bool  # launch the spot node that will replace an on-demand one
+
+
+def _size_fleet(
+    p: _Pass, target: int, risk: rebalance_policy.RiskPlan, spot_available: bool, level: BudgetLevel
+) -> _Sizing:
+    """Remove what is beyond the target, shed burn above the cap, and move off on-demand.
+
+    Nodes beyond the target are not excess when they cover an at-risk node (a pre-buy), or when
+    one of them is the spot node bought to replace an on-demand node (back to spot).
+    """
     extras = max(0, len(p.kept) - target - risk.covered)
     on_demand = [n for n in p.kept if n.market is Market.ON_DEMAND]
-    back_to_spot = bool(on_demand) and bool(spot_ranked) and view.level is not BudgetLevel.SHRINK
-    rts_present = min(1, extras) if back_to_spot else 0
-    base = len(p.kept) - risk.covered - rts_present
-    if base > target:
-        _remove_excess(p, base - target, target, risk.at_risk)
-    pass  # _shed_burn(p)
+    back_to_spot = bool(on_demand) and spot_available and level is not BudgetLevel.SHRINK
+    spot_replacement = min(1, extras) if back_to_spot else 0
+    counted = len(p.kept) - risk.covered - spot_replacement
+    if counted > target:
+        _remove_excess(p, counted - target, target, risk.at_risk)
+    _shed_burn(p)
     on_demand = [n for n in p.kept if n.market is Market.ON_DEMAND]  # after removals
-    if back_to_spot and rts_present and on_demand:
+    if spot_replacement and on_demand:
         _return_to_spot(p, on_demand)
     still_on_demand = any(n.market is Market.ON_DEMAND for n in p.kept)
     if not still_on_demand:
-        rts_present = 0  # the spot node that replaced the last on-demand one now simply counts
-
-    headroom = budget_policy.headroom(obs.spent_usd, p.billed, p.kept, cfg)
-    counted = len(p.kept) - risk.covered - rts_present
-    spot_short = False
-    need = max(0, target - counted)
-    if need:
-        headroom, short = _buy(p, need, LaunchPurpose.CAPACITY, spot_ranked, spot_skipped, headroom, view.level)
-        spot_short = spot_short or short
-    if risk.prebuy:
-        pools = [r for r in spot_ranked if r.pool not in risk.avoid]
-        if pools:
-            headroom, _ = _buy(p, risk.prebuy, LaunchPurpose.REBALANCE_PREBUY, pools, [], headroom, view.level)
-        else:
-            p.notes.append("no spot pool outside the at-risk pools to pre-buy in")
-    if back_to_spot and still_on_demand and not rts_present:
-        headroom, _ = _buy(p, 1, LaunchPurpose.RETURN_TO_SPOT, spot_ranked, [], headroom, view.level)
-
-    return _result(p, view, target=target, spot_short=spot_short)
+        spot_replacement = 0  # the spot node that replaced the last on-demand one now counts
+    return _Sizing(
+        counted=len(p.kept) - risk.covered - spot_replacement,
+        buy_spot_for_on_demand=back_to_spot and still_on_demand and not spot_replacement,
+    )
 
 
 # ------------------------------------------------------------------------------------ lifecycle

@@ -1,6 +1,6 @@
 """systemd's notify protocol (sd_notify(3)) in plain Python: READY, WATCHDOG, STOPPING, STATUS.
 
-Both daemons (fleetd, fleetd-rendezvous, fleet-agent) run as ``Type=notify`` units with
+All three daemons (fleetd, fleetd-rendezvous, fleet-agent) run as ``Type=notify`` units with
 ``WatchdogSec=``. The protocol is one datagram of ``KEY=VALUE`` lines sent to the unix socket named
 by ``$NOTIFY_SOCKET``, so no C library is needed. Outside systemd (no ``NOTIFY_SOCKET``) every call
 is a no-op, so the same code runs under a terminal, in tests and in the demo.

@@ -5,7 +5,9 @@ fleetd.policy.ledger, so a restarted fleetd reports exactly the same spend. An e
 ``event_id`` is stored once (a retry after a crash cannot double-charge); rows this build cannot
 read are logged and skipped, never fatal, and never deleted.
 
-sqlite3 blocks, so the async methods run it in a worker thread (one connection, one lock).
+sqlite3 blocks, so the async methods run it in a worker thread (one connection, one lock). The
+events are also kept in memory (read once at open, appended on write), so the reconcile loop's
+per-pass spend never re-reads the table; one process (the daemon) writes, others only read.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ class LedgerStore:
         self._conn = conn
         self._path = path
         self._lock = threading.Lock()
+        self._cache: list[LedgerEvent] | None = None
 
     @property
     def path(self) -> Path:
@@ -108,27 +111,37 @@ class LedgerStore:
             kind, payload = encode(e)
             rows.append((e.at, kind, e.event_id or None, payload))
         with self._lock:
+            stored: list[LedgerEvent] = []
             try:
-                before = self._conn.total_changes
                 with self._conn:  # one transaction: all of them or none
                     self._conn.execute("BEGIN")
-                    self._conn.executemany(
-                        "INSERT OR IGNORE INTO ledger_events(at, kind, event_id, payload) "
-                        "VALUES (?, ?, ?, ?)",
-                        rows,
-                    )
-                return self._conn.total_changes - before
+                    for event, row in zip(events, rows):
+                        cur = self._conn.execute(
+                            "INSERT OR IGNORE INTO ledger_events(at, kind, event_id, payload) "
+                            "VALUES (?, ?, ?, ?)",
+                            row,
+                        )
+                        if cur.rowcount == 1:  # 0: this event_id is already stored
+                            stored.append(event)
             except sqlite3.Error as exc:
                 raise LedgerStoreError(f"cannot write ledger {self._path}: {exc}") from exc
+            if self._cache is not None:
+                self._cache.extend(stored)
+            return len(stored)
 
     def events_sync(self) -> list[LedgerEvent]:
         with self._lock:
-            try:
-                rows = self._conn.execute(
-                    "SELECT seq, kind, payload FROM ledger_events ORDER BY seq"
-                ).fetchall()
-            except sqlite3.Error as exc:
-                raise LedgerStoreError(f"cannot read ledger {self._path}: {exc}") from exc
+            if self._cache is None:
+                self._cache = self._read_all()
+            return list(self._cache)
+
+    def _read_all(self) -> list[LedgerEvent]:
+        try:
+            rows = self._conn.execute(
+                "SELECT seq, kind, payload FROM ledger_events ORDER BY seq"
+            ).fetchall()
+        except sqlite3.Error as exc:
+            raise LedgerStoreError(f"cannot read ledger {self._path}: {exc}") from exc
         out: list[LedgerEvent] = []
         for seq, kind, payload in rows:
             try:

@@ -66,7 +66,7 @@ AWS_ERRORS = Counter("fleetd_aws_errors_total", "AWS calls that failed, by kind"
 ACTIONS = Counter("fleetd_actions_total", "Planned actions by kind and outcome", ["action", "outcome"])
 PASSES = Counter("fleetd_reconcile_passes_total", "Reconcile passes by result", ["result"])
 PASS_SECONDS = Gauge("fleetd_reconcile_last_pass_seconds", "Duration of the last reconcile pass")
-NODES = Gauge("fleetd_nodes", "Live fleet instances seen on EC2 in the last pass")
+NODES = Gauge("fleetd_ec2_instances_live", "Pending or running fleet instances seen on EC2 in the last pass")
 
 # How long a permanent failure holds the same kind of action (a config or IAM fix needs a human).
 PERMANENT_HOLD_S = 900.0
@@ -88,6 +88,7 @@ class PassReport:
     outcomes: tuple[Outcome, ...] = ()
     live_instances: tuple[str, ...] = ()
     error: AwsError | None = None  # the failure that ended the pass early, if any
+    observation: Observation | None = None  # what the planner was shown (None: observe failed)
 
     @property
     def throttled(self) -> bool:
@@ -162,7 +163,7 @@ class Reconciler:
         PASSES.labels("throttled" if isinstance(error, Throttled) else "error" if error else "ok").inc()
         PASS_SECONDS.set(time.perf_counter() - started)
         NODES.set(len(live))
-        return PassReport(now, plan, tuple(outcomes), tuple(i.instance_id for i in live), error)
+        return PassReport(now, plan, tuple(outcomes), tuple(i.instance_id for i in live), error, obs)
 
     # -- observe --------------------------------------------------------------------------------
     async def observe(self, now: float) -> tuple[Observation, list[Ec2Instance]]:
@@ -512,6 +513,8 @@ class Reconciler:
             done += 1
             if on_pass is not None:
                 on_pass(report)
+            if passes is not None and done >= passes:
+                break
             delay = self.next_delay(report)
             try:
                 await asyncio.wait_for(wake.wait(), timeout=delay)

@@ -328,8 +328,10 @@ class StateStore:
                     reason = _close(db, s.instance_id, now, row[2], row[3], row[4], s.state_reason)
                     ended.append((s.instance_id, reason))
                 else:
-                    db.execute("UPDATE instances SET ec2_state=?, last_seen_at=?, launched_at=?"
-                               " WHERE instance_id=?", (s.ec2_state, now, s.launched_at or now, s.instance_id))
+                    # EC2's answer wins over what the launch reply said (pool, launch time).
+                    db.execute("UPDATE instances SET ec2_state=?, last_seen_at=?, launched_at=?, pool=?"
+                               " WHERE instance_id=?",
+                               (s.ec2_state, now, s.launched_at or now, str(s.pool), s.instance_id))
             for iid, row in known.items():
                 if iid not in seen_ids:
                     # Gone from DescribeInstances altogether (terminated long ago).

@@ -97,6 +97,7 @@ class LocalCluster:
     steered: bool = True  # False: plain torchrun defaults (the comparison baseline)
     s3_bucket: str | None = None
     s3_endpoint: str | None = None
+    s3_prefix: str = "checkpoints"
     extra_env: dict[str, str] = field(default_factory=dict)
     host: str = "127.0.0.1"
     port: int = 0
@@ -159,6 +160,7 @@ class LocalCluster:
             ckpt_interval=self.ckpt_interval,
             s3_bucket=self.s3_bucket,
             s3_endpoint=self.s3_endpoint,
+            s3_prefix=self.s3_prefix,
             job=self.run_id,
             extra_env=tuple({"FLEETD_EVENTS_FILE": str(self.events.path), **self.extra_env}.items()),
         )

@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -47,6 +48,9 @@ class Steerer:
     last_state: RendezvousState | None = None
     adopted: bool = False
     heartbeats: dict[str, datetime] = field(default_factory=dict)
+    # Also tell the node over MQTT (the daemon maps the address to its instance): the store key
+    # is enough for fleetd's agents; the command makes the decision visible on the wire.
+    on_leave: Callable[[str, str], Awaitable[None]] | None = None
 
     async def observe(self, now: datetime) -> decide.Observation:
         from fleetd.protocol import rendezvous_keys as keys
@@ -114,6 +118,11 @@ class Steerer:
             case decide.TellLeave(addr=addr):
                 await self.client.tell_leave(addr, action.reason)
                 self.told_leave[addr] = obs.now
+                if self.on_leave is not None:
+                    try:
+                        await self.on_leave(addr, action.reason)
+                    except Exception as exc:  # noqa: BLE001 - MQTT trouble must not stop steering
+                        log.warning("leave_command_failed", addr=addr, error=str(exc))
             case decide.PokeSurvivors(finished=done):
                 await self.client.update(
                     lambda s: s.with_marker(datetime.now(UTC), s.round) if s.complete and not s.has_marker else None

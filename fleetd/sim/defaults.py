@@ -2,8 +2,8 @@
 
 A policy's result is only as honest as its inputs, so no number in fleetd/sim is written inline:
 it is a `Sourced` value here, and `fleetd simulate` prints the sources next to the results.
-Measured values from bench/ (bench/rebalance.py, bench/upload.py write their last line as one JSON
-object) replace the DESIGN.md figures when a results file is found (`measured_overrides`).
+Measured values from bench/rebalance.py (its last line is one JSON object) replace the DESIGN.md
+re-form figures when its results file is found (`measured_overrides`).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ CHECKPOINT_RESTART_RECOVERY_S = Sourced(
 CHECKPOINT_STALL_S = Sourced(
     5.0,
     "assumption: training paused while a few-GB state is written to local disk (torch DCP); "
-    "the upload to S3 runs in the background. Measure yours with bench/upload.py",
+    "the upload to S3 runs in the background. Pass --checkpoint-stall-s with your own save time",
 )
 PERIODIC_CHECKPOINT_S = Sourced(
     1800.0,
@@ -143,21 +143,23 @@ def instance_type_for_trace(trace_name: str) -> tuple[str, str]:
 def measured_overrides(bench_dir: Path | None = None) -> dict[str, Sourced]:
     """Measured figures from bench results, when the benchmarks have been run here.
 
-    bench/rebalance.py and bench/upload.py print one JSON object as their last line; when that
-    line is saved as bench/results/<name>.json, its numbers replace the DESIGN.md figures:
-    ``notice_to_training_s`` (rebalance) and ``checkpoint_stall_s`` (upload).
+    bench/rebalance.py prints one JSON object as its last line; saved as
+    ``bench/results/rebalance.json`` (or under $FLEETD_BENCH_RESULTS), its medians replace the
+    DESIGN.md figures: ``notice_to_training_s`` -> fleetd's re-form time (notice to every
+    survivor training, so it includes a toy model's checkpoint; the job's own stall is added
+    separately), ``default_notice_to_training_s`` -> torchrun's.
     """
     root = bench_dir or Path(os.environ.get("FLEETD_BENCH_RESULTS", "bench/results"))
+    path = root / "rebalance.json"
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
     found: dict[str, Sourced] = {}
-    for file, key, target in (
-        ("rebalance.json", "notice_to_training_s", "reform_s"),
-        ("upload.json", "checkpoint_stall_s", "checkpoint_stall_s"),
-    ):
-        path = root / file
-        try:
-            value = json.loads(path.read_text()).get(key)
-        except (OSError, ValueError, AttributeError):
-            continue
-        if isinstance(value, (int, float)) and value > 0:
-            found[target] = Sourced(float(value), f"measured: {path} {key}")
+    if not isinstance(doc, dict):
+        return found
+    for key, target in (("notice_to_training_s", "reform_s"), ("default_notice_to_training_s", "torchrun_reform_s")):
+        value = doc.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            found[target] = Sourced(float(value), f"measured: {path} {key} (bench/rebalance.py)")
     return found

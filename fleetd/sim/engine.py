@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -196,6 +195,7 @@ class World:
         self._completion: Timer | None = None
         self._sample_every = sample_every_s
         self.timeline: list[Sample] = []
+        self.policy: Policy | None = None  # set by run()
 
     # --- clock and timers ----------------------------------------------------------------
     @property
@@ -437,16 +437,13 @@ class World:
         self.queue.at(0.0, lambda: policy.start(self), _POLICY)
         if self._sample_every > 0:
             self.queue.at(0.0, self._sample, _POLICY)
-        while True:
+        while self.done_at is None:
             fn = self.queue.pop_until(self.horizon_s)
             if fn is None:
                 break
             self.advance()
             fn()
             self._schedule_completion()
-            if self.done_at is not None:
-                break
-        self.queue.now = max(self.queue.now, self.done_at or self.horizon_s)
         if self.done_at is None:
             self.queue.now = self.horizon_s
             self.advance()
@@ -509,10 +506,3 @@ def simulate(
 ) -> SimResult:
     world = World(trace, job, spot_price, on_demand_price, seed, horizon_s, sample_every_s)
     return world.run(policy)
-
-
-def stalled_fraction(result: SimResult) -> float:
-    """Share of paid node-time that went to stalls, rollbacks and idling."""
-    if result.paid_node_s <= 0:
-        return 0.0
-    return math.fsum(result.overhead_node_s.values()) / result.paid_node_s

@@ -152,7 +152,7 @@ class FleetdPolicy:
 
     def on_lost(self, world: World, node: SimNode, noticed: bool) -> None:
         self.node_s_closed += world.now - node.acquired_at  # lost nodes are always spot
-        phase = self.phase.pop(node.id, None)
+        phase = self._forget(node.id)
         if not noticed:
             self.losses += 1
         if phase is NodePhase.RUNNING:
@@ -415,8 +415,15 @@ class FleetdPolicy:
             world.stall(self.reform_s, "re-form")
         if node.market != ON_DEMAND:
             self.node_s_closed += world.now - node.acquired_at
-        self.phase.pop(node_id, None)
+        self._forget(node_id)
         world.release(node)
+
+    def _forget(self, node_id: str) -> NodePhase | None:
+        """The node is gone: drop what was kept about it (returns its last phase)."""
+        self.drain_started.pop(node_id, None)
+        self.running_since.pop(node_id, None)
+        self.node_pool.pop(node_id, None)
+        return self.phase.pop(node_id, None)
 
 
 class DeadlineGuard:

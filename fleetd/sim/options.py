@@ -7,6 +7,7 @@ are listed by `sources()` so the table output can show what the numbers rest on.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from fleetd.sim import defaults as d
 from fleetd.sim.job import JobSpec
@@ -58,7 +59,7 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-notice-share", type=float, default=d.NO_NOTICE_SHARE.value)
     r = p.add_argument_group("recovery")
     r.add_argument("--reform-s", type=float, default=None, help="fleetd's re-form time")
-    r.add_argument("--torchrun-reform-s", type=float, default=d.TORCHRUN_REFORM_S.value)
+    r.add_argument("--torchrun-reform-s", type=float, default=None, help="torchrun's re-form time")
     r.add_argument("--restart-recovery-s", type=float, default=d.CHECKPOINT_RESTART_RECOVERY_S.value)
     r.add_argument("--changeover-h", type=float, default=d.CHANGEOVER_S.value / 3600, help="baselines' d")
     r.add_argument(
@@ -78,6 +79,12 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         "step 4; the reconcile loop does not derive LEAVING yet)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed for which losses come without notice")
+    p.add_argument(
+        "--config",
+        type=Path,
+        help="a fleetd config whose planner settings fleetd's policy uses (fleet size, instance "
+        "type, on-demand permission and budget still come from the options above)",
+    )
 
 
 def build_scenario(args: argparse.Namespace, trace: Trace) -> Scenario:
@@ -123,10 +130,23 @@ def build_scenario(args: argparse.Namespace, trace: Trace) -> Scenario:
         steps = DEFAULT_WORK_SHARE * ideal_steps(trace, base)
         sources["work"] = "80 % of what a perfect elastic job could do on this trace"
     job = base.with_(total_steps=steps)
-    reform = args.reform_s
+    base_config = None
+    if args.config is not None:
+        from fleetd.config import load
+        from fleetd.protocol.settings import ConfigError
+
+        try:
+            base_config = load(args.config)
+        except ConfigError as exc:
+            raise ValueError(exc.render()) from None
+        sources["planner settings"] = str(args.config)
     measured = d.measured_overrides()
+    reform = args.reform_s
     if reform is None:
-        reform = measured["reform_s"].value if "reform_s" in measured else d.FLEETD_REFORM_S.value
+        reform = measured.get("reform_s", d.FLEETD_REFORM_S).value
+    torchrun_reform = args.torchrun_reform_s
+    if torchrun_reform is None:
+        torchrun_reform = measured.get("torchrun_reform_s", d.TORCHRUN_REFORM_S).value
     return Scenario(
         trace=trace,
         job=job,
@@ -137,8 +157,9 @@ def build_scenario(args: argparse.Namespace, trace: Trace) -> Scenario:
         max_usd_per_hour=args.max_usd_per_hour,
         allow_on_demand=not args.no_on_demand,
         leaving_signal=args.leaving_signal,
+        base_config=base_config,
         reform_s=reform,
-        torchrun_reform_s=args.torchrun_reform_s,
+        torchrun_reform_s=torchrun_reform,
         restart_recovery_s=args.restart_recovery_s,
         changeover_s=args.changeover_h * 3600,
         fleetd_changeover_s=args.fleetd_changeover_h * 3600,
@@ -154,8 +175,11 @@ def sources(scenario: Scenario) -> list[tuple[str, str]]:
     rows = [(k, v) for k, v in scenario.sources.items()]
     measured = d.measured_overrides()
     rows += [
-        (f"fleetd re-form {scenario.reform_s:g} s", measured["reform_s"].source if "reform_s" in measured else d.FLEETD_REFORM_S.source),
-        (f"torchrun re-form {scenario.torchrun_reform_s:g} s", d.TORCHRUN_REFORM_S.source),
+        (f"fleetd re-form {scenario.reform_s:g} s", measured.get("reform_s", d.FLEETD_REFORM_S).source),
+        (
+            f"torchrun re-form {scenario.torchrun_reform_s:g} s",
+            measured.get("torchrun_reform_s", d.TORCHRUN_REFORM_S).source,
+        ),
         (f"checkpoint stall {job.checkpoint_stall_s:g} s", d.CHECKPOINT_STALL_S.source),
         (f"notice lead {job.notice_lead_s:g} s", d.NOTICE_LEAD_S.source),
         (f"losses without notice {job.no_notice_share:.0%}", d.NO_NOTICE_SHARE.source),

@@ -81,8 +81,8 @@ def interruptions_per_hour_from_bucket(monthly_share: float) -> float:
     return -math.log(1.0 - monthly_share) / HOURS_PER_MONTH
 
 
-def plot_results(results: Sequence["SimResult"], path: Path) -> None:
-    """Nodes alive, spend and progress over time, one line per policy (needs matplotlib)."""
+def require_matplotlib():
+    """matplotlib's pyplot (non-interactive backend), or a RuntimeError saying how to get it."""
     try:
         import matplotlib
 
@@ -92,6 +92,12 @@ def plot_results(results: Sequence["SimResult"], path: Path) -> None:
         raise RuntimeError(
             "--plot needs matplotlib: pip install 'fleetd[plot]' (or pip install matplotlib)"
         ) from None
+    return plt
+
+
+def plot_results(results: Sequence["SimResult"], path: Path) -> None:
+    """Nodes alive, spend and progress over time, one line per policy (needs matplotlib)."""
+    plt = require_matplotlib()
     fig, axes = plt.subplots(3, 1, figsize=(9, 9), sharex=True)
     for r in results:
         hours = [s.t / 3600.0 for s in r.timeline]

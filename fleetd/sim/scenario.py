@@ -6,8 +6,6 @@ use the same defaults (fleetd/sim/defaults.py) and the same policy set.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fleetd.config import BudgetConfig, CapacityConfig, FleetConfig, FleetdConfig
@@ -50,6 +48,9 @@ class Scenario:
     # make each baseline roll back on this trace (the best any fixed period can do).
     periodic_checkpoint_s: float | None = None
     leaving_signal: bool = False  # fleetd: drained nodes report LEAVING (DESIGN.md step 4)
+    # The operator's fleetd config (planner settings: scaling, rebalance, thresholds); fleet
+    # size, instance type, on-demand permission and budget come from the scenario.
+    base_config: FleetdConfig | None = None
     seed: int = 0
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -61,12 +62,21 @@ class Scenario:
         return DEADLINE_POLICIES if self.deadline_mode else CLUSTER_POLICIES
 
     def fleetd_config(self) -> FleetdConfig:
-        return FleetdConfig(
-            fleet=FleetConfig(min_nodes=self.job.min_nodes, max_nodes=self.job.max_nodes),
-            capacity=CapacityConfig(
-                instance_types=(self.instance_type,), allow_on_demand=self.allow_on_demand
-            ),
-            budget=BudgetConfig(total_usd=self.budget_usd, max_usd_per_hour=self.max_usd_per_hour),
+        base = self.base_config or FleetdConfig(
+            fleet=FleetConfig(), capacity=CapacityConfig(instance_types=(self.instance_type,)), budget=BudgetConfig()
+        )
+        return base.model_copy(
+            update={
+                "fleet": base.fleet.model_copy(
+                    update={"min_nodes": self.job.min_nodes, "max_nodes": self.job.max_nodes}
+                ),
+                "capacity": base.capacity.model_copy(
+                    update={"instance_types": (self.instance_type,), "allow_on_demand": self.allow_on_demand}
+                ),
+                "budget": base.budget.model_copy(
+                    update={"total_usd": self.budget_usd, "max_usd_per_hour": self.max_usd_per_hour}
+                ),
+            }
         )
 
     def make_policy(self, name: str) -> Policy:
@@ -114,11 +124,12 @@ class Scenario:
     def all_names() -> tuple[str, ...]:
         return tuple(dict.fromkeys(CLUSTER_POLICIES + DEADLINE_POLICIES))
 
-    def horizon_s(self) -> float:
+    def horizon_s(self, trace: Trace | None = None) -> float:
+        tr = trace or self.trace
         if self.job.deadline_s is not None:
             # Deadline jobs may run past the trace on on-demand; stop at 3x the deadline.
-            return max(self.trace.duration_s, 3 * self.job.deadline_s)
-        return self.trace.duration_s
+            return max(tr.duration_s, 3 * self.job.deadline_s)
+        return tr.duration_s
 
     def run(self, name: str, sample_every_s: float = 0.0, trace: Trace | None = None) -> SimResult:
         tr = trace or self.trace
@@ -129,7 +140,7 @@ class Scenario:
             self.spot_price,
             self.on_demand_price,
             seed=self.seed,
-            horizon_s=max(tr.duration_s, 3 * self.job.deadline_s) if self.job.deadline_s else tr.duration_s,
+            horizon_s=self.horizon_s(tr),
             sample_every_s=sample_every_s,
         )
 
@@ -144,9 +155,3 @@ def ideal_steps(trace: Trace, job: JobSpec) -> float:
         end = events[i + 1].t if i + 1 < len(events) else trace.duration_s
         total += job.throughput(min(live, job.max_nodes)) * max(0.0, end - ev.t)
     return total
-
-
-def timed(fn: Callable[[], SimResult]) -> tuple[SimResult, float]:
-    t0 = time.perf_counter()
-    r = fn()
-    return r, time.perf_counter() - t0

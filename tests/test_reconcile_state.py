@@ -1,0 +1,106 @@
+"""The reconcile loop's SQLite state: launch intents, instance records, pool statistics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleetd.policy.model import Market, PoolId
+from fleetd.reconcile import state as st
+from fleetd.reconcile.state import SeenInstance, StateStore
+
+A = PoolId("g4dn.xlarge", "us-east-1a")
+T0 = 1_800_000_000.0
+
+
+def seen(iid: str, state: str = "running", launched_at: float = T0, token: str | None = "tok", reason: str = "") -> SeenInstance:
+    return SeenInstance(iid, A, Market.SPOT, state, launched_at, token, 0.25, reason)
+
+
+async def intent(store: StateStore, token: str, now: float = T0) -> None:
+    await store.record_intent(token=token, seq=0, now=now, count=2, market=Market.SPOT, pools=(A,),
+                              purpose="capacity", max_price_per_hour=0.5, reason="test")
+
+
+async def test_intents_survive_reopen_and_a_new_plan_supersedes_an_open_one(tmp_path: Path) -> None:
+    store = await StateStore.open(tmp_path)
+    await intent(store, "tok-1")
+    await intent(store, "tok-1")  # the same planned launch again: one row
+    await store.close()
+    store = await StateStore.open(tmp_path)
+    (row,) = await store.launches(st.OPEN)
+    assert (row.token, row.count, row.pools, row.max_price_per_hour) == ("tok-1", 2, (A,), 0.5)
+    assert await store.settled_launch_count() == 0
+    await intent(store, "tok-2", now=T0 + 10)
+    assert [(r.token, r.status) for r in await store.launches()] == [("tok-1", st.ABANDONED), ("tok-2", st.OPEN)]
+    await store.settle_launch("tok-2", st.LAUNCHED, ["i-2", "i-1"], T0 + 11)
+    assert (await store.launches(st.LAUNCHED))[0].instance_ids == ("i-1", "i-2")
+    assert await store.settled_launch_count() == 2
+    await store.close()
+
+
+async def test_sync_adopts_accrues_and_closes(tmp_path: Path) -> None:
+    store = await StateStore.open(tmp_path)
+    report = await store.sync_instances([seen("i-1", launched_at=T0 - 3600), seen("i-2")], T0)
+    assert report.adopted == ("i-1", "i-2")  # unknown running instances: adopted, hours since launch
+    await store.sync_instances([seen("i-1"), seen("i-2")], T0 + 1800)
+    await store.mark_terminate_requested(["i-2"], T0 + 1800)
+    report = await store.sync_instances([seen("i-1", "terminated", reason="Server.SpotInstanceTermination"),
+                                         seen("i-2", "shutting-down")], T0 + 3600)
+    assert dict(report.ended) == {"i-1": "lost (Server.SpotInstanceTermination)", "i-2": "terminated by fleetd"}
+    (stats,) = await store.pool_stats()
+    assert stats.node_hours == pytest.approx(2.0 + 1.0)  # i-1: 2 h (adopted 1 h old), i-2: 1 h
+    assert (stats.losses, stats.notices) == (1, 0)
+    assert await store.instances() == []
+    # Gone from DescribeInstances: nothing more to close, nothing re-adopted.
+    report = await store.sync_instances([seen("i-1", "terminated")], T0 + 7200)
+    assert report == st.SyncReport()
+    await store.close()
+
+
+async def test_notice_counted_once_and_an_interruption_after_it_is_not_a_loss(tmp_path: Path) -> None:
+    store = await StateStore.open(tmp_path)
+    await store.sync_instances([seen("i-1")], T0)
+    assert await store.record_notice("i-1", T0 + 5) is True
+    assert await store.record_notice("i-1", T0 + 6) is False
+    assert await store.record_notice("i-unknown", T0 + 6) is False
+    report = await store.sync_instances([seen("i-1", "terminated")], T0 + 120)
+    assert dict(report.ended) == {"i-1": "interrupted after notice"}
+    (stats,) = await store.pool_stats()
+    assert (stats.notices, stats.losses, stats.last_notice_at) == (1, 0, T0 + 5)
+    await store.close()
+
+
+async def test_capacity_ttl_only_extends(tmp_path: Path) -> None:
+    store = await StateStore.open(tmp_path)
+    await store.mark_pool_unavailable(A, T0 + 600, "InsufficientInstanceCapacity")
+    await store.mark_pool_unavailable(A, T0 + 300, "SpotMaxPriceTooLow")
+    (stats,) = await store.pool_stats()
+    assert (stats.capacity_error_until, stats.capacity_errors, stats.last_error_code) == (
+        T0 + 600, 2, "SpotMaxPriceTooLow")
+    await store.close()
+
+
+async def test_spend_estimate_and_meta(tmp_path: Path) -> None:
+    store = await StateStore.open(tmp_path)
+    await store.sync_instances([seen("i-1"), seen("i-2")], T0)
+    assert await store.spend_estimate(T0 + 10) == pytest.approx(2 * 0.25 * 60 / 3600)  # 60 s minimum
+    assert await store.spend_estimate(T0 + 3600) == pytest.approx(2 * 0.25)
+    await store.set_meta("target_nodes", 3)
+    await store.set_meta("target_nodes", 4)
+    assert await store.get_meta("target_nodes") == 4 and await store.get_meta("missing", "d") == "d"
+    await store.close()
+
+
+async def test_snapshot_reads_the_live_state_but_never_writes_it(tmp_path: Path) -> None:
+    live = await StateStore.open(tmp_path)
+    await intent(live, "tok-1")
+    await live.close()
+    snap = await StateStore.open_snapshot(tmp_path)
+    assert [r.token for r in await snap.launches()] == ["tok-1"]
+    await intent(snap, "tok-2")
+    await snap.close()
+    live = await StateStore.open(tmp_path)
+    assert [r.token for r in await live.launches()] == ["tok-1"]
+    await live.close()

@@ -1,0 +1,147 @@
+"""torchrun supervision: the command line and environment from config, the warm worker pool, and
+stopping whole process trees."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from agent.config import AgentConfig
+from agent.supervisor import LaunchSpec, TorchrunProcess, build_command, build_env, kill_tree, process_tree
+
+
+def test_command_carries_the_job_spec_and_tuned_rendezvous(tmp_path):
+    cfg = AgentConfig.model_validate({
+        "node": {"min_nodes": 2, "max_nodes": 6, "trainer_socket": str(tmp_path / "t.sock")},
+        "rendezvous": {"host": "10.0.0.5", "port": 29411, "run_id": "llm", "last_call_timeout_s": 1.5},
+        "job": {"entrypoint": "my.train", "args": ["--lr", "3e-4"], "nproc_per_node": 4, "name": "llm"},
+        "checkpoints": {"local_dir": str(tmp_path / "ckpt"), "interval_steps": 50, "bucket": "b"},
+    })
+    spec = LaunchSpec.from_config(cfg, node_addr="10.0.1.7")
+    cmd = build_command(spec)
+    assert "--nnodes=2:6" in cmd and "--nproc-per-node=4" in cmd
+    assert "--rdzv-backend=c10d" in cmd and "--rdzv-endpoint=10.0.0.5:29411" in cmd and "--rdzv-id=llm" in cmd
+    conf = next(a for a in cmd if a.startswith("--rdzv-conf=")).split("=", 1)[1].split(",")
+    assert "is_host=false" in conf and "last_call_timeout=2" in conf and "join_timeout=600" in conf
+    assert "--local-addr=10.0.1.7" in cmd
+    assert cmd[-3:] == ["my.train", "--lr", "3e-4"]
+    env = build_env(spec, {"PATH": "/bin", "NOTIFY_SOCKET": "/run/systemd/notify"})
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    assert env["FLEETD_STORE"] == "10.0.0.5:29411" and env["FLEETD_NODE_ADDR"] == "10.0.1.7"
+    assert env["FLEETD_CKPT_DIR"] == str(tmp_path / "ckpt" / "llm") and env["FLEETD_CKPT_INTERVAL"] == "50"
+    assert env["FLEETD_S3_BUCKET"] == "b" and "NOTIFY_SOCKET" not in env
+
+
+def test_plain_torchrun_without_fleetds_patches():
+    spec = LaunchSpec(entrypoint="train.py", module=False, rdzv_poll_s=None, warm_pool=False)
+    cmd = build_command(spec)
+    assert cmd[1:3] == ["-m", "torch.distributed.run"] and cmd[-1] == "train.py" and "-m" not in cmd[3:]
+
+
+def _write_module(pkg_dir: Path, name: str, body: str) -> str:
+    pkg_dir.mkdir(parents=True, exist_ok=True)
+    (pkg_dir / "__init__.py").touch()
+    (pkg_dir / f"{name}.py").write_text(textwrap.dedent(body))
+    return f"{pkg_dir.name}.{name}"
+
+
+@pytest.fixture
+def pool(tmp_path):
+    sock = str(tmp_path / "pool.sock")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen([sys.executable, "-m", "agent.warm_pool", "--socket", sock, "--preload", "json"],
+                            env=env, start_new_session=True, stderr=subprocess.PIPE)
+    for _ in range(200):
+        if os.path.exists(sock):
+            break
+        time.sleep(0.05)
+    yield sock, env
+    kill_tree(process_tree(proc.pid), signal.SIGKILL)
+    proc.wait()
+
+
+def launch(sock: str, env: dict, *argv: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "agent.warm_launch", *argv],
+                            env={**env, "FLEETD_WARM_POOL": sock}, stdout=subprocess.PIPE, **kw)
+
+
+def test_warm_worker_gets_argv_env_stdio_and_exit_code(tmp_path, pool):
+    sock, env = pool
+    mod = _write_module(tmp_path / "wp_mods", "echo", """
+        import os, sys
+        print("argv", sys.argv[1:], "env", os.environ.get("WHO"), "main", __name__, flush=True)
+        sys.exit(7)
+    """)
+    proc = launch(sock, {**env, "WHO": "rank3"}, mod, "--x", "1")
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 7
+    assert out.decode().strip() == "argv ['--x', '1'] env rank3 main __main__"
+
+
+def test_signals_reach_the_warm_worker_and_it_dies_with_its_launcher(tmp_path, pool):
+    sock, env = pool
+    mod = _write_module(tmp_path / "wp_mods", "sleeper", """
+        import os, signal, sys, time
+        signal.signal(signal.SIGTERM, lambda *_: (print("term", flush=True), sys.exit(3)))
+        print(os.getpid(), flush=True)
+        time.sleep(60)
+    """)
+    proc = launch(sock, env, mod)
+    worker = int(proc.stdout.readline())
+    assert worker != proc.pid and psutil.pid_exists(worker)
+    proc.send_signal(signal.SIGTERM)  # what torchrun does to stop a worker
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 3 and b"term" in out
+
+    proc = launch(sock, env, mod)
+    worker = int(proc.stdout.readline())
+    proc.kill()  # torchrun SIGKILLs a launcher that does not stop
+    proc.wait()
+    assert psutil.wait_procs([psutil.Process(worker)], timeout=10)[1] == []
+
+
+def test_without_a_pool_the_launcher_starts_a_cold_worker(tmp_path):
+    mod = _write_module(tmp_path / "wp_mods", "cold", "print('cold ok')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "FLEETD_WARM_WAIT_S": "0.1"}
+    out = subprocess.run([sys.executable, "-m", "agent.warm_launch", mod],
+                         env={**env, "FLEETD_WARM_POOL": str(tmp_path / "absent.sock")},
+                         capture_output=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == b"cold ok"
+
+
+def test_pool_warm_up_starts_no_threads(tmp_path):
+    code = ("import os, threading; from agent.warm_pool import warm_torch_lazily_imported_parts as w; "
+            "import torch; w(); print(threading.active_count(), len(os.listdir('/proc/self/task')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["1", "1"], out.stderr
+
+
+def test_stop_kills_the_whole_tree_including_new_sessions(tmp_path):
+    # torchrun-like: a parent whose child starts its own session (as torch's workers do).
+    script = tmp_path / "tree.py"
+    script.write_text(textwrap.dedent("""
+        import subprocess, sys, time
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+        time.sleep(60)
+    """))
+    spec = LaunchSpec(entrypoint=str(script), module=False, warm_pool=False, rdzv_poll_s=None,
+                      ckpt_dir=tmp_path / "ckpt")
+    proc = TorchrunProcess(spec)
+    proc.proc = subprocess.Popen([sys.executable, str(script)], start_new_session=True)
+    for _ in range(100):
+        tree = process_tree(proc.proc.pid)
+        if len(tree) >= 2:
+            break
+        time.sleep(0.05)
+    assert len(tree) >= 2
+    proc.kill()
+    assert proc.wait_blocking().reason == "stopped"
+    assert psutil.wait_procs(tree, timeout=10)[1] == []
