@@ -53,7 +53,7 @@ def _run(path: Path) -> int:
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return 2
-    configure_logging(config.logging.level)
+    configure_logging(config.logging.level, json=config.logging.json_lines)
     asyncio.run(run_agent(config))
     return 0
 

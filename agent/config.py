@@ -3,21 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import Field
 
-from fleetd.protocol.settings import (
-    AwsConfig,
-    CheckpointConfig,
-    FileSettings,
-    Group,
-    JobConfig,
-    MqttConfig,
-    Name,
-    RendezvousConfig,
-    load_settings,
-)
+from fleetd.protocol.settings import CommonSettings, Group, Name, load_settings
 
 DEFAULT_PATH = Path("/etc/fleetd/agent.toml")
 
@@ -42,18 +32,8 @@ class NodeConfig(Group):
     supervise_training: bool = True
 
 
-class LoggingConfig(Group):
-    level: Literal["debug", "info", "warning", "error"] = "info"
-
-
-class AgentConfig(FileSettings):
+class AgentConfig(CommonSettings):
     node: NodeConfig = NodeConfig()
-    aws: AwsConfig = AwsConfig()
-    mqtt: MqttConfig = MqttConfig()
-    rendezvous: RendezvousConfig = RendezvousConfig()
-    checkpoints: CheckpointConfig = CheckpointConfig()
-    job: JobConfig = JobConfig()
-    logging: LoggingConfig = LoggingConfig()
 
 
 def load(path: Path | None = DEFAULT_PATH) -> AgentConfig:

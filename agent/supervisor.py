@@ -269,8 +269,12 @@ class TorchrunProcess:
         cmd = [self.spec.python, "-m", "agent.warm_pool", "--socket", sock]
         for name in preload:
             cmd += ["--preload", name]
+        # numpy (imported by torch) starts an OpenBLAS thread pool at import; the pool process must
+        # stay single-threaded to fork safely. Workers keep numpy's BLAS at one thread (torch's own
+        # intra-op threads are unaffected: they start lazily in each worker).
+        pool_env = {**env, "OPENBLAS_NUM_THREADS": env.get("OPENBLAS_NUM_THREADS", "1")}
         self.pool = subprocess.Popen(
-            cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            cmd, env=pool_env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         env["FLEETD_WARM_POOL"] = sock

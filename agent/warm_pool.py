@@ -139,7 +139,6 @@ def serve(socket_path: str, preload: list[str]) -> None:
             importlib.import_module(name)
         except Exception as exc:  # noqa: BLE001 - a bad preload only costs warmth
             print(f"warm_pool: cannot preload {name}: {exc}", file=sys.stderr)
-    warm_torch_lazily_imported_parts()
     if threading.active_count() > 1 or len(os.listdir("/proc/self/task")) > 1:
         print("warm_pool: a preload started threads; forked workers may misbehave", file=sys.stderr)
     # Everything imported so far is shared with every forked worker. Move it out of the garbage
@@ -166,8 +165,17 @@ def serve(socket_path: str, preload: list[str]) -> None:
     sel.register(listener, selectors.EVENT_READ)
     children: dict[int, socket.socket] = {}
     print(f"warm_pool: ready on {socket_path} (preloaded {', '.join(preload)})", file=sys.stderr, flush=True)
+    warmed = False
     while not stop:
-        for _key, _ in sel.select(timeout=0.05):
+        ready = sel.select(timeout=0.05)
+        if not ready and not warmed and children:
+            # The first fork (a joining node's torchrun) is served before this second of warm-up,
+            # which then overlaps with that torchrun's own start and rendezvous.
+            warm_torch_lazily_imported_parts()
+            gc.collect()
+            gc.freeze()
+            warmed = True
+        for _key, _ in ready:
             conn, _ = listener.accept()
             try:
                 conn.settimeout(5)

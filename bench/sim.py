@@ -107,20 +107,28 @@ def main() -> None:
 
     base = p3_scenario(p3)
     effective = {name: round(base.run(name).effective_time, 4) for name in base.policy_names()}
+    yd = base.fleetd_config()
+    yd = yd.model_copy(update={"rebalance": yd.rebalance.model_copy(update={"young_daly_checkpoints": True})})
     variants = {
         "daemon defaults": base,
+        "drained nodes never report that they left": replace(base, leaving_signal=False),
         "no on-demand fallback": replace(base, allow_on_demand=False),
-        "drained nodes report LEAVING": replace(base, leaving_signal=True),
-        "both": replace(base, allow_on_demand=False, leaving_signal=True),
+        "Young/Daly periodic checkpoints": replace(base, base_config=yd),
     }
-    fleetd_variants = {k: round(v.run("fleetd").effective_time, 4) for k, v in variants.items()}
+    fleetd_variants = {}
+    fleetd_overheads = {}
+    for k, v in variants.items():
+        r = v.run("fleetd")
+        fleetd_variants[k] = round(r.effective_time, 4)
+        fleetd_overheads[k] = {n: round(s / 3600.0, 2) for n, s in sorted(r.overhead_node_s.items())}
     for share in (0.0, 0.01):
         job = base.job.with_(no_notice_share=share)
-        fleetd_variants[f"both, {share:.0%} losses unannounced"] = round(
-            replace(base, job=job, allow_on_demand=False, leaving_signal=True).run("fleetd").effective_time, 4
+        fleetd_variants[f"{share:.0%} losses unannounced (default 5 %)"] = round(
+            replace(base, job=job).run("fleetd").effective_time, 4
         )
     print(f"p3 effective time: {effective}")
     print(f"fleetd on p3, variants: {fleetd_variants}")
+    print(f"fleetd on p3, lost node-hours by cause: {fleetd_overheads}")
 
     deadline = deadline_comparison(args.offsets)
     print(f"deadline jobs (48 h of work, 52 h deadline, {args.offsets} offsets): {deadline}")
@@ -131,6 +139,7 @@ def main() -> None:
                 "cpu_seconds_per_policy_p3": speed_p3,
                 "p3_effective_time": effective,
                 "p3_fleetd_variants": fleetd_variants,
+                "p3_fleetd_overhead_node_hours": fleetd_overheads,
                 "deadline": deadline,
             }
         )

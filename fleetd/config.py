@@ -3,21 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from fleetd.protocol.settings import (
-    AwsConfig,
-    CheckpointConfig,
-    FileSettings,
-    Group,
-    JobConfig,
-    MqttConfig,
-    Name,
-    RendezvousConfig,
-    load_settings,
-)
+from fleetd.protocol.settings import AwsConfig as AwsConfig  # re-exported for callers of fleetd.config
+from fleetd.protocol.settings import CommonSettings, Group, Name, load_settings
 
 DEFAULT_PATH = Path("/etc/fleetd/fleetd.toml")
 Fraction = Annotated[float, Field(gt=0, le=1)]
@@ -120,11 +111,18 @@ class RebalanceConfig(Group):
     checkpoint_retry_s: Annotated[float, Field(gt=0)] = 120.0
     # A planned drain (scale-down, return to spot) that has not finished by then is terminated.
     drain_timeout_s: Annotated[float, Field(gt=0)] = 300.0
-
-
-class LoggingConfig(Group):
-    level: Literal["debug", "info", "warning", "error"] = "info"
-    json_lines: bool | None = Field(None, alias="json")
+    # Seconds training pauses for one coordinated checkpoint (delta in Young/Daly). The planner
+    # keeps the last durable checkpoint younger than sqrt(2 x delta x MTBF of losses without
+    # notice). Default: a few-GB torch DCP save to local disk; set your job's measured save time.
+    checkpoint_stall_s: Annotated[float, Field(ge=0)] = 5.0
+    # Periodic checkpoints at that Young/Daly interval (fleetd/policy/checkpointing.py). Off by
+    # default: fleetd already checkpoints at every join and leave, and on the Bamboo p3 trace the
+    # extra stalls cost more than the rollbacks they save (bench/sim.py measures both).
+    young_daly_checkpoints: bool = False
+    # Seconds every rank waits while the rendezvous re-forms after a join or leave (DESIGN.md:
+    # 4-6 s measured with fleetd steering). With checkpoint_stall_s it prices a membership
+    # change for the on-demand fallback's churn control.
+    reform_s: Annotated[float, Field(ge=0)] = 5.0
 
 
 class MetricsConfig(Group):
@@ -136,20 +134,14 @@ class EventsConfig(Group):
     sqs_queue_url: str | None = None  # EventBridge -> SQS queue; None disables that intake
 
 
-class FleetdConfig(FileSettings):
-    aws: AwsConfig = AwsConfig()
+class FleetdConfig(CommonSettings):
     fleet: FleetConfig = FleetConfig()
     capacity: CapacityConfig = CapacityConfig(instance_types=("g5.xlarge",))
     budget: BudgetConfig = BudgetConfig()
     scaling: ScalingConfig = ScalingConfig()
     rebalance: RebalanceConfig = RebalanceConfig()
-    mqtt: MqttConfig = MqttConfig()
-    rendezvous: RendezvousConfig = RendezvousConfig()
-    checkpoints: CheckpointConfig = CheckpointConfig()
-    job: JobConfig = JobConfig()
     events: EventsConfig = EventsConfig()
     metrics: MetricsConfig = MetricsConfig()
-    logging: LoggingConfig = LoggingConfig()
 
 
 def load(path: Path | None = DEFAULT_PATH) -> FleetdConfig:

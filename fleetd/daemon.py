@@ -22,7 +22,8 @@ from typing import Any
 from fleetd.config import FleetdConfig
 from fleetd.protocol.logs import get_logger
 from fleetd.protocol.sdnotify import Heartbeat, Notifier, watchdog
-from fleetd.reconcile.build import build_reconciler, ec2_client_kwargs
+from fleetd.adapters.aws_errors import AwsError
+from fleetd.reconcile.build import Built, build_reconciler, ec2_client_kwargs
 from fleetd.reconcile.loop import PassReport, Planner, Reconciler
 from fleetd.reconcile.ports import Clock, NodeCommander, NodeObserver, SignalSource
 
@@ -56,6 +57,10 @@ class Plugins:
     ledger: Any = None
 
 
+STARTUP_RETRY_FIRST_S = 5.0
+STARTUP_RETRY_MAX_S = 300.0
+
+
 class _Stop(Exception):
     """Raised inside the TaskGroup to cancel every task on a shutdown signal."""
 
@@ -86,10 +91,12 @@ async def run_daemon(
         session.set_config_variable("profile", cfg.aws.profile)
     try:
         async with session.create_client("ec2", **ec2_client_kwargs(cfg)) as client:
-            built = await build_reconciler(
+            built = await _build_until_ready(ctx, lambda: build_reconciler(
                 cfg, client, planner=planner, clock=clock, dry_run=dry_run, signals=plugins.signals,
                 observer=plugins.observer, commander=plugins.commander, ledger=plugins.ledger,
-            )
+            ))
+            if built is None:
+                return 0  # asked to stop before the first pass could start
             ctx.reconciler = built.reconciler
             try:
                 return await _supervise(ctx, built.reconciler, plugins, notifier, passes, shutdown_timeout_s)
@@ -98,6 +105,28 @@ async def run_daemon(
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+async def _build_until_ready(ctx: DaemonContext, build: Callable[[], Awaitable[Built]]) -> Built | None:
+    """Start-up needs EC2 (pools, launch template). A failure there (no permission yet, AWS
+    throttling, a network blip) is logged once per distinct error and retried with backoff
+    instead of exiting: exiting would make systemd restart us in a crash loop."""
+    delay = STARTUP_RETRY_FIRST_S
+    last: tuple[str, str] | None = None
+    while not ctx.stopping.is_set():
+        try:
+            return await build()
+        except AwsError as exc:
+            if (exc.operation, exc.code) != last:
+                log.error("startup_blocked", operation=exc.operation, code=exc.code, kind=exc.kind,
+                          error=exc.message, retry_in_s=delay)
+                last = (exc.operation, exc.code)
+        try:
+            await asyncio.wait_for(ctx.stopping.wait(), timeout=delay)
+        except TimeoutError:
+            pass
+        delay = min(delay * 2, STARTUP_RETRY_MAX_S)
+    return None
 
 
 def _on_signal(ctx: DaemonContext, sig: signal.Signals) -> None:

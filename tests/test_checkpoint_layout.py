@@ -125,8 +125,10 @@ def test_digest_reproduces_plain_and_s3_composite_sha256():
 
 def test_part_size_is_chosen_for_throughput_and_s3_limits():
     t = UploadTuning(concurrency=8)
-    assert choose_part_size(1 << 30, t) == 16 * MiB  # 64 parts: 8 slots stay busy
-    assert choose_part_size(40 * MiB, t) == 8 * MiB  # never below the per-request sweet spot
+    assert choose_part_size(1 << 30, t) == 8 * MiB  # 128 parts keep 8 slots busy
+    assert choose_part_size(40 * MiB, t) == 8 * MiB
+    wide = UploadTuning(concurrency=8, min_part_size=8 * MiB, max_part_size=64 * MiB)
+    assert choose_part_size(1 << 30, wide) == 64 * MiB  # ~2 parts per slot within the bounds
     assert choose_part_size(200 << 30, t) >= (200 << 30) / 10_000  # S3's 10,000-part limit
     assert choose_part_size(40 * MiB, UploadTuning(part_size=5 * MiB)) == 5 * MiB
     with pytest.raises(ValueError):

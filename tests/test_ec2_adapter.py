@@ -139,3 +139,12 @@ async def test_pools_from_gpu_requirements(cloud: Cloud) -> None:
     assert {p.zone for p in resolved.pools} == set(ZONES)
     assert explicit.pools == (PoolId("g5.xlarge", "us-east-1a"), PoolId("g5.xlarge", "us-east-1b"))
     assert explicit.hardware["g5.xlarge"].gpu_model == "A10G"
+
+
+async def test_zones_default_to_the_subnets_or_the_region(cloud: Cloud) -> None:
+    from fleetd.adapters.ec2 import default_zones
+
+    async with cloud.client() as c:
+        assert await default_zones(c, [cloud.subnets["us-east-1b"]]) == ("us-east-1b",)
+        region = await default_zones(c, [])
+    assert set(ZONES) <= set(region) and all(z.startswith("us-east-1") for z in region)

@@ -157,6 +157,9 @@ async def test_notice_controller_restart_scale_up_and_rank0_loss(tmp_path, aws_c
                     break
                 await asyncio.sleep(0.2)
             assert step in await store.complete_steps()
+        except BaseException:
+            print(cluster.logs())  # shown by pytest on failure: every process's log tail
+            raise
         finally:
             shipper.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -75,3 +75,40 @@ def test_registry_feeds_the_two_signal_rule() -> None:
     reg.apply(from_message(Status(instance_id=IID, state="offline", sent_at=datetime.now(UTC)), 1003.0))
     two = assess(reg.observe(node()), now=1004.0, silence_s=30.0)
     assert two.lost and len(two.signals) == 2
+
+
+def test_trainer_exited_after_a_drain_marks_the_node_left_for_the_planner() -> None:
+    from fleetd.config import FleetdConfig
+    from fleetd.policy.model import NodePhase, Terminate
+    from fleetd.policy.observation import Observation
+    from fleetd.policy.planner import plan
+    from fleetd.protocol.messages import TrainerExited
+
+    reg = NodeRegistry()
+    reg.apply(AgentStatus(IID, status("training"), received_at=900.0, dedup_key="s1"))
+    # A crash before any drain (the supervisor restarts torchrun) is not a departure.
+    reg.apply(from_message(TrainerExited(instance_id=IID, exit_code=1, reason="worker crashed"), 950.0))
+    early = reg.observe(node(phase=NodePhase.DRAINING, drain_started_at=1000.0))
+    assert early.left_at == 950.0 and not early.has_left
+    # After the drain: the agent's trainer-exited report, with its reason.
+    reg.apply(from_message(TrainerExited(instance_id=IID, exit_code=0, reason="left the rendezvous"), 1012.0))
+    assert reg.record(IID).exit_reason == "left the rendezvous"
+    drained = reg.observe(node(phase=NodePhase.DRAINING, drain_started_at=1000.0, last_seen_at=1012.0))
+    assert drained.left_at == 1012.0 and drained.has_left
+    cfg = FleetdConfig(fleet={"min_nodes": 0, "max_nodes": 1})
+    (term,) = plan(Observation(nodes=(drained,), target_nodes=0), cfg, 1015.0).actions
+    assert isinstance(term, Terminate) and term.instance_id == IID
+    assert term.reason == (
+        f"{IID} has left the rendezvous (trainer exited 3 s ago, after its drain): terminating it so "
+        "it stops billing"
+    )
+
+
+def test_status_leaving_counts_as_left_and_the_latest_report_wins() -> None:
+    reg = NodeRegistry()
+    reg.apply(AgentStatus(IID, status("draining"), received_at=1000.0, dedup_key="s1"))
+    assert reg.observe(node()).left_at is None
+    reg.apply(AgentStatus(IID, status("leaving"), received_at=1009.0, dedup_key="s2"))
+    assert reg.observe(node()).left_at == 1009.0
+    assert reg.observe(node(left_at=1020.0)).left_at == 1020.0  # the later of the two
+    assert reg.observe(node(notice_at=1001.0)).has_left  # after its notice

@@ -127,3 +127,27 @@ def test_a_drain_in_time_is_left_alone() -> None:
     draining = node("i-1", phase=NodePhase.DRAINING, drain_started_at=NOW - 20)
     obs = Observation(nodes=(draining,), offers=(), target_nodes=0, last_scaling_at=NOW)
     assert plan(obs, cfg, NOW).actions == ()
+
+
+@pytest.mark.parametrize(
+    ("fields", "terminated"),
+    [
+        ({"drain_started_at": NOW - 12, "left_at": NOW - 2}, True),  # left after its drain
+        ({"notice_at": NOW - 30, "notice_deadline": NOW + 90, "left_at": NOW - 5}, True),  # after its notice
+        ({"drain_started_at": NOW - 12, "left_at": NOW - 600}, False),  # an old crash, not a departure
+        ({"drain_started_at": NOW - 12}, False),  # still checkpointing and uploading
+    ],
+)
+def test_a_drained_node_is_terminated_as_soon_as_it_has_left(fields, terminated) -> None:
+    cfg = config(fleet={"min_nodes": 0, "max_nodes": 1})
+    draining = node("i-1", phase=NodePhase.DRAINING, **fields)
+    result = plan(Observation(nodes=(draining,), offers=(), target_nodes=0, last_scaling_at=NOW), cfg, NOW)
+    if terminated:
+        (term,) = result.actions
+        assert isinstance(term, Terminate) and term.instance_id == "i-1"
+        assert term.reason == (
+            f"i-1 has left the rendezvous (trainer exited {NOW - fields['left_at']:.0f} s ago, after its "
+            "drain): terminating it so it stops billing"
+        )
+    else:
+        assert result.actions == ()

@@ -230,3 +230,87 @@ def test_spot_advisor_bad_file_is_a_clear_error(tmp_path: Path) -> None:
         load_spot_advisor(bad)
     with pytest.raises(SpotAdvisorError, match="missing.csv"):
         load_spot_advisor(tmp_path / "missing.csv")
+
+
+# ------------------------------------------------------------------ back to spot, in one batch
+def _ods(n: int) -> tuple:
+    return tuple(
+        node(f"i-od{i}", B, market=Market.ON_DEMAND, price=1.0 + i / 100, seen=NOW - 1) for i in range(n)
+    )
+
+
+def test_back_to_spot_buys_every_replacement_in_one_launch() -> None:
+    obs = Observation(nodes=_ods(3), offers=(offer(A, 0.4),), target_nodes=3, last_scaling_at=NOW)
+    result = plan(obs, config(fleet={"max_nodes": 3}), NOW)
+    (launch,) = result.of_type(Launch)
+    assert launch.purpose is LaunchPurpose.RETURN_TO_SPOT and launch.count == 3
+    assert launch.reason.startswith("return-to-spot: buy 3 spot node(s)")
+    # Some replacements already bought: only the rest.
+    spot = node("i-spot0", running_since=NOW - 40)
+    obs = Observation(
+        nodes=_ods(3) + (spot,), offers=(offer(A, 0.4),), target_nodes=3, last_scaling_at=NOW,
+        last_durable_checkpoint_at=NOW - 100, last_checkpoint_request_at=NOW - 10,
+    )
+    (launch,) = plan(obs, config(fleet={"max_nodes": 3}), NOW).of_type(Launch)
+    assert launch.purpose is LaunchPurpose.RETURN_TO_SPOT and launch.count == 2
+
+
+def test_back_to_spot_drains_every_replaced_on_demand_node_in_one_pass() -> None:
+    spots = tuple(node(f"i-spot{i}", running_since=NOW - 40) for i in range(3))
+    obs = Observation(
+        nodes=_ods(3) + spots, offers=(offer(A, 0.4),), target_nodes=3, last_scaling_at=NOW,
+        last_durable_checkpoint_step=1000, last_durable_checkpoint_at=NOW - 5,
+    )
+    result = plan(obs, config(fleet={"max_nodes": 3}), NOW)
+    drains = result.of_type(Drain)
+    assert [d.instance_id for d in drains] == ["i-od2", "i-od1", "i-od0"]  # priciest first
+    assert drains[0].reason == (
+        "back to spot: spot capacity is training again and checkpoint step 1000 is durable (5 s ago): "
+        "draining on-demand i-od2 ($1.020/h), one of 3 leaving together"
+    )
+    assert result.of_type(Launch) == ()  # the spot nodes now count: nothing more to buy
+
+
+# ------------------------------------------------------------- on-demand fallback churn control
+def _short_of_spot(notice_age: float, running: int, need: int) -> Observation:
+    # The only spot pool A is held back by its own notice (interrupting_window_s 900 s): it is
+    # offered again at notice + 900 s. ``running`` nodes train; ``need`` more are wanted.
+    nodes = tuple(node(f"i-{i}") for i in range(running))
+    return Observation(
+        nodes=nodes,
+        offers=(offer(A, 0.4), offer(B, None)),
+        pool_stats=(PoolStats(A, node_hours=10.0, notices=1, last_notice_at=NOW - notice_age),),
+        target_nodes=running + need,
+        last_scaling_at=NOW,
+        spot_unavailable_since=NOW - 700,
+    )
+
+
+CHURN_CFG = config(
+    fleet={"max_nodes": 40},
+    capacity={"spot_wait_s": 600.0, "interrupting_window_s": 900.0},
+    rebalance={"checkpoint_stall_s": 5.0, "reform_s": 5.0},
+)
+
+
+def test_no_on_demand_fallback_when_spot_is_back_before_it_would_pay_for_its_reforms() -> None:
+    # Back in 100 s: 2 nodes x 100 s = 200 node-s of training < 2 x 30 x 10 s = 600 node-s of stalls.
+    result = plan(_short_of_spot(notice_age=800.0, running=28, need=2), CHURN_CFG, NOW)
+    assert result.of_type(Launch) == () and result.spot_short
+    assert (
+        "no on-demand fallback: spot is offered again in 100 s (interrupting window), so 2 on-demand "
+        "node(s) would train 200 node-s, less than their join and leave stall the fleet "
+        "(2 x 30 nodes x 10 s = 600 node-s): waiting for spot"
+    ) in result.notes
+
+
+def test_on_demand_fallback_when_spot_stays_away_long_enough_or_its_return_is_unknown() -> None:
+    # Back in 800 s: 1,600 node-s of training > 600 node-s of stalls.
+    (launch,) = plan(_short_of_spot(notice_age=100.0, running=28, need=2), CHURN_CFG, NOW).of_type(Launch)
+    assert launch.purpose is LaunchPurpose.ON_DEMAND_FALLBACK and launch.count == 2
+    # A capacity error says nothing about when spot returns: fall back after spot_wait_s.
+    obs = _short_of_spot(notice_age=800.0, running=28, need=2)
+    errored = (PoolStats(A, node_hours=10.0, capacity_error_until=NOW + 1000, last_notice_at=NOW - 800),)
+    obs = Observation(**{**{f: getattr(obs, f) for f in obs.__dataclass_fields__}, "pool_stats": errored})
+    (launch,) = plan(obs, CHURN_CFG, NOW).of_type(Launch)
+    assert launch.purpose is LaunchPurpose.ON_DEMAND_FALLBACK

@@ -100,3 +100,24 @@ async def test_bad_config_is_one_clear_error(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60,
     )
     assert proc.returncode == 2 and "min_nodes" in proc.stderr and "Traceback" not in proc.stderr
+
+
+async def test_startup_without_permission_waits_instead_of_crash_looping(
+    cloud: Cloud, tmp_path: Path, monkeypatch
+) -> None:
+    import fleetd.daemon as daemon_mod
+    from structlog.testing import capture_logs
+
+    monkeypatch.setattr(daemon_mod, "STARTUP_RETRY_FIRST_S", 0.05)
+    cfg = daemon_config(cloud, tmp_path)
+    cloud.proxy.fail("DescribeLaunchTemplates", "UnauthorizedOperation", times=None)
+    with capture_logs() as logs:
+        task = asyncio.create_task(run_daemon(cfg, planner=plan, passes=1))
+        while len(cloud.proxy.calls_of("DescribeLaunchTemplates")) < 4:  # retried, with backoff
+            assert not task.done()
+            await asyncio.sleep(0.05)
+        cloud.proxy.clear()  # the operator fixes the IAM policy
+        assert await asyncio.wait_for(task, 60) == 0
+    blocked = [e for e in logs if e["event"] == "startup_blocked"]
+    assert len(blocked) == 1 and blocked[0]["code"] == "UnauthorizedOperation"  # one clear line
+    assert len(await cloud.instances()) == 3

@@ -104,3 +104,14 @@ async def test_snapshot_reads_the_live_state_but_never_writes_it(tmp_path: Path)
     live = await StateStore.open(tmp_path)
     assert [r.token for r in await live.launches()] == ["tok-1"]
     await live.close()
+
+
+async def test_unresolved_launches_include_recently_abandoned_ones(tmp_path: Path) -> None:
+    store = await StateStore.open(tmp_path)
+    await intent(store, "tok-old", now=T0 - 7200)
+    await intent(store, "tok-1", now=T0 - 10)  # abandons tok-old at T0 - 10
+    await intent(store, "tok-2", now=T0)  # abandons tok-1 now
+    unresolved = {r.token: r.status for r in await store.unresolved_launches(since=T0 - 3600)}
+    assert unresolved == {"tok-old": st.ABANDONED, "tok-1": st.ABANDONED, "tok-2": st.OPEN}
+    assert {r.token for r in await store.unresolved_launches(since=T0 + 1)} == {"tok-2"}
+    await store.close()

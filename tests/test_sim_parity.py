@@ -185,6 +185,12 @@ def test_simulator_and_reconcile_loop_take_the_same_actions(tmp_path: Path, no_n
     if no_notice_share == 0.0:
         assert any(k[0] == "Drain" for k in kinds)
         assert result.notices >= 2
+        # Each drained node reported that it left (registry left_at through the observer) and
+        # both sides terminated it on that report, long before its notice deadline or timeout.
+        for t, action in lock.sim_actions:
+            if action[0] == "Drain":
+                ended = [u for u, a in lock.sim_actions if a == ("Terminate", action[1]) and u >= t]
+                assert ended and ended[0] - t < 60.0, action
     else:
         assert result.losses_without_notice >= 2
     assert len(policy.pass_times) > 20

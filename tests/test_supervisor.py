@@ -120,7 +120,9 @@ def test_without_a_pool_the_launcher_starts_a_cold_worker(tmp_path):
 def test_pool_warm_up_starts_no_threads(tmp_path):
     code = ("import os, threading; from agent.warm_pool import warm_torch_lazily_imported_parts as w; "
             "import torch; w(); print(threading.active_count(), len(os.listdir('/proc/self/task')))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    # the supervisor starts the pool with OPENBLAS_NUM_THREADS=1 (numpy's BLAS pool is a thread)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
     assert out.stdout.split() == ["1", "1"], out.stderr
 
 
@@ -145,3 +147,42 @@ def test_stop_kills_the_whole_tree_including_new_sessions(tmp_path):
     proc.kill()
     assert proc.wait_blocking().reason == "stopped"
     assert psutil.wait_procs(tree, timeout=10)[1] == []
+
+
+@pytest.mark.slow
+async def test_agent_hooks_supervise_torchrun_and_leave_on_command(tmp_path):
+    """agent.main's hooks (create_hooks): run() starts torchrun, a leave command stops the whole
+    tree, confirms it in the store, and the exit is reported as a trainer-exited event."""
+    import asyncio
+
+    from agent.emergency import ElasticHooks
+    from agent.trainer.store_link import StoreLink
+    from fleetd.protocol.messages import LeaveCommand, TrainerExited
+    from fleetd.rendezvous.localcluster import LocalCluster
+
+    events, states = [], []
+
+    async def publish(msg):
+        events.append(msg)
+
+    async def set_state(state):
+        states.append(state)
+
+    cluster = LocalCluster(tmp_path / "job", run_id="hooks", train_args=("--steps", "100000"))
+    try:
+        await asyncio.to_thread(cluster.start_host)
+        hooks = ElasticHooks(spec=cluster.spec("127.0.0.2"), instance_id="i-hooks", publish_event=publish,
+                             set_state=set_state, log_path=tmp_path / "torchrun.log")
+        runner = asyncio.create_task(hooks.run())
+        t0 = time.time()
+        await asyncio.to_thread(cluster.events.wait_training, 1, t0, 120)
+        tree = process_tree(hooks.torchrun.pid) + process_tree(hooks.torchrun.pool.pid)
+        assert len(tree) >= 3  # launcher, pool, forked torchrun and worker
+        await hooks.on_leave(LeaveCommand(instance_id="i-hooks", reason="removed from the rendezvous"))
+        await asyncio.wait_for(runner, 30)
+        assert psutil.wait_procs(tree, timeout=10)[1] == []
+        assert states == ["training"]
+        assert [(type(e), e.reason) for e in events] == [(TrainerExited, "stopped")]
+        assert StoreLink(cluster.host, cluster.port, "hooks").connect().has_left("127.0.0.2")
+    finally:
+        await asyncio.to_thread(cluster.close)

@@ -5,10 +5,10 @@ Every call goes through ``_translated`` so callers see only the store's own erro
 caught.
 
 Payload signing is switched off (``payload_signing_enabled=False``): every object fleetd writes
-carries an explicit ``x-amz-checksum-sha256`` header (per part for multipart uploads), which is
-itself signed and which S3 verifies against the body, so signing the payload as well would only
-hash every byte again, synchronously on the event loop (botocore does that over plain http unless
-told not to).
+carries an explicit checksum header (``x-amz-checksum-crc32`` per multipart part,
+``x-amz-checksum-sha256`` for single PUTs), which is itself signed and which S3 verifies against the
+body, so signing the payload as well would only hash every byte again, synchronously on the event
+loop (botocore does that over plain http unless told not to).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class MultipartInfo:
 class CompletedPart:
     number: int
     etag: str
-    sha256_b64: str
+    crc32_b64: str
 
 
 @contextlib.contextmanager
@@ -112,7 +112,7 @@ class S3Bucket:
         ours = AioConfig(
             max_pool_connections=max_connections,
             s3=s3_opts,
-            # We send our own SHA-256 with every upload; don't add a CRC32 nobody checks.
+            # We send our own checksum with every upload; don't let botocore add (and compute) another.
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
         )
@@ -241,14 +241,14 @@ class S3Bucket:
     async def create_multipart(self, key: str) -> str:
         with _translated("CreateMultipartUpload", key):
             resp = await self._client.create_multipart_upload(
-                Bucket=self.bucket, Key=key, ChecksumAlgorithm="SHA256"
+                Bucket=self.bucket, Key=key, ChecksumAlgorithm="CRC32"
             )
         return resp["UploadId"]
 
     async def upload_part(
-        self, key: str, upload_id: str, number: int, body: bytes | BinaryIO, sha256_b64: str
+        self, key: str, upload_id: str, number: int, body: bytes | BinaryIO, crc32_b64: str
     ) -> CompletedPart:
-        """One part with its SHA-256 (S3 rejects the part if the bytes it got don't match)."""
+        """One part with its CRC32 (S3 rejects the part if the bytes it got don't match)."""
         with _translated("UploadPart", f"{key}#{number}"):
             resp = await self._client.upload_part(
                 Bucket=self.bucket,
@@ -256,9 +256,9 @@ class S3Bucket:
                 UploadId=upload_id,
                 PartNumber=number,
                 Body=body,
-                ChecksumSHA256=sha256_b64,
+                ChecksumCRC32=crc32_b64,
             )
-        return CompletedPart(number, resp["ETag"], sha256_b64)
+        return CompletedPart(number, resp["ETag"], crc32_b64)
 
     async def complete_multipart(self, key: str, upload_id: str, parts: list[CompletedPart]) -> str:
         ordered = sorted(parts, key=lambda p: p.number)
@@ -269,7 +269,7 @@ class S3Bucket:
                 UploadId=upload_id,
                 MultipartUpload={
                     "Parts": [
-                        {"PartNumber": p.number, "ETag": p.etag, "ChecksumSHA256": p.sha256_b64}
+                        {"PartNumber": p.number, "ETag": p.etag, "ChecksumCRC32": p.crc32_b64}
                         for p in ordered
                     ]
                 },

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 from agent.trainer import local_ckpt

@@ -37,8 +37,9 @@ TAG_POOL = "fleetd:pool"
 TAG_LAUNCH = "fleetd:launch"
 TAG_MARKET = "fleetd:market"
 
-LIVE_STATES = ("pending", "running", "shutting-down", "stopping", "stopped")
-ALL_STATES = (*LIVE_STATES, "terminated")
+# Every EC2 state: discovery must see stopped and terminating instances too (they still matter
+# for spend and for the two-signal rule), and terminated ones while EC2 still lists them.
+ALL_STATES = ("pending", "running", "shutting-down", "stopping", "stopped", "terminated")
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,3 +373,15 @@ async def subnets_by_zone(client: Any, subnet_ids: Sequence[str]) -> dict[str, s
     for s in sorted(resp.get("Subnets", []), key=lambda s: subnet_ids.index(s["SubnetId"])):
         out.setdefault(s["AvailabilityZone"], s["SubnetId"])
     return out
+
+
+async def default_zones(client: Any, subnet_ids: Sequence[str]) -> tuple[str, ...]:
+    """No zones configured: the zones of the configured subnets, else every available zone of
+    the region (more pools means more places to find spot capacity)."""
+    if subnet_ids:
+        return tuple(sorted(await subnets_by_zone(client, subnet_ids)))
+    async with aws_call("DescribeAvailabilityZones"):
+        resp = await client.describe_availability_zones(
+            Filters=[{"Name": "state", "Values": ["available"]}, {"Name": "zone-type", "Values": ["availability-zone"]}]
+        )
+    return tuple(sorted(z["ZoneName"] for z in resp.get("AvailabilityZones", [])))

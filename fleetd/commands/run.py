@@ -21,17 +21,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import asyncio
-
     from fleetd import config as config_mod
     from fleetd.adapters.aws_errors import AwsError
     from fleetd.adapters.pricing import PriceBookError
     from fleetd.adapters.spot_advisor import SpotAdvisorError
     from fleetd.daemon import DaemonContext, run_daemon
-    from fleetd.reconcile.ledger_store import LedgerStoreError
     from fleetd.policy.planner import plan
     from fleetd.protocol.logs import bind_context, configure_logging, get_logger
     from fleetd.protocol.settings import ConfigError
+    from fleetd.reconcile.ledger_store import LedgerStoreError
 
     try:
         cfg = config_mod.load(args.config)
@@ -44,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(cfg.logging.level, json=cfg.logging.json_lines)
     bind_context(fleet=cfg.fleet.name, component="fleetd")
     log = get_logger("fleetd.run")
+
     async def main() -> int:
         ctx = DaemonContext(cfg)
         plugins, ledger = await plugins_for(cfg, ctx, dry_run=args.dry_run)
@@ -55,11 +54,59 @@ def run(args: argparse.Namespace) -> int:
                 await ledger.close()
 
     try:
-        return asyncio.run(main())
+        status = run_bounded(main())
     except (AwsError, PriceBookError, SpotAdvisorError, LedgerStoreError) as exc:
-        # Start-up failures (no AMI, no permission, bad price book): one clear line, exit 1.
+        # Start-up failures (bad price book, unreadable state): one clear line, exit 1.
         log.error("startup_failed", error=str(exc))
-        return 1
+        status = 1
+    return exit_bounded(status)
+
+
+# After the daemon's own bounded shutdown, how long worker threads (a blocking connect, a DNS
+# lookup run through asyncio.to_thread) may take before the process exits without them.
+THREAD_GRACE_S = 5.0
+
+
+def run_bounded(coro) -> int:
+    """asyncio.run without its unbounded wait for the default executor's threads: a worker stuck
+    in a blocking call must not keep a stopping daemon alive past systemd's stop timeout."""
+    import asyncio
+
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        try:
+            leftover = asyncio.all_tasks(loop)
+            for task in leftover:
+                task.cancel()
+            if leftover:
+                loop.run_until_complete(asyncio.gather(*leftover, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()  # shuts the executor down without waiting for its threads
+
+
+def exit_bounded(status: int, grace_s: float = THREAD_GRACE_S) -> int:
+    import os
+    import threading
+    import time
+
+    from fleetd.protocol.logs import get_logger
+
+    deadline = time.monotonic() + grace_s
+    others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    for t in others:
+        t.join(max(0.0, deadline - time.monotonic()))
+    stuck = [t.name for t in others if t.is_alive()]
+    if stuck:
+        get_logger("fleetd.run").warning("exit_with_stuck_threads", threads=stuck, grace_s=grace_s)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)  # the interpreter would join them forever
+    return status
 
 
 async def plugins_for(cfg, ctx, *, dry_run: bool):

@@ -3,8 +3,9 @@
 Both intakes call ``apply(event)``; the reconcile loop reads ``record(id)`` / ``records()`` or
 folds the facts into the planner's ``Node`` with ``observe(node)`` (the fields the two-signal rule
 and the rebalance policy read: last_seen_at, agent_offline_at, notice_at, notice_deadline,
-rebalance_at, ec2_state, telemetry). Urgent events wake the reconcile loop through ``wake``;
-telemetry does not (the loop's own interval picks it up).
+rebalance_at, ec2_state, telemetry; and left_at, which lets the planner terminate a drained node
+as soon as it has left). Urgent events wake the reconcile loop through ``wake``; telemetry does
+not (the loop's own interval picks it up).
 
 De-duplication: QoS 1 redeliveries and SQS at-least-once delivery repeat a ``dedup_key``; a
 repeat is counted and ignored. The same fact from two *sources* (IMDS notice via MQTT and the
@@ -33,7 +34,7 @@ from fleetd.intake.events import (
 )
 from fleetd.policy.model import Node
 from fleetd.protocol.logs import get_logger
-from fleetd.protocol.messages import Status, Telemetry
+from fleetd.protocol.messages import Status, Telemetry, TrainerExited
 
 log = get_logger(__name__)
 
@@ -60,6 +61,11 @@ class NodeRecord:
     ec2_state: str | None = None
     ec2_state_at: float | None = None
     last_event: IntakeEvent | None = None  # the last non-telemetry event
+    # The latest time the agent said its trainer is gone: TrainerExited (its reason says why),
+    # or status "leaving" (the drain flow finished). The planner reads it as "left" only when
+    # it comes after the node's drain or notice (Node.has_left): an earlier exit is a crash.
+    left_at: float | None = None
+    exit_reason: str = ""
 
 
 @dataclass
@@ -155,6 +161,7 @@ class NodeRegistry:
             notice_at=node.notice_at if node.notice_at is not None else rec.notice_at,
             notice_deadline=node.notice_deadline if node.notice_deadline is not None else rec.notice_deadline,
             rebalance_at=node.rebalance_at if node.rebalance_at is not None else rec.rebalance_at,
+            left_at=_latest(node.left_at, rec.left_at),
             gpu_util_pct=tele.gpu_util_pct if tele is not None else node.gpu_util_pct,
             steps_per_s=tele.steps_per_s if tele is not None and tele.steps_per_s is not None else node.steps_per_s,
             step=tele.step if tele is not None and tele.step is not None else node.step,
@@ -176,7 +183,10 @@ def _merge(rec: NodeRecord, event: IntakeEvent, at: float) -> NodeRecord:
     if isinstance(event, AgentStatus):
         if event.status.state == "offline":
             return replace(rec, status=event.status, status_at=at, agent_offline_at=at, last_event=event)
-        return replace(rec, status=event.status, status_at=at, last_seen_at=at, last_event=event)
+        left_at = _latest(rec.left_at, at) if event.status.state == "leaving" else rec.left_at
+        return replace(
+            rec, status=event.status, status_at=at, last_seen_at=at, left_at=left_at, last_event=event
+        )
     if isinstance(event, InterruptionNotice):
         seen_by_agent = event.source == "imds"
         return replace(
@@ -202,5 +212,10 @@ def _merge(rec: NodeRecord, event: IntakeEvent, at: float) -> NodeRecord:
     if isinstance(event, InstanceStateChanged):
         return replace(rec, ec2_state=event.state, ec2_state_at=at, last_event=event)
     if isinstance(event, TrainingEvent):
+        if isinstance(event.message, TrainerExited):
+            return replace(
+                rec, last_seen_at=at, left_at=_latest(rec.left_at, at), exit_reason=event.message.reason,
+                last_event=event,
+            )
         return replace(rec, last_seen_at=at, last_event=event)
     raise TypeError(f"unknown intake event {type(event).__name__}")

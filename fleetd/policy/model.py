@@ -76,12 +76,27 @@ class Node:
     max_price_per_hour: float | None = None
     running_since: float | None = None  # joined training (first telemetry with a step)
     drain_started_at: float | None = None  # when a Drain was sent (planned or on notice)
+    # When the node's agent reported that its trainer exited (TrainerExited, or status
+    # "leaving"): after a drain or notice, its checkpoint shard is durable (or replicated on
+    # the survivors) and it is out of the rendezvous, so it only costs money from then on.
+    left_at: float | None = None
 
     @property
     def worst_case_price_per_hour(self) -> float:
         if self.max_price_per_hour is None:
             return self.price_per_hour
         return max(self.price_per_hour, self.max_price_per_hour)
+
+    @property
+    def has_left(self) -> bool:
+        """Out of training for good: LEAVING, or its trainer exited after its drain or notice
+        began (an exit before that is a crash the supervisor restarts, not a departure)."""
+        if self.phase is NodePhase.LEAVING:
+            return True
+        if self.left_at is None:
+            return False
+        began = [t for t in (self.drain_started_at, self.notice_at) if t is not None]
+        return bool(began) and self.left_at >= min(began)
 
     @property
     def leaving(self) -> bool:

@@ -6,7 +6,8 @@ The daemon's reconcile loop and the simulator both call it; it reads no clock an
 One pass, in order:
 1. lifecycle: which nodes are lost (two-signal rule), broken boots, overdue drains -> Terminate;
 2. budget: graded level from the forecast; at the cap (or when asked to stop) -> StopJob;
-3. notices -> Drain; rebalance recommendations -> pre-buy / checkpoint (never a drain);
+3. notices -> Drain; rebalance recommendations -> pre-buy / checkpoint (never a drain); a periodic
+   checkpoint at the Young/Daly interval for the fleet's losses without notice;
 4. scaling target (bounded by the budget level), stragglers, excess nodes -> Drain/Terminate;
 5. placement for launches: ranked, diversified spot pools first; on-demand fallback after
    capacity.spot_wait_s if allowed and affordable; back to spot make-before-break after the next
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 
 from fleetd.config import FleetdConfig
 from fleetd.policy import budget as budget_policy
+from fleetd.policy import checkpointing
 from fleetd.policy import rebalance as rebalance_policy
 from fleetd.policy.lifecycle import TERMINAL_EC2_STATES, split_lost
 from fleetd.policy.model import (
@@ -106,6 +108,7 @@ def plan(obs: Observation, cfg: FleetdConfig, now: float) -> Plan:
     target = _scale(p, view.level)
     spot_ranked, spot_skipped = _spot_pools(p)
     risk = _rebalance_risk(p, target, view.level)
+    _periodic_checkpoint(p)
     sizing = _size_fleet(p, target, risk, bool(spot_ranked), view.level)
 
     headroom = budget_policy.headroom(obs.spent_usd, p.billed, p.kept, cfg)
@@ -122,7 +125,9 @@ def plan(obs: Observation, cfg: FleetdConfig, now: float) -> Plan:
         else:
             p.notes.append("no spot pool outside the at-risk pools to pre-buy in")
     if sizing.buy_spot_for_on_demand:
-        headroom, _ = _buy(p, 1, LaunchPurpose.RETURN_TO_SPOT, spot_ranked, [], headroom, view.level)
+        headroom, _ = _buy(
+            p, sizing.buy_spot_for_on_demand, LaunchPurpose.RETURN_TO_SPOT, spot_ranked, [], headroom, view.level
+        )
     return _result(p, view, target=target, spot_short=spot_short)
 
 
@@ -151,10 +156,28 @@ def _rebalance_risk(p: _Pass, target: int, level: BudgetLevel) -> rebalance_poli
     return risk
 
 
+def _periodic_checkpoint(p: _Pass) -> None:
+    """Bound the work a loss without notice rolls back (checkpointing.py: Young/Daly)."""
+    if not p.cfg.rebalance.young_daly_checkpoints:
+        return
+    training = sum(1 for n in p.kept if n.phase is NodePhase.RUNNING)
+    cadence = checkpointing.cadence(p.obs.pool_stats, training, p.cfg.rebalance.checkpoint_stall_s)
+    p.request_checkpoint(
+        *checkpointing.periodic_checkpoint(
+            cadence,
+            last_durable_at=p.obs.last_durable_checkpoint_at,
+            last_request_at=p.obs.last_checkpoint_request_at,
+            retry_s=p.cfg.rebalance.checkpoint_retry_s,
+            now=p.now,
+        )
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class _Sizing:
     counted: int  # kept nodes that count toward the target
-    buy_spot_for_on_demand: bool  # launch the spot node that will replace an on-demand one
+    # Spot nodes to launch now to replace on-demand ones (back to spot, make-before-break).
+    buy_spot_for_on_demand: int
 
 
 def _size_fleet(
@@ -163,25 +186,27 @@ def _size_fleet(
     """Remove what is beyond the target, shed burn above the cap, and move off on-demand.
 
     Nodes beyond the target are not excess when they cover an at-risk node (a pre-buy), or when
-    one of them is the spot node bought to replace an on-demand node (back to spot).
+    they are spot nodes bought to replace on-demand nodes (back to spot). Back to spot moves
+    every on-demand node at once: one launch for all of them, then one drain of all of them in
+    one pass, so the fleet re-forms twice in all rather than twice per on-demand node (each
+    re-form stalls every rank for a checkpoint and a rendezvous round).
     """
     extras = max(0, len(p.kept) - target - risk.covered)
     on_demand = [n for n in p.kept if n.market is Market.ON_DEMAND]
     back_to_spot = bool(on_demand) and spot_available and level is not BudgetLevel.SHRINK
-    spot_replacement = min(1, extras) if back_to_spot else 0
-    counted = len(p.kept) - risk.covered - spot_replacement
+    replacements = min(len(on_demand), extras) if back_to_spot else 0
+    counted = len(p.kept) - risk.covered - replacements
     if counted > target:
         _remove_excess(p, counted - target, target, risk.at_risk)
     _shed_burn(p)
     on_demand = [n for n in p.kept if n.market is Market.ON_DEMAND]  # after removals
-    if spot_replacement and on_demand:
-        _return_to_spot(p, on_demand)
-    still_on_demand = any(n.market is Market.ON_DEMAND for n in p.kept)
-    if not still_on_demand:
-        spot_replacement = 0  # the spot node that replaced the last on-demand one now counts
+    if replacements and on_demand:
+        replacements -= _return_to_spot(p, on_demand, min(replacements, len(on_demand)))
+    still_on_demand = sum(1 for n in p.kept if n.market is Market.ON_DEMAND)
+    replacements = min(replacements, still_on_demand)  # a replacement with nothing to replace counts
     return _Sizing(
-        counted=len(p.kept) - risk.covered - spot_replacement,
-        buy_spot_for_on_demand=back_to_spot and still_on_demand and not spot_replacement,
+        counted=len(p.kept) - risk.covered - replacements,
+        buy_spot_for_on_demand=max(0, still_on_demand - replacements) if back_to_spot else 0,
     )
 
 
@@ -213,6 +238,14 @@ def _lifecycle(p: _Pass) -> None:
                 )
         elif node.phase is NodePhase.LEAVING:
             p.terminate(node, f"{node.instance_id} has left the rendezvous: terminating it")
+        elif node.phase is NodePhase.DRAINING and node.has_left:
+            # Its checkpoint is durable and it is out of the rendezvous: every second it stays
+            # up until AWS reclaims it (or the drain times out) is paid for nothing.
+            p.terminate(
+                node,
+                f"{node.instance_id} has left the rendezvous (trainer exited "
+                f"{now - node.left_at:.0f} s ago, after its drain): terminating it so it stops billing",
+            )
         elif node.phase is NodePhase.DRAINING:
             overdue = _drain_overdue(node, now, cfg.rebalance.drain_timeout_s)
             if overdue:
@@ -390,6 +423,8 @@ def _buy(
             f"waiting for spot {waited:.0f} of spot_wait_s {cap.spot_wait_s:.0f} s before "
             "falling back to on-demand"
         )
+    elif churn := _fallback_churn(p, need):
+        p.notes.append(churn)
     else:
         od_ranked, od_skipped = rank_pools(
             p.obs.offers, p.obs.stats_by_pool(), cap, p.now, Market.ON_DEMAND
@@ -410,6 +445,50 @@ def _buy(
             if launch:
                 headroom = headroom.after(launch)
     return headroom, True
+
+
+def _fallback_churn(p: _Pass, need: int) -> str:
+    """Why an on-demand fallback would cost more training than it adds ("" if it would not).
+
+    A spot pool held back only by its own recent notice is offered again when its interrupting
+    window ends; then back to spot drains the on-demand nodes. So they would train until then at
+    most, and cost two membership changes (their join, their leave), each stalling every rank for
+    a checkpoint and a re-form. Buy them only if they would train longer than they stall the fleet.
+    """
+    back_at = _spot_back_at(p)
+    if back_at is None:
+        return ""  # spot's return is unknown (capacity errors, no offers): fall back
+    reb = p.cfg.rebalance
+    change_s = reb.checkpoint_stall_s + reb.reform_s
+    training = sum(1 for n in p.kept if n.phase is NodePhase.RUNNING)
+    stall_node_s = 2 * (training + need) * change_s
+    useful_node_s = need * max(0.0, back_at - p.now)
+    if useful_node_s >= stall_node_s:
+        return ""
+    return (
+        f"no on-demand fallback: spot is offered again in {back_at - p.now:.0f} s (interrupting "
+        f"window), so {need} on-demand node(s) would train {useful_node_s:.0f} node-s, less than "
+        f"their join and leave stall the fleet (2 x {training + need} nodes x {change_s:g} s = "
+        f"{stall_node_s:.0f} node-s): waiting for spot"
+    )
+
+
+def _spot_back_at(p: _Pass) -> float | None:
+    """When the first spot pool held back only by its interrupting window is offered again;
+    None if some pool's return is not known (capacity error, no spot price)."""
+    stats = p.obs.stats_by_pool()
+    window = p.cfg.capacity.interrupting_window_s
+    back: list[float] = []
+    for offer in p.obs.offers:
+        if offer.spot_price is None or offer.spot_price >= offer.on_demand_price:
+            continue
+        s = stats.get(offer.pool)
+        if s is None or s.last_notice_at is None or p.now - s.last_notice_at > window:
+            return None  # not held back by a notice: its shortage is of another kind
+        if s.capacity_error_until is not None and s.capacity_error_until > s.last_notice_at + window:
+            return None
+        back.append(s.last_notice_at + window)
+    return min(back) if back else None
 
 
 def _gated_launch(
@@ -476,35 +555,41 @@ def _prices(pools: list[RankedPool], market: Market, cfg: FleetdConfig) -> tuple
     return price_now, max(bid, price_now)
 
 
-def _return_to_spot(p: _Pass, on_demand: list[Node]) -> None:
-    """A spot node beyond the target exists: once it trains and a checkpoint taken after it joined
-    is durable, drain the priciest on-demand node (make-before-break, never mid-step)."""
+def _return_to_spot(p: _Pass, on_demand: list[Node], replacements: int) -> int:
+    """Spot nodes beyond the target exist: once they all train and a checkpoint taken after the
+    last of them joined is durable, drain as many on-demand nodes as there are spot nodes to
+    take their place, priciest first, in this one pass (make-before-break, never mid-step).
+    Returns how many were drained."""
     spot_running = [
         n for n in p.kept if n.market is Market.SPOT and n.phase is NodePhase.RUNNING
     ]
     spot_pending = [n for n in p.kept if n.market is Market.SPOT and n.phase is NodePhase.PENDING]
     if not spot_running or spot_pending:
         p.notes.append("back to spot: waiting for the new spot node to join training")
-        return
+        return 0
     joined = max(n.running_since if n.running_since is not None else n.launched_at for n in spot_running)
     durable = p.obs.last_durable_checkpoint_at
-    victim = max(on_demand, key=lambda n: (n.price_per_hour, n.instance_id))
+    victims = sorted(on_demand, key=lambda n: (-n.price_per_hour, n.instance_id))[:replacements]
     if durable is not None and durable >= joined:
-        p.remove(
-            victim,
-            f"back to spot: spot capacity is training again and checkpoint step "
-            f"{p.obs.last_durable_checkpoint_step} is durable ({p.now - durable:.0f} s ago): "
-            f"draining on-demand {victim.instance_id} (${victim.price_per_hour:.3f}/h)",
-        )
-        return
-    waiting = f"back to spot: draining on-demand {victim.instance_id} after the next durable checkpoint"
+        for victim in victims:
+            p.remove(
+                victim,
+                f"back to spot: spot capacity is training again and checkpoint step "
+                f"{p.obs.last_durable_checkpoint_step} is durable ({p.now - durable:.0f} s ago): "
+                f"draining on-demand {victim.instance_id} (${victim.price_per_hour:.3f}/h)"
+                + (f", one of {len(victims)} leaving together" if len(victims) > 1 else ""),
+            )
+        return len(victims)
+    names = ", ".join(v.instance_id for v in victims)
+    waiting = f"back to spot: draining on-demand {names} after the next durable checkpoint"
     requested = p.obs.last_checkpoint_request_at
     if requested is not None and requested >= joined and p.now - requested < p.cfg.rebalance.checkpoint_retry_s:
         p.notes.append(f"{waiting}; checkpoint requested {p.now - requested:.0f} s ago")
-        return
+        return 0
     p.request_checkpoint(
         RequestCheckpoint(reason=f"{waiting}: none is durable since the spot node joined"), ""
     )
+    return 0
 
 
 # ---------------------------------------------------------------------------------------- result

@@ -91,10 +91,9 @@ class Checksum(BaseModel):
 
     - ``sha256``: SHA-256 of the file (files fleetd uploads in a single PUT).
     - ``sha256-composite``: the file hashed in parts of ``part_size`` bytes (the last may be
-      shorter): SHA-256 of the concatenated raw SHA-256 digests of the parts. This is exactly S3's
-      COMPOSITE ``ChecksumSHA256`` of a multipart object (S3 shows it as base64 + "-<parts>"), so
-      every byte is hashed once, on upload, for both S3's per-part check and the manifest, and a
-      restore can hash parts independently.
+      shorter): SHA-256 of the concatenated raw SHA-256 digests of the parts (the same
+      construction as S3's COMPOSITE checksums). Parts hash independently, so an uploader hashes
+      them in parallel as it reads them, and never reads a file twice.
     - ``crc32c``: accepted from other writers; this build cannot verify it (Digest says so).
     """
 

@@ -12,7 +12,7 @@ import contextvars
 import sys
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
@@ -92,7 +92,8 @@ class CheckpointConfig(Group):
     local_dir: Path = Path("/var/lib/fleet-agent/checkpoints")
     # Parts in flight at once across all files (memory: upload_concurrency x part size).
     upload_concurrency: Annotated[int, Field(ge=1, le=64)] = 8
-    # 0: chosen per file for throughput (8-64 MiB); else a fixed part size (S3 minimum is 5 MiB).
+    # 0: chosen per file for throughput (8 MiB; more only past 10,000 parts); else a fixed size
+    # in MiB (S3's minimum part size is 5 MiB).
     part_size_mb: Annotated[int, Field(ge=0, le=5120)] = 0
 
     @model_validator(mode="after")
@@ -109,6 +110,12 @@ class JobConfig(Group):
     nproc_per_node: Annotated[int, Field(ge=1)] = 1
     # run `python -m <entrypoint>` when True, else treat it as a script path
     module: bool = True
+
+
+class LoggingConfig(Group):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    # None: JSON lines when stdout is not a terminal (journald), readable text on a terminal.
+    json_lines: bool | None = Field(None, alias="json")
 
 
 _CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("config_file", default=None)
@@ -135,6 +142,18 @@ class FileSettings(BaseSettings):
         if path is not None:
             sources.append(TomlConfigSettingsSource(settings_cls, toml_file=path))
         return tuple(sources)
+
+
+class CommonSettings(FileSettings):
+    """The groups both daemons read: how to reach AWS, the broker and the rendezvous, where
+    checkpoints live, what the job runs, and how to log."""
+
+    aws: AwsConfig = AwsConfig()
+    mqtt: MqttConfig = MqttConfig()
+    rendezvous: RendezvousConfig = RendezvousConfig()
+    checkpoints: CheckpointConfig = CheckpointConfig()
+    job: JobConfig = JobConfig()
+    logging: LoggingConfig = LoggingConfig()
 
 
 S = TypeVar("S", bound=FileSettings)

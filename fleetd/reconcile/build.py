@@ -12,7 +12,7 @@ from typing import Any
 from botocore.config import Config
 
 from fleetd.adapters.aws_errors import PermanentAwsError
-from fleetd.adapters.ec2 import AioEc2, resolve_pools, subnets_by_zone
+from fleetd.adapters.ec2 import AioEc2, default_zones, resolve_pools, subnets_by_zone
 from fleetd.adapters.launch_template import TemplateRef, ensure_launch_template
 from fleetd.adapters.pricing import DEMO_PRICE_BOOK, Ec2SpotPriceSource, FilePriceBook, Hardware, PriceSource
 from fleetd.adapters.spot_advisor import load_spot_advisor
@@ -71,23 +71,24 @@ async def build_reconciler(
     ledger: Any = None,
 ) -> Built:
     cap = cfg.capacity
+    zones = cap.zones or await default_zones(client, cap.subnet_ids)
     try:
-        resolved = await resolve_pools(client, instance_types=cap.instance_types, gpu=cap.gpu, zones=cap.zones)
+        resolved = await resolve_pools(client, instance_types=cap.instance_types, gpu=cap.gpu, zones=zones)
         hardware: dict[str, Hardware] = dict(resolved.hardware)
         pools = resolved.pools
     except PermanentAwsError as exc:
-        # Types the endpoint does not describe (moto lacks some GPU types) keep the book's facts.
-        if not cap.instance_types:
+        # Explicit types the endpoint does not know (moto lacks p3, for one) keep the price
+        # book's hardware facts; anything else (permissions, ...) is a real start-up failure.
+        if not cap.instance_types or exc.code != "InvalidInstanceType":
             raise
         log.warning("instance_types_not_described", error=str(exc))
-        hardware, pools = {}, tuple()
+        hardware = {}
+        pools = tuple(PoolId(t, z) for t in sorted(cap.instance_types) for z in zones)
     prices, book = price_source(cfg, client)
     for itype in cap.instance_types:
-        hw = hardware.get(itype) if hardware.get(itype, Hardware(0)).gpus else book.hardware(itype)
-        if hw is not None:
-            hardware[itype] = hw
-    if not pools:
-        pools = tuple(PoolId(t, z) for t in cap.instance_types for z in cap.zones)
+        described = hardware.get(itype)
+        if (described is None or described.gpus == 0) and book.hardware(itype) is not None:
+            hardware[itype] = book.hardware(itype)
     # A dry run never launches, so it does not create the template either.
     template = await ensure_launch_template(client, cfg) if not dry_run else TemplateRef("lt-dry-run", "$Default")
     ec2 = AioEc2(

@@ -185,8 +185,11 @@ class Reconciler:
         notices = []
         for inst in current:
             self.observer.track(inst.instance_id)
-            node = self._with_phase(self.observer.observe(self._node(inst, rows.get(inst.instance_id), prices.get(inst.pool))))
-            if node.notice_at is not None and await self.state.record_notice(node.instance_id, node.notice_at):
+            row = rows.get(inst.instance_id)
+            node = self._with_phase(self.observer.observe(self._node(inst, row, prices.get(inst.pool))))
+            # Only a notice the state has not recorded yet costs a write (2,000 nodes per pass).
+            first_notice = node.notice_at is not None and (row is None or row.notice_at is None)
+            if first_notice and await self.state.record_notice(node.instance_id, node.notice_at):
                 log.info("notice_recorded", instance_id=node.instance_id, pool=str(node.pool), at=node.notice_at)
                 notices.append(node.instance_id)
             nodes.append(node)
@@ -228,11 +231,11 @@ class Reconciler:
     async def _resolve_open_launches(self, instances: Sequence[Ec2Instance], now: float) -> None:
         """An intent still open means fleetd stopped between buying and recording: its instances,
         found by their launch tag, settle it (they are adopted, never bought again)."""
-        for row in await self.state.launches(st.OPEN):
+        for row in await self.state.unresolved_launches(since=now - 3600.0):
             mine = [i.instance_id for i in instances if i.launch_token == row.token]
             if mine:
-                await self.state.settle_launch(row.token, st.LAUNCHED, mine, now, "adopted by tag after restart")
-                log.info("launch_adopted", token=row.token, instances=mine)
+                await self.state.settle_launch(row.token, st.LAUNCHED, mine, now, f"found by tag (was {row.status})")
+                log.info("launch_adopted", token=row.token, instances=mine, was=row.status)
 
     def _node(self, inst: Ec2Instance, row: st.InstanceRow | None, price: PoolPrice | None) -> Node:
         """The planner's view of one instance from EC2 and the state DB (the intakes add theirs)."""
@@ -534,18 +537,20 @@ class LedgerFeed:
 
     async def feed(self, state: st.StateStore, now: float, prices: Mapping[PoolId, PoolPrice],
                    sync: st.SyncReport, notices: Sequence[str]) -> None:
-        rows = await state.instances(open_only=False)
-        by_id = {r.instance_id: r for r in rows}
         events: list = []
         if not self._resynced:
-            started = [r for r in rows]
+            rows = await state.instances(open_only=False)
+            started = list(rows)
             stopped = [r for r in rows if r.ended_at is not None]
             noticed = [r for r in rows if r.notice_at is not None]
             self._resynced = True
         else:
+            changed = {*sync.adopted, *(i for i, _ in sync.ended), *notices}
+            by_id = {r.instance_id: r for r in await state.instances_by_id(sorted(changed))} if changed else {}
             started = [by_id[i] for i in sync.adopted if i in by_id]
             stopped = [by_id[i] for i, _ in sync.ended if i in by_id]
             noticed = [by_id[i] for i in notices if i in by_id]
+            rows = await state.instances()
         events += [self._start(r, prices.get(r.pool)) for r in started]
         for r in stopped:
             events.append(ledger.InstanceStopped(at=r.ended_at or now, instance_id=r.instance_id,

@@ -260,18 +260,27 @@ class StateStore:
         )
 
     async def launches(self, status: str | None = None) -> list[LaunchRow]:
+        return await self._select_launches(" WHERE status=?" if status else "", (status,) if status else ())
+
+    async def _select_launches(self, where: str, args: tuple) -> list[LaunchRow]:
+        sql = ("SELECT token, seq, planned_at, count, market, pools, purpose, max_price_per_hour, status,"
+               f" instance_ids, settled_at FROM launches{where} ORDER BY seq, planned_at")
+
         def q(db: sqlite3.Connection) -> list[LaunchRow]:
-            sql = "SELECT token, seq, planned_at, count, market, pools, purpose, max_price_per_hour, status," \
-                  " instance_ids, settled_at FROM launches"
-            rows = db.execute(sql + (" WHERE status=?" if status else "") + " ORDER BY seq, planned_at",
-                              (status,) if status else ()).fetchall()
             return [
                 LaunchRow(r[0], r[1], r[2], r[3], Market(r[4]), tuple(PoolId.parse(p) for p in json.loads(r[5])),
                           r[6], r[7], r[8], tuple(json.loads(r[9])), r[10])
-                for r in rows
+                for r in db.execute(sql, args)
             ]
 
         return await self._run(q)
+
+    async def unresolved_launches(self, since: float) -> list[LaunchRow]:
+        """Open intents, and launches abandoned since ``since`` without instances: their
+        instances may still show up (EC2's eventual consistency) and must be attributed."""
+        return await self._select_launches(
+            " WHERE status=? OR (status=? AND instance_ids='[]' AND settled_at >= ?)", (OPEN, ABANDONED, since)
+        )
 
     async def launches_since(self, purpose: str, since: float) -> int:
         return await self._run(
@@ -341,15 +350,24 @@ class StateStore:
 
         return await self._run(tx)
 
-    async def instances(self, open_only: bool = True) -> list[InstanceRow]:
-        def q(db: sqlite3.Connection) -> list[InstanceRow]:
-            sql = ("SELECT instance_id, pool, market, price_per_hour, max_price_per_hour, launched_at, launch_token,"
-                   " ec2_state, first_seen_at, notice_at, drain_started_at, terminate_requested_at, ended_at,"
-                   " end_reason FROM instances" + (" WHERE ended_at IS NULL" if open_only else "")
-                   + " ORDER BY instance_id")
-            return [InstanceRow(r[0], PoolId.parse(r[1]), Market(r[2]), *r[3:]) for r in db.execute(sql)]
+    _INSTANCE_COLUMNS = (
+        "instance_id, pool, market, price_per_hour, max_price_per_hour, launched_at, launch_token, ec2_state,"
+        " first_seen_at, notice_at, drain_started_at, terminate_requested_at, ended_at, end_reason"
+    )
 
-        return await self._run(q)
+    async def instances(self, open_only: bool = True) -> list[InstanceRow]:
+        where = " WHERE ended_at IS NULL" if open_only else ""
+        return await self._select_instances(where, ())
+
+    async def instances_by_id(self, instance_ids: Sequence[str]) -> list[InstanceRow]:
+        marks = ",".join("?" * len(instance_ids))
+        return await self._select_instances(f" WHERE instance_id IN ({marks})", tuple(instance_ids))
+
+    async def _select_instances(self, where: str, args: tuple) -> list[InstanceRow]:
+        sql = f"SELECT {self._INSTANCE_COLUMNS} FROM instances{where} ORDER BY instance_id"
+        return await self._run(
+            lambda db: [InstanceRow(r[0], PoolId.parse(r[1]), Market(r[2]), *r[3:]) for r in db.execute(sql, args)]
+        )
 
     async def mark_terminate_requested(self, instance_ids: Sequence[str], now: float) -> None:
         await self._run(lambda db: db.executemany(

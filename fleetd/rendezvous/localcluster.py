@@ -130,7 +130,17 @@ class LocalCluster:
         self.rdzv_host_proc = self._spawn(
             [sys.executable, "-m", "fleetd.cli", "rendezvous", "--config", str(cfg)], "rendezvous-host.log"
         )
-        wait_port(self.host, self.port)
+        until = time.monotonic() + 90  # imports torch: slow on a busy 2-core machine
+        while True:
+            try:
+                wait_port(self.host, self.port, timeout=0.5)
+                return
+            except TimeoutError:
+                log = (self.workdir / "rendezvous-host.log").read_text()[-2000:]
+                if self.rdzv_host_proc.poll() is not None:
+                    raise RuntimeError(f"rendezvous host exited ({self.rdzv_host_proc.returncode}): {log}") from None
+                if time.monotonic() > until:
+                    raise TimeoutError(f"rendezvous host not listening on {self.host}:{self.port}: {log}") from None
 
     def start_steering(self) -> None:
         self.steering_proc = self._spawn(

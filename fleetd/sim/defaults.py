@@ -34,6 +34,14 @@ TORCHRUN_REFORM_S = Sourced(
 FLEETD_LOSS_DETECT_S = Sourced(
     22.5, "MQTT keep-alive 15 s (protocol/settings.py) x 1.5 until the broker sends the last will"
 )
+# The survivors' hang after a loss without notice is not the planner's detection: fleetd's
+# rendezvous steering removes a rank whose rendezvous heartbeat is stale, and the survivors
+# re-form without it (DESIGN.md step 4's path, fleetd/rendezvous/decide.py).
+FLEETD_RDZV_DEAD_AFTER_S = Sourced(
+    6.0,
+    "fleetd/rendezvous/steering.py SteerSettings.dead_after_s: a rank with no rendezvous "
+    "heartbeat for 6 s is removed and the survivors re-form",
+)
 # Planner passes between events in the simulator (events wake it at once, as in the daemon).
 SIM_PASS_INTERVAL_S = Sourced(
     300.0,
@@ -50,6 +58,14 @@ CHECKPOINT_RESTART_RECOVERY_S = Sourced(
     300.0,
     "assumption: full cluster relaunch (provision + boot ~2-3 min, setup, restore from S3); "
     "SkyPilot publishes no single figure",
+)
+
+# A drained node uploads its shard of the coordinated checkpoint before it leaves (DESIGN.md
+# step 3); the simulator charges checkpoint_gb / world size at this rate.
+UPLOAD_GB_PER_S = Sourced(
+    0.5,
+    "assumption: multipart upload from one node to S3 in-region at ~half of a p3.2xlarge's "
+    "'up to 10 Gbit/s' network (AWS instance-type page); run bench/upload.py for your own",
 )
 
 # --- the job ------------------------------------------------------------------------------

@@ -11,15 +11,22 @@ calls ``plan(obs, cfg, now)``, and carries out each action the way fleetd's comp
   the loop does. On-demand always succeeds. A new node joins at the next rendezvous round after a
   coordinated checkpoint, so the re-form loses no steps (cost: stall + re-form for every rank).
 - Drain: coordinated checkpoint, the node leaves the rendezvous, survivors re-form in
-  ``reform_s``; the node stays DRAINING (billed, idle) until reclaimed or terminated by the
-  planner, as in the reconcile loop today (``leaving_signal=True``: DESIGN.md's LEAVING report).
-- A loss with no notice: the collective hangs until fleetd learns of it (``detect_s``), the
-  survivors resume from the last checkpoint.
+  ``reform_s``. The node stays DRAINING (billed, idle) until its agent reports that its trainer
+  exited (checkpoint + shard upload + leave, `_left_delay_s`): the registry records ``left_at``
+  and the planner terminates it at once (DESIGN.md step 4). ``leaving_signal=False`` models an
+  agent that never says so: billed until reclaimed or the drain times out.
+- One membership change per pass: the joins and leaves a pass decides go through one rendezvous
+  round (one coordinated checkpoint, one re-form), as fleetd/rendezvous/decide.py completes a
+  round once every survivor and waiting newcomer is in. Event-driven passes are coalesced: the
+  notices of one reclaim wave (the same instant) wake one pass, not one each.
+- A loss with no notice: the collective hangs until the rendezvous steering drops the silent rank
+  (``rdzv_dead_after_s``), the survivors re-form and resume from the last checkpoint; the
+  planner learns of the loss later (``detect_s``, the MQTT last will) and replaces the node.
 
-Passes run on every event the daemon would be woken by (notice, loss, a drain finishing) and,
-between events, every ``tick_s`` (default `defaults.SIM_PASS_INTERVAL_S`, 60 s: the daemon's
-10 s would make a 24 h trace cost ~8,600 planner passes; time-driven decisions such as a capacity
-error's TTL or spot_wait_s expiring are therefore seen up to 60 s later than in the daemon).
+Passes run on every event the daemon would be woken by (notice, loss, a drained node reporting
+that it left), one reconcile interval after a pass that acted, when a time-driven input of the
+planner crosses its threshold (`_schedule_next`), and at the latest every ``tick_s`` (default
+`defaults.SIM_PASS_INTERVAL_S`: the daemon's 10 s would make a 24 h trace cost ~8,600 passes).
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from fleetd.policy.model import (
     Terminate,
     Warn,
 )
+from fleetd.policy.checkpointing import cadence
 from fleetd.policy.observation import Observation, PoolStats
 from fleetd.policy.planner import plan
 from fleetd.sim import defaults as d
@@ -88,11 +96,13 @@ class FleetdPolicy:
         gpus_per_node: int = 1,
         reform_s: float = d.FLEETD_REFORM_S.value,
         detect_s: float = d.FLEETD_LOSS_DETECT_S.value,
+        rdzv_dead_after_s: float = d.FLEETD_RDZV_DEAD_AFTER_S.value,
         prior_interruptions_per_hour: float | None = None,
         tick_s: float | None = None,
         startup_s: float = 0.0,
         guard: "DeadlineGuard | None" = None,
-        leaving_signal: bool = False,
+        leaving_signal: bool = True,
+        upload_gb_per_s: float = d.UPLOAD_GB_PER_S.value,
         od_pool: PoolId | None = None,
         planner: Planner = plan,
     ) -> None:
@@ -104,15 +114,22 @@ class FleetdPolicy:
         self.planner = planner
         self.startup_s = startup_s  # launch -> agent up and state restored (trace adds: 0)
         self.guard = guard
-        # DESIGN.md step 4 has the node report that it left (phase LEAVING, which the planner
-        # terminates at once). The reconcile loop does not derive LEAVING yet (it only knows
-        # DRAINING), so by default a drained node is billed until AWS reclaims it or the drain
-        # times out, as in the daemon today. True: model the DESIGN.md behaviour.
+        # DESIGN.md step 4: the drained node's agent reports that its trainer exited (the
+        # registry's left_at); the planner terminates it at once. False: an agent that never
+        # reports it (billed until AWS reclaims the node or the drain times out).
         self.leaving_signal = leaving_signal
+        self.upload_gb_per_s = upload_gb_per_s
+        self._wake_at: float | None = None
+        self.left_at: dict[str, float] = {}
+        # Membership changes decided in the pass under way (applied as one round at its end).
+        self._joining: list[SimNode] | None = None
+        self._leaving: list[SimNode] = []
+        self._wake: Timer | None = None
         self.pool = pool
         self.gpus = gpus_per_node
         self.reform_s = reform_s
         self.detect_s = detect_s
+        self.rdzv_dead_after_s = rdzv_dead_after_s
         self.prior = prior_interruptions_per_hour
         self.tick_s = tick_s or d.SIM_PASS_INTERVAL_S.value
         self.phase: dict[str, NodePhase] = {}
@@ -148,7 +165,15 @@ class FleetdPolicy:
     def on_notice(self, world: World, node: SimNode) -> None:
         self.notices += 1
         self.last_notice_at = world.now
-        self._pass(world)
+        self._wake_now(world)
+
+    def _wake_now(self, world: World) -> None:
+        """An urgent event wakes the loop: one pass at this instant, after every other event of
+        the same instant (a reclaim wave's notices arrive together and are drained together)."""
+        if self._wake is not None and self._wake_at == world.now:
+            return  # a pass at this instant is already due
+        self._wake_at = world.now
+        self._wake = world.queue.at(world.now, lambda: self._pass(world))
 
     def on_lost(self, world: World, node: SimNode, noticed: bool) -> None:
         self.node_s_closed += world.now - node.acquired_at  # lost nodes are always spot
@@ -159,13 +184,16 @@ class FleetdPolicy:
             # Still in the collective: every rank hangs until fleetd declares it lost, then
             # the survivors resume from the last checkpoint.
             world.rollback()
-            world.stall(self.detect_s + self.reform_s, "loss recovery")
+            world.stall(self.rdzv_dead_after_s + self.reform_s, "loss recovery")
             world.after(self.detect_s, lambda: self._pass(world))
         else:
-            self._pass(world)
+            self._wake_now(world)
 
     # --- one reconcile pass --------------------------------------------------------------
     def _pass(self, world: World) -> None:
+        if self._wake is not None and self._wake_at == world.now:
+            self._wake.cancel()  # this pass is the one it was due for
+        self._wake = None
         if world.done:
             return
         now = world.now
@@ -185,10 +213,16 @@ class FleetdPolicy:
         self.budget_level = result.budget.level
         if result.spot_short and self.spot_unavailable_since is None:
             self.spot_unavailable_since = now  # as the loop remembers it (reconcile/loop.py)
-        for action in result.actions:
-            kind, detail = describe(action)
-            self.record.append(ActionRecord(now, kind, detail))
-            self._execute(world, action)
+        self._joining, self._leaving = [], []
+        try:
+            for action in result.actions:
+                kind, detail = describe(action)
+                self.record.append(ActionRecord(now, kind, detail))
+                self._execute(world, action)
+        finally:
+            joining, leaving = self._joining, self._leaving
+            self._joining, self._leaving = None, []
+        self._membership_round(world, joining, leaving)
         self._schedule_next(world, cfg, acted=bool(result.actions))
 
     def _schedule_next(self, world: World, cfg: FleetdConfig, acted: bool) -> None:
@@ -219,6 +253,9 @@ class FleetdPolicy:
             out.append(self.last_notice_at + cap.interrupting_window_s + eps)
         if self.last_durable_at is not None:
             out.append(self.last_durable_at + cfg.rebalance.max_checkpoint_age_s + eps)
+            if cfg.rebalance.young_daly_checkpoints:
+                every = cadence((self._pool_stats(world),), len(world.members()), cfg.rebalance.checkpoint_stall_s)
+                out.append(self.last_durable_at + every.interval_s + eps)
         for node_id, started in self.drain_started.items():
             node = world.held.get(node_id)
             if node is not None:
@@ -235,6 +272,7 @@ class FleetdPolicy:
     # What a node's agent reports (the MQTT intake's part of the daemon's Node).
     TELEMETRY_FIELDS = (
         "last_seen_at", "notice_at", "notice_deadline", "gpu_util_pct", "steps_per_s", "step", "running_since",
+        "left_at",
     )
 
     def _node_view(self, world: World, n: SimNode, per_node_rate: float | None, step: int) -> Node:
@@ -256,6 +294,7 @@ class FleetdPolicy:
             steps_per_s=per_node_rate if training else None,
             step=step if training else None,
             running_since=self.running_since.get(n.id),
+            left_at=self.left_at.get(n.id),
         )
 
     def telemetry(self, world: World, node: SimNode) -> dict:
@@ -273,18 +312,10 @@ class FleetdPolicy:
             "last_checkpoint_request_at": self.last_request_at,
         }
 
-    def _observe(self, world: World, hide_spot: bool = False) -> Observation:
-        now = world.now
-        nodes = []
-        members = world.members()
-        if members:
-            self.throughput[len(members)] = world.job.throughput(len(members))
-        w = len(members)
-        rate = world.job.throughput(w) / w if w else None
-        step = int(world.progress)
-        nodes = [self._node_view(world, n, rate, step) for n in world.held.values()]
-        live_node_s = sum(now - n.acquired_at for n in world.held.values() if n.market != ON_DEMAND)
-        stats = PoolStats(
+    def _pool_stats(self, world: World) -> PoolStats:
+        """The spot pool's history as the ledger keeps it (spot node-hours, notices, losses)."""
+        live_node_s = sum(world.now - n.acquired_at for n in world.held.values() if n.market != ON_DEMAND)
+        return PoolStats(
             pool=self.pool,
             node_hours=(self.node_s_closed + live_node_s) / 3600.0,
             notices=self.notices,
@@ -293,6 +324,16 @@ class FleetdPolicy:
             last_notice_at=self.last_notice_at,
             prior_interruptions_per_hour=self.prior,
         )
+
+    def _observe(self, world: World, hide_spot: bool = False) -> Observation:
+        members = world.members()
+        if members:
+            self.throughput[len(members)] = world.job.throughput(len(members))
+        w = len(members)
+        rate = world.job.throughput(w) / w if w else None
+        step = int(world.progress)
+        nodes = [self._node_view(world, n, rate, step) for n in world.held.values()]
+        stats = self._pool_stats(world)
         offers = (
             PoolOffer(
                 pool=self.pool,
@@ -377,34 +418,58 @@ class FleetdPolicy:
             self._pass(world)
 
     def _admit(self, world: World, nodes: list[SimNode]) -> None:
-        """New nodes join at the next round: checkpoint first, so the re-form loses nothing."""
-        if world.members():
-            self._checkpoint(world)
-        world.set_members(world.members() + nodes)
-        world.stall(self.reform_s, "re-form", after_current=True)
+        """New nodes join at the next round (with the pass's other changes, if in a pass)."""
         for n in nodes:
             self.phase[n.id] = NodePhase.RUNNING
             self.running_since[n.id] = world.now
+        if self._joining is not None:
+            self._joining.extend(nodes)
+        else:
+            self._membership_round(world, nodes, [])
 
     def _drain(self, world: World, node_id: str) -> None:
         node = world.held.get(node_id)
         if node is None or self.phase.get(node_id) is not NodePhase.RUNNING:
             return
         # The daemon marks the node DRAINING; it stays billed (idle, out of the rendezvous) until
-        # AWS reclaims it or the planner terminates it (notice deadline passed, drain timeout).
+        # it reports that it left, AWS reclaims it, or the planner's drain timeout ends it.
         self.phase[node_id] = NodePhase.DRAINING
         self.drain_started[node_id] = world.now
-        self._checkpoint(world)
-        world.set_members([n for n in world.members() if n is not node])
+        if self._joining is not None:
+            self._leaving.append(node)
+        else:
+            self._membership_round(world, [], [node])
+
+    def _membership_round(self, world: World, joining: list[SimNode], leaving: list[SimNode]) -> None:
+        """One rendezvous round for every join and leave decided together: a coordinated
+        checkpoint first (a leaver's shard, and the state a newcomer restores), so the re-form
+        loses no steps; then every rank waits ``reform_s``."""
+        joining = [n for n in joining if world.held.get(n.id) is n]
+        leaving = [n for n in leaving if world.held.get(n.id) is n]
+        if not joining and not leaving:
+            return
+        before = world.members()
+        if before:
+            self._checkpoint(world)
+        gone = {n.id for n in leaving}
+        world.set_members([n for n in before if n.id not in gone] + joining)
         world.stall(self.reform_s, "re-form", after_current=True)
         if self.leaving_signal:
-            world.after(world.job.checkpoint_stall_s, lambda: self._left(world, node))
+            delay = self._left_delay_s(world, len(before))
+            for node in leaving:
+                world.after(delay, lambda n=node: self._left(world, n))
+
+    def _left_delay_s(self, world: World, world_size: int) -> float:
+        """Drain to trainer-exited: its checkpoint stall, its shard's upload, the leave."""
+        shard_gb = world.job.checkpoint_gb / max(1, world_size)
+        return world.job.checkpoint_stall_s + shard_gb / self.upload_gb_per_s + self.reform_s
 
     def _left(self, world: World, node: SimNode) -> None:
-        """The agent reports the trainer exited after the checkpoint: the node has left."""
+        """The agent reports its trainer exited after the drain (TrainerExited): the registry
+        records left_at, and the planner terminates the node on the pass it wakes."""
         if world.held.get(node.id) is node and self.phase.get(node.id) is NodePhase.DRAINING:
-            self.phase[node.id] = NodePhase.LEAVING
-            self._pass(world)
+            self.left_at[node.id] = world.now
+            self._wake_now(world)
 
     def _terminate(self, world: World, node_id: str) -> None:
         node = world.held.get(node_id)
@@ -421,6 +486,7 @@ class FleetdPolicy:
     def _forget(self, node_id: str) -> NodePhase | None:
         """The node is gone: drop what was kept about it (returns its last phase)."""
         self.drain_started.pop(node_id, None)
+        self.left_at.pop(node_id, None)
         self.running_since.pop(node_id, None)
         self.node_pool.pop(node_id, None)
         return self.phase.pop(node_id, None)

@@ -73,10 +73,11 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--max-usd-per-hour", type=float, default=1e6, help="fleetd's budget.max_usd_per_hour")
     m.add_argument("--no-on-demand", action="store_true", help="fleetd: capacity.allow_on_demand = false")
     m.add_argument(
-        "--leaving-signal",
+        "--no-leaving-signal",
         action="store_true",
-        help="fleetd: a drained node reports that it left and is terminated at once (DESIGN.md "
-        "step 4; the reconcile loop does not derive LEAVING yet)",
+        help="fleetd: model agents that never report that a drained node left (it stays billed "
+        "until AWS reclaims it or the drain times out); by default the trainer-exited report "
+        "ends it at once (DESIGN.md step 4)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed for which losses come without notice")
     p.add_argument(
@@ -156,7 +157,7 @@ def build_scenario(args: argparse.Namespace, trace: Trace) -> Scenario:
         budget_usd=args.budget_usd,
         max_usd_per_hour=args.max_usd_per_hour,
         allow_on_demand=not args.no_on_demand,
-        leaving_signal=args.leaving_signal,
+        leaving_signal=not args.no_leaving_signal,
         base_config=base_config,
         reform_s=reform,
         torchrun_reform_s=torchrun_reform,
@@ -184,6 +185,11 @@ def sources(scenario: Scenario) -> list[tuple[str, str]]:
         (f"notice lead {job.notice_lead_s:g} s", d.NOTICE_LEAD_S.source),
         (f"losses without notice {job.no_notice_share:.0%}", d.NO_NOTICE_SHARE.source),
         (f"fleetd loss detection {d.FLEETD_LOSS_DETECT_S.value:g} s", d.FLEETD_LOSS_DETECT_S.source),
+        (
+            f"survivors' hang after a silent loss {d.FLEETD_RDZV_DEAD_AFTER_S.value:g} s",
+            d.FLEETD_RDZV_DEAD_AFTER_S.source,
+        ),
+        (f"drained shard upload {d.UPLOAD_GB_PER_S.value:g} GB/s", d.UPLOAD_GB_PER_S.source),
         (f"full restart {scenario.restart_recovery_s:g} s", d.CHECKPOINT_RESTART_RECOVERY_S.source),
         (f"scaling efficiency {job.scaling_efficiency_per_doubling:g}/doubling", d.SCALING_EFFICIENCY_PER_DOUBLING.source),
         ("billing", d.MIN_CHARGE_S.source),

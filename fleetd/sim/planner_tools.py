@@ -8,23 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+# The planner uses it for fleetd's own periodic checkpoints; re-exported for `fleetd plan`.
+from fleetd.policy.checkpointing import young_daly_interval_s  # noqa: F401
+
 if TYPE_CHECKING:  # pragma: no cover
     from fleetd.sim.engine import SimResult
 
 HOURS_PER_MONTH = 730.0
-
-
-def young_daly_interval_s(checkpoint_stall_s: float, mtbf_s: float) -> float:
-    """Young/Daly's first-order optimum checkpoint interval: sqrt(2 x delta x MTBF).
-
-    It balances the stall paid per checkpoint (delta / interval) against the work redone after
-    a failure (interval / 2 per failure on average). Infinite MTBF means "never needed".
-    """
-    if checkpoint_stall_s < 0 or mtbf_s <= 0:
-        raise ValueError("checkpoint stall must be >= 0 and MTBF > 0")
-    if math.isinf(mtbf_s):
-        return math.inf
-    return math.sqrt(2.0 * checkpoint_stall_s * mtbf_s)
 
 
 def expected_overhead_share(interval_s: float, checkpoint_stall_s: float, mtbf_s: float) -> float:

@@ -47,7 +47,9 @@ class Scenario:
     # Baselines' periodic checkpoint interval; None: Young/Daly for the rate of the events that
     # make each baseline roll back on this trace (the best any fixed period can do).
     periodic_checkpoint_s: float | None = None
-    leaving_signal: bool = False  # fleetd: drained nodes report LEAVING (DESIGN.md step 4)
+    # fleetd: a drained node's agent reports that its trainer exited (registry left_at) and the
+    # planner terminates it at once (DESIGN.md step 4). False: billed until reclaimed.
+    leaving_signal: bool = True
     # The operator's fleetd config (planner settings: scaling, rebalance, thresholds); fleet
     # size, instance type, on-demand permission and budget come from the scenario.
     base_config: FleetdConfig | None = None
@@ -75,6 +77,10 @@ class Scenario:
                 ),
                 "budget": base.budget.model_copy(
                     update={"total_usd": self.budget_usd, "max_usd_per_hour": self.max_usd_per_hour}
+                ),
+                # The operator tells fleetd the job's save time (Young/Daly's delta).
+                "rebalance": base.rebalance.model_copy(
+                    update={"checkpoint_stall_s": self.job.checkpoint_stall_s}
                 ),
             }
         )

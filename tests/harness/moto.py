@@ -8,7 +8,7 @@ import urllib.request
 from botocore.config import Config
 
 # Unimplemented moto calls and injected faults must fail fast, not be retried for seconds.
-NO_RETRIES = Config(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=5, read_timeout=30)
+NO_RETRIES = Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=5, read_timeout=30)
 
 FAKE_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",

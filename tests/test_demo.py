@@ -1,0 +1,74 @@
+"""`fleetd demo` end to end: the local cloud, the real daemons, real torchrun, injected
+interruptions. Slow (minutes), so marked; CI runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.slow
+MARKER = "FLEETDEMO_TEST_RUN"
+
+
+def _demo(tmp_path: Path, *args: str, timeout: float = 420) -> tuple[subprocess.CompletedProcess, dict, str]:
+    run_id = uuid.uuid4().hex
+    report = tmp_path / "report.json"
+    env = {**os.environ, MARKER: run_id}  # every descendant inherits it: how strays are found
+    res = subprocess.run(
+        [sys.executable, "-m", "fleetd.cli", "demo", "--workdir", str(tmp_path / "work"),
+         "--report", str(report), *args],
+        capture_output=True, text=True, timeout=timeout, env=env,
+    )
+    data = json.loads(report.read_text()) if report.exists() else {}
+    return res, data, run_id
+
+
+def _survivors(run_id: str) -> list[str]:
+    out = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if p.environ().get(MARKER) == run_id:
+                out.append(f"{p.pid} {' '.join(p.info['cmdline'] or [])}")
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return out
+
+
+def _explain(res: subprocess.CompletedProcess, tmp_path: Path) -> str:
+    logs = sorted((tmp_path / "work").glob("*.log"))
+    tails = "\n".join(f"--- {p.name}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:]) for p in logs)
+    return f"rc={res.returncode}\nstdout:\n{res.stdout[-3000:]}\nstderr:\n{res.stderr[-3000:]}\n{tails}"
+
+
+def test_short_scenario_end_to_end(tmp_path: Path) -> None:
+    res, report, run_id = _demo(tmp_path, "--scenario", "short", "--duration", "70")
+    assert res.returncode == 0, _explain(res, tmp_path)
+    for key in ("notices", "steps_lost", "replacements", "max_world_size", "final_step", "spend_usd",
+                "budget_usd", "on_demand_equivalent_usd", "resume_latency_s", "checkpoints_durable"):
+        assert key in report, key
+    assert report["notices"] >= 2
+    assert report["steps_lost"] == 0, report
+    assert report["replacements"] >= 1, report
+    assert report["max_world_size"] >= 3
+    assert report["final_step"] > 0
+    assert report["checkpoints_durable"] >= 1
+    assert len(report["resume_latency_s"]) >= 2
+    assert 0 < report["spend_usd"] <= report["budget_usd"]
+    assert report["on_demand_equivalent_usd"] > report["spend_usd"]
+    assert _survivors(run_id) == []
+
+
+def test_tiny_budget_ends_with_a_checkpointed_stop(tmp_path: Path) -> None:
+    res, report, run_id = _demo(tmp_path, "--scenario", "calm", "--duration", "150", "--budget", "0.02")
+    assert res.returncode == 0, _explain(res, tmp_path)
+    assert report["stopped_by_budget"] is True, report
+    assert report["spend_usd"] <= report["budget_usd"]
+    assert report["checkpoints_durable"] >= 1
+    assert _survivors(run_id) == []
