@@ -97,6 +97,9 @@ class ScalingConfig(Group):
     scale_down_util_pct: Annotated[float, Field(ge=0, le=100)] = 30.0
     cooldown_s: Annotated[float, Field(ge=0)] = 300.0
     straggler_ratio: Fraction = 0.5
+    # Rates right after a membership change include the re-form pause: judge stragglers only once
+    # every node has been in the fleet this long.
+    straggler_settle_s: Annotated[float, Field(ge=0)] = 120.0
     # Scale down only when one node's marginal efficiency is below
     # min_marginal_efficiency x (1 - efficiency_hysteresis): no flapping around the threshold.
     efficiency_hysteresis: Annotated[float, Field(ge=0, lt=1)] = 0.1

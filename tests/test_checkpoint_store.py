@@ -194,6 +194,11 @@ async def test_deadline_is_reported_and_bad_input_is_refused(store, tmp_path):
         await store.upload_step(4, [f], writer="w", expected_writers=["x", "y"])
     with pytest.raises(ValueError):
         await store.upload_step(4, [tmp_path / "MANIFEST.json"], writer="w")
+    with pytest.raises(ValueError):
+        await store.upload_step(4, [f], writer="no/slashes")
+    with pytest.raises(ValueError):
+        await store.upload_step(4, [f, tmp_path / "other" / "m.pt"], writer="w")  # same name twice
+    assert await store.complete_steps() == [3, 2, 1]  # nothing was uploaded for step 4
 
 
 async def test_after_a_notice_the_newest_checkpoint_overtakes_older_uploads(open_store, tmp_path):

@@ -198,3 +198,19 @@ def test_pending_nodes_count_toward_the_target() -> None:
     booting = node("i-9", phase=NodePhase.PENDING, seen=None, launched_at=NOW - 60)
     obs = Observation(nodes=fleet(1, 90.0) + (booting,), offers=OFFERS, target_nodes=2)
     assert plan(obs, CFG, NOW).of_type(Launch) == ()
+
+
+def test_no_straggler_verdict_while_a_new_node_is_settling() -> None:
+    # Right after a join every node restarts its workers: a low rate then is the re-form pause,
+    # not a slow machine.
+    newcomer = node("i-3", sps=1.0, launched_at=NOW - 30)
+    nodes = (node("i-0", sps=1.0), node("i-1", B, sps=0.3), node("i-2", sps=1.1), newcomer)
+    obs = Observation(
+        nodes=nodes, offers=OFFERS, target_nodes=4, last_scaling_at=NOW - 10,
+        throughput_by_nodes={4: 3.0},
+    )
+    result = plan(obs, CFG, NOW)
+    assert result.of_type(Drain) == ()
+    later = plan(obs, CFG, NOW + CFG.scaling.straggler_settle_s)
+    (drain,) = later.of_type(Drain)
+    assert drain.instance_id == "i-1" and "is straggling" in drain.reason

@@ -165,24 +165,3 @@ async def test_host_gone_is_an_unavailable_error(host):
         for _ in range(3):
             await client.observe()
 
-
-async def test_commander_turns_planner_actions_into_store_requests_and_commands(host):
-    from agent.trainer.store_link import StoreLink
-    from fleetd.rendezvous.commander import RendezvousCommander
-
-    port, _ = host
-    sent = []
-
-    async def send(iid, command):
-        sent.append((iid, command.kind, command.reason))
-
-    async with RendezvousClient("127.0.0.1", port, RUN) as client:
-        commander = RendezvousCommander(client, {"i-1": "127.0.0.9"}.get, send)
-        await commander.request_checkpoint(None, "budget at 95 %")
-        await commander.drain("i-1", time.time() + 100, "spot notice via EventBridge")
-    link = StoreLink("127.0.0.1", port, RUN).connect()
-    assert link.latest_request_seq() == 2
-    first, second = link.request(1), link.request(2)
-    assert (first.reason, first.hold) == ("budget at 95 %", False)
-    assert (second.hold, second.leaving, second.requested_by) == (True, ("127.0.0.9",), "fleetd")
-    assert sent == [("i-1", "drain", "spot notice via EventBridge")]

@@ -29,7 +29,7 @@ from fleetd.protocol.logs import get_logger
 from fleetd.protocol.messages import CheckpointUploaded
 from fleetd.protocol.settings import AwsConfig, CheckpointConfig
 
-from agent.checkpoint_store.errors import StoreError
+from agent.checkpoint_store.errors import StoreError, first_error
 from agent.checkpoint_store.ledger import UploadLedger
 from agent.checkpoint_store.publish import Publisher
 from agent.checkpoint_store.restore import RestoredCheckpoint, Restorer
@@ -68,6 +68,7 @@ class UploadResult:
             s3_prefix=self.s3_prefix,
             duration_s=self.duration_s,
             beat_deadline=self.beat_deadline,
+            complete=self.complete,
         )
 
 
@@ -158,19 +159,32 @@ class CheckpointStore:
         writers = tuple(sorted(set(expected_writers or (writer,))))
         if writer not in writers:
             raise ValueError(f"writer {writer!r} is not among expected_writers {writers}")
+        for w in writers:
+            self.layout.receipt_key(step, w)  # ValueError now for a name S3 keys can't carry
         named = [(self._name(p, root), p) for p in files]
         if not named:
             raise ValueError("upload_step needs at least one file")
         names = [n for n, _ in named]
         if len(set(names)) != len(names):
             raise ValueError(f"two files would get the same name in step {step}: {sorted(names)}")
-        # Stale uploads are cleaned before ours start; a failure here must not cost a checkpoint.
-        try:
-            await self.uploader.abort_stale_uploads(step, now=self._clock())
-        except StoreError as exc:
-            log.warning("stale_multipart_cleanup_failed", error=str(exc))
 
-        entries = await self.uploader.upload_files(step, named, priority(step, deadline is not None))
+        # Stale uploads are cleaned up alongside ours (never delaying a checkpoint taken on a
+        # notice by a round trip); a failed cleanup is logged and must not cost the checkpoint.
+        async def clean_up() -> None:
+            try:
+                await self.uploader.abort_stale_uploads(step, now=self._clock())
+            except StoreError as exc:
+                log.warning("stale_multipart_cleanup_failed", error=str(exc))
+
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(clean_up())
+                upload = tg.create_task(
+                    self.uploader.upload_files(step, named, priority(step, deadline is not None))
+                )
+        except BaseExceptionGroup as eg:
+            raise first_error(eg) from eg
+        entries = upload.result()
         receipt = WriterReceipt(
             job=self.layout.job,
             step=step,

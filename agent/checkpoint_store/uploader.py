@@ -221,18 +221,28 @@ class Uploader:
     async def abort_stale_uploads(self, current_step: int, now: datetime | None = None) -> int:
         """Abort multipart uploads under the job prefix that nobody will complete: this writer's own
         from an earlier run (the ledger), and any for an older step that are older than
-        ``stale_upload_after_s``. Uploads this process has in flight are never touched."""
+        ``stale_upload_after_s``. Uploads this process has in flight are never touched, so this
+        can run alongside them."""
         now = now or datetime.now(UTC)
         # Entries of a live process (an operator's upload next to the agent) are not ours to abort.
         own = {e.upload_id: e for e in await asyncio.to_thread(self._ledger.entries) if not e.owner_alive()}
         cutoff = now - timedelta(seconds=self.tuning.stale_upload_after_s)
         aborted = 0
         for u in await self._bucket.list_multipart_uploads(self._layout.job_prefix):
-            if u.upload_id in self._active or u.key in self._creating:
+            if u.upload_id in self._active:
                 continue
             step = self._layout.step_of_key(u.key)
             initiated = u.initiated.astimezone(UTC) if u.initiated else None
-            orphaned = step is not None and step < current_step and initiated is not None and initiated < cutoff
+            orphaned = (
+                step is not None
+                and step < current_step
+                and initiated is not None
+                and initiated < cutoff
+                # an upload of ours whose CreateMultipartUpload has not returned yet looks the same
+                and u.key not in self._creating
+            )
+            # (A ledger entry is written only after its upload id is in _active, so `own` never
+            # holds an upload this process is still working on.)
             if u.upload_id not in own and not orphaned:
                 continue
             try:

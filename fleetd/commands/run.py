@@ -26,6 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from fleetd.adapters.pricing import PriceBookError
     from fleetd.adapters.spot_advisor import SpotAdvisorError
     from fleetd.daemon import DaemonContext, run_daemon
+    from fleetd.wiring import production_plugins
     from fleetd.policy.planner import plan
     from fleetd.protocol.logs import bind_context, configure_logging, get_logger
     from fleetd.protocol.settings import ConfigError
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         ctx = DaemonContext(cfg)
-        plugins, ledger = await plugins_for(cfg, ctx, dry_run=args.dry_run)
+        plugins, ledger = await production_plugins(cfg, ctx, dry_run=args.dry_run)
         try:
             return await run_daemon(cfg, planner=plan, plugins=plugins, dry_run=args.dry_run,
                                     passes=args.passes, ctx=ctx)
@@ -107,22 +108,3 @@ def exit_bounded(status: int, grace_s: float = THREAD_GRACE_S) -> int:
         sys.stderr.flush()
         os._exit(status)  # the interpreter would join them forever
     return status
-
-
-async def plugins_for(cfg, ctx, *, dry_run: bool):
-    """The components of a production `fleetd run`: MQTT (and SQS) intake feeding the node
-    registry the loop observes through, /metrics + status.json, and the budget ledger.
-    A dry run gets no ledger (it would write); its spend comes from the state's estimate."""
-    from fleetd.daemon import Plugins
-    from fleetd.intake.wiring import build_intake
-    from fleetd.publish import status_component
-    from fleetd.reconcile.ledger_store import DB_NAME, LedgerStore
-
-    intake = build_intake(cfg, wake=ctx.wake_loop)
-    ledger = None if dry_run else await LedgerStore.open(cfg.fleet.state_dir / DB_NAME)
-    plugins = Plugins(
-        components=[*intake.components(), status_component()],
-        observer=intake.registry,
-        ledger=ledger,
-    )
-    return plugins, ledger

@@ -22,14 +22,17 @@ from fleetd.protocol.logs import get_logger
 log = get_logger(__name__)
 
 
-def cheapest_pools() -> list[PoolId]:
+def types_by_price() -> list[list[PoolId]]:
+    """The demo's instance types, cheapest spot price first, each with its pools."""
     book = FilePriceBook.load(DEMO_PRICE_BOOK)
-    priced = []
-    for pool in book.pools():
+    cheapest: dict[str, float] = {}
+    pools: dict[str, list[PoolId]] = {}
+    for pool in book.pools:
         price = book.price_at(pool, time.time())
         if pool.instance_type in configs.DEMO_TYPES and pool.zone in configs.DEMO_ZONES and price and price.spot:
-            priced.append((price.spot, pool))
-    return [pool for _, pool in sorted(priced)]
+            cheapest[pool.instance_type] = min(price.spot, cheapest.get(pool.instance_type, price.spot))
+            pools.setdefault(pool.instance_type, []).append(pool)
+    return [pools[t] for t in sorted(cheapest, key=cheapest.__getitem__)]
 
 
 async def play_scenario(run: Any, ec2: Any, proxy: FaultProxy, events_file: Path) -> None:
@@ -64,11 +67,13 @@ async def _apply(run: Any, step: Step, proxy: FaultProxy) -> str | None:
         log.info("demo_injected", kind=step.kind, instance_id=node.instance_id)
         return node.instance_id
     if step.kind == "capacity-error":
-        pool = cheapest_pools()[step.target]
-        proxy.fail("CreateFleet", "InsufficientInstanceCapacity", pool=pool, times=None)
-        run.injected.append((time.time(), step.kind, str(pool)))
-        log.info("demo_injected", kind=step.kind, pool=str(pool))
-        return str(pool)
+        pools = types_by_price()[step.target]
+        for pool in pools:
+            proxy.fail("CreateFleet", "InsufficientInstanceCapacity", pool=pool, times=None)
+        target = pools[0].instance_type
+        run.injected.append((time.time(), step.kind, target))
+        log.info("demo_injected", kind=step.kind, instance_type=target)
+        return target
     if step.kind == "capacity-restored":
         proxy.clear()
         run.injected.append((time.time(), step.kind, ""))

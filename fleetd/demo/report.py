@@ -46,7 +46,11 @@ async def build_report(run: Any, events_file: Path, ec2: Any, session: Any, aws:
     restarts = progress.restarts()
     money = await _fleetd_report(run.workdir)
     durable = await _durable_steps(session, aws)
-    launched = len(run.launcher.nodes) if run.launcher else 0
+    nodes = list(run.launcher.nodes.values()) if run.launcher else []
+    launched = len(nodes)
+    # Replacements: instances bought after training began (the initial wave is not one).
+    began = run.training_since_loop if run.training_since_loop is not None else float("inf")
+    replacements = sum(1 for n in nodes if n.started_at > began)
     pauses = []
     for r in restarts:
         back = progress.training_again_at(r.at, r.world)
@@ -63,7 +67,7 @@ async def build_report(run: Any, events_file: Path, ec2: Any, session: Any, aws:
         "rebalance_recommendations": injected.count("rebalance"),
         "capacity_errors_injected": injected.count("capacity-error"),
         "steps_lost": sum(r.steps_lost for r in restarts),
-        "replacements": max(0, launched - run.opts.nodes),
+        "replacements": replacements,
         "instances_launched": launched,
         "max_world_size": progress.max_world_size,
         "final_step": progress.final_step,

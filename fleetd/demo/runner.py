@@ -62,7 +62,8 @@ class DemoRun:
     workdir: Path
     children: list[Child] = field(default_factory=list)
     started_at: float = field(default_factory=time.time)
-    training_since: float | None = None
+    training_since: float | None = None  # wall clock
+    training_since_loop: float | None = None  # the event loop's clock (the launcher's timestamps)
     injected: list[tuple[float, str, str]] = field(default_factory=list)  # (wall time, kind, target)
     fleetd: Child | None = None
     view: WireView | None = None
@@ -171,6 +172,7 @@ async def _until_done(run: DemoRun, events_file: Path) -> None:
         now = time.time()
         if run.training_since is None and Progress.load(events_file).final_step > 0:
             run.training_since = now
+            run.training_since_loop = asyncio.get_running_loop().time()
             log.info("demo_training_started", after_s=round(now - run.started_at, 1))
         if run.training_since is not None and now - run.training_since >= run.opts.duration_s:
             return
@@ -182,5 +184,14 @@ async def _until_done(run: DemoRun, events_file: Path) -> None:
             run.failure = f"fleetd exited with {run.fleetd.proc.returncode}: {run.fleetd.tail(3)}"
             log.error("demo_fleetd_exited", code=run.fleetd.proc.returncode, tail=run.fleetd.tail(5))
             return
-        if run.stopped_by_budget:
+        if _budget_stopped(run) and run.launcher is not None and not run.launcher.live():
+            run.stopped_by_budget = True
+            log.info("demo_budget_stop", why="fleetd stopped the job at the budget cap and released every node")
             return
+
+
+def _budget_stopped(run: DemoRun) -> bool:
+    from fleetd.snapshot import read_snapshot
+
+    snap = read_snapshot(run.workdir / "state")
+    return snap is not None and snap.budget is not None and snap.budget.level == "stop"

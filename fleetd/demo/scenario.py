@@ -20,7 +20,7 @@ class Step:
     at_s: float
     kind: StepKind
     # Which node: the N-th oldest live spot node (0 = oldest). For capacity steps: the N-th
-    # cheapest pool of the price book.
+    # cheapest instance type of the price book (every zone of it runs dry at once).
     target: int = 0
 
 
@@ -37,20 +37,20 @@ NAMED: dict[str, Scenario] = {
         "default",
         (
             Step(30, "notice", 0),
+            Step(58, "capacity-error", 0),
             Step(60, "rebalance", 0),
-            Step(65, "capacity-error", 0),
             Step(80, "notice", 0),
             Step(130, "capacity-restored", 0),
         ),
-        description="two notices (one after a rebalance recommendation), a capacity error on the "
-        "cheapest pool while a replacement is bought",
+        description="two notices (the second after a rebalance recommendation); the cheapest "
+        "instance type runs out of capacity just as fleetd pre-buys a replacement",
     ),
     "short": Scenario(
         "short",
         (
             Step(10, "notice", 0),
+            Step(24, "capacity-error", 0),
             Step(25, "rebalance", 0),
-            Step(26, "capacity-error", 0),
             Step(35, "notice", 0),
         ),
         notice_s=12.0,

@@ -307,7 +307,7 @@ def _scale(p: _Pass, level: BudgetLevel) -> int:
         and decision.target == obs.target_nodes
         and len(p.kept) >= decision.target
     ):
-        slow = stragglers(training, cfg.scaling.straggler_ratio)
+        slow = stragglers(training, cfg.scaling.straggler_ratio, now=p.now, settle_s=cfg.scaling.straggler_settle_s)
         if slow:
             node, reason = slow[0]
             # Replacing it needs room for one more node at its price (the drain frees it later).

@@ -174,8 +174,17 @@ def decide_target(
     )
 
 
-def stragglers(training: list[Node], ratio: float) -> list[tuple[Node, str]]:
-    """Nodes much slower than the median (steps/s below ratio x median), slowest first."""
+def stragglers(
+    training: list[Node], ratio: float, *, now: float | None = None, settle_s: float = 0.0
+) -> list[tuple[Node, str]]:
+    """Nodes much slower than the median (steps/s below ratio x median), slowest first.
+
+    Only once the fleet has settled: for ``settle_s`` after any node joined, the rates nodes
+    report still include the re-form pause (workers restarting, first steps), so a node that
+    merely restarted last would look slow and be replaced for nothing.
+    """
+    if now is not None and any(now - x.launched_at < settle_s for x in training):
+        return []
     rates = [x.steps_per_s for x in training if x.steps_per_s is not None]
     if len(rates) < 2:
         return []

@@ -147,6 +147,8 @@ class CheckpointUploaded(_Envelope):
     s3_prefix: str
     duration_s: Annotated[float, Field(ge=0)]
     beat_deadline: bool | None = None
+    # Step N's manifest exists (every expected writer's shards are in): the step is durable.
+    complete: bool = False
 
 
 class TrainerExited(_Envelope):

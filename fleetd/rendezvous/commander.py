@@ -1,97 +1,133 @@
-"""The daemon's side of the rendezvous: the steering component and a NodeCommander
-(fleetd.reconcile.ports) that carries the planner's checkpoint/drain/stop actions out through the
-rendezvous store (and, when given one, MQTT commands to the agents).
+"""Carries the planner's training-side actions to the nodes (reconcile.ports.NodeCommander).
 
-    client = RendezvousClient(cfg.rendezvous.host, cfg.rendezvous.port, cfg.rendezvous.run_id)
-    steerer = Steerer(client, SteerSettings(min_nodes=..., max_nodes=...), on_leave=...)
-    plugins = Plugins(components=[steering_component(steerer)], commander=RendezvousCommander(...))
+- checkpoint: a request in the rendezvous store. Every rank reads it within one step, so no agent
+  and no broker is in the path of the one thing that protects training progress.
+- drain: a ``drain`` command to the node's agent, which runs the same emergency path as on a
+  spot notice (checkpoint with hold, upload its shard, wait for leave, stop its tree).
+- stop: one coordinated checkpoint with hold, wait (bounded) until that step is durable in S3,
+  then ``shutdown`` to every agent and close the rendezvous. This takes seconds to minutes, so it
+  runs in the commander's own task (a daemon component): a reconcile pass never waits on it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
+from typing import Any
 
+from fleetd.intake.mqtt import BusUnavailable
+from fleetd.intake.registry import NodeRegistry
+from fleetd.intake.signals import TrainingSignals
 from fleetd.protocol.logs import get_logger
-from fleetd.protocol.messages import Command, DrainCommand, ShutdownCommand
+from fleetd.protocol.messages import Command, DrainCommand, LeaveCommand, ShutdownCommand
 from fleetd.rendezvous.client import RendezvousClient
-from fleetd.rendezvous.errors import RendezvousError, RendezvousUnavailable
-from fleetd.rendezvous.steering import Steerer
+from fleetd.rendezvous.errors import RendezvousError
 
 log = get_logger(__name__)
 
-SendCommand = Callable[[str, Command], Awaitable[None]]  # (instance_id, command) -> published
+POLL_S = 0.5
+SAVE_TIMEOUT_S = 60.0  # every rank saves within a step or two; a minute means something is wrong
+DURABLE_TIMEOUT_S = 90.0
 
 
-def steering_component(steerer: Steerer):  # -> fleetd.daemon.Component
-    async def run(ctx) -> None:  # noqa: ANN001 - fleetd.daemon.DaemonContext
-        while not ctx.stopping.is_set():
-            try:
-                await steerer.client.connect()
-                break
-            except RendezvousUnavailable as exc:
-                log.warning("rendezvous_unreachable", error=str(exc))
-                try:
-                    await asyncio.wait_for(ctx.stopping.wait(), 2.0)
-                except TimeoutError:
-                    pass
-        await steerer.run(ctx.stopping)
-
-    return run
+def _utc(ts: float | None) -> datetime | None:
+    return None if ts is None else datetime.fromtimestamp(ts, UTC)
 
 
-class RendezvousCommander:
-    """fleetd.reconcile.ports.NodeCommander over the rendezvous store (+ MQTT when wired)."""
-
+class TrainingCommander:
     def __init__(
         self,
-        client: RendezvousClient,
-        addr_of: Callable[[str], str | None],
-        send_command: SendCommand | None = None,
-        steerer: Steerer | None = None,
+        rendezvous: RendezvousClient,
+        send: Callable[[Command], Awaitable[None]],
+        registry: NodeRegistry,
+        signals: TrainingSignals,
+        *,
+        close_rendezvous: Callable[[], Awaitable[None]] | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
-        self.client = client
-        self.addr_of = addr_of  # instance id -> node address (the agent's status carries it)
-        self.send_command = send_command
-        self.steerer = steerer
+        self.rendezvous = rendezvous
+        self.send = send
+        self.registry = registry
+        self.signals = signals
+        self.close_rendezvous = close_rendezvous
+        self.clock = clock
+        self._stops: asyncio.Queue[str] = asyncio.Queue()
+        self.stop_done = asyncio.Event()
 
+    # ------------------------------------------------------------------ NodeCommander
     async def request_checkpoint(self, deadline: float | None, reason: str) -> None:
-        try:
-            await self.client.request_checkpoint(reason)
-        except RendezvousError as exc:
-            log.error("checkpoint_request_failed", reason=reason, error=str(exc))
+        await self.rendezvous.request_checkpoint(reason, by="fleetd")
+        self.signals.note_checkpoint_request(self.clock())
 
     async def drain(self, instance_id: str, deadline: float | None, reason: str) -> None:
-        """The agent runs the emergency path on its own notice; this covers planned drains and
-        a second, independent signal (EventBridge) for the same node."""
-        addr = self.addr_of(instance_id)
-        when = datetime.fromtimestamp(deadline, UTC) if deadline is not None else None
-        if self.send_command is not None:
-            await self.send_command(instance_id, DrainCommand(instance_id=instance_id, reason=reason, deadline=when))
-        if addr is not None:
-            try:
-                await self.client.request_checkpoint(reason, hold=True, leaving=(addr,), by="fleetd")
-            except RendezvousError as exc:
-                log.error("drain_checkpoint_failed", instance_id=instance_id, error=str(exc))
+        await self._send(DrainCommand(instance_id=instance_id, reason=reason, deadline=_utc(deadline)))
 
     async def stop_job(self, reason: str) -> None:
-        """Checkpoint, then close the rendezvous so no node re-joins, then tell agents to stop."""
-        try:
-            seq = await self.client.request_checkpoint(reason, hold=True)
-            for _ in range(600):
-                acks = await self.client.acks(seq)
-                if acks and len(acks) >= acks[0].world_size:
-                    break
-                await asyncio.sleep(0.1)
-            if self.steerer is not None:
-                await self.steerer.close_rendezvous()
-        except RendezvousError as exc:
-            log.error("stop_job_checkpoint_failed", reason=reason, error=str(exc))
-        log.info("job_stopped", reason=reason)
+        self._stops.put_nowait(reason)
 
-    async def shutdown_nodes(self, instance_ids: list[str], reason: str) -> None:
-        if self.send_command is None:
-            return
-        for iid in instance_ids:
-            await self.send_command(iid, ShutdownCommand(instance_id=iid, reason=reason))
+    async def tell_leave(self, addr: str, reason: str) -> None:
+        """Steering removed ``addr`` from the rendezvous: say so on the wire too (the store key
+        already tells fleetd's agents; the command makes the decision visible to operators)."""
+        for rec in self.registry.records():
+            if rec.status is not None and rec.status.node_addr == addr:
+                await self._send(LeaveCommand(instance_id=rec.instance_id, reason=reason))
+                return
+
+    # ------------------------------------------------------------------ component
+    async def run(self, ctx: Any) -> None:
+        while True:
+            reason = await self._stops.get()
+            if self.stop_done.is_set():
+                continue  # the planner re-issues StopJob until the nodes are gone; once is enough
+            try:
+                await self._stop_sequence(reason)
+            except RendezvousError as exc:
+                log.error("stop_checkpoint_failed", error=str(exc), why="shutting nodes down anyway")
+                await self._shutdown_agents(reason)
+            self.stop_done.set()
+
+    async def _stop_sequence(self, reason: str) -> None:
+        seq = await self.rendezvous.request_checkpoint(reason, hold=True, by="fleetd")
+        self.signals.note_checkpoint_request(self.clock())
+        step = await self._wait_saved(seq)
+        if step is None:
+            log.error("stop_checkpoint_not_saved", seq=seq, why="the last durable checkpoint stands")
+        else:
+            durable = await self._wait_durable(step)
+            log.warning("stop_checkpoint", step=step, durable=durable)
+        await self._shutdown_agents(reason)
+        if self.close_rendezvous is not None:
+            await self.close_rendezvous()
+        log.warning("job_stopped", reason=reason)
+
+    async def _wait_saved(self, seq: int) -> int | None:
+        deadline = time.monotonic() + SAVE_TIMEOUT_S
+        while time.monotonic() < deadline:
+            acks = await self.rendezvous.acks(seq)
+            if acks and len({a.rank for a in acks}) >= acks[0].world_size:
+                return max(a.step for a in acks)
+            await asyncio.sleep(POLL_S)
+        return None
+
+    async def _wait_durable(self, step: int) -> bool:
+        deadline = time.monotonic() + DURABLE_TIMEOUT_S
+        while time.monotonic() < deadline:
+            self.signals.snapshot()  # folds in checkpoint-uploaded events as they arrive
+            if self.signals.durable_step is not None and self.signals.durable_step >= step:
+                return True
+            await asyncio.sleep(POLL_S)
+        return False
+
+    async def _shutdown_agents(self, reason: str) -> None:
+        for rec in self.registry.records():
+            if rec.tracked and rec.agent_offline_at is None and rec.ec2_state not in ("terminated", "shutting-down"):
+                await self._send(ShutdownCommand(instance_id=rec.instance_id, reason=reason))
+
+    async def _send(self, command: Command) -> None:
+        try:
+            await self.send(command)
+        except BusUnavailable as exc:
+            # Level-based: the planner re-issues what is still needed on a later pass.
+            log.warning("command_not_sent", kind=command.kind, instance_id=command.instance_id, error=str(exc))

@@ -1,0 +1,70 @@
+"""The composition root of `fleetd run`: which real components plug into the daemon.
+
+    MQTT (+ SQS) intake ─► node registry ─► reconcile loop (observer)
+                                   └──────► training signals (throughput, durable checkpoint)
+    reconcile loop ─► commander ─► rendezvous store (checkpoint requests) / MQTT (drain, shutdown)
+    steering: reads torchrun's rendezvous state, removes leavers, completes rounds early
+    publisher: /metrics and status.json every pass; ledger: every dollar, persisted
+
+A dry run observes and plans only: no ledger writes, no commands, no steering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fleetd.config import FleetdConfig
+from fleetd.daemon import DaemonContext, Plugins
+from fleetd.intake.signals import TrainingSignals
+from fleetd.intake.wiring import build_intake
+from fleetd.protocol.logs import get_logger
+from fleetd.publish import status_component
+from fleetd.reconcile.ledger_store import DB_NAME, LedgerStore
+from fleetd.rendezvous.client import RendezvousClient
+from fleetd.rendezvous.commander import TrainingCommander
+from fleetd.rendezvous.errors import RendezvousUnavailable
+from fleetd.rendezvous.steering import SteerSettings, Steerer
+
+log = get_logger(__name__)
+
+
+def store_address(cfg: FleetdConfig) -> str:
+    """Where fleetd reaches the store: the rendezvous host binds ``rendezvous.host`` on this same
+    control host, so a wildcard bind is reached over loopback."""
+    host = cfg.rendezvous.host
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
+async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: bool) -> tuple[Plugins, LedgerStore | None]:
+    intake = build_intake(cfg, wake=ctx.wake_loop)
+    signals = TrainingSignals(intake.registry, cfg.job.nproc_per_node)
+    components: list[Any] = [*intake.components(), status_component()]
+    if dry_run:
+        return Plugins(components=components, observer=intake.registry, signals=signals), None
+
+    ledger = await LedgerStore.open(cfg.fleet.state_dir / DB_NAME)
+    client = RendezvousClient(store_address(cfg), cfg.rendezvous.port, cfg.rendezvous.run_id)
+    steerer = Steerer(client, SteerSettings(min_nodes=1, max_nodes=cfg.fleet.max_nodes))
+    commander = TrainingCommander(client, intake.mqtt.send_command, intake.registry, signals,
+                                  close_rendezvous=steerer.close_rendezvous)
+    steerer.on_leave = commander.tell_leave
+
+    async def steering(ctx: DaemonContext) -> None:
+        # The store lives in its own process (fleetd rendezvous); wait for it, never fail on it.
+        while not ctx.stopping.is_set():
+            try:
+                await client.connect()
+                break
+            except RendezvousUnavailable as exc:
+                log.warning("rendezvous_unreachable", error=str(exc))
+                try:
+                    await asyncio.wait_for(ctx.stopping.wait(), 2.0)
+                except TimeoutError:
+                    pass
+        await steerer.run(ctx.stopping)
+
+    components += [steering, commander.run]
+    plugins = Plugins(components=components, observer=intake.registry, signals=signals,
+                      commander=commander, ledger=ledger)
+    return plugins, ledger
