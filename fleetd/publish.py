@@ -92,6 +92,8 @@ class PassPublisher:
             checkpoint = (signals.last_durable_checkpoint_step, signals.last_durable_checkpoint_at)
         # A pass cut short before planning (EC2 unreachable) keeps showing the last known budget.
         plan = self._last_plan = report.plan or self._last_plan
+        observation = getattr(report, "observation", None)
+        stop_issued_at = observation.stop_issued_at if observation is not None else None
         # Building (pydantic) and writing are ~30 ms at 2,000 nodes: off the event loop.
         snap = await asyncio.to_thread(
             _build_and_write,
@@ -106,6 +108,7 @@ class PassPublisher:
             target_nodes=plan.target_nodes if plan is not None else None,
             rendezvous=self.rendezvous() if self.rendezvous is not None else None,
             checkpoint=checkpoint,
+            stop_issued_at=stop_issued_at,
         )
         self.metrics.observe_snapshot(snap)
         duration = getattr(report, "duration_s", None)

@@ -92,6 +92,9 @@ class StatusSnapshot(_Frozen):
     budget: BudgetView | None = None
     rendezvous: RendezvousView | None = None
     checkpoint: CheckpointView | None = None
+    # When the planner stopped the job (budget cap or an operator's stop): nodes are being
+    # checkpointed, shut down and released.
+    stop_issued_at: float | None = None
 
     @field_validator("schema_version")
     @classmethod
@@ -119,6 +122,7 @@ def build_snapshot(
     rendezvous: tuple[int, int] | None = None,
     checkpoint: tuple[int, float] | None = None,
     node_checkpoints: Mapping[str, tuple[int, float]] | None = None,
+    stop_issued_at: float | None = None,
 ) -> StatusSnapshot:
     """From the planner's own inputs and outputs of one pass (``rendezvous``: (round, world size);
     ``checkpoint``: (step, durable_at); ``node_checkpoints``: instance id -> (step, saved_at))."""
@@ -163,6 +167,7 @@ def build_snapshot(
         budget=budget_view,
         rendezvous=RendezvousView(round=rendezvous[0], world_size=rendezvous[1]) if rendezvous else None,
         checkpoint=CheckpointView(step=checkpoint[0], durable_at=checkpoint[1]) if checkpoint else None,
+        stop_issued_at=stop_issued_at,
     )
 
 

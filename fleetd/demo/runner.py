@@ -184,14 +184,14 @@ async def _until_done(run: DemoRun, events_file: Path) -> None:
             run.failure = f"fleetd exited with {run.fleetd.proc.returncode}: {run.fleetd.tail(3)}"
             log.error("demo_fleetd_exited", code=run.fleetd.proc.returncode, tail=run.fleetd.tail(5))
             return
-        if _budget_stopped(run) and run.launcher is not None and not run.launcher.live():
+        if _job_stopped(run) and run.launcher is not None and not run.launcher.live():
             run.stopped_by_budget = True
             log.info("demo_budget_stop", why="fleetd stopped the job at the budget cap and released every node")
             return
 
 
-def _budget_stopped(run: DemoRun) -> bool:
+def _job_stopped(run: DemoRun) -> bool:
     from fleetd.snapshot import read_snapshot
 
     snap = read_snapshot(run.workdir / "state")
-    return snap is not None and snap.budget is not None and snap.budget.level == "stop"
+    return snap is not None and snap.stop_issued_at is not None

@@ -32,6 +32,11 @@ SAVE_TIMEOUT_S = 60.0  # every rank saves within a step or two; a minute means s
 DURABLE_TIMEOUT_S = 90.0
 
 
+def _short(reason: str, limit: int = 200) -> str:
+    """Store values carry a bounded reason (CheckpointRequest.reason); the log keeps it whole."""
+    return reason if len(reason) <= limit else reason[: limit - 1] + "…"
+
+
 def _utc(ts: float | None) -> datetime | None:
     return None if ts is None else datetime.fromtimestamp(ts, UTC)
 
@@ -58,7 +63,7 @@ class TrainingCommander:
 
     # ------------------------------------------------------------------ NodeCommander
     async def request_checkpoint(self, deadline: float | None, reason: str) -> None:
-        await self.rendezvous.request_checkpoint(reason, by="fleetd")
+        await self.rendezvous.request_checkpoint(_short(reason), by="fleetd")
         self.signals.note_checkpoint_request(self.clock())
 
     async def drain(self, instance_id: str, deadline: float | None, reason: str) -> None:
@@ -89,7 +94,7 @@ class TrainingCommander:
             self.stop_done.set()
 
     async def _stop_sequence(self, reason: str) -> None:
-        seq = await self.rendezvous.request_checkpoint(reason, hold=True, by="fleetd")
+        seq = await self.rendezvous.request_checkpoint(_short(reason), hold=True, by="fleetd")
         self.signals.note_checkpoint_request(self.clock())
         step = await self._wait_saved(seq)
         if step is None:
