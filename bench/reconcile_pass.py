@@ -20,7 +20,7 @@ from fleetd.adapters.ec2 import LaunchSpec
 from fleetd.adapters.ec2_fake import FakeEc2
 from fleetd.adapters.pricing import FilePriceBook
 from fleetd.config import BudgetConfig, CapacityConfig, FleetConfig, FleetdConfig
-from fleetd.policy.model import Market, PoolId
+from fleetd.policy.model import Market
 from fleetd.policy.planner import plan
 from fleetd.reconcile.loop import Reconciler
 from fleetd.reconcile.state import StateStore

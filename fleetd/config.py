@@ -7,7 +7,6 @@ from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from fleetd.protocol.settings import AwsConfig as AwsConfig  # re-exported for callers of fleetd.config
 from fleetd.protocol.settings import CommonSettings, Group, Name, load_settings
 
 DEFAULT_PATH = Path("/etc/fleetd/fleetd.toml")

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fleetd.config import AwsConfig
+from fleetd.protocol.settings import AwsConfig
 from fleetd.daemon import DaemonContext, Plugins, run_daemon
 from fleetd.policy.planner import plan
 from tests.reconcile_support import Cloud, cloud  # noqa: F401 (the pytest fixture)

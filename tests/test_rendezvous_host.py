@@ -21,7 +21,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handl
 from fleetd.rendezvous.client import RendezvousClient
 from fleetd.rendezvous.state import encode
 from fleetd.rendezvous.errors import RendezvousUnavailable
-from fleetd.rendezvous.localcluster import free_port, wait_port
+from fleetd.localnet import free_port, wait_port
 from fleetd.rendezvous.steering import SteerSettings, Steerer
 
 RUN = "hosttest"

@@ -10,7 +10,8 @@ import os
 import shutil
 from pathlib import Path
 
-from fleetd.demo.procs import Child, free_port, wait_port
+from fleetd.demo.procs import Child
+from fleetd.localnet import free_port, wait_port_async as wait_port
 
 
 def find_mosquitto() -> str | None:

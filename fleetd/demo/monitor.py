@@ -32,7 +32,7 @@ class WireView:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                async with aiomqtt.Client(mqtt.host, mqtt.port, identifier=f"fleetd-demo-view") as client:
+                async with aiomqtt.Client(mqtt.host, mqtt.port, identifier="fleetd-demo-view") as client:
                     await client.subscribe(fleet_filter(self.fleet), qos=1)
                     async for m in client.messages:
                         self.handle(str(m.topic), m.payload, loop.time())

@@ -6,29 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
-import time
 from pathlib import Path
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-async def wait_port(host: str, port: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            _, w = await asyncio.open_connection(host, port)
-            w.close()
-            await w.wait_closed()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"nothing listening on {host}:{port} after {timeout:.0f}s") from None
-            await asyncio.sleep(0.1)
 
 
 class Child:

@@ -12,8 +12,6 @@ out (also on Ctrl-C or an error), so nothing survives the demo.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import os
 import sys
 import tempfile
@@ -25,7 +23,8 @@ from fleetd.demo import configs
 from fleetd.demo.broker import start_broker
 from fleetd.demo.launcher import Launcher
 from fleetd.demo.monitor import WireView
-from fleetd.demo.procs import Child, free_port, wait_port
+from fleetd.demo.procs import Child
+from fleetd.localnet import free_port, wait_port_async as wait_port
 from fleetd.demo.scenario import Scenario
 from fleetd.protocol.logs import get_logger
 from fleetd.protocol.settings import MqttConfig

@@ -63,21 +63,21 @@ NAMED: dict[str, Scenario] = {
 def from_trace(path: Path, duration_s: float, max_notices: int = 4) -> Scenario:
     """Turn a spot trace's node removals into notices, time-scaled to fit the demo.
 
-    Removals are taken in trace order; the first ``max_notices`` are spread over the middle of
-    the run in proportion to their trace times (the demo fleet is small, so a 32-node trace's
-    removals cannot all apply).
+    The first ``max_notices`` removal instants (several removals at one instant count once: the
+    demo fleet is a few nodes, a 32-node trace's wave cannot all apply) are spread over the middle
+    of the run in proportion to their trace times.
     """
-    from fleetd.sim.traces import load_trace
+    from fleetd.sim.traces import REMOVE, load_trace
 
     trace = load_trace(path)
-    removals = sorted(t for t, delta in trace.removal_times() if delta < 0)[:max_notices] if hasattr(
-        trace, "removal_times") else []
-    if not removals:
-        return Scenario(f"trace:{path.name}", (), description="trace has no removals")
-    span = max(removals[-1] - removals[0], 1.0)
+    instants = sorted({ev.t for ev in trace.events if ev.kind == REMOVE})[:max_notices]
+    if not instants:
+        return Scenario(f"trace:{path.name}", (), description=f"{path} has no removals")
+    span = max(instants[-1] - instants[0], 1.0)
     start, usable = 0.15 * duration_s, 0.55 * duration_s
-    steps = tuple(Step(start + usable * (t - removals[0]) / span, "notice", 0) for t in removals)
-    return Scenario(f"trace:{path.name}", steps, description=f"{len(steps)} removals from {path}")
+    steps = tuple(Step(start + usable * (t - instants[0]) / span, "notice", 0) for t in instants)
+    return Scenario(f"trace:{path.name}", steps,
+                    description=f"{len(steps)} removal instants of {path}, scaled to {duration_s:.0f} s")
 
 
 def resolve(name: str | None, trace: Path | None, duration_s: float) -> Scenario:

@@ -7,20 +7,21 @@ one-line summary is printed every few seconds so logs stay readable.
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from fleetd.demo.progress import Progress
+from fleetd.protocol.errors import ProtocolError
+from fleetd.snapshot import StatusSnapshot, read_snapshot
 
 
-def _status_snapshot(workdir: Path) -> dict | None:
+def _status_snapshot(workdir: Path) -> StatusSnapshot | None:
     try:
-        return json.loads((workdir / "state" / "status.json").read_text())
-    except (OSError, ValueError):
-        return None
+        return read_snapshot(workdir / "state")
+    except (OSError, ProtocolError):
+        return None  # mid-write or not written yet: the next frame will have it
 
 
 def render(run: Any, progress: Progress) -> str:
@@ -30,12 +31,13 @@ def render(run: Any, progress: Progress) -> str:
     lines = [f"fleetd demo · {run.opts.scenario.name if run.opts.scenario else 'calm'} · "
              f"{elapsed:5.0f} s · step {progress.final_step} · world {_world(progress)}"]
     snap = _status_snapshot(run.workdir)
-    if snap and snap.get("budget"):
-        b = snap["budget"]
-        spent, total = b.get("spent_usd", 0.0), b.get("total_usd", run.opts.budget_usd)
-        filled = int(20 * min(1.0, spent / total)) if total else 0
-        lines.append(f"budget [{'#' * filled}{'.' * (20 - filled)}] ${spent:.4f} of ${total:.2f}"
-                     f"  forecast ${b.get('forecast_usd', 0.0):.4f}")
+    if snap is not None and snap.budget is not None:
+        b = snap.budget
+        filled = int(20 * min(1.0, b.spent_usd / b.total_usd)) if b.total_usd else 0
+        lines.append(f"budget [{'#' * filled}{'.' * (20 - filled)}] ${b.spent_usd:.4f} of ${b.total_usd:.2f}"
+                     f"  forecast ${b.forecast_usd:.4f} ({b.level})")
+    if snap is not None and snap.rendezvous is not None:
+        lines.append(f"rendezvous round {snap.rendezvous.round}, world size {snap.rendezvous.world_size}")
     lines.append(f"{'instance':<22}{'pool':<24}{'market':<10}{'state':<10}{'step':>8}{'steps/s':>9}")
     for node in sorted(launcher.nodes.values(), key=lambda n: n.started_at) if launcher else []:
         tel = view.telemetry.get(node.instance_id) if view else None

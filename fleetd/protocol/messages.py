@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
-from typing import Annotated, Literal, TypeAlias, Union
+from typing import Annotated, Literal, TypeAlias, Union, get_args
 
 from pydantic import (
     AwareDatetime,
@@ -215,21 +215,9 @@ Message: TypeAlias = Annotated[
 ]
 
 _MESSAGE_ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
+# Every kind, read off the union itself so the two can never disagree.
 MESSAGE_KINDS: frozenset[str] = frozenset(
-    m.model_fields["kind"].default
-    for m in (
-        Status,
-        Telemetry,
-        Notice,
-        Rebalance,
-        CheckpointSaved,
-        CheckpointUploaded,
-        TrainerExited,
-        CheckpointCommand,
-        DrainCommand,
-        LeaveCommand,
-        ShutdownCommand,
-    )
+    m.model_fields["kind"].default for m in get_args(get_args(Message)[0])
 )
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,23 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.supervisor import LaunchSpec, TorchrunProcess, kill_tree, process_tree
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def wait_port(host: str, port: int, timeout: float = 20.0) -> None:
-    until = time.monotonic() + timeout
-    while time.monotonic() < until:
-        try:
-            with socket.create_connection((host, port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise TimeoutError(f"nothing listening on {host}:{port} after {timeout}s")
+from fleetd.localnet import free_port, wait_port
 
 
 @dataclass

@@ -1,0 +1,45 @@
+"""Local ports for the processes fleetd starts on one machine (demo, benchmarks, test harness)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now (the OS picks it; a race with another binder is possible
+    but harmless for local tools, which fail loudly if it happens)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _try_connect(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def wait_port(host: str, port: int, timeout: float = 20.0) -> None:
+    until = time.monotonic() + timeout
+    while not _try_connect(host, port):
+        if time.monotonic() > until:
+            raise TimeoutError(f"nothing listening on {host}:{port} after {timeout:.0f}s")
+        time.sleep(0.05)
+
+
+async def wait_port_async(host: str, port: int, timeout: float = 20.0) -> None:
+    until = time.monotonic() + timeout
+    while True:
+        try:
+            _, writer = await asyncio.open_connection(host, port)
+            writer.close()
+            await writer.wait_closed()
+            return
+        except OSError:
+            if time.monotonic() > until:
+                raise TimeoutError(f"nothing listening on {host}:{port} after {timeout:.0f}s") from None
+            await asyncio.sleep(0.1)

@@ -1,0 +1,66 @@
+"""The demo's measurements from the trainers' event trace: steps lost and the pause per change."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fleetd.demo.progress import Progress
+from fleetd.demo.scenario import NAMED, resolve
+
+
+def _write(path: Path, recs: list[dict]) -> Path:
+    path.write_text("\n".join(json.dumps(r) for r in recs) + "\n{cut by a SIGKILL")
+    return path
+
+
+def _steps(t0: float, world: int, first: int, last: int, dt: float = 0.1) -> list[dict]:
+    return [
+        {"ev": "step", "t": t0 + i * dt, "rank": r, "world": world, "step": s}
+        for i, s in enumerate(range(first, last + 1))
+        for r in range(world)
+    ]
+
+
+def test_a_clean_leave_loses_nothing_and_the_pause_is_measured(tmp_path: Path) -> None:
+    recs = _steps(0.0, 3, 1, 50)  # last step of world 3 at t=4.9
+    recs += [{"ev": "start", "t": 6.0 + 0.01 * r, "rank": r, "world": 2, "from_step": 50} for r in range(2)]
+    recs += _steps(6.5, 2, 51, 60)
+    p = Progress.load(_write(tmp_path / "ev.jsonl", recs))
+    (restart,) = p.restarts()
+    assert (restart.world, restart.from_step, restart.last_step_before, restart.steps_lost) == (2, 50, 50, 0)
+    back = p.training_again_at(restart.at, restart.world)
+    assert back == pytest.approx(6.5)
+    assert p.final_step == 60 and p.max_world_size == 3
+
+
+def test_resuming_from_an_older_step_counts_the_lost_steps(tmp_path: Path) -> None:
+    recs = _steps(0.0, 2, 1, 40)
+    recs += [{"ev": "start", "t": 9.0, "rank": 0, "world": 1, "from_step": 30}]
+    recs += _steps(9.5, 1, 31, 35)
+    (restart,) = Progress.load(_write(tmp_path / "ev.jsonl", recs)).restarts()
+    assert restart.steps_lost == 10
+
+
+def test_missing_trace_is_empty(tmp_path: Path) -> None:
+    p = Progress.load(tmp_path / "none.jsonl")
+    assert p.final_step == 0 and p.restarts() == [] and p.training_again_at(0.0) is None
+
+
+def test_scenarios_resolve_and_unknown_names_are_refused() -> None:
+    assert resolve(None, None, 100).name == "default"
+    assert resolve("short", None, 100) is NAMED["short"]
+    kinds = [s.kind for s in NAMED["default"].steps]
+    assert kinds.count("notice") >= 2 and "rebalance" in kinds and "capacity-error" in kinds
+    with pytest.raises(ValueError, match="unknown scenario 'nope'"):
+        resolve("nope", None, 100)
+
+
+def test_a_trace_becomes_scaled_notices(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("0,add,n1\n0,add,n2\n0,add,n3\n600000,remove,n1\n600000,remove,n2\n1800000,remove,n3\n")
+    sc = resolve(None, trace, 200)
+    assert [s.kind for s in sc.steps] == ["notice", "notice"]  # one per removal instant
+    assert sc.steps[0].at_s == pytest.approx(30.0) and sc.steps[1].at_s == pytest.approx(140.0)
