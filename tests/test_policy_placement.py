@@ -18,9 +18,10 @@ from fleetd.policy.placement import (
     rank_pools,
 )
 from fleetd.policy.planner import plan
+from tests.harness.traces import trace_file
 from tests.policy_fixtures import A, B, C, D, NOW, config, node, offer
 
-ADVISOR_CSV = Path("/work/shared/traces/aws_spot_advisor_gpu_snapshot_2025-06.csv")
+ADVISOR_CSV = trace_file("aws_spot_advisor_gpu_snapshot_2025-06.csv")
 CAP = config().capacity
 
 

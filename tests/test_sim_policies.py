@@ -13,7 +13,6 @@ import json
 import random
 import statistics
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -21,8 +20,9 @@ from fleetd.cli import main
 from fleetd.sim.job import JobSpec
 from fleetd.sim.scenario import Scenario
 from fleetd.sim.traces import SyntheticPool, synthetic_trace
+from tests.harness.traces import trace_file
 
-P3 = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "oobleck-bamboo" / "p3-trace.csv"
+P3 = trace_file("p3-trace.csv")
 REQUIRED = {"policy", "cost_usd", "on_demand_cost_usd", "effective_time", "steps_lost", "completed", "deadline_met"}
 
 

@@ -3,8 +3,9 @@ format detection, windows, bundled traces, and the synthetic generator."""
 
 from __future__ import annotations
 
+import hashlib
+
 import json
-from pathlib import Path
 
 import pytest
 
@@ -23,8 +24,8 @@ from fleetd.sim.traces import (
     resolve_trace_path,
     synthetic_trace,
 )
+from tests.harness.traces import BUNDLED, UPSTREAM_SHA256, trace_file
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "oobleck-bamboo"
 
 
 def _doc(data, gap=60):
@@ -66,7 +67,7 @@ def test_bamboo_csv_error_names_file_and_line():
 
 
 def test_the_shared_p3_trace_matches_its_readme():
-    tr = load_trace(SHARED / "p3-trace.csv")
+    tr = load_trace(trace_file("p3-trace.csv"))
     assert len(tr.events) == 344
     assert tr.duration_s / 3600 == pytest.approx(11.4, abs=0.05)
     assert tr.max_live == 32
@@ -78,7 +79,9 @@ def test_bundled_traces_are_found_by_name_and_match_the_shared_copy():
     assert resolve_trace_path("p3").name == "p3-trace.csv"
     assert resolve_trace_path("g4dn-trace.csv").name == "g4dn-trace.csv"
     assert (resolve_trace_path("p3").parent / "LICENSE.upstream").is_file()
-    assert resolve_trace_path("p3").read_bytes() == (SHARED / "p3-trace.csv").read_bytes()
+    for name, digest in UPSTREAM_SHA256.items():
+        bundled = resolve_trace_path(name) if "trace" in name else BUNDLED / name
+        assert hashlib.sha256(bundled.read_bytes()).hexdigest() == digest, name
     with pytest.raises(TraceError, match="does not exist"):
         resolve_trace_path("no-such-trace")
 
