@@ -51,7 +51,15 @@ class WireView:
             self.telemetry[where.instance_id] = msg
         elif msg.kind == "status":
             self.status[where.instance_id] = msg.state
-        else:
-            detail = " ".join(f"{k}={v}" for k, v in msg.model_dump(
-                exclude={"schema_version", "msg_id", "instance_id", "sent_at", "kind"}).items() if v is not None)
-            self.events.append((now, where.instance_id, msg.kind, detail))
+        elif msg.kind == "checkpoint-uploaded":
+            # Every node uploads every periodic save; the view shows the moment a step is durable.
+            if msg.complete:
+                self.events.append((now, where.instance_id, "durable", f"step {msg.step} in S3"))
+        elif msg.kind != "checkpoint-saved":
+            self.events.append((now, where.instance_id, msg.kind, _detail(msg)))
+
+
+def _detail(msg: object) -> str:
+    fields = {"notice": ("action",), "trainer-exited": ("exit_code", "reason", "last_step")}
+    names = fields.get(getattr(msg, "kind", ""), ())
+    return " ".join(f"{n}={getattr(msg, n)}" for n in names if getattr(msg, n, None) is not None)
