@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import statistics
 import sys
 import time
@@ -22,9 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fleetd.sim.deadline import deadline_runs  # noqa: E402
 from fleetd.sim.job import JobSpec  # noqa: E402
 from fleetd.sim.scenario import Scenario, ideal_steps  # noqa: E402
-from fleetd.sim.traces import ADD, REMOVE, SyntheticPool, Trace, TraceEvent, load_trace, synthetic_trace  # noqa: E402
+from fleetd.sim.traces import ADD, REMOVE, Trace, TraceEvent, load_trace  # noqa: E402
 from fleetd.sim.defaults import prices_for  # noqa: E402
 
 
@@ -73,17 +73,7 @@ def timed_runs(sc: Scenario, repeats: int = 3) -> dict[str, float]:
 
 
 def deadline_comparison(offsets: int) -> dict:
-    trace = synthetic_trace([SyntheticPool("us-east-1a", 1, 0.1, 3 * 3600.0, 1.0)], 90 * 86400.0, seed=11)
-    job = JobSpec(total_steps=48 * 3600.0, deadline_s=52 * 3600.0, checkpoint_stall_s=0.0, no_notice_share=0.0)
-    sc = Scenario(trace, job, "p3.2xlarge", spot_price=0.612, on_demand_price=3.06)
-    same_d = replace(sc, changeover_s=sc.fleetd_changeover_s)
-    rng = random.Random(5)
-    runs: dict[str, list] = {}
-    for _ in range(offsets):
-        w = trace.window(rng.uniform(0, trace.duration_s - 3 * job.deadline_s))
-        for name in sc.policy_names():
-            runs.setdefault(name, []).append(sc.run(name, trace=w))
-        runs.setdefault("uniform-progress (d=0.05 h)", []).append(same_d.run("uniform-progress", trace=w))
+    runs = deadline_runs(offsets)
     return {
         name: {
             "mean_cost_usd": round(statistics.fmean(r.cost_usd for r in rs), 2),

@@ -10,16 +10,13 @@
 from __future__ import annotations
 
 import json
-import random
 import statistics
-from dataclasses import replace
 
 import pytest
 
 from fleetd.cli import main
-from fleetd.sim.job import JobSpec
-from fleetd.sim.scenario import Scenario
-from fleetd.sim.traces import SyntheticPool, synthetic_trace
+from fleetd.sim.deadline import UP_SAME_OVERHEAD
+from fleetd.sim.deadline import deadline_runs as run_deadline_experiment
 from tests.harness.traces import trace_file
 
 P3 = trace_file("p3-trace.csv")
@@ -90,19 +87,7 @@ OFFSETS = 200
 
 @pytest.fixture(scope="module")
 def deadline_runs():
-    # Single-node spot availability: interruptions ~0.1/h, outages ~3 h (about 77 % available).
-    trace = synthetic_trace([SyntheticPool("us-east-1a", 1, 0.1, 3 * 3600.0, 1.0)], 90 * 86400.0, seed=11)
-    job = JobSpec(total_steps=48 * 3600.0, deadline_s=52 * 3600.0, checkpoint_stall_s=0.0, no_notice_share=0.0)
-    sc = Scenario(trace, job, "p3.2xlarge", spot_price=0.612, on_demand_price=3.06)
-    same_d = replace(sc, changeover_s=sc.fleetd_changeover_s)
-    rng = random.Random(5)
-    runs: dict[str, list] = {}
-    for _ in range(OFFSETS):
-        window = trace.window(rng.uniform(0, trace.duration_s - 3 * job.deadline_s))
-        for name in sc.policy_names():
-            runs.setdefault(name, []).append(sc.run(name, trace=window))
-        runs.setdefault("uniform-progress-same-d", []).append(same_d.run("uniform-progress", trace=window))
-    return runs
+    return run_deadline_experiment(OFFSETS)
 
 
 def _mean_cost(runs) -> float:
@@ -122,7 +107,7 @@ def test_fleetd_meets_every_deadline_and_costs_no_more_than_uniform_progress(dea
     assert all(r.deadline_met for r in fleetd)
     assert _mean_cost(fleetd) <= _mean_cost(deadline_runs["uniform-progress"])
     # Also against Uniform Progress given fleetd's smaller changeover overhead.
-    assert _mean_cost(fleetd) <= _mean_cost(deadline_runs["uniform-progress-same-d"])
+    assert _mean_cost(fleetd) <= _mean_cost(deadline_runs[UP_SAME_OVERHEAD])
 
 
 def test_simulate_uses_an_operator_config_and_rejects_a_bad_one(tmp_path, capsys):

@@ -1,0 +1,188 @@
+"""Steps 5 and 6: where to buy (ranked spot pools, on-demand fallback) and how many the budget allows."""
+
+from __future__ import annotations
+
+from fleetd.config import FleetdConfig
+from fleetd.policy import budget as budget_policy
+from fleetd.policy.model import BudgetLevel, Launch, LaunchPurpose, Market, NodePhase, PoolId
+from fleetd.policy.placement import RankedPool, diversify, rank_pools
+from fleetd.policy.stages.pass_state import LEVEL_ORDER, PlanPass
+
+
+def _interrupting_pools(p: PlanPass) -> frozenset[PoolId]:
+    return frozenset(n.pool for n in p.obs.nodes if n.notice_at is not None)
+
+
+def spot_pools(p: PlanPass) -> tuple[list[RankedPool], list[str]]:
+    return rank_pools(
+        p.obs.offers,
+        p.obs.stats_by_pool(),
+        p.cfg.capacity,
+        p.now,
+        Market.SPOT,
+        avoid=_interrupting_pools(p),
+    )
+
+
+def buy(
+    p: PlanPass,
+    need: int,
+    purpose: LaunchPurpose,
+    spot_ranked: list[RankedPool],
+    spot_skipped: list[str],
+    headroom: budget_policy.Headroom,
+    level: BudgetLevel,
+) -> tuple[budget_policy.Headroom, bool]:
+    """Launch ``need`` nodes: spot if any pool is available, else maybe on-demand. Returns the
+    headroom left and whether spot was short."""
+    if spot_ranked:
+        launch = _gated_launch(
+            p, need, purpose, Market.SPOT, diversify(spot_ranked, p.cfg.capacity), headroom, spot_ranked
+        )
+        return (headroom.after(launch) if launch else headroom), False
+    why_none = "; ".join(spot_skipped) or "no spot offers"
+    p.notes.append(f"need {need} node(s) ({purpose.value}) but no spot pool is available: {why_none}")
+    if purpose is not LaunchPurpose.CAPACITY:
+        return headroom, True
+    cap = p.cfg.capacity
+    since = p.obs.spot_unavailable_since
+    if not cap.allow_on_demand:
+        p.notes.append("on-demand fallback disabled (capacity.allow_on_demand = false): waiting for spot")
+    elif LEVEL_ORDER.index(level) >= LEVEL_ORDER.index(BudgetLevel.FORBID_ON_DEMAND):
+        p.notes.append(f"on-demand fallback forbidden at budget level {level.value}: waiting for spot")
+    elif since is None or p.now - since < cap.spot_wait_s:
+        waited = 0.0 if since is None else p.now - since
+        p.notes.append(
+            f"waiting for spot {waited:.0f} of spot_wait_s {cap.spot_wait_s:.0f} s before "
+            "falling back to on-demand"
+        )
+    elif churn := _fallback_churn(p, need):
+        p.notes.append(churn)
+    else:
+        od_ranked, od_skipped = rank_pools(
+            p.obs.offers, p.obs.stats_by_pool(), cap, p.now, Market.ON_DEMAND
+        )
+        if not od_ranked:
+            p.notes.append("no on-demand pool available either: " + ("; ".join(od_skipped) or "no offers"))
+        else:
+            launch = _gated_launch(
+                p,
+                need,
+                LaunchPurpose.ON_DEMAND_FALLBACK,
+                Market.ON_DEMAND,
+                diversify(od_ranked, cap),
+                headroom,
+                od_ranked,
+                prefix=f"no spot for {p.now - since:.0f} s >= spot_wait_s {cap.spot_wait_s:.0f}: ",
+            )
+            if launch:
+                headroom = headroom.after(launch)
+    return headroom, True
+
+
+def _fallback_churn(p: PlanPass, need: int) -> str:
+    """Why an on-demand fallback would cost more training than it adds ("" if it would not).
+
+    A spot pool held back only by its own recent notice is offered again when its interrupting
+    window ends; then back to spot drains the on-demand nodes. So they would train until then at
+    most, and cost two membership changes (their join, their leave), each stalling every rank for
+    a checkpoint and a re-form. Buy them only if they would train longer than they stall the fleet.
+    """
+    back_at = _spot_back_at(p)
+    if back_at is None:
+        return ""  # spot's return is unknown (capacity errors, no offers): fall back
+    reb = p.cfg.rebalance
+    change_s = reb.checkpoint_stall_s + reb.reform_s
+    training = sum(1 for n in p.kept if n.phase is NodePhase.RUNNING)
+    stall_node_s = 2 * (training + need) * change_s
+    useful_node_s = need * max(0.0, back_at - p.now)
+    if useful_node_s >= stall_node_s:
+        return ""
+    return (
+        f"no on-demand fallback: spot is offered again in {back_at - p.now:.0f} s (interrupting "
+        f"window), so {need} on-demand node(s) would train {useful_node_s:.0f} node-s, less than "
+        f"their join and leave stall the fleet (2 x {training + need} nodes x {change_s:g} s = "
+        f"{stall_node_s:.0f} node-s): waiting for spot"
+    )
+
+
+def _spot_back_at(p: PlanPass) -> float | None:
+    """When the first spot pool held back only by its interrupting window is offered again;
+    None if some pool's return is not known (capacity error, no spot price)."""
+    stats = p.obs.stats_by_pool()
+    window = p.cfg.capacity.interrupting_window_s
+    back: list[float] = []
+    for offer in p.obs.offers:
+        if offer.spot_price is None or offer.spot_price >= offer.on_demand_price:
+            continue
+        s = stats.get(offer.pool)
+        if s is None or s.last_notice_at is None or p.now - s.last_notice_at > window:
+            return None  # not held back by a notice: its shortage is of another kind
+        if s.capacity_error_until is not None and s.capacity_error_until > s.last_notice_at + window:
+            return None
+        back.append(s.last_notice_at + window)
+    return min(back) if back else None
+
+
+def _gated_launch(
+    p: PlanPass,
+    need: int,
+    purpose: LaunchPurpose,
+    market: Market,
+    chosen: list[RankedPool],
+    headroom: budget_policy.Headroom,
+    ranked: list[RankedPool],
+    prefix: str = "",
+) -> Launch | None:
+    """The budget gate: cut the launch to what fits. When the diversified set does not fit, narrow
+    it by dropping its priciest pool, and last try the cheapest pool per node of all."""
+    candidates = [list(chosen)]
+    while len(candidates[-1]) > 1:
+        shorter = list(candidates[-1])
+        shorter.remove(max(shorter, key=lambda r: (r.price_per_hour, str(r.pool))))
+        candidates.append(shorter)
+    candidates.append([min(ranked, key=lambda r: (r.price_per_hour, r.offer.on_demand_price, str(r.pool)))])
+    best: tuple[int, list[RankedPool]] = (0, chosen)
+    for pools in candidates:
+        price_now, bid = _prices(pools, market, p.cfg)
+        count = min(need, headroom.affordable(price_now, bid if bid is not None else price_now))
+        if count > best[0]:
+            best = (count, pools)
+        if count >= need:
+            break
+    count, pools = best
+    if count == 0:
+        p.notes.append(
+            f"{prefix}cannot buy {need} {market.value} node(s) ({purpose.value}): "
+            f"not even one fits the budget ({headroom.explain()})"
+        )
+        return None
+    price_now, bid = _prices(pools, market, p.cfg)
+    ranking = "; ".join(r.reason for r in pools)
+    cut = (
+        f" (wanted {need}; budget allows {count}: {headroom.explain()})" if count < need else ""
+    )
+    launch = Launch(
+        reason=f"{prefix}{purpose.value}: buy {count} {market.value} node(s){cut}; pools by "
+        f"expected cost per useful GPU-hour: {ranking}",
+        count=count,
+        market=market,
+        pools=tuple(r.pool for r in pools),
+        max_price_per_hour=bid,
+        budgeted_price_per_hour=price_now,
+        purpose=purpose,
+        max_total_price_per_hour=round(max(headroom.usd_per_hour, 0.0), 6),
+    )
+    p.actions.append(launch)
+    return launch
+
+
+def _prices(pools: list[RankedPool], market: Market, cfg: FleetdConfig) -> tuple[float, float | None]:
+    """(highest current price among pools, spot bid or None on on-demand)."""
+    price_now = max(r.price_per_hour for r in pools)
+    if market is Market.ON_DEMAND:
+        return price_now, None
+    bid = max(r.offer.on_demand_price for r in pools)
+    if cfg.capacity.max_spot_price_per_hour is not None:
+        bid = min(bid, cfg.capacity.max_spot_price_per_hour)
+    return price_now, max(bid, price_now)

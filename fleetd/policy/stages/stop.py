@@ -1,0 +1,27 @@
+"""A stop already issued: let the nodes checkpoint and shut down, then terminate what is left."""
+
+from __future__ import annotations
+
+from fleetd.policy import budget as budget_policy
+from fleetd.policy.model import Plan
+from fleetd.policy.stages.pass_state import PlanPass
+from fleetd.policy.stages.result import assemble_plan
+
+
+def finish_stop(p: PlanPass) -> Plan:
+    elapsed = p.now - (p.obs.stop_issued_at or p.now)
+    reserve = p.cfg.budget.stop_reserve_s
+    if elapsed >= reserve:
+        for node in list(p.billed):
+            p.terminate(
+                node,
+                f"stop issued {elapsed:.0f} s ago (stop_reserve_s {reserve:.0f}): terminating "
+                f"{node.instance_id} so spend stays inside the budget",
+            )
+    elif p.billed:
+        p.notes.append(
+            f"stopping: {len(p.billed)} nodes finishing checkpoint and shutdown "
+            f"({elapsed:.0f} of {reserve:.0f} s)"
+        )
+    view = budget_policy.assess(p.obs.spent_usd, p.billed, [], p.cfg)
+    return assemble_plan(p, view, target=0)
