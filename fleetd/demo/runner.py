@@ -150,8 +150,10 @@ async def run_demo(opts: DemoOptions) -> dict:
                     await _until_done(run, events_file)
                     for t in tasks:
                         t.cancel()
-            except* asyncio.CancelledError:
-                pass
+            except* Exception as group:
+                # A demo component broke: say so in the report, and still stop everything cleanly.
+                run.failure = "; ".join(repr(e) for e in group.exceptions)
+                log.error("demo_component_failed", errors=[repr(e) for e in group.exceptions])
             report = await build_report(run, events_file, ec2, session, aws)
         return report
     finally:

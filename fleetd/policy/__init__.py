@@ -5,6 +5,7 @@ The daemon (fleetd/reconcile), the simulator (fleetd/sim) and the unit tests cal
 Enforced by tests/test_import_contract.py.
 
 - planner.py: ``plan(obs, cfg, now) -> Plan``, the one entry point; composes the modules below.
+- stages/: the planner's steps, each applying the modules below to one pass's working state.
 - observation.py: what a pass sees (Observation, PoolStats); model.py: nodes, offers, actions.
 - lifecycle.py: the two-signal rule (which nodes are lost).
 - budget.py: graded level from the forecast, commitments, and the gate every launch passes.
