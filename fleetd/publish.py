@@ -160,7 +160,7 @@ async def _nodes(report: Any, reconciler: Any) -> list[Node]:
 
 
 def _phase(node: Node) -> NodePhase:
-    # Same rule as the reconcile loop's (Reconciler._with_phase); goes away once PassReport carries
+    # Same rule as the reconcile loop's (ObservationBuilder._with_phase in fleetd/reconcile/observe.py); goes away once PassReport carries
     # the observation.
     if node.ec2_state in ("shutting-down", "terminated"):
         return NodePhase.TERMINATED

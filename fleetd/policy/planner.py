@@ -38,11 +38,11 @@ __all__ = ["plan", "Observation", "PoolStats", "DesiredJob", "Plan"]
 
 def plan(obs: Observation, cfg: FleetdConfig, now: float) -> Plan:
     p = PlanPass(obs, cfg, now)
-    end_departed_nodes(p)  # 1
+    end_departed_nodes(p)  # step 1
     if obs.stop_issued_at is not None:
         return finish_stop(p)
 
-    view = budget_policy.assess(obs.spent_usd, p.billed, p.kept, cfg)  # 2
+    view = budget_policy.assess(obs.spent_usd, p.billed, p.kept, cfg)  # step 2
     if view.level is BudgetLevel.STOP or obs.desired_job is DesiredJob.STOP:
         why = view.reason if view.level is BudgetLevel.STOP else "job stop requested"
         p.actions.append(StopJob(reason=f"{why}: coordinated checkpoint, then stop every node"))
@@ -50,17 +50,17 @@ def plan(obs: Observation, cfg: FleetdConfig, now: float) -> Plan:
     if LEVEL_ORDER.index(view.level) > LEVEL_ORDER.index(obs.budget_level):
         p.actions.append(Warn(reason=view.reason, code=f"budget-{view.level.value}"))
 
-    for drain in rebalance_policy.notice_drains(p.kept, now):  # 3
+    for drain in rebalance_policy.notice_drains(p.kept, now):  # step 3
         p.actions.append(drain)
         p.kept = [n for n in p.kept if n.instance_id != drain.instance_id]
 
-    target = choose_target(p, view.level)  # 4
+    target = choose_target(p, view.level)  # step 4
     spot_ranked, spot_skipped = spot_pools(p)
     risk = rebalance_risk(p, target, view.level)
     request_periodic_checkpoint(p)
     sizing = size_fleet(p, target, risk, bool(spot_ranked), view.level)
 
-    headroom = budget_policy.headroom(obs.spent_usd, p.billed, p.kept, cfg)  # 5 and 6
+    headroom = budget_policy.headroom(obs.spent_usd, p.billed, p.kept, cfg)  # steps 5 and 6
     spot_short = False
     need = max(0, target - sizing.counted)
     if need:

@@ -13,5 +13,3 @@ scaling, placement). Like them, no stage reads a clock or does I/O.
 - buying.py: steps 5 and 6, spot pool ranking, buying, on-demand fallback, the budget gate.
 - result.py: the Plan with its budget status.
 """
-
-

@@ -1,0 +1,247 @@
+"""Act: carry out one plan's actions through EC2, the state DB and the node commander.
+
+Terminations go first, in one call; then the other actions in plan order. An adapter failure is
+turned into an Outcome (capacity error: the pool is marked unavailable; permanent error: that kind
+of action is held for PERMANENT_HOLD_S) or, when throttled or transient, ends acting for the pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import Counter
+
+from fleetd.adapters.aws_errors import AwsError, CapacityUnavailable, PermanentAwsError, Throttled
+from fleetd.adapters.ec2 import Ec2Api, LaunchResult, LaunchSpec, launch_token
+from fleetd.adapters.pricing import PriceSource
+from fleetd.config import FleetdConfig
+from fleetd.policy.model import (
+    Action,
+    Drain,
+    Launch,
+    Market,
+    MarkPoolUnavailable,
+    Plan,
+    PoolId,
+    RequestCheckpoint,
+    StopJob,
+    Terminate,
+    Warn,
+)
+from fleetd.policy.observation import Observation
+from fleetd.protocol.logs import get_logger
+from fleetd.reconcile import state as st
+from fleetd.reconcile.ledger_feed import LedgerFeed
+from fleetd.reconcile.ports import NodeCommander
+from fleetd.reconcile.prices import price_of
+
+log = get_logger(__name__)
+
+AWS_ERRORS = Counter("fleetd_aws_errors_total", "AWS calls that failed, by kind", ["operation", "kind", "code"])
+ACTIONS = Counter("fleetd_actions_total", "Planned actions by kind and outcome", ["action", "outcome"])
+
+# How long a permanent failure holds the same kind of action (a config or IAM fix needs a human).
+PERMANENT_HOLD_S = 900.0
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    action: Action
+    status: str  # done | partial | failed | held | dry-run
+    detail: str = ""
+    instance_ids: tuple[str, ...] = ()
+
+
+def count_aws_error(exc: AwsError, kind: str | None = None) -> None:
+    AWS_ERRORS.labels(exc.operation, kind or exc.kind, exc.code).inc()
+
+
+class ActionExecutor:
+    """Executes plans; remembers in memory which kinds of action a permanent error holds."""
+
+    def __init__(
+        self,
+        cfg: FleetdConfig,
+        *,
+        ec2: Ec2Api,
+        prices: PriceSource,
+        state: st.StateStore,
+        commander: NodeCommander,
+        dry_run: bool,
+        ledger_feed: LedgerFeed | None,
+    ):
+        self.cfg = cfg
+        self.ec2 = ec2
+        self.prices = prices
+        self.state = state
+        self.commander = commander
+        self.dry_run = dry_run
+        self._ledger = ledger_feed
+        self._blocked_until: dict[str, float] = {}  # action kind -> time
+        self._logged_permanent: set[tuple[str, str]] = set()
+
+    async def act(self, plan: Plan, obs: Observation, now: float) -> tuple[list[Outcome], AwsError | None]:
+        outcomes: list[Outcome] = []
+        # Terminations first and in one call: they free budget and quota for the launches.
+        terminations = [a for a in plan.actions if isinstance(a, Terminate)]
+        others = [a for a in plan.actions if not isinstance(a, Terminate)]
+        try:
+            if terminations:
+                outcomes += await self._terminate(terminations, now)
+            for action in others:
+                outcomes.append(await self._act_one(action, obs, now))
+        except AwsError as exc:
+            # Throttled or transient: stop acting this pass, the loop backs off and re-plans.
+            count_aws_error(exc)
+            log.warning("pass_cut_short", kind=exc.kind, code=exc.code, operation=exc.operation, error=exc.message)
+            return outcomes, exc
+        return outcomes, None
+
+    async def _act_one(self, action: Action, obs: Observation, now: float) -> Outcome:
+        kind = type(action).__name__
+        if self._blocked_until.get(kind, 0.0) > now:
+            return self._record(Outcome(action, "held", f"{kind} held after a permanent error"))
+        if self.dry_run and not isinstance(action, Warn):
+            return self._record(Outcome(action, "dry-run"))
+        try:
+            if isinstance(action, Launch):
+                return self._record(await self._launch(action, now))
+            if isinstance(action, MarkPoolUnavailable):
+                await self.state.mark_pool_unavailable(action.pool, action.until, "planner")
+            elif isinstance(action, Drain):
+                await self.commander.drain(action.instance_id, action.deadline, action.reason)
+                await self.state.mark_drain_started(action.instance_id, now)
+            elif isinstance(action, RequestCheckpoint):
+                await self.commander.request_checkpoint(action.deadline, action.reason)
+            elif isinstance(action, StopJob):
+                await self.commander.stop_job(action.reason)
+                await self.state.set_meta("stop_issued_at", now)
+            elif isinstance(action, Warn):
+                log.warning("planner_warning", code=action.code, reason=action.reason)
+            else:
+                return self._record(Outcome(action, "failed", f"no executor for {kind}"))
+        except PermanentAwsError as exc:
+            return self._record(self._hold(action, exc, now))
+        return self._record(Outcome(action, "done"))
+
+    async def _terminate(self, actions: list[Terminate], now: float) -> list[Outcome]:
+        if self._blocked_until.get("Terminate", 0.0) > now:
+            return [self._record(Outcome(a, "held", "Terminate held after a permanent error")) for a in actions]
+        if self.dry_run:
+            return [self._record(Outcome(a, "dry-run")) for a in actions]
+        ids = [a.instance_id for a in actions]
+        # Recorded before the call: if fleetd dies right after, the termination is still known to
+        # be ours and is not counted as an interruption of the pool.
+        await self.state.mark_terminate_requested(ids, now)
+        try:
+            done = set(await self.ec2.terminate(ids))
+        except PermanentAwsError as exc:
+            return [self._record(self._hold(a, exc, now)) for a in actions]
+        return [
+            self._record(Outcome(a, "done" if a.instance_id in done else "failed",
+                                 "" if a.instance_id in done else "not a fleet instance (refused)",
+                                 (a.instance_id,) if a.instance_id in done else ()))
+            for a in actions
+        ]
+
+    async def _launch(self, action: Launch, now: float) -> Outcome:
+        seq = await self.state.settled_launch_count()
+        token = launch_token(self.cfg.fleet.name, seq, action.count, action.market, action.pools)
+        spec = LaunchSpec(
+            token=token,
+            count=action.count,
+            market=action.market,
+            pools=action.pools,
+            max_price_per_hour=action.max_price_per_hour if action.market is Market.SPOT else None,
+            # EC2 enforces the planner's budget per request: never more per hour than it committed.
+            max_total_price=(action.count * action.worst_case_price_per_hour) or None,
+        )
+        await self.state.record_intent(
+            token=token, seq=seq, now=now, count=action.count, market=action.market, pools=action.pools,
+            purpose=str(action.purpose), max_price_per_hour=spec.max_price_per_hour, reason=action.reason,
+        )
+        try:
+            result = await self.ec2.launch(spec)
+        except CapacityUnavailable as exc:
+            # A call-level capacity error does not say which pool: all of them were refused.
+            for pool in action.pools:
+                await self._pool_failed(pool, exc.code, now)
+            await self.state.settle_launch(token, st.FAILED, (), now, f"{exc.code}: {exc.message}")
+            await self._spot_outcome(action, got_any=False, now=now)
+            count_aws_error(exc)
+            return Outcome(action, "failed", exc.code)
+        except (Throttled, PermanentAwsError) as exc:
+            # Definitely not launched: AWS refused the call as a whole.
+            await self.state.settle_launch(token, st.FAILED, (), now, f"{exc.code}: {exc.message}")
+            raise
+        # Transient errors propagate with the intent left open: the call may have gone through,
+        # so the next pass resolves it by tag (or re-sends the same token).
+        return await self._record_launch(action, spec, result, now)
+
+    async def _record_launch(self, action: Launch, spec: LaunchSpec, result: LaunchResult, now: float) -> Outcome:
+        prices = await self.prices.prices(sorted({i.pool for i in result.instances}), now)
+        await self.state.record_launched(
+            [
+                st.SeenInstance(i.instance_id, i.pool, i.market, i.state, i.launched_at or now, spec.token,
+                                price_of(i.market, prices.get(i.pool)) or action.budgeted_price_per_hour)
+                for i in result.instances
+            ],
+            spec.max_price_per_hour,
+            now,
+        )
+        ids = tuple(i.instance_id for i in result.instances)
+        if self._ledger is not None:
+            await self._ledger.started(await self.state.instances(), ids, prices)
+        for f in result.failures:
+            count_aws_error(AwsError("CreateFleet", f.code, f.message), kind=f.kind)
+            if f.kind == "capacity" and f.pool is not None:
+                await self._pool_failed(f.pool, f.code, now)
+            else:
+                log.warning("launch_pool_error", pool=str(f.pool), code=f.code, kind=f.kind, error=f.message)
+        status = st.LAUNCHED if ids else st.FAILED
+        detail = "; ".join(f"{f.pool}: {f.code}" for f in result.failures)
+        await self.state.settle_launch(spec.token, status, ids, now, detail)
+        await self._spot_outcome(action, got_any=bool(ids), now=now)
+        log.info("launched", token=spec.token, requested=action.count, got=len(ids), instances=list(ids),
+                 pools=sorted({str(i.pool) for i in result.instances}), failures=detail or None,
+                 already_launched=result.already_launched)
+        if len(ids) >= action.count:
+            return Outcome(action, "done", instance_ids=ids)
+        return Outcome(action, "partial" if ids else "failed", detail, ids)
+
+    async def _pool_failed(self, pool: PoolId, code: str, now: float) -> None:
+        until = now + self.cfg.capacity.capacity_error_ttl_s
+        await self.state.mark_pool_unavailable(pool, until, code)
+        log.warning("pool_unavailable", pool=str(pool), code=code, until=until,
+                    ttl_s=self.cfg.capacity.capacity_error_ttl_s)
+
+    async def _spot_outcome(self, action: Launch, *, got_any: bool, now: float) -> None:
+        if action.market is not Market.SPOT:
+            return
+        since = await self.state.get_meta("spot_unavailable_since")
+        if got_any and since is not None:
+            await self.state.set_meta("spot_unavailable_since", None)
+            log.info("spot_available_again", unavailable_for_s=now - since)
+        elif not got_any and since is None:
+            await self.state.set_meta("spot_unavailable_since", now)
+            log.warning("spot_unavailable", pools=[str(p) for p in action.pools])
+
+    def _hold(self, action: Action, exc: PermanentAwsError, now: float) -> Outcome:
+        kind = type(action).__name__
+        self._blocked_until[kind] = now + PERMANENT_HOLD_S
+        count_aws_error(exc)
+        key = (exc.operation, exc.code)
+        if key not in self._logged_permanent:
+            self._logged_permanent.add(key)
+            log.error("aws_permanent_error", operation=exc.operation, code=exc.code, error=exc.message,
+                      action=kind, held_for_s=PERMANENT_HOLD_S,
+                      hint="fix the permission/config named above; fleetd retries after the hold")
+        return Outcome(action, "held", f"{exc.code}: {exc.message}")
+
+    def _record(self, outcome: Outcome) -> Outcome:
+        a = outcome.action
+        ACTIONS.labels(type(a).__name__, outcome.status).inc()
+        log.info("action", action=type(a).__name__, outcome=outcome.status, reason=a.reason,
+                 detail=outcome.detail or None, instances=list(outcome.instance_ids) or None,
+                 dry_run=self.dry_run or None)
+        return outcome

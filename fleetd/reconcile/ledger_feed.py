@@ -1,0 +1,71 @@
+"""Budget-ledger events from what the reconcile loop records (starts, stops, losses, notices, prices)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from fleetd.adapters.pricing import PoolPrice
+from fleetd.policy import ledger
+from fleetd.policy.model import Market, PoolId
+from fleetd.reconcile import state as st
+from fleetd.reconcile.ports import LedgerSink
+from fleetd.reconcile.prices import price_of
+
+
+class LedgerFeed:
+    """Turns what the loop records into budget-ledger events (each with a stable event_id, so a
+    re-sent event is stored once). The first pass after a start re-sends everything still open:
+    events lost in a crash between the state DB and the ledger are recovered that way."""
+
+    def __init__(self, sink: LedgerSink):
+        self.sink = sink
+        self._resynced = False
+        self._last_price: dict[tuple[PoolId, Market], float] = {}
+
+    async def feed(self, state: st.StateStore, now: float, prices: Mapping[PoolId, PoolPrice],
+                   sync: st.SyncReport, notices: Sequence[str]) -> None:
+        events: list = []
+        if not self._resynced:
+            rows = await state.instances(open_only=False)
+            started = list(rows)
+            stopped = [r for r in rows if r.ended_at is not None]
+            noticed = [r for r in rows if r.notice_at is not None]
+            self._resynced = True
+        else:
+            changed = {*sync.adopted, *(i for i, _ in sync.ended), *notices}
+            by_id = {r.instance_id: r for r in await state.instances_by_id(sorted(changed))} if changed else {}
+            started = [by_id[i] for i in sync.adopted if i in by_id]
+            stopped = [by_id[i] for i, _ in sync.ended if i in by_id]
+            noticed = [by_id[i] for i in notices if i in by_id]
+            rows = await state.instances()
+        events += [self._start(r, prices.get(r.pool)) for r in started]
+        for r in stopped:
+            events.append(ledger.InstanceStopped(at=r.ended_at or now, instance_id=r.instance_id,
+                                                 event_id=f"stop:{r.instance_id}"))
+            if (r.end_reason or "").startswith("lost"):
+                events.append(ledger.Interruption(at=r.ended_at or now, instance_id=r.instance_id, pool=r.pool,
+                                                  kind="loss", event_id=f"loss:{r.instance_id}"))
+        events += [ledger.Interruption(at=r.notice_at or now, instance_id=r.instance_id, pool=r.pool,
+                                       kind="notice", event_id=f"notice:{r.instance_id}") for r in noticed]
+        for key in sorted({(r.pool, r.market) for r in rows if r.open}):
+            price = price_of(key[1], prices.get(key[0]))
+            if price and self._last_price.get(key) != price:
+                self._last_price[key] = price
+                events.append(ledger.PriceChanged(at=now, pool=key[0], market=key[1], price_per_hour=price,
+                                                  event_id=f"price:{key[0]}:{key[1]}:{now:.3f}"))
+        if events:
+            await self.sink.append(*events)
+
+    async def started(self, rows: Sequence[st.InstanceRow], ids: Sequence[str],
+                      prices: Mapping[PoolId, PoolPrice]) -> None:
+        wanted = set(ids)
+        events = [self._start(r, prices.get(r.pool)) for r in rows if r.instance_id in wanted]
+        if events:
+            await self.sink.append(*events)
+
+    @staticmethod
+    def _start(r: st.InstanceRow, price: PoolPrice | None) -> object:
+        on_demand = price.on_demand if price and price.on_demand else r.price_per_hour
+        return ledger.InstanceStarted(at=r.launched_at, instance_id=r.instance_id, pool=r.pool, market=r.market,
+                                      price_per_hour=r.price_per_hour, on_demand_price_per_hour=on_demand,
+                                      event_id=f"start:{r.instance_id}")

@@ -1,0 +1,192 @@
+"""Observe: EC2's instances, the state DB, the intake observer and the signals -> the planner's
+Observation for one pass.
+
+On the way it keeps the state DB in step with EC2 (adopts instances, ends the gone ones, records
+first notices, settles launch intents a crash left open) and feeds the budget ledger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from fleetd.adapters.ec2 import Ec2Api, Ec2Instance
+from fleetd.adapters.pricing import Hardware, PoolPrice, PriceSource
+from fleetd.policy.model import BudgetLevel, LaunchPurpose, Node, NodePhase, PoolId, PoolOffer
+from fleetd.policy.observation import Observation, PoolStats
+from fleetd.protocol.logs import get_logger
+from fleetd.reconcile import state as st
+from fleetd.reconcile.ledger_feed import LedgerFeed
+from fleetd.reconcile.ports import NodeObserver, SignalSource, SpendSource
+from fleetd.reconcile.prices import price_of
+
+log = get_logger(__name__)
+
+
+class ObservationBuilder:
+    """Builds each pass's Observation (and the live instances) from EC2 and fleetd's own records."""
+
+    def __init__(
+        self,
+        *,
+        ec2: Ec2Api,
+        prices: PriceSource,
+        state: st.StateStore,
+        pools: Sequence[PoolId],
+        hardware: Mapping[str, Hardware],
+        signals: SignalSource,
+        observer: NodeObserver,
+        spend: SpendSource | None,
+        priors: Mapping[PoolId, float],
+        ledger_feed: LedgerFeed | None,
+    ):
+        self.ec2 = ec2
+        self.prices = prices
+        self.state = state
+        self.pools = tuple(pools)
+        self.hardware = hardware
+        self.signals = signals
+        self.observer = observer
+        self.spend = spend
+        self.priors = priors
+        self._ledger = ledger_feed
+
+    async def observe(self, now: float) -> tuple[Observation, list[Ec2Instance]]:
+        instances = await self.ec2.list_instances()
+        current = [i for i in instances if i.state != "terminated"]
+        watched = sorted(set(self.pools) | {i.pool for i in current})
+        prices = await self.prices.prices(watched, now)
+        await self._resolve_open_launches(instances, now)
+        sync = await self.state.sync_instances(
+            [self._seen(i, prices.get(i.pool)) for i in instances], now
+        )
+        for iid in sync.adopted:
+            log.info("instance_adopted", instance_id=iid)
+        for iid, reason in sync.ended:
+            log.info("instance_ended", instance_id=iid, reason=reason)
+        signals = self.signals.snapshot()
+        rows = {r.instance_id: r for r in await self.state.instances()}
+        nodes = []
+        notices = []
+        for inst in current:
+            self.observer.track(inst.instance_id)
+            row = rows.get(inst.instance_id)
+            node = self._with_phase(self.observer.observe(self._node(inst, row, prices.get(inst.pool))))
+            # Only a notice the state has not recorded yet costs a write (2,000 nodes per pass).
+            first_notice = node.notice_at is not None and (row is None or row.notice_at is None)
+            if first_notice and await self.state.record_notice(node.instance_id, node.notice_at):
+                log.info("notice_recorded", instance_id=node.instance_id, pool=str(node.pool), at=node.notice_at)
+                notices.append(node.instance_id)
+            nodes.append(node)
+        if self._ledger is not None:
+            await self._ledger.feed(self.state, now, prices, sync, notices)
+        obs = Observation(
+            nodes=tuple(nodes),
+            offers=self._offers(prices),
+            pool_stats=await self._pool_stats(),
+            spent_usd=await self._spent(now),
+            throughput_by_nodes=signals.throughput_by_nodes,
+            last_durable_checkpoint_step=signals.last_durable_checkpoint_step,
+            last_durable_checkpoint_at=signals.last_durable_checkpoint_at,
+            last_checkpoint_request_at=signals.last_checkpoint_request_at,
+            target_nodes=await self.state.get_meta("target_nodes"),
+            last_scaling_at=await self.state.get_meta("last_scaling_at"),
+            rebalance_prebuys_last_hour=await self.state.launches_since(
+                str(LaunchPurpose.REBALANCE_PREBUY), now - 3600.0
+            ),
+            spot_unavailable_since=await self.state.get_meta("spot_unavailable_since"),
+            desired_job=signals.desired_job,
+            stop_issued_at=await self.state.get_meta("stop_issued_at"),
+            budget_level=BudgetLevel(await self.state.get_meta("budget_level", BudgetLevel.NORMAL.value)),
+        )
+        return obs, [i for i in current if i.live]
+
+    def _seen(self, inst: Ec2Instance, price: PoolPrice | None) -> st.SeenInstance:
+        return st.SeenInstance(
+            instance_id=inst.instance_id,
+            pool=inst.pool,
+            market=inst.market,
+            ec2_state=inst.state,
+            launched_at=inst.launched_at,
+            launch_token=inst.launch_token,
+            price_per_hour=price_of(inst.market, price),
+            state_reason=inst.state_reason,
+        )
+
+    async def _resolve_open_launches(self, instances: Sequence[Ec2Instance], now: float) -> None:
+        """An intent still open means fleetd stopped between buying and recording: its instances,
+        found by their launch tag, settle it (they are adopted, never bought again)."""
+        for row in await self.state.unresolved_launches(since=now - 3600.0):
+            mine = [i.instance_id for i in instances if i.launch_token == row.token]
+            if mine:
+                await self.state.settle_launch(row.token, st.LAUNCHED, mine, now, f"found by tag (was {row.status})")
+                log.info("launch_adopted", token=row.token, instances=mine, was=row.status)
+
+    def _node(self, inst: Ec2Instance, row: st.InstanceRow | None, price: PoolPrice | None) -> Node:
+        """The planner's view of one instance from EC2 and the state DB (the intakes add theirs)."""
+        return Node(
+            instance_id=inst.instance_id,
+            pool=inst.pool,
+            market=inst.market,
+            price_per_hour=price_of(inst.market, price) or (row.price_per_hour if row else 0.0),
+            launched_at=inst.launched_at or (row.launched_at if row else 0.0),
+            ec2_state=inst.state,
+            notice_at=row.notice_at if row else None,
+            max_price_per_hour=row.max_price_per_hour if row else None,
+            drain_started_at=row.drain_started_at if row else None,
+        )
+
+    @staticmethod
+    def _with_phase(node: Node) -> Node:
+        if node.ec2_state in st.TERMINAL:
+            phase = NodePhase.TERMINATED
+        elif node.drain_started_at is not None:
+            phase = NodePhase.DRAINING
+        elif node.running_since is not None or node.last_seen_at is not None:
+            phase = NodePhase.RUNNING  # its agent reports
+        else:
+            phase = NodePhase.PENDING
+        return replace(node, phase=phase)
+
+    def _offers(self, prices: Mapping[PoolId, PoolPrice]) -> tuple[PoolOffer, ...]:
+        offers = []
+        for pool in self.pools:
+            price = prices.get(pool)
+            hw = self.hardware.get(pool.instance_type)
+            if price is None or hw is None or price.on_demand is None:
+                continue  # a pool without prices or hardware facts cannot be ranked
+            offers.append(
+                PoolOffer(
+                    pool=pool,
+                    gpus=hw.gpus,
+                    spot_price=price.spot,
+                    on_demand_price=price.on_demand,
+                    gpu_model=hw.gpu_model,
+                    gpu_memory_gib=hw.gpu_memory_gib,
+                    spot_price_trend=price.trend,
+                )
+            )
+        return tuple(offers)
+
+    async def _pool_stats(self) -> tuple[PoolStats, ...]:
+        rows = {r.pool: r for r in await self.state.pool_stats()}
+        out = []
+        for pool in sorted(set(rows) | set(self.pools)):
+            r = rows.get(pool)
+            out.append(
+                PoolStats(
+                    pool=pool,
+                    node_hours=r.node_hours if r else 0.0,
+                    notices=r.notices if r else 0,
+                    losses=r.losses if r else 0,
+                    capacity_error_until=r.capacity_error_until if r else None,
+                    last_notice_at=r.last_notice_at if r else None,
+                    prior_interruptions_per_hour=self.priors.get(pool),
+                )
+            )
+        return tuple(out)
+
+    async def _spent(self, now: float) -> float:
+        if self.spend is not None:
+            return await self.spend.spent_usd(now)
+        return await self.state.spend_estimate(now)
