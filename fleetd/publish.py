@@ -160,8 +160,8 @@ async def _nodes(report: Any, reconciler: Any) -> list[Node]:
 
 
 def _phase(node: Node) -> NodePhase:
-    # Same rule as the reconcile loop's (ObservationBuilder._with_phase in fleetd/reconcile/observe.py); goes away once PassReport carries
-    # the observation.
+    # Same rule as the reconcile loop's (fleetd/reconcile/observe.py, ObservationBuilder._with_phase);
+    # only used for a pass that ended before it could observe (its report has no observation).
     if node.ec2_state in ("shutting-down", "terminated"):
         return NodePhase.TERMINATED
     if node.drain_started_at is not None:
