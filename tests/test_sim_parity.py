@@ -22,7 +22,7 @@ import pytest
 from fleetd.adapters.ec2_fake import FakeEc2
 from fleetd.adapters.pricing import Hardware, PoolPrice
 from fleetd.config import BudgetConfig, CapacityConfig, FleetConfig, FleetdConfig
-from fleetd.policy.model import Drain, Launch, Market, MarkPoolUnavailable, Node, Terminate, Warn, PoolId
+from fleetd.policy.model import Drain, Launch, MarkPoolUnavailable, Node, Terminate, Warn, PoolId
 from fleetd.policy.planner import plan
 from fleetd.reconcile.loop import Reconciler
 from fleetd.reconcile.ports import FleetSignals
@@ -51,26 +51,16 @@ class Prices:
         return {p: table[p] for p in pools if p in table}
 
 
-class SpotShortEc2(FakeEc2):
-    """The fake EC2, with its capacity shortage applying to spot only (on-demand is plentiful)."""
-
-    async def launch(self, spec):
-        if spec.market is Market.ON_DEMAND:
-            saved, self.no_capacity = self.no_capacity, {}
-            try:
-                return await super().launch(spec)
-            finally:
-                self.no_capacity = saved
-        return await super().launch(spec)
-
-
 class Lockstep:
     """Runs the loop beside the simulator and keeps both sides' actions."""
 
     def __init__(self, tmp_path: Path, cfg: FleetdConfig, world: World) -> None:
         self.world = world
         self.clock = Clock()
-        self.ec2 = SpotShortEc2(self.clock)
+        # The fake's shortage (``no_capacity``) refuses on-demand launches in the spot pool too: the
+        # loop must remember that apart from spot, or it blocks spot there (parity would break).
+        self.ec2 = FakeEc2(self.clock)
+        self.od_capacity_errors = 0  # on-demand capacity errors the loop recorded
         self.aio = asyncio.new_event_loop()
         self.state = self.aio.run_until_complete(StateStore.open(tmp_path))
         self.policy: FleetdPolicy | None = None
@@ -141,6 +131,8 @@ class Lockstep:
         return result
 
     def close(self) -> None:
+        stats = self.aio.run_until_complete(self.state.pool_stats())
+        self.od_capacity_errors = sum(s.on_demand_capacity_error_until is not None for s in stats)
         self.aio.run_until_complete(self.state.close())
         self.aio.close()
 
@@ -182,6 +174,7 @@ def test_simulator_and_reconcile_loop_take_the_same_actions(tmp_path: Path, no_n
     assert ("Launch", 3, "spot", "capacity") in kinds
     assert ("Launch", 1, "on-demand", "on-demand-fallback") in kinds
     assert ("Launch", 1, "spot", "return-to-spot") in kinds
+    assert lock.od_capacity_errors >= 1  # the on-demand fallback met the shortage too
     if no_notice_share == 0.0:
         assert any(k[0] == "Drain" for k in kinds)
         assert result.notices >= 2

@@ -10,7 +10,8 @@ Fields the caller keeps between passes (the planner is stateless):
 - ``rebalance_prebuys_last_hour``: Launches with purpose ``rebalance-prebuy`` executed in the
   last hour (rebalance churn cap).
 - ``spot_unavailable_since``: set when a needed spot launch found no pool (every spot pool failed
-  with a capacity error, or none is offered), cleared when a spot launch succeeds.
+  with a capacity error, or none is offered), cleared when a spot launch succeeds or when a plan
+  ends the shortage another way (``spot_shortage_over``).
 - ``stop_issued_at``: when a StopJob was executed.
 - ``budget_level``: pass back ``Plan.budget.level``.
 """
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
 
-from fleetd.policy.model import BudgetLevel, Node, PoolId, PoolOffer
+from fleetd.policy.model import BudgetLevel, Launch, Market, Node, Plan, PoolId, PoolOffer
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,3 +76,14 @@ class Observation:
 
     def offers_by_pool(self) -> dict[PoolId, PoolOffer]:
         return {o.pool: o for o in self.offers}
+
+
+def spot_shortage_over(plan: Plan) -> bool:
+    """Whether ``plan`` ends a remembered spot shortage (``spot_unavailable_since``): it reports
+    none (the need went away, nodes came back) and tries no spot launch. A planned spot launch
+    decides by its outcome instead (success clears, total failure keeps it), so a pool whose
+    capacity-error TTL ran out does not restart the on-demand fallback's wait each time it is
+    retried in vain. Without this, a stale value makes the NEXT shortage skip spot_wait_s."""
+    return not plan.spot_short and not any(
+        isinstance(a, Launch) and a.market is Market.SPOT for a in plan.actions
+    )

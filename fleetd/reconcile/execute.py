@@ -1,8 +1,9 @@
 """Act: carry out one plan's actions through EC2, the state DB and the node commander.
 
 Terminations go first, in one call; then the other actions in plan order. An adapter failure is
-turned into an Outcome (capacity error: the pool is marked unavailable; permanent error: that kind
-of action is held for PERMANENT_HOLD_S) or, when throttled or transient, ends acting for the pass.
+turned into an Outcome (capacity error: the pool is marked unavailable for the launch's market;
+permanent error: that kind of action is held for PERMANENT_HOLD_S) or, when throttled or
+transient, ends acting for the pass.
 """
 
 from __future__ import annotations
@@ -165,7 +166,7 @@ class ActionExecutor:
         except CapacityUnavailable as exc:
             # A call-level capacity error does not say which pool: all of them were refused.
             for pool in action.pools:
-                await self._pool_failed(pool, exc.code, now)
+                await self._pool_failed(pool, action.market, exc.code, now)
             await self.state.settle_launch(token, st.FAILED, (), now, f"{exc.code}: {exc.message}")
             await self._spot_outcome(action, got_any=False, now=now)
             count_aws_error(exc)
@@ -195,7 +196,7 @@ class ActionExecutor:
         for f in result.failures:
             count_aws_error(AwsError("CreateFleet", f.code, f.message), kind=f.kind)
             if f.kind == "capacity" and f.pool is not None:
-                await self._pool_failed(f.pool, f.code, now)
+                await self._pool_failed(f.pool, action.market, f.code, now)
             else:
                 log.warning("launch_pool_error", pool=str(f.pool), code=f.code, kind=f.kind, error=f.message)
         status = st.LAUNCHED if ids else st.FAILED
@@ -209,10 +210,12 @@ class ActionExecutor:
             return Outcome(action, "done", instance_ids=ids)
         return Outcome(action, "partial" if ids else "failed", detail, ids)
 
-    async def _pool_failed(self, pool: PoolId, code: str, now: float) -> None:
+    async def _pool_failed(self, pool: PoolId, market: Market, code: str, now: float) -> None:
+        """The pool is unavailable for the launch's market only (spot and on-demand capacity
+        run out independently)."""
         until = now + self.cfg.capacity.capacity_error_ttl_s
-        await self.state.mark_pool_unavailable(pool, until, code)
-        log.warning("pool_unavailable", pool=str(pool), code=code, until=until,
+        await self.state.mark_pool_unavailable(pool, until, code, market)
+        log.warning("pool_unavailable", pool=str(pool), market=str(market), code=code, until=until,
                     ttl_s=self.cfg.capacity.capacity_error_ttl_s)
 
     async def _spot_outcome(self, action: Launch, *, got_any: bool, now: float) -> None:

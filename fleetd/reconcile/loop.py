@@ -29,7 +29,7 @@ from fleetd.adapters.ec2 import Ec2Api, Ec2Instance
 from fleetd.adapters.pricing import Hardware, PriceSource
 from fleetd.config import FleetdConfig
 from fleetd.policy.model import Plan, PoolId
-from fleetd.policy.observation import Observation
+from fleetd.policy.observation import Observation, spot_shortage_over
 from fleetd.protocol.logs import get_logger
 from fleetd.reconcile import state as st
 from fleetd.reconcile.execute import (
@@ -173,6 +173,12 @@ class Reconciler:
         if plan.spot_short and obs.spot_unavailable_since is None:
             await self.state.set_meta("spot_unavailable_since", now)
             log.warning("spot_unavailable", why="no spot pool available for a needed launch")
+        elif spot_shortage_over(plan) and obs.spot_unavailable_since is not None:
+            # The shortage ended without a spot launch succeeding (the need went away, nodes came
+            # back): forget it, or the next shortage would skip capacity.spot_wait_s.
+            await self.state.set_meta("spot_unavailable_since", None)
+            log.info("spot_available_again", unavailable_for_s=now - obs.spot_unavailable_since,
+                     why="no spot shortage in the plan")
 
     # -- act ------------------------------------------------------------------------------------
     async def act(self, plan: Plan, obs: Observation, now: float) -> tuple[list[Outcome], AwsError | None]:

@@ -180,6 +180,7 @@ class ObservationBuilder:
                     notices=r.notices if r else 0,
                     losses=r.losses if r else 0,
                     capacity_error_until=r.capacity_error_until if r else None,
+                    on_demand_capacity_error_until=r.on_demand_capacity_error_until if r else None,
                     last_notice_at=r.last_notice_at if r else None,
                     prior_interruptions_per_hour=self.priors.get(pool),
                 )

@@ -6,8 +6,8 @@ What must survive a restart:
   instances carry ``fleetd:launch=<token>``. Never a second purchase for one planned launch.
 - **instances** fleetd has seen, with the price they were bought at, the bid, and whether fleetd
   itself terminated them (so a termination is not mistaken for an interruption).
-- **pool statistics** (node-hours, notices, losses, capacity-error TTL) that the placement policy
-  learns interruption rates from.
+- **pool statistics** (node-hours, notices, losses, capacity-error TTLs for spot and on-demand
+  apart) that the placement policy learns interruption rates from.
 - small loop memory (target node count, when spot became unavailable, ...) in ``meta``.
 
 sqlite3 is blocking, so every call runs in a worker thread (one connection, one lock).
@@ -67,9 +67,10 @@ CREATE TABLE IF NOT EXISTS pool_stats (
     notices INTEGER NOT NULL DEFAULT 0,
     losses INTEGER NOT NULL DEFAULT 0,
     capacity_errors INTEGER NOT NULL DEFAULT 0,
-    capacity_error_until REAL,
+    capacity_error_until REAL,       -- spot capacity error TTL
     last_error_code TEXT,
-    last_notice_at REAL
+    last_notice_at REAL,
+    on_demand_capacity_error_until REAL  -- on-demand capacity error TTL (a separate shortage)
 );
 CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
@@ -130,6 +131,7 @@ class PoolStatsRow:
     capacity_error_until: float | None
     last_error_code: str | None
     last_notice_at: float | None
+    on_demand_capacity_error_until: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +194,7 @@ class StateStore:
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")  # an intent must be on disk before CreateFleet
         db.executescript(SCHEMA)
+        _add_missing_columns(db)
         self._db = db
 
     async def close(self) -> None:
@@ -395,12 +398,16 @@ class StateStore:
         return await self._run(tx)
 
     # -- pools ----------------------------------------------------------------------------------
-    async def mark_pool_unavailable(self, pool: PoolId, until: float, code: str) -> None:
+    async def mark_pool_unavailable(self, pool: PoolId, until: float, code: str, market: Market = Market.SPOT) -> None:
+        """A capacity error blocks ``pool`` for ``market`` only: EC2's spot and on-demand capacity
+        run out independently, so one market's shortage must not keep fleetd from the other."""
+        column = "capacity_error_until" if market is Market.SPOT else "on_demand_capacity_error_until"
+
         def tx(db: sqlite3.Connection) -> None:
             _ensure_pool(db, str(pool))
             db.execute(
                 "UPDATE pool_stats SET capacity_errors=capacity_errors+1, last_error_code=?,"
-                " capacity_error_until=MAX(COALESCE(capacity_error_until, 0), ?) WHERE pool=?",
+                f" {column}=MAX(COALESCE({column}, 0), ?) WHERE pool=?",
                 (code, until, str(pool)))
 
         await self._run(tx)
@@ -408,7 +415,8 @@ class StateStore:
     async def pool_stats(self) -> list[PoolStatsRow]:
         def q(db: sqlite3.Connection) -> list[PoolStatsRow]:
             rows = db.execute("SELECT pool, node_seconds, notices, losses, capacity_errors, capacity_error_until,"
-                              " last_error_code, last_notice_at FROM pool_stats ORDER BY pool")
+                              " last_error_code, last_notice_at, on_demand_capacity_error_until"
+                              " FROM pool_stats ORDER BY pool")
             return [PoolStatsRow(PoolId.parse(r[0]), r[1] / 3600.0, *r[2:]) for r in rows]
 
         return await self._run(q)
@@ -434,6 +442,21 @@ class StateStore:
         await self._run(lambda db: db.execute(
             "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
             (key, json.dumps(value))))
+
+
+# Columns added after a table was first released: CREATE TABLE IF NOT EXISTS leaves an existing
+# database's table as it was, so they are added to it here (table -> (column, SQL type)).
+_ADDED_COLUMNS = {
+    "pool_stats": (("on_demand_capacity_error_until", "REAL"),),
+}
+
+
+def _add_missing_columns(db: sqlite3.Connection) -> None:
+    for table, columns in _ADDED_COLUMNS.items():
+        have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+        for name, sql_type in columns:
+            if name not in have:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {sql_type}")
 
 
 def _ensure_pool(db: sqlite3.Connection, pool: str) -> None:

@@ -52,7 +52,7 @@ from fleetd.policy.model import (
     Warn,
 )
 from fleetd.policy.checkpointing import cadence
-from fleetd.policy.observation import Observation, PoolStats
+from fleetd.policy.observation import Observation, PoolStats, spot_shortage_over
 from fleetd.policy.planner import plan
 from fleetd.sim import defaults as d
 from fleetd.sim.engine import ON_DEMAND, SimNode, Timer, World
@@ -108,8 +108,8 @@ class FleetdPolicy:
     ) -> None:
         self.cfg = cfg
         # The trace covers one spot pool. On-demand is offered in a pool of its own (another
-        # zone of the region): the planner marks a whole pool unavailable after a spot capacity
-        # error, and EC2's on-demand capacity does not run out with spot capacity.
+        # zone of the region) where it never runs out: EC2's on-demand capacity does not run out
+        # with spot capacity, and capacity errors are remembered per market (reconcile/state.py).
         self.od_pool = od_pool or PoolId(pool.instance_type, f"{pool.zone}-on-demand")
         self.planner = planner
         self.startup_s = startup_s  # launch -> agent up and state restored (trace adds: 0)
@@ -213,6 +213,8 @@ class FleetdPolicy:
         self.budget_level = result.budget.level
         if result.spot_short and self.spot_unavailable_since is None:
             self.spot_unavailable_since = now  # as the loop remembers it (reconcile/loop.py)
+        elif spot_shortage_over(result):
+            self.spot_unavailable_since = None  # the shortage ended without a spot launch, as in the loop
         self._joining, self._leaving = [], []
         try:
             for action in result.actions:
