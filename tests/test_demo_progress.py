@@ -64,3 +64,13 @@ def test_a_trace_becomes_scaled_notices(tmp_path: Path) -> None:
     sc = resolve(None, trace, 200)
     assert [s.kind for s in sc.steps] == ["notice", "notice"]  # one per removal instant
     assert sc.steps[0].at_s == pytest.approx(30.0) and sc.steps[1].at_s == pytest.approx(140.0)
+
+
+def test_steps_redone_after_a_rollback_are_not_counted_twice(tmp_path: Path) -> None:
+    recs = _steps(0.0, 2, 1, 40)
+    recs += [{"ev": "start", "t": 9.0, "rank": 0, "world": 3, "from_step": 30}]  # 10 lost
+    recs += _steps(9.5, 3, 31, 38)
+    recs += [{"ev": "start", "t": 14.0, "rank": 0, "world": 4, "from_step": 38}]  # 0 lost
+    recs += _steps(14.5, 4, 39, 45)
+    restarts = Progress.load(_write(tmp_path / "ev.jsonl", recs)).restarts()
+    assert [r.steps_lost for r in restarts] == [10, 0]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -152,14 +152,42 @@ def test_hold_gives_up_after_its_timeout(store, tmp_path):
     assert "hold_timeout" in (tmp_path / "events.jsonl").read_text()
 
 
-def test_requests_before_the_worker_started_are_not_replayed(store, tmp_path):
+def test_answered_requests_are_not_replayed(store, tmp_path):
     link = StoreLink("127.0.0.1", store.port, "t").connect()
-    link.request_checkpoint("old", hold=True)
+    seq = link.request_checkpoint("old", hold=True)
+    link.ack(keys.CheckpointAck(seq=seq, step=7, rank=0, world_size=1, node_addr="127.0.0.9"))
     model, opt = _model()
     ckpt = ElasticCheckpointer(model, opt, ctx=_ctx(store, tmp_path, hold_timeout_s=5))
     started = time.monotonic()
     ckpt.step_done(1)
-    assert time.monotonic() - started < 1, "a restarted worker must not hold again for an old request"
+    assert time.monotonic() - started < 1, "a restarted worker must not hold again for an answered request"
+
+
+def test_a_request_made_while_workers_restart_is_answered(store, tmp_path):
+    # A joining node asks for a hold checkpoint while the survivors' workers are restarting
+    # (after a leave): nobody has answered it yet, so the new workers must, or the job loses
+    # every step since the last periodic save when the joiner gives up and joins anyway.
+    link = StoreLink("127.0.0.1", store.port, "t").connect()
+    seq = link.request_checkpoint("127.0.0.9 joins", hold=False)
+    model, opt = _model()
+    ckpt = ElasticCheckpointer(model, opt, ctx=_ctx(store, tmp_path, hold_timeout_s=5))
+    ckpt.step_done(3)
+    (ack,) = link.acks(seq)
+    assert ack.step == 3 and ckpt.handled_seq == seq
+
+
+def test_a_stale_unanswered_request_is_not_replayed(store, tmp_path):
+    link = StoreLink("127.0.0.1", store.port, "t").connect()
+    seq = link.request_checkpoint("old", hold=True)
+    old = keys.CheckpointRequest(seq=seq, reason="old", hold=True,
+                                 requested_at=datetime.now(UTC) - timedelta(seconds=60))
+    store.set(keys.request_key("t", seq), old.to_bytes())
+    model, opt = _model()
+    ckpt = ElasticCheckpointer(model, opt, ctx=_ctx(store, tmp_path, hold_timeout_s=5))
+    started = time.monotonic()
+    ckpt.step_done(1)
+    assert time.monotonic() - started < 1, "a request its requester gave up on must not stall training"
+    assert link.acks(seq) == []
 
 
 def test_malformed_request_value_is_ignored(store, tmp_path):

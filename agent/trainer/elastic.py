@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from agent.trainer import local_ckpt
@@ -60,8 +61,28 @@ class ElasticCheckpointer:
             from agent.trainer.store_link import StoreLink
 
             self._link = StoreLink(self.ctx.store_host, self.ctx.store_port, self.ctx.run_id).connect()
-            # Requests made before this worker started were answered by the previous workers.
-            self.handled_seq = self._agree_max(self._link.latest_request_seq() if self.ctx.rank == 0 else 0)
+            self.handled_seq = self._agree_max(self._already_handled() if self.ctx.rank == 0 else 0)
+
+    def _already_handled(self, lookback: int = 16) -> int:
+        """The newest request number this worker need not answer.
+
+        Requests the previous workers acknowledged are done. One made while workers restart (a
+        joining node asking for a hold checkpoint, typically) has no acknowledgement yet and must
+        be answered now, or the joiner gives up waiting and the job loses every step since the
+        last periodic save. An unanswered request older than the joiner's wait is stale (its
+        requester went on without it), and a leave request whose leavers are all gone protects
+        nothing: holding for either would only stall training.
+        """
+        assert self._link is not None
+        seq = self._link.latest_request_seq()
+        for _ in range(lookback):
+            if seq == 0 or self._link.answered(seq):
+                return seq
+            request = self._link.request(seq, wait_s=0.5)
+            if request is None or _moot(request, self._link):
+                return seq
+            seq -= 1
+        return seq
 
     # ------------------------------------------------------------------ collectives
     def _dist(self):  # noqa: ANN202
@@ -375,3 +396,16 @@ class ElasticCheckpointer:
 
         send_report(self.ctx.trainer_socket, Progress(rank=self.ctx.rank, step=step, steps_per_s=rate,
                                                       world_size=self.ctx.world_size))
+
+
+# A joining node waits this long for its hold checkpoint (agent/torchrun_main.py,
+# FLEETD_JOIN_CKPT_TIMEOUT_S); an unanswered request older than that has been given up on.
+PENDING_REQUEST_MAX_AGE_S = 10.0
+
+
+def _moot(request: Any, link: Any) -> bool:
+    age = (datetime.now(UTC) - request.requested_at).total_seconds()
+    if age > PENDING_REQUEST_MAX_AGE_S:
+        return True
+    return bool(request.leaving) and all(link.has_left(a) for a in request.leaving)
+

@@ -98,6 +98,10 @@ class StoreLink:
             rank += 1
         return out
 
+    def answered(self, seq: int) -> bool:
+        """Has any rank acknowledged request ``seq``? One round trip, never blocks."""
+        return int(self._op("add", keys.ack_count_key(self.run_id, seq), 0)) > 0
+
     def released(self, seq: int) -> bool:
         return bool(self._op("check", [keys.release_key(self.run_id, seq)]))
 

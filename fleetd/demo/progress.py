@@ -55,13 +55,16 @@ class Progress:
         """One entry per re-formed world after the first (grouping 'start' records by world size
         changes in time order)."""
         out: list[Restart] = []
-        last_step, world = 0, None
+        last_step, world = 0, None  # the furthest step of the current attempt
         for r in self.records:
             if r["ev"] == "step":
                 last_step = max(last_step, r["step"])
                 world = r.get("world", world)
             elif r["ev"] == "start" and world is not None and (not out or r["t"] - out[-1].at > 2.0):
                 out.append(Restart(r["t"], r.get("world", 0), int(r.get("from_step", 0)), last_step))
+                # The new attempt starts from its checkpoint: steps redone after a rollback must
+                # not be counted as lost a second time at the next change.
+                last_step = int(r.get("from_step", 0))
         return out
 
     def training_again_at(self, after: float, world: int | None = None) -> float | None:
