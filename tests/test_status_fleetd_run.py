@@ -37,6 +37,13 @@ def config(cloud: Cloud, tmp_path: Path, metrics_port: int) -> Path:
     return path
 
 
+def scrape(port: int) -> str:
+    try:
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    except OSError:
+        return ""  # not listening yet
+
+
 @pytest.mark.slow
 async def test_fleetd_run_serves_metrics_and_status_matches_ec2(cloud: Cloud, tmp_path: Path):
     port = free_port()
@@ -52,11 +59,14 @@ async def test_fleetd_run_serves_metrics_and_status_matches_ec2(cloud: Cloud, tm
                                                          str(tmp_path / "state"), "--json"], capture_output=True, text=True)
             if r.returncode == 0:
                 status = json.loads(r.stdout)
-                if status["node_count"] == len(await cloud.instances()) == 3:
+                # The first pass publishes what it observed before it launched; wait for a pass
+                # that has seen the launched nodes on both surfaces.
+                body = await asyncio.to_thread(scrape, port)
+                if status["node_count"] == len(await cloud.instances()) == 3 and "fleetd_nodes{" in body:
                     break
             await asyncio.sleep(0.5)
         assert status.get("node_count") == len(await cloud.instances()) == 3, status
-        body = await asyncio.to_thread(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode())
+        body = await asyncio.to_thread(scrape, port)
         assert "fleetd_nodes{" in body and "fleetd_reconcile_passes_total" in body
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(proc.wait, 60) == 0
