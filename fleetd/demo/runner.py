@@ -192,7 +192,7 @@ async def _until_done(run: DemoRun, events_file: Path) -> None:
 
 
 def _job_stopped(run: DemoRun) -> bool:
-    from fleetd.snapshot import read_snapshot
+    from fleetd.demo.view import status_snapshot
 
-    snap = read_snapshot(run.workdir / "state")
+    snap = status_snapshot(run.workdir)
     return snap is not None and snap.stop_issued_at is not None

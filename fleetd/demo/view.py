@@ -17,7 +17,8 @@ from fleetd.protocol.errors import ProtocolError
 from fleetd.snapshot import StatusSnapshot, read_snapshot
 
 
-def _status_snapshot(workdir: Path) -> StatusSnapshot | None:
+def status_snapshot(workdir: Path) -> StatusSnapshot | None:
+    """fleetd's last per-pass snapshot of the demo fleet (None until the first pass)."""
     try:
         return read_snapshot(workdir / "state")
     except (OSError, ProtocolError):
@@ -30,7 +31,7 @@ def render(run: Any, progress: Progress) -> str:
     elapsed = now - run.started_at
     lines = [f"fleetd demo · {run.opts.scenario.name if run.opts.scenario else 'calm'} · "
              f"{elapsed:5.0f} s · step {progress.final_step} · world {_world(progress)}"]
-    snap = _status_snapshot(run.workdir)
+    snap = status_snapshot(run.workdir)
     if snap is not None and snap.budget is not None:
         b = snap.budget
         filled = int(20 * min(1.0, b.spent_usd / b.total_usd)) if b.total_usd else 0
