@@ -313,6 +313,12 @@ class TorchrunProcess:
         self._stopping = True
         kill_tree(self._trees(), signal.SIGKILL)
 
+    def freeze(self) -> None:
+        """SIGSTOP the whole tree (warm pool and its workers included): tests stand it in for a
+        machine that vanished without a word, whose peers' collectives hang rather than fail."""
+        if self.proc is not None:
+            kill_tree(self._trees(), signal.SIGSTOP)
+
     def _trees(self) -> list[psutil.Process]:
         procs = process_tree(self.proc.pid) if self.proc else []
         if self.pool is not None:

@@ -188,7 +188,17 @@ def test_silent_nodes_are_removed_and_not_waited_for():
     old = NOW - timedelta(seconds=10)
     s = RendezvousState(round=3, complete=True, participants={A: 0, B: 1}, last_heartbeats={A: NOW, B: old})
     acts = decide.plan(obs(s))
-    assert kinds(acts) == ["RemoveNodes"] and acts[0].addrs == {"127.0.0.3"}
+    # A member of the formed round went silent: the survivors hang in a collective with it, so
+    # they are poked into a new round (their restart also saves the step they completed).
+    assert kinds(acts) == ["RemoveNodes", "PokeSurvivors"] and acts[0].addrs == {"127.0.0.3"}
+    assert acts[1].finished == frozenset() and "127.0.0.3 lost" in acts[1].reason
+    # A silent newcomer that never trained with anyone hangs nobody: removed, nobody poked.
+    waiting = RendezvousState(round=3, complete=True, participants={A: 0}, wait_list=frozenset({B}),
+                              last_heartbeats={A: NOW, B: old})
+    assert kinds(decide.plan(obs(waiting))) == ["RemoveNodes"]
+    # Every member silent: nobody left to poke.
+    alone = RendezvousState(round=3, complete=True, participants={B: 0}, last_heartbeats={B: old})
+    assert kinds(decide.plan(obs(alone))) == ["RemoveNodes"]
     forming = RendezvousState(round=4, participants={A: 0}, last_heartbeats={A: NOW})
     o = obs(forming, members=frozenset({"127.0.0.2", "127.0.0.3"}), heartbeats={"127.0.0.3": old})
     assert kinds(decide.plan(o)) == ["CompleteRound"]

@@ -57,18 +57,20 @@ def main(argv: list[str] | None = None) -> int:
     ckpt.emit("start", from_step=step, restart_count=ctx.restart_count, t_main=t_main, t_group=t_group,
               cpu_group=cpu_group, cpu=time.process_time())
 
-    while step < args.steps:
-        step += 1
-        idx = rank_indices(step, args.global_batch, n, ctx.rank, ctx.world_size, args.seed)
-        weight = loss_weight(args.global_batch, ctx.rank, ctx.world_size)
-        optimizer.zero_grad(set_to_none=True)
-        loss = nn.functional.mse_loss(ddp(x[idx]), y[idx]) * weight
-        loss.backward()
-        optimizer.step()
-        if args.step_sleep:
-            time.sleep(args.step_sleep)
-        ckpt.emit("step", step=step, loss=round(float(loss.detach()) / weight, 6))
-        ckpt.step_done(step)
+    # A peer lost without notice breaks (or hangs) a collective: save the completed step first.
+    with ckpt.salvage_on_failure():
+        while step < args.steps:
+            step += 1
+            idx = rank_indices(step, args.global_batch, n, ctx.rank, ctx.world_size, args.seed)
+            weight = loss_weight(args.global_batch, ctx.rank, ctx.world_size)
+            optimizer.zero_grad(set_to_none=True)
+            loss = nn.functional.mse_loss(ddp(x[idx]), y[idx]) * weight
+            loss.backward()
+            optimizer.step()
+            if args.step_sleep:
+                time.sleep(args.step_sleep)
+            ckpt.emit("step", step=step, loss=round(float(loss.detach()) / weight, 6))
+            ckpt.step_done(step)
 
     ckpt.save(step)
     ckpt.emit("done", step=step)

@@ -16,19 +16,27 @@ rank saw the request at, all of them learn it at the same step, save that step, 
 store. A request with ``hold`` (a node is about to leave) then keeps every rank from running ahead:
 they wait until their agent restarts them into the new rendezvous round (or fleetd releases them,
 or ``hold_timeout_s`` passes), so the survivors resume from exactly the step they last completed.
+
+Wrapping the loop in ``with ckpt.salvage_on_failure():`` also covers a peer lost *without* notice:
+the survivors save the step they completed before their worker exits (agent/trainer/salvage.py),
+so the job loses the step in flight instead of everything since the last periodic save.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 from agent.trainer import local_ckpt
 from agent.trainer.context import TrainerContext
 from agent.trainer.local_ckpt import Mode, SavedStep
+from agent.trainer.salvage import TermWatcher, UpdateGuard, host_copy
 
 _NONE = -1
 LEFT_GRACE_S = 5.0
@@ -57,6 +65,9 @@ class ElasticCheckpointer:
         self._link = None
         self._progress_at = time.monotonic()
         self._progress_step: int | None = None
+        # Which step the parameters hold, for a save without collectives after a peer's loss.
+        self._guard = UpdateGuard(optimizer) if hasattr(optimizer, "register_step_post_hook") else None
+        self._save_lock = threading.Lock()  # the main thread's save vs. the SIGTERM watcher's
         if self.ctx.steered:
             from agent.trainer.store_link import StoreLink
 
@@ -133,7 +144,8 @@ class ElasticCheckpointer:
         saved: SavedStep | None = None
         if self.mode == "state_dict":
             if self.ctx.local_rank == 0:
-                saved = local_ckpt.save_plain(self.root, step, self._plain_state())
+                with self._save_lock:
+                    saved = local_ckpt.save_plain(self.root, step, self._plain_state())
         else:
             saved = self._save_dcp(step, started)
         self._barrier()  # every node's copy is in place before anyone acks or moves on
@@ -192,6 +204,8 @@ class ElasticCheckpointer:
                     self._load_local(step)
         self.resumed_from = step
         self.last_saved = step if step else None
+        if self._guard is not None:
+            self._guard.step_done(step)
         self.emit("resumed", from_step=step)
         return step
 
@@ -281,6 +295,8 @@ class ElasticCheckpointer:
     # ------------------------------------------------------------------ every step
     def step_done(self, step: int) -> None:
         """Call on every rank after each completed step."""
+        if self._guard is not None:
+            self._guard.step_done(step)
         if self._link is not None:
             seen = self._link.latest_request_seq() if self.ctx.rank == 0 else 0
             agreed = self._agree_max(seen)
@@ -349,6 +365,53 @@ class ElasticCheckpointer:
                 self.handled_seq = newest
             time.sleep(0.05)
         self.emit("hold_timeout", step=step)
+
+    # ------------------------------------------------------------------ a peer lost without notice
+    @contextlib.contextmanager
+    def salvage_on_failure(self) -> Iterator[None]:
+        """Wrap the training loop: if it fails (a peer's collective broke) or torchrun stops the
+        worker (SIGTERM while a collective hangs), save the last completed step first."""
+        watcher = TermWatcher(self.salvage)
+        why_not = watcher.arm()
+        if why_not is not None:
+            self.emit("salvage_on_sigterm_off", why=why_not)
+        try:
+            yield
+        except Exception as exc:
+            try:
+                self.salvage(f"{type(exc).__name__}: {exc}"[:200])
+            except Exception as salvage_exc:  # noqa: BLE001 - never hide the training failure
+                self.emit("salvage_failed", error=repr(salvage_exc)[:200])
+            raise
+        finally:
+            watcher.disarm()
+
+    def salvage(self, reason: str, wait_s: float = 5.0) -> SavedStep | None:
+        """Save the step the parameters hold on this node's disk, with no collective (the
+        process group may be broken). Replicated state only; local rank 0 writes the node's copy.
+        Returns None when there is nothing new to save or the state cannot be trusted."""
+        if self.ctx.local_rank != 0:
+            return None
+        if self.mode != "state_dict" or self._guard is None:
+            why = "sharded state: the lost rank's shard is gone" if self.mode != "state_dict" else "no optimizer"
+            self.emit("salvage_skipped", reason=reason, why=why)
+            return None
+        started = time.monotonic()
+        # Hold the update lock through the save: the main thread may still be training.
+        with self._guard.consistent(wait_s) as (step, ready):
+            if step is None:
+                self.emit("salvage_skipped", reason=reason, why="parameters mid-update")
+                return None
+            with self._save_lock:
+                newest = local_ckpt.newest_complete(self.root, self.mode)
+                if newest is not None and newest >= step:
+                    self.emit("salvage_skipped", reason=reason, why=f"step {newest} already saved", step=step)
+                    return None
+                saved = local_ckpt.save_plain(self.root, step, host_copy(self._plain_state(), ready))
+        local_ckpt.prune(self.root, self.ctx.ckpt_keep)
+        self.emit("salvaged", step=step, reason=reason, duration_s=round(time.monotonic() - started, 4))
+        self._report_saved(saved)
+        return saved
 
     # ------------------------------------------------------------------ reporting
     def emit(self, event: str, **fields: Any) -> None:

@@ -10,7 +10,10 @@ leaving node goes through, one pass at a time (level-based: every pass re-reads 
 3. the survivors (and any waiting newcomer) have all joined the new round -> CompleteRound, so
    nobody waits for torchrun's last-call timeout; the marker goes in the same write.
 
-Nodes that stopped heartbeating (lost without notice) are removed as soon as they are stale.
+Nodes that stopped heartbeating (lost without notice) are removed as soon as they are stale. If
+one was a member of the formed round, the survivors are poked as well: a peer that vanished
+without closing its sockets leaves their collectives hanging, and only a worker restart (torchrun's
+SIGTERM, which also makes them save the step they completed) ends the hang.
 """
 
 from __future__ import annotations
@@ -96,6 +99,11 @@ def plan(obs: Observation) -> tuple[SteerAction, ...]:
     stale = frozenset(n.addr for n in s.stale(obs.now, obs.dead_after)) & present
     if stale:
         actions.append(RemoveNodes(f"no heartbeat for over {obs.dead_after.total_seconds():g} s", stale))
+        lost_members = stale & s.participant_addrs
+        if s.complete and lost_members and s.participant_addrs - stale and not s.has_marker:
+            actions.append(
+                PokeSurvivors(f"{', '.join(sorted(lost_members))} lost: survivors re-form now", frozenset())
+            )
 
     for addr in sorted(obs.drain_ready - frozenset(obs.told_leave)):
         if addr in present:

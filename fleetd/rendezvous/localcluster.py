@@ -175,6 +175,12 @@ class LocalCluster:
         proc.kill()
         proc.wait_blocking()
 
+    def freeze_node(self, addr: str) -> None:
+        """Lose a node silently: SIGSTOP its whole tree. Its sockets stay open and say nothing,
+        as when a machine vanishes without a notice (no FIN, no RST): peers hang, not fail.
+        ``close`` (or ``kill_node``) still ends it."""
+        self.nodes[addr].freeze()
+
     def close(self) -> None:
         for addr in list(self.nodes):
             proc = self.nodes.pop(addr)

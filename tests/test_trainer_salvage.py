@@ -1,0 +1,213 @@
+"""A peer lost without notice: the survivors save the step they completed (agent/trainer/salvage.py).
+
+In one process: which step the parameters hold (optimizer hooks), the save itself, the failure
+path. With two real gloo processes (the toy trainer): a peer SIGKILLed (the survivor's collective
+fails) and a peer frozen with SIGSTOP (the survivor's collective hangs until torchrun would stop it
+with SIGTERM); both times the survivor's disk ends up holding the last step it completed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from agent.trainer import ElasticCheckpointer, TrainerContext, local_ckpt
+from agent.trainer.salvage import SIGTERM_EXIT_CODE, UpdateGuard
+from tests.harness.ports import free_port
+
+
+def _model() -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    return m, torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+
+
+def _train_step(m: nn.Module, opt: torch.optim.Optimizer) -> None:
+    opt.zero_grad()
+    m(torch.randn(2, 4)).sum().backward()
+    opt.step()
+
+
+def _events(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# ---------------------------------------------------------------------- in one process
+def test_the_guard_knows_which_step_the_parameters_hold():
+    m, opt = _model()
+    guard = UpdateGuard(opt, step=5)
+    with guard.consistent(0.1) as (step, ready):
+        assert (step, ready) == (5, None)  # CPU state: nothing to wait for
+    _train_step(m, opt)  # step 6 applied, step_done(6) not called yet
+    with guard.consistent(0.1) as (step, _):
+        assert step == 6
+    guard.step_done(6)
+    with guard.consistent(0.1) as (step, _):
+        assert step == 6
+    _train_step(m, opt)
+    _train_step(m, opt)  # two updates since step_done: which step is it? unknown
+    with guard.consistent(0.1) as (step, _):
+        assert step is None
+
+
+def test_an_update_that_raised_leaves_the_state_unknown():
+    m, opt = _model()
+    guard = UpdateGuard(opt, step=3)
+
+    def broken_update(*_):
+        raise RuntimeError("boom inside optimizer.step")
+
+    handle = opt.register_step_pre_hook(broken_update)
+    with pytest.raises(RuntimeError):
+        _train_step(m, opt)
+    handle.remove()
+    with guard.consistent(0.1) as (step, _):  # the same thread re-enters: no self-deadlock
+        assert step is None
+
+
+def test_salvage_saves_the_completed_step_without_collectives_and_only_once(tmp_path):
+    m, opt = _model()
+    ckpt = ElasticCheckpointer(m, opt, ctx=TrainerContext(ckpt_dir=tmp_path, events_file=tmp_path / "ev"))
+    step = ckpt.resume()
+    for step in range(1, 4):
+        _train_step(m, opt)
+        ckpt.step_done(step)
+    _train_step(m, opt)  # step 4 applied; the failure comes before step_done(4)
+    saved = ckpt.salvage("test")
+    assert saved is not None and saved.step == 4
+    assert ckpt.salvage("again") is None  # nothing newer to save
+
+    fresh, fresh_opt = _model()
+    assert ElasticCheckpointer(fresh, fresh_opt, ctx=TrainerContext(ckpt_dir=tmp_path)).resume() == 4
+    for a, b in zip(m.state_dict().values(), fresh.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert fresh_opt.state_dict()["state"][0]["momentum_buffer"].equal(opt.state_dict()["state"][0]["momentum_buffer"])
+    kinds = [e["ev"] for e in _events(tmp_path / "ev")]
+    assert kinds.count("salvaged") == 1 and "salvage_skipped" in kinds
+
+
+def test_a_failing_loop_saves_first_and_still_raises(tmp_path):
+    m, opt = _model()
+    ckpt = ElasticCheckpointer(m, opt, ctx=TrainerContext(ckpt_dir=tmp_path))
+    ckpt.resume()
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        with ckpt.salvage_on_failure():
+            for step in range(1, 8):
+                _train_step(m, opt)
+                ckpt.step_done(step)
+            raise RuntimeError("[gloo] Connection closed by peer")
+    assert local_ckpt.newest_complete(tmp_path, "state_dict") == 7
+
+
+def test_sharded_state_is_not_salvaged(tmp_path):
+    m, opt = _model()
+    ckpt = ElasticCheckpointer(m, opt, mode="dcp", ctx=TrainerContext(ckpt_dir=tmp_path, events_file=tmp_path / "ev"))
+    assert ckpt.salvage("test") is None
+    assert [e["why"] for e in _events(tmp_path / "ev") if e["ev"] == "salvage_skipped"] == [
+        "sharded state: the lost rank's shard is gone"
+    ]
+
+
+# ---------------------------------------------------------------------- two gloo processes
+def _start_pair(tmp_path: Path) -> tuple[list[subprocess.Popen], Path]:
+    """Two ranks of the toy trainer, each with a checkpoint directory of its own (two nodes)."""
+    events = tmp_path / "events.jsonl"
+    port = free_port()
+    procs = []
+    for rank in (0, 1):
+        env = {
+            **os.environ,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "2",
+            "LOCAL_WORLD_SIZE": "1",
+            "FLEETD_CKPT_DIR": str(tmp_path / f"node{rank}"),
+            "FLEETD_CKPT_INTERVAL": "1000",  # periodic saves far apart: a rollback would show
+            "FLEETD_EVENTS_FILE": str(events),
+            "FLEETD_NODE_ADDR": f"node{rank}",
+        }
+        cmd = [sys.executable, "-m", "agent.examples.train_toy", "--steps", "1000000", "--step-sleep", "0.02"]
+        procs.append(
+            subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"rank{rank}.log", "w"))
+        )
+    return procs, events
+
+
+def _wait_for_steps(events: Path, procs: list[subprocess.Popen], at_least: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        steps = [e["step"] for e in _events(events) if e["ev"] == "step" and e["rank"] == 0]
+        if steps and max(steps) >= at_least:
+            return
+        if any(p.poll() is not None for p in procs):
+            break
+        time.sleep(0.2)
+    raise AssertionError(f"the pair did not reach step {at_least}")
+
+
+def _last_step(events: Path, rank: int) -> int:
+    return max(e["step"] for e in _events(events) if e["ev"] == "step" and e["rank"] == rank)
+
+
+def _kill_all(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_peer_killed_mid_training_costs_the_survivor_no_completed_step(tmp_path):
+    procs, events = _start_pair(tmp_path)
+    try:
+        _wait_for_steps(events, procs, 30)
+        procs[1].send_signal(signal.SIGKILL)  # its sockets close: rank 0's collective fails
+        procs[0].wait(timeout=60)
+        assert procs[0].returncode != 0
+        last = _last_step(events, 0)
+        salvaged = [e for e in _events(events) if e["ev"] == "salvaged"]
+        assert [e["step"] for e in salvaged] == [last], (tmp_path / "rank0.log").read_text()[-2000:]
+        assert local_ckpt.newest_complete(tmp_path / "node0", "state_dict") == last
+        assert last > 30 and last % 1000 != 0  # not a periodic save
+    finally:
+        _kill_all(procs)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_survivor_hung_on_a_frozen_peer_saves_on_sigterm_and_exits(tmp_path):
+    procs, events = _start_pair(tmp_path)
+    try:
+        _wait_for_steps(events, procs, 30)
+        procs[1].send_signal(signal.SIGSTOP)  # the machine is gone: no FIN, no RST, no answer
+        time.sleep(2.0)
+        last = _last_step(events, 0)
+        time.sleep(1.0)
+        assert _last_step(events, 0) == last, "rank 0 should be stuck in the collective"
+        t0 = time.monotonic()
+        procs[0].send_signal(signal.SIGTERM)  # what torchrun does once fleetd drops the silent rank
+        procs[0].wait(timeout=25)
+        took = time.monotonic() - t0
+        assert procs[0].returncode == SIGTERM_EXIT_CODE
+        assert [e["step"] for e in _events(events) if e["ev"] == "salvaged"] == [last]
+        assert local_ckpt.newest_complete(tmp_path / "node0", "state_dict") == last
+        print(f"salvage on SIGTERM while hung: exited {took:.2f} s after the signal at step {last}")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGCONT)
+        _kill_all(procs)
