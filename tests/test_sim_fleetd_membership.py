@@ -6,7 +6,8 @@
   leave; the planner terminates it then, so it stops billing; without that report it is billed
   until AWS reclaims it.
 - After a loss without notice the survivors hang only until the rendezvous steering drops the
-  silent rank, then re-form.
+  silent rank and pokes them; they save the step they completed (only the step in flight is
+  lost), then re-form. With sharded state, or no survivor, the job rolls back instead.
 """
 
 from __future__ import annotations
@@ -28,9 +29,16 @@ POOL = PoolId("g4dn.xlarge", "us-east-1a")
 REFORM, STALL = 5.0, 5.0
 
 
-def _run(tmp_path: Path, no_notice_share: float, leaving_signal: bool = True) -> tuple[World, FleetdPolicy]:
-    # 4 nodes for 20 min, then 3 of them reclaimed at once (1 left for 20 min); no on-demand.
-    trace = read_availability_json(json.dumps({"metadata": {"gap_seconds": 60}, "data": [4] * 20 + [1] * 20}), "count")
+def _run(
+    tmp_path: Path,
+    no_notice_share: float,
+    leaving_signal: bool = True,
+    salvage_loss_s: float | None = d.SALVAGE_STEP_LOSS_S.value,
+    left_after_wave: int = 1,
+) -> tuple[World, FleetdPolicy]:
+    # 4 nodes for 20 min, then 3 of them (or all 4) reclaimed at once; no on-demand.
+    data = [4] * 20 + [left_after_wave] * 20
+    trace = read_availability_json(json.dumps({"metadata": {"gap_seconds": 60}, "data": data}), "count")
     cfg = FleetdConfig(
         fleet=FleetConfig(name="m", min_nodes=1, max_nodes=4, state_dir=tmp_path),
         capacity=CapacityConfig(instance_types=("g4dn.xlarge",), allow_on_demand=False),
@@ -39,7 +47,7 @@ def _run(tmp_path: Path, no_notice_share: float, leaving_signal: bool = True) ->
     job = JobSpec(total_steps=1e9, max_nodes=4, checkpoint_stall_s=STALL, checkpoint_gb=10.0,
                   no_notice_share=no_notice_share)
     world = World(trace, job, 0.2, 0.5, seed=1)
-    policy = FleetdPolicy(cfg, POOL, reform_s=REFORM, leaving_signal=leaving_signal)
+    policy = FleetdPolicy(cfg, POOL, reform_s=REFORM, leaving_signal=leaving_signal, salvage_loss_s=salvage_loss_s)
     world.run(policy)
     return world, policy
 
@@ -67,8 +75,26 @@ def test_without_the_left_report_a_drained_node_is_billed_until_reclaimed(tmp_pa
     assert world.overhead["idle (held, not training)"] == pytest.approx(3 * d.NOTICE_LEAD_S.value)
 
 
-def test_survivors_of_a_silent_loss_hang_until_the_rendezvous_drops_the_dead_ranks(tmp_path) -> None:
+def test_survivors_of_a_silent_loss_hang_until_poked_then_save_the_step_they_completed(tmp_path) -> None:
     world, _ = _run(tmp_path, no_notice_share=1.0)
     assert world.unannounced == 3
+    # One survivor: hangs until the steering pokes it, saves, re-forms.
     assert world.overhead["loss recovery"] == pytest.approx(1 * (d.FLEETD_RDZV_DEAD_AFTER_S.value + REFORM))
-    assert world.overhead["lost work"] > 0  # rolled back to the last checkpoint
+    assert world.overhead["checkpoint"] == pytest.approx(1 * STALL)  # the survivor's save
+    # Only the step in flight is lost: SALVAGE_STEP_LOSS_S of the 4 ranks' work, not 20 min.
+    lost_s = d.SALVAGE_STEP_LOSS_S.value
+    assert world.steps_lost == pytest.approx(world.job.throughput(4) * lost_s)
+    assert world.overhead["lost work"] == pytest.approx(4 * lost_s)
+
+
+def test_with_sharded_state_a_silent_loss_rolls_back_to_the_last_checkpoint(tmp_path) -> None:
+    world, _ = _run(tmp_path, no_notice_share=1.0, salvage_loss_s=None)
+    # No checkpoint since the nodes joined at t=0: all 20 minutes of 4 nodes' work are lost.
+    assert world.overhead["lost work"] == pytest.approx(4 * (1200.0 - REFORM))
+    assert "checkpoint" not in world.overhead
+
+
+def test_a_wave_that_takes_every_member_leaves_nobody_to_save(tmp_path) -> None:
+    world, _ = _run(tmp_path, no_notice_share=1.0, left_after_wave=0)
+    assert world.unannounced == 4
+    assert world.overhead["lost work"] == pytest.approx(4 * (1200.0 - REFORM))

@@ -1,7 +1,7 @@
 """The simulator's headline comparisons, run end to end through the CLI and the scenario API.
 
-- `fleetd simulate` on the Bamboo p3 trace: one JSON object per policy; fleetd's planner gets a
-  higher effective time than checkpoint-restart and torchrun's defaults.
+- `fleetd simulate` on the Bamboo p3 trace: one JSON object per policy; fleetd's planner gets an
+  effective time of at least 95 %, above checkpoint-restart's and torchrun's defaults.
 - Can't Be Late's qualitative result on synthetic single-node traces over 200 random start
   offsets: Uniform Progress cheaper than greedy, no deadline misses; fleetd's policy (through
   the real planner) meets every deadline and costs no more than Uniform Progress.
@@ -45,11 +45,13 @@ def test_simulate_p3_reports_every_policy_with_the_required_fields(p3_results):
 def test_fleetd_beats_both_baselines_on_p3(p3_results):
     fleetd = p3_results["fleetd"]
     assert fleetd["completed"]
+    assert fleetd["effective_time"] >= 0.95
     assert fleetd["effective_time"] > p3_results["checkpoint-restart"]["effective_time"]
     assert fleetd["effective_time"] > p3_results["torchrun-default"]["effective_time"]
     assert fleetd["cost_usd"] < 0.5 * p3_results["on-demand"]["cost_usd"]
-    # Baselines roll back on losses; fleetd only on the unannounced ones.
+    # Baselines roll back on losses; fleetd loses the step in flight on the unannounced ones.
     assert fleetd["losses_without_notice"] > 0
+    assert fleetd["overhead_node_hours"]["lost work"] < 0.01 * fleetd["paid_node_hours"]
     assert p3_results["on-demand"]["effective_time"] > 0.99
 
 

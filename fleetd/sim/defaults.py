@@ -35,12 +35,22 @@ FLEETD_LOSS_DETECT_S = Sourced(
     22.5, "MQTT keep-alive 15 s (protocol/settings.py) x 1.5 until the broker sends the last will"
 )
 # The survivors' hang after a loss without notice is not the planner's detection: fleetd's
-# rendezvous steering removes a rank whose rendezvous heartbeat is stale, and the survivors
-# re-form without it (DESIGN.md step 4's path, fleetd/rendezvous/decide.py).
+# rendezvous steering removes a rank whose rendezvous heartbeat is stale and pokes the survivors
+# into a new round (fleetd/rendezvous/decide.py).
 FLEETD_RDZV_DEAD_AFTER_S = Sourced(
     6.0,
     "fleetd/rendezvous/steering.py SteerSettings.dead_after_s: a rank with no rendezvous "
-    "heartbeat for 6 s is removed and the survivors re-form",
+    "heartbeat for 6 s is removed and the survivors are poked into a new round (3.0-3.3 s "
+    "measured with 3 s in tests/test_elastic_e2e.py)",
+)
+# A peer lost without notice: the survivors hold a full replica of the state after the last step
+# they completed and save it before their workers restart (agent/trainer/salvage.py), so the
+# job loses the step in flight instead of rolling back to the last checkpoint.
+SALVAGE_STEP_LOSS_S = Sourced(
+    1.0,
+    "assumption: one data-parallel step (~1 s) is in flight and lost when a peer vanishes; the "
+    "survivors save the step they completed (agent/trainer/salvage.py, 0-1 steps lost measured "
+    "in tests/test_elastic_e2e.py). Sharded state (--sharded-state) cannot be saved this way",
 )
 # Planner passes between events in the simulator (events wake it at once, as in the daemon).
 SIM_PASS_INTERVAL_S = Sourced(

@@ -307,6 +307,21 @@ class World:
         self._uncommitted_node_s = 0.0
         self.progress = self.checkpoint_progress
 
+    def salvage(self, world_size: int, lost_s: float) -> None:
+        """The survivors of a loss save the step they completed (after the stall under way): the
+        step in flight, ``lost_s`` of ``world_size`` ranks' work, is lost; the rest is kept."""
+        self.advance()
+        uncommitted = self.progress - self.checkpoint_progress
+        lost = min(uncommitted, self.job.throughput(world_size) * lost_s)
+        share = lost / uncommitted if uncommitted > 0 else 0.0
+        self.steps_lost += lost
+        self.progress -= lost
+        self._add_overhead("lost work", share * self._uncommitted_node_s)
+        self.useful_node_s += (1.0 - share) * self._uncommitted_node_s
+        self._uncommitted_node_s = 0.0
+        self.checkpoint_progress = self.progress
+        self.stall(self.job.checkpoint_stall_s, "checkpoint", after_current=True)
+
     @property
     def remaining_steps(self) -> float:
         return max(0.0, self.job.total_steps - self.progress)

@@ -20,8 +20,11 @@ calls ``plan(obs, cfg, now)``, and carries out each action the way fleetd's comp
   round once every survivor and waiting newcomer is in. Event-driven passes are coalesced: the
   notices of one reclaim wave (the same instant) wake one pass, not one each.
 - A loss with no notice: the collective hangs until the rendezvous steering drops the silent rank
-  (``rdzv_dead_after_s``), the survivors re-form and resume from the last checkpoint; the
-  planner learns of the loss later (``detect_s``, the MQTT last will) and replaces the node.
+  and pokes the survivors (``rdzv_dead_after_s``); they save the step they completed
+  (agent/trainer/salvage.py: only the step in flight, ``salvage_loss_s``, is lost) and re-form.
+  With sharded state (``salvage_loss_s=None``), or when no member survives the instant, the job
+  resumes from the last checkpoint instead. The planner learns of the loss later (``detect_s``,
+  the MQTT last will) and replaces the node.
 
 Passes run on every event the daemon would be woken by (notice, loss, a drained node reporting
 that it left), one reconcile interval after a pass that acted, when a time-driven input of the
@@ -97,6 +100,7 @@ class FleetdPolicy:
         reform_s: float = d.FLEETD_REFORM_S.value,
         detect_s: float = d.FLEETD_LOSS_DETECT_S.value,
         rdzv_dead_after_s: float = d.FLEETD_RDZV_DEAD_AFTER_S.value,
+        salvage_loss_s: float | None = d.SALVAGE_STEP_LOSS_S.value,
         prior_interruptions_per_hour: float | None = None,
         tick_s: float | None = None,
         startup_s: float = 0.0,
@@ -130,6 +134,9 @@ class FleetdPolicy:
         self.reform_s = reform_s
         self.detect_s = detect_s
         self.rdzv_dead_after_s = rdzv_dead_after_s
+        self.salvage_loss_s = salvage_loss_s
+        self._hung_since: float | None = None  # a member lost at this instant: survivors hang
+        self._hung_world = 0
         self.prior = prior_interruptions_per_hour
         self.tick_s = tick_s or d.SIM_PASS_INTERVAL_S.value
         self.phase: dict[str, NodePhase] = {}
@@ -181,13 +188,32 @@ class FleetdPolicy:
         if not noticed:
             self.losses += 1
         if phase is NodePhase.RUNNING:
-            # Still in the collective: every rank hangs until fleetd declares it lost, then
-            # the survivors resume from the last checkpoint.
-            world.rollback()
-            world.stall(self.rdzv_dead_after_s + self.reform_s, "loss recovery")
+            # Still in the collective: every rank hangs until fleetd drops the silent rank.
+            self._member_lost(world)
             world.after(self.detect_s, lambda: self._pass(world))
         else:
             self._wake_now(world)
+
+    def _member_lost(self, world: World) -> None:
+        """A member left the collective unannounced. The survivors' recovery is settled once
+        every loss of this instant is known (a reclaim wave may take them all)."""
+        if self._hung_since == world.now:
+            return  # the same wave: recovery is already due at this instant
+        # The world size of the step in flight: the members now plus the one just lost.
+        self._hung_since, self._hung_world = world.now, len(world.members()) + 1
+        world.queue.at(world.now, lambda: self._recover(world))
+
+    def _recover(self, world: World) -> None:
+        """Hang until the steering pokes the survivors; they save the step they completed (or,
+        with none left or sharded state, the job resumes from its last checkpoint); re-form."""
+        self._hung_since = None
+        world.stall(self.rdzv_dead_after_s, "loss recovery")
+        if world.members() and self.salvage_loss_s is not None:
+            world.salvage(self._hung_world, self.salvage_loss_s)
+            self.last_durable_at, self.last_durable_step = world.now, int(world.progress)
+        else:
+            world.rollback()
+        world.stall(self.reform_s, "loss recovery", after_current=True)
 
     # --- one reconcile pass --------------------------------------------------------------
     def _pass(self, world: World) -> None:
@@ -477,13 +503,13 @@ class FleetdPolicy:
         node = world.held.get(node_id)
         if node is None:
             return
-        if node.member:
-            world.rollback()
-            world.stall(self.reform_s, "re-form")
+        was_member = node.member
         if node.market != ON_DEMAND:
             self.node_s_closed += world.now - node.acquired_at
         self._forget(node_id)
         world.release(node)
+        if was_member:  # terminated while training: to the survivors, a loss without notice
+            self._member_lost(world)
 
     def _forget(self, node_id: str) -> NodePhase | None:
         """The node is gone: drop what was kept about it (returns its last phase)."""

@@ -79,6 +79,13 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         "until AWS reclaims it or the drain times out); by default the trainer-exited report "
         "ends it at once (DESIGN.md step 4)",
     )
+    m.add_argument(
+        "--sharded-state",
+        action="store_true",
+        help="fleetd: the job's state is sharded (FSDP/ZeRO), so after a loss without notice the "
+        "survivors cannot save the step they completed and the job rolls back to its last "
+        "checkpoint; by default data-parallel replicas save it (agent/trainer/salvage.py)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed for which losses come without notice")
     p.add_argument(
         "--config",
@@ -158,6 +165,7 @@ def build_scenario(args: argparse.Namespace, trace: Trace) -> Scenario:
         max_usd_per_hour=args.max_usd_per_hour,
         allow_on_demand=not args.no_on_demand,
         leaving_signal=not args.no_leaving_signal,
+        salvage_loss_s=None if args.sharded_state else d.SALVAGE_STEP_LOSS_S.value,
         base_config=base_config,
         reform_s=reform,
         torchrun_reform_s=torchrun_reform,
@@ -188,6 +196,15 @@ def sources(scenario: Scenario) -> list[tuple[str, str]]:
         (
             f"survivors' hang after a silent loss {d.FLEETD_RDZV_DEAD_AFTER_S.value:g} s",
             d.FLEETD_RDZV_DEAD_AFTER_S.source,
+        ),
+        (
+            "after a loss without notice: "
+            + (
+                "sharded state, roll back to the last checkpoint"
+                if scenario.salvage_loss_s is None
+                else f"survivors save their replica, {scenario.salvage_loss_s:g} s step in flight lost"
+            ),
+            "--sharded-state" if scenario.salvage_loss_s is None else d.SALVAGE_STEP_LOSS_S.source,
         ),
         (f"drained shard upload {d.UPLOAD_GB_PER_S.value:g} GB/s", d.UPLOAD_GB_PER_S.source),
         (f"full restart {scenario.restart_recovery_s:g} s", d.CHECKPOINT_RESTART_RECOVERY_S.source),

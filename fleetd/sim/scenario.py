@@ -50,6 +50,9 @@ class Scenario:
     # fleetd: a drained node's agent reports that its trainer exited (registry left_at) and the
     # planner terminates it at once (DESIGN.md step 4). False: billed until reclaimed.
     leaving_signal: bool = True
+    # fleetd after a loss without notice: the survivors save the step they completed and only
+    # the step in flight (this many seconds) is lost; None: sharded state, roll back instead.
+    salvage_loss_s: float | None = d.SALVAGE_STEP_LOSS_S.value
     # The operator's fleetd config (planner settings: scaling, rebalance, thresholds); fleet
     # size, instance type, on-demand permission and budget come from the scenario.
     base_config: FleetdConfig | None = None
@@ -109,10 +112,15 @@ class Scenario:
                     startup_s=self.fleetd_changeover_s,
                     guard=DeadlineGuard(job.deadline_s, self.fleetd_changeover_s),
                     leaving_signal=self.leaving_signal,
+                    salvage_loss_s=self.salvage_loss_s,
                     tick_s=d.DEADLINE_PASS_INTERVAL_S.value,
                 )
             return FleetdPolicy(
-                self.fleetd_config(), pool, reform_s=self.reform_s, leaving_signal=self.leaving_signal
+                self.fleetd_config(),
+                pool,
+                reform_s=self.reform_s,
+                leaving_signal=self.leaving_signal,
+                salvage_loss_s=self.salvage_loss_s,
             )
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(self.all_names())}")
 
