@@ -9,8 +9,14 @@ steered (fleetd): 3 nodes; then ``--cycles`` times: a spot notice on one node (c
   - steps lost: (last step completed before the change) - (step resumed from);
   - join -> training: from the new node's torchrun starting to every rank having completed a step
     at the larger world size.
+  Then two losses without notice: a node frozen (SIGSTOP: its peers' collectives hang, as when a
+  machine vanishes) and a node SIGKILLed (its sockets close, its peers' collectives fail):
+  - loss -> survivors training again, and steps lost (the survivors save the step they completed,
+    agent/trainer/salvage.py).
 default (plain torchrun defaults, no fleetd): 3 nodes; a node is terminated at the notice
-  (SIGTERM, the best case for a node that does nothing with its notice), then a node joins.
+  (SIGTERM, the best case for a node that does nothing with its notice), then a node joins, then a
+  node is frozen (nothing pokes the survivors: they hang until gloo's collective timeout, 30 min
+  by default; the bench gives up after ``--hang-limit-s``).
 
 Prints a table, and as the last line one JSON object. Run: ``.venv/bin/python bench/rebalance.py``.
 """
@@ -100,12 +106,23 @@ async def steered(workdir: Path, endpoint: str, cycles: int) -> dict:
                 out["join_s"].append(round(t_done - t_join, 3))
                 out["join_steps_lost"].append(
                     _last_before(cluster, len(live) - 1, first) - _resumed(cluster, len(live), t_join))
+
+            for how in ("frozen", "killed"):
+                await asyncio.sleep(2.0)
+                gone = live.pop()
+                t_loss = time.time()
+                await asyncio.to_thread(cluster.freeze_node if how == "frozen" else cluster.kill_node, gone)
+                t_done = await asyncio.to_thread(cluster.events.wait_training, len(live), t_loss, 120, set(live))
+                first = _first_step_at(cluster, len(live), t_loss, set(live))
+                out[f"{how}_s"] = round(t_done - t_loss, 3)
+                out[f"{how}_steps_lost"] = (
+                    _last_before(cluster, len(live) + 1, first) - _resumed(cluster, len(live), t_loss))
     finally:
         await asyncio.to_thread(cluster.close)
     return out
 
 
-def default(workdir: Path) -> dict:
+def default(workdir: Path, hang_limit_s: float) -> dict:
     cluster = LocalCluster(workdir, run_id="bench-default", min_nodes=1, max_nodes=8, ckpt_interval=50,
                            train_args=TRAIN_ARGS, steered=False)
     out: dict = {}
@@ -134,6 +151,14 @@ def default(workdir: Path) -> dict:
         first = _first_step_at(cluster, 3, t_join, set(live))
         out["join_s"] = round(t_done - t_join, 3)
         out["join_steps_lost"] = _last_before(cluster, 2, first) - _resumed(cluster, 3, t_join)
+        time.sleep(2.0)
+        gone = live.pop()
+        t_loss = time.time()
+        cluster.freeze_node(gone)
+        try:
+            out["frozen_s"] = round(cluster.events.wait_training(2, t_loss, hang_limit_s, set(live)) - t_loss, 3)
+        except TimeoutError:
+            out["frozen_s"] = None  # still hung: nothing tells torchrun's agents the peer is gone
     finally:
         cluster.close()
     return out
@@ -143,6 +168,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cycles", type=int, default=2, help="notice+join cycles in the steered run")
     p.add_argument("--skip-default", action="store_true", help="skip the plain-torchrun comparison")
+    p.add_argument("--hang-limit-s", type=float, default=60.0,
+                   help="how long to wait for plain torchrun's survivors of a frozen peer")
     args = p.parse_args()
     os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"})
@@ -155,7 +182,7 @@ def main() -> int:
     load_before = os.getloadavg()[0]
     try:
         s = asyncio.run(steered(workdir / "steered", f"http://{host}:{port}", args.cycles))
-        d = {} if args.skip_default else default(workdir / "default")
+        d = {} if args.skip_default else default(workdir / "default", args.hang_limit_s)
     finally:
         moto.stop()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -166,6 +193,11 @@ def main() -> int:
     print(f"{'steps lost per notice':38} {max(s['steps_lost']):>12} {d.get('steps_lost', '-'):>18}")
     print(f"{'join -> all ranks training (s)':38} {med(s['join_s']):>12} {d.get('join_s', '-'):>18}")
     print(f"{'steps lost per join':38} {max(s['join_steps_lost']):>12} {d.get('join_steps_lost', '-'):>18}")
+    hung = f"> {args.hang_limit_s:g} (hung)" if not args.skip_default and d.get("frozen_s") is None else "-"
+    print(f"{'frozen node -> survivors training (s)':38} {s['frozen_s']:>12} {d.get('frozen_s') or hung:>18}")
+    print(f"{'steps lost per frozen node':38} {s['frozen_steps_lost']:>12} {'-':>18}")
+    print(f"{'killed node -> survivors training (s)':38} {s['killed_s']:>12} {'-':>18}")
+    print(f"{'steps lost per killed node':38} {s['killed_steps_lost']:>12} {'-':>18}")
     print(f"samples: notice {s['notice_s']}  join {s['join_s']}")
     for i, ph in enumerate(s["phases"]):
         print(f"notice {i + 1}: emergency path phases (s since notice) {ph['emergency']}, shard durable={ph['durable']}")
@@ -177,6 +209,12 @@ def main() -> int:
         "default_notice_to_training_s": d.get("notice_s"),
         "default_steps_lost": d.get("steps_lost"),
         "default_join_to_training_s": d.get("join_s"),
+        "frozen_to_training_s": s["frozen_s"],
+        "frozen_steps_lost": s["frozen_steps_lost"],
+        "killed_to_training_s": s["killed_s"],
+        "killed_steps_lost": s["killed_steps_lost"],
+        "default_frozen_to_training_s": d.get("frozen_s"),
+        "default_hang_limit_s": None if args.skip_default else args.hang_limit_s,
         "notice_samples_s": s["notice_s"],
         "join_samples_s": s["join_s"],
         "cpus": os.cpu_count(),

@@ -104,6 +104,8 @@ def main() -> None:
         "drained nodes never report that they left": replace(base, leaving_signal=False),
         "no on-demand fallback": replace(base, allow_on_demand=False),
         "Young/Daly periodic checkpoints": replace(base, base_config=yd),
+        "sharded state: a loss without notice rolls back": replace(base, salvage_loss_s=None),
+        "checkpoint stall 15 s (default 5 s)": replace(base, job=base.job.with_(checkpoint_stall_s=15.0)),
     }
     fleetd_variants = {}
     fleetd_overheads = {}
@@ -111,7 +113,7 @@ def main() -> None:
         r = v.run("fleetd")
         fleetd_variants[k] = round(r.effective_time, 4)
         fleetd_overheads[k] = {n: round(s / 3600.0, 2) for n, s in sorted(r.overhead_node_s.items())}
-    for share in (0.0, 0.01):
+    for share in (0.0, 0.01, 0.2):
         job = base.job.with_(no_notice_share=share)
         fleetd_variants[f"{share:.0%} losses unannounced (default 5 %)"] = round(
             replace(base, job=job).run("fleetd").effective_time, 4

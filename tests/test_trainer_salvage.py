@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -211,3 +212,55 @@ def test_a_survivor_hung_on_a_frozen_peer_saves_on_sigterm_and_exits(tmp_path):
             if p.poll() is None:
                 p.send_signal(signal.SIGCONT)
         _kill_all(procs)
+
+
+@pytest.fixture
+def plain_signal_state():
+    """A training process's starting point: default SIGTERM, no wakeup fd (the test process's
+    own, e.g. an event loop's, is put back afterwards)."""
+    handler = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    fd = signal.set_wakeup_fd(-1)
+    yield
+    signal.set_wakeup_fd(fd)
+    signal.signal(signal.SIGTERM, handler)
+
+
+def test_the_sigterm_watcher_is_armed_only_inside_the_loop_and_leaves_no_thread_behind(tmp_path, plain_signal_state):
+    import threading
+
+    m, opt = _model()
+    ckpt = ElasticCheckpointer(m, opt, ctx=TrainerContext(ckpt_dir=tmp_path, events_file=tmp_path / "ev"))
+    ckpt.resume()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    with ckpt.salvage_on_failure():
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+        assert any(t.name == "fleetd-salvage" for t in threading.enumerate())
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert signal.set_wakeup_fd(-1) == -1  # restored
+    for _ in range(50):
+        if not any(t.name == "fleetd-salvage" for t in threading.enumerate()):
+            break
+        time.sleep(0.02)
+    assert not any(t.name == "fleetd-salvage" for t in threading.enumerate())
+    # A script with a SIGTERM handler of its own keeps it: the exception path still saves.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        with ckpt.salvage_on_failure():
+            pass
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # So does an event loop's wakeup fd.
+    a, b = socket.socketpair()
+    b.setblocking(False)
+    signal.set_wakeup_fd(b.fileno())
+    try:
+        with ckpt.salvage_on_failure():
+            assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        assert signal.set_wakeup_fd(-1) == b.fileno()
+        a.close()
+        b.close()
+    assert [e["why"] for e in _events(tmp_path / "ev") if e["ev"] == "salvage_on_sigterm_off"] == [
+        "the script handles SIGTERM itself",
+        "the wakeup fd is in use",
+    ]

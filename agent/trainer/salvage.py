@@ -173,7 +173,9 @@ class TermWatcher:
         reader, writer = self._pair
         self._pair = None
         writer.close()
-        reader.close()  # the watcher's recv returns (or fails) and the thread ends
+        with contextlib.suppress(OSError):
+            reader.shutdown(socket.SHUT_RDWR)  # wakes the watcher's recv (close alone does not)
+        reader.close()
 
     def _watch(self) -> None:
         assert self._pair is not None
