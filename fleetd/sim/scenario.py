@@ -12,7 +12,8 @@ from fleetd.config import BudgetConfig, CapacityConfig, FleetConfig, FleetdConfi
 from fleetd.policy.model import PoolId
 from fleetd.sim import defaults as d
 from fleetd.sim.engine import Policy, SimResult, simulate
-from fleetd.sim.fleetd_policy import DeadlineGuard, FleetdPolicy
+from fleetd.sim.deadline_guard import DeadlineGuard
+from fleetd.sim.fleetd_policy import FleetdPolicy
 from fleetd.sim.job import JobSpec
 from fleetd.sim.planner_tools import young_daly_interval_s
 from fleetd.sim.policies import (
