@@ -118,8 +118,10 @@ class RebalanceConfig(Group):
     # notice). Default: a few-GB torch DCP save to local disk; set your job's measured save time.
     checkpoint_stall_s: Annotated[float, Field(ge=0)] = 5.0
     # Periodic checkpoints at that Young/Daly interval (fleetd/policy/checkpointing.py). Off by
-    # default: fleetd already checkpoints at every join and leave, and on the Bamboo p3 trace the
-    # extra stalls cost more than the rollbacks they save (bench/sim.py measures both).
+    # default: fleetd already checkpoints at every join and leave, and with replicated (DDP)
+    # state the survivors of a loss without notice save the step they completed
+    # (agent/trainer/salvage.py). Worth turning on for sharded state (FSDP/ZeRO), which rolls
+    # back instead; bench/sim.py measures both.
     young_daly_checkpoints: bool = False
     # Seconds every rank waits while the rendezvous re-forms after a join or leave (DESIGN.md:
     # 4-6 s measured with fleetd steering). With checkpoint_stall_s it prices a membership

@@ -157,7 +157,8 @@ def _table(m: dict) -> str:
         "",
         "recommended mix: " + ", ".join(f"{x['pool']} {100 * x['share']:.0f}%" for x in m["recommended_mix"]),
         f"on-demand share: {100 * m['on_demand_share']:.1f}% of node-time",
-        f"checkpoint interval: {m['checkpoint_interval_s']} s with fleetd (notices cover announced losses); "
+        f"checkpoint interval: {m['checkpoint_interval_s']} s with fleetd (insurance for sharded state and "
+        "whole-fleet losses: notices and the survivors' saves cover the rest); "
         f"{m['checkpoint_interval_without_fleetd_s']} s without (Young/Daly sqrt(2 x stall x MTBF))",
         f"S3: {s3['checkpoints']} checkpoints, {s3['put_requests']} PUTs: storage ${s3['storage_usd']:.2f} "
         f"+ requests ${s3['request_usd']:.2f} = ${s3['total_usd']:.2f}",

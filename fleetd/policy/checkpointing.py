@@ -1,11 +1,12 @@
 """Periodic checkpoints sized to the fleet's own losses without notice (Young/Daly).
 
-A loss with a notice costs no work: fleetd checkpoints before the node leaves. A loss without
-one (AWS's notice is best effort) rolls every rank back to the last durable checkpoint. So
-fleetd keeps that checkpoint younger than Young/Daly's first-order optimum interval,
-sqrt(2 x delta x MTBF), where MTBF is the fleet's mean time between losses without notice:
-this fleet's measured rate per node-hour (PoolStats.losses / node_hours) times the nodes
-training. Every membership change also checkpoints, so in a busy fleet this rarely adds any.
+A loss with a notice costs no work: fleetd checkpoints before the node leaves. After a loss
+without one (AWS's notice is best effort), data-parallel survivors save the step they completed
+(agent/trainer/salvage.py), but sharded state, or a loss that takes every rank at once, rolls the
+job back to the last durable checkpoint. For those, fleetd can keep that checkpoint younger
+than Young/Daly's first-order optimum interval, sqrt(2 x delta x MTBF), where MTBF is the
+fleet's mean time between losses without notice: this fleet's measured rate per node-hour
+(PoolStats.losses / node_hours) times the nodes training. Every membership change also checkpoints, so in a busy fleet this rarely adds any.
 No loss seen yet: no periodic checkpoints (the rate is unknown, and guessing costs stalls).
 """
 
