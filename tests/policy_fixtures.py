@@ -26,7 +26,7 @@ from fleetd.policy.model import (
     StopJob,
     Terminate,
 )
-from fleetd.policy.observation import Observation, PoolStats
+from fleetd.policy.observation import Observation, PoolStats, spot_shortage_over
 from fleetd.policy.planner import plan
 
 NOW = 1_000_000.0
@@ -269,6 +269,8 @@ def run_scenario(sc: Scenario) -> Outcome:
         level = result.budget.level
         if result.spot_short and spot_unavailable_since is None:
             spot_unavailable_since = now
+        elif spot_shortage_over(result):
+            spot_unavailable_since = None  # as the reconcile loop and the simulator do
         by_id = {n.iid: n for n in live}
         for a in result.actions:
             if isinstance(a, StopJob) and stop_issued_at is None:
