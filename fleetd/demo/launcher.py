@@ -9,12 +9,16 @@ scenario playing AWS after a notice), the node's whole process tree is stopped.
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from agent.fake_imds import FakeImds
+from agent.supervisor import kill_tree
 from fleetd.demo.procs import Child
 from fleetd.protocol.logs import get_logger
 
@@ -33,6 +37,7 @@ class LocalNode:
     agent: Child
     started_at: float
     stopped_at: float | None = None
+    frozen_tree: list[psutil.Process] = field(default_factory=list)  # a vanished node's (SIGSTOPped)
 
 
 @dataclass
@@ -95,6 +100,8 @@ class Launcher:
 
     async def _stop(self, node: LocalNode, now: float, reason: str) -> None:
         node.stopped_at = now
+        if node.frozen_tree:  # vanished: nothing in it can act on a SIGTERM any more
+            kill_tree(node.frozen_tree, signal.SIGKILL)
         # The instance is gone: like real hardware vanishing, no grace beyond a brief SIGTERM.
         await node.agent.stop(timeout=3.0)
         await node.imds.stop()

@@ -1,17 +1,22 @@
 """Play a scenario against the running demo: the demo is AWS here.
 
 A notice appears at the node's IMDS and, ``notice_s`` later, the instance is terminated in EC2
-whether the fleet was ready or not. A capacity error makes the cheapest spot pool answer
-CreateFleet with InsufficientInstanceCapacity (through the fault proxy, in AWS's own payload).
+whether the fleet was ready or not. A node that vanishes gets no notice: its whole process tree
+is frozen at once (its peers' collectives hang, as with a machine that is gone), and the instance
+is terminated in EC2 ``VANISH_TERMINATE_AFTER_S`` later. A capacity error makes the cheapest spot
+pool answer CreateFleet with InsufficientInstanceCapacity (through the fault proxy, in AWS's own
+payload).
 """
 
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from pathlib import Path
 from typing import Any
 
+from agent.supervisor import kill_tree, process_tree
 from fleetd.adapters.faults import FaultProxy
 from fleetd.adapters.pricing import DEMO_PRICE_BOOK, FilePriceBook
 from fleetd.demo import configs
@@ -20,6 +25,9 @@ from fleetd.policy.model import PoolId
 from fleetd.protocol.logs import get_logger
 
 log = get_logger(__name__)
+# A vanished instance's EC2 state changes soon after the machine stops answering; until then
+# only the rendezvous heartbeats and MQTT keep-alives can tell.
+VANISH_TERMINATE_AFTER_S = 10.0
 
 
 def types_by_price() -> list[list[PoolId]]:
@@ -47,12 +55,14 @@ async def play_scenario(run: Any, ec2: Any, proxy: FaultProxy, events_file: Path
             target = await _apply(run, step, proxy)
             if step.kind == "notice" and target is not None:
                 reclaims.create_task(_reclaim(run, ec2, target, scenario.notice_s))
+            elif step.kind == "vanish" and target is not None:
+                reclaims.create_task(_reclaim(run, ec2, target, VANISH_TERMINATE_AFTER_S))
 
 
 async def _apply(run: Any, step: Step, proxy: FaultProxy) -> str | None:
     launcher = run.launcher
     noticed = {t for _, kind, t in run.injected if kind == "notice"}
-    if step.kind in ("notice", "rebalance"):
+    if step.kind in ("notice", "rebalance", "vanish"):
         spot = sorted((n for n in launcher.live() if n.lifecycle == "spot" and n.instance_id not in noticed),
                       key=lambda n: n.started_at)
         if len(spot) <= step.target:
@@ -61,6 +71,11 @@ async def _apply(run: Any, step: Step, proxy: FaultProxy) -> str | None:
         node = spot[step.target]
         if step.kind == "notice":
             node.imds.schedule_notice(action_in_s=run.opts.scenario.notice_s)
+        elif step.kind == "vanish":
+            # Agent, torchrun, warm pool, workers: all stop answering at once. The launcher
+            # kills the tree when EC2 terminates the instance (a frozen agent stops nothing).
+            node.frozen_tree = process_tree(node.agent.proc.pid)
+            kill_tree(node.frozen_tree, signal.SIGSTOP)
         else:
             node.imds.schedule_rebalance()
         run.injected.append((time.time(), step.kind, node.instance_id))

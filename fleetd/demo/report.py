@@ -64,6 +64,7 @@ async def build_report(run: Any, events_file: Path, ec2: Any, session: Any, aws:
         "duration_s": round(time.time() - run.started_at, 1),
         "notices": injected.count("notice"),
         "notices_seen_by_fleet": run.view.kinds.get("notice", 0) if run.view else 0,
+        "losses_without_notice": injected.count("vanish"),
         "rebalance_recommendations": injected.count("rebalance"),
         "capacity_errors_injected": injected.count("capacity-error"),
         "steps_lost": sum(r.steps_lost for r in restarts),
@@ -89,6 +90,7 @@ async def build_report(run: Any, events_file: Path, ec2: Any, session: Any, aws:
 def render(report: dict) -> str:
     rows = [
         ("notices (injected / seen)", f"{report['notices']} / {report['notices_seen_by_fleet']}"),
+        ("losses without notice", report.get("losses_without_notice", 0)),
         ("steps lost", report["steps_lost"]),
         ("replacements", report["replacements"]),
         ("max world size", report["max_world_size"]),

@@ -3,6 +3,8 @@
 A scenario is a list of timed steps relative to the moment the first node trains. The demo plays
 AWS: a notice appears at the node's (fake) IMDS, and after the notice period the instance is
 terminated in EC2 whether or not the fleet was ready — exactly the contract of a real spot notice.
+AWS's notice is best effort: a ``vanish`` step loses a node with none (its processes freeze, as a
+machine that is gone answers nothing, and the instance is terminated in EC2 shortly after).
 Times are compressed (a 120 s notice becomes ``notice_s``) so the demo fits in minutes.
 """
 
@@ -12,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-StepKind = Literal["notice", "rebalance", "capacity-error", "capacity-restored"]
+StepKind = Literal["notice", "rebalance", "capacity-error", "capacity-restored", "vanish"]
 
 
 @dataclass(frozen=True)
@@ -40,10 +42,12 @@ NAMED: dict[str, Scenario] = {
             Step(58, "capacity-error", 0),
             Step(60, "rebalance", 0),
             Step(80, "notice", 0),
+            Step(110, "vanish", 0),
             Step(130, "capacity-restored", 0),
         ),
         description="two notices (the second after a rebalance recommendation); the cheapest "
-        "instance type runs out of capacity just as fleetd pre-buys a replacement",
+        "instance type runs out of capacity just as fleetd pre-buys a replacement; then a node "
+        "is lost with no notice at all",
     ),
     "short": Scenario(
         "short",
@@ -52,6 +56,7 @@ NAMED: dict[str, Scenario] = {
             Step(24, "capacity-error", 0),
             Step(25, "rebalance", 0),
             Step(35, "notice", 0),
+            Step(48, "vanish", 0),
         ),
         notice_s=12.0,
         description="the default story in half the time (CI)",
