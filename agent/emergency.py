@@ -50,11 +50,11 @@ class CheckpointStoreUploader:
     expected_writers: tuple[str, ...] | None = None  # None: replicated state, each node complete
 
     async def upload(self, step: int, directory: Path, *, deadline: datetime | None) -> bool:
-        files = [p for p in sorted(directory.rglob("*")) if p.is_file()]
+        files, step_files = await asyncio.to_thread(local_ckpt.upload_set, directory)
         # Raises on failure; returning means this node's receipt is written (its shard is safe).
         await self.store.upload_step(
             step, files, writer=self.writer, expected_writers=self.expected_writers,
-            deadline=deadline, root=directory,
+            deadline=deadline, root=directory, step_files=step_files,
         )
         return True
 
@@ -265,9 +265,9 @@ class ElasticHooks:
             return  # while draining, the emergency path uploads the step that matters
 
         async def body(store: Any) -> None:
+            files, step_files = await asyncio.to_thread(local_ckpt.upload_set, Path(report.path))
             result = await store.upload_step(
-                report.step, [p for p in sorted(Path(report.path).rglob("*")) if p.is_file()],
-                writer=self.instance_id, root=Path(report.path),
+                report.step, files, writer=self.instance_id, root=Path(report.path), step_files=step_files,
             )
             await self.publish_event(result.to_event(self.instance_id))
 

@@ -22,6 +22,7 @@ from fleetd.protocol.checkpoints import (
     parse_latest,
     parse_manifest,
     parse_receipt,
+    shard_receipts_complete,
 )
 from fleetd.protocol.errors import ProtocolError
 
@@ -158,3 +159,23 @@ async def test_free_slots_go_to_the_urgent_then_newest_upload_first():
     gate.set()
     await asyncio.gather(holder, *waiters)
     assert order == ["holder", "notice", "new", "old"]
+
+
+def test_sharded_parts_complete_a_step_once_they_hold_every_file_its_metadata_names():
+    def part(writer: str, files: list[str], step_files=None) -> WriterReceipt:
+        return WriterReceipt(job="train", step=7, writer=writer, world_size=1, expected_writers=(writer,),
+                             files=tuple(entry(f) for f in files), step_files=step_files)
+
+    names = (".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp")
+    meta = part("n0", [".metadata", "__0_0.distcp"], step_files=names)
+    one, two = part("n1", ["__1_0.distcp"]), part("n2", ["__2_0.distcp"])
+    replicated = part("n3", ["state.pt"])
+    assert one.is_shard and meta.is_shard and not replicated.is_shard
+    assert shard_receipts_complete([one, two]) is None  # nobody knows the whole list yet
+    assert shard_receipts_complete([meta, one]) is None  # __2_0 still missing
+    done = shard_receipts_complete([two, replicated, meta, one])
+    assert done is not None and {r.writer for r in done} == {"n0", "n1", "n2"}
+    merged = merge_receipts(done, job="train", step=7, merged_by="n2")
+    assert {f.name for f in merged.files} == set(names)
+    with pytest.raises(ValueError):
+        part("n0", [".metadata"], step_files=("../escape",))  # names are checked like file names

@@ -4,7 +4,8 @@ Who writes the manifest, and why (multi-node publishing)
 --------------------------------------------------------
 Each node uploads only its own shard files. When they are all complete it writes a receipt,
 ``step-N/_parts/<writer>.json`` (its files with sizes and SHA-256), then lists the receipts of
-step N. Any node that sees receipts from every expected writer merges them (deterministically:
+step N. Any node that sees receipts from every expected writer (sharded torch DCP state: receipts
+that together hold every file the step's ``.metadata`` names) merges them (deterministically:
 sorted files, sorted writers) and creates ``MANIFEST.json`` with ``If-None-Match: *``: exactly one
 create wins, the others get 412 and read the winner back. At least one node always sees every
 receipt: S3 is strongly read-after-write consistent, so the node whose receipt PUT finished last
@@ -47,6 +48,7 @@ from fleetd.protocol.checkpoints import (
     parse_latest,
     parse_manifest,
     parse_receipt,
+    shard_receipts_complete,
 )
 from fleetd.protocol.errors import ProtocolError
 from fleetd.protocol.logs import get_logger
@@ -98,12 +100,19 @@ class Publisher:
         """Write step N's manifest if every expected writer's receipt is there; return the stored
         manifest (ours or the one that beat us), or None while receipts are still missing."""
         step, writer, expected_writers = own.step, own.writer, own.expected_writers
-        if expected_writers == (writer,):
-            receipts = [own]  # a single writer: no need to list what we just wrote
-        else:
+        if expected_writers != (writer,):  # the caller named every writer of the step
             receipts = [r for r in await self.read_receipts(step) if r.writer in expected_writers]
-        if {r.writer for r in receipts} != set(expected_writers):
-            return None
+            if {r.writer for r in receipts} != set(expected_writers):
+                return None
+        elif own.is_shard:
+            # Sharded state from nodes that do not know each other: the metadata's file list
+            # (carried by one receipt) says when the parts add up to the step.
+            found = shard_receipts_complete(await self.read_receipts(step))
+            if found is None:
+                return None
+            receipts = found
+        else:
+            receipts = [own]  # a single writer: no need to list what we just wrote
         ours = merge_receipts(receipts, job=self._layout.job, step=step, merged_by=writer)
         key = self._layout.manifest_key(step)
         data = ours.to_json()

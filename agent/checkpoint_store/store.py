@@ -150,11 +150,14 @@ class CheckpointStore:
         world_size: int | None = None,
         deadline: datetime | None = None,
         root: Path | None = None,
+        step_files: Sequence[str] | None = None,
     ) -> UploadResult:
         """Upload this writer's ``files`` of ``step`` (named relative to ``root``, else by file
         name) and publish the step if this writer completes it. ``expected_writers``: every node
         that contributes files to this step (default: only this one). ``deadline``: the notice's
-        termination time; its presence puts this upload ahead of all others."""
+        termination time; its presence puts this upload ahead of all others. ``step_files``:
+        sharded state, every file of the step across nodes (from its metadata; see
+        local_ckpt.upload_set), which completes the step whoever wrote the parts."""
         started = time.monotonic()
         writers = tuple(sorted(set(expected_writers or (writer,))))
         if writer not in writers:
@@ -192,6 +195,7 @@ class CheckpointStore:
             world_size=world_size or len(writers),
             expected_writers=writers,
             files=tuple(entries),
+            step_files=tuple(step_files) if step_files is not None else None,
         )
         await self.publisher.write_receipt(receipt)
         shard_done_at = self._clock()

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from fleetd.protocol.checkpoints import DCP_METADATA, is_shard_file
+
 Mode = Literal["state_dict", "dcp"]
 MARKER = "fleetd-complete.json"
 PLAIN_FILE = "state.pt"
@@ -50,17 +52,36 @@ def local_steps(root: Path) -> list[int]:
 def is_complete(directory: Path, mode: Mode) -> bool:
     if mode == "state_dict":
         return (directory / MARKER).is_file() and (directory / PLAIN_FILE).is_file()
-    meta = directory / ".metadata"
-    if not meta.is_file():
-        return False
+    names = dcp_file_names(directory)
+    return names is not None and all((directory / n).is_file() for n in names)
+
+
+def dcp_file_names(directory: Path) -> tuple[str, ...] | None:
+    """Every file of a DCP checkpoint, ``.metadata`` included, as its metadata names them (on
+    any node, wherever they were written); None without a readable ``.metadata`` here."""
+    if not (directory / DCP_METADATA).is_file():
+        return None
     try:
         from torch.distributed.checkpoint import FileSystemReader
 
         storage = FileSystemReader(str(directory)).read_metadata().storage_data or {}
     except Exception:  # noqa: BLE001 - an unreadable metadata file means "not usable", not a crash
-        return False
+        return None
     names = {getattr(info, "relative_path", None) for info in storage.values()}
-    return all(n and (directory / n).is_file() for n in names)
+    if not all(isinstance(n, str) and n for n in names):
+        return None
+    return tuple(sorted(names | {DCP_METADATA}))
+
+
+def upload_set(directory: Path) -> tuple[list[Path], tuple[str, ...] | None]:
+    """What a node uploads of a local step: its files and, for sharded state, the names of every
+    file of the step when this node holds the metadata (the S3 publisher completes the step when
+    the nodes' parts add up to it). A sharded step's completion marker stays local: every node
+    has its own, and a restored step is judged by its metadata, not by a marker."""
+    files = list(_files(directory))
+    if not any(is_shard_file(p.name) for p in files):
+        return files, None  # replicated state: each node's copy is the whole step
+    return [p for p in files if p.name != MARKER], dcp_file_names(directory)
 
 
 def newest_complete(root: Path, mode: Mode) -> int | None:

@@ -176,6 +176,12 @@ class TermWatcher:
         with contextlib.suppress(OSError):
             reader.shutdown(socket.SHUT_RDWR)  # wakes the watcher's recv (close alone does not)
         reader.close()
+        # Wait for the thread to end: a daemon thread still running when the interpreter exits
+        # is unwound by force, which aborts the process ("terminate called without an active
+        # exception") once torch's C++ runtime is loaded.
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+            self._thread = None
 
     def _watch(self) -> None:
         assert self._pair is not None

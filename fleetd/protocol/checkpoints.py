@@ -201,12 +201,26 @@ class WriterReceipt(_Model):
     world_size: Annotated[int, Field(ge=1)]
     expected_writers: tuple[Writer, ...]
     files: tuple[FileEntry, ...]
+    # Sharded (torch DCP) state: every file of the step across all nodes, as its ``.metadata``
+    # names them. Only the node holding ``.metadata`` knows it; the step is complete once the
+    # receipts together hold all of these files, whichever nodes wrote them.
+    step_files: tuple[str, ...] | None = None
     created_at: AwareDatetime = Field(default_factory=_now)
 
     @field_validator("files")
     @classmethod
     def _files(cls, v: tuple[FileEntry, ...]) -> tuple[FileEntry, ...]:
         return _unique_sorted(v)
+
+    @field_validator("step_files")
+    @classmethod
+    def _step_files(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return None if v is None else tuple(sorted({validate_file_name(n) for n in v}))
+
+    @property
+    def is_shard(self) -> bool:
+        """Part of a sharded checkpoint: complete only together with the other nodes' parts."""
+        return self.step_files is not None or any(is_shard_file(f.name) for f in self.files)
 
     @field_validator("expected_writers")
     @classmethod
@@ -252,6 +266,28 @@ class LatestPointer(_Model):
     step: Step
     writer: Writer
     updated_at: AwareDatetime = Field(default_factory=_now)
+
+
+DCP_METADATA = ".metadata"
+
+
+def is_shard_file(name: str) -> bool:
+    """A torch.distributed.checkpoint file (its data files, or the metadata naming them)."""
+    return name.endswith(".distcp") or name == DCP_METADATA
+
+
+def shard_receipts_complete(receipts: Iterable[WriterReceipt]) -> list[WriterReceipt] | None:
+    """The receipts that make up a sharded step, once together they hold every file its
+    metadata names (and the metadata itself); None while some are missing."""
+    receipts = [r for r in receipts if r.is_shard]
+    names = next((r.step_files for r in receipts if r.step_files is not None), None)
+    if names is None:
+        return None
+    wanted = set(names) | {DCP_METADATA}
+    have = {f.name for r in receipts for f in r.files}
+    if not wanted <= have:
+        return None
+    return [r for r in receipts if any(f.name in wanted for f in r.files)]
 
 
 def merge_receipts(
