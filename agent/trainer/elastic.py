@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -36,6 +35,7 @@ from typing import Any
 from agent.trainer import local_ckpt
 from agent.trainer.context import TrainerContext
 from agent.trainer.local_ckpt import Mode, SavedStep
+from agent.trainer.reports import TrainerReports
 from agent.trainer.salvage import TermWatcher, UpdateGuard, host_copy
 
 _NONE = -1
@@ -63,8 +63,7 @@ class ElasticCheckpointer:
         self.last_saved: int | None = None
         self.resumed_from: int | None = None
         self._link = None
-        self._progress_at = time.monotonic()
-        self._progress_step: int | None = None
+        self.reports = TrainerReports(self.ctx)
         # Which step the parameters hold, for a save without collectives after a peer's loss.
         self._guard = UpdateGuard(optimizer) if hasattr(optimizer, "register_step_post_hook") else None
         self._save_lock = threading.Lock()  # the main thread's save vs. the SIGTERM watcher's
@@ -152,7 +151,7 @@ class ElasticCheckpointer:
         self.last_saved = step
         if saved is not None:
             local_ckpt.prune(self.root, self.ctx.ckpt_keep)
-            self._report_saved(saved)
+            self.reports.saved(saved)
         self.emit("saved", step=step, duration_s=round(time.monotonic() - started, 4))
         return saved
 
@@ -305,7 +304,7 @@ class ElasticCheckpointer:
                 return
         if self.ctx.ckpt_interval and step % self.ctx.ckpt_interval == 0:
             self.save(step)
-        self._report_progress(step)
+        self.reports.progress(step)
 
     def _answer(self, step: int, seq: int) -> None:
         assert self._link is not None
@@ -410,55 +409,13 @@ class ElasticCheckpointer:
                 saved = local_ckpt.save_plain(self.root, step, host_copy(self._plain_state(), ready))
         local_ckpt.prune(self.root, self.ctx.ckpt_keep)
         self.emit("salvaged", step=step, reason=reason, duration_s=round(time.monotonic() - started, 4))
-        self._report_saved(saved)
+        self.reports.saved(saved)
         return saved
 
     # ------------------------------------------------------------------ reporting
     def emit(self, event: str, **fields: Any) -> None:
-        """Append one JSON line to the events file (tests and benchmarks read it); cheap no-op
-        without one."""
-        if self.ctx.events_file is None:
-            return
-        rec = {"ev": event, "t": time.time(), "rank": self.ctx.rank, "world": self.ctx.world_size,
-               "node": self.ctx.node_addr, "pid": os.getpid(), **fields}
-        line = (json.dumps(rec) + "\n").encode()
-        fd = os.open(self.ctx.events_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line)
-        finally:
-            os.close(fd)
-
-    def _report_saved(self, saved: SavedStep) -> None:
-        if self.ctx.trainer_socket is None:
-            return
-        from fleetd.protocol.trainer import CheckpointSavedLocally, send_report
-
-        send_report(
-            self.ctx.trainer_socket,
-            CheckpointSavedLocally(
-                rank=self.ctx.rank,
-                step=saved.step,
-                world_size=self.ctx.world_size,
-                path=str(saved.directory),
-                nbytes=saved.nbytes,
-                duration_s=saved.duration_s,
-            ),
-        )
-
-    def _report_progress(self, step: int) -> None:
-        if self.ctx.trainer_socket is None or self.ctx.local_rank != 0:
-            return
-        now = time.monotonic()
-        if self._progress_step is not None and now - self._progress_at < 1.0:
-            return
-        rate = None
-        if self._progress_step is not None and now > self._progress_at:
-            rate = max(0.0, (step - self._progress_step) / (now - self._progress_at))
-        self._progress_at, self._progress_step = now, step
-        from fleetd.protocol.trainer import Progress, send_report
-
-        send_report(self.ctx.trainer_socket, Progress(rank=self.ctx.rank, step=step, steps_per_s=rate,
-                                                      world_size=self.ctx.world_size))
+        """One line in the events file (tests and benchmarks read it); no-op without one."""
+        self.reports.emit(event, **fields)
 
 
 # A joining node waits this long for its hold checkpoint (agent/torchrun_main.py,
