@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from fleetd.sim.engine import EventQueue, SimNode, World, simulate
+from fleetd.sim.clock import EventQueue
+from fleetd.sim.engine import SimNode, World, simulate
 from fleetd.sim.job import JobSpec
 from fleetd.sim.policies import OnDemandOnly, TorchrunElastic
 from fleetd.sim.traces import read_availability_json

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from fleetd.sim.engine import SimResult
+from fleetd.sim.result import SimResult
 from fleetd.sim.job import JobSpec
 from fleetd.sim.scenario import Scenario
 from fleetd.sim.traces import SyntheticPool, synthetic_trace

@@ -15,56 +15,20 @@ scaling-efficiency curve changes how many steps a node-second buys, not whether 
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
+from fleetd.sim.clock import NOTICE, POLICY, TRACE, EventQueue, Timer
 from fleetd.sim.defaults import MIN_CHARGE_S
 from fleetd.sim.job import JobSpec
+from fleetd.sim.result import Sample, SimResult
 from fleetd.sim.traces import ADD, Trace
 
 SPOT = "spot"
 ON_DEMAND = "on-demand"
-
-# Same-time ordering: trace changes first, then notices, then policy work.
-_TRACE, _NOTICE, _POLICY = 0, 1, 2
-
-
-class Timer:
-    __slots__ = ("cancelled",)
-
-    def __init__(self) -> None:
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-class EventQueue:
-    """A heap of (time, priority, seq) -> callback, and the virtual clock it drives."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self._heap: list[tuple[float, int, int, Timer, Callable[[], None]]] = []
-        self._seq = itertools.count()
-
-    def at(self, t: float, fn: Callable[[], None], priority: int = _POLICY) -> Timer:
-        timer = Timer()
-        heapq.heappush(self._heap, (max(t, self.now), priority, next(self._seq), timer, fn))
-        return timer
-
-    def pop_until(self, horizon: float) -> Callable[[], None] | None:
-        while self._heap and self._heap[0][0] <= horizon:
-            t, _, _, timer, fn = heapq.heappop(self._heap)
-            if timer.cancelled:
-                continue
-            self.now = t
-            return fn
-        return None
-
 
 @dataclass(eq=False, slots=True)
 class SimNode:
@@ -78,64 +42,6 @@ class SimNode:
     notice_deadline: float | None = None
     released_at: float | None = None
     lost: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    t: float
-    nodes: int
-    spent_usd: float
-    progress: float  # share of the job's work
-
-
-@dataclass
-class SimResult:
-    policy: str
-    trace: str
-    cost_usd: float
-    on_demand_cost_usd: float  # the same paid node-time at on-demand prices
-    paid_node_s: float
-    useful_node_s: float
-    effective_time: float
-    steps_done: float
-    steps_lost: float
-    total_steps: float
-    completed: bool
-    finished_at_s: float | None
-    deadline_s: float | None
-    deadline_met: bool | None
-    notices: int
-    losses_without_notice: int
-    overhead_node_s: dict[str, float]
-    on_demand_node_s: float
-    actions: list[str] = field(default_factory=list)
-    timeline: list[Sample] = field(default_factory=list)
-
-    def to_json(self) -> dict:
-        return {
-            "policy": self.policy,
-            "trace": self.trace,
-            "cost_usd": round(self.cost_usd, 4),
-            "on_demand_cost_usd": round(self.on_demand_cost_usd, 4),
-            "savings_pct": round(100.0 * (1 - self.cost_usd / self.on_demand_cost_usd), 2)
-            if self.on_demand_cost_usd > 0
-            else None,
-            "effective_time": round(self.effective_time, 4),
-            "paid_node_hours": round(self.paid_node_s / 3600.0, 3),
-            "useful_node_hours": round(self.useful_node_s / 3600.0, 3),
-            "on_demand_node_hours": round(self.on_demand_node_s / 3600.0, 3),
-            "steps_done": round(self.steps_done, 1),
-            "usd_per_1k_steps": round(1000.0 * self.cost_usd / self.steps_done, 4) if self.steps_done > 0 else None,
-            "steps_lost": round(self.steps_lost, 1),
-            "progress": round(self.steps_done / self.total_steps, 4),
-            "completed": self.completed,
-            "finished_at_h": None if self.finished_at_s is None else round(self.finished_at_s / 3600.0, 3),
-            "deadline_h": None if self.deadline_s is None else round(self.deadline_s / 3600.0, 3),
-            "deadline_met": self.deadline_met,
-            "notices": self.notices,
-            "losses_without_notice": self.losses_without_notice,
-            "overhead_node_hours": {k: round(v / 3600.0, 3) for k, v in sorted(self.overhead_node_s.items())},
-        }
 
 
 class Policy(Protocol):
@@ -227,7 +133,7 @@ class World:
                 and removal - self.job.notice_lead_s <= self.now
                 and self._announced(trace_node, removal)
             ):
-                self.queue.at(self.now, lambda n=node, r=removal: self._notice(n, r), _NOTICE)
+                self.queue.at(self.now, lambda n=node, r=removal: self._notice(n, r), NOTICE)
         return got
 
     def acquire_on_demand(self, count: int) -> list[SimNode]:
@@ -373,7 +279,7 @@ class World:
             return
         rate = self.job.throughput(self._members)
         t = max(self.now, self.stalled_until) + self.remaining_steps / rate
-        self._completion = self.queue.at(t, self._complete, _TRACE)
+        self._completion = self.queue.at(t, self._complete, TRACE)
 
     def _complete(self) -> None:
         self.advance()
@@ -428,20 +334,20 @@ class World:
             Sample(self.now, len(self.held), self.spent_usd(), self.progress / self.job.total_steps)
         )
         if self.done_at is None:
-            self.queue.at(self.now + self._sample_every, self._sample, _POLICY)
+            self.queue.at(self.now + self._sample_every, self._sample, POLICY)
 
     def run(self, policy: Policy) -> SimResult:
         self.policy = policy
         lead = self.job.notice_lead_s
         for ev in self.trace.events:
             fn = lambda k=ev.kind, n=ev.node, p=ev.pool: self._trace_event(k, n, p)  # noqa: E731
-            self.queue.at(ev.t, fn, _TRACE)
+            self.queue.at(ev.t, fn, TRACE)
             if ev.kind != ADD:
                 if self._announced(ev.node, ev.t):
                     self.queue.at(
                         max(0.0, ev.t - lead),
                         lambda n=ev.node, t=ev.t: self._notice_trace(n, t),
-                        _NOTICE,
+                        NOTICE,
                     )
         # Removal times must be known before nodes are bought (for notices inside the window).
         for ev in self.trace.events:
@@ -449,9 +355,9 @@ class World:
                 self._pending_removals.setdefault(ev.node, []).append(ev.t)
         for node, times in self._pending_removals.items():
             self._removal_at[node] = times[0]
-        self.queue.at(0.0, lambda: policy.start(self), _POLICY)
+        self.queue.at(0.0, lambda: policy.start(self), POLICY)
         if self._sample_every > 0:
-            self.queue.at(0.0, self._sample, _POLICY)
+            self.queue.at(0.0, self._sample, POLICY)
         while self.done_at is None:
             fn = self.queue.pop_until(self.horizon_s)
             if fn is None:

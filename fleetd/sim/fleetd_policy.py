@@ -59,7 +59,8 @@ from fleetd.policy.checkpointing import cadence
 from fleetd.policy.observation import Observation, PoolStats, spot_shortage_over
 from fleetd.policy.planner import plan
 from fleetd.sim import defaults as d
-from fleetd.sim.engine import ON_DEMAND, SimNode, Timer, World
+from fleetd.sim.clock import Timer
+from fleetd.sim.engine import ON_DEMAND, SimNode, World
 
 if TYPE_CHECKING:
     from fleetd.sim.deadline_guard import DeadlineGuard

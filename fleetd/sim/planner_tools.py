@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from fleetd.policy.checkpointing import young_daly_interval_s  # noqa: F401
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fleetd.sim.engine import SimResult
+    from fleetd.sim.result import SimResult
 
 HOURS_PER_MONTH = 730.0
 

@@ -18,7 +18,8 @@ Single-node deadline jobs (Can't Be Late, NSDI'24; restart overhead d per change
 from __future__ import annotations
 
 from fleetd.sim import defaults as d
-from fleetd.sim.engine import ON_DEMAND, SPOT, SimNode, Timer, World
+from fleetd.sim.clock import Timer
+from fleetd.sim.engine import ON_DEMAND, SPOT, SimNode, World
 
 _EPS = 1e-3  # seconds: timers at a computed crossing fire just after it, never before
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from fleetd.config import BudgetConfig, CapacityConfig, FleetConfig, FleetdConfig
 from fleetd.policy.model import PoolId
 from fleetd.sim import defaults as d
-from fleetd.sim.engine import Policy, SimResult, simulate
+from fleetd.sim.engine import Policy, simulate
+from fleetd.sim.result import SimResult
 from fleetd.sim.deadline_guard import DeadlineGuard
 from fleetd.sim.fleetd_policy import FleetdPolicy
 from fleetd.sim.job import JobSpec

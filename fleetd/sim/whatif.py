@@ -19,7 +19,7 @@ from functools import lru_cache
 
 from fleetd.policy.model import PoolId
 from fleetd.policy.placement import prior_rate_for_bucket, region_of_zone
-from fleetd.sim.engine import SimResult
+from fleetd.sim.result import SimResult
 from fleetd.sim.planner_tools import S3Cost, s3_checkpoint_cost, young_daly_interval_s
 from fleetd.sim.scenario import Scenario
 from fleetd.sim.traces import BUNDLED_DIR, SyntheticPool, Trace, synthetic_trace
