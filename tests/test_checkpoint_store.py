@@ -227,3 +227,25 @@ async def test_after_a_notice_the_newest_checkpoint_overtakes_older_uploads(open
 
 def _b64(data: bytes) -> str:
     return base64.b64encode(hashlib.sha256(data).digest()).decode()
+
+
+async def test_replicated_copies_from_several_nodes_all_count_as_durable(open_store, tmp_path):
+    # DDP: every node uploads a whole copy of step 8 (its own completion marker differs).
+    state = write(tmp_path / "src/state.pt", 50_000)
+    copies = {}
+    for node in ("i-a", "i-b"):
+        d = tmp_path / "src" / node
+        d.mkdir(parents=True)
+        (d / "state.pt").write_bytes(state.read_bytes())
+        (d / "fleetd-complete.json").write_text(f'{{"step": 8, "node": "{node}"}}')
+        copies[node] = d
+    async with open_store("i-a") as a, open_store("i-b") as b:
+        await a.ensure_bucket()
+        with capture_logs() as logs:
+            first = await a.upload_step(8, sorted(copies["i-a"].iterdir()), writer="i-a", root=copies["i-a"])
+            second = await b.upload_step(8, sorted(copies["i-b"].iterdir()), writer="i-b", root=copies["i-b"])
+        assert first.complete and first.published
+        assert second.complete and not second.published  # the first copy is the durable one
+        assert not [e for e in logs if e["log_level"] == "error"], logs
+        manifest = await a.publisher.read_manifest(8)
+        assert manifest.writers == ("i-a",)
