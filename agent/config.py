@@ -27,7 +27,7 @@ class NodeConfig(Group):
     min_nodes: Annotated[int, Field(ge=1)] = 1
     max_nodes: Annotated[int, Field(ge=1)] = 4
     shutdown_timeout_s: Annotated[float, Field(gt=0)] = 90.0
-    # False: no torchrun supervision or emergency path (agent.supervisor) on this node; the agent
+    # False: no torchrun supervision or emergency path (agent.supervise) on this node; the agent
     # only watches IMDS, reports telemetry and relays the trainer channel (tests, other launchers).
     supervise_training: bool = True
 

@@ -6,9 +6,9 @@
                     └─checkpoint saved──> MQTT event + hooks.on_checkpoint_saved
     MQTT commands ──> hooks.on_checkpoint / on_drain / on_leave / on_shutdown
 
-The emergency path and torchrun supervision are pluggable (``NodeHooks``): the elastic
-training side provides them in ``agent.supervisor`` (``create_hooks(ctx)``); without it the
-agent runs with ``LoggingHooks``. SIGTERM/SIGINT give a bounded clean shutdown: hooks stop,
+The emergency path and torchrun supervision sit behind ``agent.hooks.NodeHooks``; this module is
+the composition that picks them (``agent.supervise.elastic_hooks`` for a node that trains,
+``LoggingHooks`` otherwise). SIGTERM/SIGINT give a bounded clean shutdown: hooks stop,
 queued events are delivered, the retained status says offline.
 """
 
@@ -16,22 +16,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
-import importlib.util
 import signal
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from agent import __version__
 from agent.config import AgentConfig
-from agent.imds import Identity, ImdsClient, SpotSignal, SpotWatcher, read_identity
-from agent.mqtt_session import MqttSession
-from agent.outbox import Outbox
-from agent.telemetry import TelemetryLoop
-from agent.trainer_channel import TrainerChannel, TrainerProgress
+from agent.hooks import AgentContext, HooksFactory, LoggingHooks, NodeHooks
+from agent.node.imds import Identity, ImdsClient, SpotSignal, SpotWatcher, read_identity
+from agent.node.mqtt_session import MqttSession
+from agent.node.outbox import Outbox
+from agent.node.telemetry import TelemetryLoop
+from agent.node.trainer_channel import TrainerChannel
+from agent.supervise.elastic_hooks import ElasticHooks
 from fleetd.protocol.logs import bind_context, get_logger
-from fleetd.protocol.sdnotify import Heartbeat, Notifier, watchdog
 from fleetd.protocol.messages import (
     CheckpointCommand,
     CheckpointSaved,
@@ -42,99 +40,16 @@ from fleetd.protocol.messages import (
     Rebalance,
     ShutdownCommand,
 )
+from fleetd.protocol.sdnotify import Heartbeat, Notifier, watchdog
 from fleetd.protocol.trainer import CheckpointSavedLocally
 
 log = get_logger(__name__)
 
 
-@dataclass(frozen=True)
-class AgentContext:
-    """What the hooks may use: identity, config, and the agent's ways to report."""
-
-    config: AgentConfig
-    identity: Identity
-    publish_event: Callable[[Message], Awaitable[None]]  # QoS 1 via the outbox
-    set_state: Callable[[str], Awaitable[None]]  # retained status: ready/training/draining/leaving
-    trainer_progress: Callable[[], TrainerProgress]
-    request_stop: Callable[[], None]  # begin the agent's clean shutdown
-
-
-class NodeHooks(Protocol):
-    """The node's emergency path and trainer supervision (implemented in agent.supervisor)."""
-
-    async def run(self) -> None:
-        """Long-running work (supervise torchrun). Returning early is fine."""
-
-    async def on_notice(self, notice: Notice) -> None:
-        """A spot interruption notice: start checkpoint → upload → leave now, locally."""
-
-    async def on_rebalance(self, rebalance: Rebalance) -> None:
-        """A rebalance recommendation: a risk signal only; the controller decides."""
-
-    async def on_checkpoint_saved(self, report: CheckpointSavedLocally) -> None:
-        """The trainer saved a checkpoint locally (upload it)."""
-
-    async def on_checkpoint(self, command: CheckpointCommand) -> None: ...
-
-    async def on_drain(self, command: DrainCommand) -> None: ...
-
-    async def on_leave(self, command: LeaveCommand) -> None: ...
-
-    async def on_shutdown(self, command: ShutdownCommand) -> None:
-        """Stop training cleanly; the agent stops itself after this returns."""
-
-    async def stop(self) -> None:
-        """Agent shutdown (SIGTERM): stop what ``run`` started. Bounded by the caller."""
-
-
-class LoggingHooks:
-    """Default hooks: log what would be done. Used when agent.supervisor is not installed."""
-
-    def __init__(self, ctx: AgentContext) -> None:
-        self.ctx = ctx
-
-    async def run(self) -> None:
-        return None
-
-    async def on_notice(self, notice: Notice) -> None:
-        log.warning("hook_notice", action=notice.action, action_time=notice.action_time.isoformat())
-
-    async def on_rebalance(self, rebalance: Rebalance) -> None:
-        log.info("hook_rebalance", notice_time=rebalance.notice_time.isoformat())
-
-    async def on_checkpoint_saved(self, report: CheckpointSavedLocally) -> None:
-        log.info("hook_checkpoint_saved", step=report.step)
-
-    async def on_checkpoint(self, command: CheckpointCommand) -> None:
-        log.info("hook_checkpoint", reason=command.reason)
-
-    async def on_drain(self, command: DrainCommand) -> None:
-        log.info("hook_drain", reason=command.reason)
-
-    async def on_leave(self, command: LeaveCommand) -> None:
-        log.info("hook_leave", reason=command.reason)
-
-    async def on_shutdown(self, command: ShutdownCommand) -> None:
-        log.info("hook_shutdown", reason=command.reason)
-
-    async def stop(self) -> None:
-        return None
-
-
-HooksFactory = Callable[[AgentContext], NodeHooks]
-
-
 def default_hooks_factory(config: AgentConfig) -> HooksFactory:
-    """agent.supervisor.create_hooks when that module exists and node.supervise_training is set,
-    else LoggingHooks.
-
-    find_spec first, so an ImportError *inside* the supervisor is a loud failure, not a silent
-    fallback to hooks that do nothing.
-    """
-    if config.node.supervise_training and importlib.util.find_spec("agent.supervisor") is not None:
-        module = importlib.import_module("agent.supervisor")
-        return module.create_hooks
-    return LoggingHooks
+    """The composition: a node that trains gets torchrun supervision and the emergency path;
+    one that does not (``node.supervise_training = false``) logs what it would do."""
+    return ElasticHooks.from_context if config.node.supervise_training else LoggingHooks
 
 
 class Agent:

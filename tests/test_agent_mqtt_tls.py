@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.mqtt_session import Backoff, MqttSession
-from agent.outbox import Outbox
+from agent.node.mqtt_session import Backoff, MqttSession
+from agent.node.outbox import Outbox
 from fleetd.intake.mqtt import MqttIntake
 from fleetd.intake.registry import NodeRegistry
 from fleetd.protocol.messages import CheckpointSaved

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from agent.outbox import Outbox, OutboxItem
+from agent.node.outbox import Outbox, OutboxItem
 
 
 def item(n: int) -> OutboxItem:

@@ -15,7 +15,7 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
-from agent.fake_imds import FakeImds
+from agent.doubles.fake_imds import FakeImds
 from fleetd.protocol.messages import Status
 
 FLEET = "proctest"

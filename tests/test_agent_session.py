@@ -11,9 +11,10 @@ import aiomqtt
 import pytest
 
 from agent.config import AgentConfig, NodeConfig
-from agent.fake_imds import FakeImds
-from agent.imds import IDENTITY_PATHS
-from agent.main import Agent, AgentContext, LoggingHooks
+from agent.doubles.fake_imds import FakeImds
+from agent.node.imds import IDENTITY_PATHS
+from agent.hooks import AgentContext, LoggingHooks
+from agent.main import Agent
 from fleetd.protocol.messages import (
     CheckpointCommand,
     LeaveCommand,
@@ -190,8 +191,8 @@ async def test_commands_trainer_reports_and_telemetry(mosquitto, state_dir) -> N
 async def test_broker_restart_mid_run_loses_no_qos1_event(mosquitto_factory, tmp_path) -> None:
     """200 events published while the broker is stopped and restarted on the same port: the
     controller's intake receives every one of them (duplicates allowed, de-duplicated)."""
-    from agent.mqtt_session import Backoff, MqttSession
-    from agent.outbox import Outbox
+    from agent.node.mqtt_session import Backoff, MqttSession
+    from agent.node.outbox import Outbox
     from fleetd.intake.mqtt import MqttIntake
     from fleetd.intake.registry import NodeRegistry
     from fleetd.protocol.messages import CheckpointSaved

@@ -12,8 +12,6 @@ from agent.checkpoint_store.slots import PrioritySlots, priority
 from agent.checkpoint_store.uploader import MiB, UploadTuning, choose_part_size
 from fleetd.protocol.checkpoints import (
     CheckpointLayout,
-    Checksum,
-    Digest,
     FileEntry,
     LatestPointer,
     Manifest,
@@ -24,6 +22,7 @@ from fleetd.protocol.checkpoints import (
     parse_receipt,
     shard_receipts_complete,
 )
+from fleetd.protocol.digests import Checksum, Digest
 from fleetd.protocol.errors import ProtocolError
 
 

@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 
 from agent.checkpoint_store import CheckpointStore, PreconditionFailed, UploadTuning
 from agent.checkpoint_store.uploader import MiB
-from fleetd.protocol.checkpoints import Checksum, Digest
+from fleetd.protocol.digests import Checksum, Digest
 from fleetd.protocol.settings import AwsConfig, CheckpointConfig
 
 BUCKET = "ckpt-test"

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from agent.checkpoint_store import CheckpointStore
-from agent.emergency import CheckpointStoreUploader, EmergencyFlow
+from agent.supervise.emergency import CheckpointStoreUploader, EmergencyFlow
 from agent.trainer import local_ckpt
 from agent.trainer.store_link import StoreLink
 from fleetd.protocol.settings import AwsConfig, CheckpointConfig
@@ -40,7 +40,7 @@ def store_for(aws_client_kwargs: dict, local_dir: Path, job: str):
 
 async def ship_periodic_checkpoints(cluster: LocalCluster, store: CheckpointStore) -> None:
     """What each node's agent does on the trainer's "checkpoint saved" report
-    (agent.emergency.ElasticHooks.on_checkpoint_saved): upload the node's newest local step."""
+    (agent.supervise.emergency.ElasticHooks.on_checkpoint_saved): upload the node's newest local step."""
     shipped: set[tuple[str, int]] = set()
     while True:
         for addr, proc in list(cluster.nodes.items()):

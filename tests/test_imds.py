@@ -8,8 +8,8 @@ import time
 import pytest
 from structlog.testing import capture_logs
 
-from agent.fake_imds import FakeImds
-from agent.imds import (
+from agent.doubles.fake_imds import FakeImds
+from agent.node.imds import (
     IDENTITY_PATHS,
     INSTANCE_ACTION_PATH,
     REBALANCE_PATH,

@@ -9,8 +9,8 @@ import sys
 
 import aiohttp
 
-from agent.fake_imds import FakeImds, control
-from agent.imds import INSTANCE_ACTION_PATH, TOKEN_HEADER, TOKEN_PATH, TTL_HEADER, ImdsClient
+from agent.doubles.fake_imds import FakeImds, control
+from agent.node.imds import INSTANCE_ACTION_PATH, TOKEN_HEADER, TOKEN_PATH, TTL_HEADER, ImdsClient
 from tests.harness.ports import free_port, wait_port
 
 
@@ -49,7 +49,7 @@ async def test_scheduled_in_the_future_is_not_visible_yet() -> None:
 async def test_standalone_process_with_control_api() -> None:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agent.fake_imds", "--port", str(port), "--instance-id", "i-0fedcba987654321f",
+        [sys.executable, "-m", "agent.doubles.fake_imds", "--port", str(port), "--instance-id", "i-0fedcba987654321f",
          "--lifecycle", "on-demand"],
         stdout=subprocess.PIPE,
         text=True,

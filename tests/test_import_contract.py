@@ -1,17 +1,30 @@
-"""Layering (DESIGN.md): policy is pure; the agent uses only fleetd.protocol from fleetd.
+"""Layering (docs/DESIGN.md): policy is pure; the agent uses only fleetd.protocol from fleetd; the
+agent's rooms import only downward; no module in agent/ or fleetd/ imports one that imports it back.
 
-Checked statically over every module's imports (including imports inside functions), so a lazy
-import cannot sneak I/O into the policy layer.
+Checked statically over every module's imports (including imports inside functions and under
+TYPE_CHECKING), so a lazy import cannot sneak I/O into the policy layer or close a circle.
 """
 
 from __future__ import annotations
 
-import ast
+import shutil
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.import_graph import ROOT, build_graph, cycles, imported_names, layer_violations, room_of
 IO_MODULES = ("asyncio", "boto3", "botocore", "aiobotocore", "aiomqtt", "paho", "torch", "aiohttp",
               "sqlite3", "socket", "subprocess", "requests", "urllib", "httpx", "time", "threading")
+# The agent's rooms (docs/DESIGN.md, "The agent's rooms"), top layer first. A module may import its
+# own room and the rooms of lower layers; rooms of one layer are independent of each other.
+AGENT_LAYERS = [
+    ["agent.cli", "agent.doubles", "agent.examples"],  # entry point; test/demo doubles; examples
+    ["agent.main"],  # the composition: which hooks, which context
+    ["agent.supervise"],  # torchrun, warm pool, the notice flow, the hooks for a training node
+    ["agent.hooks"],  # the interface between the agent and what it drives
+    ["agent.node"],  # senses and voice: IMDS, telemetry, MQTT session, outbox, trainer channel
+    ["agent.trainer"],  # the in-process library a training script imports
+    ["agent.checkpoint_store"],  # S3 checkpoint store
+    ["agent.config", "agent"],  # settings and the version
+]
 # fleetd.protocol is the only part of fleetd the agent sees; fleetd.protocol itself must stay free
 # of controller code (policy/reconcile/adapters/...), or the rule would be hollow.
 CONTROLLER_PARTS = ("fleetd.policy", "fleetd.reconcile", "fleetd.adapters", "fleetd.sim",
@@ -20,15 +33,7 @@ CONTROLLER_PARTS = ("fleetd.policy", "fleetd.reconcile", "fleetd.adapters", "fle
 
 
 def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    out: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            out.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.add(node.module)
-            out.update(f"{node.module}.{a.name}" for a in node.names)
-    return out
+    return imported_names(path)
 
 
 def _files(pkg: str) -> list[Path]:
@@ -76,3 +81,32 @@ def test_the_checker_sees_violations(tmp_path: Path) -> None:
     p = tmp_path / "m.py"
     p.write_text("def f():\n    import asyncio\n    from torch import nn\n")
     assert {"asyncio", "torch", "torch.nn"} <= _imports(p)
+
+
+def test_agent_rooms_import_only_downward() -> None:
+    bad = layer_violations(build_graph(["agent"]), AGENT_LAYERS)
+    assert not bad, "the agent's rooms must import only downward:\n" + "\n".join(bad)
+
+
+def test_every_agent_module_lives_in_a_room() -> None:
+    # A loose module under agent/ would fall into the bottom layer unnoticed: name its room instead.
+    loose = [m for m in build_graph(["agent"]) if m != "agent" and room_of(m, AGENT_LAYERS)[1] == "agent"]
+    assert not loose, f"put these in a room (and in AGENT_LAYERS): {loose}"
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    found = cycles(build_graph(["agent", "fleetd"]))
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_an_upward_import_or_a_circle_fails(tmp_path: Path) -> None:
+    # The checks above pass on today's tree; prove they would fail on a deliberately broken copy.
+    shutil.copytree(ROOT / "agent", tmp_path / "agent", ignore=shutil.ignore_patterns("__pycache__"))
+    imds = tmp_path / "agent" / "node" / "imds.py"
+    imds.write_text(imds.read_text() + "\nfrom agent.supervise.torchrun import TorchrunProcess  # upward\n")
+    graph = build_graph(["agent"], tmp_path)
+    assert any(v.startswith("agent.node.imds -> agent.supervise.torchrun: imports upward")
+               for v in layer_violations(graph, AGENT_LAYERS))
+    channel = tmp_path / "agent" / "node" / "trainer_channel.py"
+    channel.write_text(channel.read_text() + "\ndef _late():\n    from agent.node.telemetry import TelemetryLoop\n")
+    assert ["agent.node.telemetry", "agent.node.trainer_channel"] in cycles(build_graph(["agent"], tmp_path))

@@ -219,7 +219,7 @@ def test_marker_addr_is_not_a_real_address():
 
 
 def test_torch_state_holder_interface_is_what_we_patch():
-    # agent/torchrun_main.py shortens this default; fail loudly if torch changes it.
+    # agent/supervise/torchrun_main.py shortens this default; fail loudly if torch changes it.
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _BackendRendezvousStateHolder
 
     assert _BackendRendezvousStateHolder.__init__.__defaults__ == (1,)

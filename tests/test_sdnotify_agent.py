@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from agent.fake_imds import FakeImds
+from agent.doubles.fake_imds import FakeImds
 from tests.test_agent_process import write_config
 from tests.test_sdnotify import notify_socket, stop  # noqa: F401  (fixture)
 

@@ -15,7 +15,9 @@ import psutil
 import pytest
 
 from agent.config import AgentConfig
-from agent.supervisor import LaunchSpec, TorchrunProcess, build_command, build_env, kill_tree, process_tree
+from agent.supervise.launch import LaunchSpec, build_command, build_env
+from agent.supervise.proctree import kill_tree, process_tree
+from agent.supervise.torchrun import TorchrunProcess
 
 
 def test_command_carries_the_job_spec_and_tuned_rendezvous(tmp_path):
@@ -57,7 +59,7 @@ def _write_module(pkg_dir: Path, name: str, body: str) -> str:
 def pool(tmp_path):
     sock = str(tmp_path / "pool.sock")
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.Popen([sys.executable, "-m", "agent.warm_pool", "--socket", sock, "--preload", "json"],
+    proc = subprocess.Popen([sys.executable, "-m", "agent.supervise.warm_pool", "--socket", sock, "--preload", "json"],
                             env=env, start_new_session=True, stderr=subprocess.PIPE)
     for _ in range(200):
         if os.path.exists(sock):
@@ -69,7 +71,7 @@ def pool(tmp_path):
 
 
 def launch(sock: str, env: dict, *argv: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "agent.warm_launch", *argv],
+    return subprocess.Popen([sys.executable, "-m", "agent.supervise.warm_launch", *argv],
                             env={**env, "FLEETD_WARM_POOL": sock}, stdout=subprocess.PIPE, **kw)
 
 
@@ -111,14 +113,14 @@ def test_signals_reach_the_warm_worker_and_it_dies_with_its_launcher(tmp_path, p
 def test_without_a_pool_the_launcher_starts_a_cold_worker(tmp_path):
     mod = _write_module(tmp_path / "wp_mods", "cold", "print('cold ok')\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "FLEETD_WARM_WAIT_S": "0.1"}
-    out = subprocess.run([sys.executable, "-m", "agent.warm_launch", mod],
+    out = subprocess.run([sys.executable, "-m", "agent.supervise.warm_launch", mod],
                          env={**env, "FLEETD_WARM_POOL": str(tmp_path / "absent.sock")},
                          capture_output=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == b"cold ok"
 
 
 def test_pool_warm_up_starts_no_threads(tmp_path):
-    code = ("import os, threading; from agent.warm_pool import warm_torch_lazily_imported_parts as w; "
+    code = ("import os, threading; from agent.supervise.warm_pool import warm_torch_lazily_imported_parts as w; "
             "import torch; w(); print(threading.active_count(), len(os.listdir('/proc/self/task')))")
     # the supervisor starts the pool with OPENBLAS_NUM_THREADS=1 (numpy's BLAS pool is a thread)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
@@ -151,11 +153,11 @@ def test_stop_kills_the_whole_tree_including_new_sessions(tmp_path):
 
 @pytest.mark.slow
 async def test_agent_hooks_supervise_torchrun_and_leave_on_command(tmp_path):
-    """agent.main's hooks (create_hooks): run() starts torchrun, a leave command stops the whole
+    """The agent's hooks for a training node (ElasticHooks): run() starts torchrun, a leave command stops the whole
     tree, confirms it in the store, and the exit is reported as a trainer-exited event."""
     import asyncio
 
-    from agent.emergency import ElasticHooks
+    from agent.supervise.elastic_hooks import ElasticHooks
     from agent.trainer.store_link import StoreLink
     from fleetd.protocol.messages import LeaveCommand, TrainerExited
     from fleetd.rendezvous.localcluster import LocalCluster

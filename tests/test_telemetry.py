@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from agent.telemetry import GpuProbe, TelemetryLoop, sample_telemetry
-from agent.trainer_channel import TrainerChannel, TrainerProgress
+from agent.node.telemetry import GpuProbe, TelemetryLoop, sample_telemetry
+from agent.node.trainer_channel import TrainerChannel, TrainerProgress
 from fleetd.protocol.errors import ProtocolError
 from fleetd.protocol.messages import GpuSample, Telemetry
 from fleetd.protocol.trainer import CheckpointSavedLocally, Progress, parse_report, send_report

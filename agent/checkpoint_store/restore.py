@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleetd.protocol.checkpoints import Checksum, Digest, FileEntry, Manifest
+from fleetd.protocol.checkpoints import FileEntry, Manifest
+from fleetd.protocol.digests import Checksum, Digest
 from fleetd.protocol.errors import ProtocolError
 from fleetd.protocol.logs import get_logger
 

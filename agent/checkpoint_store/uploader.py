@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from fleetd.protocol.checkpoints import Checksum, CheckpointLayout, FileEntry
+from fleetd.protocol.checkpoints import CheckpointLayout, FileEntry
+from fleetd.protocol.digests import Checksum
 from fleetd.protocol.logs import get_logger
 
 from agent.checkpoint_store.errors import ObjectNotFound, StoreError, first_error

@@ -1,6 +1,6 @@
 """What a training rank learns from its environment: torchrun's variables plus fleetd's.
 
-The supervisor (agent/supervisor.py) sets the ``FLEETD_*`` variables below on torchrun, which
+The supervisor (agent/supervise/launch.py) sets the ``FLEETD_*`` variables below on torchrun, which
 passes them to every worker. Outside fleetd (plain ``torchrun``, or a single process) the fleetd
 parts are simply absent and the helper degrades to periodic local checkpoints.
 """

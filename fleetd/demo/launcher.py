@@ -17,8 +17,8 @@ from pathlib import Path
 
 import psutil
 
-from agent.fake_imds import FakeImds
-from agent.supervisor import kill_tree
+from agent.doubles.fake_imds import FakeImds
+from agent.supervise.proctree import kill_tree
 from fleetd.demo.procs import Child
 from fleetd.protocol.logs import get_logger
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.supervisor import kill_tree, process_tree
+from agent.supervise.proctree import kill_tree, process_tree
 from fleetd.adapters.faults import FaultProxy
 from fleetd.adapters.pricing import DEMO_PRICE_BOOK, FilePriceBook
 from fleetd.demo import configs

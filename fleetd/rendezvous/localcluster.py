@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.supervisor import LaunchSpec, TorchrunProcess, kill_tree, process_tree
+from agent.supervise.launch import LaunchSpec
+from agent.supervise.proctree import kill_tree, process_tree
+from agent.supervise.torchrun import TorchrunProcess
 from fleetd.localnet import free_port, wait_port
 
 

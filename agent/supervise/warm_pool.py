@@ -7,8 +7,8 @@ torch takes seconds on a busy small machine: that start-up, not the rendezvous, 
 milliseconds. It is the forkserver/zygote technique; the pool never runs a torch op (so no
 OpenMP/gloo threads exist to be broken by fork), it only imports.
 
-Wiring (agent/supervisor.py does it): the supervisor starts ``python -m agent.warm_pool --socket S
---preload M ...`` next to torchrun, and torchrun's entrypoint becomes ``-m agent.warm_launch
+Wiring (agent/supervise/torchrun.py does it): the supervisor starts ``python -m agent.supervise.warm_pool --socket S
+--preload M ...`` next to torchrun, and torchrun's entrypoint becomes ``-m agent.supervise.warm_launch
 <module> <args>``. The launcher (stdlib only, starts in ~50 ms) hands its argv, environment, cwd
 and stdio file descriptors to the pool over a unix socket, relays signals to the forked worker and
 exits with the worker's status, so torchrun sees an ordinary worker. The worker dies with its

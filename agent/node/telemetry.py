@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 
 import psutil
 
-from agent.trainer_channel import TrainerProgress
+from agent.node.trainer_channel import TrainerProgress
 from fleetd.protocol.logs import get_logger
 from fleetd.protocol.messages import GpuSample, Telemetry
 

@@ -1,4 +1,4 @@
-"""``python -m agent.torchrun_main <torchrun args>``: torchrun with faster rendezvous polling.
+"""``python -m agent.supervise.torchrun_main <torchrun args>``: torchrun with faster rendezvous polling.
 
 torch's dynamic rendezvous polls the store once a second while it waits for a round to complete
 (``_delay(seconds=1)``) and serves a cached copy of the state for up to a second

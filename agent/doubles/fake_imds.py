@@ -7,7 +7,7 @@ It serves the real paths with the real token rules:
   has been scheduled and its time has come.
 
 Tests drive it in-process (``FakeImds``: schedule signals, inject faults, read request counts);
-the demo runs one per simulated node with ``python -m agent.fake_imds --port P --instance-id ...``
+the demo runs one per simulated node with ``python -m agent.doubles.fake_imds --port P --instance-id ...``
 and drives it over a small control API under ``/_fake/`` on the same port.
 """
 
@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-from agent.imds import (
+from agent.node.imds import (
     IDENTITY_PATHS,
     INSTANCE_ACTION_PATH,
     REBALANCE_PATH,
@@ -296,7 +296,7 @@ async def _serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m agent.fake_imds", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m agent.doubles.fake_imds", description=__doc__.split("\n")[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--instance-id", default="i-0123456789abcdef0")

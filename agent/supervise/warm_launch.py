@@ -1,5 +1,5 @@
-"""``python -m agent.warm_launch <module> [args...]``: torchrun's worker entrypoint when the node
-has a warm pool (agent/warm_pool.py). Stdlib only, so it starts fast.
+"""``python -m agent.supervise.warm_launch <module> [args...]``: torchrun's worker entrypoint when the node
+has a warm pool (agent/supervise/warm_pool.py). Stdlib only, so it starts fast.
 
 It asks the pool (``$FLEETD_WARM_POOL``) to fork the worker with this process's argv, environment,
 cwd and stdio; relays SIGTERM/SIGINT/SIGHUP to it; and exits with its status. Without a pool it
@@ -14,7 +14,7 @@ import socket
 import sys
 import time
 
-from agent.warm_pool import recv_msg, send_msg
+from agent.supervise.warm_pool import recv_msg, send_msg
 
 ENV_SOCKET = "FLEETD_WARM_POOL"
 
@@ -40,7 +40,7 @@ def _connect(conn: socket.socket, path: str, wait_s: float) -> None:
 def main() -> None:
     argv = sys.argv[1:]
     if not argv:
-        print("usage: python -m agent.warm_launch <module> [args...]", file=sys.stderr)
+        print("usage: python -m agent.supervise.warm_launch <module> [args...]", file=sys.stderr)
         sys.exit(2)
     path = os.environ.get(ENV_SOCKET)
     if not path:

@@ -21,7 +21,7 @@ from typing import Any
 
 import aiomqtt
 
-from agent.outbox import Outbox, OutboxItem
+from agent.node.outbox import Outbox, OutboxItem
 from fleetd.protocol.errors import ProtocolError
 from fleetd.protocol.logs import get_logger
 from fleetd.protocol.messages import Message, Status, Telemetry

@@ -1,0 +1,168 @@
+"""torchrun supervision: start the job's torchrun on this node (``agent.supervise.launch`` says
+with what), stop its whole process tree (``agent.supervise.proctree``), report how it exited.
+
+SIGTERM to torchrun does not leave the rendezvous (fleetd removes the node from the state instead),
+so a leave simply SIGKILLs the tree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from agent.supervise.launch import LaunchSpec, build_command, build_env
+from agent.supervise.proctree import kill_tree, process_tree
+from fleetd.protocol.logs import get_logger
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class TorchrunExit:
+    exit_code: int | None
+    reason: str  # "finished", "failed", "stopped" (we stopped it), "lost" (killed by someone else)
+
+
+@dataclass
+class TorchrunProcess:
+    """One torchrun, started in its own session; ``stop`` ends its whole tree."""
+
+    spec: LaunchSpec
+    log_path: Path | None = None
+    env: Mapping[str, str] | None = None
+    proc: subprocess.Popen | None = None
+    pool: subprocess.Popen | None = None
+    pool_socket: str | None = None
+    started_at: float | None = None
+    _stopping: bool = field(default=False, repr=False)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def _pool_socket(self) -> str:
+        # Unix socket paths are limited to ~100 bytes: keep it short and unique per node.
+        return f"/tmp/fleetd-warm-{self.spec.node_addr}-{os.getpid()}-{id(self) & 0xFFFF:x}.sock"
+
+    def _start_pool(self, env: dict[str, str], out: Any) -> None:
+        sock = self.pool_socket = self._pool_socket()
+        preload = [*self.spec.warm_preload, self.spec.entrypoint]
+        cmd = [self.spec.python, "-m", "agent.supervise.warm_pool", "--socket", sock]
+        for name in preload:
+            cmd += ["--preload", name]
+        # numpy (imported by torch) starts an OpenBLAS thread pool at import; the pool process must
+        # stay single-threaded to fork safely. Workers keep numpy's BLAS at one thread (torch's own
+        # intra-op threads are unaffected: they start lazily in each worker).
+        pool_env = {**env, "OPENBLAS_NUM_THREADS": env.get("OPENBLAS_NUM_THREADS", "1")}
+        self.pool = subprocess.Popen(
+            cmd, env=pool_env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        env["FLEETD_WARM_POOL"] = sock
+
+    def start(self) -> "TorchrunProcess":
+        cmd = build_command(self.spec)
+        env = build_env(self.spec, self.env)
+        out: Any = subprocess.DEVNULL
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            out = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
+        self.spec.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            if self.spec.uses_warm_pool:
+                self._start_pool(env, out)
+            self.proc = subprocess.Popen(
+                cmd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: signals to us do not reach it
+            )
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()
+        self.started_at = time.monotonic()
+        log.info("torchrun_started", pid=self.proc.pid, node_addr=self.spec.node_addr,
+                 nnodes=f"{self.spec.min_nodes}:{self.spec.max_nodes}", entrypoint=self.spec.entrypoint)
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL the whole tree now (the node has been removed from the rendezvous)."""
+        if self.proc is None:
+            return
+        self._stopping = True
+        kill_tree(self._trees(), signal.SIGKILL)
+
+    def freeze(self) -> None:
+        """SIGSTOP the whole tree (warm pool and its workers included): tests stand it in for a
+        machine that vanished without a word, whose peers' collectives hang rather than fail."""
+        if self.proc is not None:
+            kill_tree(self._trees(), signal.SIGSTOP)
+
+    def _trees(self) -> list[psutil.Process]:
+        procs = process_tree(self.proc.pid) if self.proc else []
+        if self.pool is not None:
+            procs += process_tree(self.pool.pid)
+        return procs
+
+    def _reap_pool(self) -> None:
+        if self.pool is None:
+            return
+        if self.pool.poll() is None:
+            kill_tree(process_tree(self.pool.pid), signal.SIGKILL)
+        self.pool.wait()
+        sock = self.pool_socket
+        if sock is not None:  # a SIGKILLed pool cannot remove its own socket
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(sock)
+
+    def terminate(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM the tree, then SIGKILL what is left after ``timeout_s`` (blocking)."""
+        if self.proc is None:
+            return
+        self._stopping = True
+        procs = self._trees()
+        kill_tree(procs, signal.SIGTERM)
+        _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+        if alive:
+            kill_tree(alive, signal.SIGKILL)
+            psutil.wait_procs(alive, timeout=5)
+
+    def wait_blocking(self) -> TorchrunExit:
+        assert self.proc is not None
+        code = self.proc.wait()
+        self._reap_pool()  # the pool serves this torchrun only
+        if self._stopping:
+            reason = "stopped"
+        elif code == 0:
+            reason = "finished"
+        elif code < 0:
+            reason = "lost"
+        else:
+            reason = "failed"
+        log.info("torchrun_exited", pid=self.proc.pid, exit_code=code, reason=reason)
+        return TorchrunExit(code, reason)
+
+    async def wait(self) -> TorchrunExit:
+        return await asyncio.to_thread(self.wait_blocking)
+
+    async def stop(self, timeout_s: float = 10.0) -> TorchrunExit | None:
+        if self.proc is None:
+            return None
+        await asyncio.to_thread(self.terminate, timeout_s)
+        return await self.wait()

@@ -1,0 +1,168 @@
+"""Resume: which step the job continues from, and how each rank gets its state (the
+``ElasticCheckpointer``'s start-up half; ``agent/trainer/elastic.py`` holds the per-step half).
+
+A mixin over the checkpointer's own state (``ctx``, ``root``, ``mode``, ``model``, ``optimizer``,
+its collectives and ``emit``), kept apart because it is a job of its own: local copies first, a
+peer's copy over the process group next, S3 last.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from agent.trainer import local_ckpt
+from agent.trainer.context import TrainerContext
+from agent.trainer.local_ckpt import Mode
+
+NONE = -1  # "no step": a rank holds no complete checkpoint
+
+
+class ResumeSteps:
+    ctx: TrainerContext
+    root: Any
+    mode: Mode
+    model: Any
+    optimizer: Any
+    resumed_from: int | None
+    last_saved: int | None
+    _guard: Any
+
+    # The checkpointer's collectives and reporting (agent/trainer/elastic.py defines them).
+    def _all_reduce(self, value: int, op: str) -> int:
+        raise NotImplementedError
+
+    def _agree_max(self, value: int) -> int:
+        raise NotImplementedError
+
+    def _barrier(self) -> None:
+        raise NotImplementedError
+
+    def _apply_plain(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def emit(self, event: str, **fields: Any) -> None:
+        raise NotImplementedError
+
+    def resume(self) -> int:
+        """Load the newest checkpoint every rank can use; return its step (0: fresh start).
+
+        Local copies first: the newest step any rank holds wins. Replicated state a rank lacks
+        (a newcomer) comes from a peer over the process group, which is faster than S3. S3 is read
+        when no rank has a local copy (a fresh or fully replaced cluster), or for sharded state a
+        node's local directory cannot complete.
+        """
+        newest = self._agree_max(self._newest_local())
+        if newest == NONE:
+            if self.ctx.local_rank == 0:
+                self._restore_from_s3()
+            self._barrier()
+            newest = self._agree_max(self._newest_local())
+        step = 0
+        if newest != NONE:
+            if not self._everyone_has(newest) and self.mode == "dcp":
+                if self.ctx.local_rank == 0 and not self._has(newest):
+                    self._restore_from_s3()
+                self._barrier()
+            if self._everyone_has(newest):
+                self._load_local(newest)
+                step = newest
+            elif self.mode == "state_dict":
+                step = self._load_from_peer(newest, self._has(newest))
+            else:
+                # Sharded state cannot come from one peer: fall back to what every rank holds.
+                step = self._all_reduce(self._newest_local(), "MIN")
+                if step == NONE:
+                    step = 0
+                else:
+                    self._load_local(step)
+        self.resumed_from = step
+        self.last_saved = step if step else None
+        if self._guard is not None:
+            self._guard.step_done(step)
+        self.emit("resumed", from_step=step)
+        return step
+
+    def _newest_local(self) -> int:
+        mine = local_ckpt.newest_complete(self.root, self.mode)
+        return NONE if mine is None else mine
+
+    def _has(self, step: int) -> bool:
+        return local_ckpt.is_complete(local_ckpt.step_dir(self.root, step), self.mode)
+
+    def _everyone_has(self, step: int) -> bool:
+        return self._all_reduce(1 if self._has(step) else 0, "MIN") == 1
+
+    def _load_local(self, step: int) -> None:
+        if self.mode == "state_dict":
+            self._apply_plain(local_ckpt.load_plain(self.root, step))
+            return
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer if self.optimizer is not None else [])
+        sd = {"model": model_sd, "optim": optim_sd}
+        dcp.load(sd, storage_reader=dcp.FileSystemReader(str(local_ckpt.step_dir(self.root, step))))
+        set_state_dict(
+            self.model,
+            self.optimizer if self.optimizer is not None else [],
+            model_state_dict=sd["model"],
+            optim_state_dict=sd["optim"],
+        )
+
+    def _load_from_peer(self, step: int, have: bool) -> int:
+        """Replicated state: the lowest rank holding ``step`` sends it to everyone (a newcomer
+        with no S3 copy still starts at the survivors' step)."""
+        import ctypes
+        import io
+
+        import torch
+        import torch.distributed as dist
+
+        src = self._all_reduce(self.ctx.rank if have else 1 << 30, "MIN")
+        # broadcast_object_list needs numpy; a byte tensor does not.
+        blob = b""
+        if self.ctx.rank == src:
+            blob = (local_ckpt.step_dir(self.root, step) / local_ckpt.PLAIN_FILE).read_bytes()
+        size = self._all_reduce(len(blob), "MAX")
+        buf = torch.zeros(size, dtype=torch.uint8)
+        if self.ctx.rank == src:
+            buf[:] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+        dist.broadcast(buf, src=src)
+        raw = ctypes.string_at(buf.data_ptr(), size)  # the tensor's bytes, without numpy
+        state = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=False)
+        self._apply_plain(state["state"])
+        self.emit("state_from_peer", step=step, src=src, nbytes=size)
+        return step
+
+    def _restore_from_s3(self) -> int | None:
+        """Newest durable checkpoint from S3 into the local directory (agent/checkpoint_store)."""
+        if not self.ctx.s3_bucket:
+            return None
+        import asyncio
+
+        from fleetd.protocol.settings import AwsConfig, CheckpointConfig
+
+        from agent.checkpoint_store.errors import StoreError
+        from agent.checkpoint_store.store import CheckpointStore
+
+        async def fetch() -> int | None:
+            cfg = CheckpointConfig(bucket=self.ctx.s3_bucket, prefix=self.ctx.s3_prefix, local_dir=self.root)
+            aws = AwsConfig(region=self.ctx.s3_region, endpoint_url=self.ctx.s3_endpoint)
+            async with CheckpointStore.connect(cfg, aws, job=self.ctx.job) as store:
+                restored = await store.restore_latest(self.root)
+                return None if restored is None else restored.step
+
+        started = time.monotonic()
+        try:
+            step = asyncio.run(fetch())
+        except (StoreError, OSError) as exc:
+            self.emit("restore_failed", error=str(exc))
+            return None
+        if step is not None and self.mode == "state_dict":
+            d = local_ckpt.step_dir(self.root, step)
+            if (d / local_ckpt.PLAIN_FILE).is_file() and not (d / local_ckpt.MARKER).is_file():
+                (d / local_ckpt.MARKER).write_text(json.dumps({"step": step, "mode": self.mode, "restored": True}))
+        self.emit("restored", step=step, duration_s=round(time.monotonic() - started, 3))
+        return step
