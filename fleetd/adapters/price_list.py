@@ -131,6 +131,11 @@ class OnDemandPrices:
         self._next_refresh: float | None = None
         self._types: frozenset[str] = frozenset()
 
+    @property
+    def quotes(self) -> dict[str, tuple[float, str]]:
+        """instance type -> (USD/h, where it came from), as of the last refresh."""
+        return {t: (usd, self.sources[t]) for t, usd in self._od.items()}
+
     async def fetch(self, instance_type: str) -> float | None:
         """The Price List API's price for one type in this region; None if it lists none.
         Malformed entries are logged and skipped. API errors propagate (the caller falls back)."""
