@@ -94,3 +94,15 @@ async def test_reconciler_excludes_an_unpriced_pool_on_the_production_price_path
     said = [e for e in logs if e["event"] == "pool_excluded"]
     assert len(said) == 2  # once per pool over two passes
     assert cloud.proxy.calls_of("GetProducts") and cloud.proxy.calls_of("DescribeSpotPriceHistory")
+
+
+def test_fleetd_status_shows_excluded_pools(tmp_path: Path) -> None:
+    from fleetd.commands.status import collect, render
+    from fleetd.snapshot import write_snapshot
+
+    rows = pool_rows([A, B], {A: PoolPrice(A, 0.4, 1.0)}, HW)
+    write_snapshot(tmp_path, build_snapshot(now=100.0, fleet="t", reconcile_interval_s=10, nodes=(), pools=rows))
+    report = collect(tmp_path, now=101.0)
+    assert [p["offered"] for p in report["pools"]] == [True, False]
+    text = render(report)
+    assert "pools: 1 offered, 1 excluded" in text and f"excluded {B}: no on-demand price" in text

@@ -135,7 +135,7 @@ def parse_catalog(doc: Mapping[str, Any], source: str = "catalog") -> Catalog:
             types[itype] = InstanceSpec(
                 instance_type=itype,
                 gpu_model=e["gpu_model"],
-                gpus=_positive(e["gpus"]),
+                gpus=_count(e["gpus"]),
                 gpu_memory_gib=float(e["gpu_memory_gib"]),
                 vcpu=int(e["vcpu"]),
                 memory_gib=float(e["memory_gib"]),
@@ -162,6 +162,12 @@ def _positive(value: Any) -> float:
     if not v > 0:  # also rejects NaN
         raise ValueError(f"expected a positive number, got {value!r}")
     return v
+
+
+def _count(value: Any) -> float:
+    """A GPU count: an int when whole (8, not 8.0), a fraction for g6f-style shares."""
+    v = _positive(value)
+    return int(v) if v.is_integer() else v
 
 
 def load_catalog(path: Path = CATALOG_PATH) -> Catalog:

@@ -208,8 +208,9 @@ class Ec2SpotPriceSource:
 
     One paginated request per refresh covers every instance type; the newest point per pool is
     the current price and a least-squares slope over the window is the trend. On-demand prices
-    are not in that API: they come from ``on_demand`` (usually the file book), so the price list
-    API's large documents stay out of the control loop.
+    are not in that API: they come from ``on_demand`` (fleetd/adapters/price_list.py: the Price
+    List API, refreshed daily, and the bundled catalog), so its large documents stay out of the
+    per-pass path.
     """
 
     def __init__(

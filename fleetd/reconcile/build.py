@@ -125,8 +125,9 @@ async def build_reconciler(
         hardware: dict[str, Hardware] = dict(resolved.hardware)
         pools = resolved.pools
     except PermanentAwsError as exc:
-        # Explicit types the endpoint does not know (moto lacks p3, for one) keep the price
-        # book's hardware facts; anything else (permissions, ...) is a real start-up failure.
+        # Explicit types the endpoint does not know (moto lacks p3, for one) take the GPU
+        # catalog's hardware facts (or are excluded with a reason in observe); anything else
+        # (permissions, ...) is a real start-up failure.
         if not cap.instance_types or exc.code != "InvalidInstanceType":
             raise
         log.warning("instance_types_not_described", error=str(exc))
