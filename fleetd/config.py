@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -48,7 +48,12 @@ class CapacityConfig(Group):
     instance_profile_arn: str | None = None
     security_group_ids: tuple[str, ...] = ()
     subnet_ids: tuple[str, ...] = ()
-    price_book: Path | None = None  # file price source (demo, tests, simulator)
+    price_book: Path | None = None  # file price source: demo and simulator only, when set explicitly
+    # On-demand prices: the AWS Price List API ("price-list"; the bundled GPU catalog for what it
+    # cannot price or when it cannot be reached) or the bundled catalog alone ("catalog").
+    on_demand_prices: Literal["price-list", "catalog"] = "price-list"
+    price_list_region: str = "us-east-1"  # the Price List API endpoint's region (it serves every region)
+    price_refresh_s: Annotated[float, Field(gt=0)] = 86400.0  # list prices change a few times a year
     spot_advisor_csv: Path | None = None  # interruption-rate prior (shared/traces snapshot)
     # Placement ranking: price per GPU x (1 + interruptions/node-hour x interruption_cost_h).
     interruption_cost_h: Annotated[float, Field(ge=0)] = 0.25

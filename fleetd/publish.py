@@ -109,6 +109,7 @@ class PassPublisher:
             rendezvous=self.rendezvous() if self.rendezvous is not None else None,
             checkpoint=checkpoint,
             stop_issued_at=stop_issued_at,
+            pools=getattr(reconciler, "pool_rows", ()),
         )
         self.metrics.observe_snapshot(snap)
         duration = getattr(report, "duration_s", None)

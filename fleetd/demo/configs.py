@@ -10,12 +10,28 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleetd.adapters.pricing import DEMO_PRICE_BOOK
+from fleetd.adapters.catalog import bundled_catalog
+from fleetd.adapters.pricing import DEMO_PRICE_BOOK, FilePriceBook
+from fleetd.adapters.pricing_fake import PriceListFake, SpotPriceFake
 
 DEMO_FLEET = "demo"
 DEMO_BUCKET = "fleetd-demo"
 DEMO_TYPES = ("g4dn.xlarge", "g6.xlarge", "g5.xlarge")
 DEMO_ZONES = ("us-east-1a", "us-east-1b")
+
+
+def demo_price_fakes() -> tuple[PriceListFake, SpotPriceFake]:
+    """The demo cloud's price APIs, answered by its fault proxy: list prices from the bundled
+    catalog (GetProducts), and the demo book's spot prices (DescribeSpotPriceHistory). fleetd
+    itself runs on the production price path, with no price book."""
+    catalog = bundled_catalog()
+    spot = SpotPriceFake(catalog)
+    book = FilePriceBook.load(DEMO_PRICE_BOOK)
+    for pool in book.pools:
+        price = book.price_at(pool, 0.0)
+        if price is not None and price.spot is not None:
+            spot.set(pool, price.spot)
+    return PriceListFake(catalog), spot
 
 
 def _toml_value(v: object) -> str:
@@ -54,7 +70,7 @@ def fleetd_toml(workdir: Path, ep: DemoEndpoints, nodes: int, budget_usd: float,
         "fleet": {"name": DEMO_FLEET, "min_nodes": nodes, "max_nodes": nodes + 1,
                   "state_dir": workdir / "state", "reconcile_interval_s": 2.0},
         "capacity": {"instance_types": list(DEMO_TYPES), "zones": list(DEMO_ZONES),
-                     "price_book": DEMO_PRICE_BOOK, "spot_wait_s": 20.0, "capacity_error_ttl_s": 60.0,
+                     "spot_wait_s": 20.0, "capacity_error_ttl_s": 60.0,
                      "ami_id": ami_id},
         # A short stop reserve: the demo's checkpoint is small and its nodes are local.
         "scaling": {"initial_nodes": nodes},

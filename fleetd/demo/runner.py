@@ -106,7 +106,8 @@ async def run_demo(opts: DemoOptions) -> dict:
         await _start(run, "moto", [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)])
         await wait_port("127.0.0.1", moto_port, timeout=30)
         moto_url = f"http://127.0.0.1:{moto_port}"
-        proxy = FaultProxy(moto_url).start()
+        price_list, spot_prices = configs.demo_price_fakes()
+        proxy = FaultProxy(moto_url, price_list=price_list, spot_prices=spot_prices).start()
         broker, mqtt_url, broker_kind = await start_broker(workdir)
         run.children.append(broker)
         ep = configs.DemoEndpoints(aws_url=proxy.url, s3_url=moto_url, mqtt_url=mqtt_url, rdzv_port=free_port())

@@ -43,6 +43,7 @@ class PoolOffer:
     on_demand_price: float
     gpu_model: str = ""
     gpu_memory_gib: float = 0.0
+    relative_throughput: float = 1.0  # training throughput of one of its GPUs relative to one A10G (catalog)
     spot_price_trend: float = 0.0  # USD/h change per hour over the recent window
 
 

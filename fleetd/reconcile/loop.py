@@ -42,6 +42,7 @@ from fleetd.reconcile.execute import (
 )
 from fleetd.reconcile.ledger_feed import LedgerFeed
 from fleetd.reconcile.observe import ObservationBuilder
+from fleetd.reconcile.pool_offers import PoolRow
 from fleetd.reconcile.ports import (
     Clock,
     LoggingCommander,
@@ -154,6 +155,11 @@ class Reconciler:
         PASS_SECONDS.set(time.perf_counter() - started)
         NODES.set(len(live))
         return PassReport(now, plan, tuple(outcomes), tuple(i.instance_id for i in live), error, obs)
+
+    @property
+    def pool_rows(self) -> tuple[PoolRow, ...]:
+        """Every configured pool: its offer, or why it is excluded (as of the last pass)."""
+        return self._observation.pool_rows
 
     # -- observe --------------------------------------------------------------------------------
     async def observe(self, now: float) -> tuple[Observation, list[Ec2Instance]]:
