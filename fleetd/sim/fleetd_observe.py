@@ -10,6 +10,7 @@ from types import MappingProxyType
 
 from fleetd.policy.model import Market, Node, NodePhase, PoolOffer
 from fleetd.policy.observation import Observation, PoolStats
+from fleetd.sim import defaults as d
 from fleetd.sim.engine import ON_DEMAND, SimNode, World
 
 
@@ -33,7 +34,7 @@ class ObserveMixin:
             launched_at=n.acquired_at,
             phase=phase,
             drain_started_at=self.drain_started.get(n.id),
-            last_seen_at=None if phase is NodePhase.PENDING else world.now,
+            last_seen_at=self._last_seen(world, n, phase),
             notice_at=n.notice_at,
             notice_deadline=n.notice_deadline,
             gpu_util_pct=95.0 if training else None,
@@ -42,6 +43,14 @@ class ObserveMixin:
             running_since=self.running_since.get(n.id),
             left_at=self.left_at.get(n.id),
         )
+
+    def _last_seen(self, world: World, n: SimNode, phase: NodePhase) -> float | None:
+        """A new node's agent reports once it is up, before it restores and joins training (a
+        changeover longer than boot_timeout_s is not a broken boot)."""
+        if phase is not NodePhase.PENDING:
+            return world.now
+        up_after = min(self.startup_s, d.AGENT_UP_S.value)
+        return world.now if self.startup_s > 0 and world.now - n.acquired_at >= up_after else None
 
     def telemetry(self, world: World, node: SimNode) -> dict:
         """What the simulated agent of ``node`` reports (for a daemon-side observer)."""
@@ -71,7 +80,7 @@ class ObserveMixin:
             prior_interruptions_per_hour=self.prior,
         )
 
-    def _observe(self, world: World, hide_spot: bool = False) -> Observation:
+    def _observe(self, world: World) -> Observation:
         members = world.members()
         if members:
             self.throughput[len(members)] = world.job.throughput(len(members))
@@ -84,7 +93,7 @@ class ObserveMixin:
             PoolOffer(
                 pool=self.pool,
                 gpus=self.gpus,
-                spot_price=None if hide_spot else world.spot_price,
+                spot_price=world.spot_price,
                 on_demand_price=world.on_demand_price,
             ),
             PoolOffer(
@@ -104,5 +113,6 @@ class ObserveMixin:
             last_scaling_at=self.last_scaling_at,
             spot_unavailable_since=self.spot_unavailable_since,
             stop_issued_at=self.stop_issued_at,
+            job_started_at=0.0,  # the simulated job starts at the trace's (virtual) time 0
             **kwargs,
         )

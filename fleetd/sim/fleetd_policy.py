@@ -35,21 +35,18 @@ planner crosses its threshold (`_schedule_next`), and at the latest every ``tick
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from fleetd.config import FleetdConfig
 from fleetd.policy.model import NodePhase, Plan, PoolId
 from fleetd.policy.checkpointing import cadence
 from fleetd.policy.observation import Observation, spot_shortage_over
+from fleetd.policy.placement import NOTICE_LEAD_S
 from fleetd.policy.planner import plan
 from fleetd.sim import defaults as d
 from fleetd.sim.clock import Timer
 from fleetd.sim.engine import SimNode, World
 from fleetd.sim.fleetd_actions import ActionRecord, ActionsMixin, describe
 from fleetd.sim.fleetd_observe import ObserveMixin
-
-if TYPE_CHECKING:
-    from fleetd.sim.deadline_guard import DeadlineGuard
 
 __all__ = ["ActionRecord", "FleetdPolicy", "Planner", "describe"]
 
@@ -71,7 +68,6 @@ class FleetdPolicy(ObserveMixin, ActionsMixin):
         prior_interruptions_per_hour: float | None = None,
         tick_s: float | None = None,
         startup_s: float = 0.0,
-        guard: "DeadlineGuard | None" = None,
         leaving_signal: bool = True,
         upload_gb_per_s: float = d.UPLOAD_GB_PER_S.value,
         od_pool: PoolId | None = None,
@@ -84,7 +80,7 @@ class FleetdPolicy(ObserveMixin, ActionsMixin):
         self.od_pool = od_pool or PoolId(pool.instance_type, f"{pool.zone}-on-demand")
         self.planner = planner
         self.startup_s = startup_s  # launch -> agent up and state restored (trace adds: 0)
-        self.guard = guard
+        self._deadline_wake: tuple[float, ...] = ()  # the last plan's deadline wake-ups
         # DESIGN.md step 4: the drained node's agent reports that its trainer exited (the
         # registry's left_at); the planner terminates it at once. False: an agent that never
         # reports it (billed until AWS reclaims the node or the drain times out).
@@ -190,12 +186,8 @@ class FleetdPolicy(ObserveMixin, ActionsMixin):
         if world.done:
             return
         now = world.now
-        cfg, hide_spot = self.cfg, False
-        if self.guard is not None:
-            cfg, hide_spot = self.guard.adjust(world, self.cfg, self.spot_unavailable_since)
-            if hide_spot and self.spot_unavailable_since is None:
-                self.spot_unavailable_since = now  # "no spot pool is offered" counts as none found
-        obs = self._observe(world, hide_spot)
+        cfg = self.cfg
+        obs = self._observe(world)
         result: Plan = self.planner(obs, cfg, now)
         self.passes += 1
         self.pass_times.append(now)
@@ -204,6 +196,7 @@ class FleetdPolicy(ObserveMixin, ActionsMixin):
                 self.last_scaling_at = now
             self.target = result.target_nodes
         self.budget_level = result.budget.level
+        self._deadline_wake = result.deadline.wake_at if result.deadline is not None else ()
         if result.spot_short and self.spot_unavailable_since is None:
             self.spot_unavailable_since = now  # as the loop remembers it (reconcile/loop.py)
         elif spot_shortage_over(result):
@@ -225,7 +218,7 @@ class FleetdPolicy(ObserveMixin, ActionsMixin):
         so it sees the outcome, e.g. a capacity error); else at the first moment one of the
         planner's time-driven inputs crosses its configured threshold (a capacity error's TTL,
         spot_wait_s, the scaling cool-down, the interrupting window, a drain or boot timing out,
-        the checkpoint age, the deadline guard), and at the latest after ``tick_s``."""
+        the checkpoint age, the deadline rule's crossings), and at the latest after ``tick_s``."""
         now = world.now
         times = [now + (cfg.fleet.reconcile_interval_s if acted else self.tick_s)]
         times += self._threshold_times(world, cfg)
@@ -246,6 +239,7 @@ class FleetdPolicy(ObserveMixin, ActionsMixin):
             out.append(self.last_scaling_at + cfg.scaling.cooldown_s + eps)
         if self.last_notice_at is not None:
             out.append(self.last_notice_at + cap.interrupting_window_s + eps)
+            out.append(self.last_notice_at + NOTICE_LEAD_S + eps)  # the reclaim wave is over
         if self.last_durable_at is not None:
             out.append(self.last_durable_at + cfg.rebalance.max_checkpoint_age_s + eps)
             if cfg.rebalance.young_daly_checkpoints:
@@ -260,6 +254,5 @@ class FleetdPolicy(ObserveMixin, ActionsMixin):
         for node_id, phase in self.phase.items():
             if phase is NodePhase.PENDING and node_id in world.held:
                 out.append(world.held[node_id].acquired_at + cap.boot_timeout_s + eps)
-        if self.guard is not None:
-            out.extend(self.guard.wake_times(world))
+        out.extend(self._deadline_wake)
         return out
