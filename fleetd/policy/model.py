@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from fleetd.policy.deadline import DeadlineCall
+
 
 class Market(StrEnum):
     SPOT = "spot"
@@ -209,6 +211,8 @@ class Plan:
     # True when this plan needed spot capacity and no spot pool could be tried: the caller starts
     # Observation.spot_unavailable_since (on-demand fallback after capacity.spot_wait_s).
     spot_short: bool = False
+    # The deadline rule's call on this pass (fleetd/policy/deadline.py); None without a deadline.
+    deadline: DeadlineCall | None = None
 
     def of_type(self, kind: type) -> tuple:
         return tuple(a for a in self.actions if isinstance(a, kind))

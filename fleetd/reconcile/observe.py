@@ -83,6 +83,11 @@ class ObservationBuilder:
             nodes.append(node)
         if self._ledger is not None:
             await self._ledger.feed(self.state, now, prices, sync, notices)
+        # The start of a deadline job's progress line: the first pass, kept across restarts.
+        started = await self.state.get_meta("job_started_at")
+        if started is None:
+            started = now
+            await self.state.set_meta("job_started_at", now)
         obs = Observation(
             nodes=tuple(nodes),
             offers=self._offers(prices),
@@ -101,6 +106,7 @@ class ObservationBuilder:
             desired_job=signals.desired_job,
             stop_issued_at=await self.state.get_meta("stop_issued_at"),
             budget_level=BudgetLevel(await self.state.get_meta("budget_level", BudgetLevel.NORMAL.value)),
+            job_started_at=started,
         )
         return obs, [i for i in current if i.live]
 

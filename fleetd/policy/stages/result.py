@@ -29,4 +29,5 @@ def assemble_plan(p: PlanPass, view: budget_policy.BudgetView, target: int, spot
         target_nodes=target,
         budget=view.status(burn_after, committed),
         spot_short=spot_short,
+        deadline=p.deadline,
     )
