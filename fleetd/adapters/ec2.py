@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from fleetd.adapters.aws_errors import AwsError, PermanentAwsError, aws_call, classify_code
@@ -51,6 +52,9 @@ class Ec2Instance:
     launched_at: float  # epoch seconds
     launch_token: str | None = None
     state_reason: str = ""  # e.g. "Server.SpotInstanceTermination"
+    # When it left running for shutting-down/terminated, from StateTransitionReason (billing ends
+    # there); None while it runs or when EC2 does not say.
+    ended_at: float | None = None
 
     @property
     def live(self) -> bool:
@@ -114,6 +118,18 @@ def _epoch(value: Any) -> float:
     return value.timestamp() if isinstance(value, datetime) else float(value or 0.0)
 
 
+_TRANSITION_AT = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
+
+
+def transition_time(reason: str) -> float | None:
+    """The time in a StateTransitionReason such as "User initiated (2026-11-24 05:00:00 GMT)"
+    (moto writes UTC); None when it carries none."""
+    m = _TRANSITION_AT.search(reason)
+    if m is None:
+        return None
+    return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC).timestamp()
+
+
 def _tags(item: Mapping[str, Any]) -> dict[str, str]:
     return {t["Key"]: t["Value"] for t in item.get("Tags", []) or []}
 
@@ -169,6 +185,8 @@ class AioEc2:
             launched_at=_epoch(item.get("LaunchTime")),
             launch_token=tags.get(TAG_LAUNCH),
             state_reason=(item.get("StateReason") or {}).get("Code", ""),
+            ended_at=transition_time(item.get("StateTransitionReason") or "")
+            if item.get("State", {}).get("Name") in ("shutting-down", "terminated") else None,
         )
 
     async def instances_of_launch(self, token: str) -> list[Ec2Instance]:

@@ -204,6 +204,7 @@ class Plan:
     # The node count the planner now aims for. The caller passes it back as
     # Observation.target_nodes, and sets Observation.last_scaling_at = now when it changed.
     target_nodes: int | None = None
+    target_reason: str = ""  # why the target is what it is (scaling.decide_target's reason)
     budget: BudgetStatus = field(default_factory=BudgetStatus)
     # True when this plan needed spot capacity and no spot pool could be tried: the caller starts
     # Observation.spot_unavailable_since (on-demand fallback after capacity.spot_wait_s).

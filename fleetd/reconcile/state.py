@@ -36,7 +36,14 @@ from fleetd.reconcile.state_rows import (  # noqa: F401  (re-exported: callers u
     SeenInstance,
     SyncReport,
 )
-from fleetd.reconcile.state_sql import SCHEMA, accrue, add_missing_columns, close_instance, ensure_pool
+from fleetd.reconcile.state_sql import (
+    SCHEMA,
+    accrue,
+    add_missing_columns,
+    close_instance,
+    ensure_pool,
+    observed_until,
+)
 
 
 class StateStore:
@@ -197,8 +204,8 @@ class StateStore:
 
         def tx(db: sqlite3.Connection) -> SyncReport:
             known = {r[0]: r for r in db.execute(
-                "SELECT instance_id, accounted_until, terminate_requested_at, notice_at, pool FROM instances"
-                " WHERE ended_at IS NULL")}
+                "SELECT instance_id, accounted_until, terminate_requested_at, notice_at, pool, last_seen_at"
+                " FROM instances WHERE ended_at IS NULL")}
             adopted, ended = [], []
             seen_ids = set()
             for s in seen:
@@ -217,20 +224,27 @@ class StateStore:
                     )
                     adopted.append(s.instance_id)
                     continue
-                accrue(db, s.instance_id, row[4], row[1], now)
                 if s.ec2_state in TERMINAL:
-                    reason = close_instance(db, s.instance_id, now, row[2], row[3], row[4], s.state_reason)
+                    # Billing stops when EC2 says it left running, not when fleetd noticed (a
+                    # controller that was down for an hour must not bill that hour). Never before
+                    # fleetd last saw it running (EC2's timestamp has one-second resolution).
+                    end = now if s.ended_at is None else min(now, max(s.ended_at, row[5]))
+                    accrue(db, s.instance_id, row[4], row[1], end)
+                    reason = close_instance(db, s.instance_id, end, row[2], row[3], row[4], s.state_reason)
                     ended.append((s.instance_id, reason))
                 else:
+                    accrue(db, s.instance_id, row[4], row[1], now)
                     # EC2's answer wins over what the launch reply said (pool, launch time).
                     db.execute("UPDATE instances SET ec2_state=?, last_seen_at=?, launched_at=?, pool=?"
                                " WHERE instance_id=?",
                                (s.ec2_state, now, s.launched_at or now, str(s.pool), s.instance_id))
             for iid, row in known.items():
                 if iid not in seen_ids:
-                    # Gone from DescribeInstances altogether (terminated long ago).
-                    accrue(db, iid, row[4], row[1], now)
-                    ended.append((iid, close_instance(db, iid, now, row[2], row[3], row[4], "")))
+                    # Gone from DescribeInstances altogether (terminated long ago): when is not
+                    # known, so it is billed only until fleetd last saw it.
+                    end = min(now, row[5])
+                    accrue(db, iid, row[4], row[1], end)
+                    ended.append((iid, close_instance(db, iid, end, row[2], row[3], row[4], "")))
             return SyncReport(tuple(adopted), tuple(ended))
 
         return await self._run(tx)
@@ -314,6 +328,12 @@ class StateStore:
             return total
 
         return await self._run(q)
+
+    def observed_until_sync(self) -> dict[str, float]:
+        """See fleetd.reconcile.state_sql.observed_until."""
+        assert self._db is not None, "StateStore is closed"
+        with self._lock:
+            return observed_until(self._db)
 
     # -- meta -----------------------------------------------------------------------------------
     async def get_meta(self, key: str, default: Any = None) -> Any:

@@ -75,6 +75,7 @@ class SeenInstance:
     launch_token: str | None
     price_per_hour: float  # price now, used when fleetd sees the instance for the first time
     state_reason: str = ""
+    ended_at: float | None = None  # EC2's transition time out of running (Ec2Instance.ended_at)
 
 
 @dataclass(frozen=True, slots=True)

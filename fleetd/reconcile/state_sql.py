@@ -98,3 +98,14 @@ def close_instance(db: sqlite3.Connection, instance_id: str, now: float, termina
     db.execute("UPDATE instances SET ended_at=?, end_reason=?, ec2_state='terminated' WHERE instance_id=?",
                (now, reason, instance_id))
     return reason
+
+
+def observed_until(db: sqlite3.Connection) -> dict[str, float]:
+    """Instance id -> the last time fleetd knew it was billed: its end when the end is known,
+    else when fleetd last saw it alive. The ledger bills an instance with no recorded stop no
+    further than this (fleetd.policy.ledger.bills), so a report read long after the controller
+    stopped does not keep billing nodes nobody watches."""
+    return {
+        iid: (ended if ended is not None else seen)
+        for iid, ended, seen in db.execute("SELECT instance_id, ended_at, last_seen_at FROM instances")
+    }

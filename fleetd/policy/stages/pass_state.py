@@ -26,6 +26,7 @@ class PlanPass:
     billed: list[Node] = field(default_factory=list)  # still costing money after this plan
     kept: list[Node] = field(default_factory=list)  # counted as capacity (not leaving)
     checkpoint_requested: bool = False
+    target_reason: str = ""
 
     def remove(self, node: Node, reason: str) -> None:
         """Take a kept node out of the fleet: drain it if it trains, else terminate it."""
