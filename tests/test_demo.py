@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -66,6 +67,27 @@ def test_short_scenario_end_to_end(tmp_path: Path) -> None:
     assert 0 < report["spend_usd"] <= report["budget_usd"]
     assert report["on_demand_equivalent_usd"] > report["spend_usd"]
     assert _survivors(run_id) == []
+    # One truth for money and progress: `fleetd report` on the demo's config states the demo
+    # report's spend (and `fleetd status`'s), with useful steps from the trainers' real progress,
+    # now and however long after the demo it runs (the controller is gone; nodes it did not see
+    # end are billed up to when it last saw them, never to "now").
+    conf = str(tmp_path / "work" / "fleetd.toml")
+    now = _fleetd_json("report", "--json", "--config", conf)
+    assert now["useful_steps"] > 0, now
+    assert abs(now["spend_usd"] - report["spend_usd"]) <= 0.01, (now, report["spend_usd"])
+    assert abs(report["status_spend_usd"] - report["spend_usd"]) <= 0.01, report
+    status = _fleetd_json("status", "--json", "--config", conf)
+    assert abs(status["budget"]["spent_usd"] - now["spend_usd"]) <= 0.01, (status["budget"], now)
+    later = _fleetd_json("report", "--json", "--config", conf, "--at", str(time.time() + 3 * 3600))
+    assert later["spend_usd"] == now["spend_usd"], (later, now)
+    time.sleep(20)  # and for real, a while later
+    assert _fleetd_json("report", "--json", "--config", conf)["spend_usd"] == now["spend_usd"]
+
+
+def _fleetd_json(*args: str) -> dict:
+    res = subprocess.run([sys.executable, "-m", "fleetd.cli", *args], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
 
 
 def test_tiny_budget_ends_with_a_checkpointed_stop(tmp_path: Path) -> None:

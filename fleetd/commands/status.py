@@ -172,6 +172,9 @@ def render(report: dict[str, Any]) -> str:
         ))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(columns))]
     lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    flagged = [n for n in report["nodes"] if n.get("flag")]
+    for n in flagged:
+        lines.append(f"{n['instance_id']}: {n['flag']}")
     rdzv = report["rendezvous"]
     lines.append(f"rendezvous: round {rdzv['round']}, world size {rdzv['world_size']}" if rdzv
                  else "rendezvous: unknown")

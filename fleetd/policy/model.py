@@ -68,7 +68,8 @@ class Node:
     notice_at: float | None = None  # spot interruption notice seen (IMDS or EventBridge)
     notice_deadline: float | None = None  # when AWS will act on the notice
     rebalance_at: float | None = None  # rebalance recommendation seen
-    gpu_util_pct: float | None = None
+    gpu_util_pct: float | None = None  # smoothed over the agent's reports (registry)
+    cpu_pct: float | None = None  # host CPU, smoothed: with idle GPUs it says "input-bound"
     steps_per_s: float | None = None
     step: int | None = None
     # The most this node can cost per hour: its spot bid (AWS reclaims it above that), or its
