@@ -97,3 +97,25 @@ def test_tiny_budget_ends_with_a_checkpointed_stop(tmp_path: Path) -> None:
     assert report["spend_usd"] <= report["budget_usd"]
     assert report["checkpoints_durable"] >= 1
     assert _survivors(run_id) == []
+
+
+def test_scaling_scenario_grows_on_measured_gain_and_drains_the_node_not_worth_its_price(tmp_path: Path) -> None:
+    """Real agents, torchrun and `fleetd run` against moto and mosquitto: the toy job's steps/s
+    stops growing at two nodes, so fleetd grows while a node's measured gain is worth its price,
+    drains the one that adds nothing, and stays within the budget. Each decision has its reason
+    in fleetd's log and in the report."""
+    res, report, run_id = _demo(tmp_path, "--scenario", "scaling", "--duration", "170", timeout=540)
+    assert res.returncode == 0, _explain(res, tmp_path)
+    assert len(report["scale_ups"]) >= 1 and len(report["scale_downs"]) >= 1, (report["ledger"], _explain(res, tmp_path))
+    assert all(d["reason"].startswith("scale up") for d in report["scale_ups"])
+    down = report["scale_downs"][0]
+    assert down["reason"].startswith(f"scale down {down['from']}->{down['to']}: node {down['from']} adds")
+    assert "of the average throughput per dollar, below" in down["reason"]
+    log = (tmp_path / "work" / "fleetd.log").read_text()
+    for d in report["scale_ups"] + report["scale_downs"]:
+        assert d["reason"] in log
+    # The node taken out was drained (checkpoint first), not killed.
+    assert f"scaling to {down['to']} nodes: removing" in log and '"action": "Drain"' in log
+    assert 0 < report["spend_usd"] <= report["budget_usd"]
+    assert report["useful_steps"] > 0
+    assert _survivors(run_id) == []
