@@ -78,3 +78,15 @@ async def test_report_after_the_controller_stopped_and_ec2_end_times(cloud: Clou
             assert b.stopped_at == stops[b.instance_id]
     finally:
         await store.close()
+
+
+def test_transition_time_from_aws_and_moto_reasons() -> None:
+    from datetime import UTC, datetime
+
+    from fleetd.adapters.ec2_times import transition_time
+
+    at = datetime(2026, 11, 24, 5, 0, 1, tzinfo=UTC).timestamp()
+    assert transition_time("User initiated (2026-11-24 05:00:01 GMT)") == at  # AWS
+    assert transition_time("User initiated (2026-11-24 05:00:01 UTC)") == at  # moto
+    assert transition_time("Server.SpotInstanceTermination") is None
+    assert transition_time("") is None

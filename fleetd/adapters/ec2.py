@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Protocol
 
 from fleetd.adapters.aws_errors import AwsError, PermanentAwsError, aws_call, classify_code
+from fleetd.adapters.ec2_times import transition_time
 from fleetd.adapters.launch_template import TemplateRef
 from fleetd.adapters.pricing import Hardware
 from fleetd.config import GpuRequirements
@@ -116,18 +116,6 @@ def launch_token(fleet: str, seq: int, count: int, market: Market, pools: Sequen
 
 def _epoch(value: Any) -> float:
     return value.timestamp() if isinstance(value, datetime) else float(value or 0.0)
-
-
-_TRANSITION_AT = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
-
-
-def transition_time(reason: str) -> float | None:
-    """The time in a StateTransitionReason such as "User initiated (2026-11-24 05:00:00 GMT)"
-    (moto writes UTC); None when it carries none."""
-    m = _TRANSITION_AT.search(reason)
-    if m is None:
-        return None
-    return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC).timestamp()
 
 
 def _tags(item: Mapping[str, Any]) -> dict[str, str]:
