@@ -48,6 +48,9 @@ class NodeView(_Frozen):
     last_checkpoint_step: int | None = None
     last_checkpoint_at: float | None = None
     notice_at: float | None = None
+    # Why this node is not pulling its weight (gpu-idle, input-bound), with the numbers; None: no
+    # such sign measured (fleetd.policy.scaling.node_flag).
+    flag: str | None = None
 
 
 class BudgetView(_Frozen):
@@ -138,10 +141,12 @@ def build_snapshot(
     node_checkpoints: Mapping[str, tuple[int, float]] | None = None,
     stop_issued_at: float | None = None,
     pools: Iterable[Any] = (),
+    flags: Mapping[str, str] | None = None,
 ) -> StatusSnapshot:
     """From the planner's own inputs and outputs of one pass (``rendezvous``: (round, world size);
     ``checkpoint``: (step, durable_at); ``node_checkpoints``: instance id -> (step, saved_at))."""
     node_checkpoints = node_checkpoints or {}
+    flags = flags or {}
     views = []
     for n in nodes:
         ckpt = node_checkpoints.get(n.instance_id)
@@ -160,6 +165,7 @@ def build_snapshot(
                 last_checkpoint_step=ckpt[0] if ckpt else None,
                 last_checkpoint_at=ckpt[1] if ckpt else None,
                 notice_at=n.notice_at,
+                flag=flags.get(n.instance_id),
             )
         )
     budget_view = None

@@ -181,6 +181,9 @@ def render(report: dict[str, Any]) -> str:
         lines += [f"  excluded {p['pool']}: {p['reason']}" for p in excluded]
     elif pools is None or report["source"] != "snapshot":
         lines.append("pools: unknown")
+    flagged = [n for n in report["nodes"] if n.get("flag")]
+    for n in flagged:
+        lines.append(f"{n['instance_id']}: {n['flag']}")
     rdzv = report["rendezvous"]
     lines.append(f"rendezvous: round {rdzv['round']}, world size {rdzv['world_size']}" if rdzv
                  else "rendezvous: unknown")

@@ -71,7 +71,8 @@ class Node:
     notice_at: float | None = None  # spot interruption notice seen (IMDS or EventBridge)
     notice_deadline: float | None = None  # when AWS will act on the notice
     rebalance_at: float | None = None  # rebalance recommendation seen
-    gpu_util_pct: float | None = None
+    gpu_util_pct: float | None = None  # smoothed over the agent's reports (registry)
+    cpu_pct: float | None = None  # host CPU, smoothed: with idle GPUs it says "input-bound"
     steps_per_s: float | None = None
     step: int | None = None
     # The most this node can cost per hour: its spot bid (AWS reclaims it above that), or its
@@ -207,6 +208,7 @@ class Plan:
     # The node count the planner now aims for. The caller passes it back as
     # Observation.target_nodes, and sets Observation.last_scaling_at = now when it changed.
     target_nodes: int | None = None
+    target_reason: str = ""  # why the target is what it is (scaling.decide_target's reason)
     budget: BudgetStatus = field(default_factory=BudgetStatus)
     # True when this plan needed spot capacity and no spot pool could be tried: the caller starts
     # Observation.spot_unavailable_since (on-demand fallback after capacity.spot_wait_s).

@@ -48,6 +48,7 @@ def plan(obs: Observation, cfg: FleetdConfig, now: float) -> Plan:
     if view.level is BudgetLevel.STOP or obs.desired_job is DesiredJob.STOP:
         why = view.reason if view.level is BudgetLevel.STOP else "job stop requested"
         p.actions.append(StopJob(reason=f"{why}: coordinated checkpoint, then stop every node"))
+        p.target_reason = f"stopping the job: {why}"
         return assemble_plan(p, view, target=0)
     if LEVEL_ORDER.index(view.level) > LEVEL_ORDER.index(obs.budget_level):
         p.actions.append(Warn(reason=view.reason, code=f"budget-{view.level.value}"))

@@ -83,6 +83,7 @@ class ObservationBuilder:
             nodes.append(node)
         if self._ledger is not None:
             await self._ledger.feed(self.state, now, prices, sync, notices)
+            await self._ledger.progress(nodes, now, {t: hw.gpus for t, hw in self.hardware.items()})
         # The start of a deadline job's progress line: the first pass, kept across restarts.
         started = await self.state.get_meta("job_started_at")
         if started is None:
@@ -120,6 +121,7 @@ class ObservationBuilder:
             launch_token=inst.launch_token,
             price_per_hour=price_of(inst.market, price),
             state_reason=inst.state_reason,
+            ended_at=inst.ended_at,
         )
 
     async def _resolve_open_launches(self, instances: Sequence[Ec2Instance], now: float) -> None:

@@ -28,6 +28,7 @@ class PlanPass:
     kept: list[Node] = field(default_factory=list)  # counted as capacity (not leaving)
     checkpoint_requested: bool = False
     deadline: DeadlineCall | None = None  # the deadline rule's call (stages/deadline.py)
+    target_reason: str = ""
 
     def remove(self, node: Node, reason: str) -> None:
         """Take a kept node out of the fleet: drain it if it trains, else terminate it."""
