@@ -7,10 +7,21 @@ set up in `World.__init__`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-if TYPE_CHECKING:
-    from fleetd.sim.engine import SimNode
+
+@dataclass(eq=False, slots=True)
+class SimNode:
+    id: str
+    market: str
+    price_per_hour: float
+    acquired_at: float
+    pool: str
+    member: bool = False  # in the training world
+    notice_at: float | None = None
+    notice_deadline: float | None = None
+    released_at: float | None = None
+    lost: bool = False
 
 
 class TrainingBooks:

@@ -18,10 +18,9 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
-from fleetd.sim.books import TrainingBooks
+from fleetd.sim.books import SimNode, TrainingBooks
 from fleetd.sim.clock import NOTICE, POLICY, TRACE, EventQueue, Timer
 from fleetd.sim.defaults import MIN_CHARGE_S
 from fleetd.sim.job import JobSpec
@@ -30,20 +29,6 @@ from fleetd.sim.traces import ADD, Trace
 
 SPOT = "spot"
 ON_DEMAND = "on-demand"
-
-@dataclass(eq=False, slots=True)
-class SimNode:
-    id: str
-    market: str
-    price_per_hour: float
-    acquired_at: float
-    pool: str
-    member: bool = False  # in the training world
-    notice_at: float | None = None
-    notice_deadline: float | None = None
-    released_at: float | None = None
-    lost: bool = False
-
 
 class Policy(Protocol):
     name: str
