@@ -108,8 +108,8 @@ def list_pools(
             od_source = catalog.label if od is not None else None
         reason = None
         if spec is None:
-            reason = (f"not in the bundled GPU catalog: no hardware facts or on-demand price known offline"
-                      f" (the daemon asks DescribeInstanceTypes and the Price List API)")
+            reason = ("not in the bundled GPU catalog: no hardware facts or on-demand price known offline"
+                      " (the daemon asks DescribeInstanceTypes and the Price List API)")
         elif od is None:
             asked = "the Price List API and the bundled GPU catalog list" if on_demand else "the bundled GPU catalog lists"
             reason = (f"no on-demand price for {itype} in {region} ({asked} none): not sold there, or only"

@@ -48,6 +48,7 @@ def test_a_real_shaped_entry_parses_from_its_json_string() -> None:
         (lambda d: json.dumps({**d, "terms": {"Reserved": {}}}), "terms.OnDemand"),
         (lambda d: json.dumps(_price(d, "0.0000000000")), "not a price"),
         (lambda d: json.dumps(_price(d, "NaN")), "not a price"),
+        (lambda d: json.dumps(_price(d, "Infinity")), "not a price"),
         (lambda d: json.dumps(_price(d, "one dollar")), "pricePerUnit"),
         (lambda d: json.dumps(_two_dimensions(d)), "2 hourly price dimensions"),
     ],

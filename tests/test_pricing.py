@@ -155,3 +155,19 @@ async def test_spot_history_across_pages_gives_newest_price_and_trend() -> None:
     assert prices[A].spot == 0.55 and prices[A].trend == pytest.approx(0.05)
     assert prices[B].spot == 0.31 and prices[B].trend == pytest.approx(0.0)
     assert prices[A].on_demand is None  # no on-demand source given
+
+
+async def test_spot_history_pages_through_the_test_cloud(cloud: Cloud) -> None:
+    """Two points per pool and two per page: the adapter follows EC2's NextToken to the end. The
+    request is types x zones (6 pools, 12 points, 6 pages); only the wanted pools are kept."""
+    now = datetime.now(timezone.utc).timestamp()
+    pools = [A, B, PoolId("g4dn.xlarge", "us-east-1a"), PoolId("g6.xlarge", "us-east-1a")]
+    async with cloud.client() as c:
+        history = await Ec2SpotPriceSource(c, window_s=3600, page_size=2).history(pools, now)
+    calls = cloud.proxy.calls_of("DescribeSpotPriceHistory")
+    assert len(calls) == 6 and sum(1 for c in calls if c.get("NextToken")) == 5
+    assert {p: len(points) for p, points in history.items()} == {p: 2 for p in pools}
+    assert history[A][-1][1] == SPOT[A]
+    # A pool without a set quote: a share of the catalog's on-demand price, dated inside the window.
+    g6 = history[PoolId("g6.xlarge", "us-east-1a")]
+    assert 0.25 * 0.8048 < g6[-1][1] < 0.5 * 0.8048 and all(now - 3600 <= t <= now for t, _ in g6)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.ports import free_port
-from tests.reconcile_support import TYPES, ZONES, Cloud, cloud  # noqa: F401
+from tests.reconcile_support import SPOT, TYPES, ZONES, Cloud, cloud  # noqa: F401
 
 
 def config(cloud: Cloud, tmp_path: Path, metrics_port: int) -> Path:
@@ -64,6 +64,13 @@ async def test_fleetd_run_serves_metrics_and_status_matches_ec2(cloud: Cloud, tm
                     break
             await asyncio.sleep(0.5)
         assert status.get("node_count") == len(await cloud.instances()) == 3, status
+        # Prices took the production path (no price book): the Price List API's on-demand and the
+        # spot history's quotes, per pool, in `fleetd status`.
+        pools = {p["pool"]: p for p in status["pools"]}
+        assert {str(p) for p in SPOT} == set(pools) and all(p["offered"] for p in pools.values())
+        assert all(pools[str(p)]["spot_price"] == price for p, price in SPOT.items())
+        assert pools["g5.xlarge@us-east-1a"]["on_demand_price"] == 1.006
+        assert cloud.proxy.calls_of("GetProducts")
         body = await asyncio.to_thread(scrape, port)
         assert "fleetd_nodes{" in body and "fleetd_reconcile_passes_total" in body
         proc.send_signal(signal.SIGTERM)

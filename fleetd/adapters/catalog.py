@@ -10,6 +10,7 @@ reached, the hardware facts DescribeInstanceTypes does not give (relative throug
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -159,7 +160,7 @@ def parse_catalog(doc: Mapping[str, Any], source: str = "catalog") -> Catalog:
 
 def _positive(value: Any) -> float:
     v = float(value)
-    if not v > 0:  # also rejects NaN
+    if not (v > 0 and math.isfinite(v)):  # also rejects NaN and infinity
         raise ValueError(f"expected a positive number, got {value!r}")
     return v
 

@@ -22,6 +22,7 @@ logged once per refresh and kept in ``sources``.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -87,6 +88,14 @@ def parse_entry(item: str | Mapping[str, Any]) -> OnDemandEntry:
     on_demand = terms.get("OnDemand") if isinstance(terms, Mapping) else None
     if not isinstance(on_demand, Mapping) or not on_demand:
         raise PriceListEntryError(f"{itype}: no terms.OnDemand")
+    prices = _hourly_prices(itype, on_demand)
+    if len(prices) != 1:
+        raise PriceListEntryError(f"{itype}: {len(prices)} hourly price dimensions, want 1")
+    return OnDemandEntry(itype, region, prices[0], str(product.get("sku", "")))
+
+
+def _hourly_prices(itype: str, on_demand: Mapping[str, Any]) -> list[float]:
+    """USD per hour of every hourly price dimension of the OnDemand terms."""
     prices = []
     for term in on_demand.values():
         dims = term.get("priceDimensions") if isinstance(term, Mapping) else None
@@ -95,17 +104,17 @@ def parse_entry(item: str | Mapping[str, Any]) -> OnDemandEntry:
         for dim in dims.values():
             if not isinstance(dim, Mapping) or dim.get("unit") not in ("Hrs", "Hours"):
                 continue
-            usd = (dim.get("pricePerUnit") or {}).get("USD") if isinstance(dim.get("pricePerUnit"), Mapping) else None
+            per_unit = dim.get("pricePerUnit")
+            usd = per_unit.get("USD") if isinstance(per_unit, Mapping) else None
             try:
                 value = float(usd)
             except (TypeError, ValueError):
                 raise PriceListEntryError(f"{itype}: pricePerUnit.USD={usd!r}") from None
-            if not value > 0:  # a zero price is a placeholder SKU, NaN is garbage
+            # A zero price is a placeholder SKU; NaN and infinity are garbage.
+            if not (value > 0 and math.isfinite(value)):
                 raise PriceListEntryError(f"{itype}: pricePerUnit.USD={usd!r} is not a price")
             prices.append(value)
-    if len(prices) != 1:
-        raise PriceListEntryError(f"{itype}: {len(prices)} hourly price dimensions, want 1")
-    return OnDemandEntry(itype, region, prices[0], str(product.get("sku", "")))
+    return prices
 
 
 class OnDemandPrices:

@@ -178,10 +178,15 @@ class SpotPriceFake:
                         f"<timestamp>{t.strftime('%Y-%m-%dT%H:%M:%S.000Z')}</timestamp>"
                         f"<availabilityZone>{escape(zone)}</availabilityZone></item>"
                     )
+        # Paginated like EC2: MaxResults items per page, an opaque NextToken for the rest.
+        size = max(1, int(params.get("MaxResults") or 1000))
+        start = int(params["NextToken"]) if params.get("NextToken", "").isdigit() else 0
+        page = items[start:start + size]
+        token = str(start + size) if start + size < len(items) else ""
         return (
             f'<?xml version="1.0" encoding="UTF-8"?>\n<DescribeSpotPriceHistoryResponse xmlns="{EC2_NS}">'
-            f"<requestId>{uuid.uuid4()}</requestId><spotPriceHistorySet>{''.join(items)}</spotPriceHistorySet>"
-            f"<nextToken></nextToken></DescribeSpotPriceHistoryResponse>"
+            f"<requestId>{uuid.uuid4()}</requestId><spotPriceHistorySet>{''.join(page)}</spotPriceHistorySet>"
+            f"<nextToken>{token}</nextToken></DescribeSpotPriceHistoryResponse>"
         )
 
 
