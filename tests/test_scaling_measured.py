@@ -41,7 +41,7 @@ def test_throughput_per_size_is_measured_from_progress_after_the_reform_pause() 
     clock, reg = Clock(), NodeRegistry()
     sig = TrainingSignals(reg, clock=clock)
     step = 0
-    for _ in range(15):  # one node: 2 steps/s (the trainer's own rate field says 99: ignored)
+    for _ in range(int(MIN_WINDOW_S) + 2):  # one node: 2 steps/s (the trainer's own rate field says 99: ignored)
         clock.t += 1.0
         step += 2
         _report(reg, clock, "a", step, 1)

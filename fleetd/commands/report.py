@@ -126,7 +126,7 @@ def render_table(data: dict) -> str:
     if unseen:
         last = max(u["billed_until"] for u in unseen)
         lines += ["", f"{len(unseen)} node(s) whose end fleetd has not seen (it stopped first, or has not "
-                      f"looked since) are billed only up to when it last saw them alive (the latest "
+                      f"looked since) are billed only up to when it last saw them alive, or their 60 s minimum (the latest "
                       f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(last))} UTC): "
                       + ", ".join(u["instance_id"] for u in unseen)]
     decisions = data.get("scaling_decisions") or []

@@ -32,8 +32,14 @@ def plot(events: Sequence[LedgerEvent], now: float, observed_until: Mapping[str,
         axes[1].step(minutes, counts, where="post", label=market)
     axes[1].set_ylabel("live nodes")
     axes[1].legend(loc="upper left")
-    axes[2].plot(minutes, tl.step, color="tab:green")
+    axes[2].plot(minutes, tl.step, color="tab:green", label="useful steps (highest step reached)")
+    for lost in tl.losses:
+        x = (lost.at - t0) / 60.0
+        axes[2].axvline(x, color="tab:red", linewidth=1)
+        axes[2].annotate(f"-{lost.from_step - lost.to_step} steps", (x, lost.to_step), textcoords="offset points",
+                         xytext=(2, 2), fontsize=7, color="tab:red")
     axes[2].set_ylabel("training step")
+    axes[2].legend(loc="upper left")
     axes[2].set_xlabel("minutes since the first launch")
     for d in tl.decisions:
         x = (d.at - t0) / 60.0

@@ -85,7 +85,10 @@ def fleetd_toml(workdir: Path, ep: DemoEndpoints, nodes: int, budget_usd: float,
         "scaling": scaling,
         "budget": {"total_usd": budget_usd, "max_usd_per_hour": max_usd_per_hour, "stop_reserve_s": 30.0},
         "mqtt": {"url": ep.mqtt_url},
-        "rendezvous": {"host": "127.0.0.1", "port": ep.rdzv_port, "run_id": "demo"},
+        # The scaling story has no silent loss to detect fast, and its joins restart workers on
+        # a busy two-core host: a longer heartbeat timeout keeps a slow beat from reading as a loss.
+        "rendezvous": {"host": "127.0.0.1", "port": ep.rdzv_port, "run_id": "demo",
+                       "dead_after_s": 6.0 if shape is None else 20.0},
         "checkpoints": {"bucket": DEMO_BUCKET, "prefix": "checkpoints", "keep": 3, "interval_steps": 50},
         "job": {"name": "toy", "entrypoint": "agent.examples.train_toy", "nproc_per_node": 1},
         "metrics": {"port": 0},

@@ -87,7 +87,7 @@ NAMED: dict[str, Scenario] = {
         description="the fleet starts at one node and scales on measured throughput per dollar: "
         "the toy job speeds up with a second node and not with a third, so fleetd grows to 2, "
         "explores 3, finds the third node adds nothing and shrinks back to 2",
-        fleet=FleetShape(min_nodes=1, max_nodes=4, initial_nodes=1, cooldown_s=20.0, work_s=0.3, saturate_at=2),
+        fleet=FleetShape(min_nodes=1, max_nodes=4, initial_nodes=1, cooldown_s=20.0, work_s=0.6, saturate_at=2),
     ),
 }
 

@@ -23,7 +23,7 @@ from fleetd.protocol.messages import CheckpointUploaded
 from fleetd.reconcile.ports import FleetSignals
 
 FRESH_S = 10.0  # telemetry older than this no longer describes the job
-MIN_WINDOW_S = 10.0  # an epoch's rate counts once it spans this long
+MIN_WINDOW_S = 15.0  # an epoch's rate counts once it spans this long
 SMOOTHING = 0.5  # weight of this epoch's rate against earlier epochs at the same size
 
 

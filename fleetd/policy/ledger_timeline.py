@@ -23,7 +23,8 @@ class Timeline:
     times: tuple[float, ...]
     spend_usd: tuple[float, ...]
     nodes_by_market: dict[str, tuple[int, ...]]
-    step: tuple[int, ...]  # the job's step as last reported (drops when it resumes from a checkpoint)
+    step: tuple[int, ...]  # useful progress: the highest step reached so far
+    losses: tuple[StepsLost, ...]  # each resume below where the job was
     decisions: tuple[TargetChanged, ...]
 
 
@@ -35,7 +36,7 @@ def timeline(
     observed_until = observed_until or {}
     starts = [e for e in events if isinstance(e, InstanceStarted)]
     if not starts:
-        return Timeline((), (), {}, (), ())
+        return Timeline((), (), {}, (), (), ())
     t0 = min(e.at for e in starts)
     stops = {e.instance_id: e.at for e in events if isinstance(e, InstanceStopped)}
     full = bills(events, now, observed_until)
@@ -47,9 +48,7 @@ def timeline(
     spend, step_at = [], []
     markets = sorted({s.market.value for s in starts})
     nodes: dict[str, list[int]] = {m: [] for m in markets}
-    progress = [(e.at, e.step) for e in events if isinstance(e, StepReached)]
-    progress += [(e.at, e.to_step) for e in events if isinstance(e, StepsLost)]
-    progress.sort()
+    progress = sorted((e.at, e.step) for e in events if isinstance(e, StepReached))
     for t in times:
         known = [e for e in events if e.at <= t]
         spend.append(sum(b.usd for b in bills(known, t, {k: min(v, t) for k, v in observed_until.items()})))
@@ -59,7 +58,7 @@ def timeline(
                 if s.market.value == m and s.at <= t < min(stops.get(s.instance_id, float("inf")),
                                                            end_of.get(s.instance_id, float("inf")))
             ))
-        last = [st for at, st in progress if at <= t]
-        step_at.append(last[-1] if last else 0)
+        step_at.append(max((st for at, st in progress if at <= t), default=0))
     return Timeline(times, tuple(spend), {m: tuple(v) for m, v in nodes.items()}, tuple(step_at),
+                    tuple(e for e in events if isinstance(e, StepsLost)),
                     tuple(e for e in events if isinstance(e, TargetChanged)))
