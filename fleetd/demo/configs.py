@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetd.adapters.pricing import DEMO_PRICE_BOOK
+from fleetd.demo.launcher import poweroff_command
 
 DEMO_FLEET = "demo"
 DEMO_BUCKET = "fleetd-demo"
@@ -77,7 +78,8 @@ def agent_toml(workdir: Path, ep: DemoEndpoints, nodes: int, instance_id: str, a
     path.write_text(to_toml({
         "node": {"fleet": DEMO_FLEET, "imds_url": imds_url, "node_addr": addr, "state_dir": node_dir,
                  "trainer_socket": node_dir / "trainer.sock", "min_nodes": 1, "max_nodes": nodes + 1,
-                 "shutdown_timeout_s": 20.0},
+                 "shutdown_timeout_s": 20.0, "controller_lost_after_s": 90.0,
+                 "shutdown_command": poweroff_command(workdir, instance_id)},
         "aws": {"region": "us-east-1", "endpoint_url": ep.s3_url},
         "mqtt": {"url": ep.mqtt_url},
         "rendezvous": {"host": "127.0.0.1", "port": ep.rdzv_port, "run_id": "demo"},

@@ -48,6 +48,10 @@ class Steerer:
     last_state: RendezvousState | None = None
     adopted: bool = False
     heartbeats: dict[str, datetime] = field(default_factory=dict)
+    # Which life of the rendezvous host the store is (rendezvous_keys.HOST_INCARNATION_KEY).
+    incarnation: str | None = None
+    store_restarts: int = 0
+    last_reachable_at: float | None = None  # wall clock of the last pass that read the store
     # Also tell the node over MQTT (the daemon maps the address to its instance): the store key
     # is enough for fleetd's agents; the command makes the decision visible on the wire.
     on_leave: Callable[[str, str], Awaitable[None]] | None = None
@@ -62,7 +66,11 @@ class Steerer:
             candidates |= self.last_state.participant_addrs | {n.addr for n in self.last_state.waiting}
         ready_keys = {a: keys.drain_ready_key(run_id, a) for a in candidates}
         left_keys = {a: keys.left_key(run_id, a) for a in self.told_leave}
-        snap, raw = await self.client.observe_with([*ready_keys.values(), *left_keys.values()])
+        snap, raw = await self.client.observe_with(
+            [keys.HOST_INCARNATION_KEY, *ready_keys.values(), *left_keys.values()])
+        self.last_reachable_at = now.timestamp()
+        if await self._store_restarted(raw.get(keys.HOST_INCARNATION_KEY), now):
+            return decide.Observation(state=None, now=now, members=self.members)
         s = snap.state
         if s is not None and s.complete and s.round != self.members_round:
             # The first sight of a complete round is its membership. Later sights of the same
@@ -98,6 +106,30 @@ class Steerer:
             left_timeout=timedelta(seconds=st.left_timeout_s),
             dead_after=timedelta(seconds=st.dead_after_s),
         )
+
+    async def _store_restarted(self, raw: bytes | None, now: datetime) -> bool:
+        """The rendezvous host restarted: its store came back empty. What this loop remembers
+        about the old store is wrong now, except who trained: keep the last round's members, so
+        the round the restarted torchruns form is completed as soon as all of them are back
+        (not by torchrun's last call with whoever came first). Leaves in flight are told again:
+        their keys were lost with the store. Returns True when this pass must plan nothing."""
+        value = None if raw is None else bytes(raw).decode(errors="replace")
+        if value is None:
+            return False  # the host writes it first thing; absent only for a moment
+        if self.incarnation is None or value == self.incarnation:
+            self.incarnation = value
+            return False
+        self.incarnation = value
+        self.store_restarts += 1
+        log.warning("rendezvous_store_restarted", restarts=self.store_restarts, members=sorted(self.members or ()),
+                    leaving=sorted(self.told_leave),
+                    why="the rendezvous host restarted: the store is empty, every torchrun restarts")
+        self.members_round, self.last_state, self.adopted = None, None, False
+        self.heartbeats.clear()
+        for addr in list(self.told_leave):
+            await self.client.tell_leave(addr, "told again: the rendezvous store restarted")
+            self.told_leave[addr] = now
+        return True
 
     async def step(self) -> tuple[decide.SteerAction, ...]:
         now = datetime.now(UTC)
