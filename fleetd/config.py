@@ -129,6 +129,26 @@ class RebalanceConfig(Group):
     reform_s: Annotated[float, Field(ge=0)] = 5.0
 
 
+class StallConfig(Group):
+    """Stalled-job detection (fleetd/policy/stall.py): no step this long while nodes are billed."""
+
+    # Longer than any pause a healthy job takes (a re-form, a checkpoint save and upload).
+    stall_after_s: Annotated[float, Field(gt=0)] = 180.0
+    # Time between recovery actions (restart trainers, re-form, replace the nodes), and the time
+    # given to trainers coming back after a rendezvous store restart.
+    escalate_after_s: Annotated[float, Field(gt=0)] = 120.0
+    # The last rung: terminate the stalled nodes so the planner buys fresh ones.
+    replace_nodes: bool = True
+    # A node's telemetry older than this does not count as a sign of life.
+    telemetry_fresh_s: Annotated[float, Field(gt=0)] = 30.0
+
+    def settings(self):  # noqa: ANN201 - fleetd.policy.stall.StallSettings
+        from fleetd.policy.stall import StallSettings
+
+        return StallSettings(stall_after_s=self.stall_after_s, escalate_after_s=self.escalate_after_s,
+                             replace_nodes=self.replace_nodes, telemetry_fresh_s=self.telemetry_fresh_s)
+
+
 class MetricsConfig(Group):
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 9464
@@ -146,6 +166,7 @@ class FleetdConfig(CommonSettings):
     rebalance: RebalanceConfig = RebalanceConfig()
     events: EventsConfig = EventsConfig()
     metrics: MetricsConfig = MetricsConfig()
+    stall: StallConfig = StallConfig()
 
 
 def load(path: Path | None = DEFAULT_PATH) -> FleetdConfig:

@@ -84,7 +84,7 @@ class PassPublisher:
         self._rebalanced: set[str] = set()
         self._last_plan: Any = None
 
-    async def publish(self, report: Any, reconciler: Any) -> StatusSnapshot:
+    async def publish(self, report: Any, reconciler: Any, stall: Any = None) -> StatusSnapshot:
         nodes = await _nodes(report, reconciler)
         signals = reconciler.signals.snapshot()
         checkpoint = None
@@ -109,6 +109,7 @@ class PassPublisher:
             rendezvous=self.rendezvous() if self.rendezvous is not None else None,
             checkpoint=checkpoint,
             stop_issued_at=stop_issued_at,
+            stall=stall.latest if stall is not None else None,
         )
         self.metrics.observe_snapshot(snap)
         duration = getattr(report, "duration_s", None)
@@ -215,7 +216,7 @@ async def _publish_passes(ctx: Any, publisher: PassPublisher) -> None:
         if report is not None and report is not last and ctx.reconciler is not None:
             last = report
             try:
-                await publisher.publish(report, ctx.reconciler)
+                await publisher.publish(report, ctx.reconciler, getattr(ctx, "stall", None))
             except Exception as exc:  # noqa: BLE001 (CancelledError is not an Exception: it propagates)
                 # Status and metrics are for people: a full disk or a bug here must not take the
                 # controller (and the fleet's budget enforcement) down. The next pass retries.

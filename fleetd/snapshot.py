@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fleetd.policy.model import BudgetStatus, Node
 from fleetd.protocol.errors import ProtocolError
+from fleetd.stall_record import StallView
 
 SNAPSHOT_VERSION = 1
 SNAPSHOT_NAME = "status.json"
@@ -95,6 +96,8 @@ class StatusSnapshot(_Frozen):
     # When the planner stopped the job (budget cap or an operator's stop): nodes are being
     # checkpointed, shut down and released.
     stop_issued_at: float | None = None
+    # Stalled-job detection (fleetd/stall_watch.py): the current stall and every one so far.
+    stall: StallView | None = None
 
     @field_validator("schema_version")
     @classmethod
@@ -123,6 +126,7 @@ def build_snapshot(
     checkpoint: tuple[int, float] | None = None,
     node_checkpoints: Mapping[str, tuple[int, float]] | None = None,
     stop_issued_at: float | None = None,
+    stall: StallView | None = None,
 ) -> StatusSnapshot:
     """From the planner's own inputs and outputs of one pass (``rendezvous``: (round, world size);
     ``checkpoint``: (step, durable_at); ``node_checkpoints``: instance id -> (step, saved_at))."""
@@ -168,6 +172,7 @@ def build_snapshot(
         rendezvous=RendezvousView(round=rendezvous[0], world_size=rendezvous[1]) if rendezvous else None,
         checkpoint=CheckpointView(step=checkpoint[0], durable_at=checkpoint[1]) if checkpoint else None,
         stop_issued_at=stop_issued_at,
+        stall=stall,
     )
 
 

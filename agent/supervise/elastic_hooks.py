@@ -81,49 +81,57 @@ class ElasticHooks:
 
         crash_backoff = Backoff(first_s=1.0, max_s=30.0)
         before = await asyncio.to_thread(self._probe)
-        while not self.stopping:
-            since = log_size(self.log_path)
-            started = time.monotonic()
-            self.restart_requested.clear()
-            self.torchrun = TorchrunProcess(self.spec, log_path=self.log_path).start()
-            self.starts += 1
-            await self.set_state("training")
-            exit_ = await self.torchrun.wait()
-            if self.restart_requested.is_set() and not (self.draining or self.stopping):
-                log.warning("trainer_restarting", why="fleetd asked (restart-trainer)")
-                before = await asyncio.to_thread(self._probe)
-                continue
-            if self.draining or self.stopping:
-                cause = ExitCause.STOPPED
-            else:
-                after = await asyncio.to_thread(self._probe)
-                cause = classify_exit(exit_, before, after, log_tail(self.log_path, since))
-            self.last_exit_cause = cause
-            ran_s = time.monotonic() - started
-            log.warning("trainer_exited", cause=str(cause), exit_code=exit_.exit_code, ran_s=round(ran_s, 1),
-                        starts=self.starts)
-            await self.publish_event(TrainerExited(
-                instance_id=self.instance_id, exit_code=exit_.exit_code,
-                reason=str(cause) if cause is ExitCause.STORE_LOST else exit_.reason,
-            ))
-            if cause in (ExitCause.STOPPED, ExitCause.FINISHED):
-                return
-            await self.set_state("ready")
-            if cause is ExitCause.FAILED:
-                # Training itself broke: do not crash-loop it; fleetd's stall recovery decides.
-                log.error("trainer_failed", exit_code=exit_.exit_code, why="waiting for a restart-trainer command")
-                await self._wait_restart_or_stop()
-                continue
-            if ran_s < self.healthy_run_s:
-                # Exited again soon after a restart: the store may be flapping. Slow down.
-                await self._sleep_or_stop(crash_backoff.next_delay())
-            else:
-                crash_backoff.reset()
-            found = await wait_for_store(self._probe, self._stopped)
-            if found is None:
-                return
-            before = found
-            log.warning("trainer_restarting", why="the rendezvous store is back", incarnation=found.incarnation)
+        ready: TorchrunProcess | None = None  # prewarmed while waiting for the store
+        try:
+            while not self.stopping:
+                since = log_size(self.log_path)
+                started = time.monotonic()
+                self.restart_requested.clear()
+                self.torchrun = (ready or TorchrunProcess(self.spec, log_path=self.log_path)).start()
+                ready = None
+                self.starts += 1
+                await self.set_state("training")
+                exit_ = await self.torchrun.wait()
+                if self.restart_requested.is_set() and not (self.draining or self.stopping):
+                    log.warning("trainer_restarting", why="fleetd asked (restart-trainer)")
+                    before = await asyncio.to_thread(self._probe)
+                    continue
+                if self.draining or self.stopping:
+                    cause = ExitCause.STOPPED
+                else:
+                    after = await asyncio.to_thread(self._probe)
+                    cause = classify_exit(exit_, before, after, log_tail(self.log_path, since))
+                self.last_exit_cause = cause
+                ran_s = time.monotonic() - started
+                log.warning("trainer_exited", cause=str(cause), exit_code=exit_.exit_code, ran_s=round(ran_s, 1),
+                            starts=self.starts)
+                await self.publish_event(TrainerExited(
+                    instance_id=self.instance_id, exit_code=exit_.exit_code,
+                    reason=str(cause) if cause is ExitCause.STORE_LOST else exit_.reason,
+                ))
+                if cause in (ExitCause.STOPPED, ExitCause.FINISHED):
+                    return
+                await self.set_state("ready")
+                if cause is ExitCause.FAILED:
+                    # Training itself broke: do not crash-loop it; fleetd's stall recovery decides.
+                    log.error("trainer_failed", exit_code=exit_.exit_code, why="waiting for a restart-trainer command")
+                    await self._wait_restart_or_stop()
+                    continue
+                # The next torchrun's warm pool imports torch while the store is still coming back.
+                ready = await asyncio.to_thread(TorchrunProcess(self.spec, log_path=self.log_path).prewarm)
+                if ran_s < self.healthy_run_s:
+                    # Exited again soon after a restart: the store may be flapping. Slow down.
+                    await self._sleep_or_stop(crash_backoff.next_delay())
+                else:
+                    crash_backoff.reset()
+                found = await wait_for_store(self._probe, self._stopped)
+                if found is None:
+                    return
+                before = found
+                log.warning("trainer_restarting", why="the rendezvous store is back", incarnation=found.incarnation)
+        finally:
+            if ready is not None:
+                await asyncio.to_thread(ready.discard)
 
     async def _wait_restart_or_stop(self) -> None:
         stop = asyncio.ensure_future(self._stopped.wait())

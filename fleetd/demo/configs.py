@@ -65,6 +65,8 @@ def fleetd_toml(workdir: Path, ep: DemoEndpoints, nodes: int, budget_usd: float,
         "checkpoints": {"bucket": DEMO_BUCKET, "prefix": "checkpoints", "keep": 3, "interval_steps": 50},
         "job": {"name": "toy", "entrypoint": "agent.examples.train_toy", "nproc_per_node": 1},
         "metrics": {"port": 0},
+        # Compressed like the demo's notices: a stall is 20 s without a step (production: 180 s).
+        "stall": {"stall_after_s": 20.0, "escalate_after_s": 45.0},
         "logging": {"level": "info", "json": True},
     }))
     return path

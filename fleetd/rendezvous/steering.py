@@ -51,6 +51,7 @@ class Steerer:
     # Which life of the rendezvous host the store is (rendezvous_keys.HOST_INCARNATION_KEY).
     incarnation: str | None = None
     store_restarts: int = 0
+    store_restarted_at: float | None = None  # wall clock when this loop first saw the new store
     last_reachable_at: float | None = None  # wall clock of the last pass that read the store
     # Also tell the node over MQTT (the daemon maps the address to its instance): the store key
     # is enough for fleetd's agents; the command makes the decision visible on the wire.
@@ -121,6 +122,7 @@ class Steerer:
             return False
         self.incarnation = value
         self.store_restarts += 1
+        self.store_restarted_at = now.timestamp()
         log.warning("rendezvous_store_restarted", restarts=self.store_restarts, members=sorted(self.members or ()),
                     leaving=sorted(self.told_leave),
                     why="the rendezvous host restarted: the store is empty, every torchrun restarts")
@@ -182,6 +184,16 @@ class Steerer:
         for addr in done:
             self.told_leave.pop(addr, None)
             await self.client.forget_node(addr)
+
+    async def reform(self, reason: str) -> bool:
+        """Stall recovery: poke every torchrun of the formed round into a new one (the same
+        marker a leave uses; workers save their completed step on the way out). False when there
+        is no formed round to poke."""
+        log.warning("rendezvous_reform", reason=reason)
+        done = await self.client.update(
+            lambda s: s.with_marker(datetime.now(UTC), s.round) if s.complete and not s.has_marker else None
+        )
+        return done is not None
 
     async def close_rendezvous(self) -> None:
         """Job end: no node may join again; torchruns exit when their workers finish."""
