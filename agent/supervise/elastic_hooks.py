@@ -154,10 +154,10 @@ class ElasticHooks:
         if self.draining or self.stopping:
             return
         log.warning("trainer_restart_requested", reason=command.reason)
+        self.restart_requested.set()  # first: the run loop must start it again, not return
         if self.torchrun is not None and self.torchrun.running:
-            # Not stopped by us in the sense of "leaving": the run loop must start it again.
-            self.torchrun.kill()
-        self.restart_requested.set()
+            # SIGTERM, not SIGKILL: hung workers save the step they completed on the way out.
+            await self.torchrun.stop(timeout_s=25.0)
 
     async def _with_store(self, body: Callable[[Any], Awaitable[Any]]) -> Any:
         if self.checkpoints is None:

@@ -40,6 +40,11 @@ class Observation:
     max_nodes: int = 1 << 30
     left_timeout: timedelta = timedelta(seconds=5)
     dead_after: timedelta = timedelta(seconds=6)
+    # After a store restart every node restarts torchrun, a few seconds apart. torchrun completes
+    # a round ``last_call`` after its first joiner: whoever restarted late would then make all
+    # the others restart once more. Hold the round open for these nodes until ``awaited_until``.
+    awaited: frozenset[str] = frozenset()
+    awaited_until: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +80,14 @@ class CompleteRound(SteerAction):
 @dataclass(frozen=True, slots=True)
 class DropMarkers(SteerAction):
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class HoldRound(SteerAction):
+    until: datetime  # the round's new last-call deadline
+
+
+HOLD_STEP = timedelta(seconds=2)  # push the deadline this far ahead, a pass at a time
 
 
 def expected_members(obs: Observation) -> frozenset[str] | None:
@@ -121,6 +134,13 @@ def plan(obs: Observation) -> tuple[SteerAction, ...]:
                 )
             else:
                 actions.append(FinishLeaves("survivors are already re-forming", done))
+
+    if not s.complete and obs.awaited and obs.awaited_until is not None and obs.now < obs.awaited_until:
+        missing = obs.awaited - s.participant_addrs
+        until = min(obs.now + HOLD_STEP, obs.awaited_until)
+        if missing and s.participants and (s.deadline is None or s.deadline < min(until, obs.now + HOLD_STEP / 2)):
+            actions.append(HoldRound(f"round {s.round} held for {', '.join(sorted(missing))} "
+                                     "(restarting after the store restart)", until))
 
     if not s.complete:
         expected = expected_members(obs)

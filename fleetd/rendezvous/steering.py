@@ -17,7 +17,7 @@ import asyncio
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from fleetd.protocol.logs import get_logger
@@ -36,6 +36,9 @@ class SteerSettings:
     interval_s: float = 0.05  # one pass is one batch of local round trips; survivors wait on it
     left_timeout_s: float = 5.0
     dead_after_s: float = 6.0
+    # After a store restart, hold the first round open this long for the nodes that trained
+    # before it (they restart torchrun seconds apart).
+    restart_hold_s: float = 30.0
 
 
 @dataclass
@@ -52,6 +55,8 @@ class Steerer:
     incarnation: str | None = None
     store_restarts: int = 0
     store_restarted_at: float | None = None  # wall clock when this loop first saw the new store
+    awaited: frozenset[str] = frozenset()  # the members before a store restart, until all are back
+    awaited_until: datetime | None = None
     last_reachable_at: float | None = None  # wall clock of the last pass that read the store
     # Also tell the node over MQTT (the daemon maps the address to its instance): the store key
     # is enough for fleetd's agents; the command makes the decision visible on the wire.
@@ -94,6 +99,9 @@ class Steerer:
                 if not node.is_marker and beat > self.heartbeats.get(node.addr, beat - timedelta(1)):
                     self.heartbeats[node.addr] = beat
         st = self.settings
+        if self.awaited and ((s is not None and s.complete and self.awaited <= s.participant_addrs)
+                             or (self.awaited_until is not None and now >= self.awaited_until)):
+            self.awaited, self.awaited_until = frozenset(), None  # all back, or given up on
         return decide.Observation(
             state=s,
             now=now,
@@ -106,6 +114,8 @@ class Steerer:
             max_nodes=st.max_nodes,
             left_timeout=timedelta(seconds=st.left_timeout_s),
             dead_after=timedelta(seconds=st.dead_after_s),
+            awaited=self.awaited,
+            awaited_until=self.awaited_until,
         )
 
     async def _store_restarted(self, raw: bytes | None, now: datetime) -> bool:
@@ -128,6 +138,9 @@ class Steerer:
                     why="the rendezvous host restarted: the store is empty, every torchrun restarts")
         self.members_round, self.last_state, self.adopted = None, None, False
         self.heartbeats.clear()
+        if self.members:
+            self.awaited = frozenset(self.members)
+            self.awaited_until = now + timedelta(seconds=self.settings.restart_hold_s)
         for addr in list(self.told_leave):
             await self.client.tell_leave(addr, "told again: the rendezvous store restarted")
             self.told_leave[addr] = now
@@ -177,6 +190,11 @@ class Steerer:
                 if done is not None:
                     self.members, self.members_round = done.participant_addrs, done.round
                     log.info("rendezvous_round_completed", round=done.round, ranks=done.ranks_by_addr())
+            case decide.HoldRound(until=until):
+                await self.client.update(
+                    lambda s: replace(s, deadline=until)
+                    if not s.complete and (s.deadline is None or s.deadline < until) else None
+                )
             case decide.DropMarkers():
                 await self.client.update(lambda s: s.without_markers() if s.has_marker else None)
 
