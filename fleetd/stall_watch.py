@@ -33,8 +33,23 @@ from fleetd.stall_record import StallView, closed_before, read_stalls, view, wri
 
 log = get_logger(__name__)
 
-STORE_FRESH_S = 5.0  # the steering reads the store many times a second; this long without is "down"
+PROBE_TIMEOUT_S = 1.0
 BILLED_EC2_STATES = ("pending", "running")
+
+
+async def store_answers(host: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+    """Does the rendezvous store accept a connection? A plain TCP connect: cheap, no torch, and
+    independent of the steering client (whose reconnects back off while the store is down)."""
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    try:
+        await writer.wait_closed()
+    except OSError:
+        pass
+    return True
 
 
 @dataclass
@@ -42,7 +57,8 @@ class StallWatcher:
     settings: StallSettings
     registry: Any  # fleetd.intake.registry.NodeRegistry
     send_command: Callable[[Any], Awaitable[None]] | None = None
-    steerer: Any = None  # fleetd.rendezvous.steering.Steerer (None: store state unknown)
+    steerer: Any = None  # fleetd.rendezvous.steering.Steerer: when it saw the store restart
+    store_addr: tuple[str, int] | None = None  # probed each tick (None: store state unknown)
     state_dir: Any = None
     interval_s: float = 2.0
     clock: Callable[[], float] = time.time
@@ -66,7 +82,7 @@ class StallWatcher:
             self.tracker = StallTracker(advanced_at=record.current.since)
         self.latest = view(self.tracker, before=self.before, stall_after_s=self.settings.stall_after_s)
 
-    def observe(self, ctx: Any, now: float) -> StallObservation:
+    def observe(self, ctx: Any, now: float, store_reachable: bool | None = None) -> StallObservation:
         report = getattr(ctx, "last_report", None)
         observation = getattr(report, "observation", None)
         nodes: list[NodeProgress] = []
@@ -82,18 +98,15 @@ class StallWatcher:
                 step=tel.step if tel is not None else n.step,
                 telemetry_at=rec.telemetry_at if rec is not None else None,
             ))
-        reachable, restarted_at = None, None
-        if self.steerer is not None:
-            seen = self.steerer.last_reachable_at
-            reachable = seen is not None and now - seen <= STORE_FRESH_S
-            restarted_at = self.steerer.store_restarted_at
+        restarted_at = self.steerer.store_restarted_at if self.steerer is not None else None
         stopping = observation is not None and observation.stop_issued_at is not None
-        return StallObservation(now=now, nodes=tuple(nodes), store_reachable=reachable,
+        return StallObservation(now=now, nodes=tuple(nodes), store_reachable=store_reachable,
                                 store_restarted_at=restarted_at, training_expected=not stopping)
 
     async def tick(self, ctx: Any) -> StallDecision:
+        reachable = None if self.store_addr is None else await store_answers(*self.store_addr)
         now = self.clock()
-        obs = self.observe(ctx, now)
+        obs = self.observe(ctx, now, reachable)
         decision = assess(self.tracker, obs, self.settings)
         self.tracker = decision.tracker
         ep = decision.tracker.episode

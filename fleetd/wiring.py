@@ -43,7 +43,8 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
     components: list[Any] = [*intake.components(), status_component()]
     if dry_run:
         # Stalls are still detected and reported; no recovery action is taken.
-        ctx.stall = StallWatcher(cfg.stall.settings(), intake.registry, state_dir=cfg.fleet.state_dir, dry_run=True)
+        ctx.stall = StallWatcher(cfg.stall.settings(), intake.registry, state_dir=cfg.fleet.state_dir, dry_run=True,
+                                 store_addr=(store_address(cfg), cfg.rendezvous.port))
         components.append(ctx.stall.run)
         return Plugins(components=components, observer=intake.registry, signals=signals), None
 
@@ -69,7 +70,8 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
         await steerer.run(ctx.stopping)
 
     ctx.stall = StallWatcher(cfg.stall.settings(), intake.registry, send_command=intake.mqtt.send_command,
-                             steerer=steerer, state_dir=cfg.fleet.state_dir)
+                             steerer=steerer, state_dir=cfg.fleet.state_dir,
+                             store_addr=(store_address(cfg), cfg.rendezvous.port))
     components += [steering, commander.run, ctx.stall.run]
     plugins = Plugins(components=components, observer=intake.registry, signals=signals,
                       commander=commander, ledger=ledger)

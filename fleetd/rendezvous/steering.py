@@ -57,7 +57,6 @@ class Steerer:
     store_restarted_at: float | None = None  # wall clock when this loop first saw the new store
     awaited: frozenset[str] = frozenset()  # the members before a store restart, until all are back
     awaited_until: datetime | None = None
-    last_reachable_at: float | None = None  # wall clock of the last pass that read the store
     # Also tell the node over MQTT (the daemon maps the address to its instance): the store key
     # is enough for fleetd's agents; the command makes the decision visible on the wire.
     on_leave: Callable[[str, str], Awaitable[None]] | None = None
@@ -74,7 +73,6 @@ class Steerer:
         left_keys = {a: keys.left_key(run_id, a) for a in self.told_leave}
         snap, raw = await self.client.observe_with(
             [keys.HOST_INCARNATION_KEY, *ready_keys.values(), *left_keys.values()])
-        self.last_reachable_at = now.timestamp()
         if await self._store_restarted(raw.get(keys.HOST_INCARNATION_KEY), now):
             return decide.Observation(state=None, now=now, members=self.members)
         s = snap.state
