@@ -51,3 +51,12 @@ def test_hold_never_moves_the_deadline_past_its_bound_or_back():
     later = joining(A, deadline=NOW + timedelta(seconds=1.9))
     assert not any(isinstance(a, decide.HoldRound)
                    for a in decide.plan(obs(later, awaited=MEMBERS, awaited_until=NOW + timedelta(seconds=30))))
+
+
+def test_a_late_heartbeat_during_the_hold_is_not_a_lost_node():
+    s = RendezvousState(round=0, deadline=NOW + timedelta(seconds=0.5), participants={A: 0, B: 0},
+                        last_heartbeats={A: NOW, B: NOW - timedelta(seconds=20)})
+    held = decide.plan(obs(s, awaited=MEMBERS, awaited_until=NOW + timedelta(seconds=30)))
+    assert not any(isinstance(a, decide.RemoveNodes) for a in held)
+    after = decide.plan(obs(s, awaited=MEMBERS, awaited_until=NOW - timedelta(seconds=1)))
+    assert any(isinstance(a, decide.RemoveNodes) and B.addr in a.addrs for a in after)
