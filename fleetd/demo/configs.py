@@ -66,7 +66,9 @@ def fleetd_toml(workdir: Path, ep: DemoEndpoints, nodes: int, budget_usd: float,
         "job": {"name": "toy", "entrypoint": "agent.examples.train_toy", "nproc_per_node": 1},
         "metrics": {"port": 0},
         # Compressed like the demo's notices: a stall is 20 s without a step (production: 180 s).
-        "stall": {"stall_after_s": 20.0, "escalate_after_s": 45.0},
+        # No node replacement: the demo's nodes are local processes on one box, and a fresh node
+        # re-imports torch there (on an overloaded box that deepens the stall it should cure).
+        "stall": {"stall_after_s": 20.0, "escalate_after_s": 60.0, "replace_nodes": False},
         "logging": {"level": "info", "json": True},
     }))
     return path

@@ -63,7 +63,7 @@ async def build_report(run: Any, events_file: Path, ec2: Any, session: Any, aws:
 
     sup = getattr(run, "rendezvous", None)
     stall = stall_report(progress, run.workdir, sup.restarts if sup is not None else [],
-                         billed_nodes=run.opts.nodes, since=run.training_since)
+                         billed_nodes=run.opts.nodes, since=None)  # every step is after training began
     return {
         "scenario": run.opts.scenario.name if run.opts.scenario else "calm",
         "duration_s": round(time.time() - run.started_at, 1),
