@@ -30,6 +30,13 @@ class NodeConfig(Group):
     # False: no torchrun supervision or emergency path (agent.supervise) on this node; the agent
     # only watches IMDS, reports telemetry and relays the trainer channel (tests, other launchers).
     supervise_training: bool = True
+    # Dead man's switch (agent/node/deadman.py): with both the MQTT broker and the rendezvous
+    # store unreachable this long, make the newest checkpoint durable in S3 and run
+    # shutdown_command, so a dead control host cannot keep spot nodes billing. 0: never.
+    controller_lost_after_s: Annotated[float, Field(ge=0)] = 300.0
+    # Instance-initiated shutdown terminates a spot instance. The agent runs unprivileged:
+    # deploy/polkit lets the fleet-agent user power the machine off.
+    shutdown_command: tuple[str, ...] = ("systemctl", "poweroff")
 
 
 class AgentConfig(CommonSettings):

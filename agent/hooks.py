@@ -22,6 +22,7 @@ from fleetd.protocol.messages import (
     Message,
     Notice,
     Rebalance,
+    RestartTrainerCommand,
     ShutdownCommand,
 )
 from fleetd.protocol.trainer import CheckpointSavedLocally
@@ -65,6 +66,13 @@ class NodeHooks(Protocol):
     async def on_shutdown(self, command: ShutdownCommand) -> None:
         """Stop training cleanly; the agent stops itself after this returns."""
 
+    async def on_restart_trainer(self, command: RestartTrainerCommand) -> None:
+        """fleetd saw the job stalled: start the trainer again."""
+
+    async def on_controller_lost(self, reason: str) -> int | None:
+        """The control host is gone (dead man's switch): stop training for good and make the
+        newest checkpoint durable; return its step. The agent powers the node off afterwards."""
+
     async def stop(self) -> None:
         """Agent shutdown (SIGTERM): stop what ``run`` started. Bounded by the caller."""
 
@@ -98,6 +106,13 @@ class LoggingHooks:
 
     async def on_shutdown(self, command: ShutdownCommand) -> None:
         log.info("hook_shutdown", reason=command.reason)
+
+    async def on_restart_trainer(self, command: RestartTrainerCommand) -> None:
+        log.info("hook_restart_trainer", reason=command.reason)
+
+    async def on_controller_lost(self, reason: str) -> int | None:
+        log.info("hook_controller_lost", reason=reason)
+        return None
 
     async def stop(self) -> None:
         return None

@@ -24,6 +24,7 @@ from agent import __version__
 from agent.config import AgentConfig
 from agent.hooks import AgentContext, HooksFactory, LoggingHooks, NodeHooks
 from agent.node.imds import Identity, ImdsClient, SpotSignal, SpotWatcher, read_identity
+from agent.node.deadman import ControllerWatch, run_shutdown_command
 from agent.node.mqtt_session import MqttSession
 from agent.node.outbox import Outbox
 from agent.node.telemetry import TelemetryLoop
@@ -38,6 +39,7 @@ from fleetd.protocol.messages import (
     Message,
     Notice,
     Rebalance,
+    RestartTrainerCommand,
     ShutdownCommand,
 )
 from fleetd.protocol.sdnotify import Heartbeat, Notifier, watchdog
@@ -110,6 +112,12 @@ class Agent:
             telemetry = TelemetryLoop(
                 identity.instance_id, session.publish_telemetry, trainer.progress, interval_s=node.telemetry_interval_s
             )
+            controller = ControllerWatch(
+                node.controller_lost_after_s,
+                broker_up=session.connected.is_set,
+                store_up=self._store_answers,
+                on_lost=self._controller_lost,
+            )
             log.info("agent_started", version=__version__)
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
@@ -120,6 +128,7 @@ class Agent:
                     tg.create_task(trainer.run(), name="trainer-channel"),
                     tg.create_task(self._dispatch_commands(), name="commands"),
                     tg.create_task(self._guarded("hooks.run", hooks.run), name="hooks"),
+                    tg.create_task(self._guarded("controller-watch", controller.run), name="controller-watch"),
                     # systemd pings only while the IMDS watcher keeps polling (a stuck one would miss a notice).
                     tg.create_task(
                         watchdog(self.notifier, Heartbeat.following(lambda: watcher.polls, 10.0)), name="watchdog"
@@ -132,6 +141,24 @@ class Agent:
                     task.cancel()
             self._tg = None
         log.info("agent_stopped")
+
+    def _store_answers(self) -> bool:
+        from agent.supervise.store_watch import probe
+
+        r = self.config.rendezvous
+        return probe(r.host, r.port, r.run_id).reachable
+
+    async def _controller_lost(self, reason: str) -> None:
+        """Dead man's switch: checkpoint to S3, power the instance off, stop the agent."""
+        assert self.hooks is not None
+        try:
+            step = await self.hooks.on_controller_lost(reason)
+        except Exception:  # noqa: BLE001 - the node must power off even if the upload failed
+            log.exception("controller_lost_checkpoint_failed")
+            step = None
+        log.error("powering_off", reason=reason, durable_step=step, command=list(self.config.node.shutdown_command))
+        await run_shutdown_command(self.config.node.shutdown_command)
+        self.request_stop()
 
     async def _unless_stopped(self, coro: Coroutine[Any, Any, Any]) -> Any:
         work = asyncio.ensure_future(coro)
@@ -213,6 +240,8 @@ class Agent:
                 self._spawn("hooks.on_leave", hooks.on_leave, command)
             elif isinstance(command, ShutdownCommand):
                 self._spawn("hooks.on_shutdown", self._shutdown_command, hooks, command)
+            elif isinstance(command, RestartTrainerCommand):
+                self._spawn("hooks.on_restart_trainer", hooks.on_restart_trainer, command)
 
     async def _shutdown_command(self, hooks: NodeHooks, command: ShutdownCommand) -> None:
         try:

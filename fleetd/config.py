@@ -174,6 +174,24 @@ class FleetdJobConfig(JobConfig):
     def deadline_at(self) -> float | None:
         """The deadline on the planner's clock (epoch seconds), or None."""
         return None if self.deadline is None else self.deadline.timestamp()
+class StallConfig(Group):
+    """Stalled-job detection (fleetd/policy/stall.py): no step this long while nodes are billed."""
+
+    # Longer than any pause a healthy job takes (a re-form, a checkpoint save and upload).
+    stall_after_s: Annotated[float, Field(gt=0)] = 180.0
+    # Time between recovery actions (restart trainers, re-form, replace the nodes), and the time
+    # given to trainers coming back after a rendezvous store restart.
+    escalate_after_s: Annotated[float, Field(gt=0)] = 120.0
+    # The last rung: terminate the stalled nodes so the planner buys fresh ones.
+    replace_nodes: bool = True
+    # A node's telemetry older than this does not count as a sign of life.
+    telemetry_fresh_s: Annotated[float, Field(gt=0)] = 30.0
+
+    def settings(self):  # noqa: ANN201 - fleetd.policy.stall.StallSettings
+        from fleetd.policy.stall import StallSettings
+
+        return StallSettings(stall_after_s=self.stall_after_s, escalate_after_s=self.escalate_after_s,
+                             replace_nodes=self.replace_nodes, telemetry_fresh_s=self.telemetry_fresh_s)
 
 
 class MetricsConfig(Group):
@@ -194,6 +212,7 @@ class FleetdConfig(CommonSettings):
     events: EventsConfig = EventsConfig()
     metrics: MetricsConfig = MetricsConfig()
     job: FleetdJobConfig = FleetdJobConfig()
+    stall: StallConfig = StallConfig()
 
 
 def load(path: Path | None = DEFAULT_PATH) -> FleetdConfig:

@@ -38,6 +38,7 @@ class DaemonContext:
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     reconciler: Reconciler | None = None
     last_report: PassReport | None = None
+    stall: Any = None  # fleetd.stall_watch.StallWatcher, when wired in (status and metrics read it)
 
     def wake_loop(self) -> None:
         """Callable from intake code (e.g. NodeRegistry(wake=ctx.wake_loop))."""

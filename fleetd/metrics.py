@@ -31,6 +31,7 @@ from prometheus_client.metrics_core import Metric
 from fleetd.policy.model import BudgetLevel, Node
 from fleetd.protocol.logs import get_logger
 from fleetd.snapshot import StatusSnapshot
+from fleetd.stall_record import StallView
 
 log = get_logger(__name__)
 
@@ -74,6 +75,14 @@ class FleetMetrics:
                                     "Age of the newest durable checkpoint (NaN: none yet)", registry=r)
         # Computed at scrape time, so the age keeps growing even if the loop stalls.
         self.checkpoint_age.set_function(self._checkpoint_age)
+        # Stalled-job detection (fleetd/stall_watch.py): billed nodes, no step.
+        self.stalled = Gauge("fleetd_job_stalled", "1 while the job is stalled (no step, nodes billed), by cause",
+                             ["cause"], registry=r)
+        self.stalled_for = Gauge("fleetd_job_stalled_seconds", "Seconds since the last step of the current stall "
+                                 "(0: not stalled)", registry=r)
+        self.stalls = Gauge("fleetd_job_stalls", "Stalls detected so far (across daemon restarts)", registry=r)
+        self.stalled_node_seconds = Gauge("fleetd_stalled_node_seconds",
+                                          "Billed node-seconds without a step, all stalls so far", registry=r)
         Gauge("fleetd_info", "Constant 1, labelled with the fleet", ["fleet"], registry=r).labels(fleet).set(1)
 
     # -- per pass ------------------------------------------------------------------------------
@@ -129,6 +138,17 @@ class FleetMetrics:
             self.set_rendezvous(snap.rendezvous.round, snap.rendezvous.world_size)
         if snap.checkpoint is not None:
             self.set_durable_checkpoint(snap.checkpoint.step, snap.checkpoint.durable_at)
+        if snap.stall is not None:
+            self.set_stall(snap.stall, snap.written_at)
+
+    def set_stall(self, stall: "StallView", now: float) -> None:
+        self.stalled.clear()
+        current = stall.current
+        if current is not None:
+            self.stalled.labels(current.cause).set(1)
+        self.stalled_for.set(max(0.0, now - current.since) if current is not None else 0.0)
+        self.stalls.set(stall.stalls)
+        self.stalled_node_seconds.set(stall.stalled_node_seconds)
 
     # -- as things happen ----------------------------------------------------------------------
     def count_notice(self, pool: str, n: int = 1) -> None:

@@ -85,7 +85,7 @@ class PassPublisher:
         self._rebalanced: set[str] = set()
         self._last_plan: Any = None
 
-    async def publish(self, report: Any, reconciler: Any) -> StatusSnapshot:
+    async def publish(self, report: Any, reconciler: Any, stall: Any = None) -> StatusSnapshot:
         nodes = await _nodes(report, reconciler)
         signals = reconciler.signals.snapshot()
         checkpoint = None
@@ -112,6 +112,7 @@ class PassPublisher:
             stop_issued_at=stop_issued_at,
             pools=getattr(reconciler, "pool_rows", ()),
             flags={n.instance_id: f for n in nodes if (f := node_flag(n, self.cfg)) is not None},
+            stall=stall.latest if stall is not None else None,
         )
         self.metrics.observe_snapshot(snap)
         duration = getattr(report, "duration_s", None)
@@ -218,7 +219,7 @@ async def _publish_passes(ctx: Any, publisher: PassPublisher) -> None:
         if report is not None and report is not last and ctx.reconciler is not None:
             last = report
             try:
-                await publisher.publish(report, ctx.reconciler)
+                await publisher.publish(report, ctx.reconciler, getattr(ctx, "stall", None))
             except Exception as exc:  # noqa: BLE001 (CancelledError is not an Exception: it propagates)
                 # Status and metrics are for people: a full disk or a bug here must not take the
                 # controller (and the fleet's budget enforcement) down. The next pass retries.

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from fleetd.policy.model import BudgetStatus, Node
 from fleetd.protocol.errors import ProtocolError
+from fleetd.stall_record import StallView
 
 SNAPSHOT_VERSION = 1
 SNAPSHOT_NAME = "status.json"
@@ -112,6 +113,8 @@ class StatusSnapshot(_Frozen):
     # checkpointed, shut down and released.
     stop_issued_at: float | None = None
     pools: tuple[PoolView, ...] = ()
+    # Stalled-job detection (fleetd/stall_watch.py): the current stall and every one so far.
+    stall: StallView | None = None
 
     @field_validator("schema_version")
     @classmethod
@@ -142,6 +145,7 @@ def build_snapshot(
     stop_issued_at: float | None = None,
     pools: Iterable[Any] = (),
     flags: Mapping[str, str] | None = None,
+    stall: StallView | None = None,
 ) -> StatusSnapshot:
     """From the planner's own inputs and outputs of one pass (``rendezvous``: (round, world size);
     ``checkpoint``: (step, durable_at); ``node_checkpoints``: instance id -> (step, saved_at))."""
@@ -190,6 +194,7 @@ def build_snapshot(
         checkpoint=CheckpointView(step=checkpoint[0], durable_at=checkpoint[1]) if checkpoint else None,
         stop_issued_at=stop_issued_at,
         pools=tuple(pool_view(r) for r in pools),
+        stall=stall,
     )
 
 

@@ -25,6 +25,7 @@ from fleetd.rendezvous.client import RendezvousClient
 from fleetd.rendezvous.commander import TrainingCommander
 from fleetd.rendezvous.errors import RendezvousUnavailable
 from fleetd.rendezvous.steering import SteerSettings, Steerer
+from fleetd.stall_watch import StallWatcher
 
 log = get_logger(__name__)
 
@@ -41,6 +42,10 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
     signals = TrainingSignals(intake.registry, cfg.job.nproc_per_node)
     components: list[Any] = [*intake.components(), status_component()]
     if dry_run:
+        # Stalls are still detected and reported; no recovery action is taken.
+        ctx.stall = StallWatcher(cfg.stall.settings(), intake.registry, state_dir=cfg.fleet.state_dir, dry_run=True,
+                                 store_addr=(store_address(cfg), cfg.rendezvous.port))
+        components.append(ctx.stall.run)
         return Plugins(components=components, observer=intake.registry, signals=signals), None
 
     ledger = await LedgerStore.open(cfg.fleet.state_dir / DB_NAME)
@@ -65,7 +70,10 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
                     pass
         await steerer.run(ctx.stopping)
 
-    components += [steering, commander.run]
+    ctx.stall = StallWatcher(cfg.stall.settings(), intake.registry, send_command=intake.mqtt.send_command,
+                             steerer=steerer, state_dir=cfg.fleet.state_dir,
+                             store_addr=(store_address(cfg), cfg.rendezvous.port))
+    components += [steering, commander.run, ctx.stall.run]
     plugins = Plugins(components=components, observer=intake.registry, signals=signals,
                       commander=commander, ledger=ledger)
     return plugins, ledger

@@ -17,6 +17,7 @@ from fleetd.protocol import (
     Notice,
     ProtocolError,
     Rebalance,
+    RestartTrainerCommand,
     ShutdownCommand,
     Status,
     Telemetry,
@@ -56,6 +57,7 @@ EXAMPLES = [
     DrainCommand(instance_id=IID, reason="spot notice"),
     LeaveCommand(instance_id=IID, reason="removed from rendezvous"),
     ShutdownCommand(instance_id=IID, reason="budget exhausted"),
+    RestartTrainerCommand(instance_id=IID, reason="stalled: trainers exited"),
 ]
 
 

@@ -20,6 +20,8 @@ from fleetd.protocol.logs import get_logger
 from fleetd.protocol.trainer import CheckpointSavedLocally, Progress, parse_report
 
 log = get_logger(__name__)
+# The trainer reports about once a second (agent/trainer/reports.py); a longer gap means it stopped.
+DERIVED_RATE_MAX_GAP_S = 5.0
 
 OnCheckpointSaved = Callable[[CheckpointSavedLocally], Awaitable[None]]
 
@@ -105,7 +107,11 @@ class TrainerChannel:
         now = time.monotonic()
         prev = self._progress
         rate = report.steps_per_s
-        if rate is None and prev.step is not None and prev.reported_at is not None and report.step >= prev.step:
+        # A rate derived across a gap would average in the time no trainer ran (a restarted
+        # torchrun's first report after a store outage) and make a healthy node look like a
+        # straggler: derive one only between reports close together.
+        if (rate is None and prev.step is not None and prev.reported_at is not None and report.step >= prev.step
+                and now - prev.reported_at <= DERIVED_RATE_MAX_GAP_S):
             elapsed = now - prev.reported_at
             rate = (report.step - prev.step) / elapsed if elapsed > 0 else prev.steps_per_s
         return TrainerProgress(

@@ -5,8 +5,9 @@ through the ``agent.hooks.NodeHooks`` interface; nothing here imports the agent'
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ from typing import Any
 from agent.hooks import AgentContext
 from agent.supervise.emergency import CheckpointStoreUploader, EmergencyFlow, EmergencyOutcome
 from agent.supervise.launch import LaunchSpec
+from agent.supervise.store_watch import Backoff, ExitCause, StoreProbe, classify_exit, log_size, log_tail, probe
+from agent.supervise.store_watch import wait_for_store
 from agent.supervise.torchrun import TorchrunProcess
 from agent.trainer import local_ckpt
 from agent.trainer.store_link import StoreLink
@@ -37,6 +40,14 @@ class ElasticHooks:
     torchrun: TorchrunProcess | None = None
     flow: EmergencyFlow | None = None
     draining: bool = False
+    stopping: bool = False  # shutdown, controller lost: never start torchrun again
+    # A torchrun that ran this long before the store went away is "healthy": the next restart
+    # waits for the store only, not for a crash-loop backoff.
+    healthy_run_s: float = 30.0
+    restart_requested: asyncio.Event = field(default_factory=asyncio.Event)
+    _stopped: asyncio.Event = field(default_factory=asyncio.Event)
+    starts: int = 0
+    last_exit_cause: ExitCause | None = None
 
     @classmethod
     def from_context(cls, ctx: AgentContext) -> ElasticHooks:
@@ -55,15 +66,98 @@ class ElasticHooks:
     def _link(self) -> StoreLink:
         return StoreLink(self.spec.rdzv_host, self.spec.rdzv_port, self.spec.run_id)
 
+    def _probe(self) -> StoreProbe:
+        return probe(self.spec.rdzv_host, self.spec.rdzv_port, self.spec.run_id)
+
     async def run(self) -> None:
+        """Supervise torchrun for the life of the agent.
+
+        torchrun restarts its own workers after a lost peer; it exits for good when the store is
+        gone (the rendezvous host died or restarted) or training failed past its restarts. The
+        first is not the job's fault: start torchrun again, with backoff, once the store answers
+        (store_watch). The second is reported and left to fleetd (a restart-trainer command).
+        """
         from fleetd.protocol.messages import TrainerExited
 
-        self.torchrun = TorchrunProcess(self.spec, log_path=self.log_path).start()
-        await self.set_state("training")
-        exit_ = await self.torchrun.wait()
-        await self.publish_event(
-            TrainerExited(instance_id=self.instance_id, exit_code=exit_.exit_code, reason=exit_.reason)
-        )
+        crash_backoff = Backoff(first_s=1.0, max_s=30.0)
+        before = await asyncio.to_thread(self._probe)
+        ready: TorchrunProcess | None = None  # prewarmed while waiting for the store
+        try:
+            while not self.stopping:
+                since = log_size(self.log_path)
+                started = time.monotonic()
+                self.restart_requested.clear()
+                self.torchrun = (ready or TorchrunProcess(self.spec, log_path=self.log_path)).start()
+                ready = None
+                self.starts += 1
+                await self.set_state("training")
+                exit_ = await self.torchrun.wait()
+                if self.restart_requested.is_set() and not (self.draining or self.stopping):
+                    log.warning("trainer_restarting", why="fleetd asked (restart-trainer)")
+                    before = await asyncio.to_thread(self._probe)
+                    continue
+                if self.draining or self.stopping:
+                    cause = ExitCause.STOPPED
+                else:
+                    after = await asyncio.to_thread(self._probe)
+                    cause = classify_exit(exit_, before, after, log_tail(self.log_path, since))
+                self.last_exit_cause = cause
+                ran_s = time.monotonic() - started
+                log.warning("trainer_exited", cause=str(cause), exit_code=exit_.exit_code, ran_s=round(ran_s, 1),
+                            starts=self.starts)
+                await self.publish_event(TrainerExited(
+                    instance_id=self.instance_id, exit_code=exit_.exit_code,
+                    reason=str(cause) if cause is ExitCause.STORE_LOST else exit_.reason,
+                ))
+                if cause in (ExitCause.STOPPED, ExitCause.FINISHED):
+                    return
+                await self.set_state("ready")
+                if cause is ExitCause.FAILED:
+                    # Training itself broke: do not crash-loop it; fleetd's stall recovery decides.
+                    log.error("trainer_failed", exit_code=exit_.exit_code, why="waiting for a restart-trainer command")
+                    await self._wait_restart_or_stop()
+                    continue
+                # The next torchrun's warm pool imports torch while the store is still coming back.
+                ready = await asyncio.to_thread(TorchrunProcess(self.spec, log_path=self.log_path).prewarm)
+                if ran_s < self.healthy_run_s:
+                    # Exited again soon after a restart: the store may be flapping. Slow down.
+                    await self._sleep_or_stop(crash_backoff.next_delay())
+                else:
+                    crash_backoff.reset()
+                found = await wait_for_store(self._probe, self._stopped)
+                if found is None:
+                    return
+                before = found
+                log.warning("trainer_restarting", why="the rendezvous store is back", incarnation=found.incarnation)
+        finally:
+            if ready is not None:
+                await asyncio.to_thread(ready.discard)
+
+    async def _wait_restart_or_stop(self) -> None:
+        stop = asyncio.ensure_future(self._stopped.wait())
+        restart = asyncio.ensure_future(self.restart_requested.wait())
+        try:
+            await asyncio.wait({stop, restart}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            restart.cancel()
+
+    async def _sleep_or_stop(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._stopped.wait(), seconds)
+        except TimeoutError:
+            pass
+
+    async def on_restart_trainer(self, command: Any) -> None:
+        """fleetd saw training stalled: start torchrun again if it is not running (a running one
+        is restarted, which re-forms the rendezvous)."""
+        if self.draining or self.stopping:
+            return
+        log.warning("trainer_restart_requested", reason=command.reason)
+        self.restart_requested.set()  # first: the run loop must start it again, not return
+        if self.torchrun is not None and self.torchrun.running:
+            # SIGTERM, not SIGKILL: hung workers save the step they completed on the way out.
+            await self.torchrun.stop(timeout_s=25.0)
 
     async def _with_store(self, body: Callable[[Any], Awaitable[Any]]) -> Any:
         if self.checkpoints is None:
@@ -126,9 +220,41 @@ class ElasticHooks:
             link = await asyncio.to_thread(self._link().connect)
             await asyncio.to_thread(link.mark_left, self.spec.node_addr, keys.Left())
 
+    async def on_controller_lost(self, reason: str) -> int | None:
+        """Dead man's switch (agent/node/deadman.py): the control host is gone. Stop torchrun for
+        good (SIGTERM: its workers save the step they completed, agent/trainer/salvage.py), then
+        make this node's newest local checkpoint durable in S3 so that a controller that comes
+        back resumes the job from it. Returns the step uploaded (None: nothing to upload)."""
+        self.stopping = True
+        self._stopped.set()
+        if self.torchrun is not None and self.torchrun.running:
+            await self.torchrun.stop(timeout_s=25.0)  # under torchrun's own 30 s SIGTERM grace
+        root = self.spec.ckpt_dir
+        found = [s for m in ("state_dict", "dcp") if (s := local_ckpt.newest_complete(root, m)) is not None]
+        if not found:
+            log.error("controller_lost_no_checkpoint", reason=reason, why="no complete local step to upload")
+            return None
+        step = max(found)
+
+        async def body(store: Any) -> int | None:
+            if store is None:
+                log.error("controller_lost_no_bucket", step=step, why="no checkpoint bucket configured")
+                return None
+            directory = local_ckpt.step_dir(root, step)
+            files, step_files = await asyncio.to_thread(local_ckpt.upload_set, directory)
+            result = await store.upload_step(step, files, writer=self.instance_id, root=directory,
+                                             step_files=step_files)
+            await self.publish_event(result.to_event(self.instance_id))  # queued in the outbox
+            log.warning("controller_lost_checkpoint_durable", step=step, complete=result.complete)
+            return step
+
+        return await self._with_store(body)
+
     async def on_shutdown(self, command: Any) -> None:
         await self.stop()
 
     async def stop(self) -> None:
+        self.stopping = True
+        self._stopped.set()
         if self.torchrun is not None and self.torchrun.running:
             await self.torchrun.stop(timeout_s=10.0)

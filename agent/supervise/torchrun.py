@@ -74,17 +74,41 @@ class TorchrunProcess:
         )
         env["FLEETD_WARM_POOL"] = sock
 
+    def _open_log(self) -> Any:
+        if self.log_path is None:
+            return subprocess.DEVNULL
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        return open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed by the caller
+
+    def prewarm(self) -> "TorchrunProcess":
+        """Start the warm pool now (it imports torch: seconds), torchrun later with ``start``.
+        The agent does this while it waits for a restarted rendezvous store, so the import
+        overlaps the outage instead of following it."""
+        if self.spec.uses_warm_pool and self.pool is None:
+            env = build_env(self.spec, self.env)
+            out = self._open_log()
+            try:
+                self._start_pool(env, out)
+            finally:
+                if out is not subprocess.DEVNULL:
+                    out.close()
+        return self
+
+    def discard(self) -> None:
+        """A prewarmed pool whose torchrun will never start (the agent is stopping)."""
+        if self.proc is None:
+            self._reap_pool()
+
     def start(self) -> "TorchrunProcess":
         cmd = build_command(self.spec)
         env = build_env(self.spec, self.env)
-        out: Any = subprocess.DEVNULL
-        if self.log_path is not None:
-            self.log_path.parent.mkdir(parents=True, exist_ok=True)
-            out = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
+        out: Any = self._open_log()
         self.spec.ckpt_dir.mkdir(parents=True, exist_ok=True)
         try:
-            if self.spec.uses_warm_pool:
+            if self.spec.uses_warm_pool and self.pool is None:
                 self._start_pool(env, out)
+            elif self.pool_socket is not None:
+                env["FLEETD_WARM_POOL"] = self.pool_socket
             self.proc = subprocess.Popen(
                 cmd,
                 env=env,

@@ -60,6 +60,14 @@ class StoreLink:
             log.warning("store_bad_value", key=key, error=str(exc))
             return None
 
+    def incarnation(self) -> str | None:
+        """Which life of the rendezvous host this store is (None: not written yet). A different
+        value than before means the store restarted empty (fleetd.protocol.rendezvous_keys)."""
+        key = keys.HOST_INCARNATION_KEY
+        if not self._op("check", [key]):
+            return None
+        return bytes(self._op("get", key)).decode(errors="replace")
+
     # ------------------------------------------------------------------ checkpoint requests
     def request_checkpoint(
         self, reason: str, *, hold: bool = False, leaving: tuple[str, ...] = (), by: str = ""

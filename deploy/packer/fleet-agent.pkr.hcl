@@ -97,6 +97,11 @@ build {
   }
 
   provisioner "file" {
+    source      = "${path.root}/../polkit/50-fleet-agent-poweroff.rules"
+    destination = "/tmp/50-fleet-agent-poweroff.rules"
+  }
+
+  provisioner "file" {
     source      = "${path.root}/../examples/agent.toml"
     destination = "/tmp/agent.toml"
   }
@@ -120,12 +125,13 @@ build {
       "sudo install -d -m 0750 -o root -g fleet-agent /etc/fleetd /etc/fleetd/mqtt",
       "sudo install -m 0640 -o root -g fleet-agent /tmp/agent.toml /etc/fleetd/agent.toml",
       "sudo install -m 0644 /tmp/fleet-agent.service /etc/systemd/system/fleet-agent.service",
+      "sudo install -D -m 0644 /tmp/50-fleet-agent-poweroff.rules /etc/polkit-1/rules.d/50-fleet-agent-poweroff.rules",
       "sudo systemd-analyze verify /etc/systemd/system/fleet-agent.service",
       "sudo systemctl daemon-reload",
       "sudo systemctl enable fleet-agent.service",
       "/opt/fleetd/venv/bin/fleet-agent --version",
       "/opt/fleetd/venv/bin/fleet-agent config check --config /etc/fleetd/agent.toml > /dev/null",
-      "sudo rm -f /tmp/*.whl /tmp/fleet-agent.service /tmp/agent.toml /tmp/fleetd-sysusers.conf",
+      "sudo rm -f /tmp/*.whl /tmp/fleet-agent.service /tmp/agent.toml /tmp/fleetd-sysusers.conf /tmp/50-fleet-agent-poweroff.rules",
     ]
   }
 }

@@ -78,10 +78,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"fleetd report: --plot needs matplotlib (pip install 'fleetd[plot]'): {exc}", file=sys.stderr)
             return 2
         plot(events, now, seen, args.plot)
+    data = {**summary.as_json(), "stall": stall_summary(cfg.fleet.state_dir)}
     if args.json:
-        print(json.dumps(summary.as_json(), indent=2, sort_keys=True))
+        print(json.dumps(data, indent=2, sort_keys=True))
     else:
-        print(render_table(summary.as_json()))
+        print(render_table(data))
     return 0
 
 
@@ -98,6 +99,44 @@ def _observed_until(db: Path) -> dict[str, float]:
         conn.close()
 
 
+def stall_summary(state_dir: Path) -> dict:
+    """Billed time without a step, from fleetd's stall watcher (stalls.json). "unknown" when the
+    watcher never wrote one: a run nobody watched is not reported as stall-free."""
+    from fleetd.protocol.errors import ProtocolError
+    from fleetd.stall_record import read_stalls
+
+    try:
+        record = read_stalls(state_dir)
+    except ProtocolError as exc:
+        return {"known": False, "error": str(exc)}
+    if record is None:
+        return {"known": False}
+    episodes = [*record.episodes, *([record.current] if record.current is not None else [])]
+    return {
+        "known": True,
+        "stalled_now": record.stalled,
+        "stalls": record.stalls,
+        "stalled_node_seconds": record.stalled_node_seconds,
+        "episodes": [{**e.model_dump(), "duration_s": e.duration_s, "recovery_s": e.recovery_s} for e in episodes],
+    }
+
+
+def _stalled(stall: dict | None) -> str:
+    if not stall or not stall.get("known"):
+        return "unknown (no stall record)"
+    text = f"{stall['stalled_node_seconds'] / 3600:.3f} node-h in {stall['stalls']} stall(s)"
+    return text + (" (stalled now)" if stall["stalled_now"] else "")
+
+
+def _steps_lost(data: dict) -> str:
+    """A stalled run did not lose "0 steps": its billed time trained nothing. Say so."""
+    lost = f"{data['steps_lost']:,}"
+    stall = data.get("stall") or {}
+    if stall.get("known") and stall.get("stalls"):
+        return f"{lost} rolled back, plus {stall['stalled_node_seconds'] / 3600:.3f} node-h stalled (no step)"
+    return lost  # the "stalled node-time" row says whether stalls are known
+
+
 def render_table(data: dict) -> str:
     def usd(x: float) -> str:
         return f"${x:,.2f}"
@@ -110,7 +149,8 @@ def render_table(data: dict) -> str:
         ("node-hours billed", f"{data['node_seconds'] / 3600:.2f}"),
         ("instances", str(data["instances"])),
         ("useful steps", f"{data['useful_steps']:,}"),
-        ("steps lost", f"{data['steps_lost']:,}"),
+        ("steps lost", _steps_lost(data)),
+        ("stalled node-time", _stalled(data.get("stall"))),
         ("time in recovery", f"{data['recovery_s']:.1f} s"),
         ("idle GPU time", f"{data['idle_gpu_s']:.1f} GPU-s"),
         ("USD per 1,000 useful steps", "n/a (no useful steps)" if per_1k is None else usd(per_1k)),

@@ -90,6 +90,7 @@ def collect(state_dir: Path, *, now: float, fleet: str | None = None,
             "checkpoint": None,
             "budget": None,
             "pools": [p.model_dump() for p in snap.pools],
+            "stall": _stall(snap.stall, now),
         }
         if snap.checkpoint is not None:
             report["checkpoint"] = {**snap.checkpoint.model_dump(),
@@ -107,12 +108,47 @@ def collect(state_dir: Path, *, now: float, fleet: str | None = None,
             "reconcile_interval_s": reconcile_interval_s, "target_nodes": None,
             "nodes": _nodes_from_db(db), "rendezvous": None, "checkpoint": None, "budget": None,
             "pools": None,  # unknown without a snapshot
+            "stall": None,
         }
     live = [n for n in report["nodes"] if n["ec2_state"] in LIVE]
     report["node_count"] = len(live)
     report["nodes_by_state"] = _tally(n["state"] for n in live)
     report["spot_nodes"] = sum(1 for n in live if n["market"] == "spot")
     return report
+
+
+def _stall(stall: Any, now: float) -> dict[str, Any] | None:
+    if stall is None:
+        return None
+    out = stall.model_dump()
+    cur = stall.current
+    out["stalled_for_s"] = round(max(now - cur.since, 0.0), 1) if cur is not None else None
+    last = stall.episodes[-1] if stall.episodes else None
+    out["last"] = None if last is None else {
+        **last.model_dump(), "duration_s": last.duration_s and round(last.duration_s, 1),
+        "recovery_s": last.recovery_s and round(last.recovery_s, 1)}
+    return out
+
+
+def _stall_lines(s: dict[str, Any] | None) -> list[str]:
+    if s is None:
+        return ["stalls: unknown (no stall watcher report)"]
+    lines = []
+    cur = s["current"]
+    if cur is not None:
+        acts = ", ".join(cur["actions"]) or "none yet"
+        lines.append(f"STALLED: no step for {s['stalled_for_s']:.0f} s ({cur['cause']}), "
+                     f"{cur['billed_nodes']} node(s) billed; recovery: {acts}")
+    if s["stalls"]:
+        line = (f"stalls: {s['stalls']} so far, {s['stalled_node_seconds'] / 3600:.2f} node-h billed without a step")
+        last = s["last"]
+        if last is not None and last["duration_s"] is not None:
+            line += (f"; last: {last['cause']}, no step for {last['duration_s']:.0f} s,"
+                     f" training {last['recovery_s']:.0f} s after detection")
+        lines.append(line)
+    elif cur is None:
+        lines.append(f"stalls: none (a stall is {s['stall_after_s']:g} s without a step while billed)")
+    return lines
 
 
 def _nodes_from_db(db: Path) -> list[dict[str, Any]]:
@@ -187,6 +223,7 @@ def render(report: dict[str, Any]) -> str:
     rdzv = report["rendezvous"]
     lines.append(f"rendezvous: round {rdzv['round']}, world size {rdzv['world_size']}" if rdzv
                  else "rendezvous: unknown")
+    lines += _stall_lines(report.get("stall"))
     ckpt = report["checkpoint"]
     lines.append(f"durable checkpoint: step {ckpt['step']}, {ckpt['age_s']:.0f} s old" if ckpt
                  else "durable checkpoint: none yet")

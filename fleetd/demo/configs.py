@@ -14,6 +14,7 @@ from fleetd.adapters.catalog import bundled_catalog
 from fleetd.adapters.pricing import DEMO_PRICE_BOOK, FilePriceBook
 from fleetd.adapters.pricing_fake import PriceListFake, SpotPriceFake
 from fleetd.demo.scenario import FleetShape
+from fleetd.demo.launcher import poweroff_command
 
 DEMO_FLEET = "demo"
 DEMO_BUCKET = "fleetd-demo"
@@ -92,6 +93,10 @@ def fleetd_toml(workdir: Path, ep: DemoEndpoints, nodes: int, budget_usd: float,
         "checkpoints": {"bucket": DEMO_BUCKET, "prefix": "checkpoints", "keep": 3, "interval_steps": 50},
         "job": {"name": "toy", "entrypoint": "agent.examples.train_toy", "nproc_per_node": 1},
         "metrics": {"port": 0},
+        # Compressed like the demo's notices: a stall is 20 s without a step (production: 180 s).
+        # No node replacement: the demo's nodes are local processes on one box, and a fresh node
+        # re-imports torch there (on an overloaded box that deepens the stall it should cure).
+        "stall": {"stall_after_s": 20.0, "escalate_after_s": 60.0, "replace_nodes": False},
         "logging": {"level": "info", "json": True},
     }))
     return path
@@ -105,7 +110,8 @@ def agent_toml(workdir: Path, ep: DemoEndpoints, max_nodes: int, instance_id: st
     path.write_text(to_toml({
         "node": {"fleet": DEMO_FLEET, "imds_url": imds_url, "node_addr": addr, "state_dir": node_dir,
                  "trainer_socket": node_dir / "trainer.sock", "min_nodes": 1, "max_nodes": max_nodes,
-                 "shutdown_timeout_s": 20.0},
+                 "shutdown_timeout_s": 20.0, "controller_lost_after_s": 90.0,
+                 "shutdown_command": poweroff_command(workdir, instance_id)},
         "aws": {"region": "us-east-1", "endpoint_url": ep.s3_url},
         "mqtt": {"url": ep.mqtt_url},
         "rendezvous": {"host": "127.0.0.1", "port": ep.rdzv_port, "run_id": "demo"},

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +38,18 @@ class LocalNode:
     started_at: float
     stopped_at: float | None = None
     frozen_tree: list[psutil.Process] = field(default_factory=list)  # a vanished node's (SIGSTOPped)
+    powered_off: bool = False  # its agent ran node.shutdown_command
+
+
+def poweroff_marker(workdir: Path, instance_id: str) -> Path:
+    return workdir / "nodes" / instance_id / "poweroff"
+
+
+def poweroff_command(workdir: Path, instance_id: str) -> list[str]:
+    """The demo node's ``node.shutdown_command``: leave a marker the launcher turns into an EC2
+    termination (a real node runs ``systemctl poweroff``)."""
+    return [sys.executable, "-c", "import sys, pathlib, time; pathlib.Path(sys.argv[1]).write_text(str(time.time()))",
+            str(poweroff_marker(workdir, instance_id))]
 
 
 @dataclass
@@ -50,6 +62,8 @@ class Launcher:
     describe: Callable[[], "asyncio.Future[list[dict]]"]
     agent_config: Callable[[str, str, str], Path]  # (instance_id, addr, imds_url) -> agent.toml
     env: dict[str, str] = field(default_factory=dict)  # extra environment for every agent
+    # EC2 TerminateInstances for one instance: what AWS does when a spot node powers itself off.
+    terminate: Callable[[str], Awaitable[None]] | None = None
     poll_s: float = 0.5
     nodes: dict[str, LocalNode] = field(default_factory=dict)
     _next_octet: int = FIRST_HOST_OCTET
@@ -66,6 +80,7 @@ class Launcher:
 
     async def sync(self, instances: list[dict]) -> None:
         loop = asyncio.get_running_loop()
+        await self._powered_off()
         for inst in instances:
             iid, state = inst["InstanceId"], inst["State"]["Name"]
             node = self.nodes.get(iid)
@@ -106,6 +121,18 @@ class Launcher:
         await node.agent.stop(timeout=3.0)
         await node.imds.stop()
         log.info("node_stopped", instance_id=node.instance_id, reason=reason)
+
+    async def _powered_off(self) -> None:
+        """Agents whose ``node.shutdown_command`` ran (the demo's stands in for ``systemctl
+        poweroff``: it writes ``poweroff`` in the node's directory) are terminated in EC2."""
+        for node in self.live():
+            marker = poweroff_marker(self.workdir, node.instance_id)
+            if node.powered_off or not marker.exists():
+                continue
+            node.powered_off = True
+            log.warning("node_powered_off", instance_id=node.instance_id, why=marker.read_text()[:200])
+            if self.terminate is not None:
+                await self.terminate(node.instance_id)
 
     def live(self) -> list[LocalNode]:
         return [n for n in self.nodes.values() if n.stopped_at is None]

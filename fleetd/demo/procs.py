@@ -57,3 +57,50 @@ class Child:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
         except OSError:
             return ""
+
+
+class Supervised:
+    """Keep a child running, as systemd's ``Restart=always`` does for the real units: when it
+    exits (SIGKILL, OOM, crash, or a clean exit), start it again after ``restart_s``. The demo
+    runs ``fleetd rendezvous`` this way (systemd/fleetd-rendezvous.service in production), so a
+    store that dies comes back and the job's recovery path can be seen working."""
+
+    def __init__(self, name: str, argv: list[str], log: Path, *, restart_s: float = 1.0,
+                 env: dict[str, str] | None = None) -> None:
+        self.name, self.argv, self.log, self.restart_s, self.env = name, argv, log, restart_s, env
+        self.child: Child | None = None
+        self.restarts: list[tuple[float, int | None]] = []  # (wall time restarted, exit status)
+        self.stopping = False
+
+    async def start(self) -> Child:
+        self.child = await Child.start(self.name, self.argv, self.log, env=self.env)
+        return self.child
+
+    @property
+    def pid(self) -> int | None:
+        return self.child.proc.pid if self.child is not None else None
+
+    async def watch(self) -> None:
+        import time
+
+        from fleetd.protocol.logs import get_logger
+
+        log = get_logger(__name__)
+        while not self.stopping:
+            assert self.child is not None
+            code = await self.child.proc.wait()
+            if self.stopping:
+                return
+            # Sweep what it left (its group), like systemd's KillMode=control-group on exit.
+            self.child.signal_group(signal.SIGKILL)
+            log.warning("demo_child_exited", name=self.name, exit_code=code, restart_in_s=self.restart_s)
+            await asyncio.sleep(self.restart_s)
+            if self.stopping:
+                return
+            await self.start()
+            self.restarts.append((time.time(), code))
+            log.warning("demo_child_restarted", name=self.name, pid=self.pid, restarts=len(self.restarts))
+
+    async def stop(self, timeout: float = 5.0) -> int | None:
+        self.stopping = True
+        return await self.child.stop(timeout) if self.child is not None else None

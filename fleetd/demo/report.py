@@ -71,6 +71,11 @@ async def build_report(run: Any, events_file: Path, ec2: Any, session: Any, aws:
         if back is not None and last_before is not None:
             pauses.append(round(back - last_before, 2))
     injected = [kind for _, kind, _ in run.injected]
+    from fleetd.demo.stalls import stall_report
+
+    sup = getattr(run, "rendezvous", None)
+    stall = stall_report(progress, run.workdir, sup.restarts if sup is not None else [],
+                         billed_nodes=run.opts.nodes, since=None)  # every step is after training began
     return {
         "scenario": run.opts.scenario.name if run.opts.scenario else "calm",
         "duration_s": round(time.time() - run.started_at, 1),
@@ -79,7 +84,8 @@ async def build_report(run: Any, events_file: Path, ec2: Any, session: Any, aws:
         "losses_without_notice": injected.count("vanish"),
         "rebalance_recommendations": injected.count("rebalance"),
         "capacity_errors_injected": injected.count("capacity-error"),
-        "steps_lost": sum(r.steps_lost for r in restarts),
+        "steps_lost": sum(r.steps_lost for r in restarts),  # rolled back; a stall's time is in "stall"
+        "stall": stall,
         "replacements": replacements,
         "instances_launched": launched,
         "max_world_size": progress.max_world_size,
@@ -103,11 +109,33 @@ async def build_report(run: Any, events_file: Path, ec2: Any, session: Any, aws:
     }
 
 
+def _steps_lost(report: dict) -> str:
+    """Never "0" for a run that stalled: the stall's steps were not trained either."""
+    rolled_back = report["steps_lost"]
+    gaps = (report.get("stall") or {}).get("measured") or []
+    if not gaps:
+        return str(rolled_back)
+    forgone = [g["steps_not_trained"] for g in gaps]
+    extra = "unknown" if any(f is None for f in forgone) else f"~{sum(forgone)}"
+    return f"{rolled_back} rolled back + {extra} not trained while stalled"
+
+
+def _stalls(stall: dict | None) -> str:
+    if not stall or not stall.get("measured"):
+        return "none"
+    parts = []
+    for g in stall["measured"]:
+        back = g["store_back_to_training_s"]
+        parts.append(f"{g['no_step_s']:.0f} s" + (f" (training {back:.1f} s after the store was back)" if back is not None else ""))
+    return "; ".join(parts) + f"; {stall['stalled_node_seconds_measured']:.0f} node-s billed"
+
+
 def render(report: dict) -> str:
     rows = [
         ("notices (injected / seen)", f"{report['notices']} / {report['notices_seen_by_fleet']}"),
         ("losses without notice", report.get("losses_without_notice", 0)),
-        ("steps lost", report["steps_lost"]),
+        ("steps lost", _steps_lost(report)),
+        ("stalls (no step >= 10 s)", _stalls(report.get("stall"))),
         ("replacements", report["replacements"]),
         ("max world size", report["max_world_size"]),
         ("final step", report["final_step"]),

@@ -23,7 +23,7 @@ from fleetd.demo import configs
 from fleetd.demo.broker import start_broker
 from fleetd.demo.launcher import Launcher
 from fleetd.demo.monitor import WireView
-from fleetd.demo.procs import Child
+from fleetd.demo.procs import Child, Supervised
 from fleetd.localnet import free_port, wait_port_async as wait_port
 from fleetd.demo.scenario import Scenario
 from fleetd.protocol.logs import get_logger
@@ -65,6 +65,7 @@ class DemoRun:
     training_since_loop: float | None = None  # the event loop's clock (the launcher's timestamps)
     injected: list[tuple[float, str, str]] = field(default_factory=list)  # (wall time, kind, target)
     fleetd: Child | None = None
+    rendezvous: Supervised | None = None  # restarted when it dies, as systemd would
     view: WireView | None = None
     launcher: Launcher | None = None
     stopped_by_budget: bool = False
@@ -120,7 +121,10 @@ async def run_demo(opts: DemoOptions) -> dict:
         max_nodes = shape.max_nodes if shape is not None else opts.nodes + 1
         fleetd_conf = configs.fleetd_toml(workdir, ep, opts.nodes, opts.budget_usd, opts.max_usd_per_hour, ami, shape)
         cli = [sys.executable, "-m", "fleetd.cli"]
-        await _start(run, "rendezvous", [*cli, "rendezvous", "--config", str(fleetd_conf)])
+        run.rendezvous = Supervised("rendezvous", [*cli, "rendezvous", "--config", str(fleetd_conf)],
+                                    workdir / "rendezvous.log")
+        await run.rendezvous.start()
+        run.children.append(run.rendezvous)  # type: ignore[arg-type]  # stops like a Child
         await wait_port("127.0.0.1", ep.rdzv_port, timeout=30)
         run.fleetd = await _start(run, "fleetd", [*cli, "run", "--config", str(fleetd_conf)])
         log.info("demo_cloud_ready", workdir=str(workdir), broker=broker_kind, moto=moto_url)
@@ -140,7 +144,13 @@ async def run_demo(opts: DemoOptions) -> dict:
                 return configs.agent_toml(workdir, ep, max_nodes, iid, addr, imds_url, steps=opts.steps)
 
             env = {"FLEETD_EVENTS_FILE": str(events_file), **(shape.trainer_env() if shape else {})}
-            run.launcher = Launcher(workdir, describe, agent_conf, env=env)
+
+            async def terminate(iid: str) -> None:
+                # The node powered itself off (dead man's switch): for a spot instance, AWS
+                # turns an instance-initiated shutdown into a termination.
+                await ec2.terminate_instances(InstanceIds=[iid])
+
+            run.launcher = Launcher(workdir, describe, agent_conf, env=env, terminate=terminate)
             run.view = WireView(configs.DEMO_FLEET)
             try:
                 async with asyncio.TaskGroup() as tg:
@@ -149,6 +159,7 @@ async def run_demo(opts: DemoOptions) -> dict:
                         tg.create_task(run.view.run(MqttConfig(url=mqtt_url)), name="view"),
                         tg.create_task(play_scenario(run, ec2, proxy, events_file), name="scenario"),
                         tg.create_task(render_loop(run, events_file), name="render"),
+                        tg.create_task(run.rendezvous.watch(), name="rendezvous-supervisor"),
                     ]
                     await _until_done(run, events_file)
                     for t in tasks:
@@ -185,7 +196,7 @@ async def _until_done(run: DemoRun, events_file: Path) -> None:
             log.info("demo_training_started", after_s=round(now - run.started_at, 1))
         if run.training_since is not None and now - run.training_since >= run.opts.duration_s:
             return
-        if now > hard_deadline:
+        if run.training_since is None and now > hard_deadline:  # set-up only: a slow start is not a hang
             run.failure = f"training did not start in time; see the logs in {run.workdir}"
             log.error("demo_deadline", why=run.failure)
             return

@@ -23,7 +23,13 @@ from fleetd.intake.events import IntakeEvent, from_message
 from fleetd.intake.registry import NodeRegistry
 from fleetd.protocol.errors import ProtocolError
 from fleetd.protocol.logs import get_logger
-from fleetd.protocol.messages import CheckpointCommand, DrainCommand, LeaveCommand, ShutdownCommand
+from fleetd.protocol.messages import (
+    CheckpointCommand,
+    DrainCommand,
+    LeaveCommand,
+    RestartTrainerCommand,
+    ShutdownCommand,
+)
 from fleetd.protocol.mqtt_options import client_kwargs
 from fleetd.protocol.settings import MqttConfig
 from fleetd.protocol.topics import CHANNEL_QOS, decode, fleet_filter, node_topic
@@ -35,7 +41,7 @@ MAX_PAYLOAD_BYTES = 64 * 1024
 AGENT_CHANNELS = ("status", "telemetry", "events")
 PUBLISH_TIMEOUT_S = 10.0
 
-Command = CheckpointCommand | DrainCommand | LeaveCommand | ShutdownCommand
+Command = CheckpointCommand | DrainCommand | LeaveCommand | ShutdownCommand | RestartTrainerCommand
 
 
 class BusUnavailable(Exception):

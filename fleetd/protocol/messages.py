@@ -189,12 +189,20 @@ class ShutdownCommand(_Envelope):
     reason: str
 
 
+class RestartTrainerCommand(_Envelope):
+    """Training stalled with the trainer not running (it failed, or gave up while the store was
+    away): start torchrun again. fleetd's stall recovery sends it (fleetd/policy/stall.py)."""
+
+    kind: Literal["restart-trainer"] = "restart-trainer"
+    reason: str
+
+
 Event: TypeAlias = Annotated[
     Union[Notice, Rebalance, CheckpointSaved, CheckpointUploaded, TrainerExited],
     Field(discriminator="kind"),
 ]
 Command: TypeAlias = Annotated[
-    Union[CheckpointCommand, DrainCommand, LeaveCommand, ShutdownCommand],
+    Union[CheckpointCommand, DrainCommand, LeaveCommand, ShutdownCommand, RestartTrainerCommand],
     Field(discriminator="kind"),
 ]
 Message: TypeAlias = Annotated[
@@ -210,6 +218,7 @@ Message: TypeAlias = Annotated[
         DrainCommand,
         LeaveCommand,
         ShutdownCommand,
+        RestartTrainerCommand,
     ],
     Field(discriminator="kind"),
 ]

@@ -42,6 +42,12 @@ Step = Annotated[int, Field(ge=0)]
 Seq = Annotated[int, Field(ge=1)]
 
 
+# The rendezvous host writes a fresh value here each time it starts. The store lives in memory
+# only: a value that changed (or vanished) tells every client the store restarted empty, so the
+# rendezvous state, checkpoint requests and drain keys of before are gone (DESIGN.md, failure model).
+HOST_INCARNATION_KEY = "fleetd.host.incarnation"
+
+
 def torch_state_key(run_id: str) -> str:
     return TORCH_STATE_PREFIX + run_id
 

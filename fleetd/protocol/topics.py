@@ -27,7 +27,7 @@ CHANNEL_KINDS: dict[str, frozenset[str]] = {
     "events": frozenset(
         {"notice", "rebalance", "checkpoint-saved", "checkpoint-uploaded", "trainer-exited"}
     ),
-    "commands": frozenset({"checkpoint", "drain", "leave", "shutdown"}),
+    "commands": frozenset({"checkpoint", "drain", "leave", "shutdown", "restart-trainer"}),
 }
 
 # QoS per channel (DESIGN.md): telemetry is fire-and-forget, everything else at least once.

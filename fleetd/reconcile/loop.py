@@ -28,7 +28,7 @@ from fleetd.adapters.aws_errors import AwsError, Throttled
 from fleetd.adapters.ec2 import Ec2Api, Ec2Instance
 from fleetd.adapters.pricing import Hardware, PriceSource
 from fleetd.config import FleetdConfig
-from fleetd.policy.model import Plan, PoolId
+from fleetd.policy.model import Plan, PoolId, Terminate
 from fleetd.policy.observation import Observation, spot_shortage_over
 from fleetd.protocol.logs import get_logger
 from fleetd.reconcile import state as st
@@ -163,6 +163,14 @@ class Reconciler:
     def pool_rows(self) -> tuple[PoolRow, ...]:
         """Every configured pool: its offer, or why it is excluded (as of the last pass)."""
         return self._observation.pool_rows
+    async def terminate(self, instance_ids: Sequence[str], reason: str, now: float) -> None:
+        """Terminate nodes outside a pass (the stall watcher's last resort), through the same
+        executor a pass uses: recorded as ours before the call, ledger fed, dry-run respected.
+        The next pass sees them gone and the planner buys replacements."""
+        if not instance_ids:
+            return
+        plan = Plan(actions=tuple(Terminate(reason, iid) for iid in instance_ids))
+        await self._executor.act(plan, None, now)  # type: ignore[arg-type]  # terminations read no observation
 
     # -- observe --------------------------------------------------------------------------------
     async def observe(self, now: float) -> tuple[Observation, list[Ec2Instance]]:

@@ -40,6 +40,11 @@ class Observation:
     max_nodes: int = 1 << 30
     left_timeout: timedelta = timedelta(seconds=5)
     dead_after: timedelta = timedelta(seconds=6)
+    # After a store restart every node restarts torchrun, a few seconds apart. torchrun completes
+    # a round ``last_call`` after its first joiner: whoever restarted late would then make all
+    # the others restart once more. Hold the round open for these nodes until ``awaited_until``.
+    awaited: frozenset[str] = frozenset()
+    awaited_until: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +82,18 @@ class DropMarkers(SteerAction):
     pass
 
 
+@dataclass(frozen=True, slots=True)
+class HoldRound(SteerAction):
+    until: datetime  # the round's new last-call deadline
+
+
+HOLD_STEP = timedelta(seconds=2)  # push the deadline this far ahead, a pass at a time
+
+
+def _holding(obs: Observation) -> bool:
+    return bool(obs.awaited) and obs.awaited_until is not None and obs.now < obs.awaited_until
+
+
 def expected_members(obs: Observation) -> frozenset[str] | None:
     """Who should be in the round being formed: last members, minus leavers, plus newcomers."""
     s = obs.state
@@ -85,6 +102,8 @@ def expected_members(obs: Observation) -> frozenset[str] | None:
     gone = obs.drain_ready | frozenset(obs.told_leave) | obs.left
     stale = {n.addr for n in s.stale(obs.now, obs.dead_after)}
     stale |= {a for a in obs.members if a in obs.heartbeats and obs.now - obs.heartbeats[a] > obs.dead_after}
+    if _holding(obs):
+        stale -= obs.awaited
     waiting = {n.addr for n in s.waiting}
     return frozenset((obs.members - gone - stale) | waiting)
 
@@ -97,6 +116,11 @@ def plan(obs: Observation) -> tuple[SteerAction, ...]:
     present = s.participant_addrs | {n.addr for n in s.wait_list if n.addr != MARKER_ADDR}
 
     stale = frozenset(n.addr for n in s.stale(obs.now, obs.dead_after)) & present
+    if _holding(obs):
+        # Nodes rejoining after a store restart start torchrun and its keep-alive thread under
+        # load; a late heartbeat then is not a lost node. One that is really gone is removed when
+        # the hold ends (restart_hold_s), and its absence never completes the round before that.
+        stale -= obs.awaited
     if stale:
         actions.append(RemoveNodes(f"no heartbeat for over {obs.dead_after.total_seconds():g} s", stale))
         lost_members = stale & s.participant_addrs
@@ -121,6 +145,13 @@ def plan(obs: Observation) -> tuple[SteerAction, ...]:
                 )
             else:
                 actions.append(FinishLeaves("survivors are already re-forming", done))
+
+    if not s.complete and _holding(obs):
+        missing = obs.awaited - s.participant_addrs
+        until = min(obs.now + HOLD_STEP, obs.awaited_until)
+        if missing and s.participants and (s.deadline is None or s.deadline < min(until, obs.now + HOLD_STEP / 2)):
+            actions.append(HoldRound(f"round {s.round} held for {', '.join(sorted(missing))} "
+                                     "(restarting after the store restart)", until))
 
     if not s.complete:
         expected = expected_members(obs)

@@ -13,9 +13,11 @@ from __future__ import annotations
 import signal
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
+from fleetd.protocol import rendezvous_keys as keys
 from fleetd.protocol.logs import get_logger
 from fleetd.protocol.sdnotify import Notifier
 from fleetd.rendezvous.errors import RendezvousUnavailable
@@ -54,7 +56,10 @@ def serve(spec: HostSpec, stop: threading.Event, notifier: Notifier | None = Non
     only proves it is alive (one store round trip per interval) for systemd's watchdog."""
     store = open_server(spec.host, spec.port)
     notifier = notifier or Notifier(None)
-    log.info("rendezvous_host_ready", host=spec.host, port=store.port)
+    incarnation = f"{uuid.uuid4().hex}@{time.time():.3f}"
+    # Before anyone can read the store: clients compare it to tell a restarted (empty) store.
+    store.set(keys.HOST_INCARNATION_KEY, incarnation)
+    log.info("rendezvous_host_ready", host=spec.host, port=store.port, incarnation=incarnation)
     notifier.ready(f"hosting the rendezvous store on {spec.host}:{store.port}")
     try:
         while not stop.wait(spec.health_interval_s):

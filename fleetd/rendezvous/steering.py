@@ -17,7 +17,7 @@ import asyncio
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from fleetd.protocol.logs import get_logger
@@ -36,6 +36,9 @@ class SteerSettings:
     interval_s: float = 0.05  # one pass is one batch of local round trips; survivors wait on it
     left_timeout_s: float = 5.0
     dead_after_s: float = 6.0
+    # After a store restart, hold the first round open this long for the nodes that trained
+    # before it (they restart torchrun seconds apart).
+    restart_hold_s: float = 30.0
 
 
 @dataclass
@@ -48,6 +51,12 @@ class Steerer:
     last_state: RendezvousState | None = None
     adopted: bool = False
     heartbeats: dict[str, datetime] = field(default_factory=dict)
+    # Which life of the rendezvous host the store is (rendezvous_keys.HOST_INCARNATION_KEY).
+    incarnation: str | None = None
+    store_restarts: int = 0
+    store_restarted_at: float | None = None  # wall clock when this loop first saw the new store
+    awaited: frozenset[str] = frozenset()  # the members before a store restart, until all are back
+    awaited_until: datetime | None = None
     # Also tell the node over MQTT (the daemon maps the address to its instance): the store key
     # is enough for fleetd's agents; the command makes the decision visible on the wire.
     on_leave: Callable[[str, str], Awaitable[None]] | None = None
@@ -62,7 +71,10 @@ class Steerer:
             candidates |= self.last_state.participant_addrs | {n.addr for n in self.last_state.waiting}
         ready_keys = {a: keys.drain_ready_key(run_id, a) for a in candidates}
         left_keys = {a: keys.left_key(run_id, a) for a in self.told_leave}
-        snap, raw = await self.client.observe_with([*ready_keys.values(), *left_keys.values()])
+        snap, raw = await self.client.observe_with(
+            [keys.HOST_INCARNATION_KEY, *ready_keys.values(), *left_keys.values()])
+        if await self._store_restarted(raw.get(keys.HOST_INCARNATION_KEY), now):
+            return decide.Observation(state=None, now=now, members=self.members)
         s = snap.state
         if s is not None and s.complete and s.round != self.members_round:
             # The first sight of a complete round is its membership. Later sights of the same
@@ -85,6 +97,9 @@ class Steerer:
                 if not node.is_marker and beat > self.heartbeats.get(node.addr, beat - timedelta(1)):
                     self.heartbeats[node.addr] = beat
         st = self.settings
+        if self.awaited and ((s is not None and s.complete and self.awaited <= s.participant_addrs)
+                             or (self.awaited_until is not None and now >= self.awaited_until)):
+            self.awaited, self.awaited_until = frozenset(), None  # all back, or given up on
         return decide.Observation(
             state=s,
             now=now,
@@ -97,7 +112,37 @@ class Steerer:
             max_nodes=st.max_nodes,
             left_timeout=timedelta(seconds=st.left_timeout_s),
             dead_after=timedelta(seconds=st.dead_after_s),
+            awaited=self.awaited,
+            awaited_until=self.awaited_until,
         )
+
+    async def _store_restarted(self, raw: bytes | None, now: datetime) -> bool:
+        """The rendezvous host restarted: its store came back empty. What this loop remembers
+        about the old store is wrong now, except who trained: keep the last round's members, so
+        the round the restarted torchruns form is completed as soon as all of them are back
+        (not by torchrun's last call with whoever came first). Leaves in flight are told again:
+        their keys were lost with the store. Returns True when this pass must plan nothing."""
+        value = None if raw is None else bytes(raw).decode(errors="replace")
+        if value is None:
+            return False  # the host writes it first thing; absent only for a moment
+        if self.incarnation is None or value == self.incarnation:
+            self.incarnation = value
+            return False
+        self.incarnation = value
+        self.store_restarts += 1
+        self.store_restarted_at = now.timestamp()
+        log.warning("rendezvous_store_restarted", restarts=self.store_restarts, members=sorted(self.members or ()),
+                    leaving=sorted(self.told_leave),
+                    why="the rendezvous host restarted: the store is empty, every torchrun restarts")
+        self.members_round, self.last_state, self.adopted = None, None, False
+        self.heartbeats.clear()
+        if self.members:
+            self.awaited = frozenset(self.members)
+            self.awaited_until = now + timedelta(seconds=self.settings.restart_hold_s)
+        for addr in list(self.told_leave):
+            await self.client.tell_leave(addr, "told again: the rendezvous store restarted")
+            self.told_leave[addr] = now
+        return True
 
     async def step(self) -> tuple[decide.SteerAction, ...]:
         now = datetime.now(UTC)
@@ -143,6 +188,11 @@ class Steerer:
                 if done is not None:
                     self.members, self.members_round = done.participant_addrs, done.round
                     log.info("rendezvous_round_completed", round=done.round, ranks=done.ranks_by_addr())
+            case decide.HoldRound(until=until):
+                await self.client.update(
+                    lambda s: replace(s, deadline=until)
+                    if not s.complete and (s.deadline is None or s.deadline < until) else None
+                )
             case decide.DropMarkers():
                 await self.client.update(lambda s: s.without_markers() if s.has_marker else None)
 
@@ -150,6 +200,16 @@ class Steerer:
         for addr in done:
             self.told_leave.pop(addr, None)
             await self.client.forget_node(addr)
+
+    async def reform(self, reason: str) -> bool:
+        """Stall recovery: poke every torchrun of the formed round into a new one (the same
+        marker a leave uses; workers save their completed step on the way out). False when there
+        is no formed round to poke."""
+        log.warning("rendezvous_reform", reason=reason)
+        done = await self.client.update(
+            lambda s: s.with_marker(datetime.now(UTC), s.round) if s.complete and not s.has_marker else None
+        )
+        return done is not None
 
     async def close_rendezvous(self) -> None:
         """Job end: no node may join again; torchruns exit when their workers finish."""

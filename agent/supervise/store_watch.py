@@ -1,0 +1,140 @@
+"""Why torchrun ended, as far as the rendezvous store is concerned, and waiting for it to return.
+
+When the rendezvous host dies or restarts (OOM kill, crash, ``systemctl restart``), every
+torchrun exits within a second or two: its elastic agent reads the store each monitor interval
+and gives up with ``RendezvousConnectionError``, and rank 0 fails its per-step request check
+(its workers save the step they completed on the way out: agent/trainer/salvage.py). Nothing
+is wrong with training, so the agent must start torchrun again as soon as the store answers;
+an exit with the store alive and unchanged is a real training failure and is only reported.
+
+Two independent facts tell them apart, so one misleading fact cannot restart a broken job in a
+loop: the store itself (unreachable now, or a different incarnation than when torchrun started,
+fleetd.protocol.rendezvous_keys.HOST_INCARNATION_KEY) and the reason torchrun printed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from agent.supervise.torchrun import TorchrunExit
+from fleetd.protocol.logs import get_logger
+
+log = get_logger(__name__)
+
+PROBE_TIMEOUT_S = 2.0
+# What torchrun's elastic agent prints when the store went away under it (torch 2.x).
+# (Not gloo's "Connection reset by peer": a lost peer prints that, and torchrun restarts its
+# workers itself for that.)
+STORE_GONE_MARKERS = (
+    "RendezvousConnectionError",
+    "The connection to the C10d store has failed",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreProbe:
+    reachable: bool
+    incarnation: str | None = None
+    error: str = ""
+
+
+class ExitCause(StrEnum):
+    FINISHED = "finished"  # the job completed: nothing to restart
+    STOPPED = "stopped"  # this agent stopped it (drain, leave, shutdown)
+    STORE_LOST = "store-lost"  # the rendezvous store died or restarted: restart once it answers
+    FAILED = "failed"  # training itself failed with the store fine: report, fleetd decides
+
+
+def probe(host: str, port: int, run_id: str, timeout_s: float = PROBE_TIMEOUT_S) -> StoreProbe:
+    """One connection and one read (blocking: call through asyncio.to_thread)."""
+    from agent.trainer.store_link import StoreLink, StoreLinkError
+
+    try:
+        link = StoreLink(host, port, run_id, timeout_s=timeout_s).connect()
+        return StoreProbe(True, link.incarnation())
+    except StoreLinkError as exc:
+        return StoreProbe(False, error=str(exc)[:200])
+
+
+def log_size(path: Path | None) -> int:
+    try:
+        return path.stat().st_size if path is not None else 0
+    except OSError:
+        return 0
+
+
+def log_tail(path: Path | None, since: int = 0, nbytes: int = 16_384) -> str:
+    """The end of torchrun's log, written after offset ``since`` (this run of torchrun only)."""
+    if path is None:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(since, f.tell() - nbytes))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def classify_exit(exit_: TorchrunExit, before: StoreProbe, after: StoreProbe, tail: str) -> ExitCause:
+    """Pure: the exit, the store as seen before torchrun started and right after it ended, and
+    the end of torchrun's log."""
+    if exit_.reason == "stopped":
+        return ExitCause.STOPPED
+    if exit_.reason == "finished":
+        return ExitCause.FINISHED
+    if not after.reachable:
+        return ExitCause.STORE_LOST
+    restarted = (
+        before.incarnation is not None and after.incarnation is not None and before.incarnation != after.incarnation
+    )
+    if restarted:
+        return ExitCause.STORE_LOST
+    # Reachable and the same life as before (or unknown): torchrun's own words can still say the
+    # store went away (a network cut to the control host that healed, or a store whose first
+    # incarnation was never read).
+    if any(m in tail for m in STORE_GONE_MARKERS):
+        return ExitCause.STORE_LOST
+    return ExitCause.FAILED
+
+
+@dataclass
+class Backoff:
+    """Exponential, capped; reset once the store answers."""
+
+    first_s: float = 0.25
+    max_s: float = 5.0
+    _next: float = 0.0
+
+    def next_delay(self) -> float:
+        self._next = self.first_s if self._next == 0 else min(self._next * 2, self.max_s)
+        return self._next
+
+    def reset(self) -> None:
+        self._next = 0.0
+
+
+async def wait_for_store(
+    check: Callable[[], StoreProbe], stop: asyncio.Event, backoff: Backoff | None = None
+) -> StoreProbe | None:
+    """Probe until the store answers (returns that probe) or ``stop`` is set (returns None)."""
+    backoff = backoff or Backoff()
+    reported = False
+    while not stop.is_set():
+        found = await asyncio.to_thread(check)
+        if found.reachable:
+            if reported:
+                log.warning("rendezvous_store_back", incarnation=found.incarnation)
+            return found
+        if not reported:
+            log.warning("rendezvous_store_unreachable", error=found.error)
+            reported = True
+        try:
+            await asyncio.wait_for(stop.wait(), backoff.next_delay())
+        except TimeoutError:
+            pass
+    return None

@@ -1,0 +1,234 @@
+"""Stalled-job detection and the recovery ladder: a pure fold over what fleetd sees each tick.
+
+A job is stalled when no step has completed for longer than ``stall_after_s`` while nodes are
+billed. Nothing else in fleetd would notice: the planner counts nodes, not steps, so a job whose
+trainers all exited (the store died, training crashed) or whose ranks all hang keeps its nodes
+and burns the budget. The stall watcher (fleetd/stall_watch.py) feeds :func:`assess` plain
+data and ``now``, and carries out the actions it returns.
+
+Cause, from what fleetd can see (first match wins):
+
+1. the rendezvous store does not answer fleetd -> wait: systemd restarts it, and the agents start
+   torchrun again by themselves once it answers (agent/supervise/store_watch.py); replacing
+   nodes would not help;
+2. the store restarted during the stall, less than ``escalate_after_s`` ago -> wait: the trainers
+   are on their way back;
+3. every billed node that reports says its trainer is not running -> trainers exited;
+4. no billed node sent telemetry lately -> agents silent;
+5. otherwise trainers run and no step completes -> all ranks hung.
+
+Recovery, one rung per ``escalate_after_s`` while the stall lasts, each rung once per stall:
+trainers exited: restart them, then re-form, then replace the nodes; hung or silent: re-form
+(the steering pokes every torchrun into a new round; workers save their step on the way out),
+then restart the trainers, then replace the nodes (last resort, if allowed).
+
+Times are seconds on the caller's clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+
+class StallCause(StrEnum):
+    STORE_UNREACHABLE = "rendezvous store unreachable"
+    STORE_RESTARTED = "rendezvous store restarted; trainers restarting"
+    TRAINERS_EXITED = "trainers exited"
+    AGENTS_SILENT = "no telemetry from the nodes"
+    RANKS_HUNG = "all ranks hung"
+
+
+class Recovery(StrEnum):
+    RESTART_TRAINERS = "restart trainers"
+    REFORM = "re-form"
+    REPLACE_NODES = "replace nodes"
+
+
+LADDERS: dict[StallCause, tuple[Recovery, ...]] = {
+    StallCause.TRAINERS_EXITED: (Recovery.RESTART_TRAINERS, Recovery.REFORM, Recovery.REPLACE_NODES),
+    StallCause.RANKS_HUNG: (Recovery.REFORM, Recovery.RESTART_TRAINERS, Recovery.REPLACE_NODES),
+    StallCause.AGENTS_SILENT: (Recovery.REFORM, Recovery.RESTART_TRAINERS, Recovery.REPLACE_NODES),
+}
+WAITING = frozenset({StallCause.STORE_UNREACHABLE, StallCause.STORE_RESTARTED})
+
+
+@dataclass(frozen=True, slots=True)
+class StallSettings:
+    stall_after_s: float = 180.0
+    escalate_after_s: float = 120.0
+    replace_nodes: bool = True
+    telemetry_fresh_s: float = 30.0
+    max_history: int = 50
+
+
+@dataclass(frozen=True, slots=True)
+class NodeProgress:
+    instance_id: str
+    billed: bool  # EC2 runs it and it is not on its way out
+    trainer_running: bool | None  # the agent's status says "training" (None: no status yet)
+    step: int | None = None
+    telemetry_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StallObservation:
+    now: float
+    nodes: tuple[NodeProgress, ...]
+    store_reachable: bool | None = None  # None: not known (no steering in this process)
+    store_restarted_at: float | None = None  # the last time fleetd saw a new store
+    training_expected: bool = True  # False once the job is being stopped
+
+
+@dataclass(frozen=True, slots=True)
+class Episode:
+    since: float  # the last step before the stall
+    detected_at: float
+    cause: StallCause
+    billed_nodes: int
+    node_seconds: float  # billed node-time without a step, from ``since``
+    accounted_to: float
+    actions: tuple[tuple[Recovery, float], ...] = ()
+    ended_at: float | None = None  # the first step after it
+
+    @property
+    def duration_s(self) -> float | None:
+        return None if self.ended_at is None else self.ended_at - self.since
+
+    @property
+    def recovery_s(self) -> float | None:
+        """Detection to the first step again."""
+        return None if self.ended_at is None else self.ended_at - self.detected_at
+
+
+@dataclass(frozen=True, slots=True)
+class StallTracker:
+    best_step: int | None = None
+    advanced_at: float | None = None  # the last tick any node's step moved
+    steps: tuple[tuple[str, int], ...] = ()  # each node's step at the last tick
+    episode: Episode | None = None
+    history: tuple[Episode, ...] = ()
+
+    @property
+    def stalled_node_seconds(self) -> float:
+        open_ = self.episode.node_seconds if self.episode is not None else 0.0
+        return open_ + sum(e.node_seconds for e in self.history)
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryAction:
+    kind: Recovery
+    instance_ids: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class StallDecision:
+    tracker: StallTracker
+    stalled: bool
+    cause: StallCause | None = None
+    detected: bool = False  # this tick found the stall (one log line)
+    cause_changed: bool = False
+    ended: Episode | None = None  # this tick saw the first step after a stall
+    actions: tuple[RecoveryAction, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+
+
+def _cause(obs: StallObservation, since: float, s: StallSettings) -> StallCause:
+    if obs.store_reachable is False:
+        return StallCause.STORE_UNREACHABLE
+    r = obs.store_restarted_at
+    if r is not None and r >= since and obs.now - r < s.escalate_after_s:
+        return StallCause.STORE_RESTARTED
+    billed = [n for n in obs.nodes if n.billed]
+    reporting = [n for n in billed if n.trainer_running is not None]
+    if reporting and not any(n.trainer_running for n in reporting):
+        return StallCause.TRAINERS_EXITED
+    if not any(n.telemetry_at is not None and obs.now - n.telemetry_at <= s.telemetry_fresh_s for n in billed):
+        return StallCause.AGENTS_SILENT
+    return StallCause.RANKS_HUNG
+
+
+def _next_action(ep: Episode, obs: StallObservation, s: StallSettings) -> RecoveryAction | None:
+    if ep.cause in WAITING:
+        return None
+    last = ep.actions[-1][1] if ep.actions else None
+    if last is not None and obs.now - last < s.escalate_after_s:
+        return None
+    done = {kind for kind, _ in ep.actions}
+    billed = [n for n in obs.nodes if n.billed]
+    for kind in LADDERS[ep.cause]:
+        if kind in done:
+            continue
+        if kind is Recovery.REPLACE_NODES and not s.replace_nodes:
+            continue
+        if kind is Recovery.RESTART_TRAINERS:
+            stopped = tuple(n.instance_id for n in billed if n.trainer_running is False)
+            ids = stopped or tuple(n.instance_id for n in billed)
+        elif kind is Recovery.REPLACE_NODES:
+            ids = tuple(n.instance_id for n in billed)
+        else:
+            ids = ()
+        idle = obs.now - ep.since
+        return RecoveryAction(kind, ids, f"no step for {idle:.0f} s with {len(billed)} node(s) billed "
+                                         f"({ep.cause}): {kind}")
+    return None
+
+
+def assess(tracker: StallTracker, obs: StallObservation, settings: StallSettings) -> StallDecision:
+    """One tick: fold the newest step in, detect or end a stall, pick the next recovery rung."""
+    s = settings
+    now_steps = tuple(sorted((n.instance_id, n.step) for n in obs.nodes if n.step is not None))
+    before = dict(tracker.steps)
+    # Progress is any node's step moving, not a new maximum: a job that rolled back to an older
+    # checkpoint is training again even while it re-does steps.
+    moved = any(before.get(iid) != step for iid, step in now_steps)
+    newest = max((step for _, step in now_steps), default=None)
+    t = replace(tracker, steps=now_steps)
+    if newest is not None and (t.best_step is None or newest > t.best_step):
+        t = replace(t, best_step=newest)
+    if moved:
+        t = replace(t, advanced_at=obs.now)
+        if t.episode is not None:
+            ended = _accrue(t.episode, obs)
+            ended = replace(ended, ended_at=obs.now)
+            t = replace(t, episode=None, history=(*t.history, ended)[-s.max_history:])
+            return StallDecision(t, False, ended.cause, ended=ended)
+        return StallDecision(t, False)
+
+    billed = sum(1 for n in obs.nodes if n.billed)
+    if t.episode is not None:
+        ep = _accrue(t.episode, obs)
+        if billed == 0 or not obs.training_expected:
+            # Nothing billed (or the job is being stopped): the stall ends without a step.
+            t = replace(t, episode=None, history=(*t.history, replace(ep, ended_at=obs.now))[-s.max_history:],
+                        advanced_at=obs.now)
+            return StallDecision(t, False, ep.cause, notes=("stall over: no node billed or the job stops",))
+        cause = _cause(obs, ep.since, s)
+        changed = cause is not ep.cause
+        ep = replace(ep, cause=cause, billed_nodes=billed)
+        action = _next_action(ep, obs, s)
+        if action is not None:
+            ep = replace(ep, actions=(*ep.actions, (action.kind, obs.now)))
+        t = replace(t, episode=ep)
+        return StallDecision(t, True, cause, cause_changed=changed, actions=(action,) if action else ())
+
+    if t.advanced_at is None or billed == 0 or not obs.training_expected:
+        return StallDecision(t, False)  # never trained yet (boot_timeout_s covers that), or nothing billed
+    idle = obs.now - t.advanced_at
+    if idle <= s.stall_after_s:
+        return StallDecision(t, False)
+    cause = _cause(obs, t.advanced_at, s)
+    ep = Episode(since=t.advanced_at, detected_at=obs.now, cause=cause, billed_nodes=billed,
+                 node_seconds=idle * billed, accounted_to=obs.now)
+    action = _next_action(ep, obs, s)
+    if action is not None:
+        ep = replace(ep, actions=((action.kind, obs.now),))
+    t = replace(t, episode=ep)
+    return StallDecision(t, True, cause, detected=True, actions=(action,) if action else ())
+
+
+def _accrue(ep: Episode, obs: StallObservation) -> Episode:
+    billed = sum(1 for n in obs.nodes if n.billed)
+    dt = max(0.0, obs.now - ep.accounted_to)
+    return replace(ep, node_seconds=ep.node_seconds + dt * billed, accounted_to=obs.now)

@@ -1,0 +1,146 @@
+"""The rendezvous store SIGKILLed and restarted: the agents' torchrun supervision starts training
+again by itself, from the step the survivors hold (issue 14, item 1).
+
+Real components: the ``fleetd rendezvous`` host process, fleetd's steering process, and each
+node's ``ElasticHooks.run`` (the agent's torchrun supervisor, the code a node runs) supervising
+real torchrun on CPU/gloo. The host is killed with SIGKILL, as the OOM killer would, and started
+again on the same port, as systemd's ``Restart=always`` would. No timed asserts: bench/
+store_restart.py measures how fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+
+import pytest
+
+from agent.supervise.elastic_hooks import ElasticHooks
+from agent.supervise.store_watch import ExitCause
+from fleetd.rendezvous.localcluster import LocalCluster
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list = []
+        self.states: list[str] = []
+
+    async def publish(self, event) -> None:  # noqa: ANN001
+        self.events.append(event)
+
+    async def set_state(self, state: str) -> None:
+        self.states.append(state)
+
+
+def hooks_for(cluster: LocalCluster, addr: str, rec: Recorder) -> ElasticHooks:
+    return ElasticHooks(
+        spec=cluster.spec(addr), instance_id=f"i-{addr.replace('.', '')}", publish_event=rec.publish,
+        set_state=rec.set_state, log_path=cluster.workdir / "nodes" / addr / "torchrun.log",
+    )
+
+
+def kill_host(cluster: LocalCluster) -> None:
+    proc = cluster.rdzv_host_proc
+    assert proc is not None
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+async def wait_until(pred, timeout: float, what: str, cluster: LocalCluster) -> None:  # noqa: ANN001
+    until = time.monotonic() + timeout
+    while time.monotonic() < until:
+        if pred():
+            return
+        await asyncio.sleep(0.2)
+    print(cluster.logs())
+    raise AssertionError(f"not within {timeout} s: {what}")
+
+
+async def test_store_killed_and_restarted_agents_restart_torchrun_and_resume(tmp_path):
+    cluster = LocalCluster(tmp_path / "job", run_id="rs", min_nodes=1, max_nodes=3,
+                           train_args=("--steps", "1000000", "--step-sleep", "0.05"))
+    a, b = "127.0.0.2", "127.0.0.3"
+    recs = {a: Recorder(), b: Recorder()}
+    with cluster:
+        await asyncio.to_thread(cluster.start_host)
+        cluster.start_steering()
+        hooks = {addr: hooks_for(cluster, addr, recs[addr]) for addr in (a, b)}
+        runs = {addr: asyncio.create_task(h.run()) for addr, h in hooks.items()}
+        try:
+            t0 = time.time()
+            await asyncio.to_thread(cluster.events.wait_training, 2, t0, 180, {a, b})
+            await asyncio.sleep(2.0)
+
+            # -- the store dies: every torchrun ends, and each agent says why
+            kill_host(cluster)
+            t_kill = time.time()
+            await wait_until(lambda: all(h.last_exit_cause is not None for h in hooks.values()), 60,
+                             "both torchruns exited after the store died", cluster)
+            assert {h.last_exit_cause for h in hooks.values()} == {ExitCause.STORE_LOST}
+            exits = [e for r in recs.values() for e in r.events if e.kind == "trainer-exited"]
+            assert {e.reason for e in exits} == {"store-lost"}, exits
+            assert not any(t.done() for t in runs.values()), "an agent gave up instead of waiting for the store"
+            step_at_kill = cluster.events.last_step()
+
+            # -- systemd brings the host back (same port, empty store)
+            await asyncio.sleep(2.0)
+            await asyncio.to_thread(cluster.start_host)
+            t_back = time.time()
+            await asyncio.to_thread(cluster.events.wait_training, 2, t_back, 180, {a, b})
+            assert all(h.starts == 2 for h in hooks.values()), {x: h.starts for x, h in hooks.items()}
+
+            # resumed from the newest step a survivor saved when the store died (salvage), not 0
+            resumed = {e["from_step"] for e in cluster.events.of("resumed") if e["t"] >= t_kill}
+            assert resumed, cluster.logs()
+            assert min(resumed) >= step_at_kill - 1, (resumed, step_at_kill)
+            salvaged = [e for e in cluster.events.of("salvaged") if e["t"] >= t_kill]
+            assert salvaged, "no survivor saved its completed step when the store died"
+
+            # the steering process noticed the new store and kept the old members for the new round
+            steering = (cluster.workdir / "steering.log").read_text().splitlines()
+            restarted = [json.loads(x) for x in steering if '"rendezvous_store_restarted"' in x]
+            assert restarted and set(restarted[-1]["members"]) == {a, b}, steering[-20:]
+            before = cluster.events.last_step()
+            await asyncio.sleep(3.0)
+            assert cluster.events.last_step() > before, "training stopped again"
+        finally:
+            for h in hooks.values():
+                await h.stop()
+            for t in runs.values():
+                t.cancel()
+            await asyncio.gather(*runs.values(), return_exceptions=True)
+
+
+async def test_training_failure_with_store_alive_is_not_restarted(tmp_path):
+    """A trainer that fails on its own (the store fine) is reported as a failure and waits for
+    fleetd's restart-trainer command: no crash loop."""
+    cluster = LocalCluster(tmp_path / "job", run_id="rf", min_nodes=1, max_nodes=2,
+                           )
+    a = "127.0.0.2"
+    rec = Recorder()
+    with cluster:
+        await asyncio.to_thread(cluster.start_host)
+        spec = cluster.spec(a)
+        from dataclasses import replace
+
+        from fleetd.protocol.messages import RestartTrainerCommand
+
+        h = ElasticHooks(spec=replace(spec, entrypoint="agent.no_such_module", max_restarts=0, warm_pool=False),
+                         instance_id="i-a", publish_event=rec.publish, set_state=rec.set_state,
+                         log_path=cluster.workdir / "torchrun.log")
+        run = asyncio.create_task(h.run())
+        try:
+            await wait_until(lambda: h.last_exit_cause is not None, 120, "torchrun failed", cluster)
+            assert h.last_exit_cause is ExitCause.FAILED
+            await asyncio.sleep(2.0)
+            assert h.starts == 1 and not run.done(), "restarted a failing trainer without being asked"
+            await h.on_restart_trainer(RestartTrainerCommand(instance_id="i-a", reason="test"))
+            await wait_until(lambda: h.starts == 2, 60, "restarted on fleetd's command", cluster)
+        finally:
+            await h.stop()
+            run.cancel()
+            await asyncio.gather(run, return_exceptions=True)
