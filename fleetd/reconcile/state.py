@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetd.policy.model import Market, PoolId
+from fleetd.reconcile import schema
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS launches (
@@ -193,8 +194,9 @@ class StateStore:
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")  # an intent must be on disk before CreateFleet
+        schema.refuse_newer(db, self.path)  # before anything writes to a newer build's file
         db.executescript(SCHEMA)
-        _add_missing_columns(db)
+        schema.migrate(db, self.path)
         self._db = db
 
     async def close(self) -> None:
@@ -377,11 +379,6 @@ class StateStore:
             "UPDATE instances SET terminate_requested_at=COALESCE(terminate_requested_at, ?) WHERE instance_id=?",
             [(now, i) for i in instance_ids]))
 
-    async def mark_drain_started(self, instance_id: str, now: float) -> None:
-        await self._run(lambda db: db.execute(
-            "UPDATE instances SET drain_started_at=COALESCE(drain_started_at, ?) WHERE instance_id=?",
-            (now, instance_id)))
-
     async def record_notice(self, instance_id: str, at: float) -> bool:
         """Count an interruption notice once per instance; True when it was new."""
 
@@ -442,21 +439,6 @@ class StateStore:
         await self._run(lambda db: db.execute(
             "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
             (key, json.dumps(value))))
-
-
-# Columns added after a table was first released: CREATE TABLE IF NOT EXISTS leaves an existing
-# database's table as it was, so they are added to it here (table -> (column, SQL type)).
-_ADDED_COLUMNS = {
-    "pool_stats": (("on_demand_capacity_error_until", "REAL"),),
-}
-
-
-def _add_missing_columns(db: sqlite3.Connection) -> None:
-    for table, columns in _ADDED_COLUMNS.items():
-        have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
-        for name, sql_type in columns:
-            if name not in have:
-                db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {sql_type}")
 
 
 def _ensure_pool(db: sqlite3.Connection, pool: str) -> None:
