@@ -95,8 +95,12 @@ class LedgerStore:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            try:
+                schema.refuse_newer(conn, path)  # a newer build's file: touch nothing (same file as the state)
+            except schema.SchemaTooNew:
+                conn.close()
+                raise
             conn.execute("PRAGMA journal_mode=WAL")
-            schema.refuse_newer(conn, path)  # a newer build's file: touch nothing (same file as the state)
             conn.executescript(SCHEMA)
         except (sqlite3.Error, OSError) as exc:
             raise LedgerStoreError(f"cannot open ledger {path}: {exc}") from exc

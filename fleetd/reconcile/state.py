@@ -192,9 +192,13 @@ class StateStore:
     def _open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        try:
+            schema.refuse_newer(db, self.path)  # before anything (even WAL mode) writes to a newer build's file
+        except schema.SchemaTooNew:
+            db.close()
+            raise
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")  # an intent must be on disk before CreateFleet
-        schema.refuse_newer(db, self.path)  # before anything writes to a newer build's file
         db.executescript(SCHEMA)
         schema.migrate(db, self.path)
         self._db = db
