@@ -102,7 +102,7 @@ def main() -> None:
     variants = {
         "daemon defaults": base,
         "drained nodes never report that they left": replace(base, leaving_signal=False),
-        "no on-demand fallback": replace(base, allow_on_demand=False),
+        "on-demand to hold the fleet size (hold_size)": replace(base, on_demand="hold_size"),
         "Young/Daly periodic checkpoints": replace(base, base_config=yd),
         "sharded state: a loss without notice rolls back": replace(base, salvage_loss_s=None),
         "checkpoint stall 15 s (default 5 s)": replace(base, job=base.job.with_(checkpoint_stall_s=15.0)),

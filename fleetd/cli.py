@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("fleetd.commands.simulate", "replay a spot trace through the planner and compare policies"),
     "plan": ("fleetd.commands.plan", "what-if planner: cost, completion time and risk for a job"),
     "report": ("fleetd.commands.report", "cost and goodput report from fleetd's state"),
+    "pools": ("fleetd.commands.pools", "the pools a config would bid on in a region: GPUs, prices, why excluded"),
     "status": ("fleetd.commands.status", "nodes, rendezvous round and budget, from fleetd's state"),
     "config": ("fleetd.commands.config", "configuration tools (config check)"),
 }

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AwareDatetime, Field, model_validator
 
-from fleetd.protocol.settings import CommonSettings, Group, Name, load_settings
+from fleetd.protocol.settings import CommonSettings, Group, JobConfig, Name, load_settings
 
 DEFAULT_PATH = Path("/etc/fleetd/fleetd.toml")
 Fraction = Annotated[float, Field(gt=0, le=1)]
@@ -38,9 +38,16 @@ class CapacityConfig(Group):
     instance_types: tuple[str, ...] = ()
     gpu: GpuRequirements | None = None
     zones: tuple[str, ...] = ()
-    # How long to wait for spot before falling back to on-demand (if allowed and affordable).
+    # When fleetd may buy on-demand nodes (always inside the budget; never at budget level
+    # forbid-on-demand or above):
+    # - "never": spot only; a shortage waits for spot (the deadline may be missed);
+    # - "deadline" (default): only when job.deadline asks for it (behind Uniform Progress's line,
+    #   or inside its safety net; fleetd/policy/deadline.py). Without a deadline: spot only.
+    # - "hold_size": also to hold the fleet at its target size when spot is short for
+    #   spot_wait_s (the job runs on, at on-demand prices).
+    on_demand: Literal["never", "deadline", "hold_size"] = "deadline"
+    # hold_size: how long to wait for spot before falling back to on-demand.
     spot_wait_s: Annotated[float, Field(ge=0)] = 600.0
-    allow_on_demand: bool = True
     capacity_error_ttl_s: Annotated[float, Field(gt=0)] = 600.0
     max_spot_price_per_hour: PositiveUsd | None = None
     launch_template: str | None = None  # name of an existing template; None: fleetd creates one
@@ -48,10 +55,25 @@ class CapacityConfig(Group):
     instance_profile_arn: str | None = None
     security_group_ids: tuple[str, ...] = ()
     subnet_ids: tuple[str, ...] = ()
-    price_book: Path | None = None  # file price source (demo, tests, simulator)
+    price_book: Path | None = None  # file price source: demo and simulator only, when set explicitly
+    # On-demand prices: the AWS Price List API ("price-list"; the bundled GPU catalog for what it
+    # cannot price or when it cannot be reached) or the bundled catalog alone ("catalog").
+    on_demand_prices: Literal["price-list", "catalog"] = "price-list"
+    price_list_region: str = "us-east-1"  # the Price List API endpoint's region (it serves every region)
+    price_refresh_s: Annotated[float, Field(gt=0)] = 86400.0  # list prices change a few times a year
     spot_advisor_csv: Path | None = None  # interruption-rate prior (shared/traces snapshot)
-    # Placement ranking: price per GPU x (1 + interruptions/node-hour x interruption_cost_h).
+    # Placement ranking (fleetd/policy/placement.py): expected USD per useful GPU-hour =
+    # price / (GPUs x relative throughput of the GPU model) x (1 + interruptions/node-hour x
+    # (interruption_cost_h + the fleet's re-form cost of one interruption)) x (1 + cross_az_penalty
+    # for a pool outside the fleet's zone).
+    # Node-hours one interruption costs the replaced node itself: the replacement's boot, agent
+    # start and checkpoint restore (~10-15 min on a GPU AMI) at the default.
     interruption_cost_h: Annotated[float, Field(ge=0)] = 0.25
+    # One synchronous job across AZs pays $0.01/GB each way for every all-reduce byte that crosses
+    # (AWS EC2 data transfer within a region) and trains at the inter-AZ link's speed: a pool in
+    # another zone than the fleet's counts as (1 + this) times its cost. 1.0: only a pool at least
+    # twice as cheap per useful GPU-hour is worth crossing zones for. 0: zones are free to mix.
+    cross_az_penalty: Annotated[float, Field(ge=0)] = 1.0
     # Own history counts as much as the Spot Advisor prior after this many node-hours in a pool.
     prior_weight_node_hours: Annotated[float, Field(gt=0)] = 50.0
     # A pool with a notice this recent is "interrupting now" and avoided.
@@ -129,6 +151,31 @@ class RebalanceConfig(Group):
     reform_s: Annotated[float, Field(ge=0)] = 5.0
 
 
+class FleetdJobConfig(JobConfig):
+    """The job as the controller sees it: what the nodes run (JobConfig, shared with the agent)
+    and, for a job with a deadline, how much work it is and by when (fleetd/policy/deadline.py)."""
+
+    # The job must be done by then (a UTC date and time, e.g. 2026-12-01T18:00:00Z). With
+    # capacity.on_demand = "deadline" (the default), on-demand is bought only when it asks for it.
+    deadline: AwareDatetime | None = None
+    # The job's total work in training steps (the step the trainer reports when done). Progress
+    # is the highest step the nodes report, or the last durable checkpoint's.
+    total_steps: Annotated[int, Field(ge=1)] | None = None
+    # Seconds from buying a node to it training (boot, agent start, checkpoint restore): d in
+    # Can't Be Late (NSDI'24). Default: its larger setting, 0.2 h.
+    changeover_s: Annotated[float, Field(ge=0)] = 720.0
+
+    @model_validator(mode="after")
+    def _work_with_deadline(self) -> "FleetdJobConfig":
+        if self.deadline is not None and self.total_steps is None:
+            raise ValueError("a job.deadline needs job.total_steps (how much work is due by then)")
+        return self
+
+    def deadline_at(self) -> float | None:
+        """The deadline on the planner's clock (epoch seconds), or None."""
+        return None if self.deadline is None else self.deadline.timestamp()
+
+
 class MetricsConfig(Group):
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 9464
@@ -146,6 +193,7 @@ class FleetdConfig(CommonSettings):
     rebalance: RebalanceConfig = RebalanceConfig()
     events: EventsConfig = EventsConfig()
     metrics: MetricsConfig = MetricsConfig()
+    job: FleetdJobConfig = FleetdJobConfig()
 
 
 def load(path: Path | None = DEFAULT_PATH) -> FleetdConfig:

@@ -13,6 +13,7 @@ Training does not depend on this process (the rendezvous store lives in its own 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -23,7 +24,7 @@ from fleetd.config import FleetdConfig
 from fleetd.protocol.logs import get_logger
 from fleetd.protocol.sdnotify import Heartbeat, Notifier, watchdog
 from fleetd.adapters.aws_errors import AwsError
-from fleetd.reconcile.build import Built, build_reconciler, ec2_client_kwargs
+from fleetd.reconcile.build import Built, build_reconciler, ec2_client_kwargs, pricing_client_kwargs
 from fleetd.reconcile.loop import PassReport, Planner, Reconciler
 from fleetd.reconcile.ports import Clock, NodeCommander, NodeObserver, SignalSource
 
@@ -90,10 +91,17 @@ async def run_daemon(
     if cfg.aws.profile:
         session.set_config_variable("profile", cfg.aws.profile)
     try:
-        async with session.create_client("ec2", **ec2_client_kwargs(cfg)) as client:
+        async with contextlib.AsyncExitStack() as clients:
+            client = await clients.enter_async_context(session.create_client("ec2", **ec2_client_kwargs(cfg)))
+            # On-demand prices come from the Price List API unless a file book is configured.
+            pricing = None
+            if cfg.capacity.price_book is None and cfg.capacity.on_demand_prices == "price-list":
+                pricing = await clients.enter_async_context(
+                    session.create_client("pricing", **pricing_client_kwargs(cfg)))
             built = await _build_until_ready(ctx, lambda: build_reconciler(
                 cfg, client, planner=planner, clock=clock, dry_run=dry_run, signals=plugins.signals,
                 observer=plugins.observer, commander=plugins.commander, ledger=plugins.ledger,
+                pricing_client=pricing,
             ))
             if built is None:
                 return 0  # asked to stop before the first pass could start

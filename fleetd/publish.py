@@ -23,6 +23,7 @@ from prometheus_client import REGISTRY
 
 from fleetd.metrics import FleetMetrics, MetricsServer
 from fleetd.policy.model import Node, NodePhase
+from fleetd.policy.scaling import node_flag
 from fleetd.protocol.logs import get_logger
 from fleetd.snapshot import StatusSnapshot, build_snapshot, write_snapshot
 
@@ -109,6 +110,8 @@ class PassPublisher:
             rendezvous=self.rendezvous() if self.rendezvous is not None else None,
             checkpoint=checkpoint,
             stop_issued_at=stop_issued_at,
+            pools=getattr(reconciler, "pool_rows", ()),
+            flags={n.instance_id: f for n in nodes if (f := node_flag(n, self.cfg)) is not None},
         )
         self.metrics.observe_snapshot(snap)
         duration = getattr(report, "duration_s", None)

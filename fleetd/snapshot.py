@@ -17,7 +17,7 @@ import os
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -48,6 +48,9 @@ class NodeView(_Frozen):
     last_checkpoint_step: int | None = None
     last_checkpoint_at: float | None = None
     notice_at: float | None = None
+    # Why this node is not pulling its weight (gpu-idle, input-bound), with the numbers; None: no
+    # such sign measured (fleetd.policy.scaling.node_flag).
+    flag: str | None = None
 
 
 class BudgetView(_Frozen):
@@ -81,6 +84,19 @@ class CheckpointView(_Frozen):
     durable_at: float
 
 
+class PoolView(_Frozen):
+    """One configured pool: offered to the planner, or excluded with the reason."""
+
+    pool: str  # "<type>@<zone>"
+    offered: bool
+    reason: str | None = None  # why it is excluded
+    gpus: int | None = None
+    gpu_model: str | None = None
+    relative_throughput: float | None = None
+    on_demand_price: float | None = None
+    spot_price: float | None = None
+
+
 class StatusSnapshot(_Frozen):
     schema_version: int = SNAPSHOT_VERSION
     fleet: str
@@ -95,6 +111,7 @@ class StatusSnapshot(_Frozen):
     # When the planner stopped the job (budget cap or an operator's stop): nodes are being
     # checkpointed, shut down and released.
     stop_issued_at: float | None = None
+    pools: tuple[PoolView, ...] = ()
 
     @field_validator("schema_version")
     @classmethod
@@ -123,10 +140,13 @@ def build_snapshot(
     checkpoint: tuple[int, float] | None = None,
     node_checkpoints: Mapping[str, tuple[int, float]] | None = None,
     stop_issued_at: float | None = None,
+    pools: Iterable[Any] = (),
+    flags: Mapping[str, str] | None = None,
 ) -> StatusSnapshot:
     """From the planner's own inputs and outputs of one pass (``rendezvous``: (round, world size);
     ``checkpoint``: (step, durable_at); ``node_checkpoints``: instance id -> (step, saved_at))."""
     node_checkpoints = node_checkpoints or {}
+    flags = flags or {}
     views = []
     for n in nodes:
         ckpt = node_checkpoints.get(n.instance_id)
@@ -145,6 +165,7 @@ def build_snapshot(
                 last_checkpoint_step=ckpt[0] if ckpt else None,
                 last_checkpoint_at=ckpt[1] if ckpt else None,
                 notice_at=n.notice_at,
+                flag=flags.get(n.instance_id),
             )
         )
     budget_view = None
@@ -168,6 +189,22 @@ def build_snapshot(
         rendezvous=RendezvousView(round=rendezvous[0], world_size=rendezvous[1]) if rendezvous else None,
         checkpoint=CheckpointView(step=checkpoint[0], durable_at=checkpoint[1]) if checkpoint else None,
         stop_issued_at=stop_issued_at,
+        pools=tuple(pool_view(r) for r in pools),
+    )
+
+
+def pool_view(row: Any) -> PoolView:
+    """From a fleetd.reconcile.pool_offers.PoolRow."""
+    o = row.offer
+    return PoolView(
+        pool=str(row.pool),
+        offered=o is not None,
+        reason=row.excluded,
+        gpus=o.gpus if o else None,
+        gpu_model=o.gpu_model if o else None,
+        relative_throughput=o.relative_throughput if o else None,
+        on_demand_price=row.on_demand_price,
+        spot_price=row.spot_price,
     )
 
 

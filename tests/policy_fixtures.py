@@ -8,6 +8,8 @@ the target, levels and timers) and checks the budget invariants after every pass
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import bisect
 from dataclasses import dataclass, field
 
@@ -34,6 +36,19 @@ A = PoolId("g5.xlarge", "us-east-1a")
 B = PoolId("g5.xlarge", "us-east-1b")
 C = PoolId("g6.xlarge", "us-east-1a")
 D = PoolId("g6.xlarge", "us-east-1c")
+
+
+@st.composite
+def deadline_jobs(draw, horizon: float) -> dict:
+    """No deadline, or one anywhere from already past to well after the run (job config)."""
+    if not draw(st.booleans()):
+        return {}
+    due = NOW + draw(st.floats(-3600.0, 3 * horizon))
+    return {
+        "deadline": datetime.fromtimestamp(due, UTC),
+        "total_steps": draw(st.integers(1, 10**7)),
+        "changeover_s": draw(st.sampled_from((0.0, 180.0, 720.0, 1800.0))),
+    }
 
 
 def config(**groups) -> FleetdConfig:
@@ -420,11 +435,12 @@ def scenarios(draw, max_passes: int = 40) -> Scenario:
         },
         scaling={"cooldown_s": draw(st.sampled_from((0.0, 120.0, 600.0)))},
         capacity={
-            "allow_on_demand": draw(st.booleans()),
+            "on_demand": draw(st.sampled_from(("never", "deadline", "hold_size"))),
             "spot_wait_s": draw(st.sampled_from((0.0, 60.0, 600.0))),
             "capacity_error_ttl_s": 300.0,
         },
         rebalance={},
+        job=draw(deadline_jobs(horizon)),
     )
     notices = tuple(draw(st.lists(st.floats(0, horizon), max_size=4)))
     rebalances = tuple(draw(st.lists(st.floats(0, horizon), max_size=3)))

@@ -1,5 +1,10 @@
 """Shared pieces of the provisioning tests: moto behind the fault proxy, a test config, a clock.
 
+Prices take the production path: on-demand from ``pricing:GetProducts`` and spot from
+``ec2:DescribeSpotPriceHistory``, both answered by the fault proxy in AWS's payload shapes
+(fleetd/adapters/pricing_fake.py: the bundled catalog's list prices; spot prices set per pool
+below). The configs set no ``price_book``.
+
 Clients here make exactly one attempt (``total_max_attempts=1``): an injected fault must reach
 the adapter, not be retried away by botocore.
 """
@@ -15,15 +20,25 @@ from typing import Any
 from botocore.config import Config
 
 from fleetd.adapters.ec2 import TAG_FLEET
+from fleetd.adapters.catalog import bundled_catalog
 from fleetd.adapters.faults import FaultProxy
-from fleetd.adapters.pricing import DEMO_PRICE_BOOK
+from fleetd.adapters.pricing_fake import PriceListFake, SpotPriceFake
+from fleetd.protocol.settings import AwsConfig
 from fleetd.config import BudgetConfig, CapacityConfig, FleetConfig, FleetdConfig
 from fleetd.policy.model import PoolId
 
 ONE_ATTEMPT = Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=5, read_timeout=30)
 ZONES = ("us-east-1a", "us-east-1b")
 TYPES = ("g5.xlarge", "g4dn.xlarge")
-# Cheapest first in the demo price book: g4dn.xlarge@us-east-1a ($0.2206), g4dn.xlarge@us-east-1b.
+# Spot prices the test cloud quotes for the test pools (typical of 2025; on-demand prices come
+# from the catalog: g4dn.xlarge $0.526, g5.xlarge $1.006 in us-east-1). Cheapest first:
+# g4dn.xlarge@us-east-1a ($0.2206), g4dn.xlarge@us-east-1b.
+SPOT = {
+    PoolId("g4dn.xlarge", "us-east-1a"): 0.2206,
+    PoolId("g4dn.xlarge", "us-east-1b"): 0.2341,
+    PoolId("g5.xlarge", "us-east-1a"): 0.4121,
+    PoolId("g5.xlarge", "us-east-1b"): 0.3987,
+}
 CHEAPEST = PoolId("g4dn.xlarge", "us-east-1a")
 
 
@@ -55,11 +70,11 @@ class Cloud:
             zones=ZONES,
             ami_id=self.ami,
             subnet_ids=tuple(self.subnets[z] for z in ZONES),
-            price_book=DEMO_PRICE_BOOK,
             capacity_error_ttl_s=120.0,
         )
         cap.update(capacity)
         return FleetdConfig(
+            aws=AwsConfig(region="us-east-1", endpoint_url=self.proxy.url),
             fleet=FleetConfig(name=fleet, min_nodes=nodes, max_nodes=nodes, state_dir=state_dir,
                               reconcile_interval_s=0.2),
             capacity=CapacityConfig(**cap),
@@ -72,6 +87,14 @@ class Cloud:
         url = self.moto if direct else self.proxy.url
         async with self.session.create_client(
             "ec2", endpoint_url=url, region_name="us-east-1", config=ONE_ATTEMPT
+        ) as c:
+            yield c
+
+    @contextlib.asynccontextmanager
+    async def pricing_client(self) -> AsyncIterator[Any]:
+        """A Price List API client; the fault proxy answers it (moto has no Pricing API)."""
+        async with self.session.create_client(
+            "pricing", endpoint_url=self.proxy.url, region_name="us-east-1", config=ONE_ATTEMPT
         ) as c:
             yield c
 
@@ -106,7 +129,12 @@ async def make_cloud(moto_endpoint: str, session: Any) -> Cloud:
     for s in subnets:
         if s.get("DefaultForAz"):
             by_zone[s["AvailabilityZone"]] = s["SubnetId"]
-    proxy = FaultProxy(moto_endpoint, {v: k for k, v in by_zone.items()}).start()
+    catalog = bundled_catalog()
+    spot = SpotPriceFake(catalog)
+    for pool, price in SPOT.items():
+        spot.set(pool, price)
+    proxy = FaultProxy(moto_endpoint, {v: k for k, v in by_zone.items()},
+                       price_list=PriceListFake(catalog), spot_prices=spot).start()
     return Cloud(moto_endpoint, proxy, session, ami, by_zone)
 
 

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -66,6 +67,27 @@ def test_short_scenario_end_to_end(tmp_path: Path) -> None:
     assert 0 < report["spend_usd"] <= report["budget_usd"]
     assert report["on_demand_equivalent_usd"] > report["spend_usd"]
     assert _survivors(run_id) == []
+    # One truth for money and progress: `fleetd report` on the demo's config states the demo
+    # report's spend (and `fleetd status`'s), with useful steps from the trainers' real progress,
+    # now and however long after the demo it runs (the controller is gone; nodes it did not see
+    # end are billed up to when it last saw them, never to "now").
+    conf = str(tmp_path / "work" / "fleetd.toml")
+    now = _fleetd_json("report", "--json", "--config", conf)
+    assert now["useful_steps"] > 0, now
+    assert abs(now["spend_usd"] - report["spend_usd"]) <= 0.01, (now, report["spend_usd"])
+    assert abs(report["status_spend_usd"] - report["spend_usd"]) <= 0.01, report
+    status = _fleetd_json("status", "--json", "--config", conf)
+    assert abs(status["budget"]["spent_usd"] - now["spend_usd"]) <= 0.01, (status["budget"], now)
+    later = _fleetd_json("report", "--json", "--config", conf, "--at", str(time.time() + 3 * 3600))
+    assert later["spend_usd"] == now["spend_usd"], (later, now)
+    time.sleep(20)  # and for real, a while later
+    assert _fleetd_json("report", "--json", "--config", conf)["spend_usd"] == now["spend_usd"]
+
+
+def _fleetd_json(*args: str) -> dict:
+    res = subprocess.run([sys.executable, "-m", "fleetd.cli", *args], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
 
 
 def test_tiny_budget_ends_with_a_checkpointed_stop(tmp_path: Path) -> None:
@@ -74,4 +96,26 @@ def test_tiny_budget_ends_with_a_checkpointed_stop(tmp_path: Path) -> None:
     assert report["stopped_by_budget"] is True, report
     assert report["spend_usd"] <= report["budget_usd"]
     assert report["checkpoints_durable"] >= 1
+    assert _survivors(run_id) == []
+
+
+def test_scaling_scenario_grows_on_measured_gain_and_drains_the_node_not_worth_its_price(tmp_path: Path) -> None:
+    """Real agents, torchrun and `fleetd run` against moto and mosquitto: the toy job's steps/s
+    stops growing at two nodes, so fleetd grows while a node's measured gain is worth its price,
+    drains the one that adds nothing, and stays within the budget. Each decision has its reason
+    in fleetd's log and in the report."""
+    res, report, run_id = _demo(tmp_path, "--scenario", "scaling", "--duration", "170", timeout=540)
+    assert res.returncode == 0, _explain(res, tmp_path)
+    assert len(report["scale_ups"]) >= 1 and len(report["scale_downs"]) >= 1, (report["ledger"], _explain(res, tmp_path))
+    assert all(d["reason"].startswith("scale up") for d in report["scale_ups"])
+    down = report["scale_downs"][0]
+    assert down["reason"].startswith(f"scale down {down['from']}->{down['to']}: node {down['from']} adds")
+    assert "of the average throughput per dollar, below" in down["reason"]
+    log = (tmp_path / "work" / "fleetd.log").read_text()
+    for d in report["scale_ups"] + report["scale_downs"]:
+        assert d["reason"] in log
+    # The node taken out was drained (checkpoint first), not killed.
+    assert f"scaling to {down['to']} nodes: removing" in log and '"action": "Drain"' in log
+    assert 0 < report["spend_usd"] <= report["budget_usd"]
+    assert report["useful_steps"] > 0
     assert _survivors(run_id) == []

@@ -1,4 +1,4 @@
-"""deploy/iam: every EC2/SQS/S3 call the code makes is allowed, and nothing much beyond it.
+"""deploy/iam: every EC2/SQS/S3/Pricing call the code makes is allowed, and nothing much beyond it.
 
 The calls are found statically: every ``<client>.<snake_method>(`` whose name is an operation of the
 EC2, S3 or SQS service model (botocore's own list), and every ``get_paginator("<op>")``. Controller
@@ -26,7 +26,7 @@ from fleetd.protocol.settings import CheckpointConfig, JobConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 IAM = ROOT / "deploy" / "iam"
-SERVICES = ("ec2", "s3", "sqs")
+SERVICES = ("ec2", "s3", "sqs", "pricing")
 NOT_PRODUCTION = ("fleetd/demo/", "fleetd/commands/demo.py")
 
 # IAM authorises these API operations under another action name.
@@ -207,7 +207,7 @@ def test_policies_parse_and_are_least_privilege_shaped(name):
         assert st["Effect"] == "Allow" and st["Action"] and st["Resource"]
         for action in _listify(st["Action"]):
             service, _, verb = action.partition(":")
-            assert verb not in ("*", "") and service in ("ec2", "s3", "sqs", "iam"), action
+            assert verb not in ("*", "") and service in ("ec2", "s3", "sqs", "iam", "pricing"), action
             if verb.endswith("*"):
                 assert verb == "Describe*" and service == "ec2", f"{action}: wildcards only for read-only Describe*"
 

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from fleetd.policy.ledger import (
     IdleGpuTime,
+    InstancePlaced,
     InstanceStarted,
     InstanceStopped,
     Interruption,
@@ -179,3 +180,27 @@ def test_fast_accrual_matches_a_step_by_step_walk(changes, windows) -> None:
         events.append(InstanceStopped(float(start + length), f"i-{k}"))
         expected += _naive_usd(start, end, price / 100, [(float(t), p / 100) for t, p in changes])
     assert spend_usd(events, now=1e9) == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+def test_ec2_placement_corrects_the_pool_and_price_of_the_whole_bill() -> None:
+    """A launch reply that named zone B for an instance EC2 placed in A: the bill, and every pool
+    label the report prints, follow EC2."""
+    events = [
+        InstanceStarted(T0, "i-1", B, Market.SPOT, 0.50, 1.00),
+        InstancePlaced(T0, "i-1", A, 0.36, 1.00),
+        InstanceStopped(T0 + 3600, "i-1"),
+    ]
+    s = summarize(events, T0 + 7200)
+    assert s.spend_by_pool == pytest.approx({str(A): 0.36})
+    assert pool_history(events, T0 + 7200)[A].node_hours == pytest.approx(1.0)
+
+
+def test_a_node_whose_end_was_not_seen_is_billed_until_last_seen_however_late_the_report() -> None:
+    events = [InstanceStarted(T0, "i-1", A, Market.SPOT, 0.36, 1.00)]
+    seen = {"i-1": T0 + 1800}
+    early, late = summarize(events, T0 + 1800, seen), summarize(events, T0 + 86_400, seen)
+    assert early.spend_usd == pytest.approx(0.18) == late.spend_usd
+    assert [b.instance_id for b in late.end_unseen] == ["i-1"]
+    assert late.as_json()["instances_end_unseen"][0]["billed_until"] == T0 + 1800
+    # Without sightings (the running daemon, which sees every node each pass) it accrues to now.
+    assert summarize(events, T0 + 3600).spend_usd == pytest.approx(0.36)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fleetd.adapters.spot_advisor import SpotAdvisorError, load_spot_advisor
-from fleetd.policy.model import Drain, Launch, LaunchPurpose, Market, NodePhase, RequestCheckpoint
+from fleetd.policy.model import Drain, Launch, LaunchPurpose, Market, NodePhase, PoolId, PoolOffer, RequestCheckpoint
 from fleetd.policy.observation import Observation, PoolStats
 from fleetd.policy.placement import (
     diversify,
@@ -29,8 +29,8 @@ def test_rank_by_price_per_gpu() -> None:
     ranked, skipped = rank_pools([offer(A, 0.60), offer(C, 2.00, od=5.0, gpus=4)], {}, CAP, NOW, Market.SPOT)
     assert [r.pool for r in ranked] == [C, A]  # $0.50 per GPU-hour beats $0.60
     assert ranked[0].reason == (
-        "g6.xlarge@us-east-1a spot $2.000/h for 4 GPU ($0.500/GPU-h), 0.0000 interruptions/h "
-        "(no history, no prior) -> $0.500 per useful GPU-h"
+        "g6.xlarge@us-east-1a spot $2.000/h for 4 GPU x 1 A10G-equivalent ($0.500/useful GPU-h), "
+        "0.0000 interruptions/h (no history, no prior) x 0.25 h lost each -> $0.500 per useful GPU-h"
     )
     assert skipped == []
 
@@ -70,7 +70,8 @@ def test_capacity_error_ttl_and_interrupting_now() -> None:
     assert {r.pool for r in ranked} == {B, D}
     assert skipped == [
         "g5.xlarge@us-east-1a: capacity error, unavailable for another 120 s",
-        "g6.xlarge@us-east-1a: interrupting now (notice 60 s ago)",
+        "g6.xlarge@us-east-1a: reclaim wave under way (notice 60 s ago; a node bought now would "
+        "likely be reclaimed with it), usable as a last resort in 60 s",
     ]
 
 
@@ -90,19 +91,22 @@ def test_spot_not_below_on_demand_or_above_max_price_is_skipped() -> None:
 def test_diversification_spreads_over_types_and_zones_near_the_best() -> None:
     e = A.__class__("g5.2xlarge", "us-east-1a")
     offers = [offer(A, 0.40), offer(B, 0.41), offer(C, 0.42), offer(D, 0.43), offer(e, 0.90, od=2.0)]
-    ranked, _ = rank_pools(offers, {}, CAP, NOW, Market.SPOT)
-    cap = CAP.model_copy(update={"max_pools_per_launch": 3, "diversify_within": 1.5})
+    # Zones mixed freely (cross_az_penalty 0): the default keeps one job in one zone (below).
+    free = CAP.model_copy(update={"cross_az_penalty": 0.0})
+    ranked, _ = rank_pools(offers, {}, free, NOW, Market.SPOT)
+    cap = free.model_copy(update={"max_pools_per_launch": 3, "diversify_within": 1.5})
     chosen = [r.pool for r in diversify(ranked, cap)]
     # A first; D adds a new zone AND a new type; then B (new zone) over C (same as A and D's mix).
     assert chosen == [A, D, B]
     # The $0.90 pool is more than 1.5x the best score: never added for diversity's sake.
-    wide = CAP.model_copy(update={"max_pools_per_launch": 10})
+    wide = free.model_copy(update={"max_pools_per_launch": 10})
     assert e not in [r.pool for r in diversify(ranked, wide)]
 
 
 def test_launch_carries_bid_budget_price_and_ranked_pools() -> None:
     obs = Observation(offers=(offer(A, 0.40), offer(D, 0.45, od=1.2)), target_nodes=2)
-    (launch,) = plan(obs, config(fleet={"max_nodes": 2}), NOW).of_type(Launch)
+    cfg = config(fleet={"max_nodes": 2}, capacity={"cross_az_penalty": 0.0})
+    (launch,) = plan(obs, cfg, NOW).of_type(Launch)
     assert (launch.count, launch.market, launch.pools) == (2, Market.SPOT, (A, D))
     assert launch.max_price_per_hour == 1.2 and launch.budgeted_price_per_hour == 0.45
     assert launch.purpose is LaunchPurpose.CAPACITY
@@ -112,7 +116,9 @@ def test_launch_carries_bid_budget_price_and_ranked_pools() -> None:
 
 # ------------------------------------------------------------------------- on-demand fallback
 NO_SPOT = tuple(PoolStats(p, capacity_error_until=NOW + 300) for p in (A, B))
-FALLBACK_CFG = config(fleet={"min_nodes": 1, "max_nodes": 1}, capacity={"spot_wait_s": 600.0})
+FALLBACK_CFG = config(
+    fleet={"min_nodes": 1, "max_nodes": 1}, capacity={"spot_wait_s": 600.0, "on_demand": "hold_size"}
+)
 
 
 @pytest.mark.parametrize(
@@ -130,14 +136,21 @@ FALLBACK_CFG = config(fleet={"min_nodes": 1, "max_nodes": 1}, capacity={"spot_wa
         (
             "on-demand not allowed",
             NOW - 700,
-            config(fleet={"min_nodes": 1, "max_nodes": 1}, capacity={"allow_on_demand": False}),
+            config(fleet={"min_nodes": 1, "max_nodes": 1}, capacity={"on_demand": "never"}),
             False,
-            "on-demand fallback disabled (capacity.allow_on_demand = false): waiting for spot",
+            'no on-demand (capacity.on_demand = "never"): waiting for spot',
+        ),
+        (
+            "the default: on-demand only for a deadline, and there is none",
+            NOW - 700,
+            config(fleet={"min_nodes": 1, "max_nodes": 1}),
+            False,
+            'no on-demand: no job.deadline asks for it (capacity.on_demand = "deadline"): waiting for spot',
         ),
         (
             "on-demand not affordable",
             NOW - 700,
-            config(fleet={"min_nodes": 1, "max_nodes": 1}, capacity={"spot_wait_s": 600.0},
+            config(fleet={"min_nodes": 1, "max_nodes": 1}, capacity={"spot_wait_s": 600.0, "on_demand": "hold_size"},
                    budget={"max_usd_per_hour": 0.9}),
             False,
             "cannot buy 1 on-demand node(s) (on-demand-fallback): not even one fits the budget",
@@ -272,46 +285,74 @@ def test_back_to_spot_drains_every_replaced_on_demand_node_in_one_pass() -> None
     assert result.of_type(Launch) == ()  # the spot nodes now count: nothing more to buy
 
 
-# ------------------------------------------------------------- on-demand fallback churn control
-def _short_of_spot(notice_age: float, running: int, need: int) -> Observation:
-    # The only spot pool A is held back by its own notice (interrupting_window_s 900 s): it is
-    # offered again at notice + 900 s. ``running`` nodes train; ``need`` more are wanted.
-    nodes = tuple(node(f"i-{i}") for i in range(running))
-    return Observation(
-        nodes=nodes,
-        offers=(offer(A, 0.4), offer(B, None)),
-        pool_stats=(PoolStats(A, node_hours=10.0, notices=1, last_notice_at=NOW - notice_age),),
-        target_nodes=running + need,
-        last_scaling_at=NOW,
-        spot_unavailable_since=NOW - 700,
-    )
 
 
-CHURN_CFG = config(
-    fleet={"max_nodes": 40},
-    capacity={"spot_wait_s": 600.0, "interrupting_window_s": 900.0},
-    rebalance={"checkpoint_stall_s": 5.0, "reform_s": 5.0},
-)
+# ------------------------------------------------ cost per useful GPU-hour (issue 15, part 2)
+def _hw(pool, spot, od, gpus, rel, model):
+    return PoolOffer(pool=pool, gpus=gpus, spot_price=spot, on_demand_price=od, gpu_model=model,
+                     relative_throughput=rel)
 
 
-def test_no_on_demand_fallback_when_spot_is_back_before_it_would_pay_for_its_reforms() -> None:
-    # Back in 100 s: 2 nodes x 100 s = 200 node-s of training < 2 x 30 x 10 s = 600 node-s of stalls.
-    result = plan(_short_of_spot(notice_age=800.0, running=28, need=2), CHURN_CFG, NOW)
-    assert result.of_type(Launch) == () and result.spot_short
-    assert (
-        "no on-demand fallback: spot is offered again in 100 s (interrupting window), so 2 on-demand "
-        "node(s) would train 200 node-s, less than their join and leave stall the fleet "
-        "(2 x 30 nodes x 10 s = 600 node-s): waiting for spot"
-    ) in result.notes
+def test_an_h100_pool_beats_a_t4_pool_per_useful_gpu_hour_at_realistic_prices() -> None:
+    # us-east-1 list prices: p5.48xlarge 8 x H100 $98.32/h, g4dn.xlarge 1 x T4 $0.526/h; spot at
+    # Spot Advisor-like savings. Per GPU the T4 is 30x cheaper; per unit of training it is not.
+    # An H100 trains ~7.5x as fast as an A10G, a T4 ~0.3x (assumed here; the catalog has sources).
+    h100 = _hw(PoolId("p5.48xlarge", "us-east-1a"), 35.0, 98.32, 8, 7.5, "H100")
+    t4 = _hw(PoolId("g4dn.xlarge", "us-east-1a"), 0.189, 0.526, 1, 0.3, "T4")
+    ranked, skipped = rank_pools([t4, h100], {}, CAP, NOW, Market.SPOT)
+    assert skipped == []
+    assert [r.pool for r in ranked] == [h100.pool, t4.pool]  # per GPU it was T4 by 23x
+    assert ranked[0].score == pytest.approx(35.0 / (8 * 7.5))  # $0.583 per A10G-equivalent hour
+    assert ranked[1].score == pytest.approx(0.189 / 0.3)  # $0.630
+    assert "8 GPU x 7.5 A10G-equivalent" in ranked[0].reason
 
 
-def test_on_demand_fallback_when_spot_stays_away_long_enough_or_its_return_is_unknown() -> None:
-    # Back in 800 s: 1,600 node-s of training > 600 node-s of stalls.
-    (launch,) = plan(_short_of_spot(notice_age=100.0, running=28, need=2), CHURN_CFG, NOW).of_type(Launch)
-    assert launch.purpose is LaunchPurpose.ON_DEMAND_FALLBACK and launch.count == 2
-    # A capacity error says nothing about when spot returns: fall back after spot_wait_s.
-    obs = _short_of_spot(notice_age=800.0, running=28, need=2)
-    errored = (PoolStats(A, node_hours=10.0, capacity_error_until=NOW + 1000, last_notice_at=NOW - 800),)
-    obs = Observation(**{**{f: getattr(obs, f) for f in obs.__dataclass_fields__}, "pool_stats": errored})
-    (launch,) = plan(obs, CHURN_CFG, NOW).of_type(Launch)
-    assert launch.purpose is LaunchPurpose.ON_DEMAND_FALLBACK
+def test_t4_wins_when_the_h100_throughput_edge_is_smaller_than_its_price_edge() -> None:
+    h100 = _hw(PoolId("p5.48xlarge", "us-east-1a"), 35.0, 98.32, 8, 3.0, "H100")
+    t4 = _hw(PoolId("g4dn.xlarge", "us-east-1a"), 0.189, 0.526, 1, 0.3, "T4")
+    ranked, _ = rank_pools([h100, t4], {}, CAP, NOW, Market.SPOT)
+    assert [r.pool for r in ranked] == [t4.pool, h100.pool]
+
+
+def test_a_pool_with_no_price_or_throughput_is_excluded_with_a_reason() -> None:
+    no_od = PoolOffer(pool=A, gpus=1, spot_price=0.3, on_demand_price=0.0)
+    no_spot = offer(B, None)
+    unknown = PoolOffer(pool=C, gpus=1, spot_price=0.3, on_demand_price=1.0, relative_throughput=0.0)
+    ranked, skipped = rank_pools([no_od, no_spot, unknown, offer(D, 0.4)], {}, CAP, NOW, Market.SPOT)
+    assert [r.pool for r in ranked] == [D]
+    assert skipped == [
+        "g5.xlarge@us-east-1a: no on-demand price (spot bids and savings are judged against it)",
+        "g5.xlarge@us-east-1b: no spot price",
+        "g6.xlarge@us-east-1a: no training throughput known for its GPU model",
+    ]
+    od_ranked, od_skipped = rank_pools([no_od, offer(D, 0.4)], {}, CAP, NOW, Market.ON_DEMAND)
+    assert [r.pool for r in od_ranked] == [D] and len(od_skipped) == 1
+
+
+def test_reform_cost_of_interruptions_grows_with_the_fleet() -> None:
+    stats = {A: PoolStats(A, node_hours=10.0, notices=5)}  # 0.5 interruptions per node-hour
+    small, _ = rank_pools([offer(A, 0.4)], stats, CAP, NOW, Market.SPOT, reform_cost_h=0.0)
+    big, _ = rank_pools([offer(A, 0.4)], stats, CAP, NOW, Market.SPOT, reform_cost_h=1.0)
+    assert small[0].score == pytest.approx(0.4 * (1 + 0.5 * 0.25))
+    assert big[0].score == pytest.approx(0.4 * (1 + 0.5 * 1.25))
+
+
+def test_a_pool_outside_the_jobs_zone_pays_the_cross_az_penalty() -> None:
+    # D (us-east-1c) is 20 % cheaper, but the job trains in us-east-1a.
+    ranked, _ = rank_pools([offer(A, 0.50), offer(D, 0.40)], {}, CAP, NOW, Market.SPOT, fleet_zone="us-east-1a")
+    assert [r.pool for r in ranked] == [A, D]
+    assert ranked[1].score == pytest.approx(0.40 * 2.0) and "cross_az_penalty" in ranked[1].reason
+    # More than twice as cheap: worth crossing.
+    ranked, _ = rank_pools([offer(A, 0.90), offer(D, 0.40)], {}, CAP, NOW, Market.SPOT, fleet_zone="us-east-1a")
+    assert [r.pool for r in ranked] == [D, A]
+    # No job yet: the best pool's zone is the reference.
+    ranked, _ = rank_pools([offer(A, 0.50), offer(D, 0.40)], {}, CAP, NOW, Market.SPOT)
+    assert [r.pool for r in ranked] == [D, A]
+
+
+def test_an_interrupting_pool_is_a_last_resort_not_dropped() -> None:
+    stats = {A: PoolStats(A, last_notice_at=NOW - 300)}  # past its reclaim wave, in the window
+    ranked, skipped = rank_pools([offer(A, 0.3), offer(B, 0.4)], stats, CAP, NOW, Market.SPOT)
+    assert [r.pool for r in ranked] == [B] and skipped == ["g5.xlarge@us-east-1a: interrupting now (notice 300 s ago)"]
+    ranked, skipped = rank_pools([offer(A, 0.3)], stats, CAP, NOW, Market.SPOT)
+    assert [r.pool for r in ranked] == [A] and ranked[0].reason.startswith("last resort, interrupting now")

@@ -16,7 +16,7 @@ from fleetd.adapters.pricing import (
     slope_per_hour,
 )
 from fleetd.policy.model import PoolId
-from tests.reconcile_support import Cloud, cloud  # noqa: F401 (the pytest fixture)
+from tests.reconcile_support import SPOT, Cloud, cloud  # noqa: F401 (the pytest fixture)
 
 A = PoolId("g5.xlarge", "us-east-1a")
 B = PoolId("g5.xlarge", "us-east-1b")
@@ -104,9 +104,11 @@ async def test_spot_history_request_shape_against_moto(cloud: Cloud) -> None:
     assert req["StartTime"].startswith("2026-06-01T11:00:00") and req["EndTime"].startswith("2026-06-01T12:00:00")
     assert req["Filter.1.Name"] == "availability-zone"
     assert {req["Filter.1.Value.1"], req["Filter.1.Value.2"]} == {"us-east-1a", "us-east-1b"}
-    # moto's history is a placeholder, but it flows through: spot from EC2, on-demand from the book.
+    # The test cloud answers the history in EC2's XML (moto's own answer is "0.00001" dated 2006):
+    # spot from EC2, on-demand from the book.
     assert set(prices) == {A, B, PoolId("g4dn.xlarge", "us-east-1b")}
-    assert prices[A].on_demand == 1.006 and prices[A].spot is not None
+    assert prices[A].on_demand == 1.006 and prices[A].spot == SPOT[A] and prices[B].spot == SPOT[B]
+    assert prices[A].trend == 0.0  # a flat series
 
 
 class FakePaginator:

@@ -18,8 +18,8 @@ from tests.reconcile_support import CHEAPEST, Cloud, FakeClock, cloud, pools_of 
 @contextlib.asynccontextmanager
 async def reconciler(cloud: Cloud, state_dir: Path, clock: FakeClock, **cfg_kw) -> AsyncIterator[Reconciler]:
     cfg = cloud.config(state_dir, **cfg_kw)
-    async with cloud.client() as client:
-        built = await build_reconciler(cfg, client, planner=plan, clock=clock)
+    async with cloud.client() as client, cloud.pricing_client() as pricing:
+        built = await build_reconciler(cfg, client, planner=plan, clock=clock, pricing_client=pricing)
         try:
             yield built.reconciler
         finally:

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from fleetd.adapters.ec2 import TAG_LAUNCH
-from fleetd.adapters.pricing import DEMO_PRICE_BOOK
 from fleetd.policy.planner import plan
 from fleetd.reconcile import state as st
 from fleetd.reconcile.build import build_reconciler
@@ -47,8 +46,8 @@ async def test_cancelled_between_launch_and_record_then_restart_adopts(cloud: Cl
     clock = FakeClock(time.time())
     cfg = cloud.config(tmp_path)
     hold = cloud.proxy.hold("CreateFleet")
-    async with cloud.client() as client:
-        built = await build_reconciler(cfg, client, planner=plan, clock=clock)
+    async with cloud.client() as client, cloud.pricing_client() as pricing:
+        built = await build_reconciler(cfg, client, planner=plan, clock=clock, pricing_client=pricing)
         task = asyncio.create_task(built.reconciler.run(asyncio.Event()))
         assert await asyncio.to_thread(hold.arrived.wait, 20), "CreateFleet never reached EC2"
         assert len(await cloud.instances()) == 3  # bought on EC2 ...
@@ -61,8 +60,8 @@ async def test_cancelled_between_launch_and_record_then_restart_adopts(cloud: Cl
     assert [row.status for row in await store.launches()] == [st.OPEN]  # intent written, never settled
     await store.close()
 
-    async with cloud.client() as client:
-        built = await build_reconciler(cfg, client, planner=plan, clock=clock)
+    async with cloud.client() as client, cloud.pricing_client() as pricing:
+        built = await build_reconciler(cfg, client, planner=plan, clock=clock, pricing_client=pricing)
         for _ in range(3):
             report = await built.reconciler.run_pass()
             assert report.error is None and not report.outcomes
@@ -91,7 +90,6 @@ instance_types = ["g5.xlarge", "g4dn.xlarge"]
 zones = ["us-east-1a", "us-east-1b"]
 ami_id = "{cloud.ami}"
 subnet_ids = [{subnets}]
-price_book = "{DEMO_PRICE_BOOK}"
 [budget]
 total_usd = 10000.0
 max_usd_per_hour = 100.0

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from fleetd.protocol.settings import AwsConfig
 from fleetd.daemon import DaemonContext, Plugins, run_daemon
+from fleetd.policy.model import PoolId
 from fleetd.policy.planner import plan
 from tests.reconcile_support import Cloud, cloud  # noqa: F401 (the pytest fixture)
 from tests.test_reconcile_crash import log_events, write_config
@@ -121,3 +122,50 @@ async def test_startup_without_permission_waits_instead_of_crash_looping(
     blocked = [e for e in logs if e["event"] == "startup_blocked"]
     assert len(blocked) == 1 and blocked[0]["code"] == "UnauthorizedOperation"  # one clear line
     assert len(await cloud.instances()) == 3
+
+
+async def test_daemon_prices_pools_on_the_production_path_and_status_shows_them(cloud: Cloud, tmp_path: Path) -> None:
+    """`run_daemon` as `fleetd run` wires it, no price book: on-demand prices from the Price List
+    API (GetProducts, served by the test cloud in AWS's shape), spot prices from
+    DescribeSpotPriceHistory; status.json lists every pool with its prices, or why it is out."""
+    from fleetd.adapters.catalog import bundled_catalog
+    from fleetd.publish import status_component
+    from fleetd.snapshot import read_snapshot
+    from tests.reconcile_support import SPOT
+
+    cfg = daemon_config(cloud, tmp_path)
+    cfg = cfg.model_copy(update={"capacity": cfg.capacity.model_copy(
+        update={"instance_types": ("g5.xlarge", "g4dn.xlarge", "p5e.48xlarge")})})
+    assert cfg.capacity.price_book is None and cfg.capacity.on_demand_prices == "price-list"
+    ctx = DaemonContext(cfg)
+    daemon = asyncio.create_task(run_daemon(
+        cfg, planner=plan, ctx=ctx, session=cloud.session,
+        plugins=Plugins(components=[status_component(watch_rendezvous=False, port=0)]),
+    ))
+    snap = None
+    try:
+        for _ in range(600):
+            assert not daemon.done(), daemon.exception() if daemon.done() else None
+            snap = read_snapshot(cfg.fleet.state_dir)
+            if snap is not None and snap.pools and len(snap.live_nodes) == 3:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        ctx.stopping.set()
+        assert await asyncio.wait_for(daemon, 30) == 0
+    assert snap is not None and len(snap.live_nodes) == 3
+    views = {v.pool: v for v in snap.pools}
+    catalog = bundled_catalog()
+    for pool, spot in SPOT.items():
+        v = views[str(pool)]
+        assert v.offered and v.spot_price == spot
+        assert v.on_demand_price == catalog.on_demand(pool.instance_type, "us-east-1")
+    for zone in ("us-east-1a", "us-east-1b"):
+        v = views[f"p5e.48xlarge@{zone}"]
+        assert not v.offered and "no on-demand price" in v.reason
+    # Nodes were bought at the prices the cloud quoted, on the cheapest pools (g4dn spot).
+    assert {n.pool for n in snap.live_nodes} <= {str(p) for p in SPOT}
+    assert all(n.price_per_hour == SPOT[PoolId.parse(n.pool)] for n in snap.live_nodes)
+    gets = cloud.proxy.calls_of("GetProducts")
+    assert {c["Filters"][0]["Value"] for c in gets} >= {"g5.xlarge", "g4dn.xlarge"}
+    assert cloud.proxy.calls_of("DescribeSpotPriceHistory")

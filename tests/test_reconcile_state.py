@@ -115,3 +115,20 @@ async def test_unresolved_launches_include_recently_abandoned_ones(tmp_path: Pat
     assert unresolved == {"tok-old": st.ABANDONED, "tok-1": st.ABANDONED, "tok-2": st.OPEN}
     assert {r.token for r in await store.unresolved_launches(since=T0 + 1)} == {"tok-2"}
     await store.close()
+
+
+async def test_an_instance_ends_when_ec2_says_not_when_fleetd_notices(tmp_path: Path) -> None:
+    """Billing and node-hours stop at EC2's transition time; an instance gone from EC2 altogether
+    stops when fleetd last saw it alive (a controller down for an hour must not bill that hour)."""
+    store = await StateStore.open(tmp_path)
+    await store.sync_instances([seen("i-1"), seen("i-2")], T0)
+    await store.sync_instances([seen("i-1"), seen("i-2")], T0 + 600)
+    ended = SeenInstance("i-1", A, Market.SPOT, "terminated", T0, "tok", 0.25, "", ended_at=T0 + 900)
+    await store.sync_instances([ended], T0 + 3600)  # i-2 not listed at all any more
+    rows = {r.instance_id: r for r in await store.instances(open_only=False)}
+    assert rows["i-1"].ended_at == T0 + 900
+    assert rows["i-2"].ended_at == T0 + 600
+    (stats,) = await store.pool_stats()
+    assert stats.node_hours == pytest.approx((900 + 600) / 3600)
+    assert store.observed_until_sync() == {"i-1": T0 + 900, "i-2": T0 + 600}
+    await store.close()

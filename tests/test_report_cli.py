@@ -85,3 +85,26 @@ def test_bad_config_is_reported_field_by_field(tmp_path: Path) -> None:
     proc = _report("--config", str(cfg))
     assert proc.returncode == 2
     assert "fleet.state_dirr" in proc.stderr
+
+
+def test_plot_draws_a_png_and_the_report_lists_scaling_decisions(tmp_path: Path) -> None:
+    from fleetd.policy.ledger import TargetChanged
+
+    state = tmp_path / "state"
+
+    async def populate() -> None:
+        store = await LedgerStore.open(state / "fleetd.db")
+        await store.append(*FIRST_HALF, *SECOND_HALF, *GOODPUT,
+                           TargetChanged(T0 + 2600, 1, 2, "scale up 1->2: exploring"))
+        await store.close()
+
+    asyncio.run(populate())
+    cfg = tmp_path / "fleetd.toml"
+    cfg.write_text(f'[fleet]\nstate_dir = "{state}"\n')
+    png = tmp_path / "run.png"
+    proc = _report("--config", str(cfg), "--at", str(T0 + 10_000), "--plot", str(png))
+    assert proc.returncode == 0, proc.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "1 -> 2: scale up 1->2: exploring" in proc.stdout
+    data = json.loads(_report("--config", str(cfg), "--json", "--at", str(T0 + 10_000)).stdout)
+    assert data["scaling_decisions"] == [{"at": T0 + 2600, "from": 1, "to": 2, "reason": "scale up 1->2: exploring"}]

@@ -239,7 +239,6 @@ async def test_watchdog_returns_at_once_without_watchdog_usec():
 
 # ------------------------------------------------------------------ the real daemon
 def _fleetd_config(cloud, tmp_path: Path) -> Path:
-    from fleetd.adapters.pricing import DEMO_PRICE_BOOK
     from tests.reconcile_support import TYPES, ZONES
 
     path = tmp_path / "fleetd.toml"
@@ -247,11 +246,11 @@ def _fleetd_config(cloud, tmp_path: Path) -> Path:
     types = ", ".join(f'"{t}"' for t in TYPES)
     zones = ", ".join(f'"{z}"' for z in ZONES)
     path.write_text(
-        f'[aws]\nendpoint_url = "{cloud.moto}"\n'
+        f'[aws]\nendpoint_url = "{cloud.proxy.url}"\n'
         f'[fleet]\nname = "t"\nmin_nodes = 1\nmax_nodes = 1\nstate_dir = "{tmp_path / "state"}"\n'
         "reconcile_interval_s = 0.5\n"
         f'[capacity]\ninstance_types = [{types}]\nzones = [{zones}]\nami_id = "{cloud.ami}"\n'
-        f'subnet_ids = [{subnets}]\nprice_book = "{DEMO_PRICE_BOOK}"\n'
+        f'subnet_ids = [{subnets}]\n'
         "[logging]\njson = true\n"
     )
     return path

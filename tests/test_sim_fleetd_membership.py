@@ -41,7 +41,7 @@ def _run(
     trace = read_availability_json(json.dumps({"metadata": {"gap_seconds": 60}, "data": data}), "count")
     cfg = FleetdConfig(
         fleet=FleetConfig(name="m", min_nodes=1, max_nodes=4, state_dir=tmp_path),
-        capacity=CapacityConfig(instance_types=("g4dn.xlarge",), allow_on_demand=False),
+        capacity=CapacityConfig(instance_types=("g4dn.xlarge",), on_demand="never"),
         budget=BudgetConfig(total_usd=10_000.0, max_usd_per_hour=100.0),
     )
     job = JobSpec(total_steps=1e9, max_nodes=4, checkpoint_stall_s=STALL, checkpoint_gb=10.0,

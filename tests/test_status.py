@@ -157,3 +157,14 @@ def test_readers_never_see_a_partial_snapshot(tmp_path):
         t.join()
     assert not errors and reads > 10
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".status-")], "temporary files left behind"
+
+
+def test_gpu_idle_and_input_bound_nodes_are_named_with_the_reason(tmp_path):
+    now = time.time()
+    flags = {"i-0aaa": "input-bound: GPU 12% while the host CPU is at 97% (data loading or preprocessing keeps the GPUs waiting)"}
+    write_snapshot(tmp_path, sample_snapshot(now, flags=flags))
+    result = fleetd("status", "--state-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert f"i-0aaa: {flags['i-0aaa']}" in result.stdout
+    report = json.loads(fleetd("status", "--state-dir", str(tmp_path), "--json").stdout)
+    assert {n["instance_id"]: n["flag"] for n in report["nodes"]} == {"i-0aaa": flags["i-0aaa"], "i-0bbb": None, "i-0ccc": None}

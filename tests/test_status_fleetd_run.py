@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from fleetd.adapters.pricing import DEMO_PRICE_BOOK
 from tests.harness.ports import free_port
 from tests.reconcile_support import TYPES, ZONES, Cloud, cloud  # noqa: F401
 
@@ -29,7 +28,6 @@ def config(cloud: Cloud, tmp_path: Path, metrics_port: int) -> Path:
         "reconcile_interval_s = 0.5\n"
         f"[capacity]\ninstance_types = [{q(TYPES)}]\nzones = [{q(ZONES)}]\n"
         f'ami_id = "{cloud.ami}"\nsubnet_ids = [{q(cloud.subnets[z] for z in ZONES)}]\n'
-        f'price_book = "{DEMO_PRICE_BOOK}"\n'
         f"[budget]\ntotal_usd = 10000.0\nmax_usd_per_hour = 100.0\n"
         f"[rendezvous]\nport = {free_port()}\n"
         f"[metrics]\nport = {metrics_port}\n[logging]\njson = true\n"

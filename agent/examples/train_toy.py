@@ -57,6 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     ckpt.emit("start", from_step=step, restart_count=ctx.restart_count, t_main=t_main, t_group=t_group,
               cpu_group=cpu_group, cpu=time.process_time())
 
+    # Optional scaling curve (fleetd demo --scenario scaling): one step's work of work_s seconds
+    # is shared by up to saturate_at nodes, so the job's steps/s grows with each node up to that
+    # size and not beyond, the shape a job capped by its input pipeline or all-reduce has.
+    work_s = float(os.environ.get("FLEETD_TOY_WORK_S", "0") or 0)
+    saturate_at = max(1, int(os.environ.get("FLEETD_TOY_SATURATE_AT", "1") or 1))
+    step_sleep = args.step_sleep + work_s / min(ctx.world_size, saturate_at)
+
     # A peer lost without notice breaks (or hangs) a collective: save the completed step first.
     with ckpt.salvage_on_failure():
         while step < args.steps:
@@ -67,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
             loss = nn.functional.mse_loss(ddp(x[idx]), y[idx]) * weight
             loss.backward()
             optimizer.step()
-            if args.step_sleep:
-                time.sleep(args.step_sleep)
+            if step_sleep:
+                time.sleep(step_sleep)
             ckpt.emit("step", step=step, loss=round(float(loss.detach()) / weight, 6))
             ckpt.step_done(step)
 

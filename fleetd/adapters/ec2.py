@@ -23,6 +23,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from fleetd.adapters.aws_errors import AwsError, PermanentAwsError, aws_call, classify_code
+from fleetd.adapters.ec2_times import transition_time
 from fleetd.adapters.launch_template import TemplateRef
 from fleetd.adapters.pricing import Hardware
 from fleetd.config import GpuRequirements
@@ -51,6 +52,9 @@ class Ec2Instance:
     launched_at: float  # epoch seconds
     launch_token: str | None = None
     state_reason: str = ""  # e.g. "Server.SpotInstanceTermination"
+    # When it left running for shutting-down/terminated, from StateTransitionReason (billing ends
+    # there); None while it runs or when EC2 does not say.
+    ended_at: float | None = None
 
     @property
     def live(self) -> bool:
@@ -169,6 +173,8 @@ class AioEc2:
             launched_at=_epoch(item.get("LaunchTime")),
             launch_token=tags.get(TAG_LAUNCH),
             state_reason=(item.get("StateReason") or {}).get("Code", ""),
+            ended_at=transition_time(item.get("StateTransitionReason") or "")
+            if item.get("State", {}).get("Name") in ("shutting-down", "terminated") else None,
         )
 
     async def instances_of_launch(self, token: str) -> list[Ec2Instance]:

@@ -15,6 +15,11 @@ what AWS would answer, using AWS's real payloads:
 - S3 through the same proxy: ``drop("UploadPart")`` (or ``"PutObject"``) reads half of the next
   such request's body and cuts the connection, as a network failure mid-part does.
 
+It also answers the price APIs moto lacks or fakes (fleetd/adapters/pricing_fake.py), when given
+them: ``pricing:GetProducts`` (JSON protocol, ``X-Amz-Target: AWSPriceListService.GetProducts``)
+and ``ec2:DescribeSpotPriceHistory``. Rules apply to them too (``fail("GetProducts",
+"ThrottlingException")``), answered in the JSON protocol's error shape.
+
 Everything else is forwarded unchanged. The proxy runs its own event loop in a thread, so it
 serves a controller in a subprocess as well as one in the test's loop.
 """
@@ -22,6 +27,7 @@ serves a controller in a subprocess as well as one in the test's loop.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import uuid
 from collections.abc import Mapping
@@ -32,6 +38,7 @@ from xml.sax.saxutils import escape
 import aiohttp
 from aiohttp import web
 
+from fleetd.adapters.pricing_fake import PriceListFake, SpotPriceFake
 from fleetd.policy.model import PoolId
 from fleetd.protocol.logs import get_logger
 
@@ -48,6 +55,16 @@ HTTP_STATUS = {
     "UnauthorizedOperation": 403,
     "AuthFailure": 401,
 }
+
+# The Price List API (JSON protocol) answers errors with these statuses.
+JSON_HTTP_STATUS = {
+    "ThrottlingException": 400,
+    "AccessDeniedException": 400,
+    "InvalidParameterException": 400,
+    "InternalErrorException": 500,
+    "ServiceUnavailableException": 503,
+}
+PRICING_TARGET = "AWSPriceListService."
 
 MESSAGES = {
     "RequestLimitExceeded": "Request limit exceeded.",
@@ -100,9 +117,18 @@ class _Hold:
 class FaultProxy:
     """``with FaultProxy(moto_url, zone_of_subnet) as proxy: ...`` then point clients at proxy.url."""
 
-    def __init__(self, upstream: str, zone_of_subnet: Mapping[str, str] | None = None):
+    def __init__(
+        self,
+        upstream: str,
+        zone_of_subnet: Mapping[str, str] | None = None,
+        *,
+        price_list: PriceListFake | None = None,
+        spot_prices: SpotPriceFake | None = None,
+    ):
         self.upstream = upstream.rstrip("/")
         self.zone_of_subnet = dict(zone_of_subnet or {})
+        self.price_list = price_list
+        self.spot_prices = spot_prices
         self._rules: list[FaultRule] = []
         self._holds: list[_Hold] = []
         self._drops: list[DropRule] = []
@@ -192,12 +218,13 @@ class FaultProxy:
         self.url = f"http://127.0.0.1:{port}"
 
     # -- request handling -------------------------------------------------------------------------
-    def _take_rule(self, operation: str, pools: list[PoolId]) -> list[FaultRule]:
-        """Rules that fire for this call (each fired rule counts one hit)."""
+    def _take_rule(self, operation: str, pools: list[PoolId], *, ec2: bool = True) -> list[FaultRule]:
+        """Rules that fire for this call (each fired rule counts one hit); "*" is EC2's only."""
         fired = []
+        names = (operation, "*") if ec2 else (operation,)
         with self._lock:
             for rule in self._rules:
-                if rule.operation not in (operation, "*") or rule.spent():
+                if rule.operation not in names or rule.spent():
                     continue
                 if rule.pool is not None and rule.pool not in pools:
                     continue
@@ -235,6 +262,9 @@ class FaultProxy:
             request.transport.abort()  # mid-body: the client sees its connection reset
             return web.Response(status=500)
         body = await request.read()
+        target = request.headers.get("X-Amz-Target", "")
+        if target.startswith(PRICING_TARGET):
+            return self._pricing(target.removeprefix(PRICING_TARGET), body)
         form = request.content_type == "application/x-www-form-urlencoded"  # EC2's query API, not S3 data
         params = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)) if body and form else {}
         operation = params.get("Action", "")
@@ -249,6 +279,8 @@ class FaultProxy:
                 self.injected.append((operation, call_level.code))
             log.info("fault_injected", operation=operation, code=call_level.code)
             return _error_response(call_level.code, pools[0] if pools else None)
+        if operation == "DescribeSpotPriceHistory" and self.spot_prices is not None:
+            return web.Response(text=self.spot_prices.describe(params), status=200, content_type="text/xml")
         failing = {r.pool: r.code for r in fired if r.pool is not None}
         errors: list[tuple[dict[str, str], str, PoolId]] = []
         if failing:
@@ -282,10 +314,38 @@ class FaultProxy:
             return web.Response(body=payload, status=status, headers=passed)
         return web.Response(body=payload, status=status, headers={"Content-Type": ctype})
 
+    def _pricing(self, operation: str, body: bytes) -> web.Response:
+        """The Price List API, answered from ``price_list`` (moto has none)."""
+        try:
+            request = json.loads(body or b"{}")
+        except json.JSONDecodeError:
+            request = {}
+        with self._lock:
+            self.calls.append((operation, request))
+        fired = self._take_rule(operation, [], ec2=False)
+        if fired:
+            code = fired[0].code
+            with self._lock:
+                self.injected.append((operation, code))
+            log.info("fault_injected", operation=operation, code=code)
+            return _json_response(JSON_HTTP_STATUS.get(code, 400), {"__type": code, "Message": f"{code} (injected)"})
+        if operation != "GetProducts" or self.price_list is None:
+            return _json_response(400, {"__type": "UnknownOperationException", "Message": operation})
+        status, answer = self.price_list.get_products(request)
+        return _json_response(status, answer)
+
     def _pool(self, override: Mapping[str, str]) -> PoolId | None:
         itype = override.get("InstanceType")
         zone = override.get("AvailabilityZone") or self.zone_of_subnet.get(override.get("SubnetId", ""))
         return PoolId(itype, zone) if itype and zone else None
+
+
+def _json_response(status: int, body: dict) -> web.Response:
+    headers = {"x-amzn-RequestId": str(uuid.uuid4())}
+    if status >= 400:
+        headers["x-amzn-ErrorType"] = str(body.get("__type", ""))
+    return web.Response(text=json.dumps(body), status=status, headers=headers,
+                        content_type="application/x-amz-json-1.1")
 
 
 def _overrides(params: Mapping[str, str]) -> list[dict[str, str]]:

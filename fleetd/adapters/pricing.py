@@ -1,7 +1,8 @@
 """Where prices come from: EC2's spot price history, or a file price book.
 
-Both implement :class:`PriceSource`. The file book serves the local demo, the tests and the
-simulator (moto returns one placeholder price for everything); the EC2 source serves production.
+Both implement :class:`PriceSource`. The EC2 source serves production (with on-demand prices from
+the Price List API or the bundled GPU catalog, fleetd/adapters/price_list.py); the file book serves
+the local demo and the simulator, and only when configured explicitly (``capacity.price_book``).
 Prices are USD per instance-hour; ``trend`` is the change of the spot price in USD/h per hour over
 the recent window (positive: getting dearer).
 """
@@ -42,6 +43,7 @@ class Hardware:
     gpus: int
     gpu_model: str = ""
     gpu_memory_gib: float = 0.0  # per GPU
+    relative_throughput: float = 1.0  # one GPU's training throughput vs one A10G (GPU catalog)
 
 
 class PriceSource(Protocol):
@@ -206,8 +208,9 @@ class Ec2SpotPriceSource:
 
     One paginated request per refresh covers every instance type; the newest point per pool is
     the current price and a least-squares slope over the window is the trend. On-demand prices
-    are not in that API: they come from ``on_demand`` (usually the file book), so the price list
-    API's large documents stay out of the control loop.
+    are not in that API: they come from ``on_demand`` (fleetd/adapters/price_list.py: the Price
+    List API, refreshed daily, and the bundled catalog), so its large documents stay out of the
+    per-pass path.
     """
 
     def __init__(

@@ -13,7 +13,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds of training after the first step (default 150; set-up adds ~30)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--scenario", default=None, metavar="NAME",
-                   help="interruption scenario: default, short or calm (default: default)")
+                   help="scenario: default, short, calm (interruptions) or scaling (grow and shrink on measured throughput per dollar); default: default")
     g.add_argument("--trace", type=Path, metavar="PATH", help="inject notices from a spot trace's removals")
     p.add_argument("--budget", type=float, default=5.0, metavar="USD", help="budget.total_usd (default 5)")
     p.add_argument("--report", type=Path, metavar="FILE", help="also write the final report as JSON")

@@ -1,10 +1,17 @@
-"""`fleetd report [--json]`: spend, savings against on-demand and goodput from the ledger."""
+"""`fleetd report [--json] [--plot FILE.png]`: spend, savings against on-demand, goodput and the
+scaling decisions, from the ledger.
+
+The same numbers as `fleetd status`, /metrics and the demo report for the same run: one ledger,
+one billing function (fleetd.policy.ledger). A node whose end fleetd never recorded is billed up to
+the last time fleetd saw it alive, never to "now", and the report names it."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sqlite3
 import sys
+import time
 from pathlib import Path
 
 from fleetd.commands.common import add_config_argument
@@ -21,13 +28,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="EPOCH_S",
         help="accrue running instances up to this time (default: now)",
     )
+    p.add_argument("--plot", type=Path, default=None, metavar="FILE.png",
+                   help="also draw spend, nodes by market and progress over time (needs matplotlib)")
 
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
-    import time
 
     from fleetd.config import load
+    from fleetd.policy import ledger
     from fleetd.protocol.settings import ConfigError
     from fleetd.reconcile.ledger_store import DB_NAME, LedgerStore, LedgerStoreError
 
@@ -48,22 +57,45 @@ def run(args: argparse.Namespace) -> int:
     now = args.at if args.at is not None else time.time()
 
     async def read():
+        seen = await asyncio.to_thread(_observed_until, db)
         store = await LedgerStore.open(db)
         try:
-            return await store.summary(now)
+            events = await store.events()
         finally:
             await store.close()
+        return events, seen
 
     try:
-        summary = asyncio.run(read())
-    except LedgerStoreError as exc:
+        events, seen = asyncio.run(read())
+    except (LedgerStoreError, sqlite3.Error) as exc:
         print(f"fleetd report: {exc}", file=sys.stderr)
         return 1
+    summary = ledger.summarize(events, now, seen)
+    if args.plot is not None:
+        try:
+            from fleetd.commands.report_plot import plot
+        except ImportError as exc:
+            print(f"fleetd report: --plot needs matplotlib (pip install 'fleetd[plot]'): {exc}", file=sys.stderr)
+            return 2
+        plot(events, now, seen, args.plot)
     if args.json:
         print(json.dumps(summary.as_json(), indent=2, sort_keys=True))
     else:
         print(render_table(summary.as_json()))
     return 0
+
+
+def _observed_until(db: Path) -> dict[str, float]:
+    """When fleetd last knew each instance billed (fleetd.reconcile.state_sql.observed_until), read
+    only: the report must never take a lock the running daemon waits on."""
+    from fleetd.reconcile.state_sql import observed_until
+
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+    try:
+        has = conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='instances'").fetchone()
+        return observed_until(conn) if has else {}
+    finally:
+        conn.close()
 
 
 def render_table(data: dict) -> str:
@@ -90,4 +122,16 @@ def render_table(data: dict) -> str:
     width = max(len(k) for k, _ in rows)
     lines = ["fleetd cost and goodput report", ""]
     lines += [f"{k.ljust(width)}  {v}" for k, v in rows]
+    unseen = data.get("instances_end_unseen") or []
+    if unseen:
+        last = max(u["billed_until"] for u in unseen)
+        lines += ["", f"{len(unseen)} node(s) whose end fleetd has not seen (it stopped first, or has not "
+                      f"looked since) are billed only up to when it last saw them alive (the latest "
+                      f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(last))} UTC): "
+                      + ", ".join(u["instance_id"] for u in unseen)]
+    decisions = data.get("scaling_decisions") or []
+    lines += ["", f"scaling decisions: {len(decisions) or 'none'}"]
+    for d in decisions:
+        when = time.strftime("%H:%M:%S", time.gmtime(d["at"]))
+        lines.append(f"  {when}  {d['from']} -> {d['to']}: {d['reason']}")
     return "\n".join(lines)

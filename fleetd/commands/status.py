@@ -89,6 +89,7 @@ def collect(state_dir: Path, *, now: float, fleet: str | None = None,
             "rendezvous": snap.rendezvous.model_dump() if snap.rendezvous else None,
             "checkpoint": None,
             "budget": None,
+            "pools": [p.model_dump() for p in snap.pools],
         }
         if snap.checkpoint is not None:
             report["checkpoint"] = {**snap.checkpoint.model_dump(),
@@ -105,6 +106,7 @@ def collect(state_dir: Path, *, now: float, fleet: str | None = None,
             "source": "database", "fleet": fleet, "as_of": None, "age_s": None, "stale": None,
             "reconcile_interval_s": reconcile_interval_s, "target_nodes": None,
             "nodes": _nodes_from_db(db), "rendezvous": None, "checkpoint": None, "budget": None,
+            "pools": None,  # unknown without a snapshot
         }
     live = [n for n in report["nodes"] if n["ec2_state"] in LIVE]
     report["node_count"] = len(live)
@@ -172,6 +174,16 @@ def render(report: dict[str, Any]) -> str:
         ))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(columns))]
     lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    pools = report.get("pools")
+    if pools:
+        excluded = [p for p in pools if not p["offered"]]
+        lines.append(f"pools: {len(pools) - len(excluded)} offered, {len(excluded)} excluded")
+        lines += [f"  excluded {p['pool']}: {p['reason']}" for p in excluded]
+    elif pools is None or report["source"] != "snapshot":
+        lines.append("pools: unknown")
+    flagged = [n for n in report["nodes"] if n.get("flag")]
+    for n in flagged:
+        lines.append(f"{n['instance_id']}: {n['flag']}")
     rdzv = report["rendezvous"]
     lines.append(f"rendezvous: round {rdzv['round']}, world size {rdzv['world_size']}" if rdzv
                  else "rendezvous: unknown")

@@ -10,12 +10,29 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleetd.adapters.pricing import DEMO_PRICE_BOOK
+from fleetd.adapters.catalog import bundled_catalog
+from fleetd.adapters.pricing import DEMO_PRICE_BOOK, FilePriceBook
+from fleetd.adapters.pricing_fake import PriceListFake, SpotPriceFake
+from fleetd.demo.scenario import FleetShape
 
 DEMO_FLEET = "demo"
 DEMO_BUCKET = "fleetd-demo"
 DEMO_TYPES = ("g4dn.xlarge", "g6.xlarge", "g5.xlarge")
 DEMO_ZONES = ("us-east-1a", "us-east-1b")
+
+
+def demo_price_fakes() -> tuple[PriceListFake, SpotPriceFake]:
+    """The demo cloud's price APIs, answered by its fault proxy: list prices from the bundled
+    catalog (GetProducts), and the demo book's spot prices (DescribeSpotPriceHistory). fleetd
+    itself runs on the production price path, with no price book."""
+    catalog = bundled_catalog()
+    spot = SpotPriceFake(catalog)
+    book = FilePriceBook.load(DEMO_PRICE_BOOK)
+    for pool in book.pools:
+        price = book.price_at(pool, 0.0)
+        if price is not None and price.spot is not None:
+            spot.set(pool, price.spot)
+    return PriceListFake(catalog), spot
 
 
 def _toml_value(v: object) -> str:
@@ -47,17 +64,25 @@ class DemoEndpoints:
 
 
 def fleetd_toml(workdir: Path, ep: DemoEndpoints, nodes: int, budget_usd: float, max_usd_per_hour: float,
-                ami_id: str) -> Path:
+                ami_id: str, shape: FleetShape | None = None) -> Path:
     path = workdir / "fleetd.toml"
+    if shape is None:
+        # A fixed fleet of --nodes (one more allowed for make-before-break pre-buys). The long
+        # cool-down keeps the scaling rule from exploring a bigger fleet inside the demo: the
+        # interruption scenarios show recovery, `--scenario scaling` shows scaling.
+        lo, hi, scaling = nodes, nodes + 1, {"initial_nodes": nodes, "cooldown_s": 3600.0}
+    else:
+        lo, hi = shape.min_nodes, shape.max_nodes
+        scaling = {"initial_nodes": shape.initial_nodes, "cooldown_s": shape.cooldown_s}
     path.write_text(to_toml({
         "aws": {"region": "us-east-1", "endpoint_url": ep.aws_url},
-        "fleet": {"name": DEMO_FLEET, "min_nodes": nodes, "max_nodes": nodes + 1,
+        "fleet": {"name": DEMO_FLEET, "min_nodes": lo, "max_nodes": hi,
                   "state_dir": workdir / "state", "reconcile_interval_s": 2.0},
         "capacity": {"instance_types": list(DEMO_TYPES), "zones": list(DEMO_ZONES),
-                     "price_book": DEMO_PRICE_BOOK, "spot_wait_s": 20.0, "capacity_error_ttl_s": 60.0,
+                     "spot_wait_s": 20.0, "capacity_error_ttl_s": 60.0,
                      "ami_id": ami_id},
         # A short stop reserve: the demo's checkpoint is small and its nodes are local.
-        "scaling": {"initial_nodes": nodes},
+        "scaling": scaling,
         "budget": {"total_usd": budget_usd, "max_usd_per_hour": max_usd_per_hour, "stop_reserve_s": 30.0},
         "mqtt": {"url": ep.mqtt_url},
         "rendezvous": {"host": "127.0.0.1", "port": ep.rdzv_port, "run_id": "demo"},
@@ -69,14 +94,14 @@ def fleetd_toml(workdir: Path, ep: DemoEndpoints, nodes: int, budget_usd: float,
     return path
 
 
-def agent_toml(workdir: Path, ep: DemoEndpoints, nodes: int, instance_id: str, addr: str, imds_url: str,
+def agent_toml(workdir: Path, ep: DemoEndpoints, max_nodes: int, instance_id: str, addr: str, imds_url: str,
                steps: int) -> Path:
     node_dir = workdir / "nodes" / instance_id
     node_dir.mkdir(parents=True, exist_ok=True)
     path = node_dir / "agent.toml"
     path.write_text(to_toml({
         "node": {"fleet": DEMO_FLEET, "imds_url": imds_url, "node_addr": addr, "state_dir": node_dir,
-                 "trainer_socket": node_dir / "trainer.sock", "min_nodes": 1, "max_nodes": nodes + 1,
+                 "trainer_socket": node_dir / "trainer.sock", "min_nodes": 1, "max_nodes": max_nodes,
                  "shutdown_timeout_s": 20.0},
         "aws": {"region": "us-east-1", "endpoint_url": ep.s3_url},
         "mqtt": {"url": ep.mqtt_url},

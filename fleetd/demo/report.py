@@ -29,6 +29,18 @@ async def _fleetd_report(workdir: Path) -> dict:
     return json.loads(out)
 
 
+def _status_spend(workdir: Path) -> float | None:
+    """What `fleetd status` (and /metrics, which follows the same snapshot) says was spent."""
+    from fleetd.demo.view import status_snapshot
+
+    snap = status_snapshot(workdir)
+    return snap.budget.spent_usd if snap is not None and snap.budget is not None else None
+
+
+def _decisions(money: dict, up: bool) -> list[dict]:
+    return [d for d in money.get("scaling_decisions") or [] if (d["to"] > d["from"]) == up and d["to"] != d["from"]]
+
+
 async def _durable_steps(session: Any, aws: dict) -> list[int]:
     steps = []
     async with session.create_client("s3", **aws) as s3:
@@ -77,6 +89,10 @@ async def build_report(run: Any, events_file: Path, ec2: Any, session: Any, aws:
         "checkpoints_durable": len(durable),
         "newest_durable_step": durable[-1] if durable else None,
         "spend_usd": money.get("spend_usd"),
+        "status_spend_usd": _status_spend(run.workdir),
+        "useful_steps": money.get("useful_steps"),
+        "scale_ups": _decisions(money, up=True),
+        "scale_downs": _decisions(money, up=False),
         "budget_usd": run.opts.budget_usd,
         "on_demand_equivalent_usd": money.get("on_demand_equivalent_usd"),
         "savings_pct": money.get("savings_pct"),
@@ -97,6 +113,7 @@ def render(report: dict) -> str:
         ("final step", report["final_step"]),
         ("pause per world change (s)", ", ".join(str(x) for x in report["resume_latency_s"]) or "-"),
         ("durable checkpoints", report["checkpoints_durable"]),
+        ("scale-ups / scale-downs", f"{len(report.get('scale_ups') or [])} / {len(report.get('scale_downs') or [])}"),
         ("spend", f"${report['spend_usd']:.4f}" if report["spend_usd"] is not None else "unknown"),
         ("budget", f"${report['budget_usd']:.2f}"),
         ("on-demand equivalent", f"${report['on_demand_equivalent_usd']:.4f}"
@@ -104,4 +121,8 @@ def render(report: dict) -> str:
         ("savings", f"{report['savings_pct']:.1f} %" if report["savings_pct"] is not None else "unknown"),
     ]
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    for kind in ("scale_ups", "scale_downs"):
+        for d in report.get(kind) or []:
+            lines.append(f"  {d['from']} -> {d['to']}: {d['reason']}")
+    return "\n".join(lines)

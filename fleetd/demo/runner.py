@@ -106,7 +106,8 @@ async def run_demo(opts: DemoOptions) -> dict:
         await _start(run, "moto", [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)])
         await wait_port("127.0.0.1", moto_port, timeout=30)
         moto_url = f"http://127.0.0.1:{moto_port}"
-        proxy = FaultProxy(moto_url).start()
+        price_list, spot_prices = configs.demo_price_fakes()
+        proxy = FaultProxy(moto_url, price_list=price_list, spot_prices=spot_prices).start()
         broker, mqtt_url, broker_kind = await start_broker(workdir)
         run.children.append(broker)
         ep = configs.DemoEndpoints(aws_url=proxy.url, s3_url=moto_url, mqtt_url=mqtt_url, rdzv_port=free_port())
@@ -115,7 +116,9 @@ async def run_demo(opts: DemoOptions) -> dict:
             await s3.create_bucket(Bucket=configs.DEMO_BUCKET)
         async with session.create_client("ec2", **aws) as ec2:
             ami = (await ec2.describe_images(Owners=["amazon"]))["Images"][0]["ImageId"]
-        fleetd_conf = configs.fleetd_toml(workdir, ep, opts.nodes, opts.budget_usd, opts.max_usd_per_hour, ami)
+        shape = opts.scenario.fleet if opts.scenario is not None else None
+        max_nodes = shape.max_nodes if shape is not None else opts.nodes + 1
+        fleetd_conf = configs.fleetd_toml(workdir, ep, opts.nodes, opts.budget_usd, opts.max_usd_per_hour, ami, shape)
         cli = [sys.executable, "-m", "fleetd.cli"]
         await _start(run, "rendezvous", [*cli, "rendezvous", "--config", str(fleetd_conf)])
         await wait_port("127.0.0.1", ep.rdzv_port, timeout=30)
@@ -134,10 +137,10 @@ async def run_demo(opts: DemoOptions) -> dict:
                 return out
 
             def agent_conf(iid: str, addr: str, imds_url: str) -> Path:
-                return configs.agent_toml(workdir, ep, opts.nodes, iid, addr, imds_url, steps=opts.steps)
+                return configs.agent_toml(workdir, ep, max_nodes, iid, addr, imds_url, steps=opts.steps)
 
-            run.launcher = Launcher(workdir, describe, agent_conf,
-                                    env={"FLEETD_EVENTS_FILE": str(events_file)})
+            env = {"FLEETD_EVENTS_FILE": str(events_file), **(shape.trainer_env() if shape else {})}
+            run.launcher = Launcher(workdir, describe, agent_conf, env=env)
             run.view = WireView(configs.DEMO_FLEET)
             try:
                 async with asyncio.TaskGroup() as tg:
@@ -154,6 +157,11 @@ async def run_demo(opts: DemoOptions) -> dict:
                 # A demo component broke: say so in the report, and still stop everything cleanly.
                 run.failure = "; ".join(repr(e) for e in group.exceptions)
                 log.error("demo_component_failed", errors=[repr(e) for e in group.exceptions])
+            # The controller stops before the money is read: its last pass is then the ledger's
+            # last word, so this report, `fleetd status` and a `fleetd report` run any time later
+            # state the same spend (nodes it did not see end are billed up to that pass).
+            if run.fleetd is not None:
+                await run.fleetd.stop(timeout=15.0)
             report = await build_report(run, events_file, ec2, session, aws)
         return report
     finally:

@@ -27,11 +27,30 @@ class Step:
 
 
 @dataclass(frozen=True)
+class FleetShape:
+    """How a scenario sizes the fleet (None: the demo's defaults, ``--nodes`` fixed)."""
+
+    min_nodes: int
+    max_nodes: int
+    initial_nodes: int
+    cooldown_s: float
+    # The toy trainer's scaling curve (agent/examples/train_toy.py): one step's work takes
+    # work_s / min(world, saturate_at) seconds, so the job's steps/s grows with each node up to
+    # saturate_at nodes and not beyond (a job whose input pipeline or all-reduce caps it).
+    work_s: float
+    saturate_at: int
+
+    def trainer_env(self) -> dict[str, str]:
+        return {"FLEETD_TOY_WORK_S": str(self.work_s), "FLEETD_TOY_SATURATE_AT": str(self.saturate_at)}
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     steps: tuple[Step, ...]
     notice_s: float = 20.0  # compressed two-minute warning
     description: str = ""
+    fleet: FleetShape | None = None
 
 
 NAMED: dict[str, Scenario] = {
@@ -62,6 +81,14 @@ NAMED: dict[str, Scenario] = {
         description="the default story in half the time (CI)",
     ),
     "calm": Scenario("calm", (), description="no interruptions: baseline throughput and cost"),
+    "scaling": Scenario(
+        "scaling",
+        (),
+        description="the fleet starts at one node and scales on measured throughput per dollar: "
+        "the toy job speeds up with a second node and not with a third, so fleetd grows to 2, "
+        "explores 3, finds the third node adds nothing and shrinks back to 2",
+        fleet=FleetShape(min_nodes=1, max_nodes=4, initial_nodes=1, cooldown_s=20.0, work_s=0.3, saturate_at=2),
+    ),
 }
 
 

@@ -38,6 +38,9 @@ from fleetd.protocol.messages import Status, Telemetry, TrainerExited
 
 log = get_logger(__name__)
 
+# Weight of a new telemetry sample in the moving averages (about ten reports' memory).
+UTIL_SMOOTHING = 0.1
+
 # Higher = further along toward gone; merging EC2's view with events keeps the furthest.
 _EC2_STATE_RANK = {"pending": 0, "running": 1, "stopping": 2, "stopped": 3, "shutting-down": 4, "terminated": 5}
 
@@ -52,6 +55,9 @@ class NodeRecord:
     agent_offline_at: float | None = None  # last will or clean goodbye
     telemetry: Telemetry | None = None
     telemetry_at: float | None = None
+    # Moving averages over the ~1 Hz reports: one sample must not decide a scale-down.
+    gpu_util_avg: float | None = None
+    cpu_avg: float | None = None
     notice_at: float | None = None  # first time any source reported the interruption
     notice_deadline: float | None = None
     notice_action: str | None = None
@@ -162,10 +168,17 @@ class NodeRegistry:
             notice_deadline=node.notice_deadline if node.notice_deadline is not None else rec.notice_deadline,
             rebalance_at=node.rebalance_at if node.rebalance_at is not None else rec.rebalance_at,
             left_at=_latest(node.left_at, rec.left_at),
-            gpu_util_pct=tele.gpu_util_pct if tele is not None else node.gpu_util_pct,
+            gpu_util_pct=rec.gpu_util_avg if rec.gpu_util_avg is not None else node.gpu_util_pct,
+            cpu_pct=rec.cpu_avg if rec.cpu_avg is not None else node.cpu_pct,
             steps_per_s=tele.steps_per_s if tele is not None and tele.steps_per_s is not None else node.steps_per_s,
             step=tele.step if tele is not None and tele.step is not None else node.step,
         )
+
+
+def _smooth(avg: float | None, sample: float | None) -> float | None:
+    if sample is None:
+        return avg
+    return sample if avg is None else (1 - UTIL_SMOOTHING) * avg + UTIL_SMOOTHING * sample
 
 
 def _latest(a: float | None, b: float | None) -> float | None:
@@ -179,7 +192,10 @@ def _latest(a: float | None, b: float | None) -> float | None:
 def _merge(rec: NodeRecord, event: IntakeEvent, at: float) -> NodeRecord:
     replace = dataclasses.replace
     if isinstance(event, AgentTelemetry):
-        return replace(rec, telemetry=event.telemetry, telemetry_at=at, last_seen_at=at)
+        tel = event.telemetry
+        return replace(rec, telemetry=tel, telemetry_at=at, last_seen_at=at,
+                       gpu_util_avg=_smooth(rec.gpu_util_avg, tel.gpu_util_pct),
+                       cpu_avg=_smooth(rec.cpu_avg, tel.cpu_pct))
     if isinstance(event, AgentStatus):
         if event.status.state == "offline":
             return replace(rec, status=event.status, status_at=at, agent_offline_at=at, last_event=event)

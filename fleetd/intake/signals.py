@@ -1,16 +1,18 @@
 """Fleet-wide training signals for the planner, folded from what the agents report.
 
-- Throughput per node count: the job is synchronous, so every node reports the same steps/s;
-  the median of fresh reports is the job's rate at the world size they report. A slow moving
-  average per node count smooths noise, and remembers each size the job has run at (the
-  scaling policy compares them).
+- Throughput per node count, measured from the job's real progress: while the world size the
+  nodes report stays the same (an "epoch"), the job's rate is the steps it advanced over the
+  time since the epoch's first report, once that window is MIN_WINDOW_S long. An epoch starts
+  with the first report of the new size, so the re-form pause (checkpoint, rendezvous, restart)
+  is not counted against the size, and a one-off sample cannot decide: the window is the
+  smoothing. Epochs at a size seen before are blended with what was measured then, so the
+  map remembers each size the job has run at (the scaling policy compares them).
 - The newest durable checkpoint: a ``checkpoint-uploaded`` event whose manifest is complete.
 - The last checkpoint request fleetd made (the commander notes it).
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from types import MappingProxyType
@@ -21,7 +23,8 @@ from fleetd.protocol.messages import CheckpointUploaded
 from fleetd.reconcile.ports import FleetSignals
 
 FRESH_S = 10.0  # telemetry older than this no longer describes the job
-SMOOTHING = 0.3  # weight of a new sample in the per-size moving average
+MIN_WINDOW_S = 10.0  # an epoch's rate counts once it spans this long
+SMOOTHING = 0.5  # weight of this epoch's rate against earlier epochs at the same size
 
 
 class TrainingSignals:
@@ -33,6 +36,8 @@ class TrainingSignals:
         self.nproc_per_node = max(1, nproc_per_node)
         self.clock = clock
         self._rate_by_nodes: dict[int, float] = {}
+        self._before_epoch: dict[int, float] = {}  # per size: the rate measured by earlier epochs
+        self._epoch: tuple[int, float, int] | None = None  # (nodes, started_at, step then)
         self.durable_step: int | None = None
         self.durable_at: float | None = None
         self.checkpoint_request_at: float | None = None
@@ -57,18 +62,31 @@ class TrainingSignals:
         )
 
     def _sample_throughput(self, now: float) -> None:
-        by_world: dict[int, list[float]] = {}
+        by_world: dict[int, list[int]] = {}
         for rec in self.registry.records():
             tel = rec.telemetry
             if (tel is None or rec.telemetry_at is None or now - rec.telemetry_at > FRESH_S
-                    or tel.steps_per_s is None or not tel.world_size):
+                    or tel.step is None or not tel.world_size):
                 continue
-            by_world.setdefault(tel.world_size, []).append(tel.steps_per_s)
+            by_world.setdefault(tel.world_size, []).append(tel.step)
         if not by_world:
             return
         # Mid-change, reports disagree on the world size: trust the one most nodes report.
-        world, rates = max(by_world.items(), key=lambda kv: len(kv[1]))
+        world, steps = max(by_world.items(), key=lambda kv: (len(kv[1]), kv[0]))
         nodes = max(1, world // self.nproc_per_node)
-        rate = statistics.median(rates)
-        old = self._rate_by_nodes.get(nodes)
+        step = max(steps)  # synchronous job: every rank is within a step of the others
+        epoch = self._epoch
+        if epoch is None or epoch[0] != nodes or step < epoch[2]:
+            # A new world size (or a resume from an older step): a new measurement window.
+            self._epoch = (nodes, now, step)
+            if nodes in self._rate_by_nodes:
+                self._before_epoch[nodes] = self._rate_by_nodes[nodes]
+            else:
+                self._before_epoch.pop(nodes, None)
+            return
+        _, started, first = epoch
+        if now - started < MIN_WINDOW_S:
+            return
+        rate = (step - first) / (now - started)
+        old = self._before_epoch.get(nodes)
         self._rate_by_nodes[nodes] = rate if old is None else (1 - SMOOTHING) * old + SMOOTHING * rate

@@ -14,112 +14,29 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Literal, TypeAlias
+from dataclasses import dataclass, field, replace
 
 from fleetd.policy.model import Market, PoolId, PoolOffer
+from fleetd.policy.ledger_events import (  # noqa: F401  (re-exported: callers use ledger.<Event>)
+    IdleGpuTime,
+    InstancePlaced,
+    InstanceStarted,
+    InstanceStopped,
+    Interruption,
+    LedgerEvent,
+    PriceChanged,
+    RecoveryTime,
+    StepReached,
+    StepsLost,
+    TargetChanged,
+    EVENT_KINDS,
+    EVENT_TYPES,
+)
 from fleetd.policy.observation import PoolStats
 
 MINIMUM_CHARGE_S = 60.0
 
 
-@dataclass(frozen=True, slots=True)
-class InstanceStarted:
-    at: float
-    instance_id: str
-    pool: PoolId
-    market: Market
-    price_per_hour: float  # price in force at launch
-    on_demand_price_per_hour: float  # for the on-demand equivalent
-    event_id: str = ""  # de-duplication key in the store ("" = none)
-
-
-@dataclass(frozen=True, slots=True)
-class InstanceStopped:
-    at: float
-    instance_id: str
-    event_id: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class PriceChanged:
-    """The price of ``pool`` on ``market`` is ``price_per_hour`` from ``at`` on."""
-
-    at: float
-    pool: PoolId
-    market: Market
-    price_per_hour: float
-    event_id: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class StepReached:
-    """Training completed ``step`` (the highest step so far of the current attempt)."""
-
-    at: float
-    step: int
-    event_id: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class StepsLost:
-    """Training went back from ``from_step`` to ``to_step`` (the checkpoint it resumed from)."""
-
-    at: float
-    from_step: int
-    to_step: int
-    event_id: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class RecoveryTime:
-    """``seconds`` from losing a node to every survivor training again."""
-
-    at: float
-    seconds: float
-    event_id: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class IdleGpuTime:
-    at: float
-    instance_id: str
-    gpu_seconds: float
-    event_id: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Interruption:
-    """For pool statistics: a notice, or a loss without one (two-signal rule / terminal state)."""
-
-    at: float
-    instance_id: str
-    pool: PoolId
-    kind: Literal["notice", "loss"]
-    event_id: str = ""
-
-
-LedgerEvent: TypeAlias = (
-    InstanceStarted
-    | InstanceStopped
-    | PriceChanged
-    | StepReached
-    | StepsLost
-    | RecoveryTime
-    | IdleGpuTime
-    | Interruption
-)
-EVENT_TYPES: dict[str, type] = {
-    "instance-started": InstanceStarted,
-    "instance-stopped": InstanceStopped,
-    "price-changed": PriceChanged,
-    "step-reached": StepReached,
-    "steps-lost": StepsLost,
-    "recovery-time": RecoveryTime,
-    "idle-gpu-time": IdleGpuTime,
-    "interruption": Interruption,
-}
-EVENT_KINDS: dict[type, str] = {v: k for k, v in EVENT_TYPES.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +49,8 @@ class InstanceBill:
     billed_seconds: float
     usd: float
     on_demand_equivalent_usd: float
+    # No stop is recorded: billed up to when fleetd last saw it alive (observed_until), not to now.
+    end_unseen: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +67,11 @@ class LedgerSummary:
     idle_gpu_s: float
     usd_per_1k_steps: float | None  # None until a useful step exists
     instances: tuple[InstanceBill, ...] = field(default=())
+    scaling: tuple[TargetChanged, ...] = field(default=())
+
+    @property
+    def end_unseen(self) -> tuple[InstanceBill, ...]:
+        return tuple(b for b in self.instances if b.end_unseen)
 
     def as_json(self) -> dict:
         return {
@@ -165,6 +89,15 @@ class LedgerSummary:
             if self.usd_per_1k_steps is None
             else round(self.usd_per_1k_steps, 6),
             "instances": len(self.instances),
+            # Nodes whose end fleetd never saw (it stopped first): billed up to their last sighting.
+            "instances_end_unseen": [
+                {"instance_id": b.instance_id, "pool": str(b.pool), "billed_until": round(b.started_at + b.billed_seconds, 3)}
+                for b in self.end_unseen
+            ],
+            "scaling_decisions": [
+                {"at": round(t.at, 3), "from": t.previous, "to": t.target, "reason": t.reason}
+                for t in self.scaling
+            ],
         }
 
 
@@ -203,48 +136,84 @@ class _PricePath:
 _NO_CHANGES = _PricePath([])
 
 
-def bills(events: Iterable[LedgerEvent], now: float) -> list[InstanceBill]:
+def bills(
+    events: Iterable[LedgerEvent], now: float, observed_until: Mapping[str, float] | None = None
+) -> list[InstanceBill]:
     """One bill per launched instance; running instances accrue until ``now``.
+
+    ``observed_until`` (instance id -> the last time fleetd saw it alive or, from EC2, its end):
+    an instance with no recorded stop is billed no further than that. A report read after the
+    controller stopped must not keep billing nodes it can no longer see (EC2 may have ended them
+    long ago); the bill then says ``end_unseen``. Without it (the running daemon, which observes
+    every instance each pass) running instances accrue until ``now``.
 
     The 60 s minimum is charged from launch (a launch commits it), so a running instance younger
     than a minute already owes its full minute.
     """
+    observed_until = observed_until or {}
     # Only billing events matter here; goodput events can be far more numerous.
     ordered = _ordered(
-        e for e in events if isinstance(e, (InstanceStarted, InstanceStopped, PriceChanged))
+        e for e in events if isinstance(e, (InstanceStarted, InstancePlaced, InstanceStopped, PriceChanged))
     )
     prices: dict[tuple[PoolId, Market], list[tuple[float, float]]] = defaultdict(list)
     for e in ordered:
         if isinstance(e, PriceChanged):
             prices[(e.pool, e.market)].append((e.at, e.price_per_hour))
     paths = {key: _PricePath(changes) for key, changes in prices.items()}
-    starts: dict[str, InstanceStarted] = {}
+    starts = _starts(ordered)
     stops: dict[str, float] = {}
     for e in ordered:
-        if isinstance(e, InstanceStarted) and e.instance_id not in starts:
-            starts[e.instance_id] = e
-        elif isinstance(e, InstanceStopped) and e.instance_id not in stops:
+        if isinstance(e, InstanceStopped) and e.instance_id not in stops:
             stops[e.instance_id] = e.at
     out = []
     for iid, s in starts.items():
         stopped = stops.get(iid)
-        end = stopped if stopped is not None else max(now, s.at)
+        unseen = False
+        if stopped is not None:
+            end = stopped
+        else:
+            end = max(now, s.at)
+            seen = observed_until.get(iid)
+            if seen is not None and seen < end:
+                end, unseen = max(seen, s.at), True
         end = max(end, s.at + MINIMUM_CHARGE_S)
         usd = paths.get((s.pool, s.market), _NO_CHANGES).integrate(s.at, end, s.price_per_hour)
         od = paths.get((s.pool, Market.ON_DEMAND), _NO_CHANGES).integrate(
             s.at, end, s.on_demand_price_per_hour
         )
-        out.append(InstanceBill(iid, s.pool, s.market, s.at, stopped, end - s.at, usd, od))
+        out.append(InstanceBill(iid, s.pool, s.market, s.at, stopped, end - s.at, usd, od, unseen))
     return out
 
 
-def spend_usd(events: Iterable[LedgerEvent], now: float) -> float:
-    return sum(b.usd for b in bills(events, now))
+def _starts(ordered: Iterable[LedgerEvent]) -> dict[str, InstanceStarted]:
+    """Each instance's first start, with its pool and launch prices corrected by the latest
+    InstancePlaced (EC2's placement wins over what the launch reply said)."""
+    starts: dict[str, InstanceStarted] = {}
+    placed: dict[str, InstancePlaced] = {}
+    for e in ordered:
+        if isinstance(e, InstanceStarted) and e.instance_id not in starts:
+            starts[e.instance_id] = e
+        elif isinstance(e, InstancePlaced):
+            placed[e.instance_id] = e
+    for iid, p in placed.items():
+        s = starts.get(iid)
+        if s is not None and s.pool != p.pool:
+            starts[iid] = replace(s, pool=p.pool, price_per_hour=p.price_per_hour,
+                                  on_demand_price_per_hour=p.on_demand_price_per_hour)
+    return starts
 
 
-def summarize(events: Iterable[LedgerEvent], now: float) -> LedgerSummary:
+def spend_usd(
+    events: Iterable[LedgerEvent], now: float, observed_until: Mapping[str, float] | None = None
+) -> float:
+    return sum(b.usd for b in bills(events, now, observed_until))
+
+
+def summarize(
+    events: Iterable[LedgerEvent], now: float, observed_until: Mapping[str, float] | None = None
+) -> LedgerSummary:
     events = list(events)
-    all_bills = bills(events, now)
+    all_bills = bills(events, now, observed_until)
     spend = sum(b.usd for b in all_bills)
     od = sum(b.on_demand_equivalent_usd for b in all_bills)
     by_market: dict[str, float] = defaultdict(float)
@@ -280,6 +249,7 @@ def summarize(events: Iterable[LedgerEvent], now: float) -> LedgerSummary:
         idle_gpu_s=idle,
         usd_per_1k_steps=(1000.0 * spend / useful) if useful > 0 else None,
         instances=tuple(all_bills),
+        scaling=tuple(e for e in _ordered(events) if isinstance(e, TargetChanged)),
     )
 
 
@@ -306,12 +276,11 @@ def pool_history(
     notices: dict[PoolId, int] = defaultdict(int)
     losses: dict[PoolId, int] = defaultdict(int)
     last_notice: dict[PoolId, float] = {}
-    starts: dict[str, InstanceStarted] = {}
+    ordered = _ordered(events)
+    starts = _starts(ordered)
     stops: dict[str, float] = {}
-    for e in _ordered(events):
-        if isinstance(e, InstanceStarted):
-            starts.setdefault(e.instance_id, e)
-        elif isinstance(e, InstanceStopped):
+    for e in ordered:
+        if isinstance(e, InstanceStopped):
             stops.setdefault(e.instance_id, e.at)
         elif isinstance(e, Interruption):
             if e.kind == "notice":

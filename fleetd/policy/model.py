@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from fleetd.policy.deadline import DeadlineCall
+
 
 class Market(StrEnum):
     SPOT = "spot"
@@ -43,6 +45,7 @@ class PoolOffer:
     on_demand_price: float
     gpu_model: str = ""
     gpu_memory_gib: float = 0.0
+    relative_throughput: float = 1.0  # training throughput of one of its GPUs relative to one A10G (catalog)
     spot_price_trend: float = 0.0  # USD/h change per hour over the recent window
 
 
@@ -68,7 +71,8 @@ class Node:
     notice_at: float | None = None  # spot interruption notice seen (IMDS or EventBridge)
     notice_deadline: float | None = None  # when AWS will act on the notice
     rebalance_at: float | None = None  # rebalance recommendation seen
-    gpu_util_pct: float | None = None
+    gpu_util_pct: float | None = None  # smoothed over the agent's reports (registry)
+    cpu_pct: float | None = None  # host CPU, smoothed: with idle GPUs it says "input-bound"
     steps_per_s: float | None = None
     step: int | None = None
     # The most this node can cost per hour: its spot bid (AWS reclaims it above that), or its
@@ -204,10 +208,13 @@ class Plan:
     # The node count the planner now aims for. The caller passes it back as
     # Observation.target_nodes, and sets Observation.last_scaling_at = now when it changed.
     target_nodes: int | None = None
+    target_reason: str = ""  # why the target is what it is (scaling.decide_target's reason)
     budget: BudgetStatus = field(default_factory=BudgetStatus)
     # True when this plan needed spot capacity and no spot pool could be tried: the caller starts
     # Observation.spot_unavailable_since (on-demand fallback after capacity.spot_wait_s).
     spot_short: bool = False
+    # The deadline rule's call on this pass (fleetd/policy/deadline.py); None without a deadline.
+    deadline: DeadlineCall | None = None
 
     def of_type(self, kind: type) -> tuple:
         return tuple(a for a in self.actions if isinstance(a, kind))

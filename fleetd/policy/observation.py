@@ -14,6 +14,8 @@ Fields the caller keeps between passes (the planner is stateless):
   ends the shortage another way (``spot_shortage_over``).
 - ``stop_issued_at``: when a StopJob was executed.
 - ``budget_level``: pass back ``Plan.budget.level``.
+- ``job_started_at``: when the job first ran (set once, kept): the start of a deadline job's
+  progress line (fleetd/policy/deadline.py).
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ class Observation:
     stop_issued_at: float | None = None
     # The previous plan's Plan.budget.level: a Warn is emitted when the level rises, not every pass.
     budget_level: BudgetLevel = BudgetLevel.NORMAL
+    # When the job started (see module docstring); None: the earliest node's launch, else now.
+    job_started_at: float | None = None
 
     def stats_by_pool(self) -> dict[PoolId, PoolStats]:
         return {s.pool: s for s in self.pool_stats}

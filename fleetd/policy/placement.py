@@ -1,6 +1,13 @@
 """Placement: which pools to buy from, ranked by expected cost per useful GPU-hour.
 
-score = price / GPUs x (1 + expected interruptions per node-hour x capacity.interruption_cost_h)
+score = price / (GPUs x relative throughput of the GPU model, A10G = 1)
+        x (1 + expected interruptions per node-hour x hours lost per interruption)
+        x (1 + capacity.cross_az_penalty, for a pool outside the job's zone)
+
+Hours lost per interruption: capacity.interruption_cost_h (the replacement's boot and restore)
+plus the re-forms it causes (the leave and the replacement's join, each stalling every rank for
+a checkpoint and a rendezvous round: 2 x training nodes x (checkpoint_stall_s + reform_s)).
+A pool that cannot be bought is never dropped silently: it is listed with the reason.
 
 The interruption rate blends this fleet's own history (notices + losses per node-hour in the pool)
 with a prior from AWS's Spot Advisor buckets, as a Gamma-Poisson posterior mean: the prior counts
@@ -12,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fleetd.config import CapacityConfig
 from fleetd.policy.model import Market, PoolId, PoolOffer
@@ -22,6 +29,7 @@ from fleetd.policy.observation import PoolStats
 # We use each bucket's midpoint (25 % for the open ">20%" bucket).
 BUCKET_MONTHLY_SHARE = (0.025, 0.075, 0.125, 0.175, 0.25)
 HOURS_PER_MONTH = 730.0
+NOTICE_LEAD_S = 120.0  # AWS: a spot interruption notice comes ~2 minutes before the reclaim
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,69 +116,130 @@ def rank_pools(
     now: float,
     market: Market,
     avoid: frozenset[PoolId] = frozenset(),
+    reform_cost_h: float = 0.0,
+    fleet_zone: str | None = None,
 ) -> tuple[list[RankedPool], list[str]]:
-    """Pools that can be bought on ``market`` now, best first; and why the others cannot."""
+    """Pools that can be bought on ``market`` now, best first; and why the others cannot.
+
+    ``reform_cost_h``: node-hours of training the whole fleet loses to the re-forms one
+    interruption causes (the leave and the replacement's join). ``fleet_zone``: the zone the
+    job trains in (None: the best pool's zone), for the cross-AZ penalty. A pool interrupting
+    now, or one whose node is at risk (``avoid``), is a last resort: ranked only when no other
+    pool is, since idling loses the time for sure and a new node there only risks it.
+    """
     ranked: list[RankedPool] = []
+    last_resort: list[RankedPool] = []
     skipped: list[str] = []
+    soft: list[str] = []
     for offer in offers:
         pool = offer.pool
         s = stats.get(pool)
-        if pool in avoid:
-            skipped.append(f"{pool}: avoided (its node is at risk)")
-            continue
         until = None
         if s is not None:
             until = s.capacity_error_until if market is Market.SPOT else s.on_demand_capacity_error_until
         if until is not None and until > now:
             skipped.append(f"{pool}: capacity error, unavailable for another {until - now:.0f} s")
             continue
-        if offer.gpus <= 0:
-            skipped.append(f"{pool}: no GPUs")
+        excluded = _excluded(offer, cfg, market)
+        if excluded:
+            skipped.append(f"{pool}: {excluded}")
             continue
+        held_back = ""
+        wave = _reclaim_wave_left_s(s, now)
+        if market is Market.SPOT and wave > 0:
+            skipped.append(
+                f"{pool}: reclaim wave under way (notice {now - s.last_notice_at:.0f} s ago; a node "  # type: ignore[union-attr]
+                f"bought now would likely be reclaimed with it), usable as a last resort in {wave:.0f} s"
+            )
+            continue
+        if pool in avoid:
+            held_back = "its node is at risk"
+        elif market is Market.SPOT and is_interrupting_now(s, now, cfg.interrupting_window_s):
+            held_back = f"interrupting now (notice {now - s.last_notice_at:.0f} s ago)"  # type: ignore[union-attr]
         if market is Market.ON_DEMAND:
             price = offer.on_demand_price
             rate, rate_why = 0.0, "on-demand is not interrupted"
         else:
-            if offer.spot_price is None:
-                skipped.append(f"{pool}: no spot price")
-                continue
-            if offer.spot_price >= offer.on_demand_price:
-                skipped.append(
-                    f"{pool}: spot ${offer.spot_price:.3f}/h is not below on-demand "
-                    f"${offer.on_demand_price:.3f}/h"
-                )
-                continue
-            if cfg.max_spot_price_per_hour is not None and offer.spot_price > cfg.max_spot_price_per_hour:
-                skipped.append(
-                    f"{pool}: spot ${offer.spot_price:.3f}/h above max_spot_price_per_hour "
-                    f"${cfg.max_spot_price_per_hour:.3f}/h"
-                )
-                continue
-            if is_interrupting_now(s, now, cfg.interrupting_window_s):
-                skipped.append(
-                    f"{pool}: interrupting now (notice {now - s.last_notice_at:.0f} s ago)"  # type: ignore[union-attr]
-                )
-                continue
-            price = offer.spot_price
+            price = offer.spot_price  # type: ignore[assignment]
             rate, rate_why = interruption_rate(s, cfg)
-        per_gpu = price / offer.gpus
-        score = per_gpu * (1.0 + rate * cfg.interruption_cost_h)
-        ranked.append(
-            RankedPool(
-                offer=offer,
-                market=market,
-                price_per_hour=price,
-                interruptions_per_hour=rate,
-                score=score,
-                reason=(
-                    f"{pool} {market.value} ${price:.3f}/h for {offer.gpus} GPU "
-                    f"(${per_gpu:.3f}/GPU-h), {rate:.4f} interruptions/h ({rate_why}) "
-                    f"-> ${score:.3f} per useful GPU-h"
-                ),
-            )
+        units = offer.gpus * offer.relative_throughput
+        per_unit = price / units
+        lost_h = cfg.interruption_cost_h + reform_cost_h
+        score = per_unit * (1.0 + rate * lost_h)
+        entry = RankedPool(
+            offer=offer,
+            market=market,
+            price_per_hour=price,
+            interruptions_per_hour=rate,
+            score=score,
+            reason=(
+                f"{pool} {market.value} ${price:.3f}/h for {offer.gpus} GPU x "
+                f"{offer.relative_throughput:g} A10G-equivalent (${per_unit:.3f}/useful GPU-h), "
+                f"{rate:.4f} interruptions/h ({rate_why}) x {lost_h:.2f} h lost each "
+                f"-> ${score:.3f} per useful GPU-h"
+            ),
         )
+        if held_back:
+            soft.append(f"{pool}: {held_back}")
+            last_resort.append(replace(entry, reason=f"last resort, {held_back}: {entry.reason}"))
+        else:
+            ranked.append(entry)
+    if ranked:
+        skipped.extend(soft)
+    else:
+        ranked = last_resort
+    ranked = _cross_az(ranked, cfg, fleet_zone)
     ranked.sort(key=lambda r: (r.score, r.price_per_hour, str(r.pool)))
     return ranked, skipped
+
+
+def _reclaim_wave_left_s(stats: PoolStats | None, now: float) -> float:
+    """Seconds until the reclaim wave of the pool's last notice is over: AWS gives its notice
+    ~2 minutes ahead, so capacity bought in that pool before then is likely taken back with it."""
+    if stats is None or stats.last_notice_at is None:
+        return 0.0
+    return max(0.0, stats.last_notice_at + NOTICE_LEAD_S - now)
+
+
+def _excluded(offer: PoolOffer, cfg: CapacityConfig, market: Market) -> str:
+    """Why ``offer`` cannot be bought on ``market`` at all ("" if it can)."""
+    if offer.gpus <= 0:
+        return "no GPUs"
+    if not offer.relative_throughput > 0:
+        return "no training throughput known for its GPU model"
+    if not offer.on_demand_price or offer.on_demand_price <= 0:
+        return "no on-demand price (spot bids and savings are judged against it)"
+    if market is Market.ON_DEMAND:
+        return ""
+    if offer.spot_price is None:
+        return "no spot price"
+    if offer.spot_price >= offer.on_demand_price:
+        return f"spot ${offer.spot_price:.3f}/h is not below on-demand ${offer.on_demand_price:.3f}/h"
+    if cfg.max_spot_price_per_hour is not None and offer.spot_price > cfg.max_spot_price_per_hour:
+        return (
+            f"spot ${offer.spot_price:.3f}/h above max_spot_price_per_hour "
+            f"${cfg.max_spot_price_per_hour:.3f}/h"
+        )
+    return ""
+
+
+def _cross_az(ranked: list[RankedPool], cfg: CapacityConfig, fleet_zone: str | None) -> list[RankedPool]:
+    """One synchronous job trains in one zone: a pool elsewhere costs (1 + cross_az_penalty)
+    times its score (config.py: inter-AZ transfer of the all-reduce, and the slower link)."""
+    if not ranked or cfg.cross_az_penalty <= 0:
+        return ranked
+    zone = fleet_zone or min(ranked, key=lambda r: (r.score, r.price_per_hour, str(r.pool))).pool.zone
+    factor = 1.0 + cfg.cross_az_penalty
+    return [
+        r if r.pool.zone == zone
+        else replace(
+            r,
+            score=r.score * factor,
+            reason=f"{r.reason}; x {factor:g} outside the job's zone {zone} (cross_az_penalty) "
+            f"-> ${r.score * factor:.3f}",
+        )
+        for r in ranked
+    ]
 
 
 def diversify(ranked: list[RankedPool], cfg: CapacityConfig) -> list[RankedPool]:

@@ -8,10 +8,11 @@ One pass, in order:
 2. budget: graded level from the forecast; at the cap (or when asked to stop) -> StopJob;
 3. notices -> Drain; rebalance recommendations -> pre-buy / checkpoint (never a drain); a periodic
    checkpoint at the Young/Daly interval for the fleet's losses without notice;
-4. scaling target (bounded by the budget level), stragglers, excess nodes -> Drain/Terminate;
-5. placement for launches: ranked, diversified spot pools first; on-demand fallback after
-   capacity.spot_wait_s if allowed and affordable; back to spot make-before-break after the next
-   durable checkpoint;
+4. scaling target (bounded by the budget level), stragglers; the deadline rule's call (spot,
+   on-demand or wait; fleetd/policy/deadline.py); excess nodes -> Drain/Terminate;
+5. placement for launches: ranked, diversified spot pools first; on-demand when
+   capacity.on_demand allows it (a deadline asks for it, or hold_size after capacity.spot_wait_s)
+   and it is affordable; back to spot make-before-break after the next durable checkpoint;
 6. budget gate: every launch is cut to what fits under both caps (budget.py), with the reason.
 
 This module is only that order; each step is a stage in fleetd/policy/stages/.
@@ -25,6 +26,7 @@ from fleetd.policy import rebalance as rebalance_policy
 from fleetd.policy.model import BudgetLevel, LaunchPurpose, Plan, StopJob, Warn
 from fleetd.policy.observation import DesiredJob, Observation, PoolStats
 from fleetd.policy.stages.buying import buy, spot_pools
+from fleetd.policy.stages.deadline import deadline_call
 from fleetd.policy.stages.checkpoints import rebalance_risk, request_periodic_checkpoint
 from fleetd.policy.stages.pass_state import LEVEL_ORDER, PlanPass
 from fleetd.policy.stages.result import assemble_plan
@@ -46,6 +48,7 @@ def plan(obs: Observation, cfg: FleetdConfig, now: float) -> Plan:
     if view.level is BudgetLevel.STOP or obs.desired_job is DesiredJob.STOP:
         why = view.reason if view.level is BudgetLevel.STOP else "job stop requested"
         p.actions.append(StopJob(reason=f"{why}: coordinated checkpoint, then stop every node"))
+        p.target_reason = f"stopping the job: {why}"
         return assemble_plan(p, view, target=0)
     if LEVEL_ORDER.index(view.level) > LEVEL_ORDER.index(obs.budget_level):
         p.actions.append(Warn(reason=view.reason, code=f"budget-{view.level.value}"))
@@ -55,6 +58,7 @@ def plan(obs: Observation, cfg: FleetdConfig, now: float) -> Plan:
         p.kept = [n for n in p.kept if n.instance_id != drain.instance_id]
 
     target = choose_target(p, view.level)  # step 4
+    p.deadline = deadline_call(p, target)
     spot_ranked, spot_skipped = spot_pools(p)
     risk = rebalance_risk(p, target, view.level)
     request_periodic_checkpoint(p)

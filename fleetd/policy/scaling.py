@@ -12,6 +12,14 @@ Rules, first match wins:
    node, and that node is expected to add at least min_marginal_efficiency of the average
    throughput per dollar -> one node more.
 Utilisation between the two thresholds, and efficiency inside the hysteresis band, hold.
+
+"Worth its price" is relative: a node's gain in steps/s per dollar against the fleet's average
+steps/s per dollar, so a node that buys 90% of what the average node buys per dollar is worth
+it and one that buys 20% is not, whatever the job's absolute step cost. Throughput per size is
+measured from the job's real progress (fleetd/intake/signals.py: steps advanced over a window
+at a stable world size, blended across visits), GPU utilisation is each node's smoothed NVML
+reading (fleetd/intake/registry.py). Nodes without GPU telemetry (no NVML: the demo's CPU nodes)
+skip rules 5 and 7's utilisation gate: the measured throughput decides alone.
 """
 
 from __future__ import annotations
@@ -96,18 +104,21 @@ def decide_target(
 
     n = len(training)
     utils = [x.gpu_util_pct for x in training if x.gpu_util_pct is not None]
-    if n != previous or not utils:
+    here = throughput_by_nodes.get(n)
+    # GPU utilisation where NVML reports it; without it (CPU nodes, no driver) the measured
+    # throughput alone decides, which needs a measurement at the current size.
+    if n != previous or (not utils and here is None):
         return TargetDecision(
             previous,
             f"holding at {previous}: {n} nodes training with {len(utils)} reporting GPU "
-            "utilisation; judging scale only once the fleet is at its target and reporting",
+            f"utilisation and throughput at {n} nodes {'measured' if here is not None else 'not measured yet'}; "
+            "judging scale only once the fleet is at its target and reporting",
         )
-    util = statistics.fmean(utils)
+    util = statistics.fmean(utils) if utils else None
     cost = sum(x.price_per_hour for x in training)
     avg_price = cost / n
-    here = throughput_by_nodes.get(n)
 
-    if util < sc.scale_down_util_pct and previous > lo:
+    if util is not None and util < sc.scale_down_util_pct and previous > lo:
         return TargetDecision(
             previous - 1,
             f"scale down {previous}->{previous - 1}: mean GPU utilisation {util:.0f}% < "
@@ -127,15 +138,16 @@ def decide_target(
                 f"{sc.efficiency_hysteresis:.0%} hysteresis)",
             )
 
-    if util < sc.scale_up_util_pct:
+    if util is not None and util < sc.scale_up_util_pct:
         return TargetDecision(
             previous,
             f"holding at {previous}: mean GPU utilisation {util:.0f}% is between "
             f"scale_down_util_pct {sc.scale_down_util_pct:.0f}% and scale_up_util_pct "
             f"{sc.scale_up_util_pct:.0f}%",
         )
+    busy = f"GPUs busy ({util:.0f}%)" if util is not None else "no GPU telemetry, throughput decides"
     if previous >= hi:
-        return TargetDecision(previous, f"holding at max_nodes={hi}: GPUs busy ({util:.0f}%)")
+        return TargetDecision(previous, f"holding at max_nodes={hi}: {busy}")
     if budget_level is not BudgetLevel.NORMAL:
         return TargetDecision(
             previous, f"holding at {previous}: no scale-up while the budget is at {budget_level.value}"
@@ -153,16 +165,17 @@ def decide_target(
     elif below is not None:
         gain, source = here - below, f"assumed equal to node {n}'s measured gain"
     else:
+        why = (f"GPUs busy ({util:.0f}% >= {sc.scale_up_util_pct:.0f}%)" if util is not None
+               else f"{here:.3f} steps/s measured at {n} nodes, no GPU telemetry")
         return TargetDecision(
             previous + 1,
-            f"scale up {previous}->{previous + 1}: GPUs busy ({util:.0f}% >= "
-            f"{sc.scale_up_util_pct:.0f}%) and no measurement beyond {n} nodes yet: exploring",
+            f"scale up {previous}->{previous + 1}: {why} and no measurement beyond {n} nodes yet: exploring",
         )
     eff = _efficiency(gain, price, here, cost)
     if eff >= sc.min_marginal_efficiency:
         return TargetDecision(
             previous + 1,
-            f"scale up {previous}->{previous + 1}: GPUs busy ({util:.0f}%) and node {n + 1} "
+            f"scale up {previous}->{previous + 1}: {busy} and node {n + 1} "
             f"adds {gain:.3f} steps/s ({source}) = {eff:.0%} of the average throughput per "
             f"dollar >= min_marginal_efficiency {sc.min_marginal_efficiency:.0%}",
         )
@@ -172,6 +185,28 @@ def decide_target(
         f"{eff:.0%} of the average throughput per dollar < min_marginal_efficiency "
         f"{sc.min_marginal_efficiency:.0%}",
     )
+
+
+INPUT_BOUND_CPU_PCT = 90.0  # a host CPU this busy while the GPUs wait: the input pipeline limits
+
+
+def node_flag(node: Node, cfg: FleetdConfig) -> str | None:
+    """Why a training node is not pulling its weight, for `fleetd status`; None when it is (or
+    when nothing measured says otherwise). From the smoothed GPU utilisation (NVML) and the
+    host CPU, so only nodes that report GPUs can be called idle or input-bound."""
+    util, cpu = node.gpu_util_pct, node.cpu_pct
+    if node.phase is not NodePhase.RUNNING or util is None:
+        return None
+    sc = cfg.scaling
+    if util < sc.scale_down_util_pct:
+        if cpu is not None and cpu >= INPUT_BOUND_CPU_PCT:
+            return (f"input-bound: GPU {util:.0f}% while the host CPU is at {cpu:.0f}% "
+                    "(data loading or preprocessing keeps the GPUs waiting)")
+        return f"gpu-idle: GPU {util:.0f}% < scale_down_util_pct {sc.scale_down_util_pct:.0f}%"
+    if util < sc.scale_up_util_pct and cpu is not None and cpu >= INPUT_BOUND_CPU_PCT:
+        return (f"input-bound: GPU {util:.0f}% (< scale_up_util_pct {sc.scale_up_util_pct:.0f}%) while "
+                f"the host CPU is at {cpu:.0f}%")
+    return None
 
 
 def stragglers(

@@ -6,7 +6,7 @@ Shared by ``fleetd run`` and the tests, so the tests exercise the production wir
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from botocore.config import Config
@@ -14,7 +14,9 @@ from botocore.config import Config
 from fleetd.adapters.aws_errors import PermanentAwsError
 from fleetd.adapters.ec2 import AioEc2, default_zones, resolve_pools, subnets_by_zone
 from fleetd.adapters.launch_template import TemplateRef, ensure_launch_template
-from fleetd.adapters.pricing import DEMO_PRICE_BOOK, Ec2SpotPriceSource, FilePriceBook, Hardware, PriceSource
+from fleetd.adapters.catalog import Catalog, bundled_catalog
+from fleetd.adapters.price_list import OnDemandPrices
+from fleetd.adapters.pricing import Ec2SpotPriceSource, FilePriceBook, Hardware, PriceSource
 from fleetd.adapters.spot_advisor import load_spot_advisor
 from fleetd.config import FleetdConfig
 from fleetd.policy.model import PoolId
@@ -47,14 +49,58 @@ class Built:
         await self.state.close()
 
 
-def price_source(cfg: FleetdConfig, client: Any) -> tuple[PriceSource, FilePriceBook]:
-    """The configured file book (tests, demo, simulator), else EC2 spot history with the demo
-    book's on-demand prices. Returns the book too: it also supplies hardware facts."""
+def pricing_client_kwargs(cfg: FleetdConfig) -> dict[str, Any]:
+    """The Price List API lives in a few regions only (us-east-1 answers for every region)."""
+    kwargs: dict[str, Any] = {"region_name": cfg.capacity.price_list_region, "config": PRODUCTION_RETRIES}
+    if cfg.aws.endpoint_url:
+        kwargs["endpoint_url"] = cfg.aws.endpoint_url
+    return kwargs
+
+
+def price_source(
+    cfg: FleetdConfig, client: Any, pricing_client: Any = None, catalog: Catalog | None = None
+) -> tuple[PriceSource, FilePriceBook | None]:
+    """Production: spot prices live from DescribeSpotPriceHistory, on-demand prices from the Price
+    List API with the bundled catalog as the fallback. A file book only when configured
+    explicitly (demo, simulator); it is returned too, for its hardware facts."""
     if cfg.capacity.price_book is not None:
         book = FilePriceBook.load(cfg.capacity.price_book)
+        log.info("prices_from_file_book", path=str(cfg.capacity.price_book))
         return book, book
-    book = FilePriceBook.load(DEMO_PRICE_BOOK)
-    return Ec2SpotPriceSource(client, on_demand=book), book
+    catalog = catalog or bundled_catalog()
+    use_api = cfg.capacity.on_demand_prices == "price-list" and pricing_client is not None
+    if not use_api:
+        log.info("on_demand_prices_from_catalog", catalog=catalog.label,
+                 why="capacity.on_demand_prices = catalog" if pricing_client is not None else "no Price List client")
+    on_demand = OnDemandPrices(
+        cfg.aws.region, catalog, client=pricing_client if use_api else None,
+        refresh_s=cfg.capacity.price_refresh_s,
+    )
+    return Ec2SpotPriceSource(client, on_demand=on_demand), None
+
+
+def hardware_for(types: Any, described: dict[str, Hardware], book: FilePriceBook | None,
+                 catalog: Catalog) -> dict[str, Hardware]:
+    """Per type: DescribeInstanceTypes' facts, else the file book's, else the catalog's; the
+    relative throughput always from the catalog (DescribeInstanceTypes has none)."""
+    out: dict[str, Hardware] = {}
+    for itype in sorted(set(types)):
+        hw = described.get(itype)
+        if (hw is None or hw.gpus == 0) and book is not None and book.hardware(itype) is not None:
+            hw = book.hardware(itype)
+        spec = catalog.spec(itype)
+        if (hw is None or hw.gpus == 0) and spec is not None and spec.whole_gpus:
+            hw = Hardware(int(spec.gpus), spec.gpu_model, spec.gpu_memory_gib)
+        if hw is None:
+            continue
+        throughput = catalog.throughput_of(itype, hw.gpu_model)
+        if throughput is None:
+            log.warning("gpu_throughput_unknown", instance_type=itype, gpu_model=hw.gpu_model,
+                        assumed=hw.relative_throughput)
+        else:
+            hw = replace(hw, relative_throughput=throughput)
+        out[itype] = hw
+    return out
 
 
 async def build_reconciler(
@@ -69,6 +115,8 @@ async def build_reconciler(
     commander: NodeCommander | None = None,
     spend: SpendSource | None = None,
     ledger: Any = None,
+    pricing_client: Any = None,
+    catalog: Catalog | None = None,
 ) -> Built:
     cap = cfg.capacity
     zones = cap.zones or await default_zones(client, cap.subnet_ids)
@@ -77,18 +125,17 @@ async def build_reconciler(
         hardware: dict[str, Hardware] = dict(resolved.hardware)
         pools = resolved.pools
     except PermanentAwsError as exc:
-        # Explicit types the endpoint does not know (moto lacks p3, for one) keep the price
-        # book's hardware facts; anything else (permissions, ...) is a real start-up failure.
+        # Explicit types the endpoint does not know (moto lacks p3, for one) take the GPU
+        # catalog's hardware facts (or are excluded with a reason in observe); anything else
+        # (permissions, ...) is a real start-up failure.
         if not cap.instance_types or exc.code != "InvalidInstanceType":
             raise
         log.warning("instance_types_not_described", error=str(exc))
         hardware = {}
         pools = tuple(PoolId(t, z) for t in sorted(cap.instance_types) for z in zones)
-    prices, book = price_source(cfg, client)
-    for itype in cap.instance_types:
-        described = hardware.get(itype)
-        if (described is None or described.gpus == 0) and book.hardware(itype) is not None:
-            hardware[itype] = book.hardware(itype)
+    catalog = catalog or bundled_catalog()
+    prices, book = price_source(cfg, client, pricing_client, catalog)
+    hardware = hardware_for({p.instance_type for p in pools}, hardware, book, catalog)
     # A dry run never launches, so it does not create the template either.
     template = await ensure_launch_template(client, cfg) if not dry_run else TemplateRef("lt-dry-run", "$Default")
     ec2 = AioEc2(

@@ -6,7 +6,8 @@ from collections.abc import Mapping, Sequence
 
 from fleetd.adapters.pricing import PoolPrice
 from fleetd.policy import ledger
-from fleetd.policy.model import Market, PoolId
+from fleetd.policy.goodput import GoodputTracker
+from fleetd.policy.model import Market, Node, PoolId
 from fleetd.reconcile import state as st
 from fleetd.reconcile.ports import LedgerSink
 from fleetd.reconcile.prices import price_of
@@ -17,15 +18,19 @@ class LedgerFeed:
     re-sent event is stored once). The first pass after a start re-sends everything still open:
     events lost in a crash between the state DB and the ledger are recovered that way."""
 
-    def __init__(self, sink: LedgerSink):
+    def __init__(self, sink: LedgerSink, stall_after_s: float = 10.0):
         self.sink = sink
         self._resynced = False
+        self._goodput = GoodputTracker(stall_after_s=stall_after_s)
+        self._goodput_seeded = False
         self._last_price: dict[tuple[PoolId, Market], float] = {}
+        self._pool_of: dict[str, PoolId] = {}  # the pool last recorded for each open instance
 
     async def feed(self, state: st.StateStore, now: float, prices: Mapping[PoolId, PoolPrice],
                    sync: st.SyncReport, notices: Sequence[str]) -> None:
         events: list = []
-        if not self._resynced:
+        resync_pass = not self._resynced
+        if resync_pass:
             rows = await state.instances(open_only=False)
             started = list(rows)
             stopped = [r for r in rows if r.ended_at is not None]
@@ -39,6 +44,18 @@ class LedgerFeed:
             noticed = [by_id[i] for i in notices if i in by_id]
             rows = await state.instances()
         events += [self._start(r, prices.get(r.pool)) for r in started]
+        if not resync_pass:
+            self._pool_of.update((r.instance_id, r.pool) for r in started)
+        # EC2's placement is the pool label everywhere (status, metrics, report): a launch reply's
+        # guess that EC2 contradicts is corrected in the ledger too (fleetd.policy.ledger.InstancePlaced).
+        # After a restart every open instance is re-placed (stored once per pool by its event_id):
+        # the start already stored may carry the guess.
+        for r in rows:
+            if r.open and self._pool_of.get(r.instance_id) != r.pool:
+                events.append(self._placed(r, prices.get(r.pool)))
+                self._pool_of[r.instance_id] = r.pool
+        for r in stopped:
+            self._pool_of.pop(r.instance_id, None)
         for r in stopped:
             events.append(ledger.InstanceStopped(at=r.ended_at or now, instance_id=r.instance_id,
                                                  event_id=f"stop:{r.instance_id}"))
@@ -56,12 +73,38 @@ class LedgerFeed:
         if events:
             await self.sink.append(*events)
 
+    async def progress(self, nodes: Sequence[Node], now: float, gpus_of: Mapping[str, int]) -> None:
+        """Goodput events from the trainers' progress as the nodes report it (policy/goodput.py)."""
+        if not self._goodput_seeded:
+            events = getattr(self.sink, "events", None)
+            if events is not None:
+                self._goodput.resume(await events())  # after a restart: steps already counted
+            self._goodput_seeded = True
+        out = self._goodput.observe(nodes, now, gpus_of)
+        if out:
+            await self.sink.append(*out)
+
+    async def target_changed(self, now: float, previous: int, target: int, reason: str) -> None:
+        await self.sink.append(ledger.TargetChanged(at=now, previous=previous, target=target, reason=reason,
+                                                    event_id=f"target:{now:.3f}:{target}"))
+
     async def started(self, rows: Sequence[st.InstanceRow], ids: Sequence[str],
                       prices: Mapping[PoolId, PoolPrice]) -> None:
         wanted = set(ids)
         events = [self._start(r, prices.get(r.pool)) for r in rows if r.instance_id in wanted]
+        for r in rows:
+            if r.instance_id in wanted:
+                self._pool_of[r.instance_id] = r.pool
         if events:
             await self.sink.append(*events)
+
+    @staticmethod
+    def _placed(r: st.InstanceRow, price: PoolPrice | None) -> object:
+        on_demand = price.on_demand if price and price.on_demand else r.price_per_hour
+        return ledger.InstancePlaced(at=r.launched_at, instance_id=r.instance_id, pool=r.pool,
+                                     price_per_hour=price_of(r.market, price) or r.price_per_hour,
+                                     on_demand_price_per_hour=on_demand,
+                                     event_id=f"placed:{r.instance_id}:{r.pool}")
 
     @staticmethod
     def _start(r: st.InstanceRow, price: PoolPrice | None) -> object:

@@ -168,8 +168,8 @@ class LedgerStore:
     async def events(self) -> list[LedgerEvent]:
         return await asyncio.to_thread(self.events_sync)
 
-    async def summary(self, now: float) -> LedgerSummary:
-        return ledger.summarize(await self.events(), now)
+    async def summary(self, now: float, observed_until: dict[str, float] | None = None) -> LedgerSummary:
+        return ledger.summarize(await self.events(), now, observed_until)
 
     async def spent_usd(self, now: float) -> float:
         """fleetd.reconcile.ports.SpendSource: everything accrued so far."""

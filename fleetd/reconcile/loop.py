@@ -42,6 +42,7 @@ from fleetd.reconcile.execute import (
 )
 from fleetd.reconcile.ledger_feed import LedgerFeed
 from fleetd.reconcile.observe import ObservationBuilder
+from fleetd.reconcile.pool_offers import PoolRow
 from fleetd.reconcile.ports import (
     Clock,
     LoggingCommander,
@@ -121,7 +122,10 @@ class Reconciler:
         self.priors = dict(priors or {})
         self.dry_run = dry_run
         self._consecutive_failures = 0  # for the backoff; the rest of the memory is in the state DB
-        feed = LedgerFeed(ledger) if ledger is not None and not dry_run else None
+        # A stall is a gap in progress longer than a couple of passes (progress is seen per pass).
+        stall_after_s = max(10.0, 2.5 * cfg.fleet.reconcile_interval_s)
+        feed = LedgerFeed(ledger, stall_after_s) if ledger is not None and not dry_run else None
+        self._feed = feed
         self._observation = ObservationBuilder(
             ec2=ec2, prices=prices, state=state, pools=self.pools, hardware=self.hardware,
             signals=self.signals, observer=self.observer, spend=self.spend, priors=self.priors,
@@ -155,6 +159,11 @@ class Reconciler:
         NODES.set(len(live))
         return PassReport(now, plan, tuple(outcomes), tuple(i.instance_id for i in live), error, obs)
 
+    @property
+    def pool_rows(self) -> tuple[PoolRow, ...]:
+        """Every configured pool: its offer, or why it is excluded (as of the last pass)."""
+        return self._observation.pool_rows
+
     # -- observe --------------------------------------------------------------------------------
     async def observe(self, now: float) -> tuple[Observation, list[Ec2Instance]]:
         return await self._observation.observe(now)
@@ -162,10 +171,14 @@ class Reconciler:
     async def _remember(self, obs: Observation, plan: Plan, now: float) -> None:
         """Pass back what the stateless planner asked the caller to keep (observation.py)."""
         if plan.target_nodes is not None and plan.target_nodes != obs.target_nodes:
-            log.info("target_changed", previous=obs.target_nodes, target=plan.target_nodes)
+            log.info("target_changed", previous=obs.target_nodes, target=plan.target_nodes,
+                     reason=plan.target_reason)
             if not self.dry_run:
                 await self.state.set_meta("target_nodes", plan.target_nodes)
                 await self.state.set_meta("last_scaling_at", now)
+                if self._feed is not None and obs.target_nodes is not None:
+                    # Kept with its reason for `fleetd report` (the first target is no decision).
+                    await self._feed.target_changed(now, obs.target_nodes, plan.target_nodes, plan.target_reason)
         if self.dry_run:
             return
         if plan.budget.level is not obs.budget_level:

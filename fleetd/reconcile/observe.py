@@ -18,6 +18,7 @@ from fleetd.protocol.logs import get_logger
 from fleetd.reconcile import state as st
 from fleetd.reconcile.ledger_feed import LedgerFeed
 from fleetd.reconcile.ports import NodeObserver, SignalSource, SpendSource
+from fleetd.reconcile.pool_offers import ExclusionLog, PoolRow, pool_rows
 from fleetd.reconcile.prices import price_of
 
 log = get_logger(__name__)
@@ -50,6 +51,8 @@ class ObservationBuilder:
         self.spend = spend
         self.priors = priors
         self._ledger = ledger_feed
+        self.pool_rows: tuple[PoolRow, ...] = ()  # the last pass's offers and exclusions
+        self._exclusions = ExclusionLog()
 
     async def observe(self, now: float) -> tuple[Observation, list[Ec2Instance]]:
         instances = await self.ec2.list_instances()
@@ -80,6 +83,12 @@ class ObservationBuilder:
             nodes.append(node)
         if self._ledger is not None:
             await self._ledger.feed(self.state, now, prices, sync, notices)
+            await self._ledger.progress(nodes, now, {t: hw.gpus for t, hw in self.hardware.items()})
+        # The start of a deadline job's progress line: the first pass, kept across restarts.
+        started = await self.state.get_meta("job_started_at")
+        if started is None:
+            started = now
+            await self.state.set_meta("job_started_at", now)
         obs = Observation(
             nodes=tuple(nodes),
             offers=self._offers(prices),
@@ -98,6 +107,7 @@ class ObservationBuilder:
             desired_job=signals.desired_job,
             stop_issued_at=await self.state.get_meta("stop_issued_at"),
             budget_level=BudgetLevel(await self.state.get_meta("budget_level", BudgetLevel.NORMAL.value)),
+            job_started_at=started,
         )
         return obs, [i for i in current if i.live]
 
@@ -111,6 +121,7 @@ class ObservationBuilder:
             launch_token=inst.launch_token,
             price_per_hour=price_of(inst.market, price),
             state_reason=inst.state_reason,
+            ended_at=inst.ended_at,
         )
 
     async def _resolve_open_launches(self, instances: Sequence[Ec2Instance], now: float) -> None:
@@ -149,24 +160,11 @@ class ObservationBuilder:
         return replace(node, phase=phase)
 
     def _offers(self, prices: Mapping[PoolId, PoolPrice]) -> tuple[PoolOffer, ...]:
-        offers = []
-        for pool in self.pools:
-            price = prices.get(pool)
-            hw = self.hardware.get(pool.instance_type)
-            if price is None or hw is None or price.on_demand is None:
-                continue  # a pool without prices or hardware facts cannot be ranked
-            offers.append(
-                PoolOffer(
-                    pool=pool,
-                    gpus=hw.gpus,
-                    spot_price=price.spot,
-                    on_demand_price=price.on_demand,
-                    gpu_model=hw.gpu_model,
-                    gpu_memory_gib=hw.gpu_memory_gib,
-                    spot_price_trend=price.trend,
-                )
-            )
-        return tuple(offers)
+        """An offer per configured pool, or an exclusion with its reason (logged once, kept in
+        ``pool_rows`` for status.json): never a silent drop."""
+        self.pool_rows = pool_rows(self.pools, prices, self.hardware)
+        self._exclusions.update(self.pool_rows)
+        return tuple(r.offer for r in self.pool_rows if r.offer is not None)
 
     async def _pool_stats(self) -> tuple[PoolStats, ...]:
         rows = {r.pool: r for r in await self.state.pool_stats()}

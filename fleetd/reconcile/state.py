@@ -20,142 +20,30 @@ import json
 import sqlite3
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fleetd.policy.model import Market, PoolId
 from fleetd.reconcile import schema
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS launches (
-    token TEXT PRIMARY KEY,
-    seq INTEGER NOT NULL,
-    planned_at REAL NOT NULL,
-    count INTEGER NOT NULL,
-    market TEXT NOT NULL,
-    pools TEXT NOT NULL,              -- JSON list of "type@zone", ranked
-    purpose TEXT NOT NULL DEFAULT 'capacity',
-    max_price_per_hour REAL,
-    reason TEXT NOT NULL DEFAULT '',
-    status TEXT NOT NULL,             -- intent | launched | failed | abandoned
-    instance_ids TEXT NOT NULL DEFAULT '[]',
-    settled_at REAL,
-    detail TEXT NOT NULL DEFAULT ''
-);
-CREATE INDEX IF NOT EXISTS launches_status ON launches(status);
-CREATE TABLE IF NOT EXISTS instances (
-    instance_id TEXT PRIMARY KEY,
-    pool TEXT NOT NULL,
-    market TEXT NOT NULL,
-    price_per_hour REAL NOT NULL,
-    max_price_per_hour REAL,
-    launched_at REAL NOT NULL,
-    launch_token TEXT,
-    ec2_state TEXT NOT NULL,
-    first_seen_at REAL NOT NULL,
-    last_seen_at REAL NOT NULL,
-    accounted_until REAL NOT NULL,    -- node-hours are accrued to the pool up to here
-    notice_at REAL,
-    drain_started_at REAL,
-    terminate_requested_at REAL,
-    ended_at REAL,
-    end_reason TEXT
-);
-CREATE TABLE IF NOT EXISTS pool_stats (
-    pool TEXT PRIMARY KEY,
-    node_seconds REAL NOT NULL DEFAULT 0,
-    notices INTEGER NOT NULL DEFAULT 0,
-    losses INTEGER NOT NULL DEFAULT 0,
-    capacity_errors INTEGER NOT NULL DEFAULT 0,
-    capacity_error_until REAL,       -- spot capacity error TTL
-    last_error_code TEXT,
-    last_notice_at REAL,
-    on_demand_capacity_error_until REAL  -- on-demand capacity error TTL (a separate shortage)
-);
-CREATE TABLE IF NOT EXISTS meta (
-    key TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-"""
-
-OPEN = "intent"
-LAUNCHED = "launched"
-FAILED = "failed"
-ABANDONED = "abandoned"
-
-
-@dataclass(frozen=True, slots=True)
-class LaunchRow:
-    token: str
-    seq: int
-    planned_at: float
-    count: int
-    market: Market
-    pools: tuple[PoolId, ...]
-    purpose: str
-    max_price_per_hour: float | None
-    status: str
-    instance_ids: tuple[str, ...]
-    settled_at: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class InstanceRow:
-    instance_id: str
-    pool: PoolId
-    market: Market
-    price_per_hour: float
-    max_price_per_hour: float | None
-    launched_at: float
-    launch_token: str | None
-    ec2_state: str
-    first_seen_at: float
-    notice_at: float | None
-    drain_started_at: float | None
-    terminate_requested_at: float | None
-    ended_at: float | None
-    end_reason: str | None
-
-    @property
-    def open(self) -> bool:
-        return self.ended_at is None
-
-
-@dataclass(frozen=True, slots=True)
-class PoolStatsRow:
-    pool: PoolId
-    node_hours: float
-    notices: int
-    losses: int
-    capacity_errors: int
-    capacity_error_until: float | None
-    last_error_code: str | None
-    last_notice_at: float | None
-    on_demand_capacity_error_until: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SeenInstance:
-    """What the loop observed of one instance on EC2 this pass."""
-
-    instance_id: str
-    pool: PoolId
-    market: Market
-    ec2_state: str
-    launched_at: float
-    launch_token: str | None
-    price_per_hour: float  # price now, used when fleetd sees the instance for the first time
-    state_reason: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class SyncReport:
-    adopted: tuple[str, ...] = ()  # running instances fleetd had no record of
-    ended: tuple[tuple[str, str], ...] = ()  # (instance_id, end_reason)
-
-
-TERMINAL = ("shutting-down", "terminated")
+from fleetd.reconcile.state_rows import (  # noqa: F401  (re-exported: callers use st.<Row>)
+    ABANDONED,
+    FAILED,
+    LAUNCHED,
+    OPEN,
+    TERMINAL,
+    InstanceRow,
+    LaunchRow,
+    PoolStatsRow,
+    SeenInstance,
+    SyncReport,
+)
+from fleetd.reconcile.state_sql import (
+    SCHEMA,
+    accrue,
+    close_instance,
+    ensure_pool,
+    observed_until,
+)
 
 
 class StateStore:
@@ -321,8 +209,8 @@ class StateStore:
 
         def tx(db: sqlite3.Connection) -> SyncReport:
             known = {r[0]: r for r in db.execute(
-                "SELECT instance_id, accounted_until, terminate_requested_at, notice_at, pool FROM instances"
-                " WHERE ended_at IS NULL")}
+                "SELECT instance_id, accounted_until, terminate_requested_at, notice_at, pool, last_seen_at"
+                " FROM instances WHERE ended_at IS NULL")}
             adopted, ended = [], []
             seen_ids = set()
             for s in seen:
@@ -341,20 +229,27 @@ class StateStore:
                     )
                     adopted.append(s.instance_id)
                     continue
-                _accrue(db, s.instance_id, row[4], row[1], now)
                 if s.ec2_state in TERMINAL:
-                    reason = _close(db, s.instance_id, now, row[2], row[3], row[4], s.state_reason)
+                    # Billing stops when EC2 says it left running, not when fleetd noticed (a
+                    # controller that was down for an hour must not bill that hour). Never before
+                    # fleetd last saw it running (EC2's timestamp has one-second resolution).
+                    end = now if s.ended_at is None else min(now, max(s.ended_at, row[5]))
+                    accrue(db, s.instance_id, row[4], row[1], end)
+                    reason = close_instance(db, s.instance_id, end, row[2], row[3], row[4], s.state_reason)
                     ended.append((s.instance_id, reason))
                 else:
+                    accrue(db, s.instance_id, row[4], row[1], now)
                     # EC2's answer wins over what the launch reply said (pool, launch time).
                     db.execute("UPDATE instances SET ec2_state=?, last_seen_at=?, launched_at=?, pool=?"
                                " WHERE instance_id=?",
                                (s.ec2_state, now, s.launched_at or now, str(s.pool), s.instance_id))
             for iid, row in known.items():
                 if iid not in seen_ids:
-                    # Gone from DescribeInstances altogether (terminated long ago).
-                    _accrue(db, iid, row[4], row[1], now)
-                    ended.append((iid, _close(db, iid, now, row[2], row[3], row[4], "")))
+                    # Gone from DescribeInstances altogether (terminated long ago): when is not
+                    # known, so it is billed only until fleetd last saw it.
+                    end = min(now, row[5])
+                    accrue(db, iid, row[4], row[1], end)
+                    ended.append((iid, close_instance(db, iid, end, row[2], row[3], row[4], "")))
             return SyncReport(tuple(adopted), tuple(ended))
 
         return await self._run(tx)
@@ -391,7 +286,7 @@ class StateStore:
             if row is None or row[1] is not None:
                 return False
             db.execute("UPDATE instances SET notice_at=? WHERE instance_id=?", (at, instance_id))
-            _ensure_pool(db, row[0])
+            ensure_pool(db, row[0])
             db.execute("UPDATE pool_stats SET notices=notices+1, last_notice_at=MAX(COALESCE(last_notice_at,0),?)"
                        " WHERE pool=?", (at, row[0]))
             return True
@@ -405,7 +300,7 @@ class StateStore:
         column = "capacity_error_until" if market is Market.SPOT else "on_demand_capacity_error_until"
 
         def tx(db: sqlite3.Connection) -> None:
-            _ensure_pool(db, str(pool))
+            ensure_pool(db, str(pool))
             db.execute(
                 "UPDATE pool_stats SET capacity_errors=capacity_errors+1, last_error_code=?,"
                 f" {column}=MAX(COALESCE({column}, 0), ?) WHERE pool=?",
@@ -434,6 +329,12 @@ class StateStore:
 
         return await self._run(q)
 
+    def observed_until_sync(self) -> dict[str, float]:
+        """See fleetd.reconcile.state_sql.observed_until."""
+        assert self._db is not None, "StateStore is closed"
+        with self._lock:
+            return observed_until(self._db)
+
     # -- meta -----------------------------------------------------------------------------------
     async def get_meta(self, key: str, default: Any = None) -> Any:
         row = await self._run(lambda db: db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone())
@@ -443,30 +344,3 @@ class StateStore:
         await self._run(lambda db: db.execute(
             "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
             (key, json.dumps(value))))
-
-
-def _ensure_pool(db: sqlite3.Connection, pool: str) -> None:
-    db.execute("INSERT OR IGNORE INTO pool_stats (pool) VALUES (?)", (pool,))
-
-
-def _accrue(db: sqlite3.Connection, instance_id: str, pool: str, accounted_until: float, now: float) -> None:
-    if now > accounted_until:
-        _ensure_pool(db, pool)
-        db.execute("UPDATE pool_stats SET node_seconds=node_seconds+? WHERE pool=?", (now - accounted_until, pool))
-        db.execute("UPDATE instances SET accounted_until=? WHERE instance_id=?", (now, instance_id))
-
-
-def _close(db: sqlite3.Connection, instance_id: str, now: float, terminate_requested_at: float | None,
-           notice_at: float | None, pool: str, state_reason: str) -> str:
-    """End an instance's record. Ended without fleetd asking and without a notice: a loss."""
-    if terminate_requested_at is not None:
-        reason = "terminated by fleetd"
-    elif notice_at is not None:
-        reason = "interrupted after notice"
-    else:
-        reason = f"lost ({state_reason or 'no notice'})"
-        _ensure_pool(db, pool)
-        db.execute("UPDATE pool_stats SET losses=losses+1 WHERE pool=?", (pool,))
-    db.execute("UPDATE instances SET ended_at=?, end_reason=?, ec2_state='terminated' WHERE instance_id=?",
-               (now, reason, instance_id))
-    return reason

@@ -61,9 +61,11 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--reform-s", type=float, default=None, help="fleetd's re-form time")
     r.add_argument("--torchrun-reform-s", type=float, default=None, help="torchrun's re-form time")
     r.add_argument("--restart-recovery-s", type=float, default=d.CHECKPOINT_RESTART_RECOVERY_S.value)
-    r.add_argument("--changeover-h", type=float, default=d.CHANGEOVER_S.value / 3600, help="baselines' d")
     r.add_argument(
-        "--fleetd-changeover-h", type=float, default=d.FLEETD_CHANGEOVER_S.value / 3600, help="fleetd's d"
+        "--changeover-h",
+        type=float,
+        default=d.CHANGEOVER_S.value / 3600,
+        help="deadline jobs: buying a node until it trains (d), the same for every policy",
     )
     m = p.add_argument_group("prices and budget")
     m.add_argument("--instance-type", help="default: from the trace's name")
@@ -71,7 +73,13 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--on-demand-price", type=float, help="USD/h (default: price table)")
     m.add_argument("--budget-usd", type=float, default=1e9, help="fleetd's budget.total_usd")
     m.add_argument("--max-usd-per-hour", type=float, default=1e6, help="fleetd's budget.max_usd_per_hour")
-    m.add_argument("--no-on-demand", action="store_true", help="fleetd: capacity.allow_on_demand = false")
+    m.add_argument(
+        "--on-demand",
+        choices=("never", "deadline", "hold_size"),
+        default="deadline",
+        help="fleetd's capacity.on_demand (default %(default)s: only when a deadline asks for it)",
+    )
+    m.add_argument("--no-on-demand", action="store_true", help='fleetd: capacity.on_demand = "never"')
     m.add_argument(
         "--no-leaving-signal",
         action="store_true",
@@ -112,7 +120,7 @@ def build_scenario(args: argparse.Namespace, trace: Trace) -> Scenario:
     od = args.on_demand_price if args.on_demand_price is not None else od
     max_nodes = args.max_nodes or max(1, trace.max_live)
     deadline_s = args.deadline_h * 3600 if args.deadline_h else None
-    deadline_mode = deadline_s is not None and max_nodes == 1
+    deadline_mode = deadline_s is not None
     base = JobSpec(
         total_steps=1.0,
         steps_per_node_s=args.steps_per_node_s,
@@ -132,8 +140,8 @@ def build_scenario(args: argparse.Namespace, trace: Trace) -> Scenario:
         steps = args.work_node_hours * 3600 * args.steps_per_node_s
     elif deadline_mode:
         assert deadline_s is not None
-        steps = DEFAULT_DEADLINE_WORK_SHARE * deadline_s * args.steps_per_node_s
-        sources["work"] = "48/52 of the deadline on one node (Can't Be Late's tight setting)"
+        steps = DEFAULT_DEADLINE_WORK_SHARE * deadline_s * base.throughput(max_nodes)
+        sources["work"] = "48/52 of the deadline at the full fleet size (Can't Be Late's tight setting)"
     else:
         steps = DEFAULT_WORK_SHARE * ideal_steps(trace, base)
         sources["work"] = "80 % of what a perfect elastic job could do on this trace"
@@ -163,7 +171,7 @@ def build_scenario(args: argparse.Namespace, trace: Trace) -> Scenario:
         on_demand_price=od,
         budget_usd=args.budget_usd,
         max_usd_per_hour=args.max_usd_per_hour,
-        allow_on_demand=not args.no_on_demand,
+        on_demand="never" if args.no_on_demand else args.on_demand,
         leaving_signal=not args.no_leaving_signal,
         salvage_loss_s=None if args.sharded_state else d.SALVAGE_STEP_LOSS_S.value,
         base_config=base_config,
@@ -171,7 +179,6 @@ def build_scenario(args: argparse.Namespace, trace: Trace) -> Scenario:
         torchrun_reform_s=torchrun_reform,
         restart_recovery_s=args.restart_recovery_s,
         changeover_s=args.changeover_h * 3600,
-        fleetd_changeover_s=args.fleetd_changeover_h * 3600,
         periodic_checkpoint_s=args.periodic_checkpoint_s,
         seed=args.seed,
         sources=sources,
@@ -212,10 +219,7 @@ def sources(scenario: Scenario) -> list[tuple[str, str]]:
         ("billing", d.MIN_CHARGE_S.source),
     ]
     if scenario.deadline_mode:
-        rows += [
-            (f"baselines' d {scenario.changeover_s / 3600:g} h", d.CHANGEOVER_S.source),
-            (f"fleetd's d {scenario.fleetd_changeover_s / 3600:g} h", d.FLEETD_CHANGEOVER_S.source),
-        ]
+        rows.append((f"changeover d {scenario.changeover_s / 3600:g} h, every policy", d.CHANGEOVER_S.source))
     else:
         rows.append(
             (

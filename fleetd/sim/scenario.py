@@ -6,14 +6,16 @@ use the same defaults (fleetd/sim/defaults.py) and the same policy set.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from fleetd.config import BudgetConfig, CapacityConfig, FleetConfig, FleetdConfig
 from fleetd.policy.model import PoolId
 from fleetd.sim import defaults as d
 from fleetd.sim.engine import Policy, simulate
 from fleetd.sim.result import SimResult
-from fleetd.sim.deadline_guard import DeadlineGuard
+from fleetd.sim.deadline_fleet import FleetGreedy, FleetUniformProgress
 from fleetd.sim.fleetd_policy import FleetdPolicy
 from fleetd.sim.job import JobSpec
 from fleetd.sim.planner_tools import young_daly_interval_s
@@ -39,12 +41,12 @@ class Scenario:
     on_demand_price: float
     budget_usd: float = 1e9
     max_usd_per_hour: float = 1e6
-    allow_on_demand: bool = True
+    on_demand: str = "deadline"  # fleetd's capacity.on_demand: never | deadline | hold_size
     reform_s: float = d.FLEETD_REFORM_S.value
     torchrun_reform_s: float = d.TORCHRUN_REFORM_S.value
     restart_recovery_s: float = d.CHECKPOINT_RESTART_RECOVERY_S.value
+    # Deadline jobs: buying a node until it trains (d), the same for every policy.
     changeover_s: float = d.CHANGEOVER_S.value
-    fleetd_changeover_s: float = d.FLEETD_CHANGEOVER_S.value
     on_demand_nodes: int | None = None  # None: the trace's time-average live nodes
     # Baselines' periodic checkpoint interval; None: Young/Daly for the rate of the events that
     # make each baseline roll back on this trace (the best any fixed period can do).
@@ -63,7 +65,7 @@ class Scenario:
 
     @property
     def deadline_mode(self) -> bool:
-        return self.job.deadline_s is not None and self.job.max_nodes == 1
+        return self.job.deadline_s is not None
 
     def policy_names(self) -> tuple[str, ...]:
         return DEADLINE_POLICIES if self.deadline_mode else CLUSTER_POLICIES
@@ -78,8 +80,9 @@ class Scenario:
                     update={"min_nodes": self.job.min_nodes, "max_nodes": self.job.max_nodes}
                 ),
                 "capacity": base.capacity.model_copy(
-                    update={"instance_types": (self.instance_type,), "allow_on_demand": self.allow_on_demand}
+                    update={"instance_types": (self.instance_type,), "on_demand": self.on_demand}
                 ),
+                "job": base.job.model_copy(update=self._deadline_job()),
                 "budget": base.budget.model_copy(
                     update={"total_usd": self.budget_usd, "max_usd_per_hour": self.max_usd_per_hour}
                 ),
@@ -90,19 +93,32 @@ class Scenario:
             }
         )
 
+    def _deadline_job(self) -> dict:
+        """job.deadline / total_steps / changeover_s on the simulator's clock (virtual seconds
+        from 0, so the deadline is that many seconds after the epoch)."""
+        if self.job.deadline_s is None:
+            return {}
+        return {
+            "deadline": datetime.fromtimestamp(self.job.deadline_s, UTC),
+            "total_steps": math.ceil(self.job.total_steps),
+            "changeover_s": self.changeover_s,
+        }
+
     def make_policy(self, name: str) -> Policy:
         job = self.job
         if name == "on-demand":
             nodes = self.on_demand_nodes or max(1, min(job.max_nodes, round(self.trace.mean_live())))
-            return OnDemandOnly(nodes if not self.deadline_mode else 1, job.periodic_checkpoint_s)
+            return OnDemandOnly(nodes if not self.deadline_mode else job.max_nodes, job.periodic_checkpoint_s)
         if name == "checkpoint-restart":
             return CheckpointRestart(self.restart_recovery_s, self.baseline_interval_s(removals_only=True))
         if name == "torchrun-default":
             return TorchrunElastic(self.torchrun_reform_s, self.baseline_interval_s(removals_only=False))
         if name == "greedy":
-            return Greedy(self.changeover_s)
+            return Greedy(self.changeover_s) if job.max_nodes == 1 else FleetGreedy(self.changeover_s)
         if name == "uniform-progress":
-            return UniformProgress(self.changeover_s)
+            if job.max_nodes == 1:
+                return UniformProgress(self.changeover_s)
+            return FleetUniformProgress(self.changeover_s)
         if name == "fleetd":
             pool = PoolId(self.instance_type, self.trace.pools()[0] if self.trace.pools() else "trace")
             if self.deadline_mode:
@@ -111,8 +127,7 @@ class Scenario:
                     self.fleetd_config(),
                     pool,
                     reform_s=self.reform_s,
-                    startup_s=self.fleetd_changeover_s,
-                    guard=DeadlineGuard(job.deadline_s, self.fleetd_changeover_s),
+                    startup_s=self.changeover_s,
                     leaving_signal=self.leaving_signal,
                     salvage_loss_s=self.salvage_loss_s,
                     tick_s=d.DEADLINE_PASS_INTERVAL_S.value,

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from fleetd.config import FleetdConfig
 from fleetd.policy import budget as budget_policy
 from fleetd.policy.model import BudgetLevel, Launch, LaunchPurpose, Market, NodePhase, PoolId
-from fleetd.policy.placement import RankedPool, diversify, rank_pools
+from fleetd.policy.placement import NOTICE_LEAD_S, RankedPool, diversify, rank_pools
 from fleetd.policy.stages.pass_state import LEVEL_ORDER, PlanPass
 
 
@@ -14,6 +16,8 @@ def _interrupting_pools(p: PlanPass) -> frozenset[PoolId]:
 
 
 def spot_pools(p: PlanPass) -> tuple[list[RankedPool], list[str]]:
+    if p.deadline is not None and not p.deadline.spot_allowed:
+        return [], [f"no new spot: {p.deadline.reason}"]
     return rank_pools(
         p.obs.offers,
         p.obs.stats_by_pool(),
@@ -21,7 +25,25 @@ def spot_pools(p: PlanPass) -> tuple[list[RankedPool], list[str]]:
         p.now,
         Market.SPOT,
         avoid=_interrupting_pools(p),
+        reform_cost_h=reform_cost_h(p),
+        fleet_zone=fleet_zone(p),
     )
+
+
+def reform_cost_h(p: PlanPass) -> float:
+    """Node-hours the fleet loses to the re-forms of one interruption: the leave and the
+    replacement's join each stall every training rank for a checkpoint and a rendezvous round."""
+    reb = p.cfg.rebalance
+    training = sum(1 for n in p.kept if n.phase is NodePhase.RUNNING)
+    return 2 * max(1, training) * (reb.checkpoint_stall_s + reb.reform_s) / 3600.0
+
+
+def fleet_zone(p: PlanPass) -> str | None:
+    """The zone most of the job's nodes are in (None: no node yet)."""
+    zones = Counter(n.pool.zone for n in p.kept)
+    if not zones:
+        return None
+    return min(zones, key=lambda z: (-zones[z], z))
 
 
 def buy(
@@ -46,21 +68,32 @@ def buy(
         return headroom, True
     cap = p.cfg.capacity
     since = p.obs.spot_unavailable_since
-    if not cap.allow_on_demand:
-        p.notes.append("on-demand fallback disabled (capacity.allow_on_demand = false): waiting for spot")
+    asked = p.deadline is not None and p.deadline.on_demand_now
+    if cap.on_demand == "never":
+        p.notes.append('no on-demand (capacity.on_demand = "never"): waiting for spot')
     elif LEVEL_ORDER.index(level) >= LEVEL_ORDER.index(BudgetLevel.FORBID_ON_DEMAND):
         p.notes.append(f"on-demand fallback forbidden at budget level {level.value}: waiting for spot")
-    elif since is None or p.now - since < cap.spot_wait_s:
+    elif asked and not p.deadline.safety_net and (wave := _reclaim_wave_ends_in(p)) is not None:  # type: ignore[union-attr]
+        p.notes.append(
+            f"{p.deadline.reason}; but a spot pool's reclaim wave ends in {wave:.0f} s and the "  # type: ignore[union-attr]
+            "deadline has slack: waiting for spot rather than paying on-demand and a changeover"
+        )
+    elif not asked and cap.on_demand == "deadline":
+        p.notes.append(
+            "no on-demand: "
+            + (p.deadline.reason if p.deadline is not None else "no job.deadline asks for it")
+            + ' (capacity.on_demand = "deadline"): waiting for spot'
+        )
+    elif not asked and (since is None or p.now - since < cap.spot_wait_s):
         waited = 0.0 if since is None else p.now - since
         p.notes.append(
             f"waiting for spot {waited:.0f} of spot_wait_s {cap.spot_wait_s:.0f} s before "
             "falling back to on-demand"
         )
-    elif churn := _fallback_churn(p, need):
-        p.notes.append(churn)
     else:
         od_ranked, od_skipped = rank_pools(
-            p.obs.offers, p.obs.stats_by_pool(), cap, p.now, Market.ON_DEMAND
+            p.obs.offers, p.obs.stats_by_pool(), cap, p.now, Market.ON_DEMAND,
+            reform_cost_h=reform_cost_h(p), fleet_zone=fleet_zone(p),
         )
         if not od_ranked:
             p.notes.append("no on-demand pool available either: " + ("; ".join(od_skipped) or "no offers"))
@@ -73,55 +106,31 @@ def buy(
                 diversify(od_ranked, cap),
                 headroom,
                 od_ranked,
-                prefix=f"no spot for {p.now - since:.0f} s >= spot_wait_s {cap.spot_wait_s:.0f}: ",
+                prefix=(
+                    f"{p.deadline.reason}: " if asked and p.deadline is not None
+                    else f"no spot for {p.now - (since or p.now):.0f} s >= spot_wait_s {cap.spot_wait_s:.0f}: "
+                ),
             )
             if launch:
                 headroom = headroom.after(launch)
     return headroom, True
 
 
-def _fallback_churn(p: PlanPass, need: int) -> str:
-    """Why an on-demand fallback would cost more training than it adds ("" if it would not).
-
-    A spot pool held back only by its own recent notice is offered again when its interrupting
-    window ends; then back to spot drains the on-demand nodes. So they would train until then at
-    most, and cost two membership changes (their join, their leave), each stalling every rank for
-    a checkpoint and a re-form. Buy them only if they would train longer than they stall the fleet.
-    """
-    back_at = _spot_back_at(p)
-    if back_at is None:
-        return ""  # spot's return is unknown (capacity errors, no offers): fall back
-    reb = p.cfg.rebalance
-    change_s = reb.checkpoint_stall_s + reb.reform_s
-    training = sum(1 for n in p.kept if n.phase is NodePhase.RUNNING)
-    stall_node_s = 2 * (training + need) * change_s
-    useful_node_s = need * max(0.0, back_at - p.now)
-    if useful_node_s >= stall_node_s:
-        return ""
-    return (
-        f"no on-demand fallback: spot is offered again in {back_at - p.now:.0f} s (interrupting "
-        f"window), so {need} on-demand node(s) would train {useful_node_s:.0f} node-s, less than "
-        f"their join and leave stall the fleet (2 x {training + need} nodes x {change_s:g} s = "
-        f"{stall_node_s:.0f} node-s): waiting for spot"
-    )
-
-
-def _spot_back_at(p: PlanPass) -> float | None:
-    """When the first spot pool held back only by its interrupting window is offered again;
-    None if some pool's return is not known (capacity error, no spot price)."""
+def _reclaim_wave_ends_in(p: PlanPass) -> float | None:
+    """Seconds until the first spot pool held back only by a reclaim wave under way is usable
+    again (placement.NOTICE_LEAD_S after its notice); None if no pool is."""
     stats = p.obs.stats_by_pool()
-    window = p.cfg.capacity.interrupting_window_s
-    back: list[float] = []
+    ends = []
     for offer in p.obs.offers:
-        if offer.spot_price is None or offer.spot_price >= offer.on_demand_price:
-            continue
         s = stats.get(offer.pool)
-        if s is None or s.last_notice_at is None or p.now - s.last_notice_at > window:
-            return None  # not held back by a notice: its shortage is of another kind
-        if s.capacity_error_until is not None and s.capacity_error_until > s.last_notice_at + window:
-            return None
-        back.append(s.last_notice_at + window)
-    return min(back) if back else None
+        if offer.spot_price is None or s is None or s.last_notice_at is None:
+            continue
+        if s.capacity_error_until is not None and s.capacity_error_until > p.now:
+            continue
+        end = s.last_notice_at + NOTICE_LEAD_S
+        if end > p.now:
+            ends.append(end - p.now)
+    return min(ends) if ends else None
 
 
 def _gated_launch(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from fleetd.config import FleetdConfig
+from fleetd.policy.deadline import DeadlineCall
 from fleetd.policy.model import Action, BudgetLevel, Drain, Node, NodePhase, RequestCheckpoint, Terminate
 from fleetd.policy.observation import Observation
 
@@ -26,6 +27,8 @@ class PlanPass:
     billed: list[Node] = field(default_factory=list)  # still costing money after this plan
     kept: list[Node] = field(default_factory=list)  # counted as capacity (not leaving)
     checkpoint_requested: bool = False
+    deadline: DeadlineCall | None = None  # the deadline rule's call (stages/deadline.py)
+    target_reason: str = ""
 
     def remove(self, node: Node, reason: str) -> None:
         """Take a kept node out of the fleet: drain it if it trains, else terminate it."""

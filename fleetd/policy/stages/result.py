@@ -27,6 +27,8 @@ def assemble_plan(p: PlanPass, view: budget_policy.BudgetView, target: int, spot
         actions=tuple(p.actions),
         notes=tuple(p.notes),
         target_nodes=target,
+        target_reason=p.target_reason,
         budget=view.status(burn_after, committed),
         spot_short=spot_short,
+        deadline=p.deadline,
     )

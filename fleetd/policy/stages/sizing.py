@@ -33,7 +33,13 @@ def size_fleet(
     """
     extras = max(0, len(p.kept) - target - risk.covered)
     on_demand = [n for n in p.kept if n.market is Market.ON_DEMAND]
-    back_to_spot = bool(on_demand) and spot_available and level is not BudgetLevel.SHRINK
+    # A deadline keeps its on-demand nodes until the job is well ahead (deadline.py hysteresis).
+    deadline_holds = p.deadline is not None and not p.deadline.on_demand_not_needed
+    back_to_spot = (
+        bool(on_demand) and spot_available and level is not BudgetLevel.SHRINK and not deadline_holds
+    )
+    if on_demand and not spot_available:
+        _release_on_demand(p, on_demand)
     replacements = min(len(on_demand), extras) if back_to_spot else 0
     counted = len(p.kept) - risk.covered - replacements
     if counted > target:
@@ -48,6 +54,21 @@ def size_fleet(
         counted=len(p.kept) - risk.covered - replacements,
         buy_spot_for_on_demand=max(0, still_on_demand - replacements) if back_to_spot else 0,
     )
+
+
+def _release_on_demand(p: PlanPass, on_demand: list[Node]) -> None:
+    """Well ahead of the deadline's line and no spot to move to: on-demand nodes are not needed
+    (Uniform Progress idles here), unless the config holds the fleet size with them."""
+    call = p.deadline
+    if call is None or not call.on_demand_not_needed or p.cfg.capacity.on_demand == "hold_size":
+        return
+    for node in on_demand:
+        if node.phase is NodePhase.RUNNING or node.phase is NodePhase.PENDING:
+            p.remove(
+                node,
+                f"{call.reason}: on-demand {node.instance_id} (${node.price_per_hour:.3f}/h) is not "
+                "needed; waiting for spot",
+            )
 
 
 def _removal_order(nodes: list[Node], at_risk: tuple[Node, ...]) -> list[Node]:

@@ -30,6 +30,7 @@ def choose_target(p: PlanPass, level: BudgetLevel) -> int:
         now=p.now,
     )
     p.notes.append(decision.reason)
+    p.target_reason = decision.reason
     if (
         level is BudgetLevel.NORMAL
         and not any_leaving

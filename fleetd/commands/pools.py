@@ -1,0 +1,144 @@
+"""`fleetd pools --region R [--config F] [--json] [--live]`: the pools a config would bid on in a
+region (every GPU instance type sold there without a config), with GPUs, GPU model, memory,
+on-demand price, spot price when known, relative training throughput, and why any is excluded.
+
+Offline by default, from the bundled GPU catalog (no AWS needed). ``--live`` asks the Price List
+API and DescribeSpotPriceHistory (and DescribeAvailabilityZones when the config names no zones),
+with the config's credentials and endpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--region", metavar="R", help="AWS region (default: aws.region of --config)")
+    p.add_argument("--config", type=Path, metavar="PATH",
+                   help="list this config's pools (capacity.instance_types or capacity.gpu x zones); "
+                        "without it: every GPU instance type sold in the region")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--live", action="store_true",
+                   help="ask AWS (Price List API, spot price history) instead of the bundled catalog alone")
+
+
+def run(args: argparse.Namespace) -> int:
+    from fleetd.adapters.catalog import CatalogError, bundled_catalog
+    from fleetd.pool_listing import list_pools
+    from fleetd.protocol.settings import ConfigError
+
+    cfg = None
+    if args.config is not None:
+        from fleetd.config import load
+
+        try:
+            cfg = load(args.config)
+        except ConfigError as exc:
+            print(exc.render(), file=sys.stderr)
+            return 2
+    region = args.region or (cfg.aws.region if cfg is not None else None)
+    if not region:
+        print("fleetd pools: give --region (or --config with aws.region)", file=sys.stderr)
+        return 2
+    try:
+        catalog = bundled_catalog()
+    except CatalogError as exc:
+        print(f"fleetd pools: {exc}", file=sys.stderr)
+        return 1
+    cap = cfg.capacity if cfg is not None else None
+    zones = [z for z in (cap.zones if cap else ()) if z.startswith(region)]
+    on_demand = spot = None
+    source = catalog.label
+    if args.live:
+        from fleetd.adapters.aws_errors import AwsError
+        from fleetd.protocol.logs import configure_logging
+
+        # Logs (which source priced what) on stderr: stdout is the listing.
+        configure_logging(cfg.logging.level if cfg is not None else "info", stream=sys.stderr)
+        from fleetd.commands.run import run_bounded
+        from fleetd.config import FleetdConfig
+        from fleetd.pool_listing import types_for
+
+        live_cfg = cfg or FleetdConfig()
+        types = types_for(catalog, region, cap.instance_types if cap else (), cap.gpu if cap else None)
+        try:
+            on_demand, spot, zones = run_bounded(_live(live_cfg, catalog, region, types, zones))
+        except AwsError as exc:
+            print(f"fleetd pools --live: {exc}", file=sys.stderr)
+            return 1
+        source = "live: Price List API (catalog for what it does not price), DescribeSpotPriceHistory"
+    rows = list_pools(
+        catalog, region,
+        instance_types=cap.instance_types if cap else (),
+        gpu=cap.gpu if cap else None,
+        zones=zones, on_demand=on_demand, spot=spot, configured=cfg is not None,
+    )
+    report = {
+        "region": region,
+        "config": str(args.config) if args.config else None,
+        "source": source,
+        "catalog": {"prices_as_of": catalog.prices_as_of, "generated_at": catalog.generated_at},
+        "relative_throughput_note": "training throughput of one GPU relative to one A10G; approximate "
+                                    "(see gpu_models.*.basis in fleetd/data/gpu_catalog.json)",
+        "pools": [r.as_dict() for r in rows],
+        "offered": sum(1 for r in rows if r.excluded is None),
+        "excluded": sum(1 for r in rows if r.excluded is not None),
+    }
+    print(json.dumps(report, indent=2) if args.json else render(report))
+    return 0
+
+
+async def _live(cfg: Any, catalog: Any, region: str, types: list[str], zones: list[str]):
+    import time
+
+    from aiobotocore.session import get_session
+
+    from fleetd.adapters.ec2 import default_zones
+    from fleetd.adapters.price_list import OnDemandPrices
+    from fleetd.adapters.pricing import Ec2SpotPriceSource
+    from fleetd.policy.model import PoolId
+    from fleetd.reconcile.build import PRODUCTION_RETRIES, pricing_client_kwargs
+
+    session = get_session()
+    if cfg.aws.profile:
+        session.set_config_variable("profile", cfg.aws.profile)
+    ec2_kwargs: dict[str, Any] = {"region_name": region, "config": PRODUCTION_RETRIES}
+    if cfg.aws.endpoint_url:
+        ec2_kwargs["endpoint_url"] = cfg.aws.endpoint_url
+    now = time.time()
+    async with session.create_client("pricing", **pricing_client_kwargs(cfg)) as pricing, \
+            session.create_client("ec2", **ec2_kwargs) as ec2:
+        zones = zones or list(await default_zones(ec2, ()))
+        od = OnDemandPrices(region, catalog, client=pricing)
+        await od.refresh(types, now)
+        history = await Ec2SpotPriceSource(ec2).history([PoolId(t, z) for t in types for z in zones], now)
+    spot = {pool: points[-1][1] for pool, points in history.items() if points}
+    return od.quotes, spot, zones
+
+
+def _fmt(value: Any, spec: str = "") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def render(report: dict[str, Any]) -> str:
+    lines = [f"{report['region']}: {report['offered']} pool(s) offered, {report['excluded']} excluded;"
+             f" prices: {report['source']}"]
+    cols = ("POOL", "GPUS", "MODEL", "GPU GiB", "$/H OD", "$/GPU-H OD", "$/H SPOT", "REL TPUT")
+    rows = [cols]
+    for p in report["pools"]:
+        if p["excluded"] is None:
+            rows.append((p["pool"], _fmt(p["gpus"], "g"), _fmt(p["gpu_model"]), _fmt(p["gpu_memory_gib"], "g"),
+                         _fmt(p["on_demand_usd_per_hour"], ".4f"), _fmt(p["on_demand_usd_per_gpu_hour"], ".4f"),
+                         _fmt(p["spot_usd_per_hour"], ".4f"), _fmt(p["relative_throughput"], "g")))
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(cols))]
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    excluded = [p for p in report["pools"] if p["excluded"] is not None]
+    if excluded:
+        lines.append("excluded:")
+        lines += [f"  {p['pool']}: {p['excluded']}" for p in excluded]
+    lines.append(f"relative throughput: {report['relative_throughput_note']}")
+    return "\n".join(lines)

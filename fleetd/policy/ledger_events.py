@@ -1,0 +1,139 @@
+"""The ledger's events (fleetd/policy/ledger.py computes spend and goodput from them): what was
+bought, where EC2 placed it, when it stopped, prices, the trainers' progress, scaling decisions.
+Each is persisted as one row (fleetd/reconcile/ledger_store.py) under its kind in EVENT_TYPES."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, TypeAlias
+
+from fleetd.policy.model import Market, PoolId
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceStarted:
+    at: float
+    instance_id: str
+    pool: PoolId
+    market: Market
+    price_per_hour: float  # price in force at launch
+    on_demand_price_per_hour: float  # for the on-demand equivalent
+    event_id: str = ""  # de-duplication key in the store ("" = none)
+
+
+@dataclass(frozen=True, slots=True)
+class InstancePlaced:
+    """EC2 says the instance runs in ``pool`` (DescribeInstances' Placement). A launch reply can
+    name another zone than the one EC2 chose (it names the override it asked for; moto places
+    where it likes): this event makes the instance's whole bill, and every report's pool label,
+    follow EC2's answer, at the prices in force for that pool at its launch."""
+
+    at: float
+    instance_id: str
+    pool: PoolId
+    price_per_hour: float
+    on_demand_price_per_hour: float
+    event_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceStopped:
+    at: float
+    instance_id: str
+    event_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PriceChanged:
+    """The price of ``pool`` on ``market`` is ``price_per_hour`` from ``at`` on."""
+
+    at: float
+    pool: PoolId
+    market: Market
+    price_per_hour: float
+    event_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StepReached:
+    """Training completed ``step`` (the highest step so far of the current attempt)."""
+
+    at: float
+    step: int
+    event_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StepsLost:
+    """Training went back from ``from_step`` to ``to_step`` (the checkpoint it resumed from)."""
+
+    at: float
+    from_step: int
+    to_step: int
+    event_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryTime:
+    """``seconds`` from losing a node to every survivor training again."""
+
+    at: float
+    seconds: float
+    event_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class IdleGpuTime:
+    at: float
+    instance_id: str
+    gpu_seconds: float
+    event_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Interruption:
+    """For pool statistics: a notice, or a loss without one (two-signal rule / terminal state)."""
+
+    at: float
+    instance_id: str
+    pool: PoolId
+    kind: Literal["notice", "loss"]
+    event_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TargetChanged:
+    """The planner changed the fleet's target node count, and why (kept for the report)."""
+
+    at: float
+    previous: int
+    target: int
+    reason: str
+    event_id: str = ""
+
+
+LedgerEvent: TypeAlias = (
+    InstanceStarted
+    | InstancePlaced
+    | TargetChanged
+    | InstanceStopped
+    | PriceChanged
+    | StepReached
+    | StepsLost
+    | RecoveryTime
+    | IdleGpuTime
+    | Interruption
+)
+EVENT_TYPES: dict[str, type] = {
+    "instance-started": InstanceStarted,
+    "instance-stopped": InstanceStopped,
+    "price-changed": PriceChanged,
+    "step-reached": StepReached,
+    "steps-lost": StepsLost,
+    "recovery-time": RecoveryTime,
+    "idle-gpu-time": IdleGpuTime,
+    "interruption": Interruption,
+    "instance-placed": InstancePlaced,
+    "target-changed": TargetChanged,
+}
+EVENT_KINDS: dict[type, str] = {v: k for k, v in EVENT_TYPES.items()}

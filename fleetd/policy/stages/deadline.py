@@ -1,0 +1,37 @@
+"""Step 4b: the deadline rule's call for this pass (fleetd/policy/deadline.py) from what is
+observed: progress, the measured throughput at the target size, the job's changeover."""
+
+from __future__ import annotations
+
+from fleetd.policy import deadline as rule
+from fleetd.policy.model import Market, NodePhase
+from fleetd.policy.stages.pass_state import PlanPass
+
+
+def deadline_call(p: PlanPass, target: int) -> rule.DeadlineCall | None:
+    job = p.cfg.job
+    deadline_at = job.deadline_at()
+    if deadline_at is None or job.total_steps is None:
+        return None
+    obs = p.obs
+    steps = [n.step for n in obs.nodes if n.step is not None]
+    if obs.last_durable_checkpoint_step is not None:
+        steps.append(obs.last_durable_checkpoint_step)
+    started = obs.job_started_at
+    if started is None:
+        started = min((n.launched_at for n in obs.nodes), default=p.now)
+    spot_training = sum(
+        1 for n in p.kept if n.market is Market.SPOT and n.phase is NodePhase.RUNNING
+    )
+    inputs = rule.DeadlineInputs(
+        deadline_at=deadline_at,
+        started_at=min(started, p.now),
+        total_steps=float(job.total_steps),
+        done_steps=float(max(steps, default=0)),
+        steps_per_s=rule.steps_per_s_at(obs.throughput_by_nodes, max(1, target)),
+        changeover_s=job.changeover_s,
+        full_on_spot=target > 0 and spot_training >= target,
+    )
+    call = rule.decide(inputs, p.now)
+    p.notes.append(call.reason)
+    return call

@@ -1,0 +1,96 @@
+"""The state DB's schema and the SQL steps several StateStore transactions share (accrue node-hours,
+close an instance; migrations are fleetd.reconcile.schema's). Runs inside the store's worker thread only."""
+
+from __future__ import annotations
+
+import sqlite3
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS launches (
+    token TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL,
+    planned_at REAL NOT NULL,
+    count INTEGER NOT NULL,
+    market TEXT NOT NULL,
+    pools TEXT NOT NULL,              -- JSON list of "type@zone", ranked
+    purpose TEXT NOT NULL DEFAULT 'capacity',
+    max_price_per_hour REAL,
+    reason TEXT NOT NULL DEFAULT '',
+    status TEXT NOT NULL,             -- intent | launched | failed | abandoned
+    instance_ids TEXT NOT NULL DEFAULT '[]',
+    settled_at REAL,
+    detail TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS launches_status ON launches(status);
+CREATE TABLE IF NOT EXISTS instances (
+    instance_id TEXT PRIMARY KEY,
+    pool TEXT NOT NULL,
+    market TEXT NOT NULL,
+    price_per_hour REAL NOT NULL,
+    max_price_per_hour REAL,
+    launched_at REAL NOT NULL,
+    launch_token TEXT,
+    ec2_state TEXT NOT NULL,
+    first_seen_at REAL NOT NULL,
+    last_seen_at REAL NOT NULL,
+    accounted_until REAL NOT NULL,    -- node-hours are accrued to the pool up to here
+    notice_at REAL,
+    drain_started_at REAL,
+    terminate_requested_at REAL,
+    ended_at REAL,
+    end_reason TEXT
+);
+CREATE TABLE IF NOT EXISTS pool_stats (
+    pool TEXT PRIMARY KEY,
+    node_seconds REAL NOT NULL DEFAULT 0,
+    notices INTEGER NOT NULL DEFAULT 0,
+    losses INTEGER NOT NULL DEFAULT 0,
+    capacity_errors INTEGER NOT NULL DEFAULT 0,
+    capacity_error_until REAL,       -- spot capacity error TTL
+    last_error_code TEXT,
+    last_notice_at REAL,
+    on_demand_capacity_error_until REAL  -- on-demand capacity error TTL (a separate shortage)
+);
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+"""
+
+
+def ensure_pool(db: sqlite3.Connection, pool: str) -> None:
+    db.execute("INSERT OR IGNORE INTO pool_stats (pool) VALUES (?)", (pool,))
+
+
+def accrue(db: sqlite3.Connection, instance_id: str, pool: str, accounted_until: float, now: float) -> None:
+    if now > accounted_until:
+        ensure_pool(db, pool)
+        db.execute("UPDATE pool_stats SET node_seconds=node_seconds+? WHERE pool=?", (now - accounted_until, pool))
+        db.execute("UPDATE instances SET accounted_until=? WHERE instance_id=?", (now, instance_id))
+
+
+def close_instance(db: sqlite3.Connection, instance_id: str, now: float, terminate_requested_at: float | None,
+           notice_at: float | None, pool: str, state_reason: str) -> str:
+    """End an instance's record. Ended without fleetd asking and without a notice: a loss."""
+    if terminate_requested_at is not None:
+        reason = "terminated by fleetd"
+    elif notice_at is not None:
+        reason = "interrupted after notice"
+    else:
+        reason = f"lost ({state_reason or 'no notice'})"
+        ensure_pool(db, pool)
+        db.execute("UPDATE pool_stats SET losses=losses+1 WHERE pool=?", (pool,))
+    db.execute("UPDATE instances SET ended_at=?, end_reason=?, ec2_state='terminated' WHERE instance_id=?",
+               (now, reason, instance_id))
+    return reason
+
+
+def observed_until(db: sqlite3.Connection) -> dict[str, float]:
+    """Instance id -> the last time fleetd knew it was billed: its end when the end is known,
+    else when fleetd last saw it alive. The ledger bills an instance with no recorded stop no
+    further than this (fleetd.policy.ledger.bills), so a report read long after the controller
+    stopped does not keep billing nodes nobody watches."""
+    return {
+        iid: (ended if ended is not None else seen)
+        for iid, ended, seen in db.execute("SELECT instance_id, ended_at, last_seen_at FROM instances")
+    }

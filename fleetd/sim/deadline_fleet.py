@@ -1,0 +1,151 @@
+"""Can't Be Late's deadline baselines for a fleet of N nodes (policies.py has the single-node ones).
+
+The paper's policies are for one node; here each is extended to N nodes the plain way, with the
+mechanics every elastic job has (and fleetd too): a node bought now is paid for the changeover d
+(boot, restore) before it joins, the others keep training meanwhile, and a lost node leaves
+the job training at the smaller size. Work is measured in seconds at the full size N.
+
+- `FleetGreedy`: spot nodes whenever offered, idle slots otherwise; once the time left is at most
+  the work left plus 2d (and the fleet is not full on spot), fill every slot with on-demand to
+  the end.
+- `FleetUniformProgress`: spot whenever offered; when behind the line C x t / D, fill the empty
+  slots with on-demand; on-demand nodes stay until the job is ahead of the line 2d later
+  (hysteresis), then go (replaced by spot where offered); the same safety net as greedy.
+"""
+
+from __future__ import annotations
+
+from fleetd.sim.clock import Timer
+from fleetd.sim.engine import ON_DEMAND, SPOT, SimNode, World
+
+_EPS = 1e-3
+
+
+class _FleetDeadline:
+    name = "deadline"
+
+    def __init__(self, changeover_s: float) -> None:
+        self.d = changeover_s
+        self.safety_net = False
+        self._wake: Timer | None = None
+
+    # --- quantities in seconds of work at the full size ------------------------------------
+    def rate(self, world: World) -> float:
+        return world.job.throughput(world.job.max_nodes)
+
+    def remaining_work(self, world: World) -> float:
+        return world.remaining_steps / self.rate(world)
+
+    def remaining_time(self, world: World) -> float:
+        assert world.job.deadline_s is not None, "deadline policies need a deadline"
+        return world.job.deadline_s - world.now
+
+    def expected(self, world: World, t: float) -> float:
+        job = world.job
+        return job.total_steps / self.rate(world) * t / (job.deadline_s or 1.0)
+
+    def done(self, world: World) -> float:
+        return world.progress / self.rate(world)
+
+    def nodes(self, world: World, market: str) -> list[SimNode]:
+        return [n for n in world.held.values() if n.market == market]
+
+    # --- buying and releasing ---------------------------------------------------------------
+    def buy(self, world: World, market: str, count: int) -> None:
+        if count <= 0:
+            return
+        got = world.acquire_spot(count) if market == SPOT else world.acquire_on_demand(count)
+        if got:
+            world.log(f"buy {len(got)} {market}")
+            world.after(self.d, lambda: self._join(world, got))
+
+    def _join(self, world: World, nodes: list[SimNode]) -> None:
+        alive = [n for n in nodes if world.held.get(n.id) is n]
+        if alive and not world.done:
+            world.set_members(world.members() + alive)
+
+    def release(self, world: World, nodes: list[SimNode]) -> None:
+        for node in nodes:
+            world.release(node)
+        if nodes:
+            world.log(f"release {len(nodes)} {nodes[0].market}")
+
+    def slots(self, world: World) -> int:
+        return world.job.max_nodes - len(world.held)
+
+    def forced(self, world: World) -> bool:
+        full_on_spot = len(self.nodes(world, SPOT)) >= world.job.max_nodes
+        return not full_on_spot and self.remaining_time(world) < self.remaining_work(world) + 2 * self.d + _EPS
+
+    def finish_on_demand(self, world: World) -> None:
+        if not self.safety_net:
+            self.safety_net = True
+            world.log("safety net: on-demand to the end")
+        self.buy(world, ON_DEMAND, self.slots(world))
+
+    def wake_at(self, world: World, t: float) -> None:
+        if self._wake is not None:
+            self._wake.cancel()
+        self._wake = world.queue.at(max(t, world.now + _EPS), lambda: self.decide(world))
+
+    def safety_at(self, world: World) -> float:
+        return (world.job.deadline_s or 0.0) - self.remaining_work(world) - 2 * self.d
+
+    # --- callbacks ---------------------------------------------------------------------------
+    def decide(self, world: World) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def start(self, world: World) -> None:
+        self.decide(world)
+
+    def on_capacity(self, world: World) -> None:
+        self.decide(world)
+
+    def on_notice(self, world: World, node: SimNode) -> None:
+        pass
+
+    def on_lost(self, world: World, node: SimNode, noticed: bool) -> None:
+        self.decide(world)
+
+
+class FleetGreedy(_FleetDeadline):
+    name = "greedy"
+
+    def decide(self, world: World) -> None:
+        if world.done:
+            return
+        if self.safety_net or self.forced(world):
+            self.finish_on_demand(world)
+            return
+        self.buy(world, SPOT, self.slots(world))
+        self.wake_at(world, self.safety_at(world))
+
+
+class FleetUniformProgress(_FleetDeadline):
+    name = "uniform-progress"
+
+    def decide(self, world: World) -> None:
+        if world.done:
+            return
+        if self.safety_net or self.forced(world):
+            self.finish_on_demand(world)
+            return
+        cp = self.done(world)
+        on_demand = self.nodes(world, ON_DEMAND)
+        if on_demand and cp >= self.expected(world, world.now + 2 * self.d) - _EPS:
+            self.release(world, on_demand)  # well ahead: back to spot where offered, else idle
+        self.buy(world, SPOT, self.slots(world))
+        if self.slots(world) and cp < self.expected(world, world.now) - _EPS:
+            self.buy(world, ON_DEMAND, self.slots(world))
+        times = [self.safety_at(world)]
+        k = self.expected(world, 1.0)
+        if k > 0:
+            times.append(cp / k)  # an idle job falls behind the line
+        if self.nodes(world, ON_DEMAND):
+            # When the hysteresis ends at the current pace (cp grows at rate(w)/rate(N) per s).
+            pace = world.job.throughput(len(world.members())) / self.rate(world)
+            if pace > k:
+                times.append((2 * self.d * k - cp + pace * world.now) / (pace - k))
+        times = [t for t in times if t > world.now]
+        if times:
+            self.wake_at(world, min(times))

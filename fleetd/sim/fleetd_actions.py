@@ -1,0 +1,182 @@
+"""How the simulator carries out the planner's actions the way fleetd's components do (DESIGN.md
+"One interruption, end to end"): launches, admissions, drains as one membership round,
+terminations. See fleetd/sim/fleetd_policy.py for the model.
+
+A mixin of `fleetd.sim.fleetd_policy.FleetdPolicy` (split from it: one job per module).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fleetd.policy.model import (
+    Drain,
+    Launch,
+    MarkPoolUnavailable,
+    Market,
+    NodePhase,
+    RequestCheckpoint,
+    StopJob,
+    Terminate,
+    Warn,
+)
+from fleetd.sim.engine import ON_DEMAND, SimNode, World
+
+
+
+@dataclass(frozen=True, slots=True)
+class ActionRecord:
+    """One executed action, in a form the daemon's loop can be compared with."""
+
+    t: float
+    kind: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.t:.0f}s {self.kind} {self.detail}"
+
+
+def describe(action) -> tuple[str, str]:
+    """(kind, detail) of an action, without its free-text reason."""
+    kind = type(action).__name__
+    if isinstance(action, Launch):
+        return kind, f"{action.count} {action.market.value} {action.purpose.value}"
+    if isinstance(action, (Drain, Terminate)):
+        return kind, action.instance_id
+    if isinstance(action, MarkPoolUnavailable):
+        return kind, str(action.pool)
+    if isinstance(action, Warn):
+        return kind, action.code
+    return kind, ""
+
+
+class ActionsMixin:
+    # --- carrying out actions ------------------------------------------------------------
+    def _execute(self, world: World, action) -> None:
+        if isinstance(action, Launch):
+            self._launch(world, action)
+        elif isinstance(action, Drain):
+            self._drain(world, action.instance_id)
+        elif isinstance(action, Terminate):
+            self._terminate(world, action.instance_id)
+        elif isinstance(action, RequestCheckpoint):
+            self._checkpoint(world)
+            self.last_request_at = world.now
+        elif isinstance(action, StopJob):
+            self._checkpoint(world)
+            self.stop_issued_at = world.now
+            world.set_members([])
+            for node_id in self.phase:
+                self.phase[node_id] = NodePhase.LEAVING
+        elif isinstance(action, MarkPoolUnavailable):
+            self.capacity_error_until = action.until
+        # Warn: logged through the record only.
+
+    def _checkpoint(self, world: World) -> None:
+        world.checkpoint()
+        self.last_durable_at = world.now
+        self.last_durable_step = int(world.progress)
+
+    def _launch(self, world: World, action: Launch) -> None:
+        if action.market is Market.SPOT:
+            got = world.acquire_spot(action.count)
+            if got:
+                self.spot_unavailable_since = None
+            if len(got) < action.count:
+                # CreateFleet's partial fulfilment carries a capacity error for the pool.
+                self.capacity_error_until = world.now + self.cfg.capacity.capacity_error_ttl_s
+                if not got and self.spot_unavailable_since is None:
+                    self.spot_unavailable_since = world.now
+        else:
+            got = world.acquire_on_demand(action.count)
+        if not got:
+            return
+        world.log(f"launch {len(got)} {action.market.value}")
+        for n in got:
+            self.phase[n.id] = NodePhase.PENDING
+            if action.pools:
+                self.node_pool[n.id] = action.pools[0]
+        if self.startup_s <= 0:
+            self._admit(world, got)
+        else:
+            world.after(self.startup_s, lambda: self._admit_later(world, got))
+
+    def _admit_later(self, world: World, nodes: list[SimNode]) -> None:
+        alive = [n for n in nodes if world.held.get(n.id) is n and self.phase.get(n.id) is NodePhase.PENDING]
+        if alive:
+            self._admit(world, alive)
+            self._pass(world)
+
+    def _admit(self, world: World, nodes: list[SimNode]) -> None:
+        """New nodes join at the next round (with the pass's other changes, if in a pass)."""
+        for n in nodes:
+            self.phase[n.id] = NodePhase.RUNNING
+            self.running_since[n.id] = world.now
+        if self._joining is not None:
+            self._joining.extend(nodes)
+        else:
+            self._membership_round(world, nodes, [])
+
+    def _drain(self, world: World, node_id: str) -> None:
+        node = world.held.get(node_id)
+        if node is None or self.phase.get(node_id) is not NodePhase.RUNNING:
+            return
+        # The daemon marks the node DRAINING; it stays billed (idle, out of the rendezvous) until
+        # it reports that it left, AWS reclaims it, or the planner's drain timeout ends it.
+        self.phase[node_id] = NodePhase.DRAINING
+        self.drain_started[node_id] = world.now
+        if self._joining is not None:
+            self._leaving.append(node)
+        else:
+            self._membership_round(world, [], [node])
+
+    def _membership_round(self, world: World, joining: list[SimNode], leaving: list[SimNode]) -> None:
+        """One rendezvous round for every join and leave decided together: a coordinated
+        checkpoint first (a leaver's shard, and the state a newcomer restores), so the re-form
+        loses no steps; then every rank waits ``reform_s``."""
+        joining = [n for n in joining if world.held.get(n.id) is n]
+        leaving = [n for n in leaving if world.held.get(n.id) is n]
+        if not joining and not leaving:
+            return
+        before = world.members()
+        if before:
+            self._checkpoint(world)
+        gone = {n.id for n in leaving}
+        world.set_members([n for n in before if n.id not in gone] + joining)
+        world.stall(self.reform_s, "re-form", after_current=True)
+        if self.leaving_signal:
+            delay = self._left_delay_s(world, len(before))
+            for node in leaving:
+                world.after(delay, lambda n=node: self._left(world, n))
+
+    def _left_delay_s(self, world: World, world_size: int) -> float:
+        """Drain to trainer-exited: its checkpoint stall, its shard's upload, the leave."""
+        shard_gb = world.job.checkpoint_gb / max(1, world_size)
+        return world.job.checkpoint_stall_s + shard_gb / self.upload_gb_per_s + self.reform_s
+
+    def _left(self, world: World, node: SimNode) -> None:
+        """The agent reports its trainer exited after the drain (TrainerExited): the registry
+        records left_at, and the planner terminates the node on the pass it wakes."""
+        if world.held.get(node.id) is node and self.phase.get(node.id) is NodePhase.DRAINING:
+            self.left_at[node.id] = world.now
+            self._wake_now(world)
+
+    def _terminate(self, world: World, node_id: str) -> None:
+        node = world.held.get(node_id)
+        if node is None:
+            return
+        was_member = node.member
+        if node.market != ON_DEMAND:
+            self.node_s_closed += world.now - node.acquired_at
+        self._forget(node_id)
+        world.release(node)
+        if was_member:  # terminated while training: to the survivors, a loss without notice
+            self._member_lost(world)
+
+    def _forget(self, node_id: str) -> NodePhase | None:
+        """The node is gone: drop what was kept about it (returns its last phase)."""
+        self.drain_started.pop(node_id, None)
+        self.left_at.pop(node_id, None)
+        self.running_since.pop(node_id, None)
+        self.node_pool.pop(node_id, None)
+        return self.phase.pop(node_id, None)

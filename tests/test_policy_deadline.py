@@ -1,0 +1,142 @@
+"""The deadline rule (fleetd/policy/deadline.py) and the planner acting on it: pure unit tests."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from types import MappingProxyType
+
+import pytest
+
+from fleetd.policy.deadline import DeadlineInputs, decide, steps_per_s_at
+from fleetd.policy.model import Launch, LaunchPurpose, Market
+from fleetd.policy.observation import Observation, PoolStats
+from fleetd.policy.planner import plan
+from tests.policy_fixtures import A, B, NOW, config, node, offer
+
+H = 3600.0
+
+
+def inputs(done_h: float, now_h: float, d_h: float, full_on_spot: bool = False, rate: float | None = 1.0):
+    # 6 h of work (1 step/s) due 9 h after the start at 0.
+    return DeadlineInputs(
+        deadline_at=9 * H, started_at=0.0, total_steps=6 * H, done_steps=done_h * H,
+        steps_per_s=rate, changeover_s=d_h * H, full_on_spot=full_on_spot,
+    ), now_h * H
+
+
+@pytest.mark.parametrize("d_h", [0.05, 0.2, 0.3, 0.5])
+def test_ahead_of_the_line_waits_for_spot_at_every_changeover(d_h) -> None:
+    call = decide(*inputs(done_h=3.0, now_h=3.0, d_h=d_h))  # line: 2 h by 3 h
+    assert not call.on_demand_now and call.spot_allowed and not call.safety_net
+    assert call.on_demand_not_needed == (3.0 >= 6 * (3.0 + 2 * d_h) / 9)
+
+
+@pytest.mark.parametrize("d_h", [0.05, 0.2, 0.3, 0.5])
+def test_behind_the_line_buys_on_demand_but_still_takes_spot(d_h) -> None:
+    call = decide(*inputs(done_h=1.0, now_h=3.0, d_h=d_h))
+    assert call.on_demand_now and call.spot_allowed and not call.safety_net
+    assert "behind the uniform-progress line" in call.reason
+
+
+@pytest.mark.parametrize("d_h", [0.3, 0.5])
+def test_safety_net_at_large_changeover_finishes_on_demand(d_h) -> None:
+    # 4 h of work left, 4.5 h left: < 4 h + 2d for d >= 0.3 h (0.6 h), so no more spot.
+    call = decide(*inputs(done_h=2.0, now_h=4.5, d_h=d_h))
+    assert call.safety_net and call.on_demand_now and not call.spot_allowed
+    # The same job running full on spot keeps its spot nodes (UP: spot is never left).
+    call = decide(*inputs(done_h=2.0, now_h=4.5, d_h=d_h, full_on_spot=True))
+    assert not call.safety_net
+
+
+def test_the_safety_net_is_not_entered_while_the_changeover_still_fits() -> None:
+    call = decide(*inputs(done_h=2.0, now_h=4.5, d_h=0.2))  # 4.5 h >= 4 h + 0.4 h
+    assert not call.safety_net and call.on_demand_now  # behind the line: 2 h < 3 h
+
+
+def test_unknown_throughput_leaves_only_the_line_and_done_is_done() -> None:
+    call = decide(*inputs(done_h=0.0, now_h=8.9, d_h=0.2, rate=None))
+    assert call.on_demand_now and not call.safety_net
+    call = decide(*inputs(done_h=6.0, now_h=8.0, d_h=0.2))
+    assert not call.on_demand_now and call.on_demand_not_needed
+
+
+def test_wake_times_are_when_the_idle_job_falls_behind_and_the_safety_net_begins() -> None:
+    call = decide(*inputs(done_h=3.0, now_h=3.0, d_h=0.2))
+    assert call.wake_at == pytest.approx((4.5 * H + 1e-3, (9 - 3 - 0.4) * H + 1e-3))
+
+
+def test_throughput_at_the_target_is_never_overstated() -> None:
+    measured = MappingProxyType({2: 1.9, 8: 6.0})
+    assert steps_per_s_at(measured, 8) == 6.0
+    assert steps_per_s_at(measured, 4) == pytest.approx(3.0)  # 8 nodes' rate per node x 4 > 1.9
+    assert steps_per_s_at(measured, 1) == pytest.approx(0.95)
+    assert steps_per_s_at({}, 4) is None
+
+
+# --- the planner with a deadline (one node and many) ----------------------------------------
+NO_SPOT = tuple(PoolStats(p, capacity_error_until=NOW + 300) for p in (A, B))
+
+
+def deadline_cfg(nodes: int, due_h: float, total_steps: int, d_s: float = 720.0, on_demand: str = "deadline"):
+    return config(
+        fleet={"min_nodes": 1, "max_nodes": nodes},
+        capacity={"on_demand": on_demand},
+        job={"deadline": datetime.fromtimestamp(NOW + due_h * H, UTC), "total_steps": total_steps,
+             "changeover_s": d_s},
+    )
+
+
+def _obs(running: int, target: int, step: int, started_h: float, rate: float, stats=NO_SPOT, since=None):
+    nodes = tuple(node(f"i-{i}", step=step) for i in range(running))
+    return Observation(
+        nodes=nodes, offers=(offer(A, 0.4), offer(B, 0.4)), pool_stats=stats, target_nodes=target,
+        last_scaling_at=NOW, throughput_by_nodes=MappingProxyType({running: rate} if running else {}),
+        job_started_at=NOW - started_h * H, spot_unavailable_since=since,
+    )
+
+
+def test_single_node_behind_the_line_buys_on_demand_at_once_without_spot_wait() -> None:
+    # 6 h of work due 9 h after the start; 3 h in, 1 h done; the spot node was lost.
+    cfg = deadline_cfg(1, due_h=6, total_steps=6 * 3600)
+    obs = _obs(0, 1, 0, started_h=3, rate=1.0)
+    obs = Observation(**{**{f: getattr(obs, f) for f in obs.__dataclass_fields__},
+                         "last_durable_checkpoint_step": 3600})
+    result = plan(obs, cfg, NOW)
+    (launch,) = result.of_type(Launch)
+    assert launch.market is Market.ON_DEMAND and launch.purpose is LaunchPurpose.ON_DEMAND_FALLBACK
+    assert "behind the uniform-progress line" in launch.reason
+    assert result.deadline is not None and result.deadline.on_demand_now
+
+
+def test_single_node_ahead_waits_for_spot_and_no_deadline_never_buys_on_demand() -> None:
+    cfg = deadline_cfg(1, due_h=6, total_steps=6 * 3600)
+    obs = _obs(0, 1, 0, started_h=3, rate=1.0)
+    obs = Observation(**{**{f: getattr(obs, f) for f in obs.__dataclass_fields__},
+                         "last_durable_checkpoint_step": 3 * 3600})
+    result = plan(obs, cfg, NOW)
+    assert result.of_type(Launch) == ()
+    assert any("spot only" in n for n in result.notes)
+    # No deadline at all, spot short for an hour: still no on-demand under the default policy.
+    plain = config(fleet={"min_nodes": 1, "max_nodes": 1})
+    result = plan(_obs(0, 1, 0, started_h=3, rate=1.0, since=NOW - 3600), plain, NOW)
+    assert result.of_type(Launch) == () and result.deadline is None
+
+
+def test_multi_node_safety_net_fills_the_shortfall_with_on_demand_and_buys_no_spot() -> None:
+    # 4 nodes, 3 training on spot at 3 steps/s; 40,000 steps left, 3.4 h to go: with d = 0.3 h
+    # the work at 4 nodes (~3.7 h at the conservative 4/3 x 3 = 4 steps/s... = 2.8 h) + 0.6 h.
+    cfg = deadline_cfg(4, due_h=3.4, total_steps=80_000, d_s=0.3 * H)
+    spot_ok = (PoolStats(A), PoolStats(B))
+    obs = _obs(3, 4, 40_000, started_h=6, rate=3.0, stats=spot_ok)
+    result = plan(obs, cfg, NOW)
+    assert result.deadline is not None and result.deadline.safety_net
+    (launch,) = result.of_type(Launch)
+    assert launch.market is Market.ON_DEMAND and launch.count == 1
+    assert any("no new spot: deadline safety net" in n for n in result.notes)
+
+
+def test_never_means_never_even_for_a_deadline() -> None:
+    cfg = deadline_cfg(1, due_h=1, total_steps=6 * 3600, on_demand="never")
+    result = plan(_obs(0, 1, 0, started_h=8, rate=1.0), cfg, NOW)
+    assert result.of_type(Launch) == ()
+    assert any('capacity.on_demand = "never"' in n for n in result.notes)
