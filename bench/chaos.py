@@ -265,7 +265,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--nodes", type=int, default=None, help="nodes the fleet asks for (default 3, quick 2)")
     p.add_argument("--kinds", default=",".join(KINDS), help="comma-separated fault kinds")
     p.add_argument("--budget", type=float, default=50.0)
-    p.add_argument("--window", type=float, default=None, help="steady-training window, s (default 15, quick 10)")
+    p.add_argument("--window", type=float, default=None, help="steady-training window, s (default 10, quick 8)")
     p.add_argument("--gap", type=float, default=4.0, help="a pause between steps longer than this is a stop, s")
     p.add_argument("--setup-timeout", type=float, default=300.0)
     p.add_argument("--workdir", type=Path, default=None)
@@ -276,8 +276,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         p.error(f"unknown kinds {unknown}; choose from {', '.join(KINDS)}")
     args.nodes = args.nodes or (2 if args.quick else 3)
-    args.window = args.window or (10.0 if args.quick else 15.0)
-    args.pause = (1.0, 4.0) if args.quick else (2.0, 10.0)
+    args.window = args.window or (8.0 if args.quick else 10.0)
+    args.pause = (1.0, 3.0) if args.quick else (1.0, 6.0)
     return args
 
 

@@ -70,7 +70,8 @@ class Stack:
         await self._start("moto", [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)])
         await wait_port("127.0.0.1", moto_port, timeout=30)
         self.moto_url = f"http://127.0.0.1:{moto_port}"
-        self.proxy = FaultProxy(self.moto_url).start()
+        price_list, spot_prices = configs.demo_price_fakes()  # the demo cloud's price APIs
+        self.proxy = FaultProxy(self.moto_url, price_list=price_list, spot_prices=spot_prices).start()
         broker, mqtt_url, kind = await start_broker(self.workdir)
         if kind != "mosquitto":
             raise RuntimeError("the chaos bench needs mosquitto (it restarts the broker on its port)")
@@ -88,7 +89,7 @@ class Stack:
         await self._start("fleetd", [*CLI, "run", "--config", str(self.fleetd_conf)])
 
         def agent_conf(iid: str, addr: str, imds_url: str) -> Path:
-            return configs.agent_toml(self.workdir, ep, self.nodes, iid, addr, imds_url, steps=10_000_000)
+            return configs.agent_toml(self.workdir, ep, self.nodes + 1, iid, addr, imds_url, steps=10_000_000)
 
         self.launcher = Launcher(self.workdir, self.describe, agent_conf,
                                  env={"FLEETD_EVENTS_FILE": str(self.events_file)})
