@@ -96,7 +96,7 @@ class ActionExecutor:
         terminations = [a for a in plan.actions if isinstance(a, Terminate)]
         others = [a for a in plan.actions if not isinstance(a, Terminate)]
         try:
-            if not self.dry_run:
+            if not self.dry_run and obs is not None:  # None: terminations outside a pass
                 outcomes += await self._finish_unfinished(obs, now, {a.instance_id for a in terminations})
             if terminations:
                 outcomes += await self._terminate(terminations, now)
