@@ -88,6 +88,7 @@ class LoggingHooks:
 
     async def on_notice(self, notice: Notice) -> None:
         log.warning("hook_notice", action=notice.action, action_time=notice.action_time.isoformat())
+        await self.ctx.set_state("draining")  # what a training node would be doing now
 
     async def on_rebalance(self, rebalance: Rebalance) -> None:
         log.info("hook_rebalance", notice_time=rebalance.notice_time.isoformat())
@@ -99,7 +100,8 @@ class LoggingHooks:
         log.info("hook_checkpoint", reason=command.reason)
 
     async def on_drain(self, command: DrainCommand) -> None:
-        log.info("hook_drain", reason=command.reason)
+        log.info("hook_drain", reason=command.reason, msg_id=command.msg_id)
+        await self.ctx.set_state("draining")
 
     async def on_leave(self, command: LeaveCommand) -> None:
         log.info("hook_leave", reason=command.reason)

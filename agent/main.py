@@ -26,6 +26,7 @@ from agent.hooks import AgentContext, HooksFactory, LoggingHooks, NodeHooks
 from agent.node.imds import Identity, ImdsClient, SpotSignal, SpotWatcher, read_identity
 from agent.node.deadman import ControllerWatch, run_shutdown_command
 from agent.node.mqtt_session import MqttSession
+from agent.node.notice_repeat import repeat_notice
 from agent.node.outbox import Outbox
 from agent.node.telemetry import TelemetryLoop
 from agent.node.trainer_channel import TrainerChannel
@@ -209,6 +210,7 @@ class Agent:
             # Publish first (held in the outbox until acknowledged), then act without waiting.
             await self.session.publish_event(notice)
             self._spawn("hooks.on_notice", self.hooks.on_notice, notice)
+            self._spawn("notice-repeat", repeat_notice, self.session.publish_event, notice, self._stop)
         if sig.rebalance is not None:
             rebalance = Rebalance(instance_id=iid, notice_time=sig.rebalance.notice_time, source="imds")
             await self.session.publish_event(rebalance)

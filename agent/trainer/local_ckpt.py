@@ -96,7 +96,10 @@ def _files(directory: Path) -> tuple[Path, ...]:
 
 
 def _finish(tmp: Path, final: Path, step: int, mode: Mode, started: float) -> SavedStep:
-    (tmp / MARKER).write_text(json.dumps({"step": step, "mode": mode, "saved_at": time.time()}))
+    # The same bytes on every node: with replicated state each node uploads its whole copy under
+    # the same keys, and the manifest (one node's hashes) must match whichever copy lands last.
+    # (A save time in it made `latest` name steps that failed verification: found by bench/chaos.py.)
+    (tmp / MARKER).write_text(json.dumps({"step": step, "mode": mode}))
     if final.exists():  # the same step saved twice (request right after a periodic save)
         shutil.rmtree(tmp, ignore_errors=True)
     else:

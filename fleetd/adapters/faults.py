@@ -10,7 +10,10 @@ what AWS would answer, using AWS's real payloads:
   request moto sees, and each comes back in the response's ``errorSet`` with its ErrorCode, as AWS
   reports pools that had no capacity (HTTP 200, fewer or no instances);
 - a held response: the request reaches moto (so the instances exist) but the answer is held
-  until released, to kill a controller between "EC2 launched" and "fleetd recorded it".
+  until released, to kill a controller between "EC2 launched" and "fleetd recorded it";
+- ``operation="*"`` matches every EC2 call (throttling the whole API, as a busy account sees);
+- S3 through the same proxy: ``drop("UploadPart")`` (or ``"PutObject"``) reads half of the next
+  such request's body and cuts the connection, as a network failure mid-part does.
 
 It also answers the price APIs moto lacks or fakes (fleetd/adapters/pricing_fake.py), when given
 them: ``pricing:GetProducts`` (JSON protocol, ``X-Amz-Target: AWSPriceListService.GetProducts``)
@@ -77,6 +80,10 @@ MESSAGES = {
 }
 
 
+# Headers that describe one hop of HTTP, not the answer: aiohttp sets its own.
+_HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"}
+
+
 @dataclass
 class FaultRule:
     """Fail ``operation`` (optionally only for ``pool``) with ``code``, ``times`` times (None: always)."""
@@ -89,6 +96,15 @@ class FaultRule:
 
     def spent(self) -> bool:
         return self.times is not None and self.hits >= self.times
+
+
+@dataclass
+class DropRule:
+    """Cut the connection in the middle of the next ``times`` S3 ``operation`` bodies."""
+
+    operation: str  # UploadPart | PutObject
+    times: int = 1
+    hits: int = 0
 
 
 @dataclass
@@ -115,6 +131,7 @@ class FaultProxy:
         self.spot_prices = spot_prices
         self._rules: list[FaultRule] = []
         self._holds: list[_Hold] = []
+        self._drops: list[DropRule] = []
         self._lock = threading.Lock()
         self.calls: list[tuple[str, dict[str, str]]] = []  # (operation, params) as received
         self.injected: list[tuple[str, str]] = []  # (operation, code) answered with a fault
@@ -131,6 +148,12 @@ class FaultProxy:
             self._rules.append(rule)
         return rule
 
+    def drop(self, operation: str, *, times: int = 1) -> DropRule:
+        rule = DropRule(operation, times)
+        with self._lock:
+            self._drops.append(rule)
+        return rule
+
     def hold(self, operation: str) -> _Hold:
         """Forward the next ``operation`` to moto but hold its answer until ``release`` is set."""
         h = _Hold(operation)
@@ -141,6 +164,7 @@ class FaultProxy:
     def clear(self) -> None:
         with self._lock:
             self._rules.clear()
+            self._drops.clear()
             for h in self._holds:
                 h.release.set()
             self._holds.clear()
@@ -194,12 +218,13 @@ class FaultProxy:
         self.url = f"http://127.0.0.1:{port}"
 
     # -- request handling -------------------------------------------------------------------------
-    def _take_rule(self, operation: str, pools: list[PoolId]) -> list[FaultRule]:
-        """Rules that fire for this call (each fired rule counts one hit)."""
+    def _take_rule(self, operation: str, pools: list[PoolId], *, ec2: bool = True) -> list[FaultRule]:
+        """Rules that fire for this call (each fired rule counts one hit); "*" is EC2's only."""
         fired = []
+        names = (operation, "*") if ec2 else (operation,)
         with self._lock:
             for rule in self._rules:
-                if rule.operation != operation or rule.spent():
+                if rule.operation not in names or rule.spent():
                     continue
                 if rule.pool is not None and rule.pool not in pools:
                     continue
@@ -216,12 +241,32 @@ class FaultProxy:
                     return h
         return None
 
+    def _take_drop(self, request: web.Request) -> DropRule | None:
+        if request.method != "PUT":
+            return None
+        operation = "UploadPart" if "partNumber" in request.query else "PutObject"
+        with self._lock:
+            for rule in self._drops:
+                if rule.operation == operation and rule.hits < rule.times:
+                    rule.hits += 1
+                    self.injected.append((operation, "connection-cut"))
+                    return rule
+        return None
+
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        drop = self._take_drop(request)
+        if drop is not None:
+            await request.content.read(max(1, (request.content_length or 2) // 2))
+            log.info("fault_injected", operation=drop.operation, code="connection-cut", path=request.path)
+            assert request.transport is not None
+            request.transport.abort()  # mid-body: the client sees its connection reset
+            return web.Response(status=500)
         body = await request.read()
         target = request.headers.get("X-Amz-Target", "")
         if target.startswith(PRICING_TARGET):
             return self._pricing(target.removeprefix(PRICING_TARGET), body)
-        params = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)) if body else {}
+        form = request.content_type == "application/x-www-form-urlencoded"  # EC2's query API, not S3 data
+        params = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)) if body and form else {}
         operation = params.get("Action", "")
         with self._lock:
             self.calls.append((operation, params))
@@ -255,11 +300,18 @@ class FaultProxy:
             payload = await upstream.read()
             status = upstream.status
             ctype = upstream.headers.get("Content-Type", "text/xml")
+            passed = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_HEADERS}
         if hold is not None:
             hold.arrived.set()
             await asyncio.get_running_loop().run_in_executor(None, hold.release.wait)
         if errors and status == 200:
             return _create_fleet_response(params, errors, upstream_xml=payload.decode())
+        if not form and operation == "":
+            # S3: its answers live in headers too (ETag, Content-Length of a HEAD, x-amz-*).
+            if request.method == "HEAD":
+                length = upstream.headers.get("Content-Length")
+                return web.Response(status=status, headers={**passed, **({"Content-Length": length} if length else {})})
+            return web.Response(body=payload, status=status, headers=passed)
         return web.Response(body=payload, status=status, headers={"Content-Type": ctype})
 
     def _pricing(self, operation: str, body: bytes) -> web.Response:
@@ -270,7 +322,7 @@ class FaultProxy:
             request = {}
         with self._lock:
             self.calls.append((operation, request))
-        fired = self._take_rule(operation, [])
+        fired = self._take_rule(operation, [], ec2=False)
         if fired:
             code = fired[0].code
             with self._lock:

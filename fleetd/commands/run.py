@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from fleetd.protocol.logs import bind_context, configure_logging, get_logger
     from fleetd.protocol.settings import ConfigError
     from fleetd.reconcile.ledger_store import LedgerStoreError
+    from fleetd.reconcile.schema import SchemaTooNew
 
     try:
         cfg = config_mod.load(args.config)
@@ -56,6 +57,10 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         status = run_bounded(main())
+    except SchemaTooNew as exc:
+        # A rollback onto a newer build's state: nothing was touched; say so in one plain line.
+        print(f"fleetd run: {exc}", file=sys.stderr)
+        status = 2
     except (AwsError, PriceBookError, SpotAdvisorError, LedgerStoreError) as exc:
         # Start-up failures (bad price book, unreadable state): one clear line, exit 1.
         log.error("startup_failed", error=str(exc))

@@ -19,9 +19,10 @@ from typing import Any
 
 import aiomqtt
 
-from fleetd.intake.events import IntakeEvent, from_message
+from fleetd.intake.events import IntakeEvent, InterruptionNotice, from_message
 from fleetd.intake.registry import NodeRegistry
 from fleetd.protocol.errors import ProtocolError
+from fleetd.protocol.failpoints import failpoint
 from fleetd.protocol.logs import get_logger
 from fleetd.protocol.messages import (
     CheckpointCommand,
@@ -134,6 +135,8 @@ class MqttIntake:
             return None
         self.accepted += 1
         self.registry.apply(event)
+        if isinstance(event, InterruptionNotice):
+            failpoint("notice-received")  # acknowledged to the broker, known only in memory
         return event
 
     async def send_command(self, command: Command) -> None:

@@ -31,9 +31,11 @@ from fleetd.policy.model import (
 )
 from fleetd.policy.observation import Observation
 from fleetd.protocol.logs import get_logger
+from fleetd.protocol.failpoints import failpoint
+from fleetd.reconcile import journal
 from fleetd.reconcile import state as st
 from fleetd.reconcile.ledger_feed import LedgerFeed
-from fleetd.reconcile.ports import NodeCommander
+from fleetd.reconcile.ports import NodeCommander, NotDelivered
 from fleetd.reconcile.prices import price_of
 
 log = get_logger(__name__)
@@ -43,6 +45,12 @@ ACTIONS = Counter("fleetd_actions_total", "Planned actions by kind and outcome",
 
 # How long a permanent failure holds the same kind of action (a config or IAM fix needs a human).
 PERMANENT_HOLD_S = 900.0
+# A drain recorded but not known to be sent is re-sent only after the agent had this long (since
+# the record, and since this process started) to say "draining": its retained status arrives
+# within a second of fleetd (re)connecting to the broker, so a drain it got is not sent twice.
+DRAIN_RESEND_GRACE_S = 10.0
+# A termination still running this long after fleetd asked for it is asked for again.
+TERMINATE_RESEND_AFTER_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +88,7 @@ class ActionExecutor:
         self._ledger = ledger_feed
         self._blocked_until: dict[str, float] = {}  # action kind -> time
         self._logged_permanent: set[tuple[str, str]] = set()
+        self._started_at: float | None = None  # the first pass's time (the drain re-send grace)
 
     async def act(self, plan: Plan, obs: Observation, now: float) -> tuple[list[Outcome], AwsError | None]:
         outcomes: list[Outcome] = []
@@ -87,6 +96,8 @@ class ActionExecutor:
         terminations = [a for a in plan.actions if isinstance(a, Terminate)]
         others = [a for a in plan.actions if not isinstance(a, Terminate)]
         try:
+            if not self.dry_run and obs is not None:  # None: terminations outside a pass
+                outcomes += await self._finish_unfinished(obs, now, {a.instance_id for a in terminations})
             if terminations:
                 outcomes += await self._terminate(terminations, now)
             for action in others:
@@ -110,8 +121,15 @@ class ActionExecutor:
             if isinstance(action, MarkPoolUnavailable):
                 await self.state.mark_pool_unavailable(action.pool, action.until, "planner")
             elif isinstance(action, Drain):
-                await self.commander.drain(action.instance_id, action.deadline, action.reason)
-                await self.state.mark_drain_started(action.instance_id, now)
+                # Recorded first: from here on the node counts as draining, so no pass (of this
+                # process or the next) plans it again; the journal sends it if this send is lost.
+                record = await journal.record_drain(self.state, action.instance_id, now, action.deadline,
+                                                    action.reason)
+                failpoint("drain-recorded")
+                try:
+                    await self._send_drain(record, now)
+                except NotDelivered as exc:
+                    return self._record(Outcome(action, "failed", f"{exc}; re-sent by the drain journal"))
             elif isinstance(action, RequestCheckpoint):
                 await self.commander.request_checkpoint(action.deadline, action.reason)
             elif isinstance(action, StopJob):
@@ -132,8 +150,9 @@ class ActionExecutor:
             return [self._record(Outcome(a, "dry-run")) for a in actions]
         ids = [a.instance_id for a in actions]
         # Recorded before the call: if fleetd dies right after, the termination is still known to
-        # be ours and is not counted as an interruption of the pool.
+        # be ours and is not counted as an interruption of the pool (and the journal re-sends it).
         await self.state.mark_terminate_requested(ids, now)
+        failpoint("terminate-recorded")
         try:
             done = set(await self.ec2.terminate(ids))
         except PermanentAwsError as exc:
@@ -144,6 +163,43 @@ class ActionExecutor:
                                  (a.instance_id,) if a.instance_id in done else ()))
             for a in actions
         ]
+
+    async def _send_drain(self, record: journal.DrainRecord, now: float) -> None:
+        await self.commander.drain(record.instance_id, record.deadline, record.reason,
+                                   msg_id=journal.drain_msg_id(record))
+        failpoint("drain-sent")
+        await journal.mark_drain_sent(self.state, record.instance_id, now)
+
+    async def _finish_unfinished(self, obs: Observation, now: float, terminating: set[str]) -> list[Outcome]:
+        """Drains and terminations a previous pass (or a previous process) decided and may not
+        have delivered: see fleetd.reconcile.journal."""
+        if self._started_at is None:
+            self._started_at = now
+        live = {n.instance_id for n in obs.nodes if n.ec2_state not in st.TERMINAL}
+        for rec in await journal.unsent_drains(self.state):
+            if rec.instance_id not in live:
+                continue
+            said = self.commander.node_state(rec.instance_id)
+            if said in ("draining", "leaving"):
+                await journal.mark_drain_sent(self.state, rec.instance_id, now)
+                log.info("drain_confirmed", instance_id=rec.instance_id, agent_state=said,
+                         why="the agent is draining: the recorded drain is not sent again")
+            elif now - max(rec.started_at, self._started_at) >= DRAIN_RESEND_GRACE_S:
+                try:
+                    await self._send_drain(rec, now)
+                    log.warning("drain_resent", instance_id=rec.instance_id, recorded_s_ago=round(now - rec.started_at, 1),
+                                why="recorded, never confirmed sent (a crash or the broker was down)")
+                except NotDelivered as exc:
+                    log.warning("drain_resend_failed", instance_id=rec.instance_id, error=str(exc))
+        overdue = [i for i in await journal.unfinished_terminations(self.state, now - TERMINATE_RESEND_AFTER_S)
+                   if i in live and i not in terminating]
+        if not overdue:
+            return []
+        log.warning("terminate_resent", instances=overdue, why="asked for and still running")
+        done = set(await self.ec2.terminate(overdue))
+        return [self._record(Outcome(Terminate(reason="finishing a termination fleetd already decided",
+                                               instance_id=i), "done" if i in done else "failed",
+                                     instance_ids=(i,) if i in done else ())) for i in overdue]
 
     async def _launch(self, action: Launch, now: float) -> Outcome:
         seq = await self.state.settled_launch_count()
@@ -161,6 +217,7 @@ class ActionExecutor:
             token=token, seq=seq, now=now, count=action.count, market=action.market, pools=action.pools,
             purpose=str(action.purpose), max_price_per_hour=spec.max_price_per_hour, reason=action.reason,
         )
+        failpoint("launch-recorded")
         try:
             result = await self.ec2.launch(spec)
         except CapacityUnavailable as exc:

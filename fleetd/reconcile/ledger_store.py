@@ -24,6 +24,7 @@ from fleetd.policy import ledger
 from fleetd.policy.ledger import EVENT_KINDS, EVENT_TYPES, LedgerEvent, LedgerSummary
 from fleetd.policy.model import Market, PoolId
 from fleetd.protocol.logs import get_logger
+from fleetd.reconcile import schema
 
 log = get_logger(__name__)
 
@@ -94,6 +95,11 @@ class LedgerStore:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            try:
+                schema.refuse_newer(conn, path)  # a newer build's file: touch nothing (same file as the state)
+            except schema.SchemaTooNew:
+                conn.close()
+                raise
             conn.execute("PRAGMA journal_mode=WAL")
             conn.executescript(SCHEMA)
         except (sqlite3.Error, OSError) as exc:

@@ -52,12 +52,22 @@ class SignalSource(Protocol):
         ...
 
 
+class NotDelivered(Exception):
+    """A command could not be handed to the transport (broker down); nothing was sent."""
+
+
 class NodeCommander(Protocol):
     """Carries out the training-side actions (checkpoint, drain, stop) for the loop."""
 
     async def request_checkpoint(self, deadline: float | None, reason: str) -> None: ...
 
-    async def drain(self, instance_id: str, deadline: float | None, reason: str) -> None: ...
+    async def drain(self, instance_id: str, deadline: float | None, reason: str, msg_id: str | None = None) -> None:
+        """Send a drain; raises NotDelivered when it could not be sent (the journal retries)."""
+        ...
+
+    def node_state(self, instance_id: str) -> str | None:
+        """What the node's agent last said it is doing ("training", "draining", ...), if known."""
+        ...
 
     async def stop_job(self, reason: str) -> None: ...
 
@@ -98,8 +108,11 @@ class LoggingCommander:
     async def request_checkpoint(self, deadline: float | None, reason: str) -> None:
         log.warning("checkpoint_not_delivered", reason=reason, why="no node commander configured")
 
-    async def drain(self, instance_id: str, deadline: float | None, reason: str) -> None:
+    async def drain(self, instance_id: str, deadline: float | None, reason: str, msg_id: str | None = None) -> None:
         log.warning("drain_not_delivered", instance_id=instance_id, reason=reason, why="no node commander configured")
+
+    def node_state(self, instance_id: str) -> str | None:
+        return None
 
     async def stop_job(self, reason: str) -> None:
         log.warning("stop_not_delivered", reason=reason, why="no node commander configured")

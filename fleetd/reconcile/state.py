@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetd.policy.model import Market, PoolId
+from fleetd.reconcile import schema
 from fleetd.reconcile.state_rows import (  # noqa: F401  (re-exported: callers use st.<Row>)
     ABANDONED,
     FAILED,
@@ -39,7 +40,6 @@ from fleetd.reconcile.state_rows import (  # noqa: F401  (re-exported: callers u
 from fleetd.reconcile.state_sql import (
     SCHEMA,
     accrue,
-    add_missing_columns,
     close_instance,
     ensure_pool,
     observed_until,
@@ -80,10 +80,15 @@ class StateStore:
     def _open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        try:
+            schema.refuse_newer(db, self.path)  # before anything (even WAL mode) writes to a newer build's file
+        except schema.SchemaTooNew:
+            db.close()
+            raise
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")  # an intent must be on disk before CreateFleet
         db.executescript(SCHEMA)
-        add_missing_columns(db)
+        schema.migrate(db, self.path)
         self._db = db
 
     async def close(self) -> None:
@@ -272,11 +277,6 @@ class StateStore:
         await self._run(lambda db: db.executemany(
             "UPDATE instances SET terminate_requested_at=COALESCE(terminate_requested_at, ?) WHERE instance_id=?",
             [(now, i) for i in instance_ids]))
-
-    async def mark_drain_started(self, instance_id: str, now: float) -> None:
-        await self._run(lambda db: db.execute(
-            "UPDATE instances SET drain_started_at=COALESCE(drain_started_at, ?) WHERE instance_id=?",
-            (now, instance_id)))
 
     async def record_notice(self, instance_id: str, at: float) -> bool:
         """Count an interruption notice once per instance; True when it was new."""

@@ -1,5 +1,5 @@
 """The state DB's schema and the SQL steps several StateStore transactions share (accrue node-hours,
-close an instance, migrate an older database). Runs inside the store's worker thread only."""
+close an instance; migrations are fleetd.reconcile.schema's). Runs inside the store's worker thread only."""
 
 from __future__ import annotations
 
@@ -56,21 +56,6 @@ CREATE TABLE IF NOT EXISTS meta (
     value TEXT NOT NULL
 );
 """
-
-
-# Columns added after a table was first released: CREATE TABLE IF NOT EXISTS leaves an existing
-# database's table as it was, so they are added to it here (table -> (column, SQL type)).
-_ADDED_COLUMNS = {
-    "pool_stats": (("on_demand_capacity_error_until", "REAL"),),
-}
-
-
-def add_missing_columns(db: sqlite3.Connection) -> None:
-    for table, columns in _ADDED_COLUMNS.items():
-        have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
-        for name, sql_type in columns:
-            if name not in have:
-                db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {sql_type}")
 
 
 def ensure_pool(db: sqlite3.Connection, pool: str) -> None:

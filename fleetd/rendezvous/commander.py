@@ -22,6 +22,7 @@ from fleetd.intake.registry import NodeRegistry
 from fleetd.intake.signals import TrainingSignals
 from fleetd.protocol.logs import get_logger
 from fleetd.protocol.messages import Command, DrainCommand, LeaveCommand, ShutdownCommand
+from fleetd.reconcile.ports import NotDelivered
 from fleetd.rendezvous.client import RendezvousClient
 from fleetd.rendezvous.errors import RendezvousError
 
@@ -66,8 +67,14 @@ class TrainingCommander:
         await self.rendezvous.request_checkpoint(_short(reason), by="fleetd")
         self.signals.note_checkpoint_request(self.clock())
 
-    async def drain(self, instance_id: str, deadline: float | None, reason: str) -> None:
-        await self._send(DrainCommand(instance_id=instance_id, reason=reason, deadline=_utc(deadline)))
+    async def drain(self, instance_id: str, deadline: float | None, reason: str, msg_id: str | None = None) -> None:
+        ids = {"msg_id": msg_id} if msg_id else {}
+        if not await self._send(DrainCommand(instance_id=instance_id, reason=reason, deadline=_utc(deadline), **ids)):
+            raise NotDelivered(f"drain for {instance_id}: broker unavailable")
+
+    def node_state(self, instance_id: str) -> str | None:
+        rec = self.registry.record(instance_id)
+        return rec.status.state if rec is not None and rec.status is not None else None
 
     async def stop_job(self, reason: str) -> None:
         self._stops.put_nowait(reason)
@@ -130,9 +137,11 @@ class TrainingCommander:
             if rec.tracked and rec.agent_offline_at is None and rec.ec2_state not in ("terminated", "shutting-down"):
                 await self._send(ShutdownCommand(instance_id=rec.instance_id, reason=reason))
 
-    async def _send(self, command: Command) -> None:
+    async def _send(self, command: Command) -> bool:
         try:
             await self.send(command)
         except BusUnavailable as exc:
-            # Level-based: the planner re-issues what is still needed on a later pass.
+            # Level-based: the planner (or, for a drain, the journal) re-issues what is still needed.
             log.warning("command_not_sent", kind=command.kind, instance_id=command.instance_id, error=str(exc))
+            return False
+        return True
