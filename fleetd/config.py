@@ -136,6 +136,12 @@ class MetricsConfig(Group):
 
 class EventsConfig(Group):
     sqs_queue_url: str | None = None  # EventBridge -> SQS queue; None disables that intake
+    # An event about an instance this fleet does not know (yet) is not deleted at once: it goes
+    # back to the queue for unknown_retry_s, until the instance is known (a node launched seconds
+    # ago, or any node right after a controller restart) or the event is older than
+    # unknown_instance_grace_s (a spot warning is worthless after its two minutes).
+    unknown_instance_grace_s: Annotated[float, Field(ge=0)] = 180.0
+    unknown_retry_s: Annotated[int, Field(ge=0, le=43200)] = 10
 
 
 class FleetdConfig(CommonSettings):
