@@ -108,6 +108,9 @@ class ScalingConfig(Group):
 class RebalanceConfig(Group):
     max_checkpoint_age_s: Annotated[float, Field(gt=0)] = 600.0
     max_recommendation_replacements_per_hour: Annotated[int, Field(ge=0)] = 2
+    # A rebalance recommendation with no notice within this window stops counting: the node it
+    # pre-bought is released (kept only if it replaces the risky node) and scaling runs again.
+    recommendation_expiry_s: Annotated[float, Field(gt=0)] = 1800.0
     silence_s: Annotated[float, Field(gt=0)] = 30.0  # telemetry silence that counts as a signal
     # Do not ask for another checkpoint while the last request is younger than this.
     checkpoint_retry_s: Annotated[float, Field(gt=0)] = 120.0
