@@ -36,6 +36,7 @@ class SteerSettings:
     interval_s: float = 0.05  # one pass is one batch of local round trips; survivors wait on it
     left_timeout_s: float = 5.0
     dead_after_s: float = 6.0
+    coalesce_s: float = 3.0  # a wave's leavers re-form the survivors once (decide.Observation)
 
 
 @dataclass
@@ -45,6 +46,7 @@ class Steerer:
     members: frozenset[str] | None = None
     members_round: int | None = None
     told_leave: dict[str, datetime] = field(default_factory=dict)
+    told_members: set[str] = field(default_factory=set)  # leavers that were members when told
     last_state: RendezvousState | None = None
     adopted: bool = False
     heartbeats: dict[str, datetime] = field(default_factory=dict)
@@ -62,7 +64,10 @@ class Steerer:
             candidates |= self.last_state.participant_addrs | {n.addr for n in self.last_state.waiting}
         ready_keys = {a: keys.drain_ready_key(run_id, a) for a in candidates}
         left_keys = {a: keys.left_key(run_id, a) for a in self.told_leave}
-        snap, raw = await self.client.observe_with([*ready_keys.values(), *left_keys.values()])
+        # Noticed keys matter only while a leave is in flight (they can hold back its re-form).
+        noticed_keys = {a: keys.noticed_key(run_id, a) for a in candidates} if self.told_leave else {}
+        snap, raw = await self.client.observe_with(
+            [*ready_keys.values(), *left_keys.values(), *noticed_keys.values()])
         s = snap.state
         if s is not None and s.complete and s.round != self.members_round:
             # The first sight of a complete round is its membership. Later sights of the same
@@ -79,6 +84,7 @@ class Steerer:
             )
         ready = {a for a, k in ready_keys.items() if self.client.parse(keys.DrainReady, k, raw[k]) is not None}
         left = {a for a, k in left_keys.items() if self.client.parse(keys.Left, k, raw[k]) is not None}
+        noticed = {a for a, k in noticed_keys.items() if self.client.parse(keys.Noticed, k, raw[k]) is not None}
         self.last_state = s
         if s is not None:
             for node, beat in s.last_heartbeats.items():
@@ -97,6 +103,9 @@ class Steerer:
             max_nodes=st.max_nodes,
             left_timeout=timedelta(seconds=st.left_timeout_s),
             dead_after=timedelta(seconds=st.dead_after_s),
+            member_leaves=frozenset(self.told_members),
+            noticed=frozenset(noticed),
+            coalesce=timedelta(seconds=st.coalesce_s),
         )
 
     async def step(self) -> tuple[decide.SteerAction, ...]:
@@ -118,6 +127,8 @@ class Steerer:
             case decide.TellLeave(addr=addr):
                 await self.client.tell_leave(addr, action.reason)
                 self.told_leave[addr] = obs.now
+                if obs.members is None or addr in obs.members:
+                    self.told_members.add(addr)
                 if self.on_leave is not None:
                     try:
                         await self.on_leave(addr, action.reason)
@@ -149,6 +160,7 @@ class Steerer:
     async def _forget(self, done: frozenset[str]) -> None:
         for addr in done:
             self.told_leave.pop(addr, None)
+            self.told_members.discard(addr)
             await self.client.forget_node(addr)
 
     async def close_rendezvous(self) -> None:
