@@ -75,8 +75,8 @@ def _whole_fleet(run: Any, progress: Progress) -> dict | None:
         return {"nodes": len(wave_ids), "last_left_s": None, "durable_step_before_last_left": None,
                 "resume_step": None, "steps_lost": None}
     last_left = max(stops)
-    durable_before = [int(d.split()[1]) for t, _, kind, d in run.view.events if kind == "durable" and t <= last_left]
     last_left_wall = last_left - offset
+    durable_before = [step for step, at in run.view.durable_at.items() if at <= last_left_wall]
     last_step = max((r["step"] for r in progress.records if r["ev"] == "step" and r["t"] <= last_left_wall),
                     default=None)
     resumed = [r for r in progress.records if r["ev"] == "start" and r["t"] > last_left_wall]

@@ -85,7 +85,7 @@ NAMED: dict[str, Scenario] = {
         "replacement noticed while it restores, then every node within three minutes; the "
         "checkpoint taken inside the last notice is the one the replacements resume from",
         nodes=4,
-        duration_s=170.0,
+        duration_s=240.0,  # the replacements of the whole fleet boot, restore and train
     ),
     "calm": Scenario("calm", (), description="no interruptions: baseline throughput and cost"),
 }
