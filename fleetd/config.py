@@ -130,6 +130,9 @@ class ScalingConfig(Group):
 class RebalanceConfig(Group):
     max_checkpoint_age_s: Annotated[float, Field(gt=0)] = 600.0
     max_recommendation_replacements_per_hour: Annotated[int, Field(ge=0)] = 2
+    # A rebalance recommendation with no notice within this window stops counting: the node it
+    # pre-bought is released (kept only if it replaces the risky node) and scaling runs again.
+    recommendation_expiry_s: Annotated[float, Field(gt=0)] = 1800.0
     silence_s: Annotated[float, Field(gt=0)] = 30.0  # telemetry silence that counts as a signal
     # Do not ask for another checkpoint while the last request is younger than this.
     checkpoint_retry_s: Annotated[float, Field(gt=0)] = 120.0
@@ -201,6 +204,12 @@ class MetricsConfig(Group):
 
 class EventsConfig(Group):
     sqs_queue_url: str | None = None  # EventBridge -> SQS queue; None disables that intake
+    # An event about an instance this fleet does not know (yet) is not deleted at once: it goes
+    # back to the queue for unknown_retry_s, until the instance is known (a node launched seconds
+    # ago, or any node right after a controller restart) or the event is older than
+    # unknown_instance_grace_s (a spot warning is worthless after its two minutes).
+    unknown_instance_grace_s: Annotated[float, Field(ge=0)] = 180.0
+    unknown_retry_s: Annotated[int, Field(ge=0, le=43200)] = 10
 
 
 class FleetdConfig(CommonSettings):

@@ -119,3 +119,37 @@ def test_scaling_scenario_grows_on_measured_gain_and_drains_the_node_not_worth_i
     assert 0 < report["spend_usd"] <= report["budget_usd"]
     assert report["useful_steps"] > 0
     assert _survivors(run_id) == []
+
+
+WAVE_TRACE = Path(__file__).resolve().parent.parent / "bench" / "traces" / "wave.csv"
+
+
+def test_a_trace_wave_every_removal_a_notice_none_lost(tmp_path: Path) -> None:
+    """Two removals in the same millisecond, a replacement removed while it restores, a third
+    removal 20 s after the first: each is a notice, each gets a replacement, no step is lost."""
+    res, report, run_id = _demo(tmp_path, "--nodes", "4", "--trace", str(WAVE_TRACE), "--duration", "120")
+    assert res.returncode == 0, _explain(res, tmp_path)
+    log = report["notice_log"]
+    assert len(log) == report["notices"] == 4, report
+    assert all(n["seen_by_fleet"] for n in log), log
+    assert abs(log[0]["at_s"] - log[1]["at_s"]) < 0.05  # the wave's pair, together
+    assert [n["replacement"] for n in log] == [False, False, True, False]
+    assert log[3]["at_s"] - log[0]["at_s"] >= 19.5
+    assert report["steps_lost"] == 0, report
+    assert report["replacements"] >= 4, report
+    assert _survivors(run_id) == []
+
+
+def test_storm_takes_the_whole_fleet_and_resumes_from_the_checkpoint_made_inside_the_notice(
+    tmp_path: Path,
+) -> None:
+    res, report, run_id = _demo(tmp_path, "--scenario", "storm", timeout=600)
+    assert res.returncode == 0, _explain(res, tmp_path)
+    wipe = report["whole_fleet_notice"]
+    assert wipe is not None and wipe["nodes"] >= 3, report
+    assert wipe["durable_step_before_last_left"] is not None, wipe
+    assert wipe["resume_step"] == wipe["durable_step_before_last_left"] == wipe["last_step_before"], wipe
+    assert wipe["steps_lost"] == 0 and report["steps_lost"] == 0, report
+    assert report["notices"] == len(report["notice_log"]) >= 6
+    assert any(n["replacement"] for n in report["notice_log"])
+    assert _survivors(run_id) == []

@@ -58,12 +58,39 @@ def test_scenarios_resolve_and_unknown_names_are_refused() -> None:
         resolve("nope", None, 100)
 
 
-def test_a_trace_becomes_scaled_notices(tmp_path: Path) -> None:
+def test_a_trace_becomes_one_notice_per_removal_simultaneous_ones_kept(tmp_path: Path) -> None:
     trace = tmp_path / "t.csv"
     trace.write_text("0,add,n1\n0,add,n2\n0,add,n3\n600000,remove,n1\n600000,remove,n2\n1800000,remove,n3\n")
     sc = resolve(None, trace, 200)
-    assert [s.kind for s in sc.steps] == ["notice", "notice"]  # one per removal instant
-    assert sc.steps[0].at_s == pytest.approx(30.0) and sc.steps[1].at_s == pytest.approx(140.0)
+    # Every removal is a notice; the two at one instant stay at one instant (a wave).
+    assert [s.kind for s in sc.steps] == ["notice", "notice", "notice"]
+    assert sc.steps[0].at_s == sc.steps[1].at_s == pytest.approx(30.0)
+    assert sc.steps[2].at_s == pytest.approx(140.0)  # 20 minutes compressed into the run
+
+
+def test_a_short_trace_plays_in_real_time_and_a_replacement_removal_targets_a_replacement(
+    tmp_path: Path,
+) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "0,add,n0\n0,add,n1\n0,add,n2\n0,add,n3\n"
+        "40000,remove,n0\n40000,remove,n1\n45000,add,n4\n50000,remove,n4\n60000,remove,n2\n"
+    )
+    sc = resolve(None, trace, 200)
+    assert [round(s.at_s - sc.steps[0].at_s, 3) for s in sc.steps] == [0.0, 0.0, 10.0, 20.0]
+    assert [s.pick for s in sc.steps] == ["oldest", "oldest", "replacement", "oldest"]
+
+
+def test_storm_scenario_is_a_wave_that_takes_the_whole_fleet() -> None:
+    storm = resolve("storm", None, 100)
+    assert storm.nodes == 4
+    first = min(s.at_s for s in storm.steps)
+    same_second = [s for s in storm.steps if s.at_s == first and s.kind == "notice"]
+    assert len(same_second) == 2
+    assert any(s.pick == "replacement" for s in storm.steps)
+    (everyone,) = [s for s in storm.steps if s.kind == "notice-all"]
+    # The whole wave within three minutes (compressed notice: the demo's minutes are shorter).
+    assert everyone.at_s - first <= 180
 
 
 def test_steps_redone_after_a_rollback_are_not_counted_twice(tmp_path: Path) -> None:

@@ -61,17 +61,26 @@ def test_cfn_lint_is_clean():
 def test_rule_pattern_is_the_one_the_sqs_intake_handles():
     (rule,) = resources_of("AWS::Events::Rule").values()
     assert rule["Properties"]["EventPattern"] == sqs_intake.EVENT_PATTERN
-    (queue_name,) = resources_of("AWS::SQS::Queue")
-    assert rule["Properties"]["Targets"][0]["Arn"] == {"Fn::GetAtt": [queue_name, "Arn"]}
+    queues = resources_of("AWS::SQS::Queue")
+    assert set(queues) == {"EventsQueue", "SecondQueue", "ThirdQueue"}
+    # The other fleets' queues are targets of the same rule, present only when named.
+    cond3, three, rest = rule["Properties"]["Targets"]["Fn::If"]
+    cond2, two, one = rest["Fn::If"]
+    assert (cond3, cond2) == (queues["ThirdQueue"]["Condition"], queues["SecondQueue"]["Condition"])
+    for targets, names in ((three, ["EventsQueue", "SecondQueue", "ThirdQueue"]),
+                           (two, ["EventsQueue", "SecondQueue"]), (one, ["EventsQueue"])):
+        assert [t["Arn"] for t in targets] == [{"Fn::GetAtt": [n, "Arn"]} for n in names]
 
 
 def test_only_this_rule_may_send_to_the_queue_and_the_controller_may_read_it():
-    (policy,) = resources_of("AWS::SQS::QueuePolicy").values()
     (rule_name,) = resources_of("AWS::Events::Rule")
-    (statement,) = policy["Properties"]["PolicyDocument"]["Statement"]
-    assert statement["Principal"] == {"Service": "events.amazonaws.com"}
-    assert statement["Action"] == "sqs:SendMessage"
-    assert statement["Condition"]["ArnEquals"]["aws:SourceArn"] == {"Fn::GetAtt": [rule_name, "Arn"]}
+    policies = resources_of("AWS::SQS::QueuePolicy")
+    assert len(policies) == len(resources_of("AWS::SQS::Queue"))  # every queue fenced
+    for policy in policies.values():
+        (statement,) = policy["Properties"]["PolicyDocument"]["Statement"]
+        assert statement["Principal"] == {"Service": "events.amazonaws.com"}
+        assert statement["Action"] == "sqs:SendMessage"
+        assert statement["Condition"]["ArnEquals"]["aws:SourceArn"] == {"Fn::GetAtt": [rule_name, "Arn"]}
     default_queue = template()["Parameters"]["QueueName"]["Default"]
     controller = json.loads((ROOT / "deploy" / "iam" / "controller-policy.json").read_text())
     sqs_resources = [s["Resource"] for s in controller["Statement"] if s["Action"][0].startswith("sqs:")]
@@ -111,3 +120,32 @@ def test_deployed_stack_delivers_the_three_ec2_event_types_to_the_intake(moto_en
     assert all(e.instance_id == iid for e in events)
     leftover = sqs.receive_message(QueueUrl=outputs["QueueUrl"], MaxNumberOfMessages=10, WaitTimeSeconds=1)
     assert not leftover.get("Messages"), "an event type outside the pattern reached the queue"
+
+
+@pytest.mark.filterwarnings("ignore:Tried to parse AWS..SQS..QueuePolicy:UserWarning")
+def test_deployed_stack_gives_two_fleets_every_event_each_on_its_own_queue(moto_endpoint):
+    """Several fleets, one account, one rule: each queue receives every event (fan-out), so one
+    fleet's consumer can never delete a notice another fleet needs."""
+    kwargs = {"endpoint_url": moto_endpoint, "region_name": "us-east-1", "config": NO_RETRIES}
+    cfn = boto3.client("cloudformation", **kwargs)
+    cfn.create_stack(StackName="fleetd-events-2", TemplateBody=TEMPLATE.read_text(), Parameters=[
+        {"ParameterKey": "QueueName", "ParameterValue": "fleetd-events-jobA"},
+        {"ParameterKey": "SecondQueueName", "ParameterValue": "fleetd-events-jobB"},
+    ])
+    stack = cfn.describe_stacks(StackName="fleetd-events-2")["Stacks"][0]
+    assert stack["StackStatus"] == "CREATE_COMPLETE"
+    outputs = {o["OutputKey"]: o["OutputValue"] for o in stack["Outputs"]}
+    assert "ThirdQueueUrl" not in outputs
+    ids = ["i-0a000000000000001", "i-0b000000000000002"]
+    boto3.client("events", **kwargs).put_events(Entries=[
+        _event(sqs_intake.SPOT_WARNING, {"instance-id": iid, "instance-action": "terminate"}) for iid in ids
+    ])
+    sqs = boto3.client("sqs", **kwargs)
+    for key in ("QueueUrl", "SecondQueueUrl"):
+        got: list[str] = []
+        deadline = time.monotonic() + 10
+        while len(got) < 2 and time.monotonic() < deadline:
+            resp = sqs.receive_message(QueueUrl=outputs[key], MaxNumberOfMessages=10, WaitTimeSeconds=1)
+            got += [sqs_intake.parse_event(m["Body"], received_at=time.time()).instance_id
+                    for m in resp.get("Messages", [])]
+        assert sorted(got) == ids, key

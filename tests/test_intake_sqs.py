@@ -66,7 +66,8 @@ async def test_eventbridge_rule_delivers_three_types_as_internal_events(eventbri
         ]
     )
     assert resp["FailedEntryCount"] == 0
-    intake = SqsIntake(sqs, queue_url, registry, wait_s=1)
+    # Grace 0: an unknown instance's event is dropped at once (the deferral has its own tests).
+    intake = SqsIntake(sqs, queue_url, registry, wait_s=1, unknown_grace_s=0)
     applied = await drain(intake)
 
     by_type = {type(e): e for e in applied}
@@ -151,3 +152,85 @@ async def test_unreachable_sqs_is_retried_not_fatal(aio_session) -> None:
 def test_parse_event_rejects_malformed(body: str) -> None:
     with pytest.raises(ProtocolError):
         parse_event(body, 0.0)
+
+
+# ---------------------------------------------------------------- several fleets, one account
+A1, A2 = "i-0a00000000000000a1", "i-0a00000000000000a2"
+B1, B2, B3 = "i-0b00000000000000b1", "i-0b00000000000000b2", "i-0b00000000000000b3"
+
+
+@pytest.fixture
+async def one_rule_two_fleets(aio_session, aws_client_kwargs):
+    """One EventBridge rule with one target queue per fleet (what deploy/ sets up)."""
+    async with aio_session.create_client("sqs", **aws_client_kwargs) as sqs, aio_session.create_client(
+        "events", **aws_client_kwargs
+    ) as events:
+        urls = {}
+        await events.put_rule(Name="fleetd-ec2", EventPattern=json.dumps(EVENT_PATTERN), State="ENABLED")
+        for fleet in ("jobA", "jobB"):
+            url = (await sqs.create_queue(QueueName=f"fleetd-events-{fleet}"))["QueueUrl"]
+            arn = (await sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"]))["Attributes"]["QueueArn"]
+            await events.put_targets(Rule="fleetd-ec2", Targets=[{"Id": fleet, "Arn": arn}])
+            urls[fleet] = url
+        yield sqs, events, urls
+
+
+async def test_two_fleets_on_one_rule_each_get_every_notice_for_their_own_nodes(one_rule_two_fleets) -> None:
+    sqs, events, urls = one_rule_two_fleets
+    skew = [0.0]
+    clock = lambda: time.time() + skew[0]  # noqa: E731
+    fleets = {}
+    for name, nodes in (("jobA", (A1, A2)), ("jobB", (B1, B2))):
+        registry = NodeRegistry()
+        for iid in nodes:
+            registry.track(iid)
+        fleets[name] = (registry, SqsIntake(sqs, urls[name], registry, wait_s=0, clock=clock,
+                                            unknown_grace_s=60.0, unknown_retry_s=0))
+    # A correlated wave: every node of both fleets noticed at once, plus B3, which fleet B has just
+    # launched and not yet tracked (its first reconcile pass after CreateFleet has not run).
+    wave = [ec2_event(SPOT_WARNING, {"instance-id": iid, "instance-action": "terminate"})
+            for iid in (A1, B1, A2, B2, B3)]
+    wave.append(ec2_event(REBALANCE, {"instance-id": A2}))
+    assert (await events.put_events(Entries=wave))["FailedEntryCount"] == 0
+
+    got: dict[str, list] = {name: [] for name in fleets}
+    for name, (_, intake) in fleets.items():
+        got[name] += await drain(intake)
+    fleets["jobB"][0].track(B3)  # fleet B's next pass sees B3 in DescribeInstances
+    for name, (_, intake) in fleets.items():
+        got[name] += await drain(intake)
+
+    def notices(name: str) -> set[str]:
+        return {e.instance_id for e in got[name] if isinstance(e, InterruptionNotice)}
+
+    assert notices("jobA") == {A1, A2}
+    assert notices("jobB") == {B1, B2, B3}
+    assert [e.instance_id for e in got["jobA"] if isinstance(e, RebalanceRecommended)] == [A2]
+    assert not any(isinstance(e, RebalanceRecommended) for e in got["jobB"])
+    # Neither fleet's registry learned of the other's nodes.
+    assert {r.instance_id for r in fleets["jobA"][0].records()} == {A1, A2}
+    assert {r.instance_id for r in fleets["jobB"][0].records()} == {B1, B2, B3}
+
+    # The other fleet's events wait out the grace on each fleet's own copy, then go for good.
+    assert fleets["jobA"][1].deferred > 0 and fleets["jobA"][1].not_ours == 0
+    skew[0] = 120.0
+    for name, (_, intake) in fleets.items():
+        assert await drain(intake) == []
+        left = await sqs.receive_message(QueueUrl=urls[name], WaitTimeSeconds=0)
+        assert left.get("Messages", []) == [], name
+    assert fleets["jobA"][1].not_ours == 3  # B1, B2, B3 on fleet A's queue
+    assert fleets["jobB"][1].not_ours == 3  # A1, A2 and A2's rebalance on fleet B's queue
+
+
+async def test_an_unknown_instances_event_survives_a_controller_restart(eventbridge_queue) -> None:
+    """Right after a restart the registry is empty until the first pass: a notice that arrives
+    then must not be deleted as "not ours"."""
+    sqs, events, queue_url = eventbridge_queue
+    registry = NodeRegistry()  # empty: the first reconcile pass has not run yet
+    intake = SqsIntake(sqs, queue_url, registry, wait_s=0, unknown_grace_s=60.0, unknown_retry_s=0)
+    await events.put_events(Entries=[ec2_event(SPOT_WARNING, {"instance-id": OURS, "instance-action": "terminate"})])
+    assert await drain(intake, 1) == []
+    assert intake.deferred == 1 and intake.not_ours == 0
+    registry.track(OURS)  # the first pass: DescribeInstances finds our node
+    (notice,) = await drain(intake)
+    assert isinstance(notice, InterruptionNotice) and notice.instance_id == OURS

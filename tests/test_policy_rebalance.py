@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleetd.policy.model import Drain, Launch, LaunchPurpose, RequestCheckpoint
+from fleetd.policy.model import Drain, Launch, LaunchPurpose, NodePhase, RequestCheckpoint, Terminate
 from fleetd.policy.observation import Observation
 from fleetd.policy.planner import plan
 from tests.policy_fixtures import A, B, C, NOW, config, node, offer
@@ -111,3 +111,67 @@ def test_real_notice_drains_before_the_deadline_and_replaces_elsewhere() -> None
     assert launch.purpose is LaunchPurpose.CAPACITY and launch.count == 1 and A not in launch.pools
     # The drain carries the checkpoint; no separate pre-buy or checkpoint request.
     assert result.of_type(RequestCheckpoint) == ()
+
+
+# ---------------------------------------------------------------- the advice expires
+WINDOW = CFG.rebalance.recommendation_expiry_s
+PREBOUGHT = node("i-3", C, launched_at=NOW - WINDOW + 60)  # bought a minute after the advice
+
+
+def at_risk_since(age_s: float, **kw):
+    return node("i-1", A, rebalance_at=NOW - age_s, **kw)
+
+
+def test_within_the_window_the_prebought_node_is_kept_and_scaling_holds() -> None:
+    risky = at_risk_since(WINDOW - 1)
+    result = plan(observe(nodes=(risky, HEALTHY, PREBOUGHT)), CFG, NOW)
+    assert result.of_type(Drain) == () and result.of_type(Terminate) == ()
+    assert any("at risk" in n for n in result.notes)
+
+
+def test_advice_with_no_notice_expires_and_releases_the_node_it_prebought() -> None:
+    risky = at_risk_since(WINDOW + 1)
+    result = plan(observe(nodes=(risky, HEALTHY, PREBOUGHT)), CFG, NOW)
+    (drain,) = result.of_type(Drain)
+    assert drain.instance_id == "i-3"  # the extra node, not the once-risky one
+    assert "pre-bought for a rebalance recommendation that expired" in drain.reason
+    assert any(f"expired: no notice within recommendation_expiry_s={WINDOW:.0f}" in n
+               and "releasing the extra node it caused (i-3)" in n for n in result.notes)
+    assert result.of_type(Launch) == ()  # no new pre-buy for expired advice
+
+
+def test_a_prebought_node_not_yet_training_is_released_at_once() -> None:
+    pending = node("i-3", C, launched_at=NOW - 30, phase=NodePhase.PENDING, util=None, sps=None)
+    risky = node("i-1", A, rebalance_at=NOW - WINDOW - 40)
+    result = plan(observe(nodes=(risky, HEALTHY, pending)), CFG, NOW)
+    assert [t.instance_id for t in result.of_type(Terminate)] == ["i-3"]
+
+
+def test_the_prebought_node_stays_when_it_replaces_the_risky_one() -> None:
+    """A notice after all (even past the window): the pre-bought node is the replacement."""
+    noticed = at_risk_since(WINDOW + 100, notice_at=NOW - 5, notice_deadline=NOW + 115)
+    result = plan(observe(nodes=(noticed, HEALTHY, PREBOUGHT)), CFG, NOW)
+    assert [d.instance_id for d in result.of_type(Drain)] == ["i-1"]
+    assert result.of_type(Launch) == ()  # two kept nodes: at the target already
+    # And when the risky node is simply gone, the pre-bought one is the fleet's second node.
+    result = plan(observe(nodes=(HEALTHY, PREBOUGHT)), CFG, NOW)
+    assert result.of_type(Drain) == () and result.of_type(Terminate) == () and result.of_type(Launch) == ()
+
+
+def test_expiry_unfreezes_utilization_scaling() -> None:
+    """Scaling judges only a fleet at its target: with the extra node it never could."""
+    cfg = config(fleet={"min_nodes": 1, "max_nodes": 4}, budget={"total_usd": 100.0, "max_usd_per_hour": 20.0},
+                 scaling={"cooldown_s": 0.0})
+    idle = dict(util=5.0)
+    frozen = plan(observe(nodes=(at_risk_since(60, **idle), node("i-2", B, **idle), PREBOUGHT)), cfg, NOW)
+    assert any("judging scale only once the fleet is at its target" in n for n in frozen.notes)
+    after = observe(nodes=(at_risk_since(WINDOW + 1, **idle), node("i-2", B, **idle)))
+    assert any("idle" in n for n in plan(after, cfg, NOW).notes)
+
+
+def test_churn_cap_still_counts_expired_prebuys() -> None:
+    """A fresh recommendation after an expired one is capped by the pre-buys of the last hour."""
+    fresh = node("i-2", B, rebalance_at=NOW - 10)
+    result = plan(observe(nodes=(at_risk_since(WINDOW + 1), fresh), rebalance_prebuys_last_hour=2), CFG, NOW)
+    assert result.of_type(Launch) == ()
+    assert any("reached max_recommendation_replacements_per_hour=2" in n for n in result.notes)

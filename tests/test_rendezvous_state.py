@@ -156,6 +156,43 @@ def test_survivors_are_poked_once_the_leaver_left():
     assert kinds(acts) == ["PokeSurvivors"] and acts[0].finished == {"127.0.0.4"}
 
 
+def test_a_leaver_that_never_trained_in_the_round_costs_the_others_no_re_form():
+    """A replacement noticed while it restores asked for no hold checkpoint: the members train on."""
+    s = complete_round(A, B)
+    told = {"127.0.0.4": NOW - timedelta(seconds=0.2)}
+    acts = decide.plan(obs(s, told_leave=told, left=frozenset({"127.0.0.4"}), member_leaves=frozenset()))
+    assert kinds(acts) == ["FinishLeaves"] and acts[0].finished == {"127.0.0.4"}
+    # A wave: one member and one restoring replacement leave together: one poke for both.
+    told = {"127.0.0.4": NOW - timedelta(seconds=0.2), "127.0.0.5": NOW - timedelta(seconds=0.2)}
+    acts = decide.plan(obs(s, told_leave=told, left=frozenset(told), member_leaves=frozenset({"127.0.0.4"})))
+    assert kinds(acts) == ["PokeSurvivors"] and acts[0].finished == set(told)
+
+
+def test_a_wave_of_notices_re_forms_the_survivors_once():
+    """Two members noticed together: the first is out, the second's checkpoint is still being
+    acknowledged. The survivors are not poked until it too has left (bounded by ``coalesce``)."""
+    s = complete_round(A, B, C)  # 127.0.0.2-4
+    first, second = "127.0.0.3", "127.0.0.4"
+    told = {first: NOW - timedelta(seconds=0.5)}
+    waiting = obs(s.without_addrs({first}), members=s.participant_addrs, told_leave=told,
+                  left=frozenset({first}), noticed=frozenset({first, second}))
+    assert decide.plan(waiting) == ()
+    # The second is drain-ready: removed and told, still no poke while it stops its tree.
+    ready = obs(s.without_addrs({first}), members=s.participant_addrs, told_leave=told,
+                left=frozenset({first}), noticed=frozenset({first, second}), drain_ready=frozenset({second}))
+    assert kinds(decide.plan(ready)) == ["RemoveNodes", "TellLeave"]
+    both = {first: NOW - timedelta(seconds=0.8), second: NOW - timedelta(seconds=0.2)}
+    gone = obs(s.without_addrs({first, second}), members=s.participant_addrs - {first, second},
+               told_leave=both, left=frozenset(both), noticed=frozenset(both))
+    acts = decide.plan(gone)
+    assert kinds(acts) == ["PokeSurvivors"] and acts[0].finished == set(both)
+    # A noticed member that never gets ready does not hold the survivors past the bound.
+    late = obs(s.without_addrs({first}), members=s.participant_addrs,
+               told_leave={first: NOW - timedelta(seconds=4)}, left=frozenset({first}),
+               noticed=frozenset({first, second}))
+    assert kinds(decide.plan(late)) == ["PokeSurvivors"]
+
+
 def test_a_leaver_that_never_confirms_is_given_up_on_after_the_timeout():
     acts = decide.plan(obs(complete_round(A, B), told_leave={"127.0.0.4": NOW - timedelta(seconds=30)}))
     assert kinds(acts) == ["PokeSurvivors"]

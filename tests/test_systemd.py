@@ -174,3 +174,69 @@ def test_rendezvous_survives_controller_restarts():
     assert "fleetd-rendezvous.service" in " ".join(controller["Unit"]["Wants"])
     # The store is unauthenticated: the unit fences it to private networks as well.
     assert service("fleetd-rendezvous.service")["IPAddressDeny"] == "any"
+
+
+# ---------------------------------------------------------------- several fleets on one control host
+TEMPLATES = ("fleetd@.service", "fleetd-rendezvous@.service")
+
+
+@pytest.fixture
+def instance_units(tmp_path: Path) -> list[Path]:
+    """The two templates as instances of two fleets (jobA, jobB), as systemctl would load them."""
+    paths = []
+    for name in TEMPLATES:
+        text = (ROOT / "systemd" / name).read_text()
+        assert PROD_BIN in text, f"{name} should run the production venv's entry point"
+        for fleet in ("jobA", "jobB"):
+            path = tmp_path / name.replace("@.", f"@{fleet}.")
+            path.write_text(text.replace(PROD_BIN, VENV_BIN))
+            paths.append(path)
+    return paths
+
+
+def test_systemd_analyze_verify_passes_on_the_template_instances(instance_units):
+    result = verify(instance_units)
+    assert result.returncode == 0 and result.stdout + result.stderr == "", result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("name,max_exposure", [("fleetd@.service", 2.0), ("fleetd-rendezvous@.service", 2.0)])
+def test_template_hardening_matches_the_single_fleet_units(instance_units, name, max_exposure):
+    path = next(p for p in instance_units if p.name == name.replace("@.", "@jobA."))
+    result = subprocess.run(
+        [systemd_analyze(), "security", "--offline=true", f"--threshold={int(max_exposure * 10)}", str(path)],
+        capture_output=True, text=True, timeout=60,
+    )
+    overall = result.stdout.strip().splitlines()[-1]
+    assert result.returncode == 0, overall
+
+
+@pytest.mark.parametrize("template,single", [
+    ("fleetd@.service", "fleetd.service"), ("fleetd-rendezvous@.service", "fleetd-rendezvous.service"),
+])
+def test_a_template_is_its_single_unit_with_one_config_and_state_dir_per_fleet(template, single):
+    t, s = service(template), service(single)
+    # Same daemon, same sandbox and restart policy: only what names the fleet differs.
+    differs = {"ExecStart", "StateDirectory", "Environment"}
+    assert {k: v for k, v in t.items() if k not in differs} == {k: v for k, v in s.items() if k not in differs}
+    assert shlex.split(t["ExecStart"])[-2:] == ["--config", "/etc/fleetd/%i.toml"]
+    assert unit(template)["Service"]["StateDirectory"] == ["fleetd/%i"]
+    assert "FLEETD_FLEET__STATE_DIR=/var/lib/fleetd/%i" in unit(template)["Service"]["Environment"]
+
+
+def test_each_controller_instance_wants_its_own_rendezvous_and_never_binds_it():
+    controller = unit("fleetd@.service")["Unit"]
+    assert "fleetd-rendezvous@%i.service" in " ".join(controller["Wants"])
+    assert "fleetd-rendezvous@%i.service" in " ".join(controller["After"])
+    for key in ("PartOf", "BindsTo", "Requires", "Requisite"):
+        assert key not in unit("fleetd-rendezvous@.service")["Unit"], key
+        assert key not in controller, key
+
+
+def test_the_state_dir_override_the_template_sets_is_one_fleetd_reads(tmp_path, monkeypatch):
+    from fleetd.config import FleetdConfig
+    from fleetd.protocol.settings import load_settings
+
+    conf = tmp_path / "jobA.toml"
+    conf.write_text('[fleet]\nname = "jobA"\nstate_dir = "/var/lib/fleetd"\n')
+    monkeypatch.setenv("FLEETD_FLEET__STATE_DIR", "/var/lib/fleetd/jobA")
+    assert load_settings(FleetdConfig, conf).fleet.state_dir == Path("/var/lib/fleetd/jobA")

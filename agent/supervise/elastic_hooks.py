@@ -48,6 +48,7 @@ class ElasticHooks:
     _stopped: asyncio.Event = field(default_factory=asyncio.Event)
     starts: int = 0
     last_exit_cause: ExitCause | None = None
+    _preload: asyncio.Task | None = None
 
     @classmethod
     def from_context(cls, ctx: AgentContext) -> ElasticHooks:
@@ -91,6 +92,13 @@ class ElasticHooks:
                 ready = None
                 self.starts += 1
                 await self.set_state("training")
+                if self._preload is None:
+                    # The notice path reaches the rendezvous store through torch's TCPStore.
+                    # Importing torch takes seconds (over 20 s measured on the loaded 2-core demo
+                    # box), which used to be spent after the notice, eating the checkpoint's share
+                    # of it: import it now, in the background.
+                    self._preload = asyncio.create_task(asyncio.to_thread(_preload_store_client),
+                                                        name="preload-torch")
                 exit_ = await self.torchrun.wait()
                 if self.restart_requested.is_set() and not (self.draining or self.stopping):
                     log.warning("trainer_restarting", why="fleetd asked (restart-trainer)")
@@ -177,10 +185,14 @@ class ElasticHooks:
         if self.torchrun is None or self.draining:
             return  # not training, or already leaving (notice and drain both arrived)
         self.draining = True
+        t0 = time.monotonic()
         await self.set_state("draining")
+        log.info("drain_prepare", phase="status", after_s=round(time.monotonic() - t0, 3))
         link = await asyncio.to_thread(self._link().connect)
+        log.info("drain_prepare", phase="store_link", after_s=round(time.monotonic() - t0, 3))
 
         async def body(store: Any) -> EmergencyOutcome:
+            log.info("drain_prepare", phase="checkpoint_store", after_s=round(time.monotonic() - t0, 3))
             uploader = CheckpointStoreUploader(store, self.instance_id) if store is not None else None
             self.flow = EmergencyFlow(link, self.spec.node_addr, self.torchrun, self.spec.ckpt_dir, uploader)
             return await self.flow.run(deadline=deadline, reason=reason)
@@ -258,3 +270,7 @@ class ElasticHooks:
         self._stopped.set()
         if self.torchrun is not None and self.torchrun.running:
             await self.torchrun.stop(timeout_s=10.0)
+
+
+def _preload_store_client() -> None:
+    import torch.distributed  # noqa: F401  (cached in sys.modules for StoreLink.connect)

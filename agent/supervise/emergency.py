@@ -11,6 +11,10 @@ On a notice the agent does not wait for the controller:
    deadline;
 5. SIGKILL torchrun's whole process tree and confirm with ``left``; fleetd then pokes the
    survivors, who re-form at the smaller size and resume from step N (their local copy).
+
+A node noticed before its worker ever started in a world (a replacement still restoring, in a
+wave of notices) holds no training state: it asks for no checkpoint, so the training world is
+neither held nor re-formed for it; it says ``drain_ready`` with no step and leaves.
 """
 
 from __future__ import annotations
@@ -89,13 +93,21 @@ class EmergencyFlow:
         detail = ""
         upload: asyncio.Task | None = None
         try:
-            seq = await self._store(self.link.request_checkpoint, reason, hold=True,
-                                    leaving=(self.node_addr,), by=self.node_addr)
-            mark("requested")
-            step = await self._wait_saved(seq, until=t0 + budget * 0.5)
-            mark("saved")
+            member = await self._store(self.link.member, self.node_addr)
+            if member is None:
+                detail = "not yet a member of the training world (restoring): nothing to checkpoint"
+                log.warning("emergency_not_a_member", node_addr=self.node_addr)
+            else:
+                # First say a notice is under way, so that fleetd re-forms the survivors once for
+                # the whole wave rather than once per leaver (DESIGN.md "A wave of notices").
+                await self._store(self.link.mark_noticed, self.node_addr, keys.Noticed(reason=reason[:200]))
+                seq = await self._store(self.link.request_checkpoint, reason, hold=True,
+                                        leaving=(self.node_addr,), by=self.node_addr)
+                mark("requested")
+                step = await self._wait_saved(seq, until=t0 + budget * 0.5)
+                mark("saved")
             if step is None:
-                detail = "no checkpoint acknowledged before the deadline; the last durable one stands"
+                detail = detail or "no checkpoint acknowledged before the deadline; the last durable one stands"
             elif self.uploader is not None:
                 upload = asyncio.create_task(self._upload(step, deadline, until=t0 + budget * 0.8, mark=mark))
                 # Replicated state (DDP): every survivor holds all of step N already, so the node

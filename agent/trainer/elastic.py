@@ -71,6 +71,11 @@ class ElasticCheckpointer(ResumeSteps):
 
             self._link = StoreLink(self.ctx.store_host, self.ctx.store_port, self.ctx.run_id).connect()
             self.handled_seq = self._agree_max(self._already_handled() if self.ctx.rank == 0 else 0)
+            if self.ctx.local_rank == 0 and self.ctx.node_addr:
+                # From now on this node holds training state: a notice must checkpoint it.
+                from fleetd.protocol.rendezvous_keys import Member
+
+                self._link.mark_member(self.ctx.node_addr, Member(world_size=self.ctx.world_size))
 
     def _already_handled(self, lookback: int = 16) -> int:
         """The newest request number this worker need not answer.

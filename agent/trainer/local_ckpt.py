@@ -76,12 +76,15 @@ def dcp_file_names(directory: Path) -> tuple[str, ...] | None:
 def upload_set(directory: Path) -> tuple[list[Path], tuple[str, ...] | None]:
     """What a node uploads of a local step: its files and, for sharded state, the names of every
     file of the step when this node holds the metadata (the S3 publisher completes the step when
-    the nodes' parts add up to it). A sharded step's completion marker stays local: every node
-    has its own, and a restored step is judged by its metadata, not by a marker."""
-    files = list(_files(directory))
+    the nodes' parts add up to it). The completion marker stays local in both modes: every node
+    has its own (its own ``saved_at``), so with replicated state, where every node uploads the
+    same keys, a later node's marker overwrote the one the manifest hashed and no node could
+    restore the step from S3 (sha256 mismatch: the whole-fleet loss had nothing to resume from).
+    A restored step is judged by its metadata (sharded) or given a marker by the restore."""
+    files = [p for p in _files(directory) if p.name != MARKER]
     if not any(is_shard_file(p.name) for p in files):
         return files, None  # replicated state: each node's copy is the whole step
-    return [p for p in files if p.name != MARKER], dcp_file_names(directory)
+    return files, dcp_file_names(directory)
 
 
 def newest_complete(root: Path, mode: Mode) -> int | None:

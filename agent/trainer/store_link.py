@@ -123,5 +123,14 @@ class StoreLink:
     def has_left(self, addr: str) -> bool:
         return bool(self._op("check", [keys.left_key(self.run_id, addr)]))
 
+    def mark_noticed(self, addr: str, value: keys.Noticed) -> None:
+        self._op("set", keys.noticed_key(self.run_id, addr), value.to_bytes())
+
+    def mark_member(self, addr: str, value: keys.Member) -> None:
+        self._op("set", keys.member_key(self.run_id, addr), value.to_bytes())
+
+    def member(self, addr: str) -> keys.Member | None:
+        return self._read(keys.Member, keys.member_key(self.run_id, addr))
+
     def mark_left(self, addr: str, value: keys.Left) -> None:
         self._op("set", keys.left_key(self.run_id, addr), value.to_bytes())

@@ -6,14 +6,19 @@ import argparse
 import sys
 from pathlib import Path
 
+DEFAULT_NODES = 3
+DEFAULT_DURATION_S = 150.0
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nodes", type=int, default=3, help="nodes to keep training (default 3)")
-    p.add_argument("--duration", type=float, default=150.0, metavar="S",
-                   help="seconds of training after the first step (default 150; set-up adds ~30)")
+    p.add_argument("--nodes", type=int, default=None,
+                   help="nodes to keep training (default 3, or what the scenario is written for)")
+    p.add_argument("--duration", type=float, default=None, metavar="S",
+                   help="seconds of training after the first step (default 150, or what the scenario "
+                   "needs; set-up adds ~30)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--scenario", default=None, metavar="NAME",
-                   help="scenario: default, short, calm (interruptions) or scaling (grow and shrink on measured throughput per dollar); default: default")
+                   help="scenario: default, short, storm, calm (interruptions) or scaling (grow and shrink on measured throughput per dollar); default: default")
     g.add_argument("--trace", type=Path, metavar="PATH", help="inject notices from a spot trace's removals")
     p.add_argument("--budget", type=float, default=5.0, metavar="USD", help="budget.total_usd (default 5)")
     p.add_argument("--report", type=Path, metavar="FILE", help="also write the final report as JSON")
@@ -29,17 +34,19 @@ def run(args: argparse.Namespace) -> int:
     from fleetd.demo.scenario import resolve
     from fleetd.protocol.logs import configure_logging
 
-    if args.nodes < 1:
+    if args.nodes is not None and args.nodes < 1:
         print("--nodes must be >= 1", file=sys.stderr)
         return 2
     try:
-        scenario = resolve(args.scenario, args.trace, args.duration)
+        scenario = resolve(args.scenario, args.trace, args.duration or DEFAULT_DURATION_S)
     except (ValueError, OSError) as exc:
         print(f"fleetd demo: {exc}", file=sys.stderr)
         return 2
+    nodes = args.nodes or scenario.nodes or DEFAULT_NODES
+    duration = args.duration or scenario.duration_s or DEFAULT_DURATION_S
     # The live view owns the terminal; the demo's own log lines go to stderr.
     configure_logging("warning" if sys.stdout.isatty() else "info", json=not sys.stderr.isatty(), stream=sys.stderr)
-    opts = DemoOptions(nodes=args.nodes, duration_s=args.duration, scenario=scenario,
+    opts = DemoOptions(nodes=nodes, duration_s=duration, scenario=scenario,
                        budget_usd=args.budget, workdir=args.workdir)
     report = asyncio.run(run_demo(opts))
     print(render(report))

@@ -26,6 +26,9 @@ class WireView:
     status: dict[str, str] = field(default_factory=dict)
     events: list[tuple[float, str, str, str]] = field(default_factory=list)  # (t, iid, kind, detail)
     kinds: Counter = field(default_factory=Counter)
+    # step -> when it became durable, by the sender's clock (wall): messages from a node that is
+    # being terminated can reach the view after it is gone.
+    durable_at: dict[int, float] = field(default_factory=dict)
     rejected: int = 0
 
     async def run(self, mqtt: MqttConfig) -> None:
@@ -55,6 +58,8 @@ class WireView:
             # Every node uploads every periodic save; the view shows the moment a step is durable.
             if msg.complete:
                 self.events.append((now, where.instance_id, "durable", f"step {msg.step} in S3"))
+                sent = msg.sent_at.timestamp()
+                self.durable_at[msg.step] = min(sent, self.durable_at.get(msg.step, sent))
         elif msg.kind != "checkpoint-saved":
             self.events.append((now, where.instance_id, msg.kind, _detail(msg)))
 

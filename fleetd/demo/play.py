@@ -5,7 +5,8 @@ whether the fleet was ready or not. A node that vanishes gets no notice: its who
 is frozen at once (its peers' collectives hang, as with a machine that is gone), and the instance
 is terminated in EC2 ``VANISH_TERMINATE_AFTER_S`` later. A capacity error makes the cheapest spot
 pool answer CreateFleet with InsufficientInstanceCapacity (through the fault proxy, in AWS's own
-payload).
+payload). Steps due at the same moment are applied back to back, so a wave reaches its nodes
+within a millisecond; ``notice-all`` notices every live spot node at once.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ log = get_logger(__name__)
 # A vanished instance's EC2 state changes soon after the machine stops answering; until then
 # only the rendezvous heartbeats and MQTT keep-alives can tell.
 VANISH_TERMINATE_AFTER_S = 10.0
+# A step aimed at a replacement waits this long for fleetd to have bought one.
+REPLACEMENT_WAIT_S = 90.0
 
 
 def types_by_price() -> list[list[PoolId]]:
@@ -52,19 +55,57 @@ async def play_scenario(run: Any, ec2: Any, proxy: FaultProxy, events_file: Path
     async with asyncio.TaskGroup() as reclaims:
         for step in sorted(scenario.steps, key=lambda s: s.at_s):
             await asyncio.sleep(max(0.0, run.training_since + step.at_s - time.time()))
-            target = await _apply(run, step, proxy)
-            if step.kind == "notice" and target is not None:
-                reclaims.create_task(_reclaim(run, ec2, target, scenario.notice_s))
-            elif step.kind == "vanish" and target is not None:
-                reclaims.create_task(_reclaim(run, ec2, target, VANISH_TERMINATE_AFTER_S))
+            if step.kind == "notice-all":
+                targets = _notice_all(run)
+            else:
+                if step.pick == "replacement":
+                    await _wait_for_replacement(run)
+                target = await _apply(run, step, proxy)
+                targets = [target] if target is not None and step.kind in ("notice", "vanish") else []
+            for target in targets:
+                after = scenario.notice_s if step.kind != "vanish" else VANISH_TERMINATE_AFTER_S
+                reclaims.create_task(_reclaim(run, ec2, target, after))
+
+
+def _noticed(run: Any) -> set[str]:
+    return {t for _, kind, t in run.injected if kind == "notice"}
+
+
+def _replacements(run: Any) -> list[Any]:
+    """Live spot nodes bought after training began and not noticed yet, newest first."""
+    began = run.training_since_loop if run.training_since_loop is not None else float("inf")
+    noticed = _noticed(run)
+    return sorted((n for n in run.launcher.live() if n.lifecycle == "spot" and n.started_at > began
+                   and n.instance_id not in noticed), key=lambda n: n.started_at, reverse=True)
+
+
+async def _wait_for_replacement(run: Any) -> None:
+    until = time.time() + REPLACEMENT_WAIT_S
+    while not _replacements(run) and time.time() < until:
+        await asyncio.sleep(0.2)
+
+
+def _notice_all(run: Any) -> list[str]:
+    """The whole pool goes at once: every live spot node gets its notice in the same instant."""
+    noticed = _noticed(run)
+    nodes = [n for n in run.launcher.live() if n.lifecycle == "spot" and n.instance_id not in noticed]
+    run.injected.append((time.time(), "notice-all", ""))
+    for node in nodes:
+        node.imds.schedule_notice(action_in_s=run.opts.scenario.notice_s)
+        run.injected.append((time.time(), "notice", node.instance_id))
+    log.info("demo_injected", kind="notice-all", instance_ids=[n.instance_id for n in nodes])
+    return [n.instance_id for n in nodes]
 
 
 async def _apply(run: Any, step: Step, proxy: FaultProxy) -> str | None:
     launcher = run.launcher
-    noticed = {t for _, kind, t in run.injected if kind == "notice"}
+    noticed = _noticed(run)
     if step.kind in ("notice", "rebalance", "vanish"):
-        spot = sorted((n for n in launcher.live() if n.lifecycle == "spot" and n.instance_id not in noticed),
-                      key=lambda n: n.started_at)
+        if step.pick == "replacement":
+            spot = _replacements(run)
+        else:
+            spot = sorted((n for n in launcher.live() if n.lifecycle == "spot" and n.instance_id not in noticed),
+                          key=lambda n: n.started_at)
         if len(spot) <= step.target:
             log.warning("demo_step_skipped", step=step.kind, why="no live spot node to target")
             return None

@@ -53,6 +53,58 @@ async def _durable_steps(session: Any, aws: dict) -> list[int]:
     return sorted(steps)
 
 
+def _notice_log(run: Any, began_wall: float | None) -> list[dict]:
+    """Every notice the demo played, one entry each (simultaneous ones included): which node,
+    when, whether it was a replacement (bought after training began), whether fleetd saw it."""
+    nodes = run.launcher.nodes if run.launcher else {}
+    began = run.training_since_loop if run.training_since_loop is not None else float("inf")
+    seen = {iid for _, iid, kind, _ in (run.view.events if run.view else []) if kind == "notice"}
+    out = []
+    for at, kind, iid in run.injected:
+        if kind != "notice":
+            continue
+        node = nodes.get(iid)
+        out.append({
+            "instance_id": iid,
+            "at_s": round(at - began_wall, 3) if began_wall is not None else None,
+            "replacement": bool(node is not None and node.started_at > began),
+            "seen_by_fleet": iid in seen,
+        })
+    return out
+
+
+def _whole_fleet(run: Any, progress: Progress) -> dict | None:
+    """When every node was noticed at once: the newest checkpoint durable in S3 before the last of
+    them was gone, and the step the replacements resumed from."""
+    waves = [at for at, kind, _ in run.injected if kind == "notice-all"]
+    if not waves or run.launcher is None or run.view is None or run.training_since_loop is None:
+        return None
+    wave_wall = waves[-1]
+    offset = run.training_since_loop - run.training_since  # wall clock -> the event loop's clock
+    wave_ids = {iid for at, kind, iid in run.injected if kind == "notice" and at >= wave_wall}
+    stops = [n.stopped_at for iid, n in run.launcher.nodes.items() if iid in wave_ids]
+    if not wave_ids or any(t is None for t in stops):
+        return {"nodes": len(wave_ids), "last_left_s": None, "durable_step_before_last_left": None,
+                "resume_step": None, "steps_lost": None}
+    last_left = max(stops)
+    last_left_wall = last_left - offset
+    durable_before = [step for step, at in run.view.durable_at.items() if at <= last_left_wall]
+    last_step = max((r["step"] for r in progress.records if r["ev"] == "step" and r["t"] <= last_left_wall),
+                    default=None)
+    resumed = [r for r in progress.records if r["ev"] == "start" and r["t"] > last_left_wall]
+    resume_step = int(resumed[0].get("from_step", 0)) if resumed else None
+    return {
+        "nodes": len(wave_ids),
+        "noticed_at_s": round(wave_wall - run.training_since, 2),
+        "last_left_s": round(last_left_wall - run.training_since, 2),
+        "last_step_before": last_step,
+        "durable_step_before_last_left": max(durable_before) if durable_before else None,
+        "resume_step": resume_step,
+        "steps_lost": (max(0, last_step - resume_step)
+                       if last_step is not None and resume_step is not None else None),
+    }
+
+
 async def build_report(run: Any, events_file: Path, ec2: Any, session: Any, aws: dict) -> dict:
     progress = Progress.load(events_file)
     restarts = progress.restarts()
@@ -76,11 +128,15 @@ async def build_report(run: Any, events_file: Path, ec2: Any, session: Any, aws:
     sup = getattr(run, "rendezvous", None)
     stall = stall_report(progress, run.workdir, sup.restarts if sup is not None else [],
                          billed_nodes=run.opts.nodes, since=None)  # every step is after training began
+    notice_log = _notice_log(run, run.training_since)
     return {
         "scenario": run.opts.scenario.name if run.opts.scenario else "calm",
         "duration_s": round(time.time() - run.started_at, 1),
         "notices": injected.count("notice"),
         "notices_seen_by_fleet": run.view.kinds.get("notice", 0) if run.view else 0,
+        "notice_log": notice_log,
+        "notices_seen_individually": sum(1 for n in notice_log if n["seen_by_fleet"]),
+        "whole_fleet_notice": _whole_fleet(run, progress),
         "losses_without_notice": injected.count("vanish"),
         "rebalance_recommendations": injected.count("rebalance"),
         "capacity_errors_injected": injected.count("capacity-error"),
@@ -133,6 +189,9 @@ def _stalls(stall: dict | None) -> str:
 def render(report: dict) -> str:
     rows = [
         ("notices (injected / seen)", f"{report['notices']} / {report['notices_seen_by_fleet']}"),
+        ("notices per node", "; ".join(
+            f"{n['instance_id']} @{n['at_s']}s{' (replacement)' if n['replacement'] else ''}"
+            f"{'' if n['seen_by_fleet'] else ' NOT SEEN'}" for n in report.get("notice_log", [])) or "-"),
         ("losses without notice", report.get("losses_without_notice", 0)),
         ("steps lost", _steps_lost(report)),
         ("stalls (no step >= 10 s)", _stalls(report.get("stall"))),
@@ -148,6 +207,15 @@ def render(report: dict) -> str:
          if report["on_demand_equivalent_usd"] is not None else "unknown"),
         ("savings", f"{report['savings_pct']:.1f} %" if report["savings_pct"] is not None else "unknown"),
     ]
+    wipe = report.get("whole_fleet_notice")
+    if wipe:
+        rows += [
+            ("whole fleet noticed", f"{wipe['nodes']} nodes at {wipe.get('noticed_at_s')} s, last gone at "
+                                    f"{wipe['last_left_s']} s"),
+            ("durable before last left", wipe["durable_step_before_last_left"]),
+            ("resumed from step", wipe["resume_step"]),
+            ("steps lost (whole fleet)", wipe["steps_lost"]),
+        ]
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
     for kind in ("scale_ups", "scale_downs"):

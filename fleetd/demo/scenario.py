@@ -6,6 +6,9 @@ terminated in EC2 whether or not the fleet was ready — exactly the contract of
 AWS's notice is best effort: a ``vanish`` step loses a node with none (its processes freeze, as a
 machine that is gone answers nothing, and the instance is terminated in EC2 shortly after).
 Times are compressed (a 120 s notice becomes ``notice_s``) so the demo fits in minutes.
+
+Steps at the same ``at_s`` are applied back to back (within a millisecond): that is how a wave
+that takes several nodes at once is played (``storm``, and every removal of a ``--trace``).
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-StepKind = Literal["notice", "rebalance", "capacity-error", "capacity-restored", "vanish"]
+StepKind = Literal["notice", "notice-all", "rebalance", "capacity-error", "capacity-restored", "vanish"]
+# Which node a node step takes: the N-th oldest live spot node ("oldest"), or the newest
+# replacement while it is still restoring ("replacement": the step waits for one to appear).
+Pick = Literal["oldest", "replacement"]
 
 
 @dataclass(frozen=True)
@@ -24,6 +30,7 @@ class Step:
     # Which node: the N-th oldest live spot node (0 = oldest). For capacity steps: the N-th
     # cheapest instance type of the price book (every zone of it runs dry at once).
     target: int = 0
+    pick: Pick = "oldest"
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,8 @@ class Scenario:
     notice_s: float = 20.0  # compressed two-minute warning
     description: str = ""
     fleet: FleetShape | None = None
+    nodes: int | None = None  # the fleet size the story is written for (--nodes overrides)
+    duration_s: float | None = None  # training time the story needs (--duration overrides)
 
 
 NAMED: dict[str, Scenario] = {
@@ -80,6 +89,23 @@ NAMED: dict[str, Scenario] = {
         notice_s=12.0,
         description="the default story in half the time (CI)",
     ),
+    "storm": Scenario(
+        "storm",
+        (
+            # Two of four nodes noticed in the same second (the same millisecond, in fact).
+            Step(20, "notice", 0),
+            Step(20, "notice", 0),
+            # One of their replacements is noticed while it restores (it has not trained yet).
+            Step(21, "notice", 0, pick="replacement"),
+            # Then the whole pool goes: every live node, well inside three minutes of the first.
+            Step(75, "notice-all"),
+        ),
+        description="a correlated wave: two of four nodes noticed in the same second, a "
+        "replacement noticed while it restores, then every node within three minutes; the "
+        "checkpoint taken inside the last notice is the one the replacements resume from",
+        nodes=4,
+        duration_s=240.0,  # the replacements of the whole fleet boot, restore and train
+    ),
     "calm": Scenario("calm", (), description="no interruptions: baseline throughput and cost"),
     "scaling": Scenario(
         "scaling",
@@ -92,24 +118,35 @@ NAMED: dict[str, Scenario] = {
 }
 
 
-def from_trace(path: Path, duration_s: float, max_notices: int = 4) -> Scenario:
-    """Turn a spot trace's node removals into notices, time-scaled to fit the demo.
+def from_trace(path: Path, duration_s: float, max_notices: int = 8) -> Scenario:
+    """Turn a spot trace's node removals into notices, one notice per removal.
 
-    The first ``max_notices`` removal instants (several removals at one instant count once: the
-    demo fleet is a few nodes, a 32-node trace's wave cannot all apply) are spread over the middle
-    of the run in proportion to their trace times.
+    Removals at the same trace instant stay at the same instant (a wave is played as a wave).
+    A removal of a node the trace added after its start is a replacement's: it is played on the
+    demo's newest replacement. Trace times are played as they are when the removals fit in the
+    middle of the run, else compressed in proportion; at most ``max_notices`` removals (the demo
+    fleet is a few nodes, a 32-node trace's wave cannot all apply).
     """
-    from fleetd.sim.traces import REMOVE, load_trace
+    from fleetd.sim.traces import ADD, REMOVE, load_trace
 
     trace = load_trace(path)
-    instants = sorted({ev.t for ev in trace.events if ev.kind == REMOVE})[:max_notices]
-    if not instants:
+    added_later = {ev.node for ev in trace.events if ev.kind == ADD and ev.t > 0}
+    removals = sorted((ev for ev in trace.events if ev.kind == REMOVE), key=lambda ev: ev.t)[:max_notices]
+    if not removals:
         return Scenario(f"trace:{path.name}", (), description=f"{path} has no removals")
-    span = max(instants[-1] - instants[0], 1.0)
+    first = removals[0].t
+    span = removals[-1].t - first
     start, usable = 0.15 * duration_s, 0.55 * duration_s
-    steps = tuple(Step(start + usable * (t - instants[0]) / span, "notice", 0) for t in instants)
+    scale = 1.0 if span <= usable else usable / span
+    steps = tuple(
+        Step(start + scale * (ev.t - first), "notice", 0,
+             pick="replacement" if ev.node in added_later else "oldest")
+        for ev in removals
+    )
+    instants = len({ev.t for ev in removals})
     return Scenario(f"trace:{path.name}", steps,
-                    description=f"{len(steps)} removal instants of {path}, scaled to {duration_s:.0f} s")
+                    description=f"{len(steps)} removals at {instants} instants of {path}, "
+                    f"time x{scale:.2f}")
 
 
 def resolve(name: str | None, trace: Path | None, duration_s: float) -> Scenario:

@@ -1,12 +1,19 @@
 """EventBridge → SQS intake: the controller's second, independent view of spot events.
 
-An EventBridge rule (source ``aws.ec2``) targets one SQS queue per controller. This consumer
-long-polls it, turns the three EC2 event types into the same internal events the MQTT intake
-produces (``InterruptionNotice``, ``RebalanceRecommended``) plus ``InstanceStateChanged``, and
-deletes each message after it was handled. Delivery is at least once: a repeated EventBridge event
-id is dropped by the registry. Events about instances this fleet does not know (another fleet's
-nodes, when a rule is shared) and malformed bodies are logged once and deleted, so a poison
-message cannot come back forever.
+An EventBridge rule (source ``aws.ec2``) targets one SQS queue per controller: with several
+fleets in one account, the one rule has one target queue per fleet, so every fleet receives every
+event and no consumer can take another fleet's notice away (docs/DESIGN.md "Several fleets in one
+account"). This consumer long-polls its queue, turns the three EC2 event types into the same
+internal events the MQTT intake produces (``InterruptionNotice``, ``RebalanceRecommended``) plus
+``InstanceStateChanged``, and deletes each message after it was handled. Delivery is at least
+once: a repeated EventBridge event id is dropped by the registry.
+
+An event about an instance the fleet does not know is not deleted at once: the instance may be
+one it launched seconds ago (tracked at the next reconcile pass), or the controller may have just
+restarted with an empty registry. Such a message goes back to the queue for ``unknown_retry_s``
+and is deleted once it is older than ``unknown_instance_grace_s`` (another fleet's node, on this
+fleet's copy of the event). Malformed bodies are logged once and deleted, so a poison message
+cannot come back forever.
 """
 
 from __future__ import annotations
@@ -105,6 +112,8 @@ class SqsIntake:
         is_ours: Callable[[str], bool] | None = None,
         backoff_max_s: float = 30.0,
         clock: Callable[[], float] = time.time,
+        unknown_grace_s: float = 180.0,
+        unknown_retry_s: int = 10,
     ) -> None:
         self.sqs = sqs
         self.queue_url = queue_url
@@ -113,9 +122,12 @@ class SqsIntake:
         self.is_ours = is_ours or registry.is_known
         self.backoff_max_s = backoff_max_s
         self.clock = clock
+        self.unknown_grace_s = unknown_grace_s
+        self.unknown_retry_s = unknown_retry_s
         self.handled = 0
         self.rejected = 0
-        self.not_ours = 0
+        self.not_ours = 0  # dropped: unknown for longer than the grace
+        self.deferred = 0  # put back: unknown for now
 
     async def run(self) -> None:
         delay = 1.0
@@ -132,16 +144,28 @@ class SqsIntake:
         """One long poll; returns the events applied (duplicates and foreign events excluded)."""
         async with aws_call("ReceiveMessage"):
             resp = await self.sqs.receive_message(
-                QueueUrl=self.queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=self.wait_s
+                QueueUrl=self.queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=self.wait_s,
+                AttributeNames=["SentTimestamp"],
             )
         messages = resp.get("Messages", [])
         applied: list[IntakeEvent] = []
         done: list[dict[str, str]] = []
+        later: list[dict[str, Any]] = []
         for i, message in enumerate(messages):
-            event = self._handle(message)
+            event, keep = self._handle(message)
             if event is not None:
                 applied.append(event)
-            done.append({"Id": str(i), "ReceiptHandle": message["ReceiptHandle"]})
+            if keep:
+                later.append({"Id": str(i), "ReceiptHandle": message["ReceiptHandle"],
+                              "VisibilityTimeout": self.unknown_retry_s})
+            else:
+                done.append({"Id": str(i), "ReceiptHandle": message["ReceiptHandle"]})
+        if later:
+            async with aws_call("ChangeMessageVisibilityBatch"):
+                resp = await self.sqs.change_message_visibility_batch(QueueUrl=self.queue_url, Entries=later)
+            for failed in resp.get("Failed", []):
+                # It comes back after the queue's own visibility timeout instead: only later.
+                log.warning("intake_sqs_defer_failed", code=failed.get("Code"), message=failed.get("Message"))
         if done:
             async with aws_call("DeleteMessageBatch"):
                 resp = await self.sqs.delete_message_batch(QueueUrl=self.queue_url, Entries=done)
@@ -150,28 +174,46 @@ class SqsIntake:
                 log.warning("intake_sqs_delete_failed", code=failed.get("Code"), message=failed.get("Message"))
         return applied
 
-    def _handle(self, message: dict[str, Any]) -> IntakeEvent | None:
+    def _handle(self, message: dict[str, Any]) -> tuple[IntakeEvent | None, bool]:
+        """(the event applied or None, whether to put the message back instead of deleting it)."""
         body = message.get("Body", "")
+        now = self.clock()
         try:
-            event = parse_event(body, self.clock())
+            event = parse_event(body, now)
         except ProtocolError as exc:
             self.rejected += 1
             log.warning("intake_sqs_rejected", message_id=message.get("MessageId"), reason=str(exc)[:300], nbytes=len(body))
-            return None
+            return None, False
         if event is None:
-            return None
+            return None, False
         if not self.is_ours(event.instance_id):
+            age = _age_s(message, now)
+            if age is not None and age < self.unknown_grace_s:
+                self.deferred += 1
+                log.info("intake_sqs_unknown_deferred", instance_id=event.instance_id,
+                         type=type(event).__name__, age_s=round(age, 1), retry_in_s=self.unknown_retry_s)
+                return None, True
             self.not_ours += 1
             log.info("intake_sqs_not_ours", instance_id=event.instance_id, type=type(event).__name__)
-            return None
+            return None, False
         if not self.registry.apply(event):
-            return None
+            return None, False
         self.handled += 1
         log.info("intake_sqs_event", instance_id=event.instance_id, type=type(event).__name__)
-        return event
+        return event, False
 
 
-async def run(aws: Any, queue_url: str, registry: NodeRegistry, *, wait_s: int = 20) -> None:
+def _age_s(message: dict[str, Any], now: float) -> float | None:
+    """Seconds since SQS accepted the message (None when SQS did not say)."""
+    sent = message.get("Attributes", {}).get("SentTimestamp")
+    try:
+        return max(0.0, now - int(sent) / 1000.0)
+    except (TypeError, ValueError):
+        return None
+
+
+async def run(aws: Any, queue_url: str, registry: NodeRegistry, *, wait_s: int = 20,
+              unknown_grace_s: float = 180.0, unknown_retry_s: int = 10) -> None:
     """TaskGroup component for fleetd's daemon: consume ``queue_url`` until cancelled.
 
     ``aws`` is the AwsConfig (region, endpoint_url, profile).
@@ -180,4 +222,5 @@ async def run(aws: Any, queue_url: str, registry: NodeRegistry, *, wait_s: int =
 
     session = AioSession(profile=aws.profile) if aws.profile else AioSession()
     async with session.create_client("sqs", region_name=aws.region, endpoint_url=aws.endpoint_url) as sqs:
-        await SqsIntake(sqs, queue_url, registry, wait_s=wait_s).run()
+        await SqsIntake(sqs, queue_url, registry, wait_s=wait_s, unknown_grace_s=unknown_grace_s,
+                        unknown_retry_s=unknown_retry_s).run()

@@ -45,7 +45,9 @@ class Intake:
 
     async def _run_sqs(self, ctx: Any) -> None:
         assert self.cfg.events.sqs_queue_url is not None
-        await sqs.run(self.cfg.aws, self.cfg.events.sqs_queue_url, self.registry)
+        ev = self.cfg.events
+        await sqs.run(self.cfg.aws, ev.sqs_queue_url, self.registry,
+                      unknown_grace_s=ev.unknown_instance_grace_s, unknown_retry_s=ev.unknown_retry_s)
 
 
 def build_intake(cfg: FleetdConfig, wake: Callable[[], None] | None = None) -> Intake:

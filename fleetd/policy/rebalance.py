@@ -6,6 +6,11 @@
 - A rebalance recommendation is a risk signal, not a drain: pre-buy a replacement if the budget
   allows and the hourly churn cap is not used up, ask for a checkpoint if the last durable one is
   older than rebalance.max_checkpoint_age_s, and keep the node training until a real notice.
+- A recommendation expires: with no notice within rebalance.recommendation_expiry_s it no longer
+  counts. The node it pre-bought is then an extra beyond the target and is released first (it is
+  kept only when it replaces the risky node, i.e. that one got its notice or is gone), so the
+  fleet is back at its target and utilization scaling, which judges only a fleet at its target,
+  runs again. The churn cap counts pre-buys per hour whether or not they expired.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fleetd.config import FleetdConfig
-from fleetd.policy.model import Drain, Node, PoolId, RequestCheckpoint
+from fleetd.policy.model import Drain, Market, Node, PoolId, RequestCheckpoint
 
 
 def notice_drains(kept: list[Node], now: float) -> list[Drain]:
@@ -45,6 +50,35 @@ class RiskPlan:
     prebuy: int  # new replacements to pre-buy now
     avoid: frozenset[PoolId]  # do not buy the replacement where the risk is
     notes: tuple[str, ...]
+    expired: tuple[Node, ...] = ()  # recommendations that saw no notice within the window
+    # Nodes pre-bought for an expired recommendation: the first to go when the fleet is above
+    # its target (the extra capacity the recommendation caused).
+    release: frozenset[str] = frozenset()
+
+
+def expired_recommendations(kept: list[Node], now: float, expiry_s: float) -> tuple[Node, ...]:
+    """Nodes whose rebalance recommendation saw no notice within ``expiry_s``."""
+    return tuple(
+        n for n in kept
+        if n.rebalance_at is not None and n.notice_at is None and now - n.rebalance_at >= expiry_s
+    )
+
+
+def prebought_for(expired: tuple[Node, ...], kept: list[Node]) -> frozenset[str]:
+    """The node each expired recommendation pre-bought: the newest spot node launched after it
+    (one per recommendation; not a node that is itself at risk)."""
+    risky = {n.instance_id for n in kept if n.rebalance_at is not None}
+    taken: set[str] = set()
+    for node in sorted(expired, key=lambda n: (n.rebalance_at or 0.0, n.instance_id)):
+        assert node.rebalance_at is not None
+        later = [
+            n for n in kept
+            if n.instance_id not in risky and n.instance_id not in taken
+            and n.market is Market.SPOT and n.launched_at >= node.rebalance_at
+        ]
+        if later:
+            taken.add(max(later, key=lambda n: (n.launched_at, n.instance_id)).instance_id)
+    return frozenset(taken)
 
 
 def plan_risk(
@@ -53,11 +87,27 @@ def plan_risk(
     prebuys_last_hour: int,
     budget_allows_prebuy: bool,
     cfg: FleetdConfig,
+    now: float,
 ) -> RiskPlan:
-    """Pre-buys for nodes with a rebalance recommendation (and no notice)."""
-    at_risk = tuple(n for n in kept if n.rebalance_at is not None and n.notice_at is None)
+    """Pre-buys for nodes with a live rebalance recommendation (no notice, not expired)."""
+    window = cfg.rebalance.recommendation_expiry_s
+    expired = expired_recommendations(kept, now, window)
+    gone = {n.instance_id for n in expired}
+    at_risk = tuple(
+        n for n in kept if n.rebalance_at is not None and n.notice_at is None and n.instance_id not in gone
+    )
+    release = prebought_for(expired, kept) if len(kept) > target else frozenset()
+    expiry_notes: tuple[str, ...] = ()
+    if expired:
+        ids = ", ".join(n.instance_id for n in expired)
+        what = (f"releasing the extra node it caused ({', '.join(sorted(release))})" if release
+                else "no extra node of its to release")
+        expiry_notes = (
+            f"rebalance recommendation for {ids} expired: no notice within "
+            f"recommendation_expiry_s={window:.0f}; {what}; scaling judged again at the target",
+        )
     if not at_risk:
-        return RiskPlan((), 0, 0, frozenset(), ())
+        return RiskPlan((), 0, 0, frozenset(), expiry_notes, expired, release)
     extras = max(0, len(kept) - target)
     covered = min(len(at_risk), extras)
     uncovered = len(at_risk) - covered
@@ -82,7 +132,8 @@ def plan_risk(
                     f"max_recommendation_replacements_per_hour={cap}"
                 )
     return RiskPlan(
-        at_risk, covered, prebuy, frozenset(n.pool for n in at_risk), tuple(notes)
+        at_risk, covered, prebuy, frozenset(n.pool for n in at_risk), expiry_notes + tuple(notes),
+        expired, release,
     )
 
 

@@ -94,6 +94,18 @@ def left_key(run_id: str, addr: str) -> str:
     return f"{_base(run_id)}.node.{_addr(addr)}.left"
 
 
+def noticed_key(run_id: str, addr: str) -> str:
+    """Set by a member's agent as its notice flow starts (before its checkpoint is acknowledged):
+    fleetd's steering holds the survivors' re-form briefly for every member of the same wave."""
+    return f"{_base(run_id)}.node.{_addr(addr)}.noticed"
+
+
+def member_key(run_id: str, addr: str) -> str:
+    """Set by a node's training worker when it starts in a world: the node holds training state.
+    A node without it (a replacement still restoring) has nothing to checkpoint on a notice."""
+    return f"{_base(run_id)}.node.{_addr(addr)}.member"
+
+
 def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -135,6 +147,18 @@ class DrainReady(_Value):
     step: Step | None
     durable: bool
     detail: str = ""
+
+
+class Noticed(_Value):
+    reason: Annotated[str, Field(max_length=200)] = ""
+    at: AwareDatetime = Field(default_factory=_now)
+
+
+class Member(_Value):
+    """A training worker of this node started in a world of ``world_size`` ranks."""
+
+    world_size: Annotated[int, Field(ge=1)]
+    started_at: AwareDatetime = Field(default_factory=_now)
 
 
 class Leave(_Value):

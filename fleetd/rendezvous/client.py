@@ -203,7 +203,7 @@ class RendezvousClient:
         """Clear a node's drain keys, so an address reused by a later instance starts clean."""
 
         def op(s: Any) -> None:
-            for k in (keys.drain_ready_key, keys.leave_key, keys.left_key):
+            for k in (keys.drain_ready_key, keys.leave_key, keys.left_key, keys.noticed_key, keys.member_key):
                 s.delete_key(k(self.run_id, addr))
 
         await self._run(op)

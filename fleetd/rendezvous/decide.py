@@ -45,6 +45,16 @@ class Observation:
     # the others restart once more. Hold the round open for these nodes until ``awaited_until``.
     awaited: frozenset[str] = frozenset()
     awaited_until: datetime | None = None
+    # Leavers that were members of the formed round when fleetd told them to leave (None: not
+    # known, treat every leaver as one). A leaver that never trained in it (a replacement noticed
+    # while it restores) asked for no hold checkpoint: its leave needs no re-form of the others.
+    member_leaves: frozenset[str] | None = None
+    # Members whose agent started a notice flow (a wave): their checkpoint is being acknowledged
+    # and their drain_ready follows within moments. The survivors' re-form waits for them, up to
+    # ``coalesce`` after the first leaver was told, so that a wave costs one re-form, not one per
+    # leaver (kept below the trainers' own LEFT_GRACE_S, after which they re-form by themselves).
+    noticed: frozenset[str] = frozenset()
+    coalesce: timedelta = timedelta(seconds=3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +118,12 @@ def expected_members(obs: Observation) -> frozenset[str] | None:
     return frozenset((obs.members - gone - stale) | waiting)
 
 
+def wave_still_coming(obs: Observation, present: frozenset[str] | set[str]) -> frozenset[str]:
+    """Members of the round in a notice flow that are not drain-ready or told to leave yet."""
+    members = obs.members or frozenset()
+    return frozenset((obs.noticed & members & frozenset(present)) - obs.drain_ready - frozenset(obs.told_leave))
+
+
 def plan(obs: Observation) -> tuple[SteerAction, ...]:
     s = obs.state
     if s is None or s.closed:
@@ -139,7 +155,16 @@ def plan(obs: Observation) -> tuple[SteerAction, ...]:
             a for a, told in obs.told_leave.items() if a in obs.left or obs.now - told > obs.left_timeout
         )
         if done == frozenset(obs.told_leave) and not (done & present):
-            if s.complete and s.participants and not s.has_marker:
+            members_left = done if obs.member_leaves is None else done & obs.member_leaves
+            coming = wave_still_coming(obs, present)
+            if not members_left:
+                actions.append(FinishLeaves(
+                    f"{', '.join(sorted(done))} left before training in the round: no re-form", done))
+            elif obs.drain_ready - frozenset(obs.told_leave):
+                pass  # more leavers are told this very pass: they join this re-form
+            elif coming and obs.now - min(obs.told_leave.values()) < obs.coalesce:
+                pass  # the rest of the wave is about to be drain-ready: one re-form for all of it
+            elif s.complete and s.participants and not s.has_marker:
                 actions.append(
                     PokeSurvivors(f"{', '.join(sorted(done))} left: survivors re-form now", done)
                 )

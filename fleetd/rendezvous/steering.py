@@ -39,6 +39,7 @@ class SteerSettings:
     # After a store restart, hold the first round open this long for the nodes that trained
     # before it (they restart torchrun seconds apart).
     restart_hold_s: float = 30.0
+    coalesce_s: float = 3.0  # a wave's leavers re-form the survivors once (decide.Observation)
 
 
 @dataclass
@@ -48,6 +49,7 @@ class Steerer:
     members: frozenset[str] | None = None
     members_round: int | None = None
     told_leave: dict[str, datetime] = field(default_factory=dict)
+    told_members: set[str] = field(default_factory=set)  # leavers that were members when told
     last_state: RendezvousState | None = None
     adopted: bool = False
     heartbeats: dict[str, datetime] = field(default_factory=dict)
@@ -71,8 +73,10 @@ class Steerer:
             candidates |= self.last_state.participant_addrs | {n.addr for n in self.last_state.waiting}
         ready_keys = {a: keys.drain_ready_key(run_id, a) for a in candidates}
         left_keys = {a: keys.left_key(run_id, a) for a in self.told_leave}
+        # Noticed keys matter only while a leave is in flight (they can hold back its re-form).
+        noticed_keys = {a: keys.noticed_key(run_id, a) for a in candidates} if self.told_leave else {}
         snap, raw = await self.client.observe_with(
-            [keys.HOST_INCARNATION_KEY, *ready_keys.values(), *left_keys.values()])
+            [keys.HOST_INCARNATION_KEY, *ready_keys.values(), *left_keys.values(), *noticed_keys.values()])
         if await self._store_restarted(raw.get(keys.HOST_INCARNATION_KEY), now):
             return decide.Observation(state=None, now=now, members=self.members)
         s = snap.state
@@ -91,6 +95,7 @@ class Steerer:
             )
         ready = {a for a, k in ready_keys.items() if self.client.parse(keys.DrainReady, k, raw[k]) is not None}
         left = {a for a, k in left_keys.items() if self.client.parse(keys.Left, k, raw[k]) is not None}
+        noticed = {a for a, k in noticed_keys.items() if self.client.parse(keys.Noticed, k, raw[k]) is not None}
         self.last_state = s
         if s is not None:
             for node, beat in s.last_heartbeats.items():
@@ -114,6 +119,9 @@ class Steerer:
             dead_after=timedelta(seconds=st.dead_after_s),
             awaited=self.awaited,
             awaited_until=self.awaited_until,
+            member_leaves=frozenset(self.told_members),
+            noticed=frozenset(noticed),
+            coalesce=timedelta(seconds=st.coalesce_s),
         )
 
     async def _store_restarted(self, raw: bytes | None, now: datetime) -> bool:
@@ -163,6 +171,8 @@ class Steerer:
             case decide.TellLeave(addr=addr):
                 await self.client.tell_leave(addr, action.reason)
                 self.told_leave[addr] = obs.now
+                if obs.members is None or addr in obs.members:
+                    self.told_members.add(addr)
                 if self.on_leave is not None:
                     try:
                         await self.on_leave(addr, action.reason)
@@ -199,6 +209,7 @@ class Steerer:
     async def _forget(self, done: frozenset[str]) -> None:
         for addr in done:
             self.told_leave.pop(addr, None)
+            self.told_members.discard(addr)
             await self.client.forget_node(addr)
 
     async def reform(self, reason: str) -> bool:

@@ -17,6 +17,7 @@ def rebalance_risk(p: PlanPass, target: int, level: BudgetLevel) -> rebalance_po
         obs.rebalance_prebuys_last_hour,
         level in (BudgetLevel.NORMAL, BudgetLevel.WARN),
         cfg,
+        p.now,
     )
     p.notes.extend(risk.notes)
     if risk.at_risk:

@@ -43,7 +43,7 @@ def size_fleet(
     replacements = min(len(on_demand), extras) if back_to_spot else 0
     counted = len(p.kept) - risk.covered - replacements
     if counted > target:
-        _remove_excess(p, counted - target, target, risk.at_risk)
+        _remove_excess(p, counted - target, target, risk.at_risk, risk.release)
     _shed_burn(p)
     on_demand = [n for n in p.kept if n.market is Market.ON_DEMAND]  # after removals
     if replacements and on_demand:
@@ -71,14 +71,18 @@ def _release_on_demand(p: PlanPass, on_demand: list[Node]) -> None:
             )
 
 
-def _removal_order(nodes: list[Node], at_risk: tuple[Node, ...]) -> list[Node]:
-    """Cheapest to lose first: not yet training, on-demand, at risk, most expensive, newest."""
+def _removal_order(
+    nodes: list[Node], at_risk: tuple[Node, ...], release: frozenset[str] = frozenset()
+) -> list[Node]:
+    """Cheapest to lose first: not yet training, on-demand, pre-bought for an expired
+    recommendation, at risk, most expensive, newest."""
     risky = {n.instance_id for n in at_risk}
     return sorted(
         nodes,
         key=lambda n: (
             n.phase is NodePhase.RUNNING,
             n.market is not Market.ON_DEMAND,
+            n.instance_id not in release,
             n.instance_id not in risky,
             -n.price_per_hour,
             -n.launched_at,
@@ -87,10 +91,13 @@ def _removal_order(nodes: list[Node], at_risk: tuple[Node, ...]) -> list[Node]:
     )
 
 
-def _remove_excess(p: PlanPass, excess: int, target: int, at_risk: tuple[Node, ...]) -> None:
-    for node in _removal_order(p.kept, at_risk)[:excess]:
+def _remove_excess(
+    p: PlanPass, excess: int, target: int, at_risk: tuple[Node, ...], release: frozenset[str] = frozenset()
+) -> None:
+    for node in _removal_order(p.kept, at_risk, release)[:excess]:
+        why = " (pre-bought for a rebalance recommendation that expired)" if node.instance_id in release else ""
         p.remove(node, f"scaling to {target} nodes: removing {node.instance_id} ({node.market.value} "
-                       f"${node.price_per_hour:.3f}/h, {node.phase.value})")
+                       f"${node.price_per_hour:.3f}/h, {node.phase.value}){why}")
 
 
 def _shed_burn(p: PlanPass) -> None:

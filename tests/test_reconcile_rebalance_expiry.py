@@ -1,0 +1,79 @@
+"""Must-show (issue 16): a rebalance recommendation with no notice expires, against moto server.
+
+The real path: the EventBridge/MQTT event lands in the controller's NodeRegistry, the reconcile
+loop (real aiobotocore EC2 adapter, real planner) pre-buys a node in another pool through
+CreateFleet, and once ``rebalance.recommendation_expiry_s`` passes with no notice it terminates
+that extra node in EC2, leaving the once-risky node training.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from fleetd.intake.events import RebalanceRecommended
+from fleetd.intake.registry import NodeRegistry
+from fleetd.policy.model import Launch, LaunchPurpose, Terminate
+from fleetd.policy.planner import plan
+from fleetd.reconcile.build import build_reconciler
+from tests.reconcile_support import Cloud, FakeClock, cloud, pools_of  # noqa: F401
+
+WINDOW_S = 300.0
+
+
+async def test_rebalance_with_no_notice_releases_the_extra_node_after_the_window(cloud: Cloud, tmp_path: Path) -> None:
+    clock = FakeClock(time.time())
+    base = cloud.config(tmp_path, nodes=2, boot_timeout_s=7200.0)  # nodes here run no agent
+    cfg = base.model_copy(update={"rebalance": base.rebalance.model_copy(
+        update={"recommendation_expiry_s": WINDOW_S})})
+    registry = NodeRegistry(clock=clock)
+    async with cloud.client() as client:
+        built = await build_reconciler(cfg, client, planner=plan, clock=clock, observer=registry)
+        r = built.reconciler
+        try:
+            async def passes(n: int) -> list:
+                out = []
+                for _ in range(n):
+                    out.append(await r.run_pass())
+                    clock.advance(cfg.fleet.reconcile_interval_s)
+                return out
+
+            await passes(3)
+            first = await cloud.instances()
+            assert len(first) == 2
+            risky = first[0]
+            risky_id = risky["InstanceId"]
+            risky_pool = pools_of([risky])[0]
+
+            # AWS advises a rebalance for one node (as the EventBridge intake delivers it).
+            registry.apply(RebalanceRecommended(risky_id, notice_time=clock(), source="eventbridge",
+                                                received_at=clock(), dedup_key="eventbridge:reb-1"))
+            reports = await passes(3)
+            prebuys = [o for rep in reports for o in rep.outcomes
+                       if isinstance(o.action, Launch) and o.action.purpose is LaunchPurpose.REBALANCE_PREBUY]
+            assert [o.status for o in prebuys] == ["done"] and prebuys[0].action.count == 1
+            assert risky_pool not in prebuys[0].action.pools  # bought away from the risk
+            live = await cloud.instances()
+            assert len(live) == 3
+            extra = ({i["InstanceId"] for i in live} - {i["InstanceId"] for i in first}).pop()
+
+            # Inside the window: the extra node stays (it would replace the risky one at a notice).
+            clock.advance(WINDOW_S - 60)
+            reports = await passes(2)
+            assert not [o for rep in reports for o in rep.outcomes if isinstance(o.action, Terminate)]
+            assert len(await cloud.instances()) == 3
+
+            # No notice came: past the window the extra node is released in EC2, the risky one kept.
+            clock.advance(60)
+            reports = await passes(3)
+            terminated = [o for rep in reports for o in rep.outcomes if isinstance(o.action, Terminate)]
+            assert [(o.action.instance_id, o.status) for o in terminated] == [(extra, "done")]
+            assert "pre-bought for a rebalance recommendation that expired" in terminated[0].action.reason
+            notes = [n for rep in reports if rep.plan is not None for n in rep.plan.notes]
+            assert any("expired: no notice within recommendation_expiry_s=300" in n for n in notes)
+            live = {i["InstanceId"] for i in await cloud.instances()}
+            assert live == {i["InstanceId"] for i in first} and risky_id in live
+            # And nothing is bought back: the fleet is at its target, no new pre-buy for old advice.
+            assert len([o for rep in reports for o in rep.outcomes if isinstance(o.action, Launch)]) == 0
+        finally:
+            await built.close()
