@@ -129,6 +129,19 @@ class RebalanceConfig(Group):
     reform_s: Annotated[float, Field(ge=0)] = 5.0
 
 
+class LossConfig(Group):
+    """When a node counts as lost, and when a stale store heartbeat forces a re-form
+    (docs/DESIGN.md "Partitions" has the measurements behind the defaults)."""
+
+    # No new rendezvous heartbeat for this long is the store's signal in the two-source rule
+    # (policy/lifecycle.py); rebalance.silence_s is the broker's.
+    store_silence_s: Annotated[float, Field(gt=0)] = 30.0
+    # Steering: a member whose store heartbeat is older than dead_after_s is removed (and the
+    # survivors re-formed) only once the job has also made no progress for hang_after_s.
+    dead_after_s: Annotated[float, Field(gt=0)] = 6.0
+    hang_after_s: Annotated[float, Field(gt=0)] = 10.0
+
+
 class MetricsConfig(Group):
     host: str = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 9464
@@ -144,6 +157,7 @@ class FleetdConfig(CommonSettings):
     budget: BudgetConfig = BudgetConfig()
     scaling: ScalingConfig = ScalingConfig()
     rebalance: RebalanceConfig = RebalanceConfig()
+    loss: LossConfig = LossConfig()
     events: EventsConfig = EventsConfig()
     metrics: MetricsConfig = MetricsConfig()
 

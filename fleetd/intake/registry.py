@@ -50,6 +50,7 @@ class NodeRecord:
     status_at: float | None = None
     last_seen_at: float | None = None  # any message from the agent except "offline"
     agent_offline_at: float | None = None  # last will or clean goodbye
+    store_seen_at: float | None = None  # its rendezvous heartbeat last advanced (steering saw it)
     telemetry: Telemetry | None = None
     telemetry_at: float | None = None
     notice_at: float | None = None  # first time any source reported the interruption
@@ -91,6 +92,8 @@ class NodeRegistry:
         self._dedup_capacity = dedup_capacity
         # checkpoint-saved/-uploaded and trainer-exited, in arrival order, for the reconcile loop.
         self._training: deque[TrainingEvent] = deque(maxlen=training_event_capacity)
+        # Node address (agent status node_addr) -> instance: the steering knows nodes by address.
+        self._by_addr: dict[str, str] = {}
         self.stats = RegistryStats()
 
     # ------------------------------------------------------------------ membership
@@ -100,7 +103,18 @@ class NodeRegistry:
         self._nodes[instance_id] = dataclasses.replace(rec, tracked=True)
 
     def forget(self, instance_id: str) -> None:
-        self._nodes.pop(instance_id, None)
+        rec = self._nodes.pop(instance_id, None)
+        if rec is not None and rec.status is not None and self._by_addr.get(rec.status.node_addr) == instance_id:
+            del self._by_addr[rec.status.node_addr]
+
+    def note_store_heartbeat(self, addr: str, at: float) -> None:
+        """The steering saw ``addr``'s torchrun keep-alive advance at ``at`` (fleetd's clock): the
+        store-side sign of life the loss rule weighs against broker silence. An address no agent
+        has named yet is ignored (the next heartbeat, 2 s later, finds it)."""
+        iid = self._by_addr.get(addr)
+        rec = self._nodes.get(iid) if iid is not None else None
+        if rec is not None:
+            self._nodes[iid] = dataclasses.replace(rec, store_seen_at=_latest(rec.store_seen_at, at))
 
     def is_known(self, instance_id: str) -> bool:
         """Tracked, or has spoken on this fleet's topics."""
@@ -131,6 +145,8 @@ class NodeRegistry:
         at = event.received_at or self.clock()
         rec = self._nodes.get(event.instance_id) or NodeRecord(event.instance_id)
         self._nodes[event.instance_id] = _merge(rec, event, at)
+        if isinstance(event, AgentStatus) and event.status.node_addr:
+            self._by_addr[event.status.node_addr] = event.instance_id
         self.stats.applied += 1
         name = type(event).__name__
         self.stats.by_type[name] = self.stats.by_type.get(name, 0) + 1
@@ -158,6 +174,7 @@ class NodeRegistry:
             ec2_state=ec2_state,
             last_seen_at=_latest(node.last_seen_at, rec.last_seen_at),
             agent_offline_at=_latest(node.agent_offline_at, rec.agent_offline_at),
+            store_seen_at=_latest(node.store_seen_at, rec.store_seen_at),
             notice_at=node.notice_at if node.notice_at is not None else rec.notice_at,
             notice_deadline=node.notice_deadline if node.notice_deadline is not None else rec.notice_deadline,
             rebalance_at=node.rebalance_at if node.rebalance_at is not None else rec.rebalance_at,

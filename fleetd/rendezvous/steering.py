@@ -35,7 +35,10 @@ class SteerSettings:
     max_nodes: int = 1 << 30
     interval_s: float = 0.05  # one pass is one batch of local round trips; survivors wait on it
     left_timeout_s: float = 5.0
+    # A member whose heartbeat is this stale is removed once the job also made no progress for
+    # hang_after_s (decide.py). fleetd.toml [loss]; DESIGN.md "Partitions" has the measurements.
     dead_after_s: float = 6.0
+    hang_after_s: float = 10.0
 
 
 @dataclass
@@ -51,6 +54,12 @@ class Steerer:
     # Also tell the node over MQTT (the daemon maps the address to its instance): the store key
     # is enough for fleetd's agents; the command makes the decision visible on the wire.
     on_leave: Callable[[str, str], Awaitable[None]] | None = None
+    # Told (address, fleetd's clock in epoch seconds) each time a node's rendezvous heartbeat
+    # advances: the store-side liveness signal of the planner's loss rule (fleetd/intake).
+    on_heartbeat: Callable[[str, float], None] | None = None
+    progress_value: bytes | None = None
+    progress_at: datetime | None = None
+    tolerated: frozenset[str] = frozenset()
 
     async def observe(self, now: datetime) -> decide.Observation:
         from fleetd.protocol import rendezvous_keys as keys
@@ -62,7 +71,13 @@ class Steerer:
             candidates |= self.last_state.participant_addrs | {n.addr for n in self.last_state.waiting}
         ready_keys = {a: keys.drain_ready_key(run_id, a) for a in candidates}
         left_keys = {a: keys.left_key(run_id, a) for a in self.told_leave}
-        snap, raw = await self.client.observe_with([*ready_keys.values(), *left_keys.values()])
+        pulse_key = keys.progress_key(run_id)
+        snap, raw = await self.client.observe_with([*ready_keys.values(), *left_keys.values(), pulse_key])
+        pulse = raw.pop(pulse_key, None)
+        if pulse is not None and pulse != self.progress_value:
+            # First sight (fleetd just started) counts as progress: a restart must not read a
+            # healthy job as hung; a hung one is caught hang_after_s later.
+            self.progress_value, self.progress_at = pulse, now
         s = snap.state
         if s is not None and s.complete and s.round != self.members_round:
             # The first sight of a complete round is its membership. Later sights of the same
@@ -84,6 +99,8 @@ class Steerer:
             for node, beat in s.last_heartbeats.items():
                 if not node.is_marker and beat > self.heartbeats.get(node.addr, beat - timedelta(1)):
                     self.heartbeats[node.addr] = beat
+                    if self.on_heartbeat is not None:
+                        self.on_heartbeat(node.addr, now.timestamp())
         st = self.settings
         return decide.Observation(
             state=s,
@@ -97,14 +114,25 @@ class Steerer:
             max_nodes=st.max_nodes,
             left_timeout=timedelta(seconds=st.left_timeout_s),
             dead_after=timedelta(seconds=st.dead_after_s),
+            progress_at=self.progress_at,
+            hang_after=timedelta(seconds=st.hang_after_s),
         )
 
     async def step(self) -> tuple[decide.SteerAction, ...]:
         now = datetime.now(UTC)
         obs = await self.observe(now)
         actions = decide.plan(obs)
+        tolerated: frozenset[str] = frozenset()
         for action in actions:
+            if isinstance(action, decide.TolerateStale):
+                tolerated = action.addrs
+                if tolerated != self.tolerated:  # once per change, not every 50 ms pass
+                    log.info("rendezvous_steer", action="TolerateStale", reason=action.reason)
+                continue
             await self.apply(action, obs)
+        if self.tolerated and not tolerated:
+            log.info("rendezvous_stale_cleared", addrs=sorted(self.tolerated))
+        self.tolerated = tolerated
         return actions
 
     async def apply(self, action: decide.SteerAction, obs: decide.Observation) -> None:
@@ -193,7 +221,8 @@ async def _main(args: argparse.Namespace) -> int:
         except RendezvousUnavailable as exc:
             log.warning("rendezvous_unreachable", error=str(exc))
             await _sleep_or_stop(stop, 0.5)
-    settings = SteerSettings(min_nodes=args.min_nodes, max_nodes=args.max_nodes, dead_after_s=args.dead_after_s)
+    settings = SteerSettings(min_nodes=args.min_nodes, max_nodes=args.max_nodes, dead_after_s=args.dead_after_s,
+                             hang_after_s=args.hang_after_s)
     await Steerer(client, settings).run(stop)
     return 0
 
@@ -208,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-nodes", type=int, default=1)
     p.add_argument("--max-nodes", type=int, default=1 << 30)
     p.add_argument("--dead-after-s", type=float, default=6.0)
+    p.add_argument("--hang-after-s", type=float, default=10.0)
     args = p.parse_args(argv)
     configure_logging("info", json=True, stream=sys.stderr)
     bind_context(component="steering", run_id=args.run_id)
