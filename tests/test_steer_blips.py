@@ -77,3 +77,18 @@ def test_a_member_is_never_removed_while_the_job_advances(beat_age, progress_age
     acts = decide.plan(observe(formed(b_beat), NOW - timedelta(seconds=progress_age), b_beat))
     removed = any(isinstance(a, (decide.RemoveNodes, decide.PokeSurvivors)) for a in acts)
     assert removed == (timedelta(seconds=beat_age) > DEAD and timedelta(seconds=progress_age) > HANG)
+
+
+def test_a_member_between_rounds_is_waited_for_the_longer_grace():
+    """A survivor restarting after a failed collective is absent from the state for a while:
+    forming the round without it would cost a second re-form right after."""
+    forming = RendezvousState(round=4, participants={A: 0}, last_heartbeats={A: NOW})
+
+    def plan_with(b_age: float):
+        return decide.plan(decide.Observation(
+            state=forming, now=NOW, members=frozenset({A.addr, B.addr}),
+            heartbeats={A.addr: NOW, B.addr: NOW - timedelta(seconds=b_age)},
+            dead_after=DEAD, hang_after=HANG, progress_at=NOW - timedelta(seconds=b_age)))
+
+    assert kinds(plan_with(8)) == []  # past dead_after, inside hang_after: still expected
+    assert kinds(plan_with(11)) == ["CompleteRound"]

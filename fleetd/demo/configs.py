@@ -70,7 +70,9 @@ def fleetd_toml(workdir: Path, ep: DemoEndpoints, nodes: int, budget_usd: float,
 
 
 def agent_toml(workdir: Path, ep: DemoEndpoints, nodes: int, instance_id: str, addr: str, imds_url: str,
-               steps: int) -> Path:
+               steps: int, control_addr: str = "127.0.0.1") -> Path:
+    """``control_addr``: where this node reaches the broker and the rendezvous store. The
+    partition tests give each node an address of its own for it (tests/harness/netfault.py)."""
     node_dir = workdir / "nodes" / instance_id
     node_dir.mkdir(parents=True, exist_ok=True)
     path = node_dir / "agent.toml"
@@ -79,8 +81,8 @@ def agent_toml(workdir: Path, ep: DemoEndpoints, nodes: int, instance_id: str, a
                  "trainer_socket": node_dir / "trainer.sock", "min_nodes": 1, "max_nodes": nodes + 1,
                  "shutdown_timeout_s": 20.0},
         "aws": {"region": "us-east-1", "endpoint_url": ep.s3_url},
-        "mqtt": {"url": ep.mqtt_url},
-        "rendezvous": {"host": "127.0.0.1", "port": ep.rdzv_port, "run_id": "demo"},
+        "mqtt": {"url": ep.mqtt_url.replace("127.0.0.1", control_addr)},
+        "rendezvous": {"host": control_addr, "port": ep.rdzv_port, "run_id": "demo"},
         "checkpoints": {"bucket": DEMO_BUCKET, "prefix": "checkpoints", "keep": 3, "interval_steps": 50,
                         "local_dir": node_dir / "checkpoints"},
         "job": {"name": "toy", "entrypoint": "agent.examples.train_toy", "nproc_per_node": 1,

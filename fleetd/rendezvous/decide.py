@@ -100,7 +100,14 @@ def expected_members(obs: Observation) -> frozenset[str] | None:
         return None
     gone = obs.drain_ready | frozenset(obs.told_leave) | obs.left
     stale = {n.addr for n in s.stale(obs.now, obs.dead_after)}
-    stale |= {a for a in obs.members if a in obs.heartbeats and obs.now - obs.heartbeats[a] > obs.dead_after}
+    # A member absent from the state is between rounds: its agent left the old one and has not
+    # joined this one yet. After a failed collective that took a survivor 6-9 s on the loaded
+    # test box (bench/partitions.py); forming without it costs a second re-form right after, so
+    # it gets the longer of the two thresholds. A silent node still in the state gets dead_after.
+    in_state = {n.addr for n in s.last_heartbeats}
+    grace = max(obs.dead_after, obs.hang_after)
+    stale |= {a for a in obs.members if a in obs.heartbeats and a not in in_state
+              and obs.now - obs.heartbeats[a] > grace}
     waiting = {n.addr for n in s.waiting}
     return frozenset((obs.members - gone - stale) | waiting)
 

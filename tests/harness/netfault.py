@@ -103,6 +103,7 @@ class NetFaults:
             raise RuntimeError("NetFaults only runs in a private network namespace (run_in_private_netns)")
         self.exe = find_iptables()
         self.active: list[Cut] = []
+        self._dropped_healed = 0  # counted from rules already removed
 
     def _iptables(self, op: str, rule: list[str]) -> None:
         chain, *match = rule
@@ -117,6 +118,7 @@ class NetFaults:
         return cut
 
     def heal(self, cut: Cut) -> None:
+        self._dropped_healed += self._counted(cut)
         for rule in cut.rules():
             self._iptables("-D", rule)
         self.active.remove(cut)
@@ -139,8 +141,15 @@ class NetFaults:
             await asyncio.sleep(seconds)
         return c
 
-    def dropped_packets(self) -> int:
-        """Packets our rules dropped so far: proof that a cut cut something."""
+    def _counted(self, cut: Cut | None = None) -> int:
         out = subprocess.run([self.exe, "-w", "-L", "OUTPUT", "-v", "-n", "-x"], check=True,
                              capture_output=True, text=True).stdout
-        return sum(int(line.split()[0]) for line in out.splitlines() if COMMENT in line)
+        total = 0
+        for line in out.splitlines():
+            if COMMENT in line and (cut is None or cut.alias in line.split()):
+                total += int(line.split()[0])
+        return total
+
+    def dropped_packets(self) -> int:
+        """Packets our rules dropped so far, healed cuts included: proof that a cut cut something."""
+        return self._dropped_healed + self._counted()
