@@ -114,3 +114,17 @@ def test_registry_maps_store_heartbeats_to_the_instance_by_its_address():
     reg.note_store_heartbeat("10.0.0.5", NOW - 4)  # older news never moves it back
     assert reg.record("i-0123456789abcdef0").store_seen_at == NOW - 2
     assert reg.observe(node("i-0123456789abcdef0")).store_seen_at == NOW - 2
+
+
+def test_stale_telemetry_rates_are_not_folded_so_a_cut_node_is_no_straggler():
+    from fleetd.intake.events import AgentTelemetry
+    from fleetd.protocol.messages import Telemetry
+
+    iid = "i-0123456789abcdef0"
+    clock = [NOW]
+    reg = NodeRegistry(clock=lambda: clock[0])
+    reg.apply(AgentTelemetry(iid, Telemetry(instance_id=iid, step=50, steps_per_s=0.5), received_at=NOW))
+    assert reg.observe(node(iid, sps=None)).steps_per_s == 0.5
+    clock[0] = NOW + 60  # cut from the broker for a minute: its last report says nothing now
+    seen = reg.observe(node(iid, sps=None, util=None))
+    assert seen.steps_per_s is None and seen.gpu_util_pct is None and seen.step == 50

@@ -38,6 +38,10 @@ from fleetd.protocol.messages import Status, Telemetry, TrainerExited
 
 log = get_logger(__name__)
 
+# Telemetry older than this no longer describes the node: its rates are not folded into the
+# planner's Node (a node cut from the broker must not be judged a straggler on its last report).
+TELEMETRY_FRESH_S = 10.0
+
 # Higher = further along toward gone; merging EC2's view with events keeps the furthest.
 _EC2_STATE_RANK = {"pending": 0, "running": 1, "stopping": 2, "stopped": 3, "shutting-down": 4, "terminated": 5}
 
@@ -166,6 +170,7 @@ class NodeRegistry:
         if rec is None:
             return node
         tele = rec.telemetry
+        fresh = tele is not None and rec.telemetry_at is not None and self.clock() - rec.telemetry_at <= TELEMETRY_FRESH_S
         ec2_state = node.ec2_state
         if rec.ec2_state is not None and _EC2_STATE_RANK.get(rec.ec2_state, 0) > _EC2_STATE_RANK.get(ec2_state, 0):
             ec2_state = rec.ec2_state  # the event is news DescribeInstances may not show yet
@@ -179,8 +184,8 @@ class NodeRegistry:
             notice_deadline=node.notice_deadline if node.notice_deadline is not None else rec.notice_deadline,
             rebalance_at=node.rebalance_at if node.rebalance_at is not None else rec.rebalance_at,
             left_at=_latest(node.left_at, rec.left_at),
-            gpu_util_pct=tele.gpu_util_pct if tele is not None else node.gpu_util_pct,
-            steps_per_s=tele.steps_per_s if tele is not None and tele.steps_per_s is not None else node.steps_per_s,
+            gpu_util_pct=tele.gpu_util_pct if fresh else node.gpu_util_pct,
+            steps_per_s=tele.steps_per_s if fresh and tele.steps_per_s is not None else node.steps_per_s,
             step=tele.step if tele is not None and tele.step is not None else node.step,
         )
 

@@ -48,8 +48,8 @@ class Phase:
 def parse_phases(text: str) -> list[Phase]:
     out = []
     for item in text.split(","):
-        kind, _, rest = item.partition(":")
-        secs, _, target = rest.partition("@")
+        spec, _, target = item.partition("@")
+        kind, _, secs = spec.partition(":")
         default_target = "rank0" if kind == "store" else "other"
         out.append(Phase(kind, float(secs) if secs else None, target or default_target))
     return out
