@@ -206,7 +206,7 @@ def steps_pause(events: Events, since: float, until: float) -> float:
     return round(max(b - a for a, b in zip(ts, ts[1:])), 2)
 
 
-async def run_phase(stack: Stack, faults: NetFaults, phase: Phase,
+async def run_phase(stack: Stack, faults: NetFaults, phase: Phase, watch: HeartbeatWatch,
                     windows: list[tuple[float, float]]) -> dict:
     """Cut one node as ``phase`` says; the facts of its window (cut + SETTLE_S) in a dict."""
     live = stack.live_addrs()
@@ -231,6 +231,9 @@ async def run_phase(stack: Stack, faults: NetFaults, phase: Phase,
         await asyncio.sleep(SETTLE_S)
         t_end = time.time()
         out["dropped_packets"] = faults.dropped_packets() - dropped0
+        # torchrun stops a node's heartbeats for good if it dropped the node from its state.
+        last = watch.last.get(addr)
+        out["heartbeat_resumed"] = last is not None and last[1] > t_heal
     else:
         cut = faults.start(control_alias(addr), ports)
         survivors = set(live) - {addr}
@@ -285,7 +288,7 @@ async def scenario(workdir: Path, nodes: int, phases: list[Phase]) -> dict:
                     await asyncio.sleep(5.0)  # a few healthy heartbeats before the first cut
                     windows: list[tuple[float, float]] = []
                     for phase in phases:
-                        result["phases"].append(await run_phase(stack, faults, phase, windows))
+                        result["phases"].append(await run_phase(stack, faults, phase, watch, windows))
                     cuts = [(ph["node"], a, b) for ph, (a, b) in zip(result["phases"], windows)]
                     gaps = watch.healthy_gaps(t0 + result["started_after_s"], cuts)
                     result["healthy_heartbeat_gaps"] = {"n": len(gaps), "max_s": gaps[0] if gaps else None,
