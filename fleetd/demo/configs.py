@@ -47,9 +47,10 @@ class DemoEndpoints:
 
 
 def fleetd_toml(workdir: Path, ep: DemoEndpoints, nodes: int, budget_usd: float, max_usd_per_hour: float,
-                ami_id: str) -> Path:
+                ami_id: str, overrides: dict[str, dict[str, object]] | None = None) -> Path:
+    """``overrides``: extra settings merged into the groups (the partition tests use it)."""
     path = workdir / "fleetd.toml"
-    path.write_text(to_toml({
+    groups = _merge({
         "aws": {"region": "us-east-1", "endpoint_url": ep.aws_url},
         "fleet": {"name": DEMO_FLEET, "min_nodes": nodes, "max_nodes": nodes + 1,
                   "state_dir": workdir / "state", "reconcile_interval_s": 2.0},
@@ -65,8 +66,13 @@ def fleetd_toml(workdir: Path, ep: DemoEndpoints, nodes: int, budget_usd: float,
         "job": {"name": "toy", "entrypoint": "agent.examples.train_toy", "nproc_per_node": 1},
         "metrics": {"port": 0},
         "logging": {"level": "info", "json": True},
-    }))
+    }, overrides or {})
+    path.write_text(to_toml(groups))
     return path
+
+
+def _merge(groups: dict[str, dict[str, object]], extra: dict[str, dict[str, object]]) -> dict[str, dict[str, object]]:
+    return {**groups, **{name: {**groups.get(name, {}), **values} for name, values in extra.items()}}
 
 
 def agent_toml(workdir: Path, ep: DemoEndpoints, nodes: int, instance_id: str, addr: str, imds_url: str,

@@ -59,6 +59,7 @@ class Steerer:
     on_heartbeat: Callable[[str, float], None] | None = None
     progress_value: bytes | None = None
     progress_at: datetime | None = None
+    round_seen_at: datetime | None = None  # a round just formed: its members were all alive then
     tolerated: frozenset[str] = frozenset()
 
     async def observe(self, now: datetime) -> decide.Observation:
@@ -83,6 +84,7 @@ class Steerer:
             # The first sight of a complete round is its membership. Later sights of the same
             # round only shrink while its members exit to re-form; they are still expected.
             self.members, self.members_round = s.participant_addrs, s.round
+            self.round_seen_at = now
         if not self.adopted and s is not None:
             self.adopted = True
             log.info(
@@ -114,9 +116,17 @@ class Steerer:
             max_nodes=st.max_nodes,
             left_timeout=timedelta(seconds=st.left_timeout_s),
             dead_after=timedelta(seconds=st.dead_after_s),
-            progress_at=self.progress_at,
+            progress_at=self._progress_at(),
             hang_after=timedelta(seconds=st.hang_after_s),
         )
+
+    def _progress_at(self) -> datetime | None:
+        """When the job last showed it was alive: its progress counter moved, or a round formed
+        (before the first step of a round, under load, torchrun's heartbeats can lag for seconds
+        while nothing is hung yet). A trainer that never bumps the counter gets hang_after_s of
+        grace after each round forms, then decide's old rule (a stale heartbeat decides)."""
+        seen = [t for t in (self.progress_at, self.round_seen_at) if t is not None]
+        return max(seen) if seen else None
 
     async def step(self) -> tuple[decide.SteerAction, ...]:
         now = datetime.now(UTC)

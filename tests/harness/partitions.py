@@ -126,8 +126,13 @@ class Stack:
             await s3.create_bucket(Bucket=configs.DEMO_BUCKET)
         self.ec2 = await exit_stack.enter_async_context(session.create_client("ec2", **aws))
         ami = (await self.ec2.describe_images(Owners=["amazon"]))["Images"][0]["ImageId"]
-        # Budget roomy enough that no budget rule acts during the scenario.
-        fleetd_conf = configs.fleetd_toml(self.workdir, ep, self.nodes, 50.0, 50.0, ami)
+        # Budget roomy enough that no budget rule acts during the scenario. Straggler replacement
+        # off: it judges nodes by one telemetry sample of steps/s, and on this shared 2-core box
+        # (load 20+ while others test) a node that just restarted, or whose rank 0 sat out a store
+        # blip, reported 0.5 steps/s against a median of 6 and was replaced mid-scenario. That
+        # is the scaling policy's transient (noted for its owners), not the loss rule under test.
+        fleetd_conf = configs.fleetd_toml(self.workdir, ep, self.nodes, 50.0, 50.0, ami,
+                                          overrides={"scaling": {"straggler_ratio": 0.0}})
         cli = [py, "-m", "fleetd.cli"]
         await self._start("rendezvous", [*cli, "rendezvous", "--config", str(fleetd_conf)])
         await wait_port_async("127.0.0.1", self.rdzv_port, timeout=90)
@@ -313,6 +318,19 @@ def _healthy(windows: list[tuple[float, float]], since: float) -> list[tuple[flo
     return out
 
 
+async def _until_terminated(coro) -> dict:
+    """SIGTERM (a test's timeout, a bench stopped by hand) cancels the scenario, whose clean-up
+    heals every cut and stops every child: nothing outlives it."""
+    import signal
+
+    task = asyncio.ensure_future(coro)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        return {"error": "stopped by SIGTERM", "phases": []}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--phases", default="broker:60,store:3,both")
@@ -322,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fleetd-partitions-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    result = asyncio.run(scenario(workdir, args.nodes, parse_phases(args.phases)))
+    result = asyncio.run(_until_terminated(scenario(workdir, args.nodes, parse_phases(args.phases))))
     result["workdir"] = str(workdir)
     args.out.write_text(json.dumps(result, indent=1))
     print(json.dumps(result))
