@@ -177,6 +177,8 @@ class FleetdJobConfig(JobConfig):
     def deadline_at(self) -> float | None:
         """The deadline on the planner's clock (epoch seconds), or None."""
         return None if self.deadline is None else self.deadline.timestamp()
+
+
 class StallConfig(Group):
     """Stalled-job detection (fleetd/policy/stall.py): no step this long while nodes are billed."""
 
@@ -195,6 +197,19 @@ class StallConfig(Group):
 
         return StallSettings(stall_after_s=self.stall_after_s, escalate_after_s=self.escalate_after_s,
                              replace_nodes=self.replace_nodes, telemetry_fresh_s=self.telemetry_fresh_s)
+
+
+class LossConfig(Group):
+    """When a node counts as lost, and when a stale store heartbeat forces a re-form
+    (docs/DESIGN.md "Partitions" has the measurements behind the defaults)."""
+
+    # No new rendezvous heartbeat for this long is the store's signal in the two-source rule
+    # (policy/lifecycle.py); rebalance.silence_s is the broker's.
+    store_silence_s: Annotated[float, Field(gt=0)] = 30.0
+    # Steering: a member whose store heartbeat is older than dead_after_s is removed (and the
+    # survivors re-formed) only once the job has also made no progress for hang_after_s.
+    dead_after_s: Annotated[float, Field(gt=0)] = 6.0
+    hang_after_s: Annotated[float, Field(gt=0)] = 10.0
 
 
 class MetricsConfig(Group):
@@ -218,6 +233,7 @@ class FleetdConfig(CommonSettings):
     budget: BudgetConfig = BudgetConfig()
     scaling: ScalingConfig = ScalingConfig()
     rebalance: RebalanceConfig = RebalanceConfig()
+    loss: LossConfig = LossConfig()
     events: EventsConfig = EventsConfig()
     metrics: MetricsConfig = MetricsConfig()
     job: FleetdJobConfig = FleetdJobConfig()

@@ -51,7 +51,9 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
     ledger = await LedgerStore.open(cfg.fleet.state_dir / DB_NAME)
     client = RendezvousClient(store_address(cfg), cfg.rendezvous.port, cfg.rendezvous.run_id)
     steerer = Steerer(client, SteerSettings(min_nodes=1, max_nodes=cfg.fleet.max_nodes,
-                                            dead_after_s=cfg.rendezvous.dead_after_s))
+                                            dead_after_s=cfg.loss.dead_after_s,
+                                            hang_after_s=cfg.loss.hang_after_s),
+                      on_heartbeat=intake.registry.note_store_heartbeat)
     commander = TrainingCommander(client, intake.mqtt.send_command, intake.registry, signals,
                                   close_rendezvous=steerer.close_rendezvous)
     steerer.on_leave = commander.tell_leave

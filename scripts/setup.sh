@@ -9,6 +9,10 @@ as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 need_apt=()
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need_apt+=(mosquitto)
 command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
+# Partition tests cut nodes' connections with iptables in a private network namespace
+# (tests/harness/netfault.py): iptables, and ip (iproute2) to bring the namespace's loopback up.
+command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || need_apt+=(iptables)
+command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || need_apt+=(iproute2)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} with apt-get"
   as_root apt-get update -qq

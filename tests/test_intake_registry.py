@@ -51,7 +51,7 @@ def test_two_sources_merge_into_one_notice_with_both_sources() -> None:
 
 
 def test_observe_folds_intake_facts_into_the_planner_node() -> None:
-    reg = NodeRegistry()
+    reg = NodeRegistry(clock=lambda: 955.0)
     reg.apply(AgentStatus(IID, status("training"), received_at=900.0, dedup_key="s1"))
     reg.apply(AgentTelemetry(IID, Telemetry(instance_id=IID, step=50, steps_per_s=4.0), received_at=950.0))
     reg.apply(RebalanceRecommended(IID, 940.0, "eventbridge", received_at=940.0, dedup_key="eb:2"))

@@ -237,7 +237,9 @@ def test_silent_nodes_are_removed_and_not_waited_for():
     alone = RendezvousState(round=3, complete=True, participants={B: 0}, last_heartbeats={B: old})
     assert kinds(decide.plan(obs(alone))) == ["RemoveNodes"]
     forming = RendezvousState(round=4, participants={A: 0}, last_heartbeats={A: NOW})
-    o = obs(forming, members=frozenset({"127.0.0.2", "127.0.0.3"}), heartbeats={"127.0.0.3": old})
+    # A member absent from the state is waited for the longer of dead_after and hang_after.
+    older = NOW - timedelta(seconds=11)
+    o = obs(forming, members=frozenset({"127.0.0.2", "127.0.0.3"}), heartbeats={"127.0.0.3": older})
     assert kinds(decide.plan(o)) == ["CompleteRound"]
 
 

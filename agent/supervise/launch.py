@@ -35,7 +35,12 @@ class LaunchSpec:
     last_call_timeout_s: float = 2.0
     close_timeout_s: float = 10.0
     keep_alive_s: float = 1.0
-    keep_alive_max_attempt: int = 3
+    # torchrun drops a node whose heartbeat is older than keep_alive_s x this from the state, and
+    # the node then stops heartbeating until the next re-form (dynamic_rendezvous._sanitize and
+    # _should_keep_alive). fleetd's steering decides when a silent member is gone (loss.dead_after_s
+    # plus loss.hang_after_s: a store blip is tolerated while training advances), so torch's own
+    # check is only the backstop while fleetd is down: 15 x 2 s = 30 s = loss.store_silence_s.
+    keep_alive_max_attempt: int = 15
     max_restarts: int = 100  # failures (a lost peer) use these; membership changes do not
     monitor_interval_s: float = 0.1
     # Poll the rendezvous every this many seconds instead of torch's fixed 1 s (agent.supervise.torchrun_main).

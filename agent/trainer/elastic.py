@@ -62,6 +62,7 @@ class ElasticCheckpointer(ResumeSteps):
         self.last_saved: int | None = None
         self.resumed_from: int | None = None
         self._link = None
+        self._pulse_at = 0.0  # monotonic time of rank 0's last progress bump
         self.reports = TrainerReports(self.ctx)
         # Which step the parameters hold, for a save without collectives after a peer's loss.
         self._guard = UpdateGuard(optimizer) if hasattr(optimizer, "register_step_post_hook") else None
@@ -178,6 +179,8 @@ class ElasticCheckpointer(ResumeSteps):
         if self._guard is not None:
             self._guard.step_done(step)
         if self._link is not None:
+            if self.ctx.rank == 0:
+                self._pulse()
             seen = self._link.latest_request_seq() if self.ctx.rank == 0 else 0
             agreed = self._agree_max(seen)
             if agreed > self.handled_seq:
@@ -186,6 +189,16 @@ class ElasticCheckpointer(ResumeSteps):
         if self.ctx.ckpt_interval and step % self.ctx.ckpt_interval == 0:
             self.save(step)
         self.reports.progress(step)
+
+    def _pulse(self) -> None:
+        """Tell fleetd's steering the job advances (rendezvous_keys.progress_key): a node whose
+        store heartbeats lag while this goes on is a store blip, not a hung collective."""
+        from fleetd.protocol.rendezvous_keys import PROGRESS_EVERY_S
+
+        now = time.monotonic()
+        if self._link is not None and now - self._pulse_at >= PROGRESS_EVERY_S:
+            self._link.bump_progress()
+            self._pulse_at = now
 
     def _answer(self, step: int, seq: int) -> None:
         assert self._link is not None

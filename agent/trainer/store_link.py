@@ -77,6 +77,10 @@ class StoreLink:
         self._op("set", keys.request_key(self.run_id, seq), req.to_bytes())
         return seq
 
+    def bump_progress(self) -> int:
+        """Say the job completed steps since the last bump (rank 0; see keys.progress_key)."""
+        return int(self._op("add", keys.progress_key(self.run_id), 1))
+
     def latest_request_seq(self) -> int:
         """The newest request number (0: none yet). Never blocks: ``add(key, 0)``."""
         return int(self._op("add", keys.request_seq_key(self.run_id), 0))

@@ -65,7 +65,9 @@ class DemoEndpoints:
 
 
 def fleetd_toml(workdir: Path, ep: DemoEndpoints, nodes: int, budget_usd: float, max_usd_per_hour: float,
-                ami_id: str, shape: FleetShape | None = None) -> Path:
+                ami_id: str, shape: FleetShape | None = None,
+                overrides: dict[str, dict[str, object]] | None = None) -> Path:
+    """``overrides``: extra settings merged into the groups (the partition tests use it)."""
     path = workdir / "fleetd.toml"
     if shape is None:
         # A fixed fleet of --nodes (one more allowed for make-before-break pre-buys). The long
@@ -75,7 +77,7 @@ def fleetd_toml(workdir: Path, ep: DemoEndpoints, nodes: int, budget_usd: float,
     else:
         lo, hi = shape.min_nodes, shape.max_nodes
         scaling = {"initial_nodes": shape.initial_nodes, "cooldown_s": shape.cooldown_s}
-    path.write_text(to_toml({
+    groups = _merge({
         "aws": {"region": "us-east-1", "endpoint_url": ep.aws_url},
         "fleet": {"name": DEMO_FLEET, "min_nodes": lo, "max_nodes": hi,
                   "state_dir": workdir / "state", "reconcile_interval_s": 2.0},
@@ -86,10 +88,10 @@ def fleetd_toml(workdir: Path, ep: DemoEndpoints, nodes: int, budget_usd: float,
         "scaling": scaling,
         "budget": {"total_usd": budget_usd, "max_usd_per_hour": max_usd_per_hour, "stop_reserve_s": 30.0},
         "mqtt": {"url": ep.mqtt_url},
+        "rendezvous": {"host": "127.0.0.1", "port": ep.rdzv_port, "run_id": "demo"},
         # The scaling story has no silent loss to detect fast, and its joins restart workers on
         # a busy two-core host: a longer heartbeat timeout keeps a slow beat from reading as a loss.
-        "rendezvous": {"host": "127.0.0.1", "port": ep.rdzv_port, "run_id": "demo",
-                       "dead_after_s": 6.0 if shape is None else 20.0},
+        **({} if shape is None else {"loss": {"dead_after_s": 20.0}}),
         "checkpoints": {"bucket": DEMO_BUCKET, "prefix": "checkpoints", "keep": 3, "interval_steps": 50},
         "job": {"name": "toy", "entrypoint": "agent.examples.train_toy", "nproc_per_node": 1},
         "metrics": {"port": 0},
@@ -98,12 +100,19 @@ def fleetd_toml(workdir: Path, ep: DemoEndpoints, nodes: int, budget_usd: float,
         # re-imports torch there (on an overloaded box that deepens the stall it should cure).
         "stall": {"stall_after_s": 20.0, "escalate_after_s": 60.0, "replace_nodes": False},
         "logging": {"level": "info", "json": True},
-    }))
+    }, overrides or {})
+    path.write_text(to_toml(groups))
     return path
 
 
+def _merge(groups: dict[str, dict[str, object]], extra: dict[str, dict[str, object]]) -> dict[str, dict[str, object]]:
+    return {**groups, **{name: {**groups.get(name, {}), **values} for name, values in extra.items()}}
+
+
 def agent_toml(workdir: Path, ep: DemoEndpoints, max_nodes: int, instance_id: str, addr: str, imds_url: str,
-               steps: int) -> Path:
+               steps: int, control_addr: str = "127.0.0.1") -> Path:
+    """``control_addr``: where this node reaches the broker and the rendezvous store. The
+    partition tests give each node an address of its own for it (tests/harness/netfault.py)."""
     node_dir = workdir / "nodes" / instance_id
     node_dir.mkdir(parents=True, exist_ok=True)
     path = node_dir / "agent.toml"
@@ -113,8 +122,8 @@ def agent_toml(workdir: Path, ep: DemoEndpoints, max_nodes: int, instance_id: st
                  "shutdown_timeout_s": 20.0, "controller_lost_after_s": 90.0,
                  "shutdown_command": poweroff_command(workdir, instance_id)},
         "aws": {"region": "us-east-1", "endpoint_url": ep.s3_url},
-        "mqtt": {"url": ep.mqtt_url},
-        "rendezvous": {"host": "127.0.0.1", "port": ep.rdzv_port, "run_id": "demo"},
+        "mqtt": {"url": ep.mqtt_url.replace("127.0.0.1", control_addr)},
+        "rendezvous": {"host": control_addr, "port": ep.rdzv_port, "run_id": "demo"},
         "checkpoints": {"bucket": DEMO_BUCKET, "prefix": "checkpoints", "keep": 3, "interval_steps": 50,
                         "local_dir": node_dir / "checkpoints"},
         "job": {"name": "toy", "entrypoint": "agent.examples.train_toy", "nproc_per_node": 1,

@@ -40,6 +40,9 @@ log = get_logger(__name__)
 
 # Weight of a new telemetry sample in the moving averages (about ten reports' memory).
 UTIL_SMOOTHING = 0.1
+# Telemetry older than this no longer describes the node: its rates are not folded into the
+# planner's Node (a node cut from the broker must not be judged a straggler on its last report).
+TELEMETRY_FRESH_S = 10.0
 
 # Higher = further along toward gone; merging EC2's view with events keeps the furthest.
 _EC2_STATE_RANK = {"pending": 0, "running": 1, "stopping": 2, "stopped": 3, "shutting-down": 4, "terminated": 5}
@@ -53,6 +56,7 @@ class NodeRecord:
     status_at: float | None = None
     last_seen_at: float | None = None  # any message from the agent except "offline"
     agent_offline_at: float | None = None  # last will or clean goodbye
+    store_seen_at: float | None = None  # its rendezvous heartbeat last advanced (steering saw it)
     telemetry: Telemetry | None = None
     telemetry_at: float | None = None
     # Moving averages over the ~1 Hz reports: one sample must not decide a scale-down.
@@ -97,6 +101,8 @@ class NodeRegistry:
         self._dedup_capacity = dedup_capacity
         # checkpoint-saved/-uploaded and trainer-exited, in arrival order, for the reconcile loop.
         self._training: deque[TrainingEvent] = deque(maxlen=training_event_capacity)
+        # Node address (agent status node_addr) -> instance: the steering knows nodes by address.
+        self._by_addr: dict[str, str] = {}
         self.stats = RegistryStats()
 
     # ------------------------------------------------------------------ membership
@@ -106,7 +112,18 @@ class NodeRegistry:
         self._nodes[instance_id] = dataclasses.replace(rec, tracked=True)
 
     def forget(self, instance_id: str) -> None:
-        self._nodes.pop(instance_id, None)
+        rec = self._nodes.pop(instance_id, None)
+        if rec is not None and rec.status is not None and self._by_addr.get(rec.status.node_addr) == instance_id:
+            del self._by_addr[rec.status.node_addr]
+
+    def note_store_heartbeat(self, addr: str, at: float) -> None:
+        """The steering saw ``addr``'s torchrun keep-alive advance at ``at`` (fleetd's clock): the
+        store-side sign of life the loss rule weighs against broker silence. An address no agent
+        has named yet is ignored (the next heartbeat, 2 s later, finds it)."""
+        iid = self._by_addr.get(addr)
+        rec = self._nodes.get(iid) if iid is not None else None
+        if rec is not None:
+            self._nodes[iid] = dataclasses.replace(rec, store_seen_at=_latest(rec.store_seen_at, at))
 
     def is_known(self, instance_id: str) -> bool:
         """Tracked, or has spoken on this fleet's topics."""
@@ -137,6 +154,8 @@ class NodeRegistry:
         at = event.received_at or self.clock()
         rec = self._nodes.get(event.instance_id) or NodeRecord(event.instance_id)
         self._nodes[event.instance_id] = _merge(rec, event, at)
+        if isinstance(event, AgentStatus) and event.status.node_addr:
+            self._by_addr[event.status.node_addr] = event.instance_id
         self.stats.applied += 1
         name = type(event).__name__
         self.stats.by_type[name] = self.stats.by_type.get(name, 0) + 1
@@ -156,6 +175,7 @@ class NodeRegistry:
         if rec is None:
             return node
         tele = rec.telemetry
+        fresh = tele is not None and rec.telemetry_at is not None and self.clock() - rec.telemetry_at <= TELEMETRY_FRESH_S
         ec2_state = node.ec2_state
         if rec.ec2_state is not None and _EC2_STATE_RANK.get(rec.ec2_state, 0) > _EC2_STATE_RANK.get(ec2_state, 0):
             ec2_state = rec.ec2_state  # the event is news DescribeInstances may not show yet
@@ -164,13 +184,15 @@ class NodeRegistry:
             ec2_state=ec2_state,
             last_seen_at=_latest(node.last_seen_at, rec.last_seen_at),
             agent_offline_at=_latest(node.agent_offline_at, rec.agent_offline_at),
+            store_seen_at=_latest(node.store_seen_at, rec.store_seen_at),
             notice_at=node.notice_at if node.notice_at is not None else rec.notice_at,
             notice_deadline=node.notice_deadline if node.notice_deadline is not None else rec.notice_deadline,
             rebalance_at=node.rebalance_at if node.rebalance_at is not None else rec.rebalance_at,
             left_at=_latest(node.left_at, rec.left_at),
-            gpu_util_pct=rec.gpu_util_avg if rec.gpu_util_avg is not None else node.gpu_util_pct,
-            cpu_pct=rec.cpu_avg if rec.cpu_avg is not None else node.cpu_pct,
-            steps_per_s=tele.steps_per_s if tele is not None and tele.steps_per_s is not None else node.steps_per_s,
+            gpu_util_pct=(rec.gpu_util_avg if rec.gpu_util_avg is not None else tele.gpu_util_pct) if fresh
+            else node.gpu_util_pct,
+            cpu_pct=rec.cpu_avg if fresh and rec.cpu_avg is not None else node.cpu_pct,
+            steps_per_s=tele.steps_per_s if fresh and tele.steps_per_s is not None else node.steps_per_s,
             step=tele.step if tele is not None and tele.step is not None else node.step,
         )
 

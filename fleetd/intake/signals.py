@@ -17,12 +17,12 @@ import time
 from collections.abc import Callable
 from types import MappingProxyType
 
-from fleetd.intake.registry import NodeRegistry
+from fleetd.intake.registry import TELEMETRY_FRESH_S, NodeRegistry
 from fleetd.policy.observation import DesiredJob
 from fleetd.protocol.messages import CheckpointUploaded
 from fleetd.reconcile.ports import FleetSignals
 
-FRESH_S = 10.0  # telemetry older than this no longer describes the job
+FRESH_S = TELEMETRY_FRESH_S  # telemetry older than this no longer describes the job
 MIN_WINDOW_S = 15.0  # an epoch's rate counts once it spans this long
 SMOOTHING = 0.5  # weight of this epoch's rate against earlier epochs at the same size
 

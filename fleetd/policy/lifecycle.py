@@ -1,9 +1,23 @@
-"""Which nodes are lost: the two-signal rule.
+"""Which nodes are lost: the rule of two independent signals.
 
-A node is declared lost only on a terminal EC2 state, or on two independent signals (for example
-an interruption notice plus telemetry silence, or an EC2 state change plus the agent's last will).
-A missed heartbeat alone never triggers recovery: brokers hiccup and networks partition, and a
-false recovery (restarting a healthy job) costs far more than waiting one more pass.
+A node is declared lost only on a terminal EC2 state, or when signals from two *independent*
+sources agree. Signals are grouped by the fault that can cause them (their source); two signals
+with one source count once:
+
+- broker: telemetry silence and the MQTT last will both come from the node's single broker
+  connection. A node cut from the broker for 30 s while it trains fine shows both; it is not lost.
+- store: no new torchrun keep-alive heartbeat in the rendezvous store (a second connection, to a
+  second process on the control host, seen by fleetd's steering).
+- ec2: EC2's own view of the instance (DescribeInstances state, the EventBridge state-change
+  event): stopping/stopped. shutting-down/terminated is a loss on its own.
+- notice: a spot interruption notice (IMDS via the agent, or EventBridge): AWS's word.
+
+broker + store are two connections to two processes, so a broker or store crash, a hung
+mosquitto, a full disk on one of them never takes a node out. A fault of the control host's own
+network cuts both for *every* node, so broker + store counts only while some other node is heard
+on both (the fault is on this node's side); with no such witness it takes EC2's view or a notice as
+the second source (docs/DESIGN.md, "Partitions"). A false loss restarts a healthy job and pays for
+a replacement; waiting one more pass costs a few seconds.
 """
 
 from __future__ import annotations
@@ -24,6 +38,25 @@ class Signal(StrEnum):
     SILENCE = "telemetry silence"
     LAST_WILL = "agent offline (last will)"
     STATE_CHANGE = "EC2 state change"
+    STORE_SILENCE = "rendezvous heartbeat silence"
+
+
+class Source(StrEnum):
+    """The fault behind a signal: signals of one source are one piece of evidence."""
+
+    BROKER = "broker connection"
+    STORE = "store connection"
+    EC2 = "EC2"
+    NOTICE = "AWS notice"
+
+
+SOURCE = {
+    Signal.SILENCE: Source.BROKER,
+    Signal.LAST_WILL: Source.BROKER,
+    Signal.STORE_SILENCE: Source.STORE,
+    Signal.STATE_CHANGE: Source.EC2,
+    Signal.NOTICE: Source.NOTICE,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,12 +67,23 @@ class Verdict:
     reason: str
 
 
-def signals_for(node: Node, now: float, silence_s: float) -> tuple[Signal, ...]:
+def broker_silent(node: Node, now: float, silence_s: float) -> bool:
+    # Silence only counts for a node that has spoken before: a booting node is not silent.
+    return node.last_seen_at is not None and now - node.last_seen_at > silence_s
+
+
+def store_silent(node: Node, now: float, store_silence_s: float | None) -> bool:
+    # Only a node the store has heard from: one still booting or joining is not silent.
+    return (store_silence_s is not None and node.store_seen_at is not None
+            and now - node.store_seen_at > store_silence_s)
+
+
+def signals_for(node: Node, now: float, silence_s: float,
+                store_silence_s: float | None = None) -> tuple[Signal, ...]:
     found: list[Signal] = []
     if node.notice_at is not None:
         found.append(Signal.NOTICE)
-    # Silence only counts for a node that has spoken before: a booting node is not silent.
-    if node.last_seen_at is not None and now - node.last_seen_at > silence_s:
+    if broker_silent(node, now, silence_s):
         found.append(Signal.SILENCE)
     if node.agent_offline_at is not None and (
         node.last_seen_at is None or node.agent_offline_at >= node.last_seen_at
@@ -47,39 +91,65 @@ def signals_for(node: Node, now: float, silence_s: float) -> tuple[Signal, ...]:
         found.append(Signal.LAST_WILL)
     if node.ec2_state in STATE_CHANGE_EC2_STATES:
         found.append(Signal.STATE_CHANGE)
+    if store_silent(node, now, store_silence_s):
+        found.append(Signal.STORE_SILENCE)
     return tuple(found)
 
 
-def assess(node: Node, now: float, silence_s: float) -> Verdict:
-    """Apply the two-signal rule to one node (``now`` and ``silence_s`` in seconds)."""
+def assess(node: Node, now: float, silence_s: float, store_silence_s: float | None = None,
+           control_host_reachable: bool = True) -> Verdict:
+    """Apply the rule to one node (``now`` and the thresholds in seconds).
+
+    ``control_host_reachable``: some other node is heard on both the broker and the store, so
+    broker + store silence of this node is this node's fault (see the module docstring)."""
     if node.phase is NodePhase.TERMINATED:
         return Verdict(node, True, (), f"{node.instance_id} is already terminated")
     if node.ec2_state in TERMINAL_EC2_STATES:
         return Verdict(
             node, True, (), f"{node.instance_id} is lost: EC2 reports it {node.ec2_state}"
         )
-    signals = signals_for(node, now, silence_s)
+    signals = signals_for(node, now, silence_s, store_silence_s)
+    sources = {SOURCE[s] for s in signals}
+    if not control_host_reachable and sources >= {Source.BROKER, Source.STORE}:
+        # Every node went quiet on both: the control host's network, not this node.
+        sources -= {Source.BROKER, Source.STORE}
+        sources.add(Source.BROKER)
     names = " + ".join(s.value for s in signals)
-    if len(signals) >= 2:
-        return Verdict(node, True, signals, f"{node.instance_id} is lost: two signals ({names})")
-    if len(signals) == 1:
+    if len(sources) >= 2:
+        return Verdict(node, True, signals,
+                       f"{node.instance_id} is lost: two signals ({names}) from independent sources")
+    if signals:
+        source = next(iter(sources))
         return Verdict(
             node,
             False,
             signals,
-            f"{node.instance_id} has one signal ({names}); not lost until a second one arrives",
+            f"{node.instance_id} has signals from one source only ({names}: {source.value}); "
+            "not lost until a second source agrees",
         )
     return Verdict(node, False, (), f"{node.instance_id} is healthy")
 
 
+def control_host_reachable(nodes: tuple[Node, ...], now: float, silence_s: float,
+                           store_silence_s: float | None) -> dict[str, bool]:
+    """Per node: is some *other* node heard on both the broker and the store right now?"""
+    witnesses = [
+        n.instance_id for n in nodes
+        if n.last_seen_at is not None and n.store_seen_at is not None
+        and not broker_silent(n, now, silence_s) and not store_silent(n, now, store_silence_s)
+    ]
+    return {n.instance_id: any(w != n.instance_id for w in witnesses) for n in nodes}
+
+
 def split_lost(
-    nodes: tuple[Node, ...], now: float, silence_s: float
+    nodes: tuple[Node, ...], now: float, silence_s: float, store_silence_s: float | None = None
 ) -> tuple[list[Verdict], list[Node]]:
     """(verdicts of lost nodes, nodes still alive)."""
+    reachable = control_host_reachable(nodes, now, silence_s, store_silence_s)
     lost: list[Verdict] = []
     alive: list[Node] = []
     for node in nodes:
-        verdict = assess(node, now, silence_s)
+        verdict = assess(node, now, silence_s, store_silence_s, reachable[node.instance_id])
         if verdict.lost:
             lost.append(verdict)
         else:

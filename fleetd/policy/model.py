@@ -68,6 +68,9 @@ class Node:
     ec2_state: str = "running"  # pending|running|shutting-down|terminated|stopping|stopped
     last_seen_at: float | None = None  # last MQTT message of any kind
     agent_offline_at: float | None = None  # last will / status offline
+    # fleetd last saw this node's torchrun keep-alive advance in the rendezvous store: liveness
+    # over a second connection, independent of the broker (policy/lifecycle.py).
+    store_seen_at: float | None = None
     notice_at: float | None = None  # spot interruption notice seen (IMDS or EventBridge)
     notice_deadline: float | None = None  # when AWS will act on the notice
     rebalance_at: float | None = None  # rebalance recommendation seen

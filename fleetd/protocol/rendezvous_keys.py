@@ -13,7 +13,10 @@ The c10d store that hosts torchrun's rendezvous is also the fastest channel ever
 3. Each rank writes a :class:`CheckpointAck` under :func:`ack_key` and bumps :func:`ack_count_key`.
 4. With ``hold`` set, ranks then wait (they do not run ahead of a checkpoint a leave is waiting on)
    until their agent restarts them into the next rendezvous round, or :func:`release_key` is set.
-5. The leaving node's agent writes :func:`drain_ready_key` when its shard is durable; fleetd removes
+5. Rank 0 bumps the counter under :func:`progress_key` (at most every ``PROGRESS_EVERY_S``) while
+   the job completes steps: fleetd's steering tells a node whose store connection blipped (the
+   job still advances) from a collective that hangs on a lost peer (the counter stops).
+6. The leaving node's agent writes :func:`drain_ready_key` when its shard is durable; fleetd removes
    the node from the rendezvous and writes :func:`leave_key`; the agent stops its process tree and
    writes :func:`left_key`.
 
@@ -80,6 +83,16 @@ def ack_count_key(run_id: str, seq: int) -> str:
 
 def release_key(run_id: str, seq: int) -> str:
     return f"{_base(run_id)}.ckpt.release.{seq}"
+
+
+def progress_key(run_id: str) -> str:
+    """A counter rank 0 bumps (``add(key, 1)``) while training advances: the job's pulse."""
+    return f"{_base(run_id)}.progress"
+
+
+# Rank 0 bumps the progress counter at most this often: one store round trip per half second, not
+# per step; fleetd's hang threshold (loss.hang_after_s) is many times longer.
+PROGRESS_EVERY_S = 0.5
 
 
 def drain_ready_key(run_id: str, addr: str) -> str:

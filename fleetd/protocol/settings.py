@@ -82,10 +82,6 @@ class RendezvousConfig(Group):
     last_call_timeout_s: Annotated[float, Field(gt=0)] = 2.0
     heartbeat_s: Annotated[float, Field(gt=0)] = 2.0
     close_timeout_s: Annotated[float, Field(gt=0)] = 10.0
-    # fleetd's steering takes a node with no heartbeat for this long out of the rendezvous (a
-    # loss without notice). Short means a fast recovery; a heavily loaded host can miss beats
-    # while workers restart for a join, so it must stay well above heartbeat_s.
-    dead_after_s: Annotated[float, Field(gt=0)] = 6.0
 
 
 class CheckpointConfig(Group):

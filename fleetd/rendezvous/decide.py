@@ -10,10 +10,15 @@ leaving node goes through, one pass at a time (level-based: every pass re-reads 
 3. the survivors (and any waiting newcomer) have all joined the new round -> CompleteRound, so
    nobody waits for torchrun's last-call timeout; the marker goes in the same write.
 
-Nodes that stopped heartbeating (lost without notice) are removed as soon as they are stale. If
-one was a member of the formed round, the survivors are poked as well: a peer that vanished
-without closing its sockets leaves their collectives hanging, and only a worker restart (torchrun's
-SIGTERM, which also makes them save the step they completed) ends the hang.
+Nodes that stopped heartbeating are removed once they are stale, with one exception: a member of
+the formed round is kept while the job still advances (rank 0 bumps a progress counter in the
+store, rendezvous_keys.progress_key). A stale heartbeat alone is one connection's view: a node
+whose store connection blipped for a few seconds trains on, and restarting every rank for it would
+cost the whole job a re-form. Only when the job has also made no progress for ``hang_after`` (the
+collective hangs on the silent peer) is the member removed and the survivors poked: a peer that
+vanished without closing its sockets leaves their collectives hanging, and only a worker restart
+(torchrun's SIGTERM, which also makes them save the step they completed) ends the hang. Without a
+progress counter (a trainer that does not bump it) the old rule holds: stale means removed.
 """
 
 from __future__ import annotations
@@ -55,6 +60,10 @@ class Observation:
     # leaver (kept below the trainers' own LEFT_GRACE_S, after which they re-form by themselves).
     noticed: frozenset[str] = frozenset()
     coalesce: timedelta = timedelta(seconds=3)
+    # When the steering last saw the job's progress counter change (None: no counter in the
+    # store, so progress cannot be judged and a stale heartbeat alone decides).
+    progress_at: datetime | None = None
+    hang_after: timedelta = timedelta(seconds=10)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +89,13 @@ class PokeSurvivors(SteerAction):
 @dataclass(frozen=True, slots=True)
 class FinishLeaves(SteerAction):
     finished: frozenset[str]  # survivors are already re-forming without a poke
+
+
+@dataclass(frozen=True, slots=True)
+class TolerateStale(SteerAction):
+    """Members with stale heartbeats kept because the job still advances (logged, not applied)."""
+
+    addrs: frozenset[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +127,14 @@ def expected_members(obs: Observation) -> frozenset[str] | None:
         return None
     gone = obs.drain_ready | frozenset(obs.told_leave) | obs.left
     stale = {n.addr for n in s.stale(obs.now, obs.dead_after)}
-    stale |= {a for a in obs.members if a in obs.heartbeats and obs.now - obs.heartbeats[a] > obs.dead_after}
+    # A member absent from the state is between rounds: its agent left the old one and has not
+    # joined this one yet. After a failed collective that took a survivor 6-9 s on the loaded
+    # test box (bench/partitions.py); forming without it costs a second re-form right after, so
+    # it gets the longer of the two thresholds. A silent node still in the state gets dead_after.
+    in_state = {n.addr for n in s.last_heartbeats}
+    grace = max(obs.dead_after, obs.hang_after)
+    stale |= {a for a in obs.members if a in obs.heartbeats and a not in in_state
+              and obs.now - obs.heartbeats[a] > grace}
     if _holding(obs):
         stale -= obs.awaited
     waiting = {n.addr for n in s.waiting}
@@ -122,6 +145,22 @@ def wave_still_coming(obs: Observation, present: frozenset[str] | set[str]) -> f
     """Members of the round in a notice flow that are not drain-ready or told to leave yet."""
     members = obs.members or frozenset()
     return frozenset((obs.noticed & members & frozenset(present)) - obs.drain_ready - frozenset(obs.told_leave))
+
+
+def job_hung(obs: Observation) -> bool:
+    """No progress for ``hang_after`` (or no progress counter to judge by)."""
+    return obs.progress_at is None or obs.now - obs.progress_at > obs.hang_after
+
+
+def _stale_members(obs: Observation) -> frozenset[str]:
+    """Members of the formed round whose newest heartbeat (across passes) is stale. This also
+    catches a member torchrun's own keep-alive check already dropped from the state."""
+    s = obs.state
+    if s is None or not s.complete or obs.members is None:
+        return frozenset()
+    stale = {n.addr for n in s.stale(obs.now, obs.dead_after)} & s.participant_addrs
+    stale |= {a for a in obs.members if a in obs.heartbeats and obs.now - obs.heartbeats[a] > obs.dead_after}
+    return frozenset(stale)
 
 
 def plan(obs: Observation) -> tuple[SteerAction, ...]:
@@ -137,13 +176,24 @@ def plan(obs: Observation) -> tuple[SteerAction, ...]:
         # load; a late heartbeat then is not a lost node. One that is really gone is removed when
         # the hold ends (restart_hold_s), and its absence never completes the round before that.
         stale -= obs.awaited
+    stale_members = _stale_members(obs)
+    if _holding(obs):
+        stale_members -= obs.awaited
+    if stale_members and not job_hung(obs):
+        # One connection's silence while the job advances: a blip, not a loss (module docstring).
+        actions.append(TolerateStale(
+            f"{', '.join(sorted(stale_members))}: no heartbeat for over {obs.dead_after.total_seconds():g} s "
+            "but training advances; kept", stale_members))
+        stale -= stale_members
+        stale_members = frozenset()
     if stale:
         actions.append(RemoveNodes(f"no heartbeat for over {obs.dead_after.total_seconds():g} s", stale))
-        lost_members = stale & s.participant_addrs
-        if s.complete and lost_members and s.participant_addrs - stale and not s.has_marker:
-            actions.append(
-                PokeSurvivors(f"{', '.join(sorted(lost_members))} lost: survivors re-form now", frozenset())
-            )
+    if stale_members and s.complete and s.participant_addrs - stale_members and not s.has_marker:
+        why = "" if obs.progress_at is None else (
+            f" and no progress for {(obs.now - obs.progress_at).total_seconds():.0f} s")
+        actions.append(
+            PokeSurvivors(f"{', '.join(sorted(stale_members))} lost{why}: survivors re-form now", frozenset())
+        )
 
     for addr in sorted(obs.drain_ready - frozenset(obs.told_leave)):
         if addr in present:

@@ -162,7 +162,8 @@ class LocalCluster:
         if not self.steered:
             # torchrun as people run it: default timeouts and polling, no fleetd steering.
             # (max_restarts stays high: with torchrun's default of 0 a lost peer ends the job.)
-            common.update(last_call_timeout_s=30, keep_alive_s=5, close_timeout_s=30, rdzv_poll_s=None,
+            common.update(last_call_timeout_s=30, keep_alive_s=5, keep_alive_max_attempt=3, close_timeout_s=30,
+                          rdzv_poll_s=None,
                           warm_pool=False)
         return LaunchSpec(**common)
 

@@ -35,11 +35,14 @@ class SteerSettings:
     max_nodes: int = 1 << 30
     interval_s: float = 0.05  # one pass is one batch of local round trips; survivors wait on it
     left_timeout_s: float = 5.0
+    # A member whose heartbeat is this stale is removed once the job also made no progress for
+    # hang_after_s (decide.py). fleetd.toml [loss]; DESIGN.md "Partitions" has the measurements.
     dead_after_s: float = 6.0
     # After a store restart, hold the first round open this long for the nodes that trained
     # before it (they restart torchrun seconds apart).
     restart_hold_s: float = 30.0
     coalesce_s: float = 3.0  # a wave's leavers re-form the survivors once (decide.Observation)
+    hang_after_s: float = 10.0
 
 
 @dataclass
@@ -62,6 +65,13 @@ class Steerer:
     # Also tell the node over MQTT (the daemon maps the address to its instance): the store key
     # is enough for fleetd's agents; the command makes the decision visible on the wire.
     on_leave: Callable[[str, str], Awaitable[None]] | None = None
+    # Told (address, fleetd's clock in epoch seconds) each time a node's rendezvous heartbeat
+    # advances: the store-side liveness signal of the planner's loss rule (fleetd/intake).
+    on_heartbeat: Callable[[str, float], None] | None = None
+    progress_value: bytes | None = None
+    progress_at: datetime | None = None
+    round_seen_at: datetime | None = None  # a round just formed: its members were all alive then
+    tolerated: frozenset[str] = frozenset()
 
     async def observe(self, now: datetime) -> decide.Observation:
         from fleetd.protocol import rendezvous_keys as keys
@@ -75,15 +85,22 @@ class Steerer:
         left_keys = {a: keys.left_key(run_id, a) for a in self.told_leave}
         # Noticed keys matter only while a leave is in flight (they can hold back its re-form).
         noticed_keys = {a: keys.noticed_key(run_id, a) for a in candidates} if self.told_leave else {}
+        pulse_key = keys.progress_key(run_id)
         snap, raw = await self.client.observe_with(
-            [keys.HOST_INCARNATION_KEY, *ready_keys.values(), *left_keys.values(), *noticed_keys.values()])
+            [keys.HOST_INCARNATION_KEY, *ready_keys.values(), *left_keys.values(), *noticed_keys.values(), pulse_key])
         if await self._store_restarted(raw.get(keys.HOST_INCARNATION_KEY), now):
             return decide.Observation(state=None, now=now, members=self.members)
+        pulse = raw.pop(pulse_key, None)
+        if pulse is not None and pulse != self.progress_value:
+            # First sight (fleetd just started) counts as progress: a restart must not read a
+            # healthy job as hung; a hung one is caught hang_after_s later.
+            self.progress_value, self.progress_at = pulse, now
         s = snap.state
         if s is not None and s.complete and s.round != self.members_round:
             # The first sight of a complete round is its membership. Later sights of the same
             # round only shrink while its members exit to re-form; they are still expected.
             self.members, self.members_round = s.participant_addrs, s.round
+            self.round_seen_at = now
         if not self.adopted and s is not None:
             self.adopted = True
             log.info(
@@ -101,6 +118,8 @@ class Steerer:
             for node, beat in s.last_heartbeats.items():
                 if not node.is_marker and beat > self.heartbeats.get(node.addr, beat - timedelta(1)):
                     self.heartbeats[node.addr] = beat
+                    if self.on_heartbeat is not None:
+                        self.on_heartbeat(node.addr, now.timestamp())
         st = self.settings
         if self.awaited and ((s is not None and s.complete and self.awaited <= s.participant_addrs)
                              or (self.awaited_until is not None and now >= self.awaited_until)):
@@ -122,6 +141,8 @@ class Steerer:
             member_leaves=frozenset(self.told_members),
             noticed=frozenset(noticed),
             coalesce=timedelta(seconds=st.coalesce_s),
+            progress_at=self._progress_at(),
+            hang_after=timedelta(seconds=st.hang_after_s),
         )
 
     async def _store_restarted(self, raw: bytes | None, now: datetime) -> bool:
@@ -152,12 +173,29 @@ class Steerer:
             self.told_leave[addr] = now
         return True
 
+    def _progress_at(self) -> datetime | None:
+        """When the job last showed it was alive: its progress counter moved, or a round formed
+        (before the first step of a round, under load, torchrun's heartbeats can lag for seconds
+        while nothing is hung yet). A trainer that never bumps the counter gets hang_after_s of
+        grace after each round forms, then decide's old rule (a stale heartbeat decides)."""
+        seen = [t for t in (self.progress_at, self.round_seen_at) if t is not None]
+        return max(seen) if seen else None
+
     async def step(self) -> tuple[decide.SteerAction, ...]:
         now = datetime.now(UTC)
         obs = await self.observe(now)
         actions = decide.plan(obs)
+        tolerated: frozenset[str] = frozenset()
         for action in actions:
+            if isinstance(action, decide.TolerateStale):
+                tolerated = action.addrs
+                if tolerated != self.tolerated:  # once per change, not every 50 ms pass
+                    log.info("rendezvous_steer", action="TolerateStale", reason=action.reason)
+                continue
             await self.apply(action, obs)
+        if self.tolerated and not tolerated:
+            log.info("rendezvous_stale_cleared", addrs=sorted(self.tolerated))
+        self.tolerated = tolerated
         return actions
 
     async def apply(self, action: decide.SteerAction, obs: decide.Observation) -> None:
@@ -264,7 +302,8 @@ async def _main(args: argparse.Namespace) -> int:
         except RendezvousUnavailable as exc:
             log.warning("rendezvous_unreachable", error=str(exc))
             await _sleep_or_stop(stop, 0.5)
-    settings = SteerSettings(min_nodes=args.min_nodes, max_nodes=args.max_nodes, dead_after_s=args.dead_after_s)
+    settings = SteerSettings(min_nodes=args.min_nodes, max_nodes=args.max_nodes, dead_after_s=args.dead_after_s,
+                             hang_after_s=args.hang_after_s)
     await Steerer(client, settings).run(stop)
     return 0
 
@@ -279,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-nodes", type=int, default=1)
     p.add_argument("--max-nodes", type=int, default=1 << 30)
     p.add_argument("--dead-after-s", type=float, default=6.0)
+    p.add_argument("--hang-after-s", type=float, default=10.0)
     args = p.parse_args(argv)
     configure_logging("info", json=True, stream=sys.stderr)
     bind_context(component="steering", run_id=args.run_id)

@@ -9,7 +9,7 @@ from fleetd.policy.stages.pass_state import PlanPass
 
 def end_departed_nodes(p: PlanPass) -> None:
     cfg, now = p.cfg, p.now
-    lost, alive = split_lost(p.obs.nodes, now, cfg.rebalance.silence_s)
+    lost, alive = split_lost(p.obs.nodes, now, cfg.rebalance.silence_s, cfg.loss.store_silence_s)
     for verdict in lost:
         node = verdict.node
         if node.ec2_state in TERMINAL_EC2_STATES or node.phase is NodePhase.TERMINATED:
