@@ -28,9 +28,10 @@ from fleetd.rendezvous.localcluster import LocalCluster
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
 BUCKET = "framework-e2e"
 
-JOBS = {
-    "hf": ("agent.examples.train_hf", ("--steps", "1000000", "--step-sleep", "0.05")),
-    "lightning": ("agent.examples.train_lightning", ("--steps", "1000000", "--step-sleep", "0.05")),
+JOBS = {  # entrypoint, args, what the warm pool imports once
+    "hf": ("agent.examples.train_hf", ("--steps", "1000000", "--step-sleep", "0.05"), ("transformers",)),
+    "lightning": ("agent.examples.train_lightning", ("--steps", "1000000", "--step-sleep", "0.05"),
+                  ("lightning",)),
 }
 
 
@@ -58,10 +59,10 @@ def last_step_before(cluster: LocalCluster, world: int, until: float) -> int:
 
 @pytest.mark.parametrize("job", sorted(JOBS))
 async def test_framework_notice_and_replacement_lose_no_steps(job, tmp_path, aws_client_kwargs):
-    entrypoint, args = JOBS[job]
+    entrypoint, args, preload = JOBS[job]
     cluster = LocalCluster(
         tmp_path / "job", run_id=f"fw-{job}", min_nodes=1, max_nodes=3, entrypoint=entrypoint,
-        train_args=args, ckpt_interval=50, s3_bucket=BUCKET, s3_endpoint=aws_client_kwargs["endpoint_url"],
+        train_args=args, ckpt_interval=50, preload=preload, s3_bucket=BUCKET, s3_endpoint=aws_client_kwargs["endpoint_url"],
     )
     a, b, c = "127.0.0.2", "127.0.0.3", "127.0.0.4"
     async with store_for(aws_client_kwargs, tmp_path / "agent", cluster.run_id) as store:
@@ -70,8 +71,9 @@ async def test_framework_notice_and_replacement_lose_no_steps(job, tmp_path, aws
             await asyncio.to_thread(cluster.start_host)
             cluster.start_steering()
             t0 = time.time()
-            for addr in (a, b):
-                cluster.add_node(addr)
+            cluster.add_node(a)  # one node first: on a busy box a second one may miss its round
+            await wait_training(cluster, 1, t0, {a}, timeout=240)
+            cluster.add_node(b)
             await wait_training(cluster, 2, t0, {a, b})
             await asyncio.sleep(2.0)
 
