@@ -58,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
 
         def configure_optimizers(self):  # noqa: ANN201
             opt = torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
-            return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, 100, 0.9)}
+            sched = torch.optim.lr_scheduler.StepLR(opt, 100, 0.9)
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     loader = DataLoader(TensorDataset(x, y), batch_size=max(1, args.global_batch // world), shuffle=True)
     trainer = L.Trainer(

@@ -16,6 +16,24 @@ DEMO_FLEET = "demo"
 DEMO_BUCKET = "fleetd-demo"
 DEMO_TYPES = ("g4dn.xlarge", "g6.xlarge", "g5.xlarge")
 DEMO_ZONES = ("us-east-1a", "us-east-1b")
+# The demo's training jobs (`fleetd demo --job NAME`): the entrypoint module and what the node's warm
+# worker pool imports once. "toy" is a plain loop over ElasticCheckpointer; "hf" a Hugging Face
+# Trainer (tiny GPT-2 from a config) and "lightning" a Lightning Trainer, each with fleetd's callback.
+DEMO_JOBS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "toy": ("agent.examples.train_toy", ()),
+    "hf": ("agent.examples.train_hf", ("transformers",)),
+    "lightning": ("agent.examples.train_lightning", ("lightning",)),
+}
+
+
+def job_group(job: str, steps: int | None = None) -> dict[str, object]:
+    entrypoint, preload = DEMO_JOBS[job]
+    group: dict[str, object] = {"name": job, "entrypoint": entrypoint, "nproc_per_node": 1}
+    if preload:
+        group["preload"] = list(preload)
+    if steps is not None:
+        group["args"] = ["--steps", str(steps)]
+    return group
 
 
 def _toml_value(v: object) -> str:
@@ -47,7 +65,7 @@ class DemoEndpoints:
 
 
 def fleetd_toml(workdir: Path, ep: DemoEndpoints, nodes: int, budget_usd: float, max_usd_per_hour: float,
-                ami_id: str) -> Path:
+                ami_id: str, job: str = "toy") -> Path:
     path = workdir / "fleetd.toml"
     path.write_text(to_toml({
         "aws": {"region": "us-east-1", "endpoint_url": ep.aws_url},
@@ -62,7 +80,7 @@ def fleetd_toml(workdir: Path, ep: DemoEndpoints, nodes: int, budget_usd: float,
         "mqtt": {"url": ep.mqtt_url},
         "rendezvous": {"host": "127.0.0.1", "port": ep.rdzv_port, "run_id": "demo"},
         "checkpoints": {"bucket": DEMO_BUCKET, "prefix": "checkpoints", "keep": 3, "interval_steps": 50},
-        "job": {"name": "toy", "entrypoint": "agent.examples.train_toy", "nproc_per_node": 1},
+        "job": job_group(job),
         "metrics": {"port": 0},
         "logging": {"level": "info", "json": True},
     }))
@@ -70,7 +88,7 @@ def fleetd_toml(workdir: Path, ep: DemoEndpoints, nodes: int, budget_usd: float,
 
 
 def agent_toml(workdir: Path, ep: DemoEndpoints, nodes: int, instance_id: str, addr: str, imds_url: str,
-               steps: int) -> Path:
+               steps: int, job: str = "toy") -> Path:
     node_dir = workdir / "nodes" / instance_id
     node_dir.mkdir(parents=True, exist_ok=True)
     path = node_dir / "agent.toml"
@@ -83,7 +101,6 @@ def agent_toml(workdir: Path, ep: DemoEndpoints, nodes: int, instance_id: str, a
         "rendezvous": {"host": "127.0.0.1", "port": ep.rdzv_port, "run_id": "demo"},
         "checkpoints": {"bucket": DEMO_BUCKET, "prefix": "checkpoints", "keep": 3, "interval_steps": 50,
                         "local_dir": node_dir / "checkpoints"},
-        "job": {"name": "toy", "entrypoint": "agent.examples.train_toy", "nproc_per_node": 1,
-                "args": ["--steps", str(steps)]},
+        "job": job_group(job, steps),
     }))
     return path

@@ -51,6 +51,7 @@ class DemoOptions:
     workdir: Path | None = None
     live_view: bool = True
     steps: int = 1_000_000  # the job never finishes inside a demo
+    job: str = "toy"  # fleetd.demo.configs.DEMO_JOBS: toy, hf (Hugging Face Trainer), lightning
 
 
 @dataclass
@@ -115,7 +116,8 @@ async def run_demo(opts: DemoOptions) -> dict:
             await s3.create_bucket(Bucket=configs.DEMO_BUCKET)
         async with session.create_client("ec2", **aws) as ec2:
             ami = (await ec2.describe_images(Owners=["amazon"]))["Images"][0]["ImageId"]
-        fleetd_conf = configs.fleetd_toml(workdir, ep, opts.nodes, opts.budget_usd, opts.max_usd_per_hour, ami)
+        fleetd_conf = configs.fleetd_toml(workdir, ep, opts.nodes, opts.budget_usd, opts.max_usd_per_hour, ami,
+                                          job=opts.job)
         cli = [sys.executable, "-m", "fleetd.cli"]
         await _start(run, "rendezvous", [*cli, "rendezvous", "--config", str(fleetd_conf)])
         await wait_port("127.0.0.1", ep.rdzv_port, timeout=30)
@@ -134,7 +136,8 @@ async def run_demo(opts: DemoOptions) -> dict:
                 return out
 
             def agent_conf(iid: str, addr: str, imds_url: str) -> Path:
-                return configs.agent_toml(workdir, ep, opts.nodes, iid, addr, imds_url, steps=opts.steps)
+                return configs.agent_toml(workdir, ep, opts.nodes, iid, addr, imds_url, steps=opts.steps,
+                                         job=opts.job)
 
             run.launcher = Launcher(workdir, describe, agent_conf,
                                     env={"FLEETD_EVENTS_FILE": str(events_file)})

@@ -83,13 +83,14 @@ class FrameworkSession:
         finally:
             self._disarm()
 
-    def end(self, step: int) -> None:
-        """Training finished on every rank: save its last step (collective)."""
+    def end(self, step: int | None) -> None:
+        """Training finished on every rank: save its last step (collective; None: nothing new)."""
         self._disarm()
         if self.ckpt is None:
             return
-        self.ckpt.save(step)
-        self.ckpt.emit("done", step=step)
+        if step is not None:
+            self.ckpt.save(step)
+        self.ckpt.emit("done", step=self.step if step is None else step)
 
     @contextlib.contextmanager
     def salvage_on_failure(self) -> Iterator[None]:

@@ -35,6 +35,7 @@ from agent.trainer.local_ckpt import Mode
 class FleetdCallback(TrainerCallback):
     def __init__(self, *, mode: Mode = "state_dict", ctx: TrainerContext | None = None) -> None:
         self.session = FrameworkSession(mode=mode, ctx=ctx)
+        self._finished = False
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
                        lr_scheduler: Any = None, **kwargs: Any) -> Any:
@@ -43,15 +44,19 @@ class FleetdCallback(TrainerCallback):
         if step:
             state.global_step = step
             if state.max_steps and step >= state.max_steps:
+                # The job was done. The Trainer checks this flag only after a step, so one more
+                # step runs in memory; it is neither reported nor saved.
                 control.should_training_stop = True
+                self._finished = True
         return control
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        self.session.step_done(state.global_step)
+        if not self._finished:
+            self.session.step_done(state.global_step)
         return control
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        self.session.end(state.global_step)
+        self.session.end(None if self._finished else state.global_step)
         return control
 
     @contextmanager
