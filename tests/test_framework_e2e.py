@@ -30,8 +30,9 @@ BUCKET = "framework-e2e"
 
 JOBS = {  # entrypoint, args, what the warm pool imports once
     "hf": ("agent.examples.train_hf", ("--steps", "1000000", "--step-sleep", "0.05"), ("transformers",)),
-    "lightning": ("agent.examples.train_lightning", ("--steps", "1000000", "--step-sleep", "0.05"),
-                  ("lightning",)),
+    # Not "lightning": with it imported in the pool, a torchrun forked from it stopped heartbeating
+    # at the first re-rendezvous (a fork-unsafe import); its workers import it cold instead.
+    "lightning": ("agent.examples.train_lightning", ("--steps", "1000000", "--step-sleep", "0.05"), ()),
 }
 
 

@@ -22,7 +22,7 @@ DEMO_ZONES = ("us-east-1a", "us-east-1b")
 DEMO_JOBS: dict[str, tuple[str, tuple[str, ...]]] = {
     "toy": ("agent.examples.train_toy", ()),
     "hf": ("agent.examples.train_hf", ("transformers",)),
-    "lightning": ("agent.examples.train_lightning", ("lightning",)),
+    "lightning": ("agent.examples.train_lightning", ()),  # not preloaded: see [job] preload's note
 }
 
 

@@ -121,8 +121,9 @@ class JobConfig(Group):
     # Folder mode: a file counts as complete once its size and mtime were stable this long and no
     # process of the job holds it open for writing.
     checkpoint_settle_s: Annotated[float, Field(gt=0, le=600)] = 2.0
-    # Modules the node's warm worker pool imports once (e.g. ["transformers"], ["lightning"]), so a
-    # worker restarted by a membership change starts in milliseconds, not after a cold import.
+    # Modules the node's warm worker pool imports once (e.g. ["transformers"]), so a worker restarted
+    # by a membership change starts in milliseconds, not after a cold import. Fork-safe imports only:
+    # with "lightning" preloaded, a torchrun forked from the pool hung at its first re-rendezvous.
     preload: tuple[str, ...] = ()
 
 
