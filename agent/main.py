@@ -31,6 +31,7 @@ from agent.node.outbox import Outbox
 from agent.node.telemetry import TelemetryLoop
 from agent.node.trainer_channel import TrainerChannel
 from agent.supervise.elastic_hooks import ElasticHooks
+from agent.supervise.folder_hooks import FolderHooks
 from fleetd.protocol.logs import bind_context, get_logger
 from fleetd.protocol.messages import (
     CheckpointCommand,
@@ -52,7 +53,10 @@ log = get_logger(__name__)
 def default_hooks_factory(config: AgentConfig) -> HooksFactory:
     """The composition: a node that trains gets torchrun supervision and the emergency path;
     one that does not (``node.supervise_training = false``) logs what it would do."""
-    return ElasticHooks.from_context if config.node.supervise_training else LoggingHooks
+    if not config.node.supervise_training:
+        return LoggingHooks
+    # Folder mode: a script that only saves to a folder (agent/supervise/folder_hooks.py).
+    return FolderHooks.from_context if config.job.checkpoint_dir is not None else ElasticHooks.from_context
 
 
 class Agent:

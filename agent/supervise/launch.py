@@ -19,6 +19,21 @@ from agent.config import AgentConfig
 from agent.trainer import context as trainer_env
 
 
+WARM_PRELOAD: tuple[str, ...] = (
+    "torch",
+    "torch.distributed",
+    "torch.nn",
+    "torch.nn.parallel",
+    "torch.distributed.checkpoint",
+    "torch.distributed.run",
+    "agent.supervise.torchrun_main",
+    "agent.trainer",
+    "agent.trainer.store_link",
+    "fleetd.protocol.rendezvous_keys",
+    "fleetd.protocol.trainer",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class LaunchSpec:
     entrypoint: str
@@ -60,19 +75,7 @@ class LaunchSpec:
     # Fork workers from a process that has torch imported (agent/supervise/warm_pool.py): a restarted
     # worker starts in milliseconds instead of seconds. Module entrypoints only.
     warm_pool: bool = True
-    warm_preload: tuple[str, ...] = (
-        "torch",
-        "torch.distributed",
-        "torch.nn",
-        "torch.nn.parallel",
-        "torch.distributed.checkpoint",
-        "torch.distributed.run",
-        "agent.supervise.torchrun_main",
-        "agent.trainer",
-        "agent.trainer.store_link",
-        "fleetd.protocol.rendezvous_keys",
-        "fleetd.protocol.trainer",
-    )
+    warm_preload: tuple[str, ...] = WARM_PRELOAD
 
     @property
     def uses_warm_pool(self) -> bool:
@@ -106,6 +109,8 @@ class LaunchSpec:
             s3_region=cfg.aws.region,
             job=j.name,
         )
+        if j.preload:
+            values["warm_preload"] = WARM_PRELOAD + tuple(j.preload)
         values.update(overrides)
         return cls(**values)
 

@@ -50,12 +50,16 @@ class ElasticCheckpointer(ResumeSteps):
         mode: Mode = "state_dict",
         ctx: TrainerContext | None = None,
         extra_state: dict[str, Any] | None = None,
+        stateful: dict[str, Any] | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.mode: Mode = mode
         self.ctx = ctx or TrainerContext.from_env()
         self.extra_state = extra_state if extra_state is not None else {}
+        # Objects with state_dict()/load_state_dict() saved beside the model (an LR scheduler, a
+        # framework's loop counters): the framework callbacks (agent/trainer/integrations) use it.
+        self.stateful = stateful if stateful is not None else {}
         self.root = self.ctx.ckpt_dir
         self.root.mkdir(parents=True, exist_ok=True)
         self.handled_seq = 0
@@ -129,6 +133,8 @@ class ElasticCheckpointer(ResumeSteps):
         state = {"model": model.state_dict(), "extra": dict(self.extra_state)}
         if self.optimizer is not None:
             state["optimizer"] = self.optimizer.state_dict()
+        if self.stateful:
+            state["stateful"] = {k: v.state_dict() for k, v in self.stateful.items()}
         return state
 
     def _apply_plain(self, state: dict[str, Any]) -> None:
@@ -138,6 +144,9 @@ class ElasticCheckpointer(ResumeSteps):
             self.optimizer.load_state_dict(state["optimizer"])
         self.extra_state.clear()
         self.extra_state.update(state.get("extra", {}))
+        for k, saved in state.get("stateful", {}).items():
+            if k in self.stateful:
+                self.stateful[k].load_state_dict(saved)
 
     # ------------------------------------------------------------------ save
     def save(self, step: int) -> SavedStep | None:

@@ -142,11 +142,13 @@ class TermWatcher:
         self._thread: threading.Thread | None = None
         self._previous_fd = -1
 
-    def arm(self) -> str | None:
-        """Start watching; returns why not, if it cannot."""
+    def arm(self, *, take_over: bool = False) -> str | None:
+        """Start watching; returns why not, if it cannot. ``take_over``: replace a SIGTERM handler
+        that is already there (a framework's own, e.g. Lightning's, which runs a collective inside
+        the handler and so hangs with the peer it is meant to survive)."""
         if threading.current_thread() is not threading.main_thread():
             return "not the main thread"
-        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        if not take_over and signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
             return "the script handles SIGTERM itself"
         reader, writer = socket.socketpair()
         writer.setblocking(False)

@@ -20,6 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--scenario", default=None, metavar="NAME",
                    help="scenario: default, short, storm, calm (interruptions) or scaling (grow and shrink on measured throughput per dollar); default: default")
     g.add_argument("--trace", type=Path, metavar="PATH", help="inject notices from a spot trace's removals")
+    p.add_argument("--job", choices=("toy", "hf", "lightning"), default="toy",
+                   help="the training job: toy (a plain loop with ElasticCheckpointer), hf (a Hugging Face "
+                        "Trainer with fleetd's callback), lightning (a Lightning Trainer with it); default toy")
     p.add_argument("--budget", type=float, default=5.0, metavar="USD", help="budget.total_usd (default 5)")
     p.add_argument("--report", type=Path, metavar="FILE", help="also write the final report as JSON")
     p.add_argument("--workdir", type=Path, metavar="DIR", help="keep configs and logs here (default: a temp dir)")
@@ -47,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     # The live view owns the terminal; the demo's own log lines go to stderr.
     configure_logging("warning" if sys.stdout.isatty() else "info", json=not sys.stderr.isatty(), stream=sys.stderr)
     opts = DemoOptions(nodes=nodes, duration_s=duration, scenario=scenario,
-                       budget_usd=args.budget, workdir=args.workdir)
+                       budget_usd=args.budget, workdir=args.workdir, job=args.job)
     report = asyncio.run(run_demo(opts))
     print(render(report))
     if args.report:

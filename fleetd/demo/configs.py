@@ -20,6 +20,24 @@ DEMO_FLEET = "demo"
 DEMO_BUCKET = "fleetd-demo"
 DEMO_TYPES = ("g4dn.xlarge", "g6.xlarge", "g5.xlarge")
 DEMO_ZONES = ("us-east-1a", "us-east-1b")
+# The demo's training jobs (`fleetd demo --job NAME`): the entrypoint module and what the node's warm
+# worker pool imports once. "toy" is a plain loop over ElasticCheckpointer; "hf" a Hugging Face
+# Trainer (tiny GPT-2 from a config) and "lightning" a Lightning Trainer, each with fleetd's callback.
+DEMO_JOBS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "toy": ("agent.examples.train_toy", ()),
+    "hf": ("agent.examples.train_hf", ("transformers",)),
+    "lightning": ("agent.examples.train_lightning", ()),  # not preloaded: see [job] preload's note
+}
+
+
+def job_group(job: str, steps: int | None = None) -> dict[str, object]:
+    entrypoint, preload = DEMO_JOBS[job]
+    group: dict[str, object] = {"name": job, "entrypoint": entrypoint, "nproc_per_node": 1}
+    if preload:
+        group["preload"] = list(preload)
+    if steps is not None:
+        group["args"] = ["--steps", str(steps)]
+    return group
 
 
 def demo_price_fakes() -> tuple[PriceListFake, SpotPriceFake]:
@@ -66,7 +84,7 @@ class DemoEndpoints:
 
 def fleetd_toml(workdir: Path, ep: DemoEndpoints, nodes: int, budget_usd: float, max_usd_per_hour: float,
                 ami_id: str, shape: FleetShape | None = None,
-                overrides: dict[str, dict[str, object]] | None = None) -> Path:
+                overrides: dict[str, dict[str, object]] | None = None, job: str = "toy") -> Path:
     """``overrides``: extra settings merged into the groups (the partition tests use it)."""
     path = workdir / "fleetd.toml"
     if shape is None:
@@ -93,7 +111,7 @@ def fleetd_toml(workdir: Path, ep: DemoEndpoints, nodes: int, budget_usd: float,
         # a busy two-core host: a longer heartbeat timeout keeps a slow beat from reading as a loss.
         **({} if shape is None else {"loss": {"dead_after_s": 20.0}}),
         "checkpoints": {"bucket": DEMO_BUCKET, "prefix": "checkpoints", "keep": 3, "interval_steps": 50},
-        "job": {"name": "toy", "entrypoint": "agent.examples.train_toy", "nproc_per_node": 1},
+        "job": job_group(job),
         "metrics": {"port": 0},
         # Compressed like the demo's notices: a stall is 20 s without a step (production: 180 s).
         # No node replacement: the demo's nodes are local processes on one box, and a fresh node
@@ -110,7 +128,7 @@ def _merge(groups: dict[str, dict[str, object]], extra: dict[str, dict[str, obje
 
 
 def agent_toml(workdir: Path, ep: DemoEndpoints, max_nodes: int, instance_id: str, addr: str, imds_url: str,
-               steps: int, control_addr: str = "127.0.0.1") -> Path:
+               steps: int, control_addr: str = "127.0.0.1", job: str = "toy") -> Path:
     """``control_addr``: where this node reaches the broker and the rendezvous store. The
     partition tests give each node an address of its own for it (tests/harness/netfault.py)."""
     node_dir = workdir / "nodes" / instance_id
@@ -126,7 +144,6 @@ def agent_toml(workdir: Path, ep: DemoEndpoints, max_nodes: int, instance_id: st
         "rendezvous": {"host": control_addr, "port": ep.rdzv_port, "run_id": "demo"},
         "checkpoints": {"bucket": DEMO_BUCKET, "prefix": "checkpoints", "keep": 3, "interval_steps": 50,
                         "local_dir": node_dir / "checkpoints"},
-        "job": {"name": "toy", "entrypoint": "agent.examples.train_toy", "nproc_per_node": 1,
-                "args": ["--steps", str(steps)]},
+        "job": job_group(job, steps),
     }))
     return path

@@ -51,6 +51,7 @@ class DemoOptions:
     workdir: Path | None = None
     live_view: bool = True
     steps: int = 1_000_000  # the job never finishes inside a demo
+    job: str = "toy"  # fleetd.demo.configs.DEMO_JOBS: toy, hf (Hugging Face Trainer), lightning
 
 
 @dataclass
@@ -119,7 +120,8 @@ async def run_demo(opts: DemoOptions) -> dict:
             ami = (await ec2.describe_images(Owners=["amazon"]))["Images"][0]["ImageId"]
         shape = opts.scenario.fleet if opts.scenario is not None else None
         max_nodes = shape.max_nodes if shape is not None else opts.nodes + 1
-        fleetd_conf = configs.fleetd_toml(workdir, ep, opts.nodes, opts.budget_usd, opts.max_usd_per_hour, ami, shape)
+        fleetd_conf = configs.fleetd_toml(workdir, ep, opts.nodes, opts.budget_usd, opts.max_usd_per_hour, ami, shape,
+                                          job=opts.job)
         cli = [sys.executable, "-m", "fleetd.cli"]
         run.rendezvous = Supervised("rendezvous", [*cli, "rendezvous", "--config", str(fleetd_conf)],
                                     workdir / "rendezvous.log")
@@ -141,7 +143,8 @@ async def run_demo(opts: DemoOptions) -> dict:
                 return out
 
             def agent_conf(iid: str, addr: str, imds_url: str) -> Path:
-                return configs.agent_toml(workdir, ep, max_nodes, iid, addr, imds_url, steps=opts.steps)
+                return configs.agent_toml(workdir, ep, max_nodes, iid, addr, imds_url, steps=opts.steps,
+                                          job=opts.job)
 
             env = {"FLEETD_EVENTS_FILE": str(events_file), **(shape.trainer_env() if shape else {})}
 

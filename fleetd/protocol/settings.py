@@ -110,6 +110,21 @@ class JobConfig(Group):
     nproc_per_node: Annotated[int, Field(ge=1)] = 1
     # run `python -m <entrypoint>` when True, else treat it as a script path
     module: bool = True
+    # Folder mode (a script that only saves to a folder, no fleetd code): the folder it saves its
+    # checkpoints in. The agent restores the newest durable copy into it before torchrun starts
+    # and uploads every complete version the script writes there. Unset: the script uses fleetd's
+    # trainer library (agent.trainer) or a framework callback.
+    checkpoint_dir: Path | None = None
+    # Folder mode: the signal the training processes get on a notice, for a script that saves when
+    # told ("none": not told; the script's own interval is what is kept).
+    checkpoint_signal: Literal["none", "SIGUSR1", "SIGTERM"] = "none"
+    # Folder mode: a file counts as complete once its size and mtime were stable this long and no
+    # process of the job holds it open for writing.
+    checkpoint_settle_s: Annotated[float, Field(gt=0, le=600)] = 2.0
+    # Modules the node's warm worker pool imports once (e.g. ["transformers"]), so a worker restarted
+    # by a membership change starts in milliseconds, not after a cold import. Fork-safe imports only:
+    # with "lightning" preloaded, a torchrun forked from the pool hung at its first re-rendezvous.
+    preload: tuple[str, ...] = ()
 
 
 class LoggingConfig(Group):

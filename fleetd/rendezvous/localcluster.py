@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.supervise.launch import LaunchSpec
+from agent.supervise.launch import WARM_PRELOAD, LaunchSpec
 from agent.supervise.proctree import kill_tree, process_tree
 from agent.supervise.torchrun import TorchrunProcess
 from fleetd.localnet import free_port, wait_port
@@ -84,6 +84,7 @@ class LocalCluster:
     s3_endpoint: str | None = None
     s3_prefix: str = "checkpoints"
     extra_env: dict[str, str] = field(default_factory=dict)
+    preload: tuple[str, ...] = ()  # more modules for the warm pool (a framework's, e.g. "transformers")
     host: str = "127.0.0.1"
     port: int = 0
     rdzv_host_proc: subprocess.Popen | None = None
@@ -158,6 +159,7 @@ class LocalCluster:
             s3_prefix=self.s3_prefix,
             job=self.run_id,
             extra_env=tuple({"FLEETD_EVENTS_FILE": str(self.events.path), **self.extra_env}.items()),
+            warm_preload=WARM_PRELOAD + self.preload,
         )
         if not self.steered:
             # torchrun as people run it: default timeouts and polling, no fleetd steering.

@@ -1,0 +1,199 @@
+"""Folder mode's hooks (``[job] checkpoint_dir``): a training script that only saves to a folder,
+supervised with no change to its code. ``ElasticHooks`` with three differences:
+
+- ``run``: the newest durable version is restored into the folder before torchrun starts, and
+  the folder is synced to S3 while it trains (agent/supervise/folder_sync.py);
+- a notice or drain: no coordinated checkpoint (nobody in the script answers one). The workers
+  get ``checkpoint_signal`` if one is set and the agent waits, up to the deadline, for the version
+  they write after it to be durable; then the node leaves as in the emergency path (drain ready,
+  fleetd's leave, the tree stopped, ``left``). Survivors restart from their own folder;
+- there are no trainer reports: versions are uploaded as the folder changes.
+
+Steps lost are those the script's own checkpointing loses (its save interval, or the work after
+the signal's save); fleetd cannot see the script's step and does not claim otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from dataclasses import dataclass, field, fields, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from agent.hooks import AgentContext
+from agent.supervise.elastic_hooks import ElasticHooks
+from agent.supervise.folder_sync import FolderSync
+from agent.supervise.proctree import process_tree
+from agent.supervise.torchrun import TorchrunProcess
+from fleetd.protocol import rendezvous_keys as keys
+from fleetd.protocol.logs import get_logger
+
+log = get_logger(__name__)
+LEAVE_WAIT_S = 30.0  # as the emergency path: fleetd answers within a pass when it is up
+
+
+@dataclass(frozen=True, slots=True)
+class FolderSettings:
+    folder: Path
+    signal: str = "none"  # "none", "SIGUSR1", "SIGTERM"
+    settle_s: float = 2.0
+
+    @classmethod
+    def from_job(cls, job: Any) -> FolderSettings | None:
+        if job.checkpoint_dir is None:
+            return None
+        return cls(Path(job.checkpoint_dir), job.checkpoint_signal, job.checkpoint_settle_s)
+
+
+@dataclass
+class FolderHooks(ElasticHooks):
+    folder: FolderSettings | None = None
+    sync: FolderSync | None = None
+    client_config: Any = None  # botocore Config for the store (tests: no retries)
+    leave_event: asyncio.Event = field(default_factory=asyncio.Event)  # fleetd's MQTT leave
+    _store_link: Any = None
+
+    @classmethod
+    def from_context(cls, ctx: AgentContext) -> FolderHooks:
+        base = ElasticHooks.from_context(ctx)
+        values = {f.name: getattr(base, f.name) for f in fields(ElasticHooks)}
+        # Signals go to torchrun's children, which must be the script itself: no warm pool.
+        values["spec"] = replace(base.spec, warm_pool=False)
+        return cls(**values, folder=FolderSettings.from_job(ctx.config.job))
+
+    async def run(self) -> None:
+        from fleetd.protocol.messages import TrainerExited
+
+        assert self.folder is not None, "FolderHooks needs [job] checkpoint_dir"
+        async with contextlib.AsyncExitStack() as stack:
+            store = None
+            if self.checkpoints is not None:
+                from agent.checkpoint_store.store import CheckpointStore
+
+                store = await stack.enter_async_context(CheckpointStore.connect(
+                    self.checkpoints, self.aws, job=self.spec.job, client_config=self.client_config))
+            self.sync = FolderSync(
+                self.folder.folder, self.spec.ckpt_dir / "folder-staging", store, self.instance_id,
+                settle_s=self.folder.settle_s, job_pids=self._job_pids, on_uploaded=self._uploaded,
+            )
+            if store is not None:
+                await self.sync.restore()
+            self.torchrun = TorchrunProcess(self.spec, log_path=self.log_path).start()
+            await self.set_state("training")
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(self._connect_link())
+                syncing = tg.create_task(self.sync.run()) if store is not None else None
+                exit_ = await self.torchrun.wait()
+                if syncing is not None:
+                    syncing.cancel()
+            if store is not None and exit_.reason == "finished":
+                await self._final_version()
+        await self.publish_event(
+            TrainerExited(instance_id=self.instance_id, exit_code=exit_.exit_code, reason=exit_.reason)
+        )
+
+    async def _final_version(self) -> None:
+        """The script's last save, written just before it exited: wait for it to settle."""
+        assert self.sync is not None
+        until = time.monotonic() + self.folder.settle_s * 2 + 5 if self.folder else 0
+        while time.monotonic() < until and await self.sync.poll() is None:
+            await asyncio.sleep(self.sync.poll_s)
+
+    async def _connect_link(self) -> None:
+        """Connect to the rendezvous store now, not on the notice: the first connection imports
+        torch in this process, which takes seconds of the notice's two minutes on a busy node."""
+        try:
+            self._store_link = await asyncio.to_thread(self._link().connect)
+        except Exception as exc:  # noqa: BLE001 - the drain connects again (and reports) if needed
+            log.warning("folder_store_link_failed", error=str(exc))
+
+    async def _uploaded(self, result: Any) -> None:
+        await self.publish_event(result.to_event(self.instance_id))
+
+    def _job_pids(self) -> list[int]:
+        if self.torchrun is None or self.torchrun.pid is None:
+            return []
+        return [p.pid for p in process_tree(self.torchrun.pid)]
+
+    def _workers(self) -> list[psutil.Process]:
+        """torchrun's own children: the training processes (their children, data loaders, are not
+        signalled: a loader killed by an uncaught SIGUSR1 would take its worker down with it)."""
+        if self.torchrun is None or self.torchrun.pid is None:
+            return []
+        try:
+            return psutil.Process(self.torchrun.pid).children(recursive=False)
+        except psutil.NoSuchProcess:
+            return []
+
+    def _workers_alive(self) -> bool:
+        return any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in self._workers())
+
+    async def on_checkpoint_saved(self, report: Any) -> None:
+        return None  # folder mode has no trainer reports; the folder sync uploads
+
+    async def _drain(self, *, deadline: datetime | None, reason: str) -> None:
+        if self.torchrun is None or self.draining:
+            return
+        self.draining = True
+        await self.set_state("draining")
+        t0 = time.monotonic()
+        budget = _seconds_until(deadline, default=110.0)
+        log.warning("folder_drain_started", reason=reason, budget_s=round(budget, 1),
+                    signal=self.folder.signal if self.folder else "none")
+        version, detail = await self._signal_and_wait(t0, until=t0 + budget * 0.8)
+        link = self._store_link or await asyncio.to_thread(self._link().connect)
+        try:
+            await asyncio.to_thread(link.mark_drain_ready, self.spec.node_addr,
+                                    keys.DrainReady(step=version, durable=version is not None, detail=detail))
+            until = t0 + min(budget, LEAVE_WAIT_S)
+            while time.monotonic() < until and not self.leave_event.is_set():
+                if await asyncio.to_thread(link.leave_requested, self.spec.node_addr) is not None:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            exit_ = None
+            if self.torchrun.running:
+                self.torchrun.kill()
+                exit_ = await self.torchrun.wait()
+            await asyncio.to_thread(link.mark_left, self.spec.node_addr,
+                                    keys.Left(exit_code=exit_.exit_code if exit_ else None))
+        log.warning("folder_drain_done", version=version, detail=detail,
+                    seconds=round(time.monotonic() - t0, 3))
+        await self.set_state("leaving")
+
+    async def _signal_and_wait(self, t0: float, until: float) -> tuple[int | None, str]:
+        sync = self.sync
+        if sync is None or sync.store is None:
+            return None, "folder mode without a checkpoint store: nothing uploaded"
+        if self.folder is None or self.folder.signal == "none":
+            await sync.poll()  # a complete version not uploaded yet goes now
+            kept = sync.last_version or None
+            return kept, "folder mode, no signal: the script's last save is what is kept"
+        sig = getattr(signal, self.folder.signal)
+        for p in self._workers():
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(sig)
+        version = await sync.wait_new_version(t0, until, self._workers_alive)
+        if version is None:
+            kept = sync.last_version or None
+            return kept, f"folder mode: no new save after {self.folder.signal}; the last one stands"
+        return version, f"folder mode: saved after {self.folder.signal}"
+
+    async def on_leave(self, command: Any) -> None:
+        if self.draining:
+            self.leave_event.set()  # the drain stops the tree and says ``left``
+            return
+        await super().on_leave(command)
+
+
+def _seconds_until(deadline: datetime | None, default: float) -> float:
+    if deadline is None:
+        return default
+    return max(1.0, (deadline - datetime.now(UTC)).total_seconds() - 5.0)
+

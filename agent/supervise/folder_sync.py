@@ -1,0 +1,157 @@
+"""Folder mode's I/O: the job's checkpoint folder kept in step with S3 (agent/checkpoint_store).
+
+- ``restore``: before torchrun starts, an empty folder gets the newest durable version (verified
+  by the store, manifest-last as for every checkpoint). A folder that already holds files is this
+  node's own, as new as anything it uploaded, and is left alone.
+- ``run``: every ``poll_s`` the folder is judged (agent/supervise/folder_watch.py); a new complete
+  version is copied aside, checked again against the folder, and uploaded as the next version
+  number (one more than any durable version and any this node wrote). Each node's copy is a
+  whole version (replicated state): nodes that publish the same number race as for any
+  replicated step, and the loser accepts the winner's copy.
+- ``wait_new_version``: after a notice's signal, wait until a version the script wrote after it
+  is durable, or its workers are gone and the folder has settled, or the deadline.
+
+Versions are numbered in the store's step field; they count saves, not training steps (fleetd
+cannot see the script's step), so a folder-mode job's steps lost are whatever the script's own
+checkpointing loses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.supervise.folder_watch import FolderWatch, Snapshot, open_for_writing, scan
+from fleetd.protocol.logs import get_logger
+
+log = get_logger(__name__)
+
+
+@dataclass
+class FolderSync:
+    folder: Path
+    staging: Path  # on the same disk as the folder: copies are cheap and never cross devices
+    store: Any  # agent.checkpoint_store.store.CheckpointStore
+    writer: str
+    settle_s: float = 2.0
+    poll_s: float = 0.5
+    job_pids: Callable[[], list[int]] = list  # the job's processes (open files are checked)
+    on_uploaded: Callable[[Any], Awaitable[None]] | None = None  # UploadResult -> event
+    watch: FolderWatch = field(init=False)
+    last_version: int = 0
+    uploaded_at: dict[int, float] = field(default_factory=dict)  # version -> when its files last changed
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def __post_init__(self) -> None:
+        self.watch = FolderWatch(settle_s=self.settle_s)
+
+    async def restore(self) -> int | None:
+        """Newest durable version into an empty folder; its number (None: nothing restored)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if await asyncio.to_thread(scan, self.folder):
+            self.watch.uploaded(await asyncio.to_thread(scan, self.folder))
+            log.info("folder_restore_skipped", folder=str(self.folder), why="the folder already holds files")
+            return None
+        tmp = self.staging / "restore"
+        await asyncio.to_thread(shutil.rmtree, tmp, True)
+        restored = await self.store.restore_latest(tmp)
+        if restored is None:
+            return None
+        await asyncio.to_thread(_move_into, restored.directory, self.folder)
+        await asyncio.to_thread(shutil.rmtree, tmp, True)
+        self.watch.uploaded(await asyncio.to_thread(scan, self.folder))
+        self.last_version = restored.step
+        log.info("folder_restored", version=restored.step, folder=str(self.folder), nbytes=restored.nbytes)
+        return restored.step
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.poll()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - S3 or the disk failing must not stop training
+                log.error("folder_poll_failed", error=str(exc))
+            await asyncio.sleep(self.poll_s)
+
+    async def poll(self, now: float | None = None) -> int | None:
+        """Upload the folder's new complete version, if there is one; its number."""
+        async with self._lock:
+            snap = await asyncio.to_thread(scan, self.folder)
+            writing = await asyncio.to_thread(open_for_writing, self.job_pids(), self.folder) if snap else set()
+            version = self.watch.observe(snap, writing, time.monotonic() if now is None else now)
+            if version is None:
+                return None
+            return await self._upload(version, self.watch.changed_at)
+
+    async def _upload(self, version: Snapshot, changed_at: float) -> int | None:
+        stage = self.staging / "upload"
+        await asyncio.to_thread(shutil.rmtree, stage, True)
+        copied = await asyncio.to_thread(_copy_version, self.folder, stage, version)
+        # Still the same after the copy, and nobody writing: the copy is that version, whole.
+        if not copied or await asyncio.to_thread(scan, self.folder) != dict(version) or \
+                await asyncio.to_thread(open_for_writing, self.job_pids(), self.folder) & set(version):
+            log.info("folder_changed_while_copied", folder=str(self.folder))
+            return None
+        number = max([self.last_version, *await self.store.complete_steps()]) + 1
+        files = [stage / rel for rel in sorted(version)]
+        try:
+            result = await self.store.upload_step(number, files, writer=self.writer, root=stage)
+        except Exception as exc:  # noqa: BLE001 - a failed upload is retried at the next change or poll
+            log.error("folder_upload_failed", version=number, error=str(exc))
+            return None
+        finally:
+            await asyncio.to_thread(shutil.rmtree, stage, True)
+        self.last_version = number
+        self.uploaded_at[number] = changed_at
+        self.watch.uploaded(version)
+        log.info("folder_version_uploaded", version=number, files=len(files), nbytes=result.nbytes,
+                 complete=result.complete)
+        if self.on_uploaded is not None:
+            await self.on_uploaded(result)
+        return number
+
+    async def wait_new_version(self, since: float, until: float, workers_alive: Callable[[], bool]) -> int | None:
+        """A version whose files changed after ``since`` (monotonic) once it is uploaded; None when
+        the workers are gone and the folder settled with nothing new, or at ``until``."""
+        gone_at: float | None = None
+        while time.monotonic() < until:
+            await self.poll()
+            fresh = [v for v, t in self.uploaded_at.items() if t > since]
+            if fresh:
+                return max(fresh)
+            if not workers_alive():
+                gone_at = gone_at or time.monotonic()
+                if time.monotonic() - gone_at > self.settle_s + 2 * self.poll_s:
+                    return None
+            await asyncio.sleep(self.poll_s / 2)
+        return None
+
+
+def _copy_version(folder: Path, stage: Path, version: Snapshot) -> bool:
+    for rel, (size, mtime_ns) in version.items():
+        src, dst = folder / rel, stage / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            shutil.copy2(src, dst)
+        except FileNotFoundError:
+            return False
+        st = dst.stat()
+        if st.st_size != size:
+            return False
+        os.utime(dst, ns=(st.st_atime_ns, mtime_ns))
+    return True
+
+
+def _move_into(src: Path, folder: Path) -> None:
+    """A restored version's files into the folder, each renamed into place (same disk)."""
+    for path in sorted(p for p in src.rglob("*") if p.is_file()):
+        dst = folder / path.relative_to(src)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, dst)
