@@ -59,14 +59,17 @@ def main(argv: list[str] | None = None) -> int:
 
     # Optional scaling curve (fleetd demo --scenario scaling): one step's work of work_s seconds
     # is shared by up to saturate_at nodes, so the job's steps/s grows with each node up to that
-    # size and not beyond, the shape a job capped by its input pipeline or all-reduce has.
+    # size and not beyond, the shape a job capped by its input pipeline or all-reduce has. Steps
+    # are paced to that duration (not slept on top of the compute), so the curve holds on a busy
+    # host where splitting the toy's own compute over more ranks would otherwise still pay.
     work_s = float(os.environ.get("FLEETD_TOY_WORK_S", "0") or 0)
     saturate_at = max(1, int(os.environ.get("FLEETD_TOY_SATURATE_AT", "1") or 1))
-    step_sleep = args.step_sleep + work_s / min(ctx.world_size, saturate_at)
+    pace_s = work_s / min(ctx.world_size, saturate_at) if work_s > 0 else 0.0
 
     # A peer lost without notice breaks (or hangs) a collective: save the completed step first.
     with ckpt.salvage_on_failure():
         while step < args.steps:
+            began = time.monotonic()
             step += 1
             idx = rank_indices(step, args.global_batch, n, ctx.rank, ctx.world_size, args.seed)
             weight = loss_weight(args.global_batch, ctx.rank, ctx.world_size)
@@ -74,8 +77,10 @@ def main(argv: list[str] | None = None) -> int:
             loss = nn.functional.mse_loss(ddp(x[idx]), y[idx]) * weight
             loss.backward()
             optimizer.step()
-            if step_sleep:
-                time.sleep(step_sleep)
+            if pace_s:
+                time.sleep(max(0.0, pace_s - (time.monotonic() - began)))
+            elif args.step_sleep:
+                time.sleep(args.step_sleep)
             ckpt.emit("step", step=step, loss=round(float(loss.detach()) / weight, 6))
             ckpt.step_done(step)
 
