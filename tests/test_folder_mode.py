@@ -116,3 +116,18 @@ async def test_a_newcomer_takes_newer_versions_until_its_workers_start(tmp_path:
         assert await survivor.poll(now=8.0) == 3
         await newcomer.refresh_until_started(lambda: True)
         assert (tmp_path / "c" / "new.pt").read_bytes() == b"2"
+
+
+def test_the_agent_picks_folder_mode_when_the_job_declares_a_folder(tmp_path: Path) -> None:
+    from agent.config import AgentConfig
+    from agent.main import default_hooks_factory
+    from agent.supervise.elastic_hooks import ElasticHooks
+    from agent.supervise.folder_hooks import FolderHooks, FolderSettings
+
+    plain = AgentConfig()
+    assert default_hooks_factory(plain) == ElasticHooks.from_context
+    folder = AgentConfig(job=JobConfig(checkpoint_dir=tmp_path / "job", checkpoint_signal="SIGUSR1",
+                                       checkpoint_settle_s=3.0))
+    assert default_hooks_factory(folder) == FolderHooks.from_context
+    assert FolderSettings.from_job(folder.job) == FolderSettings(tmp_path / "job", "SIGUSR1", 3.0)
+    assert FolderSettings.from_job(plain.job) is None
