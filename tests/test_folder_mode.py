@@ -88,3 +88,46 @@ async def test_sync_uploads_complete_versions_and_restores_them(tmp_path: Path, 
         # A folder that already holds files is this node's own: left alone.
         assert await FolderSync(folder, tmp_path / "stage-c", store, "node-a").restore() is None
         assert (folder / "snapshot.pt").read_bytes() == b"t" * 600
+
+
+async def test_a_newcomer_takes_newer_versions_until_its_workers_start(tmp_path: Path, aws_client_kwargs) -> None:
+    cfg = CheckpointConfig(bucket="folder-refresh", prefix="ck", local_dir=tmp_path / "agent")
+    aws = AwsConfig(region=aws_client_kwargs["region_name"], endpoint_url=aws_client_kwargs["endpoint_url"])
+    async with CheckpointStore.connect(cfg, aws, job="j", client_config=aws_client_kwargs["config"]) as store:
+        await store.ensure_bucket()
+        survivor = FolderSync(tmp_path / "a", tmp_path / "stage-a", store, "a", settle_s=1.0)
+        (tmp_path / "a").mkdir()
+        (tmp_path / "a" / "old.pt").write_bytes(b"1")
+        await survivor.poll(now=0.0)
+        assert await survivor.poll(now=2.0) == 1
+        newcomer = FolderSync(tmp_path / "c", tmp_path / "stage-c", store, "c")
+        assert await newcomer.restore() == 1
+        # The survivor saves again while the newcomer waits to join: a new file, the old one gone.
+        (tmp_path / "a" / "old.pt").unlink()
+        (tmp_path / "a" / "new.pt").write_bytes(b"2")
+        await survivor.poll(now=3.0)
+        assert await survivor.poll(now=5.0) == 2
+        checks = iter([False, False, True])
+        await newcomer.refresh_until_started(lambda: next(checks), poll_s=0.01)
+        assert sorted(scan(tmp_path / "c")) == ["new.pt"] and newcomer.last_version == 2
+        # Once the workers started, the folder is theirs: no more refreshes.
+        (tmp_path / "a" / "new.pt").write_bytes(b"33")
+        await survivor.poll(now=6.0)
+        assert await survivor.poll(now=8.0) == 3
+        await newcomer.refresh_until_started(lambda: True)
+        assert (tmp_path / "c" / "new.pt").read_bytes() == b"2"
+
+
+def test_the_agent_picks_folder_mode_when_the_job_declares_a_folder(tmp_path: Path) -> None:
+    from agent.config import AgentConfig
+    from agent.main import default_hooks_factory
+    from agent.supervise.elastic_hooks import ElasticHooks
+    from agent.supervise.folder_hooks import FolderHooks, FolderSettings
+
+    plain = AgentConfig()
+    assert default_hooks_factory(plain) == ElasticHooks.from_context
+    folder = AgentConfig(job=JobConfig(checkpoint_dir=tmp_path / "job", checkpoint_signal="SIGUSR1",
+                                       checkpoint_settle_s=3.0))
+    assert default_hooks_factory(folder) == FolderHooks.from_context
+    assert FolderSettings.from_job(folder.job) == FolderSettings(tmp_path / "job", "SIGUSR1", 3.0)
+    assert FolderSettings.from_job(plain.job) is None

@@ -149,3 +149,79 @@ async def test_ddp_tutorial_script_in_folder_mode(tmp_path, aws_client_kwargs):
             if node.task is not None and not node.task.done():
                 node.task.cancel()
         await asyncio.to_thread(cluster.close)
+
+
+SAVE_ON_SIGNAL = '''
+import os, signal, sys, time
+import torch, torch.distributed as dist
+
+path = sys.argv[1]
+dist.init_process_group("gloo")
+step = torch.load(path)["step"] if os.path.exists(path) else 0
+print("start", step, flush=True)
+asked = False
+
+
+def on_usr1(signum, frame):
+    global asked
+    asked = True
+
+
+signal.signal(signal.SIGUSR1, on_usr1)
+while True:
+    step += 1
+    time.sleep(0.05)
+    print("step", step, flush=True)
+    if asked:  # saves only when told, under a temporary name renamed into place
+        torch.save({"step": step}, path + ".tmp")
+        os.replace(path + ".tmp", path)
+        print("saved", step, flush=True)
+        asked = False
+'''
+
+
+async def test_notice_signal_gets_the_scripts_save_uploaded_before_the_node_leaves(tmp_path, aws_client_kwargs):
+    from agent.checkpoint_store import CheckpointStore
+
+    script = tmp_path / "save_on_signal.py"
+    script.write_text(SAVE_ON_SIGNAL)
+    cluster = LocalCluster(tmp_path / "job", run_id="signal", min_nodes=1, max_nodes=2,
+                           s3_bucket=BUCKET, s3_endpoint=aws_client_kwargs["endpoint_url"])
+    node = Node(cluster, "127.0.0.2", aws_client_kwargs)
+    node.hooks.spec = replace(node.hooks.spec, entrypoint=str(script), args=(str(node.folder / "state.pt"),),
+                              job="signal")
+    node.hooks.folder = FolderSettings(node.folder, "SIGUSR1", 0.5)
+    cfg = CheckpointConfig(bucket=BUCKET, prefix="checkpoints", local_dir=tmp_path / "check")
+    aws = AwsConfig(region=aws_client_kwargs["region_name"], endpoint_url=aws_client_kwargs["endpoint_url"])
+    try:
+        async with CheckpointStore.connect(cfg, aws, job="signal", client_config=aws_client_kwargs["config"]) as store:
+            await store.ensure_bucket()
+            await asyncio.to_thread(cluster.start_host)
+            cluster.start_steering()
+            await node.start(cluster)
+            await until(lambda: "step 20" in node.text(), 180, "training", cluster)
+            assert not await store.complete_steps(), "the script saves only when told"
+            await node.hooks.on_notice(Notice(instance_id=node.addr, action="terminate",
+                                              action_time=datetime.now(UTC) + timedelta(seconds=120)))
+            saved = [int(s) for s in re.findall(r"^saved (\d+)$", node.text(), re.M)]
+            assert len(saved) == 1, node.text()[-500:]
+            assert await store.complete_steps() == [1], "the save the signal asked for is durable"
+            restored = await store.restore_latest(tmp_path / "restored")
+            assert torch_load_step(restored.directory / "state.pt") == saved[0]
+            last = max(int(s) for s in re.findall(r"^step (\d+)$", node.text(), re.M))
+            print(f"folder mode with SIGUSR1: saved step {saved[0]} (durable before the leave); "
+                  f"the script had reached step {last} when its tree was stopped")
+            await node.task
+    except BaseException:
+        print(cluster.logs())
+        raise
+    finally:
+        if node.task is not None and not node.task.done():
+            node.task.cancel()
+        await asyncio.to_thread(cluster.close)
+
+
+def torch_load_step(path: Path) -> int:
+    import torch
+
+    return int(torch.load(path)["step"])

@@ -58,6 +58,7 @@ class FolderHooks(ElasticHooks):
     client_config: Any = None  # botocore Config for the store (tests: no retries)
     leave_event: asyncio.Event = field(default_factory=asyncio.Event)  # fleetd's MQTT leave
     _store_link: Any = None
+    _started: bool = False
 
     @classmethod
     def from_context(cls, ctx: AgentContext) -> FolderHooks:
@@ -89,9 +90,12 @@ class FolderHooks(ElasticHooks):
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._connect_link())
                 syncing = tg.create_task(self.sync.run()) if store is not None else None
+                refresh = tg.create_task(self.sync.refresh_until_started(self._workers_started)) \
+                    if store is not None else None
                 exit_ = await self.torchrun.wait()
-                if syncing is not None:
-                    syncing.cancel()
+                for task in (syncing, refresh):
+                    if task is not None:
+                        task.cancel()
             if store is not None and exit_.reason == "finished":
                 await self._final_version()
         await self.publish_event(
@@ -130,6 +134,12 @@ class FolderHooks(ElasticHooks):
             return psutil.Process(self.torchrun.pid).children(recursive=False)
         except psutil.NoSuchProcess:
             return []
+
+    def _workers_started(self) -> bool:
+        """torchrun has started its workers once (it does after its first round completes)."""
+        if not self._started and self._workers():
+            self._started = True
+        return self._started
 
     def _workers_alive(self) -> bool:
         return any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in self._workers())

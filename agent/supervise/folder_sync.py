@@ -45,6 +45,7 @@ class FolderSync:
     on_uploaded: Callable[[Any], Awaitable[None]] | None = None  # UploadResult -> event
     watch: FolderWatch = field(init=False)
     last_version: int = 0
+    fresh: bool = False  # the folder was empty at start: this node is a newcomer
     uploaded_at: dict[int, float] = field(default_factory=dict)  # version -> when its files last changed
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -58,17 +59,41 @@ class FolderSync:
             self.watch.uploaded(await asyncio.to_thread(scan, self.folder))
             log.info("folder_restore_skipped", folder=str(self.folder), why="the folder already holds files")
             return None
+        self.fresh = True
+        return await self._take_latest(lambda: False)
+
+    async def _take_latest(self, too_late: Callable[[], bool]) -> int | None:
         tmp = self.staging / "restore"
         await asyncio.to_thread(shutil.rmtree, tmp, True)
         restored = await self.store.restore_latest(tmp)
-        if restored is None:
+        if restored is None or restored.step <= self.last_version or too_late():
+            await asyncio.to_thread(shutil.rmtree, tmp, True)
             return None
-        await asyncio.to_thread(_move_into, restored.directory, self.folder)
+        await asyncio.to_thread(_replace_contents, restored.directory, self.folder)
         await asyncio.to_thread(shutil.rmtree, tmp, True)
         self.watch.uploaded(await asyncio.to_thread(scan, self.folder))
         self.last_version = restored.step
         log.info("folder_restored", version=restored.step, folder=str(self.folder), nbytes=restored.nbytes)
         return restored.step
+
+    async def refresh_until_started(self, started: Callable[[], bool], poll_s: float = 1.0) -> None:
+        """A newcomer (restored into an empty folder) takes every newer durable version until its
+        workers start: torchrun starts them only once the node joins a round, possibly minutes
+        after the restore, while the survivors keep saving. What is left is a save the survivors
+        made in the last seconds before the join (settle + upload), which a script that saves on
+        every node would then see at different versions."""
+        if not self.fresh:
+            return
+        while not started():
+            try:
+                if max(await self.store.complete_steps(), default=0) > self.last_version:
+                    async with self._lock:
+                        await self._take_latest(started)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the version already in the folder stands
+                log.warning("folder_refresh_failed", error=str(exc))
+            await asyncio.sleep(poll_s)
 
     async def run(self) -> None:
         while True:
@@ -149,9 +174,14 @@ def _copy_version(folder: Path, stage: Path, version: Snapshot) -> bool:
     return True
 
 
-def _move_into(src: Path, folder: Path) -> None:
-    """A restored version's files into the folder, each renamed into place (same disk)."""
+def _replace_contents(src: Path, folder: Path) -> None:
+    """The folder's files become a restored version's: each renamed into place (same disk), then
+    files of the previous version that the new one lacks removed."""
+    keep = {p.relative_to(src) for p in src.rglob("*") if p.is_file()}
     for path in sorted(p for p in src.rglob("*") if p.is_file()):
         dst = folder / path.relative_to(src)
         dst.parent.mkdir(parents=True, exist_ok=True)
         os.replace(path, dst)
+    for rel in scan(folder):
+        if Path(rel) not in keep:
+            (folder / rel).unlink(missing_ok=True)
