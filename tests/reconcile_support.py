@@ -31,15 +31,18 @@ ONE_ATTEMPT = Config(retries={"total_max_attempts": 1, "mode": "standard"}, conn
 ZONES = ("us-east-1a", "us-east-1b")
 TYPES = ("g5.xlarge", "g4dn.xlarge")
 # Spot prices the test cloud quotes for the test pools (typical of 2025; on-demand prices come
-# from the catalog: g4dn.xlarge $0.526, g5.xlarge $1.006 in us-east-1). Cheapest first:
-# g4dn.xlarge@us-east-1a ($0.2206), g4dn.xlarge@us-east-1b.
+# from the catalog: g4dn.xlarge $0.526, g5.xlarge $1.006 in us-east-1). Placement ranks by expected
+# cost per useful GPU-hour (the catalog's relative throughput: T4 0.33, A10G 1.0 per GPU), so the
+# dearer g5 pools come first: g5.xlarge@us-east-1b ($0.3987/h for 1.0), g5.xlarge@us-east-1a
+# ($0.4121), then g4dn.xlarge@us-east-1a ($0.2206 for 0.33 = $0.668 per A10G-hour), ...-1b.
 SPOT = {
     PoolId("g4dn.xlarge", "us-east-1a"): 0.2206,
     PoolId("g4dn.xlarge", "us-east-1b"): 0.2341,
     PoolId("g5.xlarge", "us-east-1a"): 0.4121,
     PoolId("g5.xlarge", "us-east-1b"): 0.3987,
 }
-CHEAPEST = PoolId("g4dn.xlarge", "us-east-1a")
+BEST = PoolId("g5.xlarge", "us-east-1b")
+SECOND_BEST = PoolId("g5.xlarge", "us-east-1a")
 
 
 class FakeClock:

@@ -12,7 +12,7 @@ from fleetd.policy.model import Launch, Market, PoolId, Terminate
 from fleetd.policy.planner import plan
 from fleetd.reconcile.build import build_reconciler
 from fleetd.reconcile.loop import Reconciler
-from tests.reconcile_support import CHEAPEST, Cloud, FakeClock, cloud, pools_of  # noqa: F401
+from tests.reconcile_support import BEST, SECOND_BEST, Cloud, FakeClock, cloud, pools_of  # noqa: F401
 
 
 @contextlib.asynccontextmanager
@@ -51,11 +51,14 @@ async def test_fleet_of_three_converges_is_repaired_and_scales_down(cloud: Cloud
         assert [o.status for o in launches] == ["done"]  # one CreateFleet bought all three
         launch = launches[0].action
         assert launch.market is Market.SPOT and launch.count == 3
-        # Pools are every configured (type, zone); the launch ranks them, cheapest expected cost
-        # first, diversified over zones, and sends them all as overrides of one CreateFleet.
+        # Pools are every configured (type, zone); the launch ranks them, lowest expected cost
+        # first, diversified over pools near the best score, and sends them all as overrides of one
+        # CreateFleet.
         assert set(r.pools) == {PoolId(t, z) for t in ("g5.xlarge", "g4dn.xlarge") for z in ("us-east-1a", "us-east-1b")}
-        assert launch.pools[0] == CHEAPEST
-        assert {p.zone for p in launch.pools} == {"us-east-1a", "us-east-1b"}
+        assert launch.pools[0] == BEST
+        # One synchronous job trains in one zone: pools elsewhere carry the cross-AZ penalty, which
+        # puts them beyond diversify_within of the best, so the launch stays in the best pool's zone.
+        assert {p.zone for p in launch.pools} == {BEST.zone}
         assert "expected cost per useful GPU-hour" in launch.reason
         request = cloud.proxy.calls_of("CreateFleet")[0]
         assert request["Type"] == "instant"
@@ -103,7 +106,6 @@ async def test_capacity_errors_and_throttling_converge_elsewhere_and_pool_return
     cloud: Cloud, tmp_path: Path
 ) -> None:
     clock = FakeClock(time.time())
-    g4dn_b = PoolId("g4dn.xlarge", "us-east-1b")
     async with reconciler(cloud, tmp_path, clock) as r:
         # 1. Throttled while observing: the pass ends early, nothing is bought, the loop backs off.
         cloud.proxy.fail("DescribeInstances", "RequestLimitExceeded")
@@ -115,29 +117,32 @@ async def test_capacity_errors_and_throttling_converge_elsewhere_and_pool_return
         report = await r.run_pass()
         assert report.throttled and not await cloud.instances()
         assert [row.status for row in await r.state.launches()] == ["failed"]
-        # 3. The two cheapest pools have no spot capacity (real CreateFleet errorSet entries).
-        cloud.proxy.fail("CreateFleet", "InsufficientInstanceCapacity", pool=CHEAPEST, times=None)
-        cloud.proxy.fail("CreateFleet", "MaxSpotInstanceCountExceeded", pool=g4dn_b, times=None)
+        # 3. The two best-ranked pools have no spot capacity (real CreateFleet errorSet entries).
+        cloud.proxy.fail("CreateFleet", "InsufficientInstanceCapacity", pool=BEST, times=None)
+        cloud.proxy.fail("CreateFleet", "MaxSpotInstanceCountExceeded", pool=SECOND_BEST, times=None)
         reports = [await r.run_pass() for _ in range(3)]
         assert all(rep.error is None for rep in reports)
         live = await cloud.instances()
         assert len(live) == 3
-        assert not {CHEAPEST, g4dn_b} & set(pools_of(live))
+        assert not {BEST, SECOND_BEST} & set(pools_of(live))
         stats = {s.pool: s for s in await r.state.pool_stats()}
-        for pool in (CHEAPEST, g4dn_b):
+        for pool in (BEST, SECOND_BEST):
             assert stats[pool].capacity_error_until == clock() + r.cfg.capacity.capacity_error_ttl_s
         assert ("CreateFleet", "InsufficientInstanceCapacity") in cloud.proxy.injected
         assert await r.state.get_meta("spot_unavailable_since") is None  # spot was found after all
 
-        # 4. Capacity is back and the TTL has passed: the next purchase tries the cheapest pool
-        # first again (and gets it).
+        # 4. Capacity is back and the TTL has passed: a replacement joins the job where it trains
+        # now, in the best pool of that zone again (the g5 type, no longer marked), and gets it.
         cloud.proxy.clear()
         clock.advance(r.cfg.capacity.capacity_error_ttl_s + 1)
         await cloud.terminate_directly(live[0]["InstanceId"])
+        job_zones = {p.zone for p in pools_of(live[1:])}
+        assert len(job_zones) == 1
+        best_here = PoolId(BEST.instance_type, job_zones.pop())
         before = len(cloud.proxy.calls_of("CreateFleet"))
         await converge(r, clock, passes=2)
         request = cloud.proxy.calls_of("CreateFleet")[before]
-        assert request["LaunchTemplateConfigs.1.Overrides.1.InstanceType"] == CHEAPEST.instance_type
-        assert request["LaunchTemplateConfigs.1.Overrides.1.SubnetId"] == cloud.subnets[CHEAPEST.zone]
+        assert request["LaunchTemplateConfigs.1.Overrides.1.InstanceType"] == best_here.instance_type
+        assert request["LaunchTemplateConfigs.1.Overrides.1.SubnetId"] == cloud.subnets[best_here.zone]
         live = await cloud.instances()
-        assert len(live) == 3 and CHEAPEST in pools_of(live)
+        assert len(live) == 3 and best_here in pools_of(live)

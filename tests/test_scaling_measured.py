@@ -80,7 +80,8 @@ def test_cpu_nodes_scale_on_throughput_alone() -> None:
 
 
 def test_gpu_utilisation_is_smoothed_and_idle_or_input_bound_nodes_are_named() -> None:
-    clock, reg = Clock(), NodeRegistry()
+    clock = Clock()
+    reg = NodeRegistry(clock=clock)  # telemetry counts only while fresh on the registry's clock
     for _ in range(30):
         clock.t += 1.0
         _report(reg, clock, "a", 1, 1, util=90.0)
