@@ -84,8 +84,9 @@ class PassPublisher:
         self._pool_totals: dict[str, dict[str, int]] = {"notices": {}, "capacity_errors": {}}
         self._rebalanced: set[str] = set()
         self._last_plan: Any = None
+        self.stall: Any = None  # fleetd.stall_watch.StallWatcher (DaemonContext.stall), when wired in
 
-    async def publish(self, report: Any, reconciler: Any, stall: Any = None) -> StatusSnapshot:
+    async def publish(self, report: Any, reconciler: Any) -> StatusSnapshot:
         nodes = await _nodes(report, reconciler)
         signals = reconciler.signals.snapshot()
         checkpoint = None
@@ -112,7 +113,7 @@ class PassPublisher:
             stop_issued_at=stop_issued_at,
             pools=getattr(reconciler, "pool_rows", ()),
             flags={n.instance_id: f for n in nodes if (f := node_flag(n, self.cfg)) is not None},
-            stall=stall.latest if stall is not None else None,
+            stall=self.stall.latest if self.stall is not None else None,
         )
         self.metrics.observe_snapshot(snap)
         duration = getattr(report, "duration_s", None)
@@ -189,6 +190,7 @@ def status_component(*, watch_rendezvous: bool = True, port: int | None = None,
             r = cfg.rendezvous
             watcher = RendezvousWatcher(r.host, r.port, r.run_id)
         publisher = PassPublisher(cfg, metrics, watcher)
+        publisher.stall = getattr(ctx, "stall", None)
         server = MetricsServer(metrics, cfg.metrics.host, cfg.metrics.port if port is None else port,
                                also=(REGISTRY,))
         try:
@@ -219,7 +221,7 @@ async def _publish_passes(ctx: Any, publisher: PassPublisher) -> None:
         if report is not None and report is not last and ctx.reconciler is not None:
             last = report
             try:
-                await publisher.publish(report, ctx.reconciler, getattr(ctx, "stall", None))
+                await publisher.publish(report, ctx.reconciler)
             except Exception as exc:  # noqa: BLE001 (CancelledError is not an Exception: it propagates)
                 # Status and metrics are for people: a full disk or a bug here must not take the
                 # controller (and the fleet's budget enforcement) down. The next pass retries.
