@@ -92,7 +92,7 @@ async def test_a_failing_publish_is_logged_and_the_component_keeps_going():
     calls: list[float] = []
 
     class Broken:
-        async def publish(self, report, reconciler, stall=None):
+        async def publish(self, report, reconciler):
             calls.append(report.now)
             raise OSError("No space left on device")
 
