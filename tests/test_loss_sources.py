@@ -40,7 +40,7 @@ def test_broker_plus_store_is_lost_while_another_node_reaches_both():
     healthy = node("i-2", store_seen_at=NOW - 1)
     lost, alive = split_lost((cut, healthy), NOW, SILENCE_S, STORE_S)
     assert [v.node.instance_id for v in lost] == ["i-1"] and [n.instance_id for n in alive] == ["i-2"]
-    assert "from independent sources" in lost[0].reason
+    assert "from 2 independent sources" in lost[0].reason
 
 
 def test_everyone_quiet_on_both_is_the_control_hosts_network_not_the_nodes():

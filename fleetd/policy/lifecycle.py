@@ -116,8 +116,9 @@ def assess(node: Node, now: float, silence_s: float, store_silence_s: float | No
         sources.add(Source.BROKER)
     names = " + ".join(s.value for s in signals)
     if len(sources) >= 2:
+        count = "two signals" if len(signals) == 2 else f"{len(signals)} signals"
         return Verdict(node, True, signals,
-                       f"{node.instance_id} is lost: two signals ({names}) from independent sources")
+                       f"{node.instance_id} is lost: {count} ({names}) from {len(sources)} independent sources")
     if signals:
         source = next(iter(sources))
         return Verdict(
