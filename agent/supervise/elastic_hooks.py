@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ class ElasticHooks:
     flow: EmergencyFlow | None = None
     draining: bool = False
     _preload: asyncio.Task | None = None
+    _drained: asyncio.Event = field(default_factory=asyncio.Event)  # the notice path has finished
 
     @classmethod
     def from_context(cls, ctx: AgentContext) -> ElasticHooks:
@@ -67,6 +68,12 @@ class ElasticHooks:
         # after the notice, eating the checkpoint's share of it: import it now, in the background.
         self._preload = asyncio.create_task(asyncio.to_thread(_preload_store_client), name="preload-torch")
         exit_ = await self.torchrun.wait()
+        if self.draining:
+            # The notice path stops the tree before its upload ends (replicated state: survivors
+            # hold the step). fleetd terminates a node as soon as it reports its trainer exited,
+            # so say so only once the upload is done: when every node was noticed there are no
+            # survivors, and the upload in flight is the job's only copy of the step.
+            await self._drained.wait()
         await self.publish_event(
             TrainerExited(instance_id=self.instance_id, exit_code=exit_.exit_code, reason=exit_.reason)
         )
@@ -89,19 +96,22 @@ class ElasticHooks:
         if self.torchrun is None or self.draining:
             return  # not training, or already leaving (notice and drain both arrived)
         self.draining = True
-        t0 = time.monotonic()
-        await self.set_state("draining")
-        log.info("drain_prepare", phase="status", after_s=round(time.monotonic() - t0, 3))
-        link = await asyncio.to_thread(self._link().connect)
-        log.info("drain_prepare", phase="store_link", after_s=round(time.monotonic() - t0, 3))
+        try:
+            t0 = time.monotonic()
+            await self.set_state("draining")
+            log.info("drain_prepare", phase="status", after_s=round(time.monotonic() - t0, 3))
+            link = await asyncio.to_thread(self._link().connect)
+            log.info("drain_prepare", phase="store_link", after_s=round(time.monotonic() - t0, 3))
 
-        async def body(store: Any) -> EmergencyOutcome:
-            log.info("drain_prepare", phase="checkpoint_store", after_s=round(time.monotonic() - t0, 3))
-            uploader = CheckpointStoreUploader(store, self.instance_id) if store is not None else None
-            self.flow = EmergencyFlow(link, self.spec.node_addr, self.torchrun, self.spec.ckpt_dir, uploader)
-            return await self.flow.run(deadline=deadline, reason=reason)
+            async def body(store: Any) -> EmergencyOutcome:
+                log.info("drain_prepare", phase="checkpoint_store", after_s=round(time.monotonic() - t0, 3))
+                uploader = CheckpointStoreUploader(store, self.instance_id) if store is not None else None
+                self.flow = EmergencyFlow(link, self.spec.node_addr, self.torchrun, self.spec.ckpt_dir, uploader)
+                return await self.flow.run(deadline=deadline, reason=reason)
 
-        await self._with_store(body)
+            await self._with_store(body)
+        finally:
+            self._drained.set()  # also when the path failed: run() must not wait forever
         await self.set_state("leaving")
 
     async def on_rebalance(self, rebalance: Any) -> None:
