@@ -208,6 +208,9 @@ class Plan:
     # True when this plan needed spot capacity and no spot pool could be tried: the caller starts
     # Observation.spot_unavailable_since (on-demand fallback after capacity.spot_wait_s).
     spot_short: bool = False
+    # Plan again this soon (seconds) rather than after the reconcile interval: the planner is
+    # waiting out a short window (a wave of notices settling before its replacements are bought).
+    replan_in_s: float | None = None
 
     def of_type(self, kind: type) -> tuple:
         return tuple(a for a in self.actions if isinstance(a, kind))
