@@ -65,8 +65,9 @@ class ElasticHooks:
         await self.set_state("training")
         # The notice path reaches the rendezvous store through torch's TCPStore. Importing torch
         # takes seconds (over 20 s measured on the loaded 2-core demo box), which used to be spent
-        # after the notice, eating the checkpoint's share of it: import it now, in the background.
-        self._preload = asyncio.create_task(asyncio.to_thread(_preload_store_client), name="preload-torch")
+        # after the notice, eating the checkpoint's share of it: import it in the background, once
+        # torchrun's own start-up (which imports torch in every worker) is past.
+        self._preload = asyncio.create_task(_preload_store_client_later(PRELOAD_AFTER_S), name="preload-torch")
         exit_ = await self.torchrun.wait()
         if self.draining:
             # The notice path stops the tree before its upload ends (replicated state: survivors
@@ -152,6 +153,14 @@ class ElasticHooks:
     async def stop(self) -> None:
         if self.torchrun is not None and self.torchrun.running:
             await self.torchrun.stop(timeout_s=10.0)
+
+
+PRELOAD_AFTER_S = 20.0
+
+
+async def _preload_store_client_later(delay_s: float) -> None:
+    await asyncio.sleep(delay_s)
+    await asyncio.to_thread(_preload_store_client)
 
 
 def _preload_store_client() -> None:
