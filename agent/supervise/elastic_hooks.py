@@ -106,7 +106,11 @@ class ElasticHooks:
 
             async def body(store: Any) -> EmergencyOutcome:
                 log.info("drain_prepare", phase="checkpoint_store", after_s=round(time.monotonic() - t0, 3))
-                uploader = CheckpointStoreUploader(store, self.instance_id) if store is not None else None
+                async def uploaded(result: Any) -> None:
+                    await self.publish_event(result.to_event(self.instance_id))
+
+                uploader = (CheckpointStoreUploader(store, self.instance_id, on_uploaded=uploaded)
+                            if store is not None else None)
                 self.flow = EmergencyFlow(link, self.spec.node_addr, self.torchrun, self.spec.ckpt_dir, uploader)
                 return await self.flow.run(deadline=deadline, reason=reason)
 
