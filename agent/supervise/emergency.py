@@ -113,6 +113,10 @@ class EmergencyFlow:
                 mark("saved")
             if step is None:
                 detail = detail or "no checkpoint acknowledged before the deadline; the last durable one stands"
+            elif not local_ckpt.step_dir(self.ckpt_dir, step).is_dir():
+                # A member of an earlier world that dropped out of the one that saved step N (a
+                # slow restart): the ranks that acknowledged it hold it, this node has nothing.
+                detail = f"this node holds no copy of step {step} (not in the world that saved it)"
             elif self.uploader is not None:
                 upload = asyncio.create_task(self._upload(step, deadline, until=t0 + budget * 0.8, mark=mark))
                 # Replicated state (DDP): every survivor holds all of step N already, so the node
