@@ -78,6 +78,10 @@ class CapacityConfig(Group):
     prior_weight_node_hours: Annotated[float, Field(gt=0)] = 50.0
     # A pool with a notice this recent is "interrupting now" and avoided.
     interrupting_window_s: Annotated[float, Field(ge=0)] = 900.0
+    # Notices come in waves: replacements are bought once no new notice came for this long (one
+    # CreateFleet for the whole wave), at most notice_coalesce_max_s after the wave's first notice.
+    notice_coalesce_s: Annotated[float, Field(ge=0)] = 1.5
+    notice_coalesce_max_s: Annotated[float, Field(ge=0)] = 10.0
     # Diversification: at most this many pools per launch, each within this factor of the best.
     max_pools_per_launch: Annotated[int, Field(ge=1)] = 4
     diversify_within: Annotated[float, Field(ge=1)] = 1.5

@@ -64,3 +64,31 @@ async def test_every_nodes_copy_uploaded_and_a_fresh_node_resumes_from_s3(tmp_pa
     assert local_ckpt.is_complete(local_ckpt.step_dir(tmp_path / "fresh", STEP), "state_dict")
     saved, _ = _model()
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), saved.state_dict().values()))
+
+
+async def test_a_newer_durable_step_in_s3_beats_a_stale_local_copy(tmp_path: Path, aws_client_kwargs) -> None:
+    """A node that dropped out of the world holds step 3 locally while the others trained to 7,
+    made it durable and left: it must resume from 7, not 3."""
+    model, opt = _model()
+    trained = ElasticCheckpointer(model, opt, ctx=TrainerContext(ckpt_dir=tmp_path / "others"))
+    trained.save(STEP)
+    cfg = CheckpointConfig(bucket=BUCKET, prefix="runs", local_dir=tmp_path / "agent")
+    aws = AwsConfig(region=aws_client_kwargs["region_name"], endpoint_url=aws_client_kwargs["endpoint_url"])
+    async with CheckpointStore.connect(cfg, aws, job="stale", client_config=aws_client_kwargs["config"]) as store:
+        await store.ensure_bucket()
+        d = local_ckpt.step_dir(tmp_path / "others", STEP)
+        files, _ = local_ckpt.upload_set(d)
+        assert (await store.upload_step(STEP, files, writer="n0", root=d)).complete
+
+    stale_model, stale_opt = _model()
+    with torch.no_grad():
+        for p in stale_model.parameters():
+            p.mul_(-1.0)  # what it held at step 3
+    ctx = dict(s3_bucket=BUCKET, s3_prefix="runs", job="stale", s3_endpoint=aws_client_kwargs["endpoint_url"],
+               s3_region=aws_client_kwargs["region_name"])
+    ElasticCheckpointer(stale_model, stale_opt, ctx=TrainerContext(ckpt_dir=tmp_path / "dropped", **ctx)).save(3)
+    model2, opt2 = _model()
+    behind = ElasticCheckpointer(model2, opt2, ctx=TrainerContext(ckpt_dir=tmp_path / "dropped", **ctx))
+    assert await asyncio.to_thread(behind.resume) == STEP
+    saved, _ = _model()
+    assert all(torch.equal(a, b) for a, b in zip(model2.state_dict().values(), saved.state_dict().values()))

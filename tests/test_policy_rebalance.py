@@ -175,3 +175,32 @@ def test_churn_cap_still_counts_expired_prebuys() -> None:
     result = plan(observe(nodes=(at_risk_since(WINDOW + 1), fresh), rebalance_prebuys_last_hour=2), CFG, NOW)
     assert result.of_type(Launch) == ()
     assert any("reached max_recommendation_replacements_per_hour=2" in n for n in result.notes)
+
+
+# ---------------------------------------------------------------- a wave, one purchase
+def test_a_wave_of_notices_is_bought_back_in_one_launch_once_it_settles() -> None:
+    cfg = config(fleet={"min_nodes": 1, "max_nodes": 4}, budget={"total_usd": 100.0, "max_usd_per_hour": 20.0})
+    quiet = cfg.capacity.notice_coalesce_s
+
+    def wave(first_ago: float, second_ago: float | None) -> Observation:
+        nodes = [node("i-1", A, notice_at=NOW - first_ago, notice_deadline=NOW + 100),
+                 node("i-3", B), node("i-4", C)]
+        nodes.append(node("i-2", A, notice_at=NOW - second_ago, notice_deadline=NOW + 100)
+                     if second_ago is not None else node("i-2", A))
+        return observe(nodes=tuple(nodes), target_nodes=4)
+
+    # The first notice of the wave: drain it at once, but do not buy yet.
+    early = plan(wave(0.2, None), cfg, NOW)
+    assert [d.instance_id for d in early.of_type(Drain)] == ["i-1"]
+    assert early.of_type(Launch) == ()
+    assert early.replan_in_s == pytest.approx(quiet - 0.2)
+    assert any("notices are still coming in" in n for n in early.notes)
+    # The second arrives: both drained, still waiting for the wave to go quiet.
+    mid = plan(wave(0.6, 0.1), cfg, NOW)
+    assert {d.instance_id for d in mid.of_type(Drain)} == {"i-1", "i-2"} and mid.of_type(Launch) == ()
+    # Quiet: one launch for both, away from the noticed pool.
+    (launch,) = plan(wave(quiet + 0.5, quiet), cfg, NOW).of_type(Launch)
+    assert launch.count == 2 and launch.purpose is LaunchPurpose.CAPACITY and A not in launch.pools
+    # A wave that never goes quiet is bought back anyway, notice_coalesce_max_s after its start.
+    late = cfg.capacity.notice_coalesce_max_s
+    assert plan(wave(late + 0.1, 0.1), cfg, NOW).of_type(Launch)

@@ -113,6 +113,9 @@ async def test_throttling_backs_off_exponentially_with_a_cap(tmp_path: Path) -> 
     assert max(delays) <= MAX_BACKOFF_S
     ok = await r.run_pass()
     assert ok.error is None and r.next_delay(ok) == 10.0
+    # A planner waiting out a wave of notices asks to plan again sooner than the interval.
+    soon = dataclasses.replace(ok, plan=dataclasses.replace(ok.plan, replan_in_s=0.7))
+    assert r.next_delay(soon) == 0.7
     await r.state.close()
 
 

@@ -49,6 +49,7 @@ class ElasticHooks:
     starts: int = 0
     last_exit_cause: ExitCause | None = None
     _preload: asyncio.Task | None = None
+    _drained: asyncio.Event = field(default_factory=asyncio.Event)  # the notice path has finished
 
     @classmethod
     def from_context(cls, ctx: AgentContext) -> ElasticHooks:
@@ -96,8 +97,9 @@ class ElasticHooks:
                     # The notice path reaches the rendezvous store through torch's TCPStore.
                     # Importing torch takes seconds (over 20 s measured on the loaded 2-core demo
                     # box), which used to be spent after the notice, eating the checkpoint's share
-                    # of it: import it now, in the background.
-                    self._preload = asyncio.create_task(asyncio.to_thread(_preload_store_client),
+                    # of it: import it in the background, once torchrun's own start-up (which
+                    # imports torch in every worker) is past.
+                    self._preload = asyncio.create_task(_preload_store_client_later(PRELOAD_AFTER_S),
                                                         name="preload-torch")
                 exit_ = await self.torchrun.wait()
                 if self.restart_requested.is_set() and not (self.draining or self.stopping):
@@ -111,6 +113,12 @@ class ElasticHooks:
                     cause = classify_exit(exit_, before, after, log_tail(self.log_path, since))
                 self.last_exit_cause = cause
                 ran_s = time.monotonic() - started
+                if self.draining:
+                    # The notice path stops the tree before its upload ends (replicated state:
+                    # survivors hold the step). fleetd terminates a node as soon as it reports its
+                    # trainer exited, so say so only once the upload is done: when every node was
+                    # noticed there are no survivors, and the upload in flight is the job's only copy.
+                    await self._drained.wait()
                 log.warning("trainer_exited", cause=str(cause), exit_code=exit_.exit_code, ran_s=round(ran_s, 1),
                             starts=self.starts)
                 await self.publish_event(TrainerExited(
@@ -185,19 +193,26 @@ class ElasticHooks:
         if self.torchrun is None or self.draining:
             return  # not training, or already leaving (notice and drain both arrived)
         self.draining = True
-        t0 = time.monotonic()
-        await self.set_state("draining")
-        log.info("drain_prepare", phase="status", after_s=round(time.monotonic() - t0, 3))
-        link = await asyncio.to_thread(self._link().connect)
-        log.info("drain_prepare", phase="store_link", after_s=round(time.monotonic() - t0, 3))
+        try:
+            t0 = time.monotonic()
+            await self.set_state("draining")
+            log.info("drain_prepare", phase="status", after_s=round(time.monotonic() - t0, 3))
+            link = await asyncio.to_thread(self._link().connect)
+            log.info("drain_prepare", phase="store_link", after_s=round(time.monotonic() - t0, 3))
 
-        async def body(store: Any) -> EmergencyOutcome:
-            log.info("drain_prepare", phase="checkpoint_store", after_s=round(time.monotonic() - t0, 3))
-            uploader = CheckpointStoreUploader(store, self.instance_id) if store is not None else None
-            self.flow = EmergencyFlow(link, self.spec.node_addr, self.torchrun, self.spec.ckpt_dir, uploader)
-            return await self.flow.run(deadline=deadline, reason=reason)
+            async def body(store: Any) -> EmergencyOutcome:
+                log.info("drain_prepare", phase="checkpoint_store", after_s=round(time.monotonic() - t0, 3))
+                async def uploaded(result: Any) -> None:
+                    await self.publish_event(result.to_event(self.instance_id))
 
-        await self._with_store(body)
+                uploader = (CheckpointStoreUploader(store, self.instance_id, on_uploaded=uploaded)
+                            if store is not None else None)
+                self.flow = EmergencyFlow(link, self.spec.node_addr, self.torchrun, self.spec.ckpt_dir, uploader)
+                return await self.flow.run(deadline=deadline, reason=reason)
+
+            await self._with_store(body)
+        finally:
+            self._drained.set()  # also when the path failed: run() must not wait forever
         await self.set_state("leaving")
 
     async def on_rebalance(self, rebalance: Any) -> None:
@@ -270,6 +285,14 @@ class ElasticHooks:
         self._stopped.set()
         if self.torchrun is not None and self.torchrun.running:
             await self.torchrun.stop(timeout_s=10.0)
+
+
+PRELOAD_AFTER_S = 20.0
+
+
+async def _preload_store_client_later(delay_s: float) -> None:
+    await asyncio.sleep(delay_s)
+    await asyncio.to_thread(_preload_store_client)
 
 
 def _preload_store_client() -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -48,14 +48,19 @@ class CheckpointStoreUploader:
     store: Any  # agent.checkpoint_store.store.CheckpointStore
     writer: str
     expected_writers: tuple[str, ...] | None = None  # None: replicated state, each node complete
+    # Told the upload's result (the agent publishes it as checkpoint-uploaded): fleetd learns that
+    # the notice's checkpoint is durable, as it does for periodic ones.
+    on_uploaded: Callable[[Any], Awaitable[None]] | None = None
 
     async def upload(self, step: int, directory: Path, *, deadline: datetime | None) -> bool:
         files, step_files = await asyncio.to_thread(local_ckpt.upload_set, directory)
         # Raises on failure; returning means this node's receipt is written (its shard is safe).
-        await self.store.upload_step(
+        result = await self.store.upload_step(
             step, files, writer=self.writer, expected_writers=self.expected_writers,
             deadline=deadline, root=directory, step_files=step_files,
         )
+        if self.on_uploaded is not None:
+            await self.on_uploaded(result)
         return True
 
 
@@ -108,6 +113,10 @@ class EmergencyFlow:
                 mark("saved")
             if step is None:
                 detail = detail or "no checkpoint acknowledged before the deadline; the last durable one stands"
+            elif not local_ckpt.step_dir(self.ckpt_dir, step).is_dir():
+                # A member of an earlier world that dropped out of the one that saved step N (a
+                # slow restart): the ranks that acknowledged it hold it, this node has nothing.
+                detail = f"this node holds no copy of step {step} (not in the world that saved it)"
             elif self.uploader is not None:
                 upload = asyncio.create_task(self._upload(step, deadline, until=t0 + budget * 0.8, mark=mark))
                 # Replicated state (DDP): every survivor holds all of step N already, so the node

@@ -29,6 +29,9 @@ WARM_PRELOAD: tuple[str, ...] = (
     "agent.supervise.torchrun_main",
     "agent.trainer",
     "agent.trainer.store_link",
+    # resume() reads S3's ``latest`` on every start (a newer durable step beats a stale local
+    # copy): aiobotocore imported once in the pool, not in every restarted worker.
+    "agent.checkpoint_store.store",
     "fleetd.protocol.rendezvous_keys",
     "fleetd.protocol.trainer",
 )

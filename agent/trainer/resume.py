@@ -3,7 +3,8 @@
 
 A mixin over the checkpointer's own state (``ctx``, ``root``, ``mode``, ``model``, ``optimizer``,
 its collectives and ``emit``), kept apart because it is a job of its own: local copies first, a
-peer's copy over the process group next, S3 last.
+peer's copy over the process group next, S3 last, unless S3 holds a newer durable step than any
+rank (then S3 first).
 """
 
 from __future__ import annotations
@@ -54,7 +55,11 @@ class ResumeSteps:
         node's local directory cannot complete.
         """
         newest = self._agree_max(self._newest_local())
-        if newest == NONE:
+        # A newer durable step in S3 beats every local copy: a node that dropped out of the world
+        # (a slow restart) while the others trained on and then all left holds only a stale copy,
+        # and resuming from it lost every step since (108 in a demo wave). One GET of ``latest``.
+        durable = self._agree_max(self._newest_durable() if self.ctx.local_rank == 0 else NONE)
+        if newest == NONE or durable > newest:
             if self.ctx.local_rank == 0:
                 self._restore_from_s3()
             self._barrier()
@@ -135,6 +140,29 @@ class ResumeSteps:
         self._apply_plain(state["state"])
         self.emit("state_from_peer", step=step, src=src, nbytes=size)
         return step
+
+    def _newest_durable(self) -> int:
+        """The step S3's ``latest`` pointer names (NONE: no S3, no pointer, or S3 unreachable)."""
+        if not self.ctx.s3_bucket:
+            return NONE
+        import asyncio
+
+        from fleetd.protocol.settings import AwsConfig, CheckpointConfig
+
+        from agent.checkpoint_store.store import CheckpointStore
+
+        async def fetch() -> int:
+            cfg = CheckpointConfig(bucket=self.ctx.s3_bucket, prefix=self.ctx.s3_prefix, local_dir=self.root)
+            aws = AwsConfig(region=self.ctx.s3_region, endpoint_url=self.ctx.s3_endpoint)
+            async with CheckpointStore.connect(cfg, aws, job=self.ctx.job) as store:
+                pointer, _ = await store.publisher.read_latest()
+                return NONE if pointer is None else pointer.step
+
+        try:
+            return asyncio.run(fetch())
+        except Exception as exc:  # noqa: BLE001 - a failed look at S3 must never stop training
+            self.emit("latest_unreadable", error=f"{type(exc).__name__}: {exc}"[:200])
+            return NONE
 
     def _restore_from_s3(self) -> int | None:
         """Newest durable checkpoint from S3 into the local directory (agent/checkpoint_store)."""

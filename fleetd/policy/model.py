@@ -218,6 +218,9 @@ class Plan:
     spot_short: bool = False
     # The deadline rule's call on this pass (fleetd/policy/deadline.py); None without a deadline.
     deadline: DeadlineCall | None = None
+    # Plan again this soon (seconds) rather than after the reconcile interval: the planner is
+    # waiting out a short window (a wave of notices settling before its replacements are bought).
+    replan_in_s: float | None = None
 
     def of_type(self, kind: type) -> tuple:
         return tuple(a for a in self.actions if isinstance(a, kind))

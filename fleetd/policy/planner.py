@@ -20,6 +20,8 @@ This module is only that order; each step is a stage in fleetd/policy/stages/.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from fleetd.config import FleetdConfig
 from fleetd.policy import budget as budget_policy
 from fleetd.policy import rebalance as rebalance_policy
@@ -67,6 +69,14 @@ def plan(obs: Observation, cfg: FleetdConfig, now: float) -> Plan:
     headroom = budget_policy.headroom(obs.spent_usd, p.billed, p.kept, cfg)  # steps 5 and 6
     spot_short = False
     need = max(0, target - sizing.counted)
+    cap = cfg.capacity
+    settling = rebalance_policy.wave_settling(obs.nodes, now, cap.notice_coalesce_s, cap.notice_coalesce_max_s)
+    if need and settling is not None:
+        p.notes.append(
+            f"need {need} node(s), but notices are still coming in: buying the wave's replacements "
+            f"together in {settling:.1f} s (notice_coalesce_s {cap.notice_coalesce_s:g})"
+        )
+        need = 0
     if need:
         headroom, spot_short = buy(
             p, need, LaunchPurpose.CAPACITY, spot_ranked, spot_skipped, headroom, view.level
@@ -81,4 +91,5 @@ def plan(obs: Observation, cfg: FleetdConfig, now: float) -> Plan:
         headroom, _ = buy(
             p, sizing.buy_spot_for_on_demand, LaunchPurpose.RETURN_TO_SPOT, spot_ranked, [], headroom, view.level
         )
-    return assemble_plan(p, view, target=target, spot_short=spot_short)
+    plan_ = assemble_plan(p, view, target=target, spot_short=spot_short)
+    return replace(plan_, replan_in_s=settling) if settling is not None else plan_

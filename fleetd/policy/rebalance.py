@@ -43,6 +43,19 @@ def notice_drains(kept: list[Node], now: float) -> list[Drain]:
     return drains
 
 
+def wave_settling(nodes: tuple[Node, ...] | list[Node], now: float, quiet_s: float, max_s: float) -> float | None:
+    """Seconds to wait before buying replacements for a wave of notices still coming in: a notice
+    arrived less than ``quiet_s`` ago, and the wave's first is less than ``max_s`` old. None: buy
+    now. One wave, one purchase (one CreateFleet) instead of one per pass that saw a notice."""
+    times = [n.notice_at for n in nodes if n.notice_at is not None]
+    if not times or quiet_s <= 0:
+        return None
+    newest = max(times)
+    first = min(t for t in times if t >= newest - max_s)  # the wave the newest notice belongs to
+    wait = min(newest + quiet_s, first + max_s) - now
+    return wait if wait > 0 else None
+
+
 @dataclass(frozen=True, slots=True)
 class RiskPlan:
     at_risk: tuple[Node, ...]

@@ -209,7 +209,8 @@ class Reconciler:
     def next_delay(self, report: PassReport) -> float:
         interval = self.cfg.fleet.reconcile_interval_s
         if report.error is None:
-            return interval
+            soon = report.plan.replan_in_s if report.plan is not None else None
+            return interval if soon is None else max(0.05, min(interval, soon))
         # Exponential backoff with jitter, so many controllers do not retry in lockstep.
         backoff = min(interval * (2 ** min(self._consecutive_failures, 10)), MAX_BACKOFF_S)
         return backoff * random.uniform(0.5, 1.0)

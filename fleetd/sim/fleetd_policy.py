@@ -211,9 +211,9 @@ class FleetdPolicy(ObserveMixin, ActionsMixin):
             joining, leaving = self._joining, self._leaving
             self._joining, self._leaving = None, []
         self._membership_round(world, joining, leaving)
-        self._schedule_next(world, cfg, acted=bool(result.actions))
+        self._schedule_next(world, cfg, acted=bool(result.actions), soon=result.replan_in_s)
 
-    def _schedule_next(self, world: World, cfg: FleetdConfig, acted: bool) -> None:
+    def _schedule_next(self, world: World, cfg: FleetdConfig, acted: bool, soon: float | None = None) -> None:
         """The next pass: one reconcile interval after a pass that acted (the daemon's cadence,
         so it sees the outcome, e.g. a capacity error); else at the first moment one of the
         planner's time-driven inputs crosses its configured threshold (a capacity error's TTL,
@@ -221,6 +221,8 @@ class FleetdPolicy(ObserveMixin, ActionsMixin):
         the checkpoint age, the deadline rule's crossings), and at the latest after ``tick_s``."""
         now = world.now
         times = [now + (cfg.fleet.reconcile_interval_s if acted else self.tick_s)]
+        if soon is not None:
+            times.append(now + soon)  # the planner waits out a wave of notices (as the loop does)
         times += self._threshold_times(world, cfg)
         t = min(x for x in times if x > now)
         if self._tick is not None:
