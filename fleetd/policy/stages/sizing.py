@@ -34,7 +34,9 @@ def size_fleet(
     extras = max(0, len(p.kept) - target - risk.covered)
     on_demand = [n for n in p.kept if n.market is Market.ON_DEMAND]
     # A deadline keeps its on-demand nodes until the job is well ahead (deadline.py hysteresis).
-    deadline_holds = p.deadline is not None and not p.deadline.on_demand_not_needed
+    deadline_holds = p.deadline is not None and not (
+        p.deadline.on_demand_not_needed or p.deadline.swap_to_spot
+    )
     back_to_spot = (
         bool(on_demand) and spot_available and level is not BudgetLevel.SHRINK and not deadline_holds
     )
