@@ -175,3 +175,15 @@ def test_planner_swaps_on_demand_for_spot_inside_the_safety_net_only_when_the_sl
     holding = result(0.1)
     assert holding.deadline.safety_net and not holding.deadline.swap_to_spot
     assert holding.of_type(Launch) == ()
+
+
+def test_a_deadline_needs_its_work_and_is_read_as_utc_epoch_seconds() -> None:
+    from fleetd.config import FleetdConfig
+
+    cfg = FleetdConfig(job={"deadline": "2026-12-01T18:00:00Z", "total_steps": 100})
+    assert cfg.job.deadline_at() == datetime(2026, 12, 1, 18, tzinfo=UTC).timestamp()
+    assert cfg.capacity.on_demand == "deadline"
+    with pytest.raises(ValueError, match="needs job.total_steps"):
+        FleetdConfig(job={"deadline": "2026-12-01T18:00:00Z"})
+    with pytest.raises(ValueError):
+        FleetdConfig(capacity={"instance_types": ["g5.xlarge"], "on_demand": "sometimes"})
