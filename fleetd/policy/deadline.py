@@ -129,13 +129,18 @@ def decide(i: DeadlineInputs, now: float) -> DeadlineCall:
 
 
 def _wake_times(i: DeadlineInputs, now: float, work_left_s: float | None) -> tuple[float, ...]:
-    """When an idle job falls behind the line, and when its safety net begins."""
+    """When an idle job falls behind the line, when its safety net begins, and when a job
+    training at the target pace gets 2d ahead of the line."""
     out = []
     span = max(i.deadline_at - i.started_at, _EPS_S)
     behind_at = i.started_at + span * i.done_steps / i.total_steps
     out.append(behind_at + _EPS_S)
     if work_left_s is not None:
         out.append(i.deadline_at - work_left_s - 2 * i.changeover_s + _EPS_S)
+    k = i.total_steps / span  # the line's pace
+    r = i.steps_per_s or 0.0
+    if r > k:  # training at the target pace: when it gets 2d ahead (on-demand can go)
+        out.append((k * (2 * i.changeover_s - i.started_at) + r * now - i.done_steps) / (r - k) + _EPS_S)
     return tuple(t for t in out if t > now and math.isfinite(t))
 
 
