@@ -68,8 +68,9 @@ def test_wake_times_are_when_the_idle_job_falls_behind_and_the_safety_net_begins
 def test_throughput_at_the_target_is_never_overstated() -> None:
     measured = MappingProxyType({2: 1.9, 8: 6.0})
     assert steps_per_s_at(measured, 8) == 6.0
-    assert steps_per_s_at(measured, 4) == pytest.approx(3.0)  # 8 nodes' rate per node x 4 > 1.9
-    assert steps_per_s_at(measured, 1) == pytest.approx(0.95)
+    assert steps_per_s_at(measured, 4) == pytest.approx(1.9 * 2 * 0.9)  # from 2, 0.9 per doubling
+    assert steps_per_s_at(measured, 1) == pytest.approx(0.95)  # 2 nodes' rate per node
+    assert steps_per_s_at(MappingProxyType({8: 6.0}), 4) == pytest.approx(3.0)
     assert steps_per_s_at({}, 4) is None
 
 
@@ -140,3 +141,49 @@ def test_never_means_never_even_for_a_deadline() -> None:
     result = plan(_obs(0, 1, 0, started_h=8, rate=1.0), cfg, NOW)
     assert result.of_type(Launch) == ()
     assert any('capacity.on_demand = "never"' in n for n in result.notes)
+
+
+@pytest.mark.parametrize(("nodes", "slack_h", "swap"), [(1, 0.55, False), (1, 0.7, True), (4, 0.3, True), (4, 0.2, False)])
+def test_inside_the_safety_net_a_make_before_break_swap_needs_slack_for_one_more_loss(nodes, slack_h, swap) -> None:
+    # d = 0.5 h: the safety net is below 1 h of slack; a swap needs d / nodes + d / 4 of it.
+    i = DeadlineInputs(
+        deadline_at=10 * H, started_at=0.0, total_steps=(10 - 4 - slack_h) * H, done_steps=0.0,
+        steps_per_s=1.0, changeover_s=0.5 * H, full_on_spot=False, nodes=nodes,
+    )
+    call = decide(i, 4 * H)
+    assert call.safety_net and not call.spot_allowed
+    assert call.swap_to_spot is swap
+
+
+def test_planner_swaps_on_demand_for_spot_inside_the_safety_net_only_when_the_slack_allows() -> None:
+    # 4 nodes on on-demand at 4 steps/s, 0.5 h changeover, spot offered again.
+    def result(slack_h: float):
+        left_h = 3.0
+        total = int((left_h - slack_h) * H * 4) + 1000
+        cfg = deadline_cfg(4, due_h=left_h, total_steps=total, d_s=0.5 * H)
+        nodes = tuple(node(f"od-{i}", market=Market.ON_DEMAND, price=1.0, step=1000) for i in range(4))
+        obs = Observation(
+            nodes=nodes, offers=(offer(A, 0.4),), target_nodes=4, last_scaling_at=NOW,
+            throughput_by_nodes=MappingProxyType({4: 4.0}), job_started_at=NOW - 6 * H,
+        )
+        return plan(obs, cfg, NOW)
+
+    swapping = result(0.5)  # >= 0.5 / 4 + 0.125 h
+    assert swapping.deadline.safety_net and swapping.deadline.swap_to_spot
+    (launch,) = swapping.of_type(Launch)
+    assert launch.market is Market.SPOT and launch.purpose is LaunchPurpose.RETURN_TO_SPOT
+    holding = result(0.1)
+    assert holding.deadline.safety_net and not holding.deadline.swap_to_spot
+    assert holding.of_type(Launch) == ()
+
+
+def test_a_deadline_needs_its_work_and_is_read_as_utc_epoch_seconds() -> None:
+    from fleetd.config import FleetdConfig
+
+    cfg = FleetdConfig(job={"deadline": "2026-12-01T18:00:00Z", "total_steps": 100})
+    assert cfg.job.deadline_at() == datetime(2026, 12, 1, 18, tzinfo=UTC).timestamp()
+    assert cfg.capacity.on_demand == "deadline"
+    with pytest.raises(ValueError, match="needs job.total_steps"):
+        FleetdConfig(job={"deadline": "2026-12-01T18:00:00Z"})
+    with pytest.raises(ValueError):
+        FleetdConfig(capacity={"instance_types": ["g5.xlarge"], "on_demand": "sometimes"})

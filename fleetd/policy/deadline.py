@@ -16,9 +16,11 @@ fleet, with its safety net:
 
 UP's guarantee (no miss when the work fits the deadline with 2d to spare) carries over because
 fleetd keeps every UP condition. fleetd adds what the planner does anyway: a changeover to
-spot is make-before-break (the on-demand node trains while the spot node boots), a notice
-starts the replacement up to 2 minutes before the loss, and a fleet keeps training at a smaller
-size while one node is replaced.
+spot is make-before-break (the on-demand node trains while the spot node boots), and a fleet
+keeps training at a smaller size while one node is replaced. So inside the safety net it may
+still swap an on-demand node for spot while the slack covers losing that spot node again
+(d / nodes of the fleet's time) plus a reserve (SWAP_RESERVE x d): UP cannot, since each of its
+changeovers stops the job for d.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 _EPS_S = 1e-3
+# Slack kept beyond one spot loss (d / nodes) before a safety-net swap to spot: a quarter
+# changeover, for re-forms, pass latency and a loss without notice (detected ~20 s late).
+SWAP_RESERVE = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +46,10 @@ class DeadlineInputs:
     steps_per_s: float | None
     changeover_s: float
     full_on_spot: bool  # the target size is training on spot now: nothing to replace
+    nodes: int = 1  # the target size
+    # Nothing trains yet and nodes are booting: seconds until the first can train (counted as
+    # work left, as UP counts a pending changeover).
+    pending_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +66,22 @@ class DeadlineCall:
     # Times at which the call may change if nothing else happens (for the simulator's wake-ups;
     # the daemon passes every reconcile interval anyway).
     wake_at: tuple[float, ...] = ()
+    # Inside the safety net: on-demand nodes may still be swapped for spot make-before-break
+    # (the on-demand node trains until the spot node has joined, so the swap itself costs no
+    # time); a later loss of that spot node costs d / nodes of the fleet's time, and the slack
+    # keeps that plus a quarter changeover in reserve.
+    swap_to_spot: bool = False
+    # Time left minus work left at the target size (None: throughput not measured yet).
+    slack_s: float | None = None
+    changeover_s: float = 0.0
+
+    def can_wait_s(self, wait_s: float) -> bool:
+        """Whether waiting ``wait_s`` before buying still leaves a changeover and a reserve."""
+        if not self.safety_net:
+            return True
+        if self.slack_s is None:
+            return False
+        return self.slack_s >= wait_s + self.changeover_s * (1 + SWAP_RESERVE)
 
 
 def expected_steps(i: DeadlineInputs, t: float) -> float:
@@ -71,22 +96,30 @@ def decide(i: DeadlineInputs, now: float) -> DeadlineCall:
     time_left = i.deadline_at - now
     if remaining <= 0:
         return DeadlineCall(False, True, True, False, "deadline job: all work done")
-    work_left_s = remaining / i.steps_per_s if i.steps_per_s else None
+    work_left_s = remaining / i.steps_per_s + i.pending_s if i.steps_per_s else None
     line = expected_steps(i, now)
     progress = f"{i.done_steps:,.0f} of {i.total_steps:,.0f} steps, line {line:,.0f}"
     wake = _wake_times(i, now, work_left_s)
     if work_left_s is not None and not i.full_on_spot and time_left < work_left_s + 2 * d:
+        slack = time_left - work_left_s
+        swap = slack >= d / max(1, i.nodes) + SWAP_RESERVE * d
         return DeadlineCall(
             True, False, False, True,
             f"deadline safety net: {time_left / 3600:.2f} h left < {work_left_s / 3600:.2f} h of work + "
-            f"2 x changeover {d:.0f} s ({progress}): finishing on on-demand",
+            f"2 x changeover {d:.0f} s ({progress}): finishing on on-demand"
+            + (" (swapping to spot make-before-break while the slack allows)" if swap else ""),
             wake,
+            swap_to_spot=swap,
+            slack_s=slack,
+            changeover_s=d,
         )
     if i.done_steps < line - 1e-9:
         return DeadlineCall(
             True, True, False, False,
             f"deadline: behind the uniform-progress line ({progress}): on-demand for any shortfall",
             wake,
+            slack_s=None if work_left_s is None else time_left - work_left_s,
+            changeover_s=d,
         )
     ahead_2d = i.done_steps >= expected_steps(i, now + 2 * d) - 1e-9
     why = "2 x changeover ahead" if ahead_2d else "ahead, within 2 x changeover (on-demand stays)"
@@ -96,25 +129,40 @@ def decide(i: DeadlineInputs, now: float) -> DeadlineCall:
 
 
 def _wake_times(i: DeadlineInputs, now: float, work_left_s: float | None) -> tuple[float, ...]:
-    """When an idle job falls behind the line, and when its safety net begins."""
+    """When an idle job falls behind the line, when its safety net begins, and when a job
+    training at the target pace gets 2d ahead of the line."""
     out = []
     span = max(i.deadline_at - i.started_at, _EPS_S)
     behind_at = i.started_at + span * i.done_steps / i.total_steps
     out.append(behind_at + _EPS_S)
     if work_left_s is not None:
         out.append(i.deadline_at - work_left_s - 2 * i.changeover_s + _EPS_S)
+    k = i.total_steps / span  # the line's pace
+    r = i.steps_per_s or 0.0
+    if r > k:  # training at the target pace: when it gets 2d ahead (on-demand can go)
+        out.append((k * (2 * i.changeover_s - i.started_at) + r * now - i.done_steps) / (r - k) + _EPS_S)
     return tuple(t for t in out if t > now and math.isfinite(t))
 
 
+# Share of per-node throughput kept per doubling of nodes, assumed when extrapolating from a
+# smaller fleet: below the ~0.95 data-parallel jobs typically keep (defaults.py in the simulator),
+# so the estimate errs towards more work left (an earlier safety net, not a miss).
+ASSUMED_EFFICIENCY_PER_DOUBLING = 0.9
+
+
 def steps_per_s_at(throughput_by_nodes: Mapping[int, float], nodes: int) -> float | None:
-    """Throughput at ``nodes`` from what was measured, never above it: the measured value, else
-    the best of the lower bounds (a smaller fleet's rate; a larger fleet's rate per node times
-    ``nodes``, as adding nodes never raises the rate per node). None when nothing was measured."""
+    """Throughput at ``nodes`` from what was measured: the measured value; else from the
+    nearest smaller fleet, scaled by size with ASSUMED_EFFICIENCY_PER_DOUBLING per doubling;
+    else from a larger fleet's rate per node times ``nodes`` (adding nodes never raises the rate
+    per node, so this errs low). None when nothing was measured."""
     if nodes <= 0:
         return None
     exact = throughput_by_nodes.get(nodes)
     if exact is not None and exact > 0:
         return exact
-    bounds = [r for n, r in throughput_by_nodes.items() if 0 < n < nodes and r > 0]
-    bounds += [r * nodes / n for n, r in throughput_by_nodes.items() if n > nodes and r > 0]
-    return max(bounds) if bounds else None
+    smaller = [(n, r) for n, r in throughput_by_nodes.items() if 0 < n < nodes and r > 0]
+    if smaller:
+        n, r = max(smaller)
+        return r * nodes / n * ASSUMED_EFFICIENCY_PER_DOUBLING ** math.log2(nodes / n)
+    larger = [r * nodes / n for n, r in throughput_by_nodes.items() if n > nodes and r > 0]
+    return max(larger) if larger else None

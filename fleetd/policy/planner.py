@@ -62,9 +62,14 @@ def plan(obs: Observation, cfg: FleetdConfig, now: float) -> Plan:
     target = choose_target(p, view.level)  # step 4
     p.deadline = deadline_call(p, target)
     spot_ranked, spot_skipped = spot_pools(p)
+    swap_ranked = spot_ranked  # spot for moving on-demand nodes back (make-before-break)
+    if p.deadline is not None and not p.deadline.spot_allowed:
+        spot_ranked, spot_skipped = [], [f"no new spot: {p.deadline.reason}"]
+        if not p.deadline.swap_to_spot:
+            swap_ranked = []
     risk = rebalance_risk(p, target, view.level)
     request_periodic_checkpoint(p)
-    sizing = size_fleet(p, target, risk, bool(spot_ranked), view.level)
+    sizing = size_fleet(p, target, risk, bool(swap_ranked), view.level)
 
     headroom = budget_policy.headroom(obs.spent_usd, p.billed, p.kept, cfg)  # steps 5 and 6
     spot_short = False
@@ -89,7 +94,7 @@ def plan(obs: Observation, cfg: FleetdConfig, now: float) -> Plan:
             p.notes.append("no spot pool outside the at-risk pools to pre-buy in")
     if sizing.buy_spot_for_on_demand:
         headroom, _ = buy(
-            p, sizing.buy_spot_for_on_demand, LaunchPurpose.RETURN_TO_SPOT, spot_ranked, [], headroom, view.level
+            p, sizing.buy_spot_for_on_demand, LaunchPurpose.RETURN_TO_SPOT, swap_ranked, [], headroom, view.level
         )
     plan_ = assemble_plan(p, view, target=target, spot_short=spot_short)
     return replace(plan_, replan_in_s=settling) if settling is not None else plan_

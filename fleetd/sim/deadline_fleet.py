@@ -3,7 +3,9 @@
 The paper's policies are for one node; here each is extended to N nodes the plain way, with the
 mechanics every elastic job has (and fleetd too): a node bought now is paid for the changeover d
 (boot, restore) before it joins, the others keep training meanwhile, and a lost node leaves
-the job training at the smaller size. Work is measured in seconds at the full size N.
+the job training at the smaller size; a join into a training fleet and a loss from it stall the
+members for the same re-form time fleetd pays (``reform_s``). Work is measured in seconds at the
+full size N.
 
 - `FleetGreedy`: spot nodes whenever offered, idle slots otherwise; once the time left is at most
   the work left plus 2d (and the fleet is not full on spot), fill every slot with on-demand to
@@ -24,8 +26,10 @@ _EPS = 1e-3
 class _FleetDeadline:
     name = "deadline"
 
-    def __init__(self, changeover_s: float) -> None:
+    def __init__(self, changeover_s: float, reform_s: float = 0.0) -> None:
         self.d = changeover_s
+        self.reform_s = reform_s
+        self._joined: set[str] = set()
         self.safety_net = False
         self._wake: Timer | None = None
 
@@ -62,13 +66,24 @@ class _FleetDeadline:
     def _join(self, world: World, nodes: list[SimNode]) -> None:
         alive = [n for n in nodes if world.held.get(n.id) is n]
         if alive and not world.done:
-            world.set_members(world.members() + alive)
+            before = world.members()
+            world.set_members(before + alive)
+            self._joined.update(n.id for n in alive)
+            if before:
+                world.stall(self.reform_s, "re-form", after_current=True)
 
     def release(self, world: World, nodes: list[SimNode]) -> None:
         for node in nodes:
             world.release(node)
         if nodes:
             world.log(f"release {len(nodes)} {nodes[0].market}")
+            self._left(world, nodes)
+
+    def _left(self, world: World, nodes: list[SimNode]) -> None:
+        """Members left: the survivors re-form (one round for nodes that leave together)."""
+        if any(n.id in self._joined for n in nodes) and world.members():
+            world.stall(self.reform_s, "re-form", after_current=True)
+        self._joined.difference_update(n.id for n in nodes)
 
     def slots(self, world: World) -> int:
         return world.job.max_nodes - len(world.held)
@@ -105,6 +120,7 @@ class _FleetDeadline:
         pass
 
     def on_lost(self, world: World, node: SimNode, noticed: bool) -> None:
+        self._left(world, [node])
         self.decide(world)
 
 

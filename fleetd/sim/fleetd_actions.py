@@ -125,7 +125,12 @@ class ActionsMixin:
         # it reports that it left, AWS reclaims it, or the planner's drain timeout ends it.
         self.phase[node_id] = NodePhase.DRAINING
         self.drain_started[node_id] = world.now
-        if self._joining is not None:
+        if self.progress_survives_loss and node.notice_deadline is not None and node.notice_deadline > world.now:
+            # Can't Be Late's model, which the baselines get too: a checkpoint is free and
+            # progress survives a loss, so the noticed node trains on until the reclaim and
+            # leaves then (its replacement is bought now, on the notice).
+            world.queue.at(node.notice_deadline - 1e-3, lambda: self._membership_round(world, [], [node]))
+        elif self._joining is not None:
             self._leaving.append(node)
         else:
             self._membership_round(world, [], [node])
@@ -143,7 +148,10 @@ class ActionsMixin:
             self._checkpoint(world)
         gone = {n.id for n in leaving}
         world.set_members([n for n in before if n.id not in gone] + joining)
-        world.stall(self.reform_s, "re-form", after_current=True)
+        if before or self.startup_s <= 0:
+            # (Nobody training and a start-up time given: forming the first round is part of
+            # the newcomers' start-up, the changeover d every policy pays.)
+            world.stall(self.reform_s, "re-form", after_current=True)
         if self.leaving_signal:
             delay = self._left_delay_s(world, len(before))
             for node in leaving:

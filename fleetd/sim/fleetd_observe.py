@@ -39,7 +39,7 @@ class ObserveMixin:
             notice_deadline=n.notice_deadline,
             gpu_util_pct=95.0 if training else None,
             steps_per_s=per_node_rate if training else None,
-            step=step if training else None,
+            step=step if n.member else None,  # a draining member trains until it leaves
             running_since=self.running_since.get(n.id),
             left_at=self.left_at.get(n.id),
         )

@@ -69,6 +69,7 @@ class FleetdPolicy(ObserveMixin, ActionsMixin):
         tick_s: float | None = None,
         startup_s: float = 0.0,
         leaving_signal: bool = True,
+        progress_survives_loss: bool = False,
         upload_gb_per_s: float = d.UPLOAD_GB_PER_S.value,
         od_pool: PoolId | None = None,
         planner: Planner = plan,
@@ -85,6 +86,9 @@ class FleetdPolicy(ObserveMixin, ActionsMixin):
         # registry's left_at); the planner terminates it at once. False: an agent that never
         # reports it (billed until AWS reclaims the node or the drain times out).
         self.leaving_signal = leaving_signal
+        # Deadline jobs in Can't Be Late's model (every policy alike): a checkpoint is free and
+        # progress survives a loss, so a noticed node trains until it is reclaimed.
+        self.progress_survives_loss = progress_survives_loss
         self.upload_gb_per_s = upload_gb_per_s
         self._wake_at: float | None = None
         self.left_at: dict[str, float] = {}

@@ -114,11 +114,13 @@ class Scenario:
         if name == "torchrun-default":
             return TorchrunElastic(self.torchrun_reform_s, self.baseline_interval_s(removals_only=False))
         if name == "greedy":
-            return Greedy(self.changeover_s) if job.max_nodes == 1 else FleetGreedy(self.changeover_s)
+            if job.max_nodes == 1:
+                return Greedy(self.changeover_s)
+            return FleetGreedy(self.changeover_s, self.reform_s)
         if name == "uniform-progress":
             if job.max_nodes == 1:
                 return UniformProgress(self.changeover_s)
-            return FleetUniformProgress(self.changeover_s)
+            return FleetUniformProgress(self.changeover_s, self.reform_s)
         if name == "fleetd":
             pool = PoolId(self.instance_type, self.trace.pools()[0] if self.trace.pools() else "trace")
             if self.deadline_mode:
@@ -131,6 +133,8 @@ class Scenario:
                     leaving_signal=self.leaving_signal,
                     salvage_loss_s=self.salvage_loss_s,
                     tick_s=d.DEADLINE_PASS_INTERVAL_S.value,
+                    # Can't Be Late's model, as the baselines have it (options.py sets it up).
+                    progress_survives_loss=job.checkpoint_stall_s == 0 and job.no_notice_share == 0,
                 )
             return FleetdPolicy(
                 self.fleetd_config(),

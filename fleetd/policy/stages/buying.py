@@ -16,8 +16,6 @@ def _interrupting_pools(p: PlanPass) -> frozenset[PoolId]:
 
 
 def spot_pools(p: PlanPass) -> tuple[list[RankedPool], list[str]]:
-    if p.deadline is not None and not p.deadline.spot_allowed:
-        return [], [f"no new spot: {p.deadline.reason}"]
     return rank_pools(
         p.obs.offers,
         p.obs.stats_by_pool(),
@@ -73,10 +71,10 @@ def buy(
         p.notes.append('no on-demand (capacity.on_demand = "never"): waiting for spot')
     elif LEVEL_ORDER.index(level) >= LEVEL_ORDER.index(BudgetLevel.FORBID_ON_DEMAND):
         p.notes.append(f"on-demand fallback forbidden at budget level {level.value}: waiting for spot")
-    elif asked and not p.deadline.safety_net and (wave := _reclaim_wave_ends_in(p)) is not None:  # type: ignore[union-attr]
+    elif asked and (wave := _reclaim_wave_ends_in(p)) is not None and p.deadline.can_wait_s(wave):  # type: ignore[union-attr]
         p.notes.append(
             f"{p.deadline.reason}; but a spot pool's reclaim wave ends in {wave:.0f} s and the "  # type: ignore[union-attr]
-            "deadline has slack: waiting for spot rather than paying on-demand and a changeover"
+            "deadline has slack for that and a changeover: waiting for spot rather than paying on-demand"
         )
     elif not asked and cap.on_demand == "deadline":
         p.notes.append(

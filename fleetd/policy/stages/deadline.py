@@ -3,6 +3,8 @@ observed: progress, the measured throughput at the target size, the job's change
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from fleetd.policy import deadline as rule
 from fleetd.policy.model import Market, NodePhase
 from fleetd.policy.stages.pass_state import PlanPass
@@ -23,6 +25,10 @@ def deadline_call(p: PlanPass, target: int) -> rule.DeadlineCall | None:
     spot_training = sum(
         1 for n in p.kept if n.market is Market.SPOT and n.phase is NodePhase.RUNNING
     )
+    pending_s = 0.0
+    if not any(n.phase is NodePhase.RUNNING for n in p.kept):
+        boots = [n.launched_at + job.changeover_s - p.now for n in p.kept if n.phase is NodePhase.PENDING]
+        pending_s = max(0.0, min(boots, default=0.0))
     inputs = rule.DeadlineInputs(
         deadline_at=deadline_at,
         started_at=min(started, p.now),
@@ -31,7 +37,14 @@ def deadline_call(p: PlanPass, target: int) -> rule.DeadlineCall | None:
         steps_per_s=rule.steps_per_s_at(obs.throughput_by_nodes, max(1, target)),
         changeover_s=job.changeover_s,
         full_on_spot=target > 0 and spot_training >= target,
+        nodes=max(1, target),
+        pending_s=pending_s,
     )
     call = rule.decide(inputs, p.now)
+    if call.swap_to_spot and any(
+        n.market is Market.ON_DEMAND and n.phase is not NodePhase.RUNNING for n in p.kept
+    ):
+        # Make-before-break needs the on-demand nodes training while the spot node boots.
+        call = replace(call, swap_to_spot=False)
     p.notes.append(call.reason)
     return call

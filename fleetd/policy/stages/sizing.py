@@ -34,12 +34,16 @@ def size_fleet(
     extras = max(0, len(p.kept) - target - risk.covered)
     on_demand = [n for n in p.kept if n.market is Market.ON_DEMAND]
     # A deadline keeps its on-demand nodes until the job is well ahead (deadline.py hysteresis).
-    deadline_holds = p.deadline is not None and not p.deadline.on_demand_not_needed
+    deadline_holds = p.deadline is not None and not (
+        p.deadline.on_demand_not_needed or p.deadline.swap_to_spot
+    )
     back_to_spot = (
         bool(on_demand) and spot_available and level is not BudgetLevel.SHRINK and not deadline_holds
     )
-    if on_demand and not spot_available:
+    if on_demand:
         _release_on_demand(p, on_demand)
+        on_demand = [n for n in p.kept if n.market is Market.ON_DEMAND]
+        back_to_spot = back_to_spot and bool(on_demand)
     replacements = min(len(on_demand), extras) if back_to_spot else 0
     counted = len(p.kept) - risk.covered - replacements
     if counted > target:
@@ -57,8 +61,9 @@ def size_fleet(
 
 
 def _release_on_demand(p: PlanPass, on_demand: list[Node]) -> None:
-    """Well ahead of the deadline's line and no spot to move to: on-demand nodes are not needed
-    (Uniform Progress idles here), unless the config holds the fleet size with them."""
+    """Well ahead of the deadline's line: on-demand nodes are not needed, unless the config holds
+    the fleet size with them. They go now, break-before-make as in Uniform Progress: with 2d of
+    lead, paying them while spot replacements boot would buy time the deadline does not need."""
     call = p.deadline
     if call is None or not call.on_demand_not_needed or p.cfg.capacity.on_demand == "hold_size":
         return
