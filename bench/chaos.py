@@ -281,6 +281,20 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+async def _until_signalled(work) -> dict:
+    """SIGTERM/SIGINT cancel the run, so its stack is still stopped (no stray process)."""
+    import signal
+
+    task = asyncio.ensure_future(work)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        return {"error": "stopped by a signal before the end"}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     from fleetd.protocol.logs import configure_logging
@@ -288,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging("warning", stream=sys.stderr)  # stdout: the table, then the JSON line
     os.environ[MARKER] = uuid.uuid4().hex  # inherited by everything the bench starts
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fleetd-chaos-"))
-    summary = asyncio.run(Chaos(args, workdir).run())
+    summary = asyncio.run(_until_signalled(Chaos(args, workdir).run()))
     if "error" not in summary:
         print(table(summary))
     line = json.dumps(summary)
