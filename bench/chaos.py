@@ -2,7 +2,8 @@
 
 The stack is `fleetd demo`'s (bench/chaos_stack.py): moto (EC2 and S3) behind the fault proxy,
 mosquitto, `fleetd rendezvous`, `fleetd run`, and local nodes (fake IMDS + real fleet-agent + real
-torchrun on CPU/gloo). Once training runs, ``--faults N`` times (default 50) after a random pause,
+torchrun on CPU/gloo). Once training runs, ``--faults N`` times (default 50) after a random pause
+and once training is steady again (so what follows a fault is that fault's doing),
 one fault of a kind drawn in a seeded shuffle (every kind about equally often):
 
     fleetd-run, rendezvous, mosquitto   SIGKILL (2 in 3) or SIGTERM, started again 1-5 s later
@@ -18,7 +19,8 @@ After each fault (bench/chaos_checks.py):
   injection to that stretch's start (0: training never paused). For ec2-throttle recovery is from
   the release to fleetd's next DescribeInstances; for s3-drop, to the next checkpoint ``latest``
   names. Not within the bound: ``never_resumed``;
-- steps lost (steps redone after a re-formed world resumed from an older step) within the bound;
+- steps lost (the highest step done before the fault minus the step the world that next went past
+  it resumed from: work done again) within the bound;
 - orphans: live fleet instances in EC2 that fleetd's state DB has no open record of (still so
   10 s later);
 - every step ``latest`` names restores and verifies (manifest and every file's SHA-256);
@@ -54,6 +56,7 @@ from bench.chaos_checks import (  # noqa: E402
     checkpoint_check,
     orphan_candidates,
     spend,
+    steady_now,
     steps_lost,
     strays,
     training_again_at,
@@ -95,6 +98,16 @@ class Chaos:
             if t is not None:
                 return t
         return None
+
+    async def until_steady_now(self, limit_s: float) -> bool:
+        deadline = time.time() + limit_s
+        while True:
+            self.tail.poll()
+            if steady_now(self.tail.steps(), time.time(), self.args.window, self.args.gap):
+                return True
+            if time.time() > deadline:
+                return False
+            await asyncio.sleep(1.0)
 
     async def sample_duplicates(self) -> None:
         while True:
@@ -165,10 +178,14 @@ class Chaos:
             sampler = asyncio.create_task(self.sample_duplicates())
             for i, kind in enumerate(schedule(self.args.faults, self.args.kinds, self.rng)):
                 await asyncio.sleep(self.rng.uniform(*self.args.pause))
+                # Each fault starts from steady training, so what follows it is its own doing.
+                unsteady = not await self.until_steady_now(180.0)
                 inj = await self.inject(kind)
                 if inj is None:
                     self.results.append({"kind": kind, "skipped": True})
                     continue
+                if unsteady:
+                    inj.notes.append("training was not steady before this fault (180 s wait)")
                 res = await self.observe(inj)
                 self.results.append(res)
                 self.log(f"fault {i + 1}/{self.args.faults} {kind} ({inj.how}, {inj.target}): "
@@ -281,6 +298,20 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+async def _until_signalled(work) -> dict:
+    """SIGTERM/SIGINT cancel the run, so its stack is still stopped (no stray process)."""
+    import signal
+
+    task = asyncio.ensure_future(work)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        return {"error": "stopped by a signal before the end"}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     from fleetd.protocol.logs import configure_logging
@@ -288,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging("warning", stream=sys.stderr)  # stdout: the table, then the JSON line
     os.environ[MARKER] = uuid.uuid4().hex  # inherited by everything the bench starts
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="fleetd-chaos-"))
-    summary = asyncio.run(Chaos(args, workdir).run())
+    summary = asyncio.run(_until_signalled(Chaos(args, workdir).run()))
     if "error" not in summary:
         print(table(summary))
     line = json.dumps(summary)

@@ -74,13 +74,27 @@ def training_again_at(steps: list[tuple[float, int]], after: float, now: float, 
     return None
 
 
-def steps_lost(records: list[dict], since: float, until: float) -> int:
-    """Steps redone because a re-formed world resumed from an older step, for restarts in the
-    window (the same rule as fleetd.demo.progress)."""
-    from fleetd.demo.progress import Progress
+def steady_now(steps: list[tuple[float, int]], now: float, window_s: float, gap_s: float) -> bool:
+    """Training has stepped without a gap over ``gap_s`` for the last ``window_s`` seconds."""
+    times = [t for t, _ in steps if t >= now - window_s - gap_s]
+    if not times or now - times[-1] > gap_s or times[0] > now - window_s:
+        return False
+    return all(b - a <= gap_s for a, b in zip(times, times[1:]))
 
-    return sum(r.steps_lost for r in Progress(tuple(sorted(records, key=lambda r: r["t"]))).restarts()
-               if since <= r.at <= until)
+
+def steps_lost(records: list[dict], since: float, until: float) -> int:
+    """Steps completed before the fault (at ``since``) that had to be done again: the highest step
+    completed before it, minus the step that the world which next went past it resumed from.
+    A world that re-formed from an older step and was then replaced by one resuming from a peer's
+    newer state (the survivors' salvage) redid nothing, so it costs nothing here."""
+    before = max((int(r["step"]) for r in records if r["ev"] == "step" and r["t"] < since), default=0)
+    window = sorted((r for r in records if since <= r["t"] <= until), key=lambda r: r["t"])
+    starts = [r for r in window if r["ev"] in ("start", "resumed") and "from_step" in r]
+    beyond = next((r for r in window if r["ev"] == "step" and int(r["step"]) > before), None)
+    if beyond is None:  # not past it yet: the best resumption point so far
+        return max(0, before - max(int(r["from_step"]) for r in starts)) if starts else 0
+    own = [r for r in starts if r.get("pid") == beyond.get("pid") and r["t"] <= beyond["t"]]
+    return max(0, before - int(own[-1]["from_step"])) if own else 0  # no restart: nothing redone
 
 
 def _db_rows(db: Path) -> dict[str, dict]:

@@ -91,8 +91,9 @@ class Stack:
         def agent_conf(iid: str, addr: str, imds_url: str) -> Path:
             return configs.agent_toml(self.workdir, ep, self.nodes + 1, iid, addr, imds_url, steps=10_000_000)
 
+        # terminate: a node whose dead man's switch powered it off is terminated, as AWS does a spot node.
         self.launcher = Launcher(self.workdir, self.describe, agent_conf,
-                                 env={"FLEETD_EVENTS_FILE": str(self.events_file)})
+                                 env={"FLEETD_EVENTS_FILE": str(self.events_file)}, terminate=self.terminate_instance)
         self._launcher_task = asyncio.create_task(self.launcher.run(), name="launcher")
 
     async def _start(self, name: str, argv: list[str]) -> Child:
