@@ -38,6 +38,7 @@ from collections.abc import Callable
 
 from fleetd.config import FleetdConfig
 from fleetd.policy.model import NodePhase, Plan, PoolId
+from fleetd.policy import budget as budget_policy
 from fleetd.policy.checkpointing import cadence
 from fleetd.policy.observation import Observation, spot_shortage_over
 from fleetd.policy.placement import NOTICE_LEAD_S
@@ -261,4 +262,21 @@ class FleetdPolicy(ObserveMixin, ActionsMixin):
             if phase is NodePhase.PENDING and node_id in world.held:
                 out.append(world.held[node_id].acquired_at + cap.boot_timeout_s + eps)
         out.extend(self._deadline_wake)
+        cross = self._budget_cross_time(world, cfg)
+        if cross is not None:
+            out.append(cross + eps)
         return out
+
+    @staticmethod
+    def _budget_cross_time(world: World, cfg: FleetdConfig) -> float | None:
+        """When the spend committed at a pass (spent + every held node over the commit window,
+        fleetd/policy/budget.py) reaches budget.total_usd at today's burn. The daemon passes every
+        reconcile interval, well inside the window; the simulator's idle passes are sparser
+        (tick_s), so without this wake-up the stop came one idle pass late, past the cap."""
+        burn = sum(n.price_per_hour for n in world.held.values())
+        if burn <= 0:
+            return None
+        window_usd = burn * budget_policy.commit_window_s(cfg) / 3600.0
+        left = cfg.budget.total_usd - world.spent_usd() - window_usd
+        # Already past it: this pass saw it (and stopped); no wake-up loop while nodes leave.
+        return world.now + left * 3600.0 / burn if left > 0 else None
