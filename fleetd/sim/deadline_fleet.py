@@ -134,7 +134,8 @@ class FleetGreedy(_FleetDeadline):
             self.finish_on_demand(world)
             return
         self.buy(world, SPOT, self.slots(world))
-        self.wake_at(world, self.safety_at(world))
+        if self.safety_at(world) > world.now:  # (past it while full on spot: a loss wakes it)
+            self.wake_at(world, self.safety_at(world))
 
 
 class FleetUniformProgress(_FleetDeadline):
