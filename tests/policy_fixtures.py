@@ -362,6 +362,10 @@ def _check(result, obs: Observation, cfg: FleetdConfig, now: float, out: Outcome
         # not fit under a cap: verify that independently of the planner's own arithmetic.
         if result.spot_short:
             return
+        newest_notice = max((n.notice_at for n in obs.nodes if n.notice_at is not None), default=None)
+        if (result.replan_in_s is not None and newest_notice is not None
+                and now - newest_notice < cfg.capacity.notice_coalesce_s + 1e-9):
+            return  # a wave of notices still coming in: its replacements are bought together
         blocked = {s.pool for s in obs.pool_stats if (s.capacity_error_until or 0) > now}
         blocked |= {n.pool for n in obs.nodes if n.notice_at is not None}
         spot_prices = [

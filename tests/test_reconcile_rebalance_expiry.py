@@ -8,6 +8,7 @@ that extra node in EC2, leaving the once-risky node training.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -22,7 +23,11 @@ WINDOW_S = 300.0
 
 
 async def test_rebalance_with_no_notice_releases_the_extra_node_after_the_window(cloud: Cloud, tmp_path: Path) -> None:
-    clock = FakeClock(time.time())
+    # EC2 (moto) stamps LaunchTime with the real clock, in whole seconds, while this test's clock
+    # jumps by reconcile intervals. prebought_for matches the pre-buy by launch order, so the test
+    # puts the recommendation strictly between the first launches and the pre-buy in real time, as
+    # a real recommendation is (it comes minutes apart from either).
+    clock = FakeClock(time.time() - 600.0)
     base = cloud.config(tmp_path, nodes=2, boot_timeout_s=7200.0)  # nodes here run no agent
     cfg = base.model_copy(update={"rebalance": base.rebalance.model_copy(
         update={"recommendation_expiry_s": WINDOW_S})})
@@ -46,8 +51,11 @@ async def test_rebalance_with_no_notice_releases_the_extra_node_after_the_window
             risky_pool = pools_of([risky])[0]
 
             # AWS advises a rebalance for one node (as the EventBridge intake delivers it).
+            await asyncio.sleep(1.1)
+            clock.advance(time.time() - clock())
             registry.apply(RebalanceRecommended(risky_id, notice_time=clock(), source="eventbridge",
                                                 received_at=clock(), dedup_key="eventbridge:reb-1"))
+            await asyncio.sleep(1.1)
             reports = await passes(3)
             prebuys = [o for rep in reports for o in rep.outcomes
                        if isinstance(o.action, Launch) and o.action.purpose is LaunchPurpose.REBALANCE_PREBUY]
