@@ -24,8 +24,9 @@ from agent.checkpoint_store import CheckpointStore
 from agent.supervise.emergency import CheckpointStoreUploader, EmergencyFlow
 from agent.trainer import local_ckpt
 from agent.trainer.store_link import StoreLink
-from fleetd.protocol.settings import AwsConfig, CheckpointConfig
 from fleetd.rendezvous.localcluster import LocalCluster
+from tests.harness import cluster_e2e
+from tests.harness.cluster_e2e import last_step_before, resumed_after
 
 BUCKET = "elastic-e2e"
 INTERVAL = 20
@@ -33,9 +34,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 
 def store_for(aws_client_kwargs: dict, local_dir: Path, job: str):
-    cfg = CheckpointConfig(bucket=BUCKET, prefix="checkpoints", local_dir=local_dir)
-    aws = AwsConfig(region=aws_client_kwargs["region_name"], endpoint_url=aws_client_kwargs["endpoint_url"])
-    return CheckpointStore.connect(cfg, aws, job=job, client_config=aws_client_kwargs["config"])
+    return cluster_e2e.store_for(aws_client_kwargs, local_dir, job, bucket=BUCKET)
+
+
+async def wait_training(cluster: LocalCluster, world: int, since: float, nodes: set[str],
+                        timeout: float = 120) -> float:
+    return await cluster_e2e.wait_training(cluster, world, since, nodes, timeout)
 
 
 async def ship_periodic_checkpoints(cluster: LocalCluster, store: CheckpointStore) -> None:
@@ -54,22 +58,6 @@ async def ship_periodic_checkpoints(cluster: LocalCluster, store: CheckpointStor
                 await store.upload_step(step, files, writer=addr, root=d)
                 shipped.add((addr, step))
         await asyncio.sleep(0.2)
-
-
-async def wait_training(cluster: LocalCluster, world: int, since: float, nodes: set[str], timeout: float = 120) -> float:
-    try:
-        return await asyncio.to_thread(cluster.events.wait_training, world, since, timeout, nodes)
-    except TimeoutError:
-        print(cluster.logs())
-        raise
-
-
-def resumed_after(cluster: LocalCluster, world: int, since: float) -> set[int]:
-    return {e["from_step"] for e in cluster.events.of("resumed", world=world) if e["t"] >= since}
-
-
-def last_step_before(cluster: LocalCluster, world: int, until: float) -> int:
-    return max(e["step"] for e in cluster.events.of("step", world=world) if e["t"] < until)
 
 
 async def test_notice_controller_restart_scale_up_and_rank0_loss(tmp_path, aws_client_kwargs):

@@ -19,14 +19,24 @@ from pathlib import Path
 
 import pytest
 
-from agent.checkpoint_store import CheckpointStore
 from agent.supervise.emergency import CheckpointStoreUploader, EmergencyFlow
 from agent.trainer.store_link import StoreLink
-from fleetd.protocol.settings import AwsConfig, CheckpointConfig
 from fleetd.rendezvous.localcluster import LocalCluster
+from tests.harness import cluster_e2e
+from tests.harness.cluster_e2e import last_step_before, resumed_after
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
 BUCKET = "framework-e2e"
+
+
+def store_for(aws_client_kwargs: dict, local_dir: Path, job: str):
+    return cluster_e2e.store_for(aws_client_kwargs, local_dir, job, bucket=BUCKET)
+
+
+async def wait_training(cluster: LocalCluster, world: int, since: float, nodes: set[str],
+                        timeout: float = 180) -> float:
+    return await cluster_e2e.wait_training(cluster, world, since, nodes, timeout)
+
 
 JOBS = {  # entrypoint, args, what the warm pool imports once
     "hf": ("agent.examples.train_hf", ("--steps", "1000000", "--step-sleep", "0.05"), ("transformers",)),
@@ -34,28 +44,6 @@ JOBS = {  # entrypoint, args, what the warm pool imports once
     # at the first re-rendezvous (a fork-unsafe import); its workers import it cold instead.
     "lightning": ("agent.examples.train_lightning", ("--steps", "1000000", "--step-sleep", "0.05"), ()),
 }
-
-
-def store_for(aws_client_kwargs: dict, local_dir: Path, job: str):
-    cfg = CheckpointConfig(bucket=BUCKET, prefix="checkpoints", local_dir=local_dir)
-    aws = AwsConfig(region=aws_client_kwargs["region_name"], endpoint_url=aws_client_kwargs["endpoint_url"])
-    return CheckpointStore.connect(cfg, aws, job=job, client_config=aws_client_kwargs["config"])
-
-
-async def wait_training(cluster: LocalCluster, world: int, since: float, nodes: set[str], timeout: float = 180) -> float:
-    try:
-        return await asyncio.to_thread(cluster.events.wait_training, world, since, timeout, nodes)
-    except TimeoutError:
-        print(cluster.logs())
-        raise
-
-
-def resumed_after(cluster: LocalCluster, world: int, since: float) -> set[int]:
-    return {e["from_step"] for e in cluster.events.of("resumed", world=world) if e["t"] >= since}
-
-
-def last_step_before(cluster: LocalCluster, world: int, until: float) -> int:
-    return max(e["step"] for e in cluster.events.of("step", world=world) if e["t"] < until)
 
 
 @pytest.mark.parametrize("job", sorted(JOBS))

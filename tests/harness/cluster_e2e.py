@@ -1,0 +1,34 @@
+"""Helpers shared by the end-to-end tests that run a LocalCluster of real torchruns (plain loop,
+Hugging Face and Lightning jobs): the S3 checkpoint store they ship to, and reading the trainers'
+events file."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from agent.checkpoint_store import CheckpointStore
+from fleetd.protocol.settings import AwsConfig, CheckpointConfig
+from fleetd.rendezvous.localcluster import LocalCluster
+
+
+def store_for(aws_client_kwargs: dict, local_dir: Path, job: str, *, bucket: str):
+    cfg = CheckpointConfig(bucket=bucket, prefix="checkpoints", local_dir=local_dir)
+    aws = AwsConfig(region=aws_client_kwargs["region_name"], endpoint_url=aws_client_kwargs["endpoint_url"])
+    return CheckpointStore.connect(cfg, aws, job=job, client_config=aws_client_kwargs["config"])
+
+
+async def wait_training(cluster: LocalCluster, world: int, since: float, nodes: set[str], timeout: float = 120) -> float:
+    try:
+        return await asyncio.to_thread(cluster.events.wait_training, world, since, timeout, nodes)
+    except TimeoutError:
+        print(cluster.logs())
+        raise
+
+
+def resumed_after(cluster: LocalCluster, world: int, since: float) -> set[int]:
+    return {e["from_step"] for e in cluster.events.of("resumed", world=world) if e["t"] >= since}
+
+
+def last_step_before(cluster: LocalCluster, world: int, until: float) -> int:
+    return max(e["step"] for e in cluster.events.of("step", world=world) if e["t"] < until)
