@@ -77,6 +77,41 @@ def test_an_update_that_raised_leaves_the_state_unknown():
         assert step is None
 
 
+def test_a_closure_step_opens_the_update_window_only_when_the_framework_says_so():
+    """Lightning runs forward and backward inside optimizer.step(closure): a survivor hung in the
+    closure's all-reduce (a peer vanished) has not touched its parameters, so its step is known."""
+    import threading
+
+    m, opt = _model()
+    guard = UpdateGuard(opt, step=7)
+    guard.update_starts_explicitly()
+    seen: list = []
+
+    def closure():
+        opt.zero_grad()
+        loss = m(torch.randn(2, 4)).sum()
+        loss.backward()
+        # Inside the closure, from another thread (the SIGTERM watcher): step 7 is known.
+        t = threading.Thread(target=lambda: seen.append(_step_seen(guard)))
+        t.start()
+        t.join()
+        guard.about_to_update()  # Lightning's on_before_optimizer_step, after the closure
+        t2 = threading.Thread(target=lambda: seen.append(_step_seen(guard)))
+        t2.start()
+        t2.join()
+        return loss
+
+    opt.step(closure)
+    assert seen == [7, None]  # in the closure: step 7; once the update window opens: unknown
+    with guard.consistent(0.1) as (step, _):
+        assert step == 8  # the post-hook closed it
+
+
+def _step_seen(guard: UpdateGuard) -> int | None:
+    with guard.consistent(0.1) as (step, _):
+        return step
+
+
 def test_salvage_saves_the_completed_step_without_collectives_and_only_once(tmp_path):
     m, opt = _model()
     ckpt = ElasticCheckpointer(m, opt, ctx=TrainerContext(ckpt_dir=tmp_path, events_file=tmp_path / "ev"))

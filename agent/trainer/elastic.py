@@ -82,6 +82,11 @@ class ElasticCheckpointer(ResumeSteps):
 
                 self._link.mark_member(self.ctx.node_addr, Member(world_size=self.ctx.world_size))
 
+    @property
+    def update_guard(self) -> UpdateGuard | None:
+        """Which step the parameters hold (None: the optimizer has no step hooks)."""
+        return self._guard
+
     def _already_handled(self, lookback: int = 16) -> int:
         """The newest request number this worker need not answer.
 

@@ -52,10 +52,27 @@ class UpdateGuard:
         self._updates = 0
         self._torn = False
         self._ready: Any = None  # CUDA event recorded after the last update (GPU state only)
+        self._explicit = False  # the update window opens at about_to_update(), not the pre-hook
         optimizer.register_step_pre_hook(self._before_update)
         optimizer.register_step_post_hook(self._after_update)
 
+    def update_starts_explicitly(self) -> None:
+        """For loops that step the optimizer with a closure (Lightning's automatic optimization
+        runs forward and backward inside ``optimizer.step(closure)``): the parameters change only
+        after the closure, so the update window opens at ``about_to_update()`` (the framework's
+        before-optimizer-step hook), not at the step's pre-hook. A survivor hung in the closure's
+        backward (a peer vanished mid all-reduce) then still holds a known, completed step."""
+        self._explicit = True
+
+    def about_to_update(self) -> None:
+        if self._explicit:
+            self._open_update()
+
     def _before_update(self, *_: Any) -> None:
+        if not self._explicit:
+            self._open_update()
+
+    def _open_update(self) -> None:
         self._lock.acquire()
         self._torn = True
 

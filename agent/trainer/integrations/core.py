@@ -64,6 +64,18 @@ class FrameworkSession:
         self.ckpt.emit("start", from_step=self.step, restart_count=ctx.restart_count)
         return self.step
 
+    def updates_start_after_the_closure(self) -> None:
+        """The framework runs forward and backward inside ``optimizer.step(closure)``; it will call
+        ``about_to_update()`` right before the parameters change (salvage.UpdateGuard)."""
+        guard = self.ckpt.update_guard if self.ckpt is not None else None
+        if guard is not None:
+            guard.update_starts_explicitly()
+
+    def about_to_update(self) -> None:
+        guard = self.ckpt.update_guard if self.ckpt is not None else None
+        if guard is not None:
+            guard.about_to_update()
+
     def step_done(self, step: int, **fields: Any) -> None:
         """Call on every rank after each optimizer step (``step`` counts completed steps)."""
         if self.ckpt is None or step <= self.step:

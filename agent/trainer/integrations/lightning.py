@@ -38,10 +38,16 @@ class FleetdCallback(Callback):
             raise ValueError(f"fleetd's Lightning callback supports one optimizer, not {len(trainer.optimizers)}")
         stateful = {f"lr_scheduler_{i}": c.scheduler for i, c in enumerate(trainer.lr_scheduler_configs)}
         step = self.session.begin(pl_module, trainer.optimizers[0], stateful, take_over_sigterm=True)
+        if pl_module.automatic_optimization:
+            self.session.updates_start_after_the_closure()
         if step:
             _set_global_step(trainer, step)
             if trainer.max_steps and 0 < trainer.max_steps <= step:
                 trainer.should_stop = True
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        # After the closure's forward and backward, right before the parameters change.
+        self.session.about_to_update()
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         self.session.step_done(trainer.global_step)
