@@ -158,10 +158,11 @@ async def test_grows_while_the_gain_is_worth_its_price_and_drains_the_node_that_
 
 
 async def test_no_growth_the_budget_forecast_does_not_allow(cloud: Cloud, mosquitto: Mosquitto, tmp_path: Path) -> None:
-    # One node of the cheapest pool burns about $0.2/h: over the 1 h forecast horizon a second node
-    # would take the forecast past warn_at of a $0.45 budget, so the fleet stays at one node
-    # however worthwhile the (explored) second node would be.
-    cfg = config(cloud, tmp_path, mosquitto, total_usd=0.45)
+    # One node of the best pool (g5.xlarge@us-east-1b by cost per useful GPU-hour) burns about
+    # $0.40/h: over the 1 h forecast horizon a second node would take the forecast past warn_at of
+    # a $0.81 budget, so the fleet stays at one node however worthwhile the (explored) second
+    # node would be.
+    cfg = config(cloud, tmp_path, mosquitto, total_usd=0.81)
     job = Job()
 
     def held_for_budget(events: list, ctx: DaemonContext) -> bool:

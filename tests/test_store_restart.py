@@ -11,7 +11,6 @@ store_restart.py measures how fast.
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import time
 
@@ -100,10 +99,6 @@ async def test_store_killed_and_restarted_agents_restart_torchrun_and_resume(tmp
             salvaged = [e for e in cluster.events.of("salvaged") if e["t"] >= t_kill]
             assert salvaged, "no survivor saved its completed step when the store died"
 
-            # the steering process noticed the new store and kept the old members for the new round
-            steering = (cluster.workdir / "steering.log").read_text().splitlines()
-            restarted = [json.loads(x) for x in steering if '"rendezvous_store_restarted"' in x]
-            assert restarted and set(restarted[-1]["members"]) == {a, b}, steering[-20:]
             before = cluster.events.last_step()
             await asyncio.sleep(3.0)
             assert cluster.events.last_step() > before, "training stopped again"
