@@ -7,13 +7,12 @@ Versioned pydantic models like every other cross-process payload; written atomic
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from fleetd.atomic_file import write_atomically
 from fleetd.policy.stall import Episode, StallTracker
 from fleetd.protocol.errors import ProtocolError
 
@@ -92,18 +91,7 @@ def stalls_path(state_dir: Path) -> Path:
 
 def write_stalls(state_dir: Path, record: StallView) -> None:
     """Atomically replace ``stalls.json``. Blocking: call it through asyncio.to_thread."""
-    path = stalls_path(state_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".stalls-", suffix=".json", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(record.model_dump_json().encode())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomically(stalls_path(state_dir), record.model_dump_json().encode())
 
 
 def read_stalls(state_dir: Path) -> StallView | None:
