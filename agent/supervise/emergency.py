@@ -121,7 +121,9 @@ class EmergencyFlow:
                 upload = asyncio.create_task(self._upload(step, deadline, until=t0 + budget * 0.8, mark=mark))
                 # Replicated state (DDP): every survivor holds all of step N already, so the node
                 # may leave while its copy uploads. Sharded state: the shard must be durable first.
-                if not self._replicated(step):
+                # And when the whole world is noticed there is no survivor: fleetd terminates a
+                # node as soon as it has left, so a copy still uploading then would die with it.
+                if not self._replicated(step) or not await self._store(self._a_survivor_holds, seq, step):
                     durable, detail = await upload
             await self._store(self.link.mark_drain_ready, self.node_addr,
                               keys.DrainReady(step=step, durable=durable, detail=detail))
@@ -145,6 +147,11 @@ class EmergencyFlow:
             detail = detail or upload_detail
         log.warning("emergency_done", step=step, durable=durable, timings=marks, detail=detail)
         return EmergencyOutcome(step, durable, True, marks, detail)
+
+    def _a_survivor_holds(self, seq: int, step: int) -> bool:
+        """Does a rank that saved ``step`` live on a node that is not itself noticed?"""
+        holders = {a.node_addr for a in self.link.acks(seq) if a.step == step} - {self.node_addr, ""}
+        return any(self.link.noticed(addr) is None for addr in holders)
 
     def _replicated(self, step: int) -> bool:
         return local_ckpt.is_complete(local_ckpt.step_dir(self.ckpt_dir, step), "state_dict")

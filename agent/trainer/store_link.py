@@ -130,6 +130,9 @@ class StoreLink:
     def mark_noticed(self, addr: str, value: keys.Noticed) -> None:
         self._op("set", keys.noticed_key(self.run_id, addr), value.to_bytes())
 
+    def noticed(self, addr: str) -> keys.Noticed | None:
+        return self._read(keys.Noticed, keys.noticed_key(self.run_id, addr))
+
     def mark_member(self, addr: str, value: keys.Member) -> None:
         self._op("set", keys.member_key(self.run_id, addr), value.to_bytes())
 

@@ -1,0 +1,105 @@
+"""With replicated state a noticed node may leave while its copy of step N uploads, because a
+survivor holds step N too. When every node that saved step N is noticed (a whole-fleet notice)
+there is no survivor, and fleetd terminates a node as soon as it has left: the node must keep its
+process alive until its copy is durable, or the notice's checkpoint dies with the fleet.
+
+The store link and torchrun are in-memory doubles: what is tested is the flow's decision, over the
+same key models the real store carries (the end-to-end wave runs in tests/test_demo.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from agent.supervise.emergency import EmergencyFlow
+from agent.supervise.torchrun import TorchrunExit
+from agent.trainer import local_ckpt
+from fleetd.protocol import rendezvous_keys as keys
+
+STEP = 881
+NODES = ("10.0.0.1", "10.0.0.2", "10.0.0.3")
+
+
+class MemoryLink:
+    """The part of agent.trainer.store_link.StoreLink the emergency flow uses."""
+
+    def __init__(self, noticed: set[str]) -> None:
+        self.noticed_addrs = set(noticed)
+        self.events: list[tuple[str, str]] = []
+
+    def member(self, addr: str) -> keys.Member:
+        return keys.Member(world_size=len(NODES))
+
+    def mark_noticed(self, addr: str, value: keys.Noticed) -> None:
+        self.noticed_addrs.add(addr)
+
+    def noticed(self, addr: str) -> keys.Noticed | None:
+        return keys.Noticed(reason="spot notice") if addr in self.noticed_addrs else None
+
+    def request_checkpoint(self, reason: str, *, hold: bool = False, leaving: tuple = (), by: str = "") -> int:
+        return 1
+
+    def acks(self, seq: int) -> list[keys.CheckpointAck]:
+        return [keys.CheckpointAck(seq=seq, step=STEP, rank=r, world_size=len(NODES), node_addr=a)
+                for r, a in enumerate(NODES)]
+
+    def mark_drain_ready(self, addr: str, value: keys.DrainReady) -> None:
+        self.events.append(("drain_ready", f"durable={value.durable}"))
+
+    def leave_requested(self, addr: str) -> keys.Leave | None:
+        return None
+
+    def mark_left(self, addr: str, value: keys.Left) -> None:
+        self.events.append(("left", ""))
+
+
+class StubTorchrun:
+    running = True
+
+    def kill(self) -> None:
+        self.running = False
+
+    async def wait(self) -> TorchrunExit:
+        return TorchrunExit(exit_code=-9, reason="stopped")
+
+
+class SlowUploader:
+    """An upload that takes a while; it records in the link's event list when it is durable."""
+
+    def __init__(self, link: MemoryLink) -> None:
+        self.link = link
+
+    async def upload(self, step: int, directory: Path, *, deadline: object) -> bool:
+        await asyncio.sleep(0.3)
+        self.link.events.append(("durable", str(step)))
+        return True
+
+
+def _flow(tmp_path: Path, link: MemoryLink) -> EmergencyFlow:
+    step_dir = local_ckpt.step_dir(tmp_path, STEP)
+    step_dir.mkdir(parents=True)
+    (step_dir / local_ckpt.PLAIN_FILE).write_bytes(b"weights")
+    (step_dir / local_ckpt.MARKER).write_text("{}")
+    flow = EmergencyFlow(link, NODES[0], StubTorchrun(), tmp_path, uploader=SlowUploader(link),  # type: ignore[arg-type]
+                         poll_s=0.01, leave_wait_s=0.05)
+    return flow
+
+
+@pytest.mark.asyncio
+async def test_with_a_survivor_the_node_leaves_while_its_copy_uploads(tmp_path: Path) -> None:
+    link = MemoryLink(noticed={NODES[1]})  # NODES[2] is not noticed: it holds step N and stays
+    outcome = await _flow(tmp_path, link).run(reason="spot notice")
+    order = [kind for kind, _ in link.events]
+    assert order.index("left") < order.index("durable"), link.events
+    assert outcome.step == STEP and outcome.durable
+
+
+@pytest.mark.asyncio
+async def test_when_every_holder_is_noticed_the_node_leaves_only_once_its_copy_is_durable(tmp_path: Path) -> None:
+    link = MemoryLink(noticed=set(NODES[1:]))  # the whole fleet is noticed
+    outcome = await _flow(tmp_path, link).run(reason="spot notice")
+    assert [kind for kind, _ in link.events] == ["durable", "drain_ready", "left"], link.events
+    assert link.events[1] == ("drain_ready", "durable=True")
+    assert outcome.step == STEP and outcome.durable
