@@ -7,6 +7,7 @@ import pytest
 from fleetd.policy.model import Drain, Launch, LaunchPurpose, NodePhase, RequestCheckpoint, Terminate
 from fleetd.policy.observation import Observation
 from fleetd.policy.planner import plan
+from fleetd.policy.rebalance import prebought_for
 from tests.policy_fixtures import A, B, C, NOW, config, node, offer
 
 CFG = config(
@@ -138,6 +139,22 @@ def test_advice_with_no_notice_expires_and_releases_the_node_it_prebought() -> N
     assert any(f"expired: no notice within recommendation_expiry_s={WINDOW:.0f}" in n
                and "releasing the extra node it caused (i-3)" in n for n in result.notes)
     assert result.of_type(Launch) == ()  # no new pre-buy for expired advice
+
+
+def test_the_release_follows_the_launch_purpose_not_the_launch_order() -> None:
+    """A scale-up bought in the same second as the pre-buy (EC2's LaunchTime has whole seconds)
+    and listed as newer: the recorded purpose says which node the expired advice caused."""
+    prebuy = node("i-3", C, launched_at=NOW - WINDOW + 60, launch_purpose=LaunchPurpose.REBALANCE_PREBUY)
+    scale_up = node("i-4", B, launched_at=NOW - WINDOW + 60, launch_purpose=LaunchPurpose.CAPACITY)
+    risky = at_risk_since(WINDOW + 1)
+    assert prebought_for((risky,), [risky, HEALTHY, prebuy, scale_up]) == {"i-3"}
+    # A node bought for capacity is never taken for a pre-buy, however new.
+    assert prebought_for((risky,), [risky, HEALTHY, scale_up]) == frozenset()
+    # Unknown purpose (bought before the state recorded launches): launch order decides, a known
+    # pre-buy still wins over it.
+    unknown = node("i-5", B, launched_at=NOW - WINDOW + 90)
+    assert prebought_for((risky,), [risky, HEALTHY, unknown]) == {"i-5"}
+    assert prebought_for((risky,), [risky, HEALTHY, unknown, prebuy]) == {"i-3"}
 
 
 def test_a_prebought_node_not_yet_training_is_released_at_once() -> None:

@@ -24,9 +24,9 @@ WINDOW_S = 300.0
 
 async def test_rebalance_with_no_notice_releases_the_extra_node_after_the_window(cloud: Cloud, tmp_path: Path) -> None:
     # EC2 (moto) stamps LaunchTime with the real clock, in whole seconds, while this test's clock
-    # jumps by reconcile intervals. prebought_for matches the pre-buy by launch order, so the test
-    # puts the recommendation strictly between the first launches and the pre-buy in real time, as
-    # a real recommendation is (it comes minutes apart from either).
+    # jumps by reconcile intervals. prebought_for takes only nodes launched after the advice (and
+    # then by the launch's recorded purpose), so the test puts the recommendation strictly between
+    # the first launches and the pre-buy in real time, as a real recommendation is.
     clock = FakeClock(time.time() - 600.0)
     base = cloud.config(tmp_path, nodes=2, boot_timeout_s=7200.0)  # nodes here run no agent
     cfg = base.model_copy(update={"rebalance": base.rebalance.model_copy(
@@ -64,6 +64,10 @@ async def test_rebalance_with_no_notice_releases_the_extra_node_after_the_window
             live = await cloud.instances()
             assert len(live) == 3
             extra = ({i["InstanceId"] for i in live} - {i["InstanceId"] for i in first}).pop()
+            # Each node carries why it was bought: the state's launch intent, joined by its tag.
+            seen = {n.instance_id: n.launch_purpose for n in reports[-1].observation.nodes}
+            assert seen[extra] is LaunchPurpose.REBALANCE_PREBUY, seen
+            assert {seen[i["InstanceId"]] for i in first} == {LaunchPurpose.CAPACITY}, seen
 
             # Inside the window: the extra node stays (it would replace the risky one at a notice).
             clock.advance(WINDOW_S - 60)

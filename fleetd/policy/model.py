@@ -87,6 +87,9 @@ class Node:
     # "leaving"): after a drain or notice, its checkpoint shard is durable (or replicated on
     # the survivors) and it is out of the rendezvous, so it only costs money from then on.
     left_at: float | None = None
+    # Why fleetd bought it (the launch intent's purpose, joined by the instance's launch-token
+    # tag); None for an instance bought before the state recorded it or adopted without a tag.
+    launch_purpose: LaunchPurpose | None = None
 
     @property
     def worst_case_price_per_hour(self) -> float:

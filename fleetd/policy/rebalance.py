@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fleetd.config import FleetdConfig
-from fleetd.policy.model import Drain, Market, Node, PoolId, RequestCheckpoint
+from fleetd.policy.model import Drain, LaunchPurpose, Market, Node, PoolId, RequestCheckpoint
 
 
 def notice_drains(kept: list[Node], now: float) -> list[Drain]:
@@ -79,7 +79,11 @@ def expired_recommendations(kept: list[Node], now: float, expiry_s: float) -> tu
 
 def prebought_for(expired: tuple[Node, ...], kept: list[Node]) -> frozenset[str]:
     """The node each expired recommendation pre-bought: the newest spot node launched after it
-    (one per recommendation; not a node that is itself at risk)."""
+    for a pre-buy (one per recommendation; not a node that is itself at risk). The launch's
+    recorded purpose decides; a node whose purpose is unknown (bought before the state recorded
+    it) is judged by launch order alone, and a node bought for another purpose (a scale-up, a
+    loss's replacement in the same second) is never taken for a pre-buy: EC2's LaunchTime has
+    whole seconds, so order alone confuses launches of one pass."""
     risky = {n.instance_id for n in kept if n.rebalance_at is not None}
     taken: set[str] = set()
     for node in sorted(expired, key=lambda n: (n.rebalance_at or 0.0, n.instance_id)):
@@ -88,9 +92,11 @@ def prebought_for(expired: tuple[Node, ...], kept: list[Node]) -> frozenset[str]
             n for n in kept
             if n.instance_id not in risky and n.instance_id not in taken
             and n.market is Market.SPOT and n.launched_at >= node.rebalance_at
+            and n.launch_purpose in (None, LaunchPurpose.REBALANCE_PREBUY)
         ]
         if later:
-            taken.add(max(later, key=lambda n: (n.launched_at, n.instance_id)).instance_id)
+            taken.add(max(later, key=lambda n: (n.launch_purpose is LaunchPurpose.REBALANCE_PREBUY,
+                                                n.launched_at, n.instance_id)).instance_id)
     return frozenset(taken)
 
 

@@ -53,6 +53,7 @@ class ObservationBuilder:
         self._ledger = ledger_feed
         self.pool_rows: tuple[PoolRow, ...] = ()  # the last pass's offers and exclusions
         self._exclusions = ExclusionLog()
+        self._purposes: dict[str, LaunchPurpose | None] = {}  # launch token -> why it was bought
 
     async def observe(self, now: float) -> tuple[Observation, list[Ec2Instance]]:
         instances = await self.ec2.list_instances()
@@ -68,6 +69,7 @@ class ObservationBuilder:
         for iid, reason in sync.ended:
             log.info("instance_ended", instance_id=iid, reason=reason)
         signals = self.signals.snapshot()
+        await self._learn_purposes(current)
         rows = {r.instance_id: r for r in await self.state.instances()}
         nodes = []
         notices = []
@@ -133,6 +135,19 @@ class ObservationBuilder:
                 await self.state.settle_launch(row.token, st.LAUNCHED, mine, now, f"found by tag (was {row.status})")
                 log.info("launch_adopted", token=row.token, instances=mine, was=row.status)
 
+    async def _learn_purposes(self, instances: Sequence[Ec2Instance]) -> None:
+        """Why each launch token was bought, read again only when an instance carries a token
+        not seen yet (a pass over 2,000 nodes reads the launches table once per new launch)."""
+        if any(i.launch_token and i.launch_token not in self._purposes for i in instances):
+            for row in await self.state.launches():
+                try:
+                    self._purposes[row.token] = LaunchPurpose(row.purpose)
+                except ValueError:  # a purpose written by a newer fleetd: unknown, not a crash
+                    log.warning("launch_purpose_unknown", token=row.token, purpose=row.purpose)
+            for inst in instances:  # a token the state never recorded: unknown, not asked again
+                if inst.launch_token:
+                    self._purposes.setdefault(inst.launch_token, None)
+
     def _node(self, inst: Ec2Instance, row: st.InstanceRow | None, price: PoolPrice | None) -> Node:
         """The planner's view of one instance from EC2 and the state DB (the intakes add theirs)."""
         return Node(
@@ -145,6 +160,7 @@ class ObservationBuilder:
             notice_at=row.notice_at if row else None,
             max_price_per_hour=row.max_price_per_hour if row else None,
             drain_started_at=row.drain_started_at if row else None,
+            launch_purpose=self._purposes.get(inst.launch_token or ""),
         )
 
     @staticmethod

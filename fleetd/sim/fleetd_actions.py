@@ -94,6 +94,7 @@ class ActionsMixin:
         world.log(f"launch {len(got)} {action.market.value}")
         for n in got:
             self.phase[n.id] = NodePhase.PENDING
+            self.node_purpose[n.id] = action.purpose
             if action.pools:
                 self.node_pool[n.id] = action.pools[0]
         if self.startup_s <= 0:
@@ -187,4 +188,5 @@ class ActionsMixin:
         self.left_at.pop(node_id, None)
         self.running_since.pop(node_id, None)
         self.node_pool.pop(node_id, None)
+        self.node_purpose.pop(node_id, None)
         return self.phase.pop(node_id, None)

@@ -42,6 +42,7 @@ class ObserveMixin:
             step=step if n.member else None,  # a draining member trains until it leaves
             running_since=self.running_since.get(n.id),
             left_at=self.left_at.get(n.id),
+            launch_purpose=self.node_purpose.get(n.id),
         )
 
     def _last_seen(self, world: World, n: SimNode, phase: NodePhase) -> float | None:

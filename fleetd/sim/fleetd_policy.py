@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fleetd.config import FleetdConfig
-from fleetd.policy.model import NodePhase, Plan, PoolId
+from fleetd.policy.model import LaunchPurpose, NodePhase, Plan, PoolId
 from fleetd.policy import budget as budget_policy
 from fleetd.policy.checkpointing import cadence
 from fleetd.policy.observation import Observation, spot_shortage_over
@@ -109,6 +109,7 @@ class FleetdPolicy(ObserveMixin, ActionsMixin):
         self.tick_s = tick_s or d.SIM_PASS_INTERVAL_S.value
         self.phase: dict[str, NodePhase] = {}
         self.node_pool: dict[str, PoolId] = {}  # the launch's first pool, as EC2 fills it first
+        self.node_purpose: dict[str, LaunchPurpose] = {}  # why each node was bought
         self.running_since: dict[str, float] = {}
         self.drain_started: dict[str, float] = {}
         self.target: int | None = None
