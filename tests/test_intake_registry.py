@@ -112,3 +112,31 @@ def test_status_leaving_counts_as_left_and_the_latest_report_wins() -> None:
     assert reg.observe(node()).left_at == 1009.0
     assert reg.observe(node(left_at=1020.0)).left_at == 1020.0  # the later of the two
     assert reg.observe(node(notice_at=1001.0)).has_left  # after its notice
+
+
+def test_one_slow_report_is_not_a_straggler_a_sustained_slowdown_is() -> None:
+    """Stragglers are judged on the reports' average: replacing a node costs every rank a re-form,
+    so a single slow sample (a GC pause, a data-loader hiccup) must not trigger it."""
+    from fleetd.policy.model import NodePhase
+    from fleetd.policy.scaling import stragglers
+
+    peers = [Node(f"i-{k}", PoolId("g5.xlarge", "us-east-1a"), Market.SPOT, 0.4, launched_at=0.0,
+                  phase=NodePhase.RUNNING, steps_per_s=1.0, steps_per_s_avg=1.0) for k in range(3)]
+    clock = [0.0]
+    reg = NodeRegistry(clock=lambda: clock[0])
+
+    def report(rate: float) -> Node:
+        clock[0] += 1.0
+        reg.apply(AgentTelemetry(IID, Telemetry(instance_id=IID, step=int(clock[0]), steps_per_s=rate),
+                                 received_at=clock[0]))
+        return reg.observe(node(phase=NodePhase.RUNNING))
+
+    for _ in range(10):
+        report(1.0)
+    hiccup = report(0.1)
+    assert hiccup.steps_per_s == 0.1 and hiccup.steps_per_s_avg is not None and hiccup.steps_per_s_avg > 0.8
+    assert stragglers([*peers, hiccup], 0.5, now=1000.0, settle_s=120.0) == []
+    for _ in range(15):
+        slow = report(0.2)
+    (found,) = stragglers([*peers, slow], 0.5, now=1000.0, settle_s=120.0)
+    assert found[0].instance_id == IID and "averaged over its reports" in found[1]

@@ -188,7 +188,7 @@ def test_a_straggler_is_drained_and_replaced() -> None:
     (drain,) = result.of_type(Drain)
     assert drain.instance_id == "i-1"
     assert drain.reason == (
-        "i-1 is straggling: 0.300 steps/s < straggler_ratio 50% of the median 1.000; replacing it"
+        "i-1 is straggling: 0.300 steps/s (averaged over its reports) < straggler_ratio 50% of the median 1.000; replacing it"
     )
     (launch,) = result.of_type(Launch)
     assert launch.count == 1

@@ -62,6 +62,7 @@ class NodeRecord:
     # Moving averages over the ~1 Hz reports: one sample must not decide a scale-down.
     gpu_util_avg: float | None = None
     cpu_avg: float | None = None
+    steps_avg: float | None = None  # nor one slow report a straggler's replacement
     notice_at: float | None = None  # first time any source reported the interruption
     notice_deadline: float | None = None
     notice_action: str | None = None
@@ -193,6 +194,7 @@ class NodeRegistry:
             else node.gpu_util_pct,
             cpu_pct=rec.cpu_avg if fresh and rec.cpu_avg is not None else node.cpu_pct,
             steps_per_s=tele.steps_per_s if fresh and tele.steps_per_s is not None else node.steps_per_s,
+            steps_per_s_avg=rec.steps_avg if fresh and rec.steps_avg is not None else node.steps_per_s_avg,
             step=tele.step if tele is not None and tele.step is not None else node.step,
         )
 
@@ -217,7 +219,8 @@ def _merge(rec: NodeRecord, event: IntakeEvent, at: float) -> NodeRecord:
         tel = event.telemetry
         return replace(rec, telemetry=tel, telemetry_at=at, last_seen_at=at,
                        gpu_util_avg=_smooth(rec.gpu_util_avg, tel.gpu_util_pct),
-                       cpu_avg=_smooth(rec.cpu_avg, tel.cpu_pct))
+                       cpu_avg=_smooth(rec.cpu_avg, tel.cpu_pct),
+                       steps_avg=_smooth(rec.steps_avg, tel.steps_per_s))
     if isinstance(event, AgentStatus):
         if event.status.state == "offline":
             return replace(rec, status=event.status, status_at=at, agent_offline_at=at, last_event=event)

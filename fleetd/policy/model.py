@@ -76,7 +76,8 @@ class Node:
     rebalance_at: float | None = None  # rebalance recommendation seen
     gpu_util_pct: float | None = None  # smoothed over the agent's reports (registry)
     cpu_pct: float | None = None  # host CPU, smoothed: with idle GPUs it says "input-bound"
-    steps_per_s: float | None = None
+    steps_per_s: float | None = None  # the latest report
+    steps_per_s_avg: float | None = None  # smoothed over the reports (registry): judges stragglers
     step: int | None = None
     # The most this node can cost per hour: its spot bid (AWS reclaims it above that), or its
     # on-demand price. The hard budget cap is committed at this price; None: price_per_hour.

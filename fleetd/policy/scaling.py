@@ -220,7 +220,8 @@ def stragglers(
     """
     if now is not None and any(now - x.launched_at < settle_s for x in training):
         return []
-    rates = [x.steps_per_s for x in training if x.steps_per_s is not None]
+    rate = {x.instance_id: _judged_rate(x) for x in training}
+    rates = [r for r in rate.values() if r is not None]
     if len(rates) < 2:
         return []
     median = statistics.median(rates)
@@ -230,15 +231,21 @@ def stragglers(
         x
         for x in training
         if x.phase is NodePhase.RUNNING
-        and x.steps_per_s is not None
-        and x.steps_per_s < ratio * median
+        and (r := rate[x.instance_id]) is not None
+        and r < ratio * median
     ]
-    slow.sort(key=lambda x: (x.steps_per_s, x.instance_id))
+    slow.sort(key=lambda x: (rate[x.instance_id], x.instance_id))
     return [
         (
             x,
-            f"{x.instance_id} is straggling: {x.steps_per_s:.3f} steps/s < straggler_ratio "
-            f"{ratio:.0%} of the median {median:.3f}; replacing it",
+            f"{x.instance_id} is straggling: {rate[x.instance_id]:.3f} steps/s (averaged over its reports) "
+            f"< straggler_ratio {ratio:.0%} of the median {median:.3f}; replacing it",
         )
         for x in slow
     ]
+
+
+def _judged_rate(x: Node) -> float | None:
+    """A node's rate as its reports average it: one slow report (a GC pause, a data-loader
+    hiccup) is not a straggler, and replacing a node costs a re-form for the whole fleet."""
+    return x.steps_per_s_avg if x.steps_per_s_avg is not None else x.steps_per_s
