@@ -31,6 +31,20 @@ def test_ahead_of_the_line_waits_for_spot_at_every_changeover(d_h) -> None:
     assert call.on_demand_not_needed == (3.0 >= 6 * (3.0 + 2 * d_h) / 9)
 
 
+@pytest.mark.parametrize(("od_nodes", "nodes", "released"), [(1, 1, False), (2, 4, True), (4, 4, False), (0, 4, False)])
+def test_a_fleet_keeps_on_demand_for_two_changeovers_of_the_nodes_that_change_over(od_nodes, nodes, released) -> None:
+    # Line: 6 h of work by 9 h; at 3.3 h it stands at 2.2 h and the job has done 2.4 h. d = 0.2 h:
+    # UP's margin 2d asks for ep(3.7 h) = 2.47 h (not yet); 2 of 4 nodes on on-demand: 2d x 2/4
+    # asks for ep(3.5 h) = 2.33 h (met). One node, all four or none on on-demand: the full 2d.
+    i, now = inputs(done_h=2.4, now_h=3.3, d_h=0.2)
+    i = DeadlineInputs(**{**{f: getattr(i, f) for f in i.__slots__}, "nodes": nodes, "on_demand_nodes": od_nodes})
+    call = decide(i, now)
+    assert not call.on_demand_now and call.spot_allowed
+    assert call.on_demand_not_needed is released
+    if nodes > 1 and od_nodes:
+        assert f"x {od_nodes}/{nodes} on-demand nodes" in call.reason
+
+
 @pytest.mark.parametrize("d_h", [0.05, 0.2, 0.3, 0.5])
 def test_behind_the_line_buys_on_demand_but_still_takes_spot(d_h) -> None:
     call = decide(*inputs(done_h=1.0, now_h=3.0, d_h=d_h))
