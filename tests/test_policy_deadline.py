@@ -157,9 +157,12 @@ def test_never_means_never_even_for_a_deadline() -> None:
     assert any('capacity.on_demand = "never"' in n for n in result.notes)
 
 
-@pytest.mark.parametrize(("nodes", "slack_h", "swap"), [(1, 0.55, False), (1, 0.7, True), (4, 0.3, True), (4, 0.2, False)])
-def test_inside_the_safety_net_a_make_before_break_swap_needs_slack_for_one_more_loss(nodes, slack_h, swap) -> None:
-    # d = 0.5 h: the safety net is below 1 h of slack; a swap needs d / nodes + d / 4 of it.
+@pytest.mark.parametrize(
+    ("nodes", "slack_h", "swap"), [(1, 0.55, False), (1, 0.7, True), (4, 0.7, True), (4, 0.55, False), (4, 0.3, False)]
+)
+def test_inside_the_safety_net_a_make_before_break_swap_needs_slack_for_losing_every_spot_node(nodes, slack_h, swap) -> None:
+    # d = 0.5 h: the safety net is below 1 h of slack; a swap needs d + d / 4 of it, for a fleet
+    # too (a reclaim wave can take every spot node at once: the fleet stops for d).
     i = DeadlineInputs(
         deadline_at=10 * H, started_at=0.0, total_steps=(10 - 4 - slack_h) * H, done_steps=0.0,
         steps_per_s=1.0, changeover_s=0.5 * H, full_on_spot=False, nodes=nodes,
@@ -182,11 +185,11 @@ def test_planner_swaps_on_demand_for_spot_inside_the_safety_net_only_when_the_sl
         )
         return plan(obs, cfg, NOW)
 
-    swapping = result(0.5)  # >= 0.5 / 4 + 0.125 h
+    swapping = result(0.7)  # >= 0.5 + 0.125 h (losing every spot node again, and a reserve)
     assert swapping.deadline.safety_net and swapping.deadline.swap_to_spot
     (launch,) = swapping.of_type(Launch)
     assert launch.market is Market.SPOT and launch.purpose is LaunchPurpose.RETURN_TO_SPOT
-    holding = result(0.1)
+    holding = result(0.5)  # one node's loss (0.5 / 4 h) would fit; a wave taking all four would not
     assert holding.deadline.safety_net and not holding.deadline.swap_to_spot
     assert holding.of_type(Launch) == ()
 
