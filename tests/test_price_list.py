@@ -179,8 +179,13 @@ async def test_a_type_the_api_does_not_list_falls_back_per_type(cloud: Cloud) ->
     assert source.sources == {"g5.xlarge": PRICE_LIST_SOURCE, "g4dn.xlarge": catalog.label}
 
 
-async def test_without_a_client_the_catalog_alone_prices_any_region() -> None:
+async def test_without_a_client_only_licensed_catalog_prices_count() -> None:
+    # us-east-1: the catalog's prices come from a licensed source (Karpenter's snapshot).
+    east = await OnDemandPrices("us-east-1", bundled_catalog()).prices([PoolId("p4d.24xlarge", "us-east-1a")], 0.0)
+    assert east[PoolId("p4d.24xlarge", "us-east-1a")].on_demand == pytest.approx(21.957642)
+    # eu-west-1: the catalog lists p4d at $23.72/h, but from a table with no license: unknown
+    # until the Price List API answers, so the pool goes unpriced (and is excluded with that reason).
     source = OnDemandPrices("eu-west-1", bundled_catalog())
     prices = await source.prices([PoolId("p4d.24xlarge", "eu-west-1a"), PoolId("g6e.xlarge", "eu-west-1a")], 0.0)
-    assert prices[PoolId("p4d.24xlarge", "eu-west-1a")].on_demand == pytest.approx(23.71569)
-    assert PoolId("g6e.xlarge", "eu-west-1a") not in prices  # no g6e in eu-west-1 per the catalog
+    assert bundled_catalog().listed_on_demand("p4d.24xlarge", "eu-west-1") == (pytest.approx(23.71569), False)
+    assert prices == {}  # (no g6e in eu-west-1 per the catalog at all)

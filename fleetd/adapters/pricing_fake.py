@@ -149,7 +149,7 @@ class SpotPriceFake:
             if pool in self.overrides:
                 return self.overrides[pool]
         region = pool.zone[:-1]
-        od = self.catalog.on_demand(pool.instance_type, region)
+        od, _ = self.catalog.listed_on_demand(pool.instance_type, region)  # the fake stands in for AWS
         if od is None:
             return None
         wobble = 0.9 + 0.2 * (int(hashlib.sha1(str(pool).encode()).hexdigest()[:4], 16) / 0xFFFF)
