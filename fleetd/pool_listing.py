@@ -32,6 +32,9 @@ class PoolListing:
     on_demand_source: str | None
     spot_usd_per_hour: float | None
     excluded: str | None = None
+    # False: the price is the catalog's static number with no licensed source behind it; the
+    # daemon treats it as unknown until the Price List API answers (fleetd/data/README.md).
+    on_demand_verified: bool = True
 
     @property
     def pool(self) -> str:
@@ -101,11 +104,18 @@ def list_pools(
     for itype in types_for(catalog, region, instance_types, gpu):
         spec = catalog.spec(itype)
         model = catalog.model_of(itype)
+        verified = True
         if itype in on_demand:
             od, od_source = on_demand[itype]
         else:
-            od = catalog.on_demand(itype, region)
-            od_source = catalog.label if od is not None else None
+            od, verified = catalog.listed_on_demand(itype, region)
+            od_source = None
+            if od is not None:
+                od_source = (
+                    f"{catalog.label}: {catalog.licensed_source(region)}" if verified else
+                    f"{catalog.label}: UNVERIFIED (from a table with no license); the daemon treats it as "
+                    "unknown until the Price List API answers"
+                )
         reason = None
         if spec is None:
             reason = ("not in the bundled GPU catalog: no hardware facts or on-demand price known offline"
@@ -130,5 +140,6 @@ def list_pools(
                 on_demand_source=od_source,
                 spot_usd_per_hour=spot.get(PoolId(itype, zone)) if zone else None,
                 excluded=reason,
+                on_demand_verified=verified if od is not None else False,
             ))
     return rows

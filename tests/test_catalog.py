@@ -10,8 +10,7 @@ import pytest
 from fleetd.adapters.catalog import CATALOG_PATH, CatalogError, bundled_catalog, parse_catalog
 from fleetd.adapters.pricing import FilePriceBook
 
-# Cross-checks: Karpenter's Price List snapshot for us-east-1 (2026-02-09) and prices on AWS's
-# on-demand pricing page that we know by heart.
+# us-east-1: Karpenter's generated Price List snapshot (Apache-2.0; the catalog's licensed source).
 KNOWN = {
     ("g4dn.xlarge", "us-east-1"): 0.526,
     ("g5.xlarge", "us-east-1"): 1.006,
@@ -22,6 +21,9 @@ KNOWN = {
     ("p4de.24xlarge", "us-east-1"): 27.44705,
     ("p5.48xlarge", "us-east-1"): 55.04,
     ("p5en.48xlarge", "us-east-1"): 63.296,
+}
+# Other regions: numbers from a table with no license (and AWS's pricing page, from memory).
+UNVERIFIED = {
     ("g4dn.xlarge", "eu-west-1"): 0.587,
     ("p3.2xlarge", "eu-west-1"): 3.305,
     ("g4dn.xlarge", "us-west-1"): 0.631,
@@ -38,6 +40,25 @@ def test_catalog_is_dated_sourced_and_loads() -> None:
 @pytest.mark.parametrize("key, usd", sorted(KNOWN.items()))
 def test_known_prices(key, usd) -> None:
     assert bundled_catalog().on_demand(*key) == pytest.approx(usd)
+    assert bundled_catalog().listed_on_demand(*key) == (pytest.approx(usd), True)
+
+
+@pytest.mark.parametrize("key, usd", sorted(UNVERIFIED.items()))
+def test_a_price_without_a_licensed_source_is_listed_but_unknown_to_the_daemon(key, usd) -> None:
+    c = bundled_catalog()
+    assert c.on_demand(*key) is None
+    assert c.listed_on_demand(*key) == (pytest.approx(usd), False)
+
+
+def test_price_provenance_names_a_source_and_license_for_every_licensed_price() -> None:
+    c = bundled_catalog()
+    licensed = {r for spec in c.types.values() for r in spec.licensed_regions}
+    assert licensed == {"us-east-1"}  # Karpenter's aws-partition snapshot covers us-east-1 only
+    for region in licensed:
+        assert "Apache-2.0" in (c.licensed_source(region) or "")
+    assert c.licensed_source("eu-west-1") is None
+    # g7e is newer than the snapshot: its us-east-1 price is unverified too.
+    assert c.on_demand("g7e.2xlarge", "us-east-1") is None and c.listed_on_demand("g7e.2xlarge", "us-east-1")[0]
 
 
 def test_every_nvidia_family_fleetd_trains_on_is_there() -> None:
@@ -78,6 +99,7 @@ def test_demo_book_agrees_with_the_catalog() -> None:
         (lambda d: d["instance_types"]["g5.xlarge"]["on_demand"].update({"us-west-2-lax-1": 1.0}), "commercial"),
         (lambda d: d["instance_types"]["g5.xlarge"]["on_demand"].update({"us-east-1": -1}), "positive"),
         (lambda d: d["instance_types"]["g5.xlarge"].update({"gpu_model": "Z9000"}), "unknown gpu_model"),
+        (lambda d: d["instance_types"]["g5.xlarge"].update({"on_demand_licensed": ["eu-north-9"]}), "without a price"),
         (lambda d: d.update({"schema_version": 99}), "schema_version"),
     ],
 )

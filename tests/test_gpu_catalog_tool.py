@@ -48,6 +48,9 @@ def test_build_from_aws_payloads() -> None:
     assert cat.generated_at == "2026-12-01" and doc["rejected_price_entries"] == 1
     assert set(cat.types) == {"g5.xlarge", "p4de.24xlarge", "g5g.xlarge"}
     assert dict(cat.types["g5.xlarge"].on_demand) == {"us-east-1": 1.006, "eu-west-1": 1.123}
+    # Every price is the Price List API's own answer: licensed by source, in every region it priced.
+    assert cat.on_demand("g5.xlarge", "eu-west-1") == 1.123
+    assert "Price List API" in (cat.licensed_source("eu-west-1") or "")
     assert cat.types["p4de.24xlarge"].gpu_model == "A100-80G" and cat.types["p4de.24xlarge"].gpus == 8
     assert cat.types["g5g.xlarge"].architecture == "arm64" and cat.types["g5g.xlarge"].gpu_model == "T4G"
     assert cat.models["A10G"].relative_throughput == 1.0  # carried over

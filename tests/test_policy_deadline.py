@@ -31,6 +31,20 @@ def test_ahead_of_the_line_waits_for_spot_at_every_changeover(d_h) -> None:
     assert call.on_demand_not_needed == (3.0 >= 6 * (3.0 + 2 * d_h) / 9)
 
 
+@pytest.mark.parametrize(("od_nodes", "nodes", "released"), [(1, 1, False), (2, 4, True), (4, 4, False), (0, 4, False)])
+def test_a_fleet_keeps_on_demand_for_two_changeovers_of_the_nodes_that_change_over(od_nodes, nodes, released) -> None:
+    # Line: 6 h of work by 9 h; at 3.3 h it stands at 2.2 h and the job has done 2.4 h. d = 0.2 h:
+    # UP's margin 2d asks for ep(3.7 h) = 2.47 h (not yet); 2 of 4 nodes on on-demand: 2d x 2/4
+    # asks for ep(3.5 h) = 2.33 h (met). One node, all four or none on on-demand: the full 2d.
+    i, now = inputs(done_h=2.4, now_h=3.3, d_h=0.2)
+    i = DeadlineInputs(**{**{f: getattr(i, f) for f in i.__slots__}, "nodes": nodes, "on_demand_nodes": od_nodes})
+    call = decide(i, now)
+    assert not call.on_demand_now and call.spot_allowed
+    assert call.on_demand_not_needed is released
+    if nodes > 1 and od_nodes:
+        assert f"x {od_nodes}/{nodes} on-demand nodes" in call.reason
+
+
 @pytest.mark.parametrize("d_h", [0.05, 0.2, 0.3, 0.5])
 def test_behind_the_line_buys_on_demand_but_still_takes_spot(d_h) -> None:
     call = decide(*inputs(done_h=1.0, now_h=3.0, d_h=d_h))
@@ -143,9 +157,12 @@ def test_never_means_never_even_for_a_deadline() -> None:
     assert any('capacity.on_demand = "never"' in n for n in result.notes)
 
 
-@pytest.mark.parametrize(("nodes", "slack_h", "swap"), [(1, 0.55, False), (1, 0.7, True), (4, 0.3, True), (4, 0.2, False)])
-def test_inside_the_safety_net_a_make_before_break_swap_needs_slack_for_one_more_loss(nodes, slack_h, swap) -> None:
-    # d = 0.5 h: the safety net is below 1 h of slack; a swap needs d / nodes + d / 4 of it.
+@pytest.mark.parametrize(
+    ("nodes", "slack_h", "swap"), [(1, 0.55, False), (1, 0.7, True), (4, 0.7, True), (4, 0.55, False), (4, 0.3, False)]
+)
+def test_inside_the_safety_net_a_make_before_break_swap_needs_slack_for_losing_every_spot_node(nodes, slack_h, swap) -> None:
+    # d = 0.5 h: the safety net is below 1 h of slack; a swap needs d + d / 4 of it, for a fleet
+    # too (a reclaim wave can take every spot node at once: the fleet stops for d).
     i = DeadlineInputs(
         deadline_at=10 * H, started_at=0.0, total_steps=(10 - 4 - slack_h) * H, done_steps=0.0,
         steps_per_s=1.0, changeover_s=0.5 * H, full_on_spot=False, nodes=nodes,
@@ -168,11 +185,11 @@ def test_planner_swaps_on_demand_for_spot_inside_the_safety_net_only_when_the_sl
         )
         return plan(obs, cfg, NOW)
 
-    swapping = result(0.5)  # >= 0.5 / 4 + 0.125 h
+    swapping = result(0.7)  # >= 0.5 + 0.125 h (losing every spot node again, and a reserve)
     assert swapping.deadline.safety_net and swapping.deadline.swap_to_spot
     (launch,) = swapping.of_type(Launch)
     assert launch.market is Market.SPOT and launch.purpose is LaunchPurpose.RETURN_TO_SPOT
-    holding = result(0.1)
+    holding = result(0.5)  # one node's loss (0.5 / 4 h) would fit; a wave taking all four would not
     assert holding.deadline.safety_net and not holding.deadline.swap_to_spot
     assert holding.of_type(Launch) == ()
 

@@ -55,6 +55,9 @@ def test_a_configs_pools_with_reasons(tmp_path: Path) -> None:
     assert set(rows) == {f"{t}@eu-west-1{z}" for t in ("g5.xlarge", "g6e.xlarge") for z in "ab"}
     assert rows["g5.xlarge@eu-west-1a"]["excluded"] is None
     assert rows["g5.xlarge@eu-west-1a"]["on_demand_usd_per_hour"] == 1.123
+    # ...listed, but no licensed source backs it: the daemon treats it as unknown until the API answers.
+    assert rows["g5.xlarge@eu-west-1a"]["on_demand_verified"] is False
+    assert "UNVERIFIED" in rows["g5.xlarge@eu-west-1a"]["on_demand_source"]
     assert "no on-demand price for g6e.xlarge in eu-west-1" in rows["g6e.xlarge@eu-west-1b"]["excluded"]
 
 

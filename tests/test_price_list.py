@@ -179,8 +179,85 @@ async def test_a_type_the_api_does_not_list_falls_back_per_type(cloud: Cloud) ->
     assert source.sources == {"g5.xlarge": PRICE_LIST_SOURCE, "g4dn.xlarge": catalog.label}
 
 
-async def test_without_a_client_the_catalog_alone_prices_any_region() -> None:
+async def test_without_a_client_only_licensed_catalog_prices_count() -> None:
+    # us-east-1: the catalog's prices come from a licensed source (Karpenter's snapshot).
+    east = await OnDemandPrices("us-east-1", bundled_catalog()).prices([PoolId("p4d.24xlarge", "us-east-1a")], 0.0)
+    assert east[PoolId("p4d.24xlarge", "us-east-1a")].on_demand == pytest.approx(21.957642)
+    # eu-west-1: the catalog lists p4d at $23.72/h, but from a table with no license: unknown
+    # until the Price List API answers, so the pool goes unpriced (and is excluded with that reason).
     source = OnDemandPrices("eu-west-1", bundled_catalog())
     prices = await source.prices([PoolId("p4d.24xlarge", "eu-west-1a"), PoolId("g6e.xlarge", "eu-west-1a")], 0.0)
-    assert prices[PoolId("p4d.24xlarge", "eu-west-1a")].on_demand == pytest.approx(23.71569)
-    assert PoolId("g6e.xlarge", "eu-west-1a") not in prices  # no g6e in eu-west-1 per the catalog
+    assert bundled_catalog().listed_on_demand("p4d.24xlarge", "eu-west-1") == (pytest.approx(23.71569), False)
+    assert prices == {}  # (no g6e in eu-west-1 per the catalog at all)
+
+
+# --- recorded real payload shapes (tests/data/price_list_recorded_shape.json) -------------------
+RECORDED = json.loads((__import__("pathlib").Path(__file__).parent / "data" / "price_list_recorded_shape.json").read_text())
+
+
+def _shape(obj, sku: str):
+    """The structure of a document: keys (with the SKU abstracted) and value types, not values."""
+    if isinstance(obj, dict):
+        return {k.replace(sku, "SKU"): _shape(v, sku) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_shape(v, sku) for v in obj[:1]]
+    return type(obj).__name__
+
+
+def test_the_fake_speaks_exactly_the_recorded_shape() -> None:
+    (raw,) = RECORDED["compute_instance_response"]["PriceList"]
+    recorded = json.loads(raw)
+    fake = product_entry("g5.xlarge", "us-east-1", 1.006, vcpu=4, memory_gib=16, gpus=1, gpu_memory_gib=24)
+    assert _shape(fake, fake["product"]["sku"]) == _shape(recorded, recorded["product"]["sku"])
+    # ...and the same answer envelope: FormatVersion, PriceList of JSON strings, NextToken to page on.
+    status, body = PriceListFake(bundled_catalog(), page_size=1).get_products(
+        {"ServiceCode": "AmazonEC2", "Filters": filters_for("g5.xlarge", "us-east-1")}
+    )
+    assert status == 200 and set(body) <= set(RECORDED["compute_instance_response"])
+    assert all(isinstance(i, str) for i in body["PriceList"])
+
+
+def test_a_recorded_compute_instance_item_reads_on_demand_only() -> None:
+    (raw,) = RECORDED["compute_instance_response"]["PriceList"]
+    e = parse_entry(raw)  # its Reserved terms carry Hrs rates too, one of them 0.0 (All Upfront)
+    assert (e.instance_type, e.region, e.usd_per_hour) == ("g5.xlarge", "us-east-1", 1.006)
+
+
+def test_a_recorded_item_of_another_product_family_is_rejected() -> None:
+    (raw,) = RECORDED["storage_response"]["PriceList"]
+    with pytest.raises(PriceListEntryError, match="instanceType"):
+        parse_entry(raw)
+
+
+class _RecordedPages:
+    """A pricing client whose GetProducts answers the recorded pages, as botocore hands them over."""
+
+    def __init__(self, pages: list[dict]):
+        self.pages, self.asked = pages, []
+
+    def get_paginator(self, name: str):
+        assert name == "get_products"
+        outer = self
+
+        class _Paginator:
+            def paginate(self, **kwargs):
+                outer.asked.append(kwargs)
+
+                async def pages():
+                    for page in outer.pages:
+                        yield page
+
+                return pages()
+
+        return _Paginator()
+
+
+async def test_the_live_path_prices_from_recorded_pages() -> None:
+    # Two pages as AWS pages them: the compute item (with a NextToken) and a stray storage item.
+    client = _RecordedPages([RECORDED["compute_instance_response"], RECORDED["storage_response"]])
+    source = OnDemandPrices("us-east-1", bundled_catalog(), client=client)
+    with capture_logs() as logs:
+        prices = await source.prices([G5], now=0.0)
+    assert prices[G5].on_demand == 1.006 and source.sources["g5.xlarge"] == PRICE_LIST_SOURCE
+    assert client.asked[0]["ServiceCode"] == "AmazonEC2" and client.asked[0]["FormatVersion"] == "aws_v1"
+    assert any(e["event"] == "price_list_entry_rejected" for e in logs)  # the storage item, logged

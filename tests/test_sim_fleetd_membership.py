@@ -79,7 +79,7 @@ def test_survivors_of_a_silent_loss_hang_until_poked_then_save_the_step_they_com
     world, _ = _run(tmp_path, no_notice_share=1.0)
     assert world.unannounced == 3
     # One survivor: hangs until the steering pokes it, saves, re-forms.
-    assert world.overhead["loss recovery"] == pytest.approx(1 * (d.FLEETD_RDZV_DEAD_AFTER_S.value + REFORM))
+    assert world.overhead["loss recovery"] == pytest.approx(1 * (d.FLEETD_SILENT_LOSS_HANG_S.value + REFORM))
     assert world.overhead["checkpoint"] == pytest.approx(1 * STALL)  # the survivor's save
     # Only the step in flight is lost: SALVAGE_STEP_LOSS_S of the 4 ranks' work, not 20 min.
     lost_s = d.SALVAGE_STEP_LOSS_S.value
@@ -98,3 +98,14 @@ def test_a_wave_that_takes_every_member_leaves_nobody_to_save(tmp_path) -> None:
     world, _ = _run(tmp_path, no_notice_share=1.0, left_after_wave=0)
     assert world.unannounced == 4
     assert world.overhead["lost work"] == pytest.approx(4 * (1200.0 - REFORM))
+
+
+def test_the_silent_loss_hang_is_the_daemons_own_config_default() -> None:
+    # The simulator charges what the daemon's steering waits (fleetd.toml [loss]): a rank is
+    # dropped once its heartbeat is dead_after_s stale AND the job made no progress for
+    # hang_after_s, both counted from the loss.
+    from fleetd.config import LossConfig
+
+    loss = LossConfig()
+    assert d.FLEETD_SILENT_LOSS_HANG_S.value == max(loss.dead_after_s, loss.hang_after_s) == 10.0
+    assert "hang_after_s" in d.FLEETD_SILENT_LOSS_HANG_S.source

@@ -5,6 +5,12 @@ Linux price per commercial region, and a relative training throughput per GPU mo
 ``sources`` say from what and when). It is the fallback when the Price List API cannot be
 reached, the hardware facts DescribeInstanceTypes does not give (relative throughput, A100
 40 GB vs 80 GB), and what ``fleetd pools`` lists offline.
+
+Only prices from a source with a clear license count as prices (``on_demand_licensed`` per type;
+``price_provenance`` says which source and license, fleetd/data/README.md per region). The others
+are kept for `fleetd pools` to show, marked unverified, and the daemon treats them as unknown
+until the Price List API answers: a number copied from a table nobody may redistribute, and that
+nobody here checked, is no basis for a bid or a budget.
 """
 
 from __future__ import annotations
@@ -48,8 +54,10 @@ class InstanceSpec:
     vcpu: int
     memory_gib: float
     architecture: str
-    on_demand: Mapping[str, float] = field(default_factory=dict)  # region -> USD/h
+    on_demand: Mapping[str, float] = field(default_factory=dict)  # region -> USD/h (any source)
     note: str = ""
+    # Regions whose on-demand price comes from (or was checked against) a licensed source.
+    licensed_regions: frozenset[str] = frozenset()
 
     @property
     def whole_gpus(self) -> bool:
@@ -64,14 +72,32 @@ class Catalog:
     models: Mapping[str, GpuModel]
     types: Mapping[str, InstanceSpec]
     omitted: Mapping[str, str] = field(default_factory=dict)
+    price_provenance: Mapping[str, Any] = field(default_factory=dict)
 
     # -- queries -------------------------------------------------------------------------------
     def spec(self, instance_type: str) -> InstanceSpec | None:
         return self.types.get(instance_type)
 
     def on_demand(self, instance_type: str, region: str) -> float | None:
+        """The on-demand price the daemon may use offline: only one from a licensed source;
+        None otherwise (unknown until the Price List API answers)."""
         spec = self.types.get(instance_type)
-        return spec.on_demand.get(region) if spec else None
+        if spec is None or region not in spec.licensed_regions:
+            return None
+        return spec.on_demand.get(region)
+
+    def listed_on_demand(self, instance_type: str, region: str) -> tuple[float | None, bool]:
+        """(the static price, whether a licensed source backs it), for listings that show an
+        unverified number as such, and for the test cloud, which stands in for AWS."""
+        spec = self.types.get(instance_type)
+        if spec is None:
+            return None, False
+        return spec.on_demand.get(region), region in spec.licensed_regions
+
+    def licensed_source(self, region: str) -> str | None:
+        """Where the licensed prices of ``region`` come from, with the license; None: none."""
+        entry = self.price_provenance.get("licensed", {}).get(region)
+        return f"{entry['source']} ({entry['license']})" if entry else None
 
     def types_in(self, region: str) -> tuple[str, ...]:
         """Instance types with an on-demand price in ``region``."""
@@ -143,6 +169,7 @@ def parse_catalog(doc: Mapping[str, Any], source: str = "catalog") -> Catalog:
                 architecture=str(e.get("architecture", "x86_64")),
                 on_demand=prices,
                 note=str(e.get("note", "")),
+                licensed_regions=_licensed(itype, e.get("on_demand_licensed", ()), prices, source),
             )
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, CatalogError):
@@ -155,7 +182,17 @@ def parse_catalog(doc: Mapping[str, Any], source: str = "catalog") -> Catalog:
         models=models,
         types=types,
         omitted=dict(doc.get("omitted", {})),
+        price_provenance=dict(doc.get("price_provenance", {})),
     )
+
+
+def _licensed(itype: str, regions: Any, prices: Mapping[str, float], source: str) -> frozenset[str]:
+    if not isinstance(regions, (list, tuple)):
+        raise CatalogError(f"{source}: {itype}: on_demand_licensed must be a list of regions")
+    missing = [r for r in regions if r not in prices]
+    if missing:
+        raise CatalogError(f"{source}: {itype}: on_demand_licensed names regions without a price: {missing}")
+    return frozenset(regions)
 
 
 def _positive(value: Any) -> float:

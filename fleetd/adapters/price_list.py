@@ -15,8 +15,10 @@ each one product::
 One paginated request per instance type (TERM_MATCH filters), refreshed once a day: list prices
 change a few times a year, and the documents stay out of the per-pass path. An entry that does not
 have that shape is rejected and logged, never fatal. A type the API does not price, or an API that
-cannot be reached, falls back to the catalog; which source priced what (and the catalog's date) is
-logged once per refresh and kept in ``sources``.
+cannot be reached, falls back to the catalog's LICENSED prices only (fleetd/adapters/catalog.py):
+a static number from a source without a license stays unknown until the API answers, and the
+pool is excluded with that reason. Which source priced what (and the catalog's date) is logged
+once per refresh and kept in ``sources``.
 """
 
 from __future__ import annotations
@@ -201,6 +203,7 @@ class OnDemandPrices:
         self._types = frozenset(types)
         self._next_refresh = now + (RETRY_AFTER_FAILURE_S if error else self.refresh_s)
         unpriced = sorted(set(types) - set(od))
+        unverified = [t for t in unpriced if self.catalog.listed_on_demand(t, self.region)[0] is not None]
         api = sorted(t for t, s in sources.items() if s == PRICE_LIST_SOURCE)
         if error is not None:
             log.warning("on_demand_prices_fallback", region=self.region, source=self.catalog.label,
@@ -212,6 +215,8 @@ class OnDemandPrices:
             from_catalog=sorted(t for t in sources if t not in api),
             catalog=self.catalog.label,
             unpriced=unpriced,
+            # A static price exists but no licensed source backs it: unknown until the API answers.
+            unpriced_catalog_unverified=unverified,
         )
 
     async def prices(self, pools: Sequence[PoolId], now: float) -> dict[PoolId, PoolPrice]:

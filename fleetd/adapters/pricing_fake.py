@@ -31,61 +31,113 @@ PUBLICATION_DATE = "2026-08-26T00:00:00Z"
 SERVICE_CODE = "AmazonEC2"
 
 
+# The Price List's "location" is a display name beside "regionCode" (a few; others fall back to the code).
+LOCATIONS = {
+    "us-east-1": "US East (N. Virginia)", "us-east-2": "US East (Ohio)", "us-west-1": "US West (N. California)",
+    "us-west-2": "US West (Oregon)", "eu-west-1": "EU (Ireland)", "eu-west-2": "EU (London)",
+    "eu-central-1": "EU (Frankfurt)", "ap-northeast-1": "Asia Pacific (Tokyo)",
+}
+ON_DEMAND_OFFER = "JRTCKXETXF"  # AWS's on-demand offer term code
+HOURLY_RATE = "6YS6EN2CT7"  # the rate code of an hourly price dimension
+UPFRONT_RATE = "2TG2D8R56U"  # the rate code of a reserved term's upfront fee
+# Reserved terms as GetProducts returns them beside OnDemand (it does not filter terms): offer
+# code, lease, class, purchase option, hourly share of the on-demand price (None: no hourly
+# dimension), upfront fee in hours of on-demand (None: none). "All Upfront" carries an hourly
+# dimension priced 0.0000000000: a parser must read OnDemand only.
+RESERVED_TERMS = (
+    ("HU7G6KETJZ", "1yr", "standard", "Partial Upfront", 0.30, 2640.0),
+    ("6QCMYABX3D", "1yr", "standard", "All Upfront", 0.0, 5170.0),
+    ("4NA7Y494T4", "1yr", "standard", "No Upfront", 0.63, None),
+)
+
+
 def product_entry(instance_type: str, region: str, usd: float, *, vcpu: int = 0, memory_gib: float = 0.0,
                   gpus: float = 0, gpu_memory_gib: float = 0.0, **overrides: str) -> dict[str, Any]:
-    """One AmazonEC2 product as GetProducts returns it (before JSON-encoding)."""
+    """One AmazonEC2 product as GetProducts returns it (before JSON-encoding): the structure of
+    recorded real answers (tests/data/price_list_recorded_shape.json; tests/test_price_list.py
+    compares the two key by key)."""
     sku = hashlib.sha1(f"{instance_type}/{region}".encode()).hexdigest()[:16].upper()
-    offer = "JRTCKXETXF"  # AWS's on-demand offer term code
-    rate = "6YS6EN2CT7"
     attrs = {
-        "servicecode": SERVICE_CODE,
-        "instanceType": instance_type,
-        "instanceFamily": "GPU instance",
-        "regionCode": region,
-        "location": region,
-        "locationType": "AWS Region",
-        "operatingSystem": "Linux",
-        "tenancy": "Shared",
-        "preInstalledSw": "NA",
+        "enhancedNetworkingSupported": "Yes",
+        "intelTurboAvailable": "No",
+        "memory": f"{memory_gib:g} GiB",
+        "dedicatedEbsThroughput": "Up to 3500 Mbps",
+        "vcpu": str(vcpu),
+        "classicnetworkingsupport": "false",
         "capacitystatus": "Used",
+        "locationType": "AWS Region",
+        "storage": "EBS only",
+        "instanceFamily": "GPU instance",
+        "operatingSystem": "Linux",
+        "intelAvx2Available": "No",
+        "regionCode": region,
+        "gpu": f"{gpus:g}",
+        "physicalProcessor": "NA",
+        "clockSpeed": "NA",
+        "ecu": "NA",
+        "networkPerformance": "Up to 10 Gigabit",
+        "servicename": "Amazon Elastic Compute Cloud",
+        "gpuMemory": f"{gpu_memory_gib:g} GB" if gpu_memory_gib else "NA",
+        "vpcnetworkingsupport": "true",
+        "instanceType": instance_type,
+        "tenancy": "Shared",
+        "usagetype": f"BoxUsage:{instance_type}",
+        "normalizationSizeFactor": "NA",
+        "intelAvxAvailable": "No",
+        "processorFeatures": "NA",
+        "servicecode": SERVICE_CODE,
         "licenseModel": "No License required",
+        "currentGeneration": "Yes",
+        "preInstalledSw": "NA",
+        "location": LOCATIONS.get(region, region),
+        "processorArchitecture": "64-bit",
         "marketoption": "OnDemand",
         "operation": "RunInstances",
-        "usagetype": f"BoxUsage:{instance_type}",
-        "vcpu": str(vcpu),
-        "memory": f"{memory_gib:g} GiB",
-        "gpu": f"{gpus:g}",
-        "gpuMemory": f"{gpu_memory_gib:g} GiB" if gpu_memory_gib else "NA",
+        "availabilityzone": "NA",
         **overrides,
     }
+
+    def dim(code: str, rate: str, unit: str, value: float, description: str) -> dict[str, Any]:
+        ranged = {"endRange": "Inf"} if unit == "Hrs" else {}
+        out = {"unit": unit, **ranged, "description": description, "appliesTo": [],
+               "rateCode": f"{sku}.{code}.{rate}"}
+        if unit == "Hrs":
+            out["beginRange"] = "0"
+        out["pricePerUnit"] = {"USD": f"{value:.10f}" if unit == "Hrs" else f"{value:g}"}
+        return out
+
+    def term(code: str, dims: dict[str, Any], attributes: dict[str, str]) -> dict[str, Any]:
+        return {"priceDimensions": dims, "sku": sku, "effectiveDate": PUBLICATION_DATE,
+                "offerTermCode": code, "termAttributes": attributes}
+
+    reserved = {}
+    for code, lease, klass, option, hourly, upfront_h in RESERVED_TERMS:
+        dims = {}
+        what = f"Linux/UNIX (Amazon VPC), {instance_type} reserved instance applied"
+        if hourly is not None:
+            dims[f"{sku}.{code}.{HOURLY_RATE}"] = dim(code, HOURLY_RATE, "Hrs", round(usd * hourly, 4), what)
+        if upfront_h is not None:
+            dims[f"{sku}.{code}.{UPFRONT_RATE}"] = dim(code, UPFRONT_RATE, "Quantity", round(usd * upfront_h),
+                                                       "Upfront Fee")
+        reserved[f"{sku}.{code}"] = term(
+            code, dims, {"LeaseContractLength": lease, "OfferingClass": klass, "PurchaseOption": option}
+        )
+    on_demand_dim = dim(ON_DEMAND_OFFER, HOURLY_RATE, "Hrs", usd,
+                        f"${usd:.4f} per On Demand Linux {instance_type} Instance Hour")
     return {
         "product": {"productFamily": "Compute Instance", "attributes": attrs, "sku": sku},
         "serviceCode": SERVICE_CODE,
         "terms": {
             "OnDemand": {
-                f"{sku}.{offer}": {
-                    "priceDimensions": {
-                        f"{sku}.{offer}.{rate}": {
-                            "unit": "Hrs",
-                            "endRange": "Inf",
-                            "description": f"${usd:.4f} per On Demand Linux {instance_type} Instance Hour",
-                            "appliesTo": [],
-                            "rateCode": f"{sku}.{offer}.{rate}",
-                            "beginRange": "0",
-                            "pricePerUnit": {"USD": f"{usd:.10f}"},
-                        }
-                    },
-                    "sku": sku,
-                    "effectiveDate": PUBLICATION_DATE,
-                    "offerTermCode": offer,
-                    "termAttributes": {},
-                }
-            }
+                f"{sku}.{ON_DEMAND_OFFER}": term(
+                    ON_DEMAND_OFFER, {f"{sku}.{ON_DEMAND_OFFER}.{HOURLY_RATE}": on_demand_dim}, {}
+                )
+            },
+            "Reserved": reserved,
         },
         "version": "20260826000000",
         "publicationDate": PUBLICATION_DATE,
     }
-
 
 
 @dataclass
@@ -149,7 +201,7 @@ class SpotPriceFake:
             if pool in self.overrides:
                 return self.overrides[pool]
         region = pool.zone[:-1]
-        od = self.catalog.on_demand(pool.instance_type, region)
+        od, _ = self.catalog.listed_on_demand(pool.instance_type, region)  # the fake stands in for AWS
         if od is None:
             return None
         wobble = 0.9 + 0.2 * (int(hashlib.sha1(str(pool).encode()).hexdigest()[:4], 16) / 0xFFFF)

@@ -86,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
                                     "(see gpu_models.*.basis in fleetd/data/gpu_catalog.json)",
         "pools": [r.as_dict() for r in rows],
         "offered": sum(1 for r in rows if r.excluded is None),
+        "unverified_prices": sum(1 for r in rows if r.on_demand_usd_per_hour is not None and not r.on_demand_verified),
         "excluded": sum(1 for r in rows if r.excluded is not None),
     }
     print(json.dumps(report, indent=2) if args.json else render(report))
@@ -132,7 +133,8 @@ def render(report: dict[str, Any]) -> str:
     for p in report["pools"]:
         if p["excluded"] is None:
             rows.append((p["pool"], _fmt(p["gpus"], "g"), _fmt(p["gpu_model"]), _fmt(p["gpu_memory_gib"], "g"),
-                         _fmt(p["on_demand_usd_per_hour"], ".4f"), _fmt(p["on_demand_usd_per_gpu_hour"], ".4f"),
+                         _fmt(p["on_demand_usd_per_hour"], ".4f") + ("" if p["on_demand_verified"] else "?"),
+                         _fmt(p["on_demand_usd_per_gpu_hour"], ".4f") + ("" if p["on_demand_verified"] else "?"),
                          _fmt(p["spot_usd_per_hour"], ".4f"), _fmt(p["relative_throughput"], "g")))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(cols))]
     lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
@@ -140,5 +142,8 @@ def render(report: dict[str, Any]) -> str:
     if excluded:
         lines.append("excluded:")
         lines += [f"  {p['pool']}: {p['excluded']}" for p in excluded]
+    if any(p["on_demand_usd_per_hour"] is not None and not p["on_demand_verified"] for p in report["pools"]):
+        lines.append("?: the bundled catalog's price with no licensed source behind it (fleetd/data/README.md);"
+                     " the daemon treats it as unknown until the Price List API answers")
     lines.append(f"relative throughput: {report['relative_throughput_note']}")
     return "\n".join(lines)

@@ -7,8 +7,13 @@ fleet, with its safety net:
   C x (t - t0) / (D - t0) of its C steps;
 - behind the line and short of nodes: buy on-demand now (no waiting for spot);
 - ahead of the line: spot only, wait for it; on-demand nodes already running stay until the job
-  is ahead of the line 2d later (hysteresis: cp >= ep(t + 2d)), then they go (back to spot if it
-  is offered, else idle until spot returns or the job falls behind again);
+  is ahead of the line 2d x m / N later (hysteresis: cp >= ep(t + 2d x m / N), m of the N
+  target nodes on on-demand), then they go (back to spot if it is offered, else idle until spot
+  returns or the job falls behind again). UP's margin is two changeovers of the whole job (go
+  back to spot, fall behind, come back to on-demand); in a fleet only the m on-demand nodes
+  change over while the other N - m train on, so the two changeovers cost 2d x m / N of the
+  fleet's time. Keeping UP's full 2d for a fleet held two on-demand nodes of four for hours after
+  the job had the lead those changeovers need (bench/deadline.py, g4dn 4 nodes);
 - safety net: when the fleet is not full on spot and the time left is less than the work left
   at the target size plus 2d (d: the changeover, buying a node until it trains), finish on
   on-demand: no new spot, no return to spot. The condition holds once met (on-demand work
@@ -18,9 +23,11 @@ UP's guarantee (no miss when the work fits the deadline with 2d to spare) carrie
 fleetd keeps every UP condition. fleetd adds what the planner does anyway: a changeover to
 spot is make-before-break (the on-demand node trains while the spot node boots), and a fleet
 keeps training at a smaller size while one node is replaced. So inside the safety net it may
-still swap an on-demand node for spot while the slack covers losing that spot node again
-(d / nodes of the fleet's time) plus a reserve (SWAP_RESERVE x d): UP cannot, since each of its
-changeovers stops the job for d.
+still swap an on-demand node for spot while the slack covers losing every spot node again (d of
+the fleet's time: a pool's reclaim wave takes its nodes together, so the swapped nodes and the
+spot nodes already training can go at once) plus a reserve (SWAP_RESERVE x d): UP cannot, since
+each of its changeovers stops the job for d. (A reserve of one node's loss, d / nodes, missed
+deadlines on the p3 trace at 7.5 h for 6 h of work and d >= 0.3 h, where waves take 3-6 nodes.)
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 _EPS_S = 1e-3
-# Slack kept beyond one spot loss (d / nodes) before a safety-net swap to spot: a quarter
+# Slack kept beyond losing every spot node (d) before a safety-net swap to spot: a quarter
 # changeover, for re-forms, pass latency and a loss without notice (detected ~20 s late).
 SWAP_RESERVE = 0.25
 
@@ -50,6 +57,7 @@ class DeadlineInputs:
     # Nothing trains yet and nodes are booting: seconds until the first can train (counted as
     # work left, as UP counts a pending changeover).
     pending_s: float = 0.0
+    on_demand_nodes: int = 0  # of the target, on on-demand now (running or booting)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +76,7 @@ class DeadlineCall:
     wake_at: tuple[float, ...] = ()
     # Inside the safety net: on-demand nodes may still be swapped for spot make-before-break
     # (the on-demand node trains until the spot node has joined, so the swap itself costs no
-    # time); a later loss of that spot node costs d / nodes of the fleet's time, and the slack
+    # time); a later loss of the spot nodes (a wave may take all) costs up to d of the fleet's time, and the slack
     # keeps that plus a quarter changeover in reserve.
     swap_to_spot: bool = False
     # Time left minus work left at the target size (None: throughput not measured yet).
@@ -102,7 +110,7 @@ def decide(i: DeadlineInputs, now: float) -> DeadlineCall:
     wake = _wake_times(i, now, work_left_s)
     if work_left_s is not None and not i.full_on_spot and time_left < work_left_s + 2 * d:
         slack = time_left - work_left_s
-        swap = slack >= d / max(1, i.nodes) + SWAP_RESERVE * d
+        swap = slack >= d + SWAP_RESERVE * d
         return DeadlineCall(
             True, False, False, True,
             f"deadline safety net: {time_left / 3600:.2f} h left < {work_left_s / 3600:.2f} h of work + "
@@ -121,11 +129,22 @@ def decide(i: DeadlineInputs, now: float) -> DeadlineCall:
             slack_s=None if work_left_s is None else time_left - work_left_s,
             changeover_s=d,
         )
-    ahead_2d = i.done_steps >= expected_steps(i, now + 2 * d) - 1e-9
-    why = "2 x changeover ahead" if ahead_2d else "ahead, within 2 x changeover (on-demand stays)"
+    margin = hysteresis_s(i)
+    ahead_2d = i.done_steps >= expected_steps(i, now + margin) - 1e-9
+    share = f" x {min(i.on_demand_nodes, i.nodes)}/{i.nodes} on-demand nodes" if i.nodes > 1 else ""
+    why = (f"2 x changeover{share} ahead" if ahead_2d
+           else f"ahead, within 2 x changeover{share} (on-demand stays)")
     return DeadlineCall(
         False, True, ahead_2d, False, f"deadline: {why} of the uniform-progress line ({progress}): spot only", wake
     )
+
+
+def hysteresis_s(i: DeadlineInputs) -> float:
+    """The lead on-demand nodes wait for before they go: two changeovers of the nodes that
+    change over (m of N; m = N, or no on-demand node, gives UP's 2d)."""
+    m = min(i.on_demand_nodes, i.nodes)
+    share = m / i.nodes if i.nodes > 1 and m > 0 else 1.0
+    return 2 * i.changeover_s * share
 
 
 def _wake_times(i: DeadlineInputs, now: float, work_left_s: float | None) -> tuple[float, ...]:
@@ -139,8 +158,8 @@ def _wake_times(i: DeadlineInputs, now: float, work_left_s: float | None) -> tup
         out.append(i.deadline_at - work_left_s - 2 * i.changeover_s + _EPS_S)
     k = i.total_steps / span  # the line's pace
     r = i.steps_per_s or 0.0
-    if r > k:  # training at the target pace: when it gets 2d ahead (on-demand can go)
-        out.append((k * (2 * i.changeover_s - i.started_at) + r * now - i.done_steps) / (r - k) + _EPS_S)
+    if r > k:  # training at the target pace: when it gets the hysteresis lead (on-demand can go)
+        out.append((k * (hysteresis_s(i) - i.started_at) + r * now - i.done_steps) / (r - k) + _EPS_S)
     return tuple(t for t in out if t > now and math.isfinite(t))
 
 

@@ -48,8 +48,10 @@ def pool_rows(
         elif hw.gpus < 1:
             reason = f"{pool.instance_type} has no whole GPU"
         elif od is None:
-            reason = (f"no on-demand price for {pool.instance_type} in {region_of(pool.zone)} (the Price List "
-                      "API and the bundled GPU catalog list none): it cannot be budgeted or bid on")
+            reason = (f"no on-demand price for {pool.instance_type} in {region_of(pool.zone)}: the Price List "
+                      "API has not priced it and the bundled GPU catalog has no licensed price for it there "
+                      "(an unverified static number is unknown until the API answers): it cannot be "
+                      "budgeted or bid on")
         if reason is not None:
             rows.append(PoolRow(pool, None, reason, spot, od))
             continue

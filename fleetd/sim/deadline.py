@@ -52,6 +52,8 @@ def summary(runs: dict[str, list[SimResult]]) -> dict[str, dict]:
         cost = statistics.fmean(r.cost_usd for r in rs)
         out[name] = {
             "mean_cost_usd": round(cost, 3),
+            # Cost per useful step (a missed deadline may still finish later; steps done count).
+            "usd_per_1k_steps": round(statistics.fmean(1000.0 * r.cost_usd / max(r.steps_done, 1e-9) for r in rs), 5),
             "mean_savings_pct": round(100.0 * (1 - cost / od), 2) if od else None,
             "misses": sum(1 for r in rs if not r.deadline_met),
             "mean_on_demand_node_h": round(statistics.fmean(r.on_demand_node_s for r in rs) / 3600, 3),

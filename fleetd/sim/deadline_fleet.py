@@ -17,21 +17,18 @@ full size N.
 
 from __future__ import annotations
 
-from fleetd.sim.clock import Timer
 from fleetd.sim.engine import ON_DEMAND, SPOT, SimNode, World
+from fleetd.sim.policies import DeadlineCallbacks
 
 _EPS = 1e-3
 
 
-class _FleetDeadline:
-    name = "deadline"
-
+class _FleetDeadline(DeadlineCallbacks):
     def __init__(self, changeover_s: float, reform_s: float = 0.0) -> None:
-        self.d = changeover_s
+        super().__init__(changeover_s)
         self.reform_s = reform_s
         self._joined: set[str] = set()
         self.safety_net = False
-        self._wake: Timer | None = None
 
     # --- quantities in seconds of work at the full size ------------------------------------
     def rate(self, world: World) -> float:
@@ -39,10 +36,6 @@ class _FleetDeadline:
 
     def remaining_work(self, world: World) -> float:
         return world.remaining_steps / self.rate(world)
-
-    def remaining_time(self, world: World) -> float:
-        assert world.job.deadline_s is not None, "deadline policies need a deadline"
-        return world.job.deadline_s - world.now
 
     def expected(self, world: World, t: float) -> float:
         job = world.job
@@ -98,40 +91,28 @@ class _FleetDeadline:
             world.log("safety net: on-demand to the end")
         self.buy(world, ON_DEMAND, self.slots(world))
 
-    def wake_at(self, world: World, t: float) -> None:
-        if self._wake is not None:
-            self._wake.cancel()
-        self._wake = world.queue.at(max(t, world.now + _EPS), lambda: self.decide(world))
-
     def safety_at(self, world: World) -> float:
         return (world.job.deadline_s or 0.0) - self.remaining_work(world) - 2 * self.d
 
-    # --- callbacks ---------------------------------------------------------------------------
-    def decide(self, world: World) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def start(self, world: World) -> None:
-        self.decide(world)
-
-    def on_capacity(self, world: World) -> None:
-        self.decide(world)
-
-    def on_notice(self, world: World, node: SimNode) -> None:
-        pass
+    def finished_or_finishing(self, world: World) -> bool:
+        """Done, or inside the safety net (entered now or before): on-demand to the end."""
+        if world.done:
+            return True
+        if self.safety_net or self.forced(world):
+            self.finish_on_demand(world)
+            return True
+        return False
 
     def on_lost(self, world: World, node: SimNode, noticed: bool) -> None:
         self._left(world, [node])
-        self.decide(world)
+        super().on_lost(world, node, noticed)
 
 
 class FleetGreedy(_FleetDeadline):
     name = "greedy"
 
     def decide(self, world: World) -> None:
-        if world.done:
-            return
-        if self.safety_net or self.forced(world):
-            self.finish_on_demand(world)
+        if self.finished_or_finishing(world):
             return
         self.buy(world, SPOT, self.slots(world))
         if self.safety_at(world) > world.now:  # (past it while full on spot: a loss wakes it)
@@ -142,10 +123,7 @@ class FleetUniformProgress(_FleetDeadline):
     name = "uniform-progress"
 
     def decide(self, world: World) -> None:
-        if world.done:
-            return
-        if self.safety_net or self.forced(world):
-            self.finish_on_demand(world)
+        if self.finished_or_finishing(world):
             return
         cp = self.done(world)
         on_demand = self.nodes(world, ON_DEMAND)

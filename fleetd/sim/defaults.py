@@ -35,14 +35,24 @@ FLEETD_LOSS_DETECT_S = Sourced(
     22.5, "MQTT keep-alive 15 s (protocol/settings.py) x 1.5 until the broker sends the last will"
 )
 # The survivors' hang after a loss without notice is not the planner's detection: fleetd's
-# rendezvous steering removes a rank whose rendezvous heartbeat is stale and pokes the survivors
-# into a new round (fleetd/rendezvous/decide.py).
-FLEETD_RDZV_DEAD_AFTER_S = Sourced(
-    6.0,
-    "fleetd/rendezvous/steering.py SteerSettings.dead_after_s: a rank with no rendezvous "
-    "heartbeat for 6 s is removed and the survivors are poked into a new round (3.0-3.3 s "
-    "measured with 3 s in tests/test_elastic_e2e.py)",
-)
+# rendezvous steering removes a rank whose rendezvous heartbeat is older than loss.dead_after_s
+# once the job has also made no progress for loss.hang_after_s, and pokes the survivors into a
+# new round (fleetd/rendezvous/decide.py). Both clocks start at the loss (the lost rank stops
+# heartbeating; the collective stops progressing), so the hang is the longer of the two. Taken
+# from the daemon's own config defaults (fleetd.config.LossConfig), not a copy of them.
+def _silent_loss_hang() -> Sourced:
+    from fleetd.config import LossConfig
+
+    loss = LossConfig()
+    return Sourced(
+        max(loss.dead_after_s, loss.hang_after_s),
+        f"fleetd.toml [loss] defaults (fleetd/config.py LossConfig): a rank with no rendezvous heartbeat for "
+        f"dead_after_s {loss.dead_after_s:g} s is removed once the job made no progress for hang_after_s "
+        f"{loss.hang_after_s:g} s; the survivors are then poked into a new round",
+    )
+
+
+FLEETD_SILENT_LOSS_HANG_S = _silent_loss_hang()
 # A peer lost without notice: the survivors hold a full replica of the state after the last step
 # they completed and save it before their workers restart (agent/trainer/salvage.py), so the
 # job loses the step in flight instead of rolling back to the last checkpoint.

@@ -20,7 +20,7 @@ calls ``plan(obs, cfg, now)``, and carries out each action the way fleetd's comp
   round once every survivor and waiting newcomer is in. Event-driven passes are coalesced: the
   notices of one reclaim wave (the same instant) wake one pass, not one each.
 - A loss with no notice: the collective hangs until the rendezvous steering drops the silent rank
-  and pokes the survivors (``rdzv_dead_after_s``); they save the step they completed
+  and pokes the survivors (``silent_loss_hang_s``); they save the step they completed
   (agent/trainer/salvage.py: only the step in flight, ``salvage_loss_s``, is lost) and re-form.
   With sharded state (``salvage_loss_s=None``), or when no member survives the instant, the job
   resumes from the last checkpoint instead. The planner learns of the loss later (``detect_s``,
@@ -64,7 +64,7 @@ class FleetdPolicy(ObserveMixin, ActionsMixin):
         gpus_per_node: int = 1,
         reform_s: float = d.FLEETD_REFORM_S.value,
         detect_s: float = d.FLEETD_LOSS_DETECT_S.value,
-        rdzv_dead_after_s: float = d.FLEETD_RDZV_DEAD_AFTER_S.value,
+        silent_loss_hang_s: float = d.FLEETD_SILENT_LOSS_HANG_S.value,
         salvage_loss_s: float | None = d.SALVAGE_STEP_LOSS_S.value,
         prior_interruptions_per_hour: float | None = None,
         tick_s: float | None = None,
@@ -101,7 +101,7 @@ class FleetdPolicy(ObserveMixin, ActionsMixin):
         self.gpus = gpus_per_node
         self.reform_s = reform_s
         self.detect_s = detect_s
-        self.rdzv_dead_after_s = rdzv_dead_after_s
+        self.silent_loss_hang_s = silent_loss_hang_s
         self.salvage_loss_s = salvage_loss_s
         self._hung_since: float | None = None  # a member lost at this instant: survivors hang
         self._hung_world = 0
@@ -176,7 +176,7 @@ class FleetdPolicy(ObserveMixin, ActionsMixin):
         """Hang until the steering pokes the survivors; they save the step they completed (or,
         with none left or sharded state, the job resumes from its last checkpoint); re-form."""
         self._hung_since = None
-        world.stall(self.rdzv_dead_after_s, "loss recovery")
+        world.stall(self.silent_loss_hang_s, "loss recovery")
         if world.members() and self.salvage_loss_s is not None:
             world.salvage(self._hung_world, self.salvage_loss_s)
             self.last_durable_at, self.last_durable_step = world.now, int(world.progress)

@@ -201,8 +201,8 @@ def sources(scenario: Scenario) -> list[tuple[str, str]]:
         (f"losses without notice {job.no_notice_share:.0%}", d.NO_NOTICE_SHARE.source),
         (f"fleetd loss detection {d.FLEETD_LOSS_DETECT_S.value:g} s", d.FLEETD_LOSS_DETECT_S.source),
         (
-            f"survivors' hang after a silent loss {d.FLEETD_RDZV_DEAD_AFTER_S.value:g} s",
-            d.FLEETD_RDZV_DEAD_AFTER_S.source,
+            f"survivors' hang after a silent loss {d.FLEETD_SILENT_LOSS_HANG_S.value:g} s",
+            d.FLEETD_SILENT_LOSS_HANG_S.source,
         ),
         (
             "after a loss without notice: "

@@ -145,8 +145,10 @@ class TorchrunElastic:
 
 
 # --- single-node deadline jobs -----------------------------------------------------------
-class _DeadlinePolicy:
-    """Shared machinery: which market the single node is on, switching with overhead d."""
+class DeadlineCallbacks:
+    """What every deadline baseline shares, for one node (below) or a fleet (deadline_fleet.py):
+    each world event runs ``decide``, and ``wake_at`` arms the one timer that re-runs it when a
+    computed crossing comes (a line, a safety net, the end of a hysteresis)."""
 
     name = "deadline"
 
@@ -154,32 +156,9 @@ class _DeadlinePolicy:
         self.d = changeover_s
         self._wake: Timer | None = None
 
-    # Quantities in seconds of single-node work.
-    def remaining_work(self, world: World) -> float:
-        pending_stall = max(0.0, world.stalled_until - world.now) if world.members() else 0.0
-        return world.remaining_steps / world.job.throughput(1) + pending_stall
-
     def remaining_time(self, world: World) -> float:
         assert world.job.deadline_s is not None, "deadline policies need a deadline"
         return world.job.deadline_s - world.now
-
-    def market(self, world: World) -> str | None:
-        for node in world.held.values():
-            return node.market
-        return None
-
-    def switch(self, world: World, market: str | None) -> None:
-        if self.market(world) == market:
-            return
-        for node in list(world.held.values()):
-            world.release(node)
-        if market is None:
-            world.log("idle")
-            return
-        nodes = world.acquire_spot(1) if market == SPOT else world.acquire_on_demand(1)
-        world.set_members(nodes)
-        world.stall(self.d, "changeover")
-        world.log(f"run on {market}")
 
     def wake_at(self, world: World, t: float) -> None:
         if self._wake is not None:
@@ -200,6 +179,33 @@ class _DeadlinePolicy:
 
     def on_lost(self, world: World, node: SimNode, noticed: bool) -> None:
         self.decide(world)
+
+
+class _DeadlinePolicy(DeadlineCallbacks):
+    """Shared machinery: which market the single node is on, switching with overhead d."""
+
+    # Quantities in seconds of single-node work.
+    def remaining_work(self, world: World) -> float:
+        pending_stall = max(0.0, world.stalled_until - world.now) if world.members() else 0.0
+        return world.remaining_steps / world.job.throughput(1) + pending_stall
+
+    def market(self, world: World) -> str | None:
+        for node in world.held.values():
+            return node.market
+        return None
+
+    def switch(self, world: World, market: str | None) -> None:
+        if self.market(world) == market:
+            return
+        for node in list(world.held.values()):
+            world.release(node)
+        if market is None:
+            world.log("idle")
+            return
+        nodes = world.acquire_spot(1) if market == SPOT else world.acquire_on_demand(1)
+        world.set_members(nodes)
+        world.stall(self.d, "changeover")
+        world.log(f"run on {market}")
 
 
 class Greedy(_DeadlinePolicy):

@@ -78,6 +78,9 @@ def build_catalog(
             continue
         if e.instance_type in types and REGION_RE.match(e.region) and not e.region.startswith(("us-gov", "cn-")):
             types[e.instance_type]["on_demand"][e.region] = round(e.usd_per_hour, 6)
+    for entry in types.values():  # every price here is AWS's own answer: licensed by source
+        entry["on_demand_licensed"] = sorted(entry["on_demand"])
+    regions = sorted({r for entry in types.values() for r in entry["on_demand"]})
     models = dict(previous.get("gpu_models", {}))
     unknown = sorted({t["gpu_model"] for t in types.values()} - set(models))
     if unknown:
@@ -96,6 +99,9 @@ def build_catalog(
              "license": "facts"},
             *[s for s in previous.get("sources", []) if s.get("what") == "relative_throughput per GPU model"],
         ],
+        "price_provenance": {"licensed": {r: {
+            "source": f"AWS Price List API (pricing:GetProducts), fetched {today.isoformat()}",
+            "license": "AWS's own public list prices, fetched by the operator"} for r in regions}},
         "regenerate": previous.get("regenerate", "python -m fleetd.tools.gpu_catalog --out fleetd/data/gpu_catalog.json"),
         "omitted": previous.get("omitted", {}),
         "rejected_price_entries": rejected,

@@ -39,6 +39,7 @@ def deadline_call(p: PlanPass, target: int) -> rule.DeadlineCall | None:
         full_on_spot=target > 0 and spot_training >= target,
         nodes=max(1, target),
         pending_s=pending_s,
+        on_demand_nodes=sum(1 for n in p.kept if n.market is Market.ON_DEMAND),
     )
     call = rule.decide(inputs, p.now)
     if call.swap_to_spot and any(
