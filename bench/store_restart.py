@@ -10,7 +10,7 @@ is SIGKILLed (as the OOM killer would) and started again on the same port after 
   after it (with the ride-through, agent/supervise/store_ride.py, they never stopped);
 - store back -> reattached: to rank 0 reading the new store again (checkpoint requests and
   progress reach fleetd again);
-- longest no-step gap from the kill to 10 s after the store is back;
+- longest no-step gap from the kill to 10 s after the store is back (or every rank's step again);
 - steps lost: last step completed before the kill - the step the job resumed from (0 when no
   worker restarted);
 - torchrun restarts by the agents (0 with the ride-through).
@@ -75,7 +75,8 @@ async def trial(cluster: LocalCluster, nodes: list[str], hooks: dict[str, Elasti
     steps = cluster.events.of("step")
     before = [e for e in steps if e["t"] < t_kill + 0.5]
     last_before = max((e["step"] for e in before), default=0)
-    window = sorted(e["t"] for e in steps if t_kill - 1.0 <= e["t"] <= t_back + 10.0)
+    until = max(t_back + 10.0, t_train or 0.0)  # through the first step every rank made again
+    window = sorted(e["t"] for e in steps if t_kill - 1.0 <= e["t"] <= until)
     gaps = [b - a for a, b in zip(window, window[1:], strict=False)]
     resumed = [e["from_step"] for e in cluster.events.of("resumed") if e["t"] >= t_kill]
     reattached = [e["t"] for e in cluster.events.of("store_generation") if e["t"] >= t_kill]

@@ -20,6 +20,9 @@ class FleetConfig(Group):
     max_nodes: Annotated[int, Field(ge=1)] = 4
     state_dir: Path = Path("/var/lib/fleetd")
     reconcile_interval_s: Annotated[float, Field(gt=0)] = 10.0
+    # Copy the state DB to the checkpoint bucket this often (fleetd/state_backup.py); restored
+    # at start when the local DB is missing. 0: off.
+    state_backup_interval_s: Annotated[float, Field(ge=0)] = 300.0
 
     @model_validator(mode="after")
     def _bounds(self) -> "FleetConfig":

@@ -65,6 +65,10 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
                              steerer=steerer, state_dir=cfg.fleet.state_dir,
                              store_addr=(store_address(cfg), cfg.rendezvous.port))
     components += [steering, commander.run, ctx.stall.run]
+    if cfg.fleet.state_backup_interval_s > 0:
+        from fleetd.state_backup import StateBackup
+
+        components.append(StateBackup(cfg, cfg.fleet.state_backup_interval_s).run)
     plugins = Plugins(components=components, observer=intake.registry, signals=signals,
                       commander=commander, ledger=ledger)
     return plugins, ledger
