@@ -126,7 +126,12 @@ def install(outage_s: float | None = None) -> bool:
                     _say("rendezvous store lost; workers keep training, reconnecting")
                 if not reconnect(self, link):
                     raise
-            return orig_call(self, store_op, *args, **kwargs)
+            try:
+                return orig_call(self, store_op, *args, **kwargs)
+            except RendezvousConnectionError:
+                with link.lock:  # answered the connect, failed the call: still an outage
+                    link.lost_at = link.lost_at or time.monotonic()
+                raise
 
     def sync(self: Any) -> Any:
         # The reconnect happens inside a sync (its read fails first), and that sync then reads
