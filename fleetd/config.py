@@ -20,6 +20,9 @@ class FleetConfig(Group):
     max_nodes: Annotated[int, Field(ge=1)] = 4
     state_dir: Path = Path("/var/lib/fleetd")
     reconcile_interval_s: Annotated[float, Field(gt=0)] = 10.0
+    # Copy the state DB to the checkpoint bucket this often (fleetd/state_backup.py); restored
+    # at start when the local DB is missing. 0: off.
+    state_backup_interval_s: Annotated[float, Field(ge=0)] = 300.0
 
     @model_validator(mode="after")
     def _bounds(self) -> "FleetConfig":
@@ -195,12 +198,16 @@ class StallConfig(Group):
     replace_nodes: bool = True
     # A node's telemetry older than this does not count as a sign of life.
     telemetry_fresh_s: Annotated[float, Field(gt=0)] = 30.0
+    # A rendezvous forming a round (or changed within stall_after_s) is not a stall, for at most
+    # this long after the last step (fleetd/policy/stall.py).
+    reforming_max_s: Annotated[float, Field(gt=0)] = 600.0
 
     def settings(self):  # noqa: ANN201 - fleetd.policy.stall.StallSettings
         from fleetd.policy.stall import StallSettings
 
         return StallSettings(stall_after_s=self.stall_after_s, escalate_after_s=self.escalate_after_s,
-                             replace_nodes=self.replace_nodes, telemetry_fresh_s=self.telemetry_fresh_s)
+                             replace_nodes=self.replace_nodes, telemetry_fresh_s=self.telemetry_fresh_s,
+                             reforming_max_s=self.reforming_max_s)
 
 
 class LossConfig(Group):

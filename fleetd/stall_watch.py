@@ -99,9 +99,12 @@ class StallWatcher:
                 telemetry_at=rec.telemetry_at if rec is not None else None,
             ))
         restarted_at = self.steerer.store_restarted_at if self.steerer is not None else None
+        changed_at = getattr(self.steerer, "rendezvous_changed_at", None)
+        forming = bool(getattr(self.steerer, "rendezvous_forming", False))
         stopping = observation is not None and observation.stop_issued_at is not None
         return StallObservation(now=now, nodes=tuple(nodes), store_reachable=store_reachable,
-                                store_restarted_at=restarted_at, training_expected=not stopping)
+                                store_restarted_at=restarted_at, training_expected=not stopping,
+                                rendezvous_changed_at=changed_at, rendezvous_forming=forming)
 
     async def tick(self, ctx: Any) -> StallDecision:
         reachable = None if self.store_addr is None else await store_answers(*self.store_addr)

@@ -11,7 +11,6 @@ A dry run observes and plans only: no ledger writes, no commands, no steering.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fleetd.config import FleetdConfig
@@ -23,7 +22,6 @@ from fleetd.publish import status_component
 from fleetd.reconcile.ledger_store import DB_NAME, LedgerStore
 from fleetd.rendezvous.client import RendezvousClient
 from fleetd.rendezvous.commander import TrainingCommander
-from fleetd.rendezvous.errors import RendezvousUnavailable
 from fleetd.rendezvous.steering import SteerSettings, Steerer
 from fleetd.stall_watch import StallWatcher
 
@@ -59,23 +57,18 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
     steerer.on_leave = commander.tell_leave
 
     async def steering(ctx: DaemonContext) -> None:
-        # The store lives in its own process (fleetd rendezvous); wait for it, never fail on it.
-        while not ctx.stopping.is_set():
-            try:
-                await client.connect()
-                break
-            except RendezvousUnavailable as exc:
-                log.warning("rendezvous_unreachable", error=str(exc))
-                try:
-                    await asyncio.wait_for(ctx.stopping.wait(), 2.0)
-                except TimeoutError:
-                    pass
+        # The store lives in its own process (fleetd rendezvous): the loop connects when it
+        # answers and rides through its outages (Steerer.run), never failing on it.
         await steerer.run(ctx.stopping)
 
     ctx.stall = StallWatcher(cfg.stall.settings(), intake.registry, send_command=intake.mqtt.send_command,
                              steerer=steerer, state_dir=cfg.fleet.state_dir,
                              store_addr=(store_address(cfg), cfg.rendezvous.port))
     components += [steering, commander.run, ctx.stall.run]
+    if cfg.fleet.state_backup_interval_s > 0:
+        from fleetd.state_backup import StateBackup
+
+        components.append(StateBackup(cfg, cfg.fleet.state_backup_interval_s).run)
     plugins = Plugins(components=components, observer=intake.registry, signals=signals,
                       commander=commander, ledger=ledger)
     return plugins, ledger

@@ -144,3 +144,58 @@ def test_node_time_is_never_negative_and_only_grows(ticks):
         last = t.stalled_node_seconds
         if t.episode is not None:
             assert t.episode.node_seconds <= (now - t.episode.since) * len(IDS) + 1e-9
+
+
+# ---------------------------------------------------------------- a rendezvous forming a round
+def test_a_job_re_forming_after_a_change_is_not_stalled():
+    """A node joined at 50 s: the round re-forms and its workers restart; on a loaded machine the
+    first step of the new round comes late. Not "all ranks hung": the clock starts at the change."""
+    ticks = [StallObservation(0, nodes(10))]
+    ticks += [StallObservation(float(now), nodes(10, at=float(now)), rendezvous_changed_at=50.0,
+                               rendezvous_forming=now < 80) for now in range(5, 110, 5)]
+    ticks.append(StallObservation(110, nodes(11, at=110), rendezvous_changed_at=50.0))
+    _, out = run(ticks)
+    assert not any(d.stalled for d in out)
+    assert not [a for d in out for a in d.actions]
+
+
+def test_a_round_still_forming_is_not_stalled_however_long_the_change_was_ago():
+    ticks = [StallObservation(0, nodes(10))]
+    ticks += [StallObservation(float(now), nodes(10, at=float(now)), rendezvous_changed_at=5.0, rendezvous_forming=True)
+              for now in range(5, 300, 5)]
+    _, out = run(ticks)
+    assert not any(d.stalled for d in out)
+
+
+def test_a_formed_round_without_a_step_is_a_stall_one_bound_after_it_formed():
+    ticks = [StallObservation(0, nodes(10))]
+    ticks += [StallObservation(float(now), nodes(10, at=float(now)), rendezvous_changed_at=40.0)
+              for now in range(5, 200, 5)]
+    _, out = run(ticks)
+    first = next(i for i, d in enumerate(out) if d.stalled)
+    assert ticks[first].now > 40.0 + S.stall_after_s and ticks[first - 1].now <= 40.0 + S.stall_after_s
+    assert out[first].detected and out[first].cause is StallCause.RANKS_HUNG
+    # measured from the last step, not from the change: the billed time without a step is honest
+    assert out[first].tracker.episode.since == 0
+
+
+def test_a_rendezvous_that_keeps_re_forming_without_a_step_is_a_stall_after_reforming_max():
+    s = replace(S, reforming_max_s=200.0)
+    ticks = [StallObservation(0, nodes(10))]
+    ticks += [StallObservation(float(now), nodes(10, at=float(now)), rendezvous_changed_at=float(now - now % 20),
+                               rendezvous_forming=True) for now in range(5, 400, 5)]
+    _, out = run(ticks, settings=s)
+    first = next(i for i, d in enumerate(out) if d.stalled)
+    assert 200.0 < ticks[first].now <= 205.0
+    assert out[first].cause is StallCause.RANKS_HUNG and out[first].actions
+
+
+def test_re_forming_during_a_stall_waits_instead_of_escalating():
+    """A recovery poke makes the rendezvous re-form: the next rung waits while it does."""
+    ticks = [StallObservation(0, nodes(5)), StallObservation(61, nodes(5, at=61))]
+    ticks += [StallObservation(float(now), nodes(5, at=float(now)), rendezvous_changed_at=62.0, rendezvous_forming=True)
+              for now in range(65, 200, 5)]
+    _, out = run(ticks)
+    assert out[1].detected and out[1].actions[0].kind is Recovery.REFORM
+    assert {d.cause for d in out[2:]} == {StallCause.REFORMING}
+    assert not [a for d in out[2:] for a in d.actions]

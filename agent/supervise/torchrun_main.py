@@ -7,6 +7,7 @@ torch's dynamic rendezvous polls the store once a second while it waits for a ro
 milliseconds, so these two fixed seconds dominate a membership change. ``FLEETD_RDZV_POLL_S``
 (default 0.1) replaces both; the store load is a few small requests per second per node.
 
+It also lets torchrun ride through a rendezvous-store outage (agent/supervise/store_ride.py).
 Everything else is torchrun unchanged. If a future torch renames these internals, the launcher
 logs it and runs torchrun as is (slower, still correct).
 
@@ -93,6 +94,9 @@ def checkpoint_before_join(timeout_s: float) -> int | None:
 
 def main() -> None:
     _patch(float(os.environ.get("FLEETD_RDZV_POLL_S", "0.1")))
+    from agent.supervise import store_ride
+
+    store_ride.install()  # a store restart no longer ends the workers (store_ride's docstring)
     checkpoint_before_join(float(os.environ.get("FLEETD_JOIN_CKPT_TIMEOUT_S", "10")))
     from torch.distributed.run import main as torchrun_main
 

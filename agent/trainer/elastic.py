@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-from agent.trainer import local_ckpt
+from agent.trainer import local_ckpt, store_view
 from agent.trainer.context import TrainerContext
 from agent.trainer.local_ckpt import Mode, SavedStep
 from agent.trainer.reports import TrainerReports
@@ -66,6 +66,8 @@ class ElasticCheckpointer(ResumeSteps):
         self.last_saved: int | None = None
         self.resumed_from: int | None = None
         self._link = None
+        self._view: store_view.StoreView | None = None  # rank 0's look at the store, every step
+        self.store_generation = 0
         self._pulse_at = 0.0  # monotonic time of rank 0's last progress bump
         self.reports = TrainerReports(self.ctx)
         # Which step the parameters hold, for a save without collectives after a peer's loss.
@@ -76,6 +78,8 @@ class ElasticCheckpointer(ResumeSteps):
 
             self._link = StoreLink(self.ctx.store_host, self.ctx.store_port, self.ctx.run_id).connect()
             self.handled_seq = self._agree_max(self._already_handled() if self.ctx.rank == 0 else 0)
+            if self.ctx.rank == 0:
+                self._view = store_view.StoreView(self._link, self.emit)
             if self.ctx.local_rank == 0 and self.ctx.node_addr:
                 # From now on this node holds training state: a notice must checkpoint it.
                 from fleetd.protocol.rendezvous_keys import Member
@@ -193,16 +197,35 @@ class ElasticCheckpointer(ResumeSteps):
         if self._guard is not None:
             self._guard.step_done(step)
         if self._link is not None:
-            if self.ctx.rank == 0:
-                self._pulse()
-            seen = self._link.latest_request_seq() if self.ctx.rank == 0 else 0
-            agreed = self._agree_max(seen)
+            # Rank 0 reads the store (and survives its outage: agent/trainer/store_view.py); the
+            # others learn the newest request, and which store it is in, from the all-reduce.
+            seen = self._view.seen(self.handled_seq, self._pulse) if self._view is not None else 0
+            generation, agreed = store_view.unpack(self._agree_max(seen))
+            if generation != self.store_generation:
+                self._new_store(generation)
             if agreed > self.handled_seq:
                 self._answer(step, agreed)
                 return
         if self.ctx.ckpt_interval and step % self.ctx.ckpt_interval == 0:
             self.save(step)
         self.reports.progress(step)
+
+    def _new_store(self, generation: int) -> None:
+        """The rendezvous store restarted empty while this worker trained on: its request numbers
+        start again, and this node's member key must be written again (a notice checks it)."""
+        self.store_generation, self.handled_seq = generation, 0
+        assert self._link is not None
+        if self.ctx.rank != 0:
+            self._link.drop()  # connect to the new store on the next call
+        if self.ctx.local_rank == 0 and self.ctx.node_addr:
+            from agent.trainer.store_link import StoreLinkError
+            from fleetd.protocol.rendezvous_keys import Member
+
+            try:
+                self._link.mark_member(self.ctx.node_addr, Member(world_size=self.ctx.world_size))
+            except StoreLinkError as exc:
+                self.emit("store_member_unmarked", error=str(exc)[:200])
+        self.emit("store_generation", generation=generation)
 
     def _pulse(self) -> None:
         """Tell fleetd's steering the job advances (rendezvous_keys.progress_key): a node whose

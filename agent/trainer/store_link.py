@@ -42,6 +42,26 @@ class StoreLink:
             raise StoreLinkError(f"rendezvous store {self.host}:{self.port} unreachable: {exc}") from None
         return self
 
+    def drop(self) -> None:
+        """Forget the connection (the store went away): the next call connects again."""
+        with self._lock:
+            self._store = None
+
+    def reconnect(self, timeout_s: float) -> "StoreLink":
+        """Connect again with a short timeout (a training rank retries between steps and must not
+        block long on a store that is still down), then use the normal timeout for calls."""
+        from torch.distributed import TCPStore
+
+        try:
+            store = TCPStore(self.host, self.port, is_master=False, multi_tenant=True,
+                             timeout=timedelta(seconds=timeout_s))
+            store.set_timeout(self._timeout)
+        except (RuntimeError, ValueError, TimeoutError, OSError) as exc:
+            raise StoreLinkError(f"rendezvous store {self.host}:{self.port} unreachable: {exc}") from None
+        with self._lock:
+            self._store = store
+        return self
+
     def _op(self, name: str, *args: Any) -> Any:
         if self._store is None:
             self.connect()

@@ -47,6 +47,10 @@ def run(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         ctx = DaemonContext(cfg)
+        if not args.dry_run:
+            from fleetd.state_backup import restore_at_start
+
+            await restore_at_start(cfg)  # before anything opens the DB
         plugins, ledger = await production_plugins(cfg, ctx, dry_run=args.dry_run)
         try:
             return await run_daemon(cfg, planner=plan, plugins=plugins, dry_run=args.dry_run,

@@ -116,7 +116,9 @@ def fleetd_toml(workdir: Path, ep: DemoEndpoints, nodes: int, budget_usd: float,
         # Compressed like the demo's notices: a stall is 20 s without a step (production: 180 s).
         # No node replacement: the demo's nodes are local processes on one box, and a fresh node
         # re-imports torch there (on an overloaded box that deepens the stall it should cure).
-        "stall": {"stall_after_s": 20.0, "escalate_after_s": 60.0, "replace_nodes": False},
+        # A rendezvous forming a round is not stalled for up to 120 s after the last step.
+        "stall": {"stall_after_s": 20.0, "escalate_after_s": 60.0, "replace_nodes": False,
+                  "reforming_max_s": 120.0},
         "logging": {"level": "info", "json": True},
     }, overrides or {})
     path.write_text(to_toml(groups))

@@ -6,6 +6,13 @@ trainers all exited (the store died, training crashed) or whose ranks all hang k
 and burns the budget. The stall watcher (fleetd/stall_watch.py) feeds :func:`assess` plain
 data and ``now``, and carries out the actions it returns.
 
+A job that is forming a round is not stalled: the stall clock starts again at the rendezvous'
+last change (a round opened for joiners, or a new round formed; the steering sees both), for at
+most ``reforming_max_s`` after the last step. On an overloaded machine a re-form after a change
+takes a while (every worker restarts and imports torch); read as "all ranks hung", its recovery
+(poke, restart, replace) only forced more re-forms. A rendezvous that keeps changing without a
+step for longer than ``reforming_max_s`` is a stall like any other.
+
 Cause, from what fleetd can see (first match wins):
 
 1. the rendezvous store does not answer fleetd -> wait: systemd restarts it, and the agents start
@@ -13,9 +20,11 @@ Cause, from what fleetd can see (first match wins):
    nodes would not help;
 2. the store restarted during the stall, less than ``escalate_after_s`` ago -> wait: the trainers
    are on their way back;
-3. every billed node that reports says its trainer is not running -> trainers exited;
-4. no billed node sent telemetry lately -> agents silent;
-5. otherwise trainers run and no step completes -> all ranks hung.
+3. the rendezvous is forming a round, or changed less than ``stall_after_s`` ago, and the stall
+   is younger than ``reforming_max_s`` -> wait: re-forming;
+4. every billed node that reports says its trainer is not running -> trainers exited;
+5. no billed node sent telemetry lately -> agents silent;
+6. otherwise trainers run and no step completes -> all ranks hung.
 
 Recovery, one rung per ``escalate_after_s`` while the stall lasts, each rung once per stall:
 trainers exited: restart them, then re-form, then replace the nodes; hung or silent: re-form
@@ -37,6 +46,7 @@ class StallCause(StrEnum):
     TRAINERS_EXITED = "trainers exited"
     AGENTS_SILENT = "no telemetry from the nodes"
     RANKS_HUNG = "all ranks hung"
+    REFORMING = "rendezvous re-forming"
 
 
 class Recovery(StrEnum):
@@ -50,7 +60,7 @@ LADDERS: dict[StallCause, tuple[Recovery, ...]] = {
     StallCause.RANKS_HUNG: (Recovery.REFORM, Recovery.RESTART_TRAINERS, Recovery.REPLACE_NODES),
     StallCause.AGENTS_SILENT: (Recovery.REFORM, Recovery.RESTART_TRAINERS, Recovery.REPLACE_NODES),
 }
-WAITING = frozenset({StallCause.STORE_UNREACHABLE, StallCause.STORE_RESTARTED})
+WAITING = frozenset({StallCause.STORE_UNREACHABLE, StallCause.STORE_RESTARTED, StallCause.REFORMING})
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +69,7 @@ class StallSettings:
     escalate_after_s: float = 120.0
     replace_nodes: bool = True
     telemetry_fresh_s: float = 30.0
+    reforming_max_s: float = 600.0
     max_history: int = 50
 
 
@@ -78,6 +89,10 @@ class StallObservation:
     store_reachable: bool | None = None  # None: not known (no steering in this process)
     store_restarted_at: float | None = None  # the last time fleetd saw a new store
     training_expected: bool = True  # False once the job is being stopped
+    # From fleetd's steering (None/False: not known): when the rendezvous last changed shape (a
+    # round opened, nodes joined or left it, a round formed), and whether a round is open now.
+    rendezvous_changed_at: float | None = None
+    rendezvous_forming: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +155,8 @@ def _cause(obs: StallObservation, since: float, s: StallSettings) -> StallCause:
     r = obs.store_restarted_at
     if r is not None and r >= since and obs.now - r < s.escalate_after_s:
         return StallCause.STORE_RESTARTED
+    if _reforming(obs, since, s):
+        return StallCause.REFORMING
     billed = [n for n in obs.nodes if n.billed]
     reporting = [n for n in billed if n.trainer_running is not None]
     if reporting and not any(n.trainer_running for n in reporting):
@@ -147,6 +164,14 @@ def _cause(obs: StallObservation, since: float, s: StallSettings) -> StallCause:
     if not any(n.telemetry_at is not None and obs.now - n.telemetry_at <= s.telemetry_fresh_s for n in billed):
         return StallCause.AGENTS_SILENT
     return StallCause.RANKS_HUNG
+
+
+def _reforming(obs: StallObservation, since: float, s: StallSettings) -> bool:
+    """Forming a round (or it just changed), and not for too long without a step."""
+    if obs.now - since > s.reforming_max_s:
+        return False
+    changed = obs.rendezvous_changed_at
+    return obs.rendezvous_forming or (changed is not None and obs.now - changed <= s.stall_after_s)
 
 
 def _next_action(ep: Episode, obs: StallObservation, s: StallSettings) -> RecoveryAction | None:
@@ -216,7 +241,7 @@ def assess(tracker: StallTracker, obs: StallObservation, settings: StallSettings
     if t.advanced_at is None or billed == 0 or not obs.training_expected:
         return StallDecision(t, False)  # never trained yet (boot_timeout_s covers that), or nothing billed
     idle = obs.now - t.advanced_at
-    if idle <= s.stall_after_s:
+    if idle <= s.stall_after_s or _reforming(obs, t.advanced_at, s):
         return StallDecision(t, False)
     cause = _cause(obs, t.advanced_at, s)
     ep = Episode(since=t.advanced_at, detected_at=obs.now, cause=cause, billed_nodes=billed,

@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -72,6 +73,11 @@ class Steerer:
     progress_at: datetime | None = None
     round_seen_at: datetime | None = None  # a round just formed: its members were all alive then
     tolerated: frozenset[str] = frozenset()
+    # For the stall rule (fleetd/policy/stall.py): when the rendezvous last changed shape (epoch
+    # seconds) and whether a round is open now. A job forming a round is not stalled.
+    rendezvous_changed_at: float | None = None
+    rendezvous_forming: bool = False
+    _shape: tuple | None = None
 
     async def observe(self, now: datetime) -> decide.Observation:
         from fleetd.protocol import rendezvous_keys as keys
@@ -114,6 +120,7 @@ class Steerer:
         left = {a for a, k in left_keys.items() if self.client.parse(keys.Left, k, raw[k]) is not None}
         noticed = {a for a, k in noticed_keys.items() if self.client.parse(keys.Noticed, k, raw[k]) is not None}
         self.last_state = s
+        self._note_shape(s, now)
         if s is not None:
             for node, beat in s.last_heartbeats.items():
                 if not node.is_marker and beat > self.heartbeats.get(node.addr, beat - timedelta(1)):
@@ -162,7 +169,8 @@ class Steerer:
         self.store_restarted_at = now.timestamp()
         log.warning("rendezvous_store_restarted", restarts=self.store_restarts, members=sorted(self.members or ()),
                     leaving=sorted(self.told_leave),
-                    why="the rendezvous host restarted: the store is empty, every torchrun restarts")
+                    why="the rendezvous host restarted: the store is empty; the nodes write their round back "
+                        "(agent/supervise/store_ride.py), or restart torchrun if it was down too long")
         self.members_round, self.last_state, self.adopted = None, None, False
         self.heartbeats.clear()
         if self.members:
@@ -172,6 +180,15 @@ class Steerer:
             await self.client.tell_leave(addr, "told again: the rendezvous store restarted")
             self.told_leave[addr] = now
         return True
+
+    def _note_shape(self, s: RendezvousState | None, now: datetime) -> None:
+        if s is None:
+            self.rendezvous_forming = False
+            return
+        shape = (s.round, s.complete, s.closed, frozenset(s.participant_addrs), frozenset(n.addr for n in s.waiting))
+        if shape != self._shape:
+            self._shape, self.rendezvous_changed_at = shape, now.timestamp()
+        self.rendezvous_forming = not s.closed and (not s.complete or bool(s.waiting))
 
     def _progress_at(self) -> datetime | None:
         """When the job last showed it was alive: its progress counter moved, or a round formed
@@ -265,21 +282,54 @@ class Steerer:
         await self.client.update(lambda s: None if s.closed else s.closed_for_good())
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Steer until ``stop``; a store outage is logged and retried, never fatal."""
+        """Steer until ``stop``. A store outage (the rendezvous host restarting) is ridden through
+        quietly: one line when it begins, one when the store answers again; meanwhile a plain TCP
+        probe every ``OUTAGE_PROBE_S`` (torch's client would block seconds per try and print
+        a C++ stack trace each time), then one reconnect. The next pass sees the new
+        incarnation and re-seeds what the store lost (_store_restarted)."""
+        down_since: float | None = None
         while not stop.is_set():
             try:
                 await self.step()
+                if down_since is not None:
+                    log.warning("rendezvous_reachable_again", down_s=round(time.monotonic() - down_since, 1))
+                    down_since = None
             except RendezvousUnavailable as exc:
-                log.warning("rendezvous_unreachable", error=str(exc))
-                await _sleep_or_stop(stop, 1.0)
-                try:
-                    await self.client.connect()
-                except RendezvousUnavailable:
-                    pass
+                if down_since is None:
+                    down_since = time.monotonic()
+                    log.warning("rendezvous_unreachable", error=str(exc).splitlines()[0][:200],
+                                why="steering waits for the store; training does not need it meanwhile")
+                await self._reconnect_when_answering(stop)
                 continue
             except RendezvousError as exc:
-                log.error("rendezvous_steer_failed", error=str(exc))
+                log.error("rendezvous_steer_failed", error=str(exc).splitlines()[0][:300])
             await _sleep_or_stop(stop, self.settings.interval_s)
+
+    async def _reconnect_when_answering(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            if await _port_answers(self.client.host, self.client.port):
+                try:
+                    await self.client.connect()
+                    return
+                except RendezvousUnavailable:
+                    pass  # listening but not serving yet
+            await _sleep_or_stop(stop, OUTAGE_PROBE_S)
+
+
+OUTAGE_PROBE_S = 0.5
+
+
+async def _port_answers(host: str, port: int, timeout_s: float = 1.0) -> bool:
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    try:
+        await writer.wait_closed()
+    except OSError:
+        pass
+    return True
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
@@ -294,14 +344,7 @@ async def _main(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    client = RendezvousClient(args.host, args.port, args.run_id)
-    while not stop.is_set():
-        try:
-            await client.connect()
-            break
-        except RendezvousUnavailable as exc:
-            log.warning("rendezvous_unreachable", error=str(exc))
-            await _sleep_or_stop(stop, 0.5)
+    client = RendezvousClient(args.host, args.port, args.run_id)  # connected by run()
     settings = SteerSettings(min_nodes=args.min_nodes, max_nodes=args.max_nodes, dead_after_s=args.dead_after_s,
                              hang_after_s=args.hang_after_s)
     await Steerer(client, settings).run(stop)

@@ -1,0 +1,183 @@
+"""The state DB off the control host: an online copy in the checkpoint bucket, restored at start.
+
+``fleetd.db`` holds what EC2's tags cannot give back: the ledger (spend so far: without it the
+budget would start again from 0) and the pools' interruption history. It lives on the control
+host's disk, so losing that disk used to lose them. Every ``fleet.state_backup_interval_s``
+(default 300 s; 0 turns it off) fleetd copies the live DB with SQLite's online backup API (a
+consistent snapshot while the daemon keeps writing; WAL included) and puts it at
+``s3://<checkpoints.bucket>/<checkpoints.prefix>/_fleetd/<fleet.name>/fleetd.db``, only when it
+changed. ``fleetd run`` restores it before opening the DB when the local file is missing (a new
+disk, a new host); a DB that exists is never overwritten. What a restore loses: at most one
+interval of ledger events and pool history (instances are adopted by their fleet tag anyway).
+
+Blocking SQLite and file work runs in worker threads; S3 through aiobotocore like the rest of
+fleetd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import sqlite3
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fleetd.protocol.logs import get_logger
+
+log = get_logger(__name__)
+
+DB_NAME = "fleetd.db"  # fleetd.reconcile.ledger_store.DB_NAME (not imported: no DB code needed here)
+
+
+def backup_key(cfg: Any) -> str:
+    prefix = cfg.checkpoints.prefix.strip("/")
+    return "/".join(p for p in (prefix, "_fleetd", cfg.fleet.name, DB_NAME) if p)
+
+
+def s3_client_kwargs(cfg: Any) -> dict[str, Any]:
+    from fleetd.reconcile.build import PRODUCTION_RETRIES
+
+    kwargs: dict[str, Any] = {"region_name": cfg.aws.region, "config": PRODUCTION_RETRIES}
+    if cfg.aws.endpoint_url:
+        kwargs["endpoint_url"] = cfg.aws.endpoint_url
+    return kwargs
+
+
+def snapshot(src: Path, dest: Path) -> str:
+    """A consistent copy of the live DB (SQLite online backup; readers and the writer go on).
+    Returns the copy's SHA-256."""
+    live = sqlite3.connect(f"file:{src}?mode=ro", uri=True)
+    try:
+        copy = sqlite3.connect(dest)
+        try:
+            live.backup(copy)
+        finally:
+            copy.close()
+    finally:
+        live.close()
+    return hashlib.sha256(dest.read_bytes()).hexdigest()
+
+
+def _install(data: bytes, path: Path) -> None:
+    """Write a restored DB atomically, and only where none exists (never over a live one)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".restore-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        check = sqlite3.connect(tmp)  # a torn or foreign object is refused, not installed
+        try:
+            if check.execute("PRAGMA integrity_check").fetchone()[0] != "ok":
+                raise sqlite3.DatabaseError("integrity_check failed")
+        finally:
+            check.close()
+        os.link(tmp, path)  # fails if a DB appeared meanwhile: never replace one
+    finally:
+        os.unlink(tmp)
+
+
+def open_s3(cfg: Any) -> Any:
+    """An async context manager yielding an aiobotocore S3 client for fleetd's config."""
+    from aiobotocore.session import get_session
+
+    session = get_session()
+    if cfg.aws.profile:
+        session.set_config_variable("profile", cfg.aws.profile)
+    return session.create_client("s3", **s3_client_kwargs(cfg))
+
+
+async def restore_at_start(cfg: Any) -> bool:
+    """``fleetd run``'s first step: restore a missing DB from its backup (when backups are on).
+    S3 trouble is logged and start-up goes on with a new DB, as before backups existed."""
+    if cfg.fleet.state_backup_interval_s <= 0 or (Path(cfg.fleet.state_dir) / DB_NAME).exists():
+        return False
+    try:
+        async with open_s3(cfg) as s3:
+            return await restore_if_missing(cfg, s3)
+    except Exception as exc:  # noqa: BLE001 - botocore's errors are many; a new DB is the fallback
+        log.error("state_db_restore_failed", error=repr(exc)[:300], why="starting with a new DB")
+        return False
+
+
+async def restore_if_missing(cfg: Any, s3: Any) -> bool:
+    """At start, before the DB is opened: fetch the backup when there is no local DB. True when
+    a backup was restored. A missing backup (a new fleet) is not an error."""
+    path = Path(cfg.fleet.state_dir) / DB_NAME
+    if path.exists():
+        return False
+    bucket, key = cfg.checkpoints.bucket, backup_key(cfg)
+    from botocore.exceptions import ClientError
+
+    try:
+        resp = await s3.get_object(Bucket=bucket, Key=key)
+        async with resp["Body"] as body:
+            data = await body.read()
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") not in ("NoSuchKey", "NoSuchBucket", "404"):
+            raise
+        log.warning("state_db_new", path=str(path), why=f"no local DB and no backup at s3://{bucket}/{key}")
+        return False
+    try:
+        await asyncio.to_thread(_install, data, path)
+    except (sqlite3.DatabaseError, FileExistsError) as exc:
+        log.error("state_db_restore_refused", key=key, error=str(exc))
+        return False
+    log.warning("state_db_restored", path=str(path), source=f"s3://{bucket}/{key}", bytes=len(data),
+                last_modified=str(resp.get("LastModified")))
+    return True
+
+
+@dataclass
+class StateBackup:
+    """The daemon component: back the DB up every ``interval_s``, when it changed."""
+
+    cfg: Any
+    interval_s: float
+    s3: Any = None  # an aiobotocore S3 client (run() opens one when None)
+    last_digest: str | None = None
+    uploads: int = 0
+
+    async def once(self) -> bool:
+        src = Path(self.cfg.fleet.state_dir) / DB_NAME
+        if not src.exists():
+            return False
+        with tempfile.TemporaryDirectory(prefix="fleetd-backup-") as tmp:
+            dest = Path(tmp) / DB_NAME
+            digest = await asyncio.to_thread(snapshot, src, dest)
+            if digest == self.last_digest:
+                return False
+            data = await asyncio.to_thread(dest.read_bytes)
+        await self.s3.put_object(Bucket=self.cfg.checkpoints.bucket, Key=backup_key(self.cfg), Body=data,
+                                 ChecksumAlgorithm="SHA256")
+        self.last_digest, self.uploads = digest, self.uploads + 1
+        log.info("state_db_backed_up", key=backup_key(self.cfg), bytes=len(data))
+        return True
+
+    async def run(self, ctx: Any) -> None:
+        if self.s3 is None:
+            async with open_s3(self.cfg) as s3:
+                self.s3 = s3
+                try:
+                    await self._loop(ctx)
+                finally:
+                    self.s3 = None
+            return
+        await self._loop(ctx)
+
+    async def _loop(self, ctx: Any) -> None:
+        # First copy one interval after start: the DB was just opened (or restored) as it is.
+        while not ctx.stopping.is_set():
+            try:
+                await asyncio.wait_for(ctx.stopping.wait(), self.interval_s)
+                return
+            except TimeoutError:
+                pass
+            try:
+                await self.once()
+            except Exception as exc:  # noqa: BLE001 - a failed backup is retried; never stop the daemon
+                log.error("state_db_backup_failed", error=repr(exc)[:300])
