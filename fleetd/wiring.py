@@ -41,6 +41,10 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
     intake = build_intake(cfg, wake=ctx.wake_loop)
     signals = TrainingSignals(intake.registry, cfg.job.nproc_per_node)
     components: list[Any] = [*intake.components(), status_component()]
+    if cfg.enrol.enabled:
+        from fleetd.identity.server import enrolment_component
+
+        components.append(enrolment_component(cfg))
     if dry_run:
         # Stalls are still detected and reported; no recovery action is taken.
         ctx.stall = StallWatcher(cfg.stall.settings(), intake.registry, state_dir=cfg.fleet.state_dir, dry_run=True,
