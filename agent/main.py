@@ -24,7 +24,7 @@ from agent import __version__
 from agent.config import AgentConfig
 from agent.hooks import AgentContext, HooksFactory, LoggingHooks, NodeHooks
 from agent.node.imds import Identity, ImdsClient, SpotSignal, SpotWatcher, read_identity
-from agent.node.enrol import NodeEnrolment
+from agent.node.enrol import NodeEnrolment, mqtt_with_identity
 from agent.node.deadman import ControllerWatch, run_shutdown_command
 from agent.node.mqtt_session import MqttSession
 from agent.node.notice_repeat import repeat_notice
@@ -92,10 +92,7 @@ class Agent:
                 enrolment = NodeEnrolment(node.enrol_url, imds, identity.instance_id, node.state_dir / "identity")
                 if await self._unless_stopped(enrolment.ensure()) is None:
                     return
-                files = enrolment.files
-                # The broker's CA from our own config when given (pinned), else the one enrolment sent.
-                mqtt_cfg = mqtt_cfg.model_copy(update={"cert_file": files.cert, "key_file": files.key,
-                                                       "ca_file": mqtt_cfg.ca_file or files.ca})
+                mqtt_cfg = mqtt_with_identity(mqtt_cfg, enrolment.files)
             outbox = Outbox(node.state_dir / "outbox.jsonl")
             await outbox.open()
             session = self.session = MqttSession(

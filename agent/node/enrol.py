@@ -36,6 +36,7 @@ from fleetd.protocol.enrol import (
 )
 from fleetd.protocol.errors import ProtocolError
 from fleetd.protocol.logs import get_logger
+from fleetd.protocol.settings import MqttConfig
 
 log = get_logger(__name__)
 RENEW_AT = 2 / 3  # of the certificate's life
@@ -76,6 +77,13 @@ def _write(path: Path, data: bytes, mode: int) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def mqtt_with_identity(mqtt: MqttConfig, files: IdentityFiles) -> MqttConfig:
+    """The broker connection with the enrolled certificate. The broker's CA comes from our own
+    config when given (pinned, e.g. baked into the image: it is public), else from enrolment."""
+    return mqtt.model_copy(update={"cert_file": files.cert, "key_file": files.key,
+                                   "ca_file": mqtt.ca_file or files.ca})
 
 
 def load_or_make_key(path: Path) -> ec.EllipticCurvePrivateKey:
