@@ -57,7 +57,7 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
     steerer = Steerer(client, SteerSettings(min_nodes=1, max_nodes=cfg.fleet.max_nodes,
                                             dead_after_s=cfg.loss.dead_after_s,
                                             hang_after_s=cfg.loss.hang_after_s),
-                      on_heartbeat=intake.registry.note_store_heartbeat)
+                      on_heartbeat=intake.registry.note_store_heartbeat, known_addr=intake.registry.knows_addr)
     commander = TrainingCommander(client, intake.mqtt.send_command, intake.registry, signals,
                                   close_rendezvous=steerer.close_rendezvous)
     steerer.on_leave = commander.tell_leave

@@ -210,3 +210,128 @@ async def _until(cond, what: str, timeout: float = 20.0) -> None:
         if loop.time() > deadline:
             pytest.fail(f"timed out waiting for: {what}")
         await asyncio.sleep(0.05)
+
+
+# ------------------------------------------------------------------ probing a running `fleetd demo`
+def _wait_for(cond, what: str, timeout: float):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.5)
+
+
+class _V5:
+    """A paho MQTT v5 client: the broker answers every QoS 1 PUBLISH and SUBSCRIBE with a reason
+    code, so a refusal is read from the broker itself, not inferred from a silence."""
+
+    def __init__(self, host: str, port: int, ctx: ssl.SSLContext, client_id: str) -> None:
+        import threading
+
+        import paho.mqtt.client as paho
+
+        self.acks: dict[int, object] = {}
+        self._cv = threading.Condition()
+        self.c = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=paho.MQTTv5)
+        self.c.tls_set_context(ctx)
+        self.c.on_publish = lambda _c, _u, mid, rc, _p: self._ack(mid, rc)
+        self.c.on_subscribe = lambda _c, _u, mid, rcs, _p: self._ack(mid, rcs)
+        self.c.connect(host, port, keepalive=30)
+        self.c.loop_start()
+
+    def _ack(self, mid: int, rc: object) -> None:
+        with self._cv:
+            self.acks[mid] = rc
+            self._cv.notify_all()
+
+    def _wait(self, mid: int) -> object:
+        with self._cv:
+            assert self._cv.wait_for(lambda: mid in self.acks, timeout=10), f"no ack for mid {mid}"
+            return self.acks[mid]
+
+    def publish(self, topic: str, payload: bytes) -> str:
+        info = self.c.publish(topic, payload, qos=1)
+        return str(self._wait(info.mid))
+
+    def subscribe(self, topic: str) -> str:
+        _, mid = self.c.subscribe(topic, qos=1)
+        return str(self._wait(mid)[0])  # type: ignore[index]
+
+    def close(self) -> None:
+        self.c.disconnect()
+        self.c.loop_stop()
+
+
+def probe_running_demo(workdir: Path, timeout: float = 240.0) -> dict[str, object]:
+    """Run outside clients against a running `fleetd demo`'s broker (tests/test_demo.py calls it
+    while the demo runs). Nothing it sends can disturb the demo: every payload it gets through
+    is one the controller rejects as malformed, and no client id it uses is one the demo uses."""
+    from fleetd.identity.ca import CaFiles, LocalCa
+
+    conf = _wait_for(lambda: (workdir / "mosquitto.conf").exists() and (workdir / "mosquitto.conf").read_text(),
+                     "the demo's broker config", timeout)
+    port = int(re.search(r"^listener (\d+) 127\.0\.0\.1$", conf, re.M).group(1))  # type: ignore[union-attr]
+    enrolled = _wait_for(lambda: sorted(p.parent.parent.name for p in (workdir / "nodes").glob("*/identity/node.crt")),
+                         "an enrolled node", timeout)
+    victim = enrolled[0]
+    files = CaFiles(workdir / "pki")
+    ca = files.ca_cert
+    host = "127.0.0.1"
+    out: dict[str, object] = {"victim": victim}
+
+    async def handshakes() -> None:
+        topic = node_topic(FLEET, victim, "events")
+        out["anonymous_refused"] = await _refused(host, port, _ctx(ca, None), topic)
+        out["plaintext_refused"] = await _refused(host, port, None, topic)
+        out["self_signed_refused"] = await _refused(host, port, _ctx(ca, _self_signed(workdir, victim)), topic)
+
+    asyncio.run(handshakes())
+    # A genuine certificate from the fleet CA for another node A (as enrolment would issue it; a
+    # fresh id, so no client of the demo is taken over), publishing as the demo's node B.
+    node_a = "i-0aaaaaaaaaaaaaaaa"
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = LocalCa.load(files).sign(node_a, key.public_key(), dt.timedelta(minutes=10), dt.datetime.now(dt.UTC))
+    crt, kp = workdir / "probe-a.crt", workdir / "probe-a.key"
+    crt.write_bytes(pem(cert))
+    kp.write_bytes(key_pem(key))
+    a = _V5(host, port, _ctx(ca, (crt, kp)), "ignored-the-broker-uses-the-cn")
+    try:
+        junk = b"probe: not a fleetd message"
+        out["as_b_events"] = a.publish(node_topic(FLEET, victim, "events"), junk)
+        out["as_b_status"] = a.publish(node_topic(FLEET, victim, "status"), junk)
+        out["command_to_b"] = a.publish(node_topic(FLEET, victim, "commands"), junk)
+        # (Reading B's commands: mosquitto grants the SUBSCRIBE and filters each delivery by the read
+        # ACL; the test above and tests/test_deploy_mosquitto.py show nothing is delivered.)
+        out["own_telemetry"] = a.publish(node_topic(FLEET, node_a, "telemetry"), junk)  # the control: allowed
+        out["own_commands"] = a.subscribe(node_topic(FLEET, node_a, "commands"))
+    finally:
+        a.close()
+    return out
+
+
+def assert_demo_broker_refused(out: dict[str, object]) -> None:
+    assert out["anonymous_refused"] and out["plaintext_refused"] and out["self_signed_refused"], out
+    for k in ("as_b_events", "as_b_status", "command_to_b"):
+        assert out[k] == "Not authorized", (k, out)
+    # Accepted (v5 says "no matching subscribers" when no controller listens, as in the probe's own test).
+    assert out["own_telemetry"] in ("Success", "No matching subscribers"), out
+    assert out["own_commands"] == "Granted QoS 1", out
+
+
+async def test_the_demo_probe_reads_refusals_from_the_broker(tmp_path):
+    """The probe that tests/test_demo.py runs during a demo, against the demo's broker alone."""
+    pki = await asyncio.to_thread(DemoPki.create, tmp_path)
+    broker, _, _ = await start_broker(tmp_path, pki)
+    try:
+        node_b = tmp_path / "nodes" / "i-0bbbbbbbbbbbbbbbb" / "identity"
+        node_b.mkdir(parents=True)
+        (node_b / "node.crt").write_text("enrolled")
+        out = await asyncio.to_thread(probe_running_demo, tmp_path, 30.0)
+        assert_demo_broker_refused(out)
+    finally:
+        await broker.stop(timeout=5.0)
