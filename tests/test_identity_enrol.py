@@ -179,3 +179,28 @@ async def _post(stack, req: EnrolRequest) -> tuple[int, dict]:
     async with aiohttp.ClientSession() as http:
         async with http.post(stack["url"] + ENROL_PATH, data=req.to_json()) as resp:
             return resp.status, json.loads(await resp.read())
+
+
+def test_ca_init_command_makes_the_files_the_broker_and_controller_use(tmp_path):
+    import subprocess
+    import sys
+
+    d = tmp_path / "ca"
+    out = subprocess.run([sys.executable, "-m", "fleetd.cli", "ca", "init", "--dir", str(d),
+                          "--broker-name", "mqtt.fleet.internal", "--broker-name", "10.0.1.10"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    ca_key = (d / "ca.key").read_bytes()
+    for name in ("ca.crt", "server.crt", "server.key", "fleetd-controller.crt", "fleetd-controller.key"):
+        assert (d / name).exists(), name
+    assert stat.S_IMODE((d / "ca.key").stat().st_mode) == 0o600
+    assert stat.S_IMODE((d / "fleetd-controller.key").stat().st_mode) == 0o600
+    ca = x509.load_pem_x509_certificate((d / "ca.crt").read_bytes())
+    server = x509.load_pem_x509_certificate((d / "server.crt").read_bytes())
+    server.verify_directly_issued_by(ca)
+    sans = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "mqtt.fleet.internal" in sans.get_values_for_type(x509.DNSName)
+    # Run again (renewing the broker's and controller's certificates): the CA itself is kept.
+    subprocess.run([sys.executable, "-m", "fleetd.cli", "ca", "init", "--dir", str(d), "--broker-name", "x"],
+                   check=True, capture_output=True, timeout=120)
+    assert (d / "ca.key").read_bytes() == ca_key
