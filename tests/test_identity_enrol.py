@@ -7,6 +7,7 @@ certificate; the genuine node gets one (CN = its instance id) and renews it with
 
 from __future__ import annotations
 
+import asyncio
 import json
 import stat
 
@@ -204,3 +205,46 @@ def test_ca_init_command_makes_the_files_the_broker_and_controller_use(tmp_path)
     subprocess.run([sys.executable, "-m", "fleetd.cli", "ca", "init", "--dir", str(d), "--broker-name", "x"],
                    check=True, capture_output=True, timeout=120)
     assert (d / "ca.key").read_bytes() == ca_key
+
+
+def test_judge_pure_rules():
+    from datetime import UTC, datetime
+
+    from fleetd.identity.rules import Binding, judge
+    from fleetd.protocol.enrol import parse_document
+
+    now = 1_800_000_000.0
+    doc = parse_document(IdentitySigner.document(instance_id="i-0123456789abcdef0", instance_type="g5.xlarge",
+                                                 zone="us-east-1a", private_ip="10.0.0.1", pending_time=now - 60))
+    s = EnrolSettings(region="us-east-1", max_document_age_s=900.0)
+    assert judge(doc, "running", None, "k1", now, s) is None
+    assert "region" in judge(doc, "running", None, "k1", now, EnrolSettings(region="eu-west-1"))
+    assert "not running" in judge(doc, "pending", None, "k1", now, s)
+    assert "not an instance of this fleet" in judge(doc, None, None, "k1", now, s)
+    assert "in the future" in judge(doc, "running", None, "k1", now - 3600, s)
+    live, expired = Binding("k1", now + 100), Binding("k1", now - 100)
+    assert "live certificate" in judge(doc, "running", live, "k2", now, s)
+    assert judge(doc, "running", live, "k1", now + 86400, s) is None  # the key holder renews, however old the doc
+    assert judge(doc, "running", expired, "k1", now, s) is None
+    assert judge(doc, "running", expired, "k2", now, s) is None  # expired + fresh document: a re-enrolment
+    assert "replayed" in judge(doc, "running", expired, "k2", now + 3600, s)
+    assert datetime.fromtimestamp(now, UTC)  # (now is an ordinary epoch)
+
+
+async def test_the_agent_renews_before_expiry(stack, ec2):
+    stack["service"].settings = EnrolSettings(region="us-east-1", cert_lifetime_s=3.0, max_document_age_s=900.0)
+    inst = await _launch(ec2)
+    async with _node(stack, inst) as imds, ImdsClient(imds.url) as client:
+        node = NodeEnrolment(stack["url"], client, imds.instance_id, stack["tmp"] / "renewing")
+        await node.ensure()
+        first = node.files.cert.read_bytes()
+        renewer = asyncio.create_task(node.run())
+        try:
+            for _ in range(300):
+                if node.enrolments >= 2:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            renewer.cancel()
+        assert node.enrolments >= 2 and node.files.cert.read_bytes() != first
+        assert stack["service"].refused == 0
