@@ -248,3 +248,20 @@ async def test_the_agent_renews_before_expiry(stack, ec2):
             renewer.cancel()
         assert node.enrolments >= 2 and node.files.cert.read_bytes() != first
         assert stack["service"].refused == 0
+
+
+async def test_a_missing_ca_is_logged_and_the_daemon_component_keeps_running(tmp_path, capsys):
+    from fleetd.config import FleetdConfig
+    from fleetd.daemon import DaemonContext
+    from fleetd.identity.server import enrolment_component
+
+    cfg = FleetdConfig.model_validate({"enrol": {"enabled": True, "ca_dir": str(tmp_path / "none"), "port": 0,
+                                                 "identity_certificate": str(tmp_path / "none.pem")},
+                                       "fleet": {"state_dir": str(tmp_path / "state")}})
+    ctx = DaemonContext(cfg)
+    task = asyncio.create_task(enrolment_component(cfg)(ctx))
+    await asyncio.sleep(0.5)
+    assert not task.done()  # waiting for shutdown, not crashed
+    ctx.stopping.set()
+    await asyncio.wait_for(task, 5)
+    assert "enrolment_unavailable" in capsys.readouterr().out

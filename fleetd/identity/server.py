@@ -93,8 +93,18 @@ def enrolment_component(cfg: Any) -> Any:
         from fleetd.reconcile.build import ec2_client_kwargs
 
         e = cfg.enrol
-        ca = LocalCa.load(CaFiles(e.ca_dir))
-        signer = load_signer_certificate(e.identity_certificate)
+        try:
+            ca = await asyncio.to_thread(LocalCa.load, CaFiles(e.ca_dir))
+            signer = await asyncio.to_thread(load_signer_certificate, e.identity_certificate)
+        except (OSError, ValueError) as exc:
+            # Budget and interruption handling must not stop for this: the daemon runs on, and
+            # says loudly why no node can get a certificate.
+            log.error("enrolment_unavailable", error=str(exc), ca_dir=str(e.ca_dir),
+                      identity_certificate=str(e.identity_certificate),
+                      why="nodes cannot get MQTT certificates until this is fixed (fleetd ca init)")
+            await ctx.stopping.wait()
+            return
+        bindings = await asyncio.to_thread(BindingStore, cfg.fleet.state_dir / "enrolments.json")
         settings = EnrolSettings(region=cfg.aws.region, cert_lifetime_s=e.cert_lifetime_s,
                                  max_document_age_s=e.max_document_age_s)
         session = get_session()
@@ -102,8 +112,7 @@ def enrolment_component(cfg: Any) -> Any:
             session.set_config_variable("profile", cfg.aws.profile)
         async with session.create_client("ec2", **ec2_client_kwargs(cfg)) as client:
             ec2 = AioEc2(client, fleet=cfg.fleet.name, job=cfg.job.name)
-            service = Enrolment(ca, signer, ec2.fleet_instance_state, settings,
-                                BindingStore(cfg.fleet.state_dir / "enrolments.json"))
+            service = Enrolment(ca, signer, ec2.fleet_instance_state, settings, bindings)
             await EnrolmentServer(service, e.host, e.port).serve(ctx.stopping)
 
     return enrolment
