@@ -19,6 +19,10 @@ class NodeConfig(Group):
     imds_timeout_s: Annotated[float, Field(gt=0)] = 1.0
     poll_interval_s: Annotated[float, Field(gt=0, le=1.0)] = 0.5
     telemetry_interval_s: Annotated[float, Field(gt=0)] = 1.0
+    # The controller's enrolment endpoint (http://host:8440): the agent trades its signed instance
+    # identity document for its MQTT client certificate there (agent/node/enrol.py) and renews it.
+    # Empty: use mqtt.cert_file/key_file as configured (or none).
+    enrol_url: str = ""
     # Address other nodes reach this one on (torchrun --local-addr); empty: IMDS local-ipv4.
     node_addr: str = ""
     state_dir: Path = Path("/var/lib/fleet-agent")

@@ -24,6 +24,7 @@ from agent import __version__
 from agent.config import AgentConfig
 from agent.hooks import AgentContext, HooksFactory, LoggingHooks, NodeHooks
 from agent.node.imds import Identity, ImdsClient, SpotSignal, SpotWatcher, read_identity
+from agent.node.enrol import NodeEnrolment, mqtt_with_identity
 from agent.node.deadman import ControllerWatch, run_shutdown_command
 from agent.node.mqtt_session import MqttSession
 from agent.node.notice_repeat import repeat_notice
@@ -86,10 +87,16 @@ class Agent:
                 return
             self.identity = identity
             bind_context(fleet=node.fleet, instance_id=identity.instance_id)
+            enrolment, mqtt_cfg = None, self.config.mqtt
+            if node.enrol_url:
+                enrolment = NodeEnrolment(node.enrol_url, imds, identity.instance_id, node.state_dir / "identity")
+                if await self._unless_stopped(enrolment.ensure()) is None:
+                    return
+                mqtt_cfg = mqtt_with_identity(mqtt_cfg, enrolment.files)
             outbox = Outbox(node.state_dir / "outbox.jsonl")
             await outbox.open()
             session = self.session = MqttSession(
-                self.config.mqtt,
+                mqtt_cfg,
                 fleet=node.fleet,
                 instance_id=identity.instance_id,
                 outbox=outbox,
@@ -134,6 +141,8 @@ class Agent:
                     tg.create_task(self._dispatch_commands(), name="commands"),
                     tg.create_task(self._guarded("hooks.run", hooks.run), name="hooks"),
                     tg.create_task(self._guarded("controller-watch", controller.run), name="controller-watch"),
+                    *([tg.create_task(self._guarded("enrolment", enrolment.run), name="enrolment")]
+                      if enrolment is not None else []),
                     # systemd pings only while the IMDS watcher keeps polling (a stuck one would miss a notice).
                     tg.create_task(
                         watchdog(self.notifier, Heartbeat.following(lambda: watcher.polls, 10.0)), name="watchdog"

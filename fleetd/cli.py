@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pools": ("fleetd.commands.pools", "the pools a config would bid on in a region: GPUs, prices, why excluded"),
     "status": ("fleetd.commands.status", "nodes, rendezvous round and budget, from fleetd's state"),
     "config": ("fleetd.commands.config", "configuration tools (config check)"),
+    "ca": ("fleetd.commands.ca", "the fleet CA for the broker and node certificates (ca init)"),
 }
 
 

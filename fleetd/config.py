@@ -238,6 +238,23 @@ class EventsConfig(Group):
     unknown_retry_s: Annotated[int, Field(ge=0, le=43200)] = 10
 
 
+class EnrolConfig(Group):
+    """Node certificates (fleetd/identity): agents enrol with their instance identity document."""
+
+    enabled: bool = False
+    # The enrolment endpoint (plain HTTP: nothing secret crosses it; agents pin the broker's CA
+    # from their own config, never from this answer, when mqtt.ca_file is set).
+    host: str = "0.0.0.0"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8440
+    # The fleet CA (`fleetd ca init --dir`): ca.crt/ca.key, the broker's and the controller's certs.
+    ca_dir: Path = Path("/etc/fleetd/ca")
+    # AWS's published RSA certificate for the region (regions-certs.html), verifying /signature.
+    identity_certificate: Path = Path("/etc/fleetd/aws-identity-rsa.pem")
+    cert_lifetime_s: Annotated[float, Field(ge=60)] = 3600.0
+    # First enrolment only this long after the instance's pendingTime (a replayed document is old).
+    max_document_age_s: Annotated[float, Field(gt=0)] = 900.0
+
+
 class FleetdConfig(CommonSettings):
     fleet: FleetConfig = FleetConfig()
     capacity: CapacityConfig = CapacityConfig(instance_types=("g5.xlarge",))
@@ -249,6 +266,7 @@ class FleetdConfig(CommonSettings):
     metrics: MetricsConfig = MetricsConfig()
     job: FleetdJobConfig = FleetdJobConfig()
     stall: StallConfig = StallConfig()
+    enrol: EnrolConfig = EnrolConfig()
 
 
 def load(path: Path | None = DEFAULT_PATH) -> FleetdConfig:

@@ -39,6 +39,10 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
     intake = build_intake(cfg, wake=ctx.wake_loop)
     signals = TrainingSignals(intake.registry, cfg.job.nproc_per_node)
     components: list[Any] = [*intake.components(), status_component()]
+    if cfg.enrol.enabled:
+        from fleetd.identity.server import enrolment_component
+
+        components.append(enrolment_component(cfg))
     if dry_run:
         # Stalls are still detected and reported; no recovery action is taken.
         ctx.stall = StallWatcher(cfg.stall.settings(), intake.registry, state_dir=cfg.fleet.state_dir, dry_run=True,
@@ -51,7 +55,7 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
     steerer = Steerer(client, SteerSettings(min_nodes=1, max_nodes=cfg.fleet.max_nodes,
                                             dead_after_s=cfg.loss.dead_after_s,
                                             hang_after_s=cfg.loss.hang_after_s),
-                      on_heartbeat=intake.registry.note_store_heartbeat)
+                      on_heartbeat=intake.registry.note_store_heartbeat, known_addr=intake.registry.knows_addr)
     commander = TrainingCommander(client, intake.mqtt.send_command, intake.registry, signals,
                                   close_rendezvous=steerer.close_rendezvous)
     steerer.on_leave = commander.tell_leave

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -18,15 +19,25 @@ pytestmark = pytest.mark.slow
 MARKER = "FLEETDEMO_TEST_RUN"
 
 
-def _demo(tmp_path: Path, *args: str, timeout: float = 420) -> tuple[subprocess.CompletedProcess, dict, str]:
+def _demo(tmp_path: Path, *args: str, timeout: float = 420,
+          during: Callable[[Path], object] | None = None) -> tuple[subprocess.CompletedProcess, dict, str]:
+    """Run `fleetd demo`; ``during(workdir)`` runs while it does (its result: ``_demo.during``)."""
     run_id = uuid.uuid4().hex
     report = tmp_path / "report.json"
     env = {**os.environ, MARKER: run_id}  # every descendant inherits it: how strays are found
-    res = subprocess.run(
-        [sys.executable, "-m", "fleetd.cli", "demo", "--workdir", str(tmp_path / "work"),
-         "--report", str(report), *args],
-        capture_output=True, text=True, timeout=timeout, env=env,
-    )
+    argv = [sys.executable, "-m", "fleetd.cli", "demo", "--workdir", str(tmp_path / "work"), "--report", str(report),
+            *args]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
+        try:
+            _demo.during = during(tmp_path / "work") if during is not None else None  # type: ignore[attr-defined]
+        except BaseException as exc:  # report it after the demo, which must still end cleanly
+            _demo.during = exc  # type: ignore[attr-defined]
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    res = subprocess.CompletedProcess(argv, proc.returncode, out, err)
     data = json.loads(report.read_text()) if report.exists() else {}
     return res, data, run_id
 
@@ -49,8 +60,19 @@ def _explain(res: subprocess.CompletedProcess, tmp_path: Path) -> str:
 
 
 def test_short_scenario_end_to_end(tmp_path: Path) -> None:
-    res, report, run_id = _demo(tmp_path, "--scenario", "short", "--duration", "70")
+    from tests.test_demo_security import assert_demo_broker_refused, probe_running_demo
+
+    # Secure by default: while the demo runs, outside clients try its broker (anonymous,
+    # plaintext, a self-signed certificate, a valid certificate for node A publishing as node B).
+    res, report, run_id = _demo(tmp_path, "--scenario", "short", "--duration", "70", during=probe_running_demo)
     assert res.returncode == 0, _explain(res, tmp_path)
+    assert not isinstance(_demo.during, BaseException), _demo.during  # type: ignore[attr-defined]
+    assert_demo_broker_refused(_demo.during)  # type: ignore[attr-defined]
+    # Every node spoke under its enrolled certificate's name (mosquitto logs u'<CN>' per connection).
+    broker_log = (tmp_path / "work" / "mosquitto.log").read_text()
+    for node in (tmp_path / "work" / "nodes").iterdir():
+        if (node / "identity" / "node.crt").exists():
+            assert f"u'{node.name}'" in broker_log, node.name
     for key in ("notices", "steps_lost", "replacements", "max_world_size", "final_step", "spend_usd",
                 "budget_usd", "on_demand_equivalent_usd", "resume_latency_s", "checkpoints_durable"):
         assert key in report, key

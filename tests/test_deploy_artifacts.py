@@ -96,7 +96,8 @@ def test_cloud_init_writes_a_valid_agent_config(tmp_path):
     path = tmp_path / "agent.toml"
     path.write_text(agent_toml["content"])
     cfg = load_settings(AgentConfig, path)
-    assert cfg.mqtt.tls and cfg.mqtt.cert_file is not None
+    # TLS with a pinned broker CA; the node's own certificate comes from enrolment at boot.
+    assert cfg.mqtt.tls and cfg.mqtt.ca_file is not None and cfg.node.enrol_url.startswith("http")
     assert ["systemctl", "enable", "fleet-agent.service"] in data["runcmd"]
     assert ["systemctl", "restart", "--no-block", "fleet-agent.service"] in data["runcmd"]
 

@@ -317,3 +317,22 @@ def test_the_adapters_create_fleet_request_tags_what_the_policy_requires():
         resource = f"arn:aws:ec2:us-east-1:123456789012:{ts['ResourceType']}/x-1"
         assert allowed(policy, "ec2:CreateFleet", resource, context), ts["ResourceType"]
         assert allowed(policy, "ec2:CreateTags", resource, {"ec2:CreateAction": ["CreateFleet"]})
+
+
+def test_node_enrolment_needs_no_new_grant_and_nodes_no_ec2_at_all():
+    """Enrolment (fleetd/identity) asks EC2 one thing, through the production adapter:
+    DescribeInstances filtered by the fleet tag (AioEc2.fleet_instance_state). Describe calls have
+    no resource-level permissions, hence ec2:Describe* on "*". The node side proves itself with
+    the identity document from IMDS: no AWS call, so the node policy stays S3-only."""
+    import inspect
+
+    from fleetd.identity import server as enrol_server
+
+    assert "fleet_instance_state" in inspect.getsource(enrol_server)
+    src = inspect.getsource(ec2_adapter.AioEc2.fleet_instance_state)
+    assert "_describe" in src and "TAG_FLEET" in src
+    assert allowed(load("controller-policy.json"), "ec2:DescribeInstances")
+    identity_files = sorted((ROOT / "fleetd" / "identity").rglob("*.py"))
+    assert identity_files and all(p in controller_files() for p in identity_files)
+    assert not all_calls([ROOT / "agent" / "node" / "enrol.py"])
+    assert not allowed(load("node-policy.json"), "ec2:DescribeInstances")

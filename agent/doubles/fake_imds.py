@@ -27,6 +27,9 @@ from typing import Any, Literal
 
 from aiohttp import web
 
+from agent.doubles.fake_iid import IdentitySigner
+
+from fleetd.protocol.enrol import DOCUMENT_PATH, SIGNATURE_PATH
 from agent.node.imds import (
     IDENTITY_PATHS,
     INSTANCE_ACTION_PATH,
@@ -68,6 +71,9 @@ class FakeImds:
     zone: str = "us-east-1a"
     lifecycle: str = "spot"
     local_ipv4: str = "127.0.0.1"
+    # Signs /latest/dynamic/instance-identity/{document,signature} (None: those paths answer 404).
+    signer: IdentitySigner | None = None
+    pending_time: float | None = None  # the instance's launch (epoch s); default: when this started
     timeout_fault_s: float = 5.0  # how long a "timeout" fault stalls (longer than the client waits)
     url: str = ""
     # GET counts per path (only requests that reached a metadata path with a valid token).
@@ -129,6 +135,7 @@ class FakeImds:
         app = web.Application()
         app.router.add_put(TOKEN_PATH, self._put_token)
         app.router.add_get("/latest/meta-data/{tail:.*}", self._get_metadata)
+        app.router.add_get("/latest/dynamic/{tail:.*}", self._get_metadata)
         app.router.add_post("/_fake/{op}", self._control)
         app.router.add_get("/_fake/stats", self._control_stats)
         return app
@@ -218,6 +225,8 @@ class FakeImds:
         }
         if path in identity:
             return identity[path]
+        if path in (DOCUMENT_PATH, SIGNATURE_PATH):
+            return self._identity_document(path)
         now = time.time()
         if path == INSTANCE_ACTION_PATH:
             sched = self._notice
@@ -228,6 +237,16 @@ class FakeImds:
         if sched is None or now < sched.visible_at:
             return None
         return json.dumps(sched.body)
+
+    def _identity_document(self, path: str) -> str | None:
+        if self.signer is None:
+            return None
+        if self.pending_time is None:
+            self.pending_time = time.time()
+        # Static for the instance's life, like the real one (which is why replays must be handled).
+        doc = IdentitySigner.document(instance_id=self.instance_id, instance_type=self.instance_type,
+                                      zone=self.zone, private_ip=self.local_ipv4, pending_time=self.pending_time)
+        return doc if path == DOCUMENT_PATH else self.signer.sign(doc)
 
     async def _control(self, request: web.Request) -> web.Response:
         op = request.match_info["op"]

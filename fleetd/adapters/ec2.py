@@ -131,7 +131,7 @@ class AioEc2:
         *,
         fleet: str,
         job: str,
-        template: TemplateRef,
+        template: TemplateRef | None = None,  # None: a client that only reads (enrolment)
         subnets_by_zone: Mapping[str, str] | None = None,
     ):
         self._client = client
@@ -177,6 +177,12 @@ class AioEc2:
             if item.get("State", {}).get("Name") in ("shutting-down", "terminated") else None,
         )
 
+    async def fleet_instance_state(self, instance_id: str) -> str | None:
+        """EC2's state of ``instance_id`` if it carries this fleet's tag; None if it does not (or
+        does not exist). Node enrolment (fleetd/identity) asks this before issuing a certificate."""
+        found = await self._describe([{"Name": f"tag:{TAG_FLEET}", "Values": [self.fleet]}], (instance_id,))
+        return next((i.state for i in found if i.instance_id == instance_id), None)
+
     async def instances_of_launch(self, token: str) -> list[Ec2Instance]:
         return await self._describe(
             [
@@ -218,6 +224,8 @@ class AioEc2:
             {"Key": TAG_LAUNCH, "Value": spec.token},
             {"Key": TAG_MARKET, "Value": str(spec.market)},
         ]
+        if self.template is None:
+            raise ValueError("this EC2 client was built without a launch template: it cannot launch")
         return {
             "Type": "instant",
             "ClientToken": spec.token,

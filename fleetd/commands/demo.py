@@ -25,6 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "Trainer with fleetd's callback), lightning (a Lightning Trainer with it); default toy")
     p.add_argument("--budget", type=float, default=5.0, metavar="USD", help="budget.total_usd (default 5)")
     p.add_argument("--report", type=Path, metavar="FILE", help="also write the final report as JSON")
+    p.add_argument("--insecure", action="store_true",
+                   help="DEBUGGING ONLY: plaintext, anonymous MQTT with no ACL and no node certificates "
+                        "(default: TLS, a certificate per node from enrolment, the fleet ACL)")
     p.add_argument("--workdir", type=Path, metavar="DIR", help="keep configs and logs here (default: a temp dir)")
 
 
@@ -49,8 +52,12 @@ def run(args: argparse.Namespace) -> int:
     duration = args.duration or scenario.duration_s or DEFAULT_DURATION_S
     # The live view owns the terminal; the demo's own log lines go to stderr.
     configure_logging("warning" if sys.stdout.isatty() else "info", json=not sys.stderr.isatty(), stream=sys.stderr)
+    if args.insecure:
+        print("WARNING: --insecure: the demo's MQTT is plaintext and anonymous, with no ACL. Any local "
+              "process can publish for any node or send any agent a drain/shutdown command. "
+              "Use it for debugging only.", file=sys.stderr)
     opts = DemoOptions(nodes=nodes, duration_s=duration, scenario=scenario,
-                       budget_usd=args.budget, workdir=args.workdir, job=args.job)
+                       budget_usd=args.budget, workdir=args.workdir, job=args.job, insecure=args.insecure)
     report = asyncio.run(run_demo(opts))
     print(render(report))
     if args.report:

@@ -1,7 +1,9 @@
-"""A local MQTT broker for the demo: mosquitto if installed, else amqtt (pure Python).
+"""A local MQTT broker for the demo: mosquitto, configured like deploy/mosquitto (TLS with
+mandatory client certificates from the fleet CA, the certificate's CN as the username, the fleet
+ACL), or, with ``--insecure`` only, a plaintext anonymous one (amqtt when mosquitto is missing).
 
 fleetd's handlers never rely on the broker's topic filtering (amqtt is known to deliver stray
-retained messages), so either broker is fine for the demo.
+retained messages), so the insecure brokers are fine for debugging.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import shutil
 from pathlib import Path
 
 from fleetd.demo.procs import Child
+from fleetd.demo.security import DemoPki
 from fleetd.localnet import free_port, wait_port_async as wait_port
 
 
@@ -20,14 +23,62 @@ def find_mosquitto() -> str | None:
     )
 
 
-def mosquitto_config(port: int, log: Path, host: str = "127.0.0.1") -> str:
-    lines = [
+# deploy/mosquitto/acl, verbatim (tests/test_demo_security.py keeps the two equal).
+FLEET_ACL = """\
+# fleetd broker ACL (mosquitto acl_file). Topics: fleetd/<fleet>/nodes/<instance-id>/<channel>.
+# Usernames are TLS certificate Common Names (mosquitto.conf: use_identity_as_username).
+
+# The controller reads everything under fleetd/ and is the only writer of commands.
+user fleetd-controller
+topic read fleetd/#
+topic write fleetd/+/nodes/+/commands
+
+# A read-only monitor (the demo's live view, an operator's dashboard): reads, never writes.
+user fleetd-observer
+topic read fleetd/#
+
+# Every node: %u is its certificate's CN, i.e. its instance id. It may publish its status (and
+# last will), telemetry and events, and receive its own commands; nothing under any other id.
+# The fleet CA issues node certificates with CN=<instance id> only, so a CN can never carry MQTT
+# wildcards or a '/' that would widen these patterns (mosquitto also denies usernames with + or #).
+pattern write fleetd/+/nodes/%u/status
+pattern write fleetd/+/nodes/%u/telemetry
+pattern write fleetd/+/nodes/%u/events
+pattern read fleetd/+/nodes/%u/commands
+"""
+
+
+def secure_listener(port: int, pki: DemoPki, acl: Path, host: str = "127.0.0.1") -> list[str]:
+    """deploy/mosquitto/mosquitto.conf's security settings, on a local port."""
+    f = pki.files
+    return [
+        "per_listener_settings false",
+        "allow_anonymous false",
+        f"acl_file {acl}",
         f"listener {port} {host}",
-        "allow_anonymous true",
+        f"cafile {f.ca_cert}",
+        f"certfile {f.server_cert}",
+        f"keyfile {f.server_key}",
+        "require_certificate true",
+        "use_identity_as_username true",
+        "use_username_as_clientid true",
+        "tls_version tlsv1.2",
+    ]
+
+
+def mosquitto_config(port: int, log: Path, host: str = "127.0.0.1", pki: DemoPki | None = None,
+                     acl: Path | None = None) -> str:
+    if pki is not None:
+        assert acl is not None
+        lines = secure_listener(port, pki, acl, host)
+    else:
+        lines = [f"listener {port} {host}", "allow_anonymous true"]
+    lines += [
         "persistence false",
         f"log_dest file {log}",
         "log_type error",
         "log_type warning",
+        "log_type notice",  # refused connections and handshakes are logged at notice level
     ]
     if os.geteuid() == 0:
         lines.append("user root")  # otherwise mosquitto drops to 'mosquitto' and cannot write the log
@@ -42,13 +93,25 @@ def amqtt_config(port: int, host: str = "127.0.0.1") -> str:
     )
 
 
-async def start_broker(workdir: Path) -> tuple[Child, str, str]:
-    """Start a broker; returns (child, url, kind)."""
+class BrokerUnavailable(Exception):
+    """A secure broker was asked for and mosquitto is not installed."""
+
+
+async def start_broker(workdir: Path, pki: DemoPki | None = None) -> tuple[Child, str, str]:
+    """Start a broker; returns (child, url, kind). With ``pki``: TLS + client certificates + ACL
+    (mosquitto required); without: plaintext and anonymous (``--insecure``)."""
     port = free_port()
     exe = find_mosquitto()
+    if pki is not None and exe is None:
+        raise BrokerUnavailable("the secure demo broker needs mosquitto (apt install mosquitto); "
+                                "or run with --insecure (plaintext, anonymous MQTT)")
     if exe is not None:
         conf = workdir / "mosquitto.conf"
-        conf.write_text(mosquitto_config(port, workdir / "mosquitto.log"))
+        acl = None
+        if pki is not None:
+            acl = workdir / "mosquitto.acl"
+            acl.write_text(FLEET_ACL)
+        conf.write_text(mosquitto_config(port, workdir / "mosquitto.log", pki=pki, acl=acl))
         child = await Child.start("mosquitto", [exe, "-c", str(conf)], workdir / "mosquitto.out")
         kind = "mosquitto"
     else:
@@ -58,4 +121,4 @@ async def start_broker(workdir: Path) -> tuple[Child, str, str]:
         child = await Child.start("amqtt", [amqtt, "-c", str(conf)], workdir / "amqtt.log")
         kind = "amqtt"
     await wait_port("127.0.0.1", port)
-    return child, f"mqtt://127.0.0.1:{port}", kind
+    return child, f"{'mqtts' if pki is not None else 'mqtt'}://127.0.0.1:{port}", kind

@@ -14,6 +14,7 @@ from fleetd.adapters.catalog import bundled_catalog
 from fleetd.adapters.pricing import DEMO_PRICE_BOOK, FilePriceBook
 from fleetd.adapters.pricing_fake import PriceListFake, SpotPriceFake
 from fleetd.demo.scenario import FleetShape
+from fleetd.demo.security import DemoPki
 from fleetd.demo.launcher import poweroff_command
 
 DEMO_FLEET = "demo"
@@ -80,6 +81,10 @@ class DemoEndpoints:
     s3_url: str  # what agents and trainers talk to (moto directly)
     mqtt_url: str
     rdzv_port: int
+    # Secure by default: the fleet PKI (broker TLS + ACL, controller certificate) and the port of
+    # fleetd's enrolment endpoint, where nodes get their certificates. None: --insecure.
+    pki: DemoPki | None = None
+    enrol_port: int = 0
 
 
 def fleetd_toml(workdir: Path, ep: DemoEndpoints, nodes: int, budget_usd: float, max_usd_per_hour: float,
@@ -105,7 +110,10 @@ def fleetd_toml(workdir: Path, ep: DemoEndpoints, nodes: int, budget_usd: float,
         # A short stop reserve: the demo's checkpoint is small and its nodes are local.
         "scaling": scaling,
         "budget": {"total_usd": budget_usd, "max_usd_per_hour": max_usd_per_hour, "stop_reserve_s": 30.0},
-        "mqtt": {"url": ep.mqtt_url},
+        "mqtt": ep.pki.controller_mqtt(ep.mqtt_url) if ep.pki is not None else {"url": ep.mqtt_url},
+        **({} if ep.pki is None else {"enrol": {
+            "enabled": True, "host": "127.0.0.1", "port": ep.enrol_port, "ca_dir": ep.pki.files.directory,
+            "identity_certificate": ep.pki.identity_certificate}}),
         "rendezvous": {"host": "127.0.0.1", "port": ep.rdzv_port, "run_id": "demo"},
         # The scaling story has no silent loss to detect fast, and its joins restart workers on
         # a busy two-core host: a longer heartbeat timeout keeps a slow beat from reading as a loss.
@@ -136,13 +144,21 @@ def agent_toml(workdir: Path, ep: DemoEndpoints, max_nodes: int, instance_id: st
     node_dir = workdir / "nodes" / instance_id
     node_dir.mkdir(parents=True, exist_ok=True)
     path = node_dir / "agent.toml"
+    mqtt: dict[str, object] = {"url": ep.mqtt_url.replace("127.0.0.1", control_addr)}
+    enrol_url = ""
+    if ep.pki is not None:
+        # The broker's CA is pinned from config (as an AMI or user data would carry it); the
+        # node's own certificate comes from enrolment, over the controller's loopback address.
+        mqtt["ca_file"] = ep.pki.files.ca_cert
+        enrol_url = f"http://127.0.0.1:{ep.enrol_port}"
     path.write_text(to_toml({
         "node": {"fleet": DEMO_FLEET, "imds_url": imds_url, "node_addr": addr, "state_dir": node_dir,
+                 "enrol_url": enrol_url,
                  "trainer_socket": node_dir / "trainer.sock", "min_nodes": 1, "max_nodes": max_nodes,
                  "shutdown_timeout_s": 20.0, "controller_lost_after_s": 90.0,
                  "shutdown_command": poweroff_command(workdir, instance_id)},
         "aws": {"region": "us-east-1", "endpoint_url": ep.s3_url},
-        "mqtt": {"url": ep.mqtt_url.replace("127.0.0.1", control_addr)},
+        "mqtt": mqtt,
         "rendezvous": {"host": control_addr, "port": ep.rdzv_port, "run_id": "demo"},
         "checkpoints": {"bucket": DEMO_BUCKET, "prefix": "checkpoints", "keep": 3, "interval_steps": 50,
                         "local_dir": node_dir / "checkpoints"},

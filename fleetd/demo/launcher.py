@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psutil
 
+from agent.doubles.fake_iid import IdentitySigner
 from agent.doubles.fake_imds import FakeImds
 from agent.supervise.proctree import kill_tree
 from fleetd.demo.procs import Child
@@ -39,6 +40,10 @@ class LocalNode:
     stopped_at: float | None = None
     frozen_tree: list[psutil.Process] = field(default_factory=list)  # a vanished node's (SIGSTOPped)
     powered_off: bool = False  # its agent ran node.shutdown_command
+
+
+def _epoch(value: object) -> float | None:
+    return value.timestamp() if hasattr(value, "timestamp") else None  # type: ignore[union-attr]
 
 
 def poweroff_marker(workdir: Path, instance_id: str) -> Path:
@@ -65,6 +70,8 @@ class Launcher:
     # EC2 TerminateInstances for one instance: what AWS does when a spot node powers itself off.
     terminate: Callable[[str], Awaitable[None]] | None = None
     poll_s: float = 0.5
+    # Plays AWS's identity signer for every node's fake IMDS (None: documents answer 404).
+    identity_signer: IdentitySigner | None = None
     nodes: dict[str, LocalNode] = field(default_factory=dict)
     _next_octet: int = FIRST_HOST_OCTET
 
@@ -100,6 +107,8 @@ class Launcher:
             zone=inst["Placement"]["AvailabilityZone"],
             lifecycle=lifecycle,
             local_ipv4=addr,
+            signer=self.identity_signer,
+            pending_time=_epoch(inst.get("LaunchTime")),
         )
         url = await imds.start("127.0.0.1", 0)
         conf = self.agent_config(iid, addr, url)

@@ -14,6 +14,7 @@ import aiomqtt
 
 from fleetd.protocol import ProtocolError, Telemetry, decode, fleet_filter
 from fleetd.protocol.logs import get_logger
+from fleetd.protocol.mqtt_options import client_kwargs
 from fleetd.protocol.settings import MqttConfig
 
 log = get_logger(__name__)
@@ -35,7 +36,7 @@ class WireView:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                async with aiomqtt.Client(mqtt.host, mqtt.port, identifier="fleetd-demo-view") as client:
+                async with aiomqtt.Client(identifier="fleetd-demo-view", **client_kwargs(mqtt)) as client:
                     await client.subscribe(fleet_filter(self.fleet), qos=1)
                     async for m in client.messages:
                         self.handle(str(m.topic), m.payload, loop.time())

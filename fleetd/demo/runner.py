@@ -4,7 +4,8 @@ Everything it starts is a child in its own process group, stopped in reverse ord
 out (also on Ctrl-C or an error), so nothing survives the demo.
 
     moto server (EC2, S3) ← fault proxy ← fleetd run        (controller, real adapters)
-    mosquitto / amqtt     ← fleetd run, agents, this view
+    mosquitto (TLS, ACL)  ← fleetd run, agents, this view    (amqtt/plaintext with --insecure)
+    fleetd run's enrolment endpoint ← each agent at boot (its signed identity document → its cert)
     fleetd rendezvous     ← torchrun on every node
     launcher: each EC2 instance → fake IMDS + fleet-agent run (→ torchrun → train_toy)
 """
@@ -26,6 +27,7 @@ from fleetd.demo.monitor import WireView
 from fleetd.demo.procs import Child, Supervised
 from fleetd.localnet import free_port, wait_port_async as wait_port
 from fleetd.demo.scenario import Scenario
+from fleetd.demo.security import DemoPki
 from fleetd.protocol.logs import get_logger
 from fleetd.protocol.settings import MqttConfig
 
@@ -52,6 +54,9 @@ class DemoOptions:
     live_view: bool = True
     steps: int = 1_000_000  # the job never finishes inside a demo
     job: str = "toy"  # fleetd.demo.configs.DEMO_JOBS: toy, hf (Hugging Face Trainer), lightning
+    # False (default): MQTT over TLS with per-node certificates from enrolment and the fleet ACL,
+    # as deployed. True: plaintext anonymous MQTT, for debugging only.
+    insecure: bool = False
 
 
 @dataclass
@@ -110,9 +115,16 @@ async def run_demo(opts: DemoOptions) -> dict:
         moto_url = f"http://127.0.0.1:{moto_port}"
         price_list, spot_prices = configs.demo_price_fakes()
         proxy = FaultProxy(moto_url, price_list=price_list, spot_prices=spot_prices).start()
-        broker, mqtt_url, broker_kind = await start_broker(workdir)
+        pki = None
+        if opts.insecure:
+            log.warning("demo_insecure", why="--insecure: plaintext, anonymous MQTT with no ACL; any local "
+                        "process can publish for any node or command any agent. For debugging only.")
+        else:
+            pki = await asyncio.to_thread(DemoPki.create, workdir)
+        broker, mqtt_url, broker_kind = await start_broker(workdir, pki)
         run.children.append(broker)
-        ep = configs.DemoEndpoints(aws_url=proxy.url, s3_url=moto_url, mqtt_url=mqtt_url, rdzv_port=free_port())
+        ep = configs.DemoEndpoints(aws_url=proxy.url, s3_url=moto_url, mqtt_url=mqtt_url, rdzv_port=free_port(),
+                                   pki=pki, enrol_port=free_port() if pki is not None else 0)
         aws = {"endpoint_url": moto_url, "region_name": "us-east-1"}
         async with session.create_client("s3", **aws) as s3:
             await s3.create_bucket(Bucket=configs.DEMO_BUCKET)
@@ -153,13 +165,15 @@ async def run_demo(opts: DemoOptions) -> dict:
                 # turns an instance-initiated shutdown into a termination.
                 await ec2.terminate_instances(InstanceIds=[iid])
 
-            run.launcher = Launcher(workdir, describe, agent_conf, env=env, terminate=terminate)
+            run.launcher = Launcher(workdir, describe, agent_conf, env=env, terminate=terminate,
+                                    identity_signer=pki.signer if pki is not None else None)
             run.view = WireView(configs.DEMO_FLEET)
             try:
                 async with asyncio.TaskGroup() as tg:
                     tasks = [
                         tg.create_task(run.launcher.run(), name="launcher"),
-                        tg.create_task(run.view.run(MqttConfig(url=mqtt_url)), name="view"),
+                        tg.create_task(run.view.run(pki.observer(mqtt_url) if pki is not None
+                                                    else MqttConfig(url=mqtt_url)), name="view"),
                         tg.create_task(play_scenario(run, ec2, proxy, events_file), name="scenario"),
                         tg.create_task(render_loop(run, events_file), name="render"),
                         tg.create_task(run.rendezvous.watch(), name="rendezvous-supervisor"),

@@ -126,6 +126,11 @@ class NodeRegistry:
         if rec is not None:
             self._nodes[iid] = dataclasses.replace(rec, store_seen_at=_latest(rec.store_seen_at, at))
 
+    def knows_addr(self, addr: str) -> bool:
+        """Some node of this fleet announced ``addr`` as its address (its status over MQTT, which
+        the broker accepts only under the node's own certificate name)."""
+        return addr in self._by_addr
+
     def is_known(self, instance_id: str) -> bool:
         """Tracked, or has spoken on this fleet's topics."""
         return instance_id in self._nodes

@@ -78,6 +78,12 @@ class Steerer:
     rendezvous_changed_at: float | None = None
     rendezvous_forming: bool = False
     _shape: tuple | None = None
+    # The store has no authentication (docs/DESIGN.md, threat model): any host that reaches its
+    # port can write keys. With ``known_addr`` (the registry: addresses an agent with a fleet
+    # certificate announced over MQTT), an address no fleet node claims has its drain/noticed
+    # keys ignored (logged once per address) unless fleetd itself told it to leave.
+    known_addr: Callable[[str], bool] | None = None
+    ignored_addrs: frozenset[str] = frozenset()
 
     async def observe(self, now: datetime) -> decide.Observation:
         from fleetd.protocol import rendezvous_keys as keys
@@ -87,6 +93,7 @@ class Steerer:
         candidates = set(self.members or ()) | set(self.told_leave)
         if self.last_state is not None:
             candidates |= self.last_state.participant_addrs | {n.addr for n in self.last_state.waiting}
+        candidates -= self._unclaimed(candidates)
         ready_keys = {a: keys.drain_ready_key(run_id, a) for a in candidates}
         left_keys = {a: keys.left_key(run_id, a) for a in self.told_leave}
         # Noticed keys matter only while a leave is in flight (they can hold back its re-form).
@@ -151,6 +158,16 @@ class Steerer:
             progress_at=self._progress_at(),
             hang_after=timedelta(seconds=st.hang_after_s),
         )
+
+    def _unclaimed(self, candidates: set[str]) -> frozenset[str]:
+        if self.known_addr is None:
+            return frozenset()
+        unknown = frozenset(a for a in candidates if a not in self.told_leave and not self.known_addr(a))
+        for addr in sorted(unknown - self.ignored_addrs):
+            log.warning("rendezvous_keys_ignored", addr=addr,
+                        why="no node of this fleet announced this address; its store keys are not read")
+        self.ignored_addrs = unknown
+        return unknown
 
     async def _store_restarted(self, raw: bytes | None, now: datetime) -> bool:
         """The rendezvous host restarted: its store came back empty. What this loop remembers
