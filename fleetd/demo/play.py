@@ -21,6 +21,7 @@ from agent.supervise.proctree import kill_tree, process_tree
 from fleetd.adapters.faults import FaultProxy
 from fleetd.adapters.pricing import DEMO_PRICE_BOOK, FilePriceBook
 from fleetd.demo import configs
+from fleetd.demo.progress import Progress
 from fleetd.demo.scenario import Step
 from fleetd.policy.model import PoolId
 from fleetd.protocol.logs import get_logger
@@ -60,6 +61,8 @@ async def play_scenario(run: Any, ec2: Any, proxy: FaultProxy, events_file: Path
             else:
                 if step.pick == "replacement":
                     await _wait_for_replacement(run)
+                if step.kind == "vanish":
+                    await _wait_for_survivors(events_file)
                 target = await _apply(run, step, proxy)
                 targets = [target] if target is not None and step.kind in ("notice", "vanish") else []
             for target in targets:
@@ -83,6 +86,20 @@ async def _wait_for_replacement(run: Any) -> None:
     until = time.time() + REPLACEMENT_WAIT_S
     while not _replacements(run) and time.time() < until:
         await asyncio.sleep(0.2)
+
+
+async def _wait_for_survivors(events_file: Path) -> None:
+    """A loss without notice shows the survivors saving the step they completed: the story needs
+    a survivor. On a slow box the replacements of earlier notices may not have joined yet, and
+    losing the only training node costs every step since the last durable checkpoint (a real
+    outcome, but not this story's): wait, bounded, for a world of two."""
+    until = time.time() + REPLACEMENT_WAIT_S
+    while time.time() < until:
+        steps = [r for r in Progress.load(events_file).records if r["ev"] == "step"]
+        if steps and int(steps[-1].get("world", 1)) >= 2:
+            return
+        await asyncio.sleep(0.5)
+    log.warning("demo_vanish_without_survivor", why=f"no world of two within {REPLACEMENT_WAIT_S:.0f} s")
 
 
 def _notice_all(run: Any) -> list[str]:
