@@ -231,6 +231,26 @@ class EventsConfig(Group):
     unknown_retry_s: Annotated[int, Field(ge=0, le=43200)] = 10
 
 
+class HaConfig(Group):
+    """High availability (DESIGN.md, "High availability"): several `fleetd run` on different
+    hosts share the state in DynamoDB; the one holding the lease acts, the others stand by."""
+
+    # "sqlite": one control host, state in <state_dir>/fleetd.db (the default). "dynamodb": the
+    # state and the ledger in ``table``, leader election by lease, every write fenced.
+    backend: Literal["sqlite", "dynamodb"] = "sqlite"
+    table: str = "fleetd-state"
+    # A standby takes over after the lease went unrenewed this long (by its own clock); the
+    # leader renews every lease_s / 3 and stops acting lease_s / 4 before it could expire.
+    lease_s: Annotated[float, Field(gt=0)] = 15.0
+    # This host's name in the lease (must differ between hosts; empty: the host name).
+    host_id: str = ""
+    # DynamoDB endpoint (None: aws.endpoint_url, else AWS's regional endpoint).
+    endpoint_url: str | None = None
+    # Create the table when missing (trials, tests). Production creates it from
+    # deploy/cloudformation/ha-state.yaml and the controller's IAM has no CreateTable.
+    create_table: bool = False
+
+
 class FleetdConfig(CommonSettings):
     fleet: FleetConfig = FleetConfig()
     capacity: CapacityConfig = CapacityConfig(instance_types=("g5.xlarge",))
@@ -242,6 +262,7 @@ class FleetdConfig(CommonSettings):
     metrics: MetricsConfig = MetricsConfig()
     job: FleetdJobConfig = FleetdJobConfig()
     stall: StallConfig = StallConfig()
+    ha: HaConfig = HaConfig()
 
 
 def load(path: Path | None = DEFAULT_PATH) -> FleetdConfig:

@@ -37,8 +37,15 @@ def store_address(cfg: FleetdConfig) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
 
-async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: bool) -> tuple[Plugins, LedgerStore | None]:
-    intake = build_intake(cfg, wake=ctx.wake_loop)
+async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: bool) -> tuple[Plugins, Any]:
+    """The plugins and what to close after the daemon (the ledger, or the HA parts)."""
+    ha = None
+    if cfg.ha.backend == "dynamodb" and not dry_run:
+        from fleetd.ha.compose import host_id, open_ha
+
+        ha = await open_ha(cfg)
+    client_id = f"fleetd-{cfg.fleet.name}-{host_id(cfg)}"[:64] if ha is not None else None
+    intake = build_intake(cfg, wake=ctx.wake_loop, client_id=client_id)
     signals = TrainingSignals(intake.registry, cfg.job.nproc_per_node)
     components: list[Any] = [*intake.components(), status_component()]
     if dry_run:
@@ -48,7 +55,7 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
         components.append(ctx.stall.run)
         return Plugins(components=components, observer=intake.registry, signals=signals), None
 
-    ledger = await LedgerStore.open(cfg.fleet.state_dir / DB_NAME)
+    ledger: Any = ha.ledger if ha is not None else await LedgerStore.open(cfg.fleet.state_dir / DB_NAME)
     client = RendezvousClient(store_address(cfg), cfg.rendezvous.port, cfg.rendezvous.run_id)
     steerer = Steerer(client, SteerSettings(min_nodes=1, max_nodes=cfg.fleet.max_nodes,
                                             dead_after_s=cfg.loss.dead_after_s,
@@ -75,7 +82,6 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
     ctx.stall = StallWatcher(cfg.stall.settings(), intake.registry, send_command=intake.mqtt.send_command,
                              steerer=steerer, state_dir=cfg.fleet.state_dir,
                              store_addr=(store_address(cfg), cfg.rendezvous.port))
-    components += [steering, commander.run, ctx.stall.run]
-    plugins = Plugins(components=components, observer=intake.registry, signals=signals,
-                      commander=commander, ledger=ledger)
-    return plugins, ledger
+    plugins = Plugins(components=components, leader_components=[steering, commander.run, ctx.stall.run],
+                      observer=intake.registry, signals=signals, commander=commander, ledger=ledger, ha=ha)
+    return plugins, ha if ha is not None else ledger

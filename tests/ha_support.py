@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from fleetd.ha.errors import LeaseLost
-from fleetd.ha.lease import LeaseRecord
+from fleetd.policy.lease import LeaseRecord
 from fleetd.ha.table import DynamoTable
 from fleetd.reconcile.state import StateStore
 from fleetd.reconcile.state_dynamo import DynamoStateStore

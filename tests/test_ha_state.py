@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fleetd.ha.errors import LeaseLost
-from fleetd.ha.lease import LeaseRecord
+from fleetd.policy.lease import LeaseRecord
 from fleetd.ha.table import MAX_PUTS
 from fleetd.policy.model import Market
 from fleetd.reconcile import journal

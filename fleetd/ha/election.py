@@ -1,5 +1,5 @@
 """The lease adapter: reads and writes the lease item (fleetd.ha.table) on the pure decisions of
-fleetd.ha.lease, and is the :class:`fleetd.ha.table.Fence` every leader write goes through.
+fleetd.policy.lease, and is the :class:`fleetd.ha.table.Fence` every leader write goes through.
 
 One step per ``renew_every_s``: read the record (strongly consistent), fold it in, write if the
 decision says so. The monotonic clock is the only clock used (a host's wall clock may jump).
@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 from fleetd.adapters.aws_errors import AwsError
-from fleetd.ha import lease
+from fleetd.policy import lease
 from fleetd.ha.errors import LeaseLost
 from fleetd.ha.table import DynamoTable
 from fleetd.protocol.logs import get_logger

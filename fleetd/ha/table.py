@@ -22,7 +22,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from fleetd.adapters.aws_errors import AwsError, aws_call, translate
 from fleetd.ha.errors import LeaseLost
-from fleetd.ha.lease import LeaseRecord
+from fleetd.policy.lease import LeaseRecord
 from fleetd.protocol.logs import get_logger
 
 log = get_logger(__name__)
