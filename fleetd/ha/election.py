@@ -61,6 +61,8 @@ class Election:
         """Returns nothing: raises LeaseLost once this host no longer leads at ``generation``
         (checked at every change and at least every renewal period, by the local clock)."""
         while True:
+            if self.state.held == generation and not self.leads():
+                self._lose("lease expired before a renewal succeeded")
             if not self.leads() or self.state.held != generation:
                 raise LeaseLost("lease lost")
             self._changed.clear()

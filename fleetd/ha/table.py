@@ -14,6 +14,7 @@ than 99 rows are split into several transactions, each fenced (not atomic togeth
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -23,6 +24,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from fleetd.adapters.aws_errors import AwsError, aws_call, translate
 from fleetd.ha.errors import LeaseLost
 from fleetd.policy.lease import LeaseRecord
+from fleetd.protocol.failpoints import failpoint
 from fleetd.protocol.logs import get_logger
 
 log = get_logger(__name__)
@@ -43,6 +45,26 @@ class Fence(Protocol):
     def refused(self, what: str) -> None:
         """A fenced write was refused by the store: give the lease up (raises LeaseLost)."""
         ...
+
+
+def _fence_refused(exc: BaseException) -> bool:
+    reasons = exc.response.get("CancellationReasons") or [] if isinstance(exc, ClientError) else []
+    return bool(reasons) and reasons[0].get("Code") == "ConditionalCheckFailed"
+
+
+def _log_late_answer(call: "asyncio.Future[Any]", generation: int, rows: int) -> None:
+    """The answer to a write whose caller was cancelled meanwhile (the lease was lost)."""
+    if call.cancelled():
+        return
+    exc = call.exception()
+    if exc is None:
+        log.info("fenced_write_landed", generation=generation, rows=rows,
+                 why="sent while this host still held the lease; its caller has stopped since")
+    elif _fence_refused(exc):
+        log.warning("fenced_write_refused", generation=generation, rows=rows,
+                    why="the lease item no longer names this host at this generation")
+    else:
+        log.warning("fenced_write_failed", generation=generation, rows=rows, error=str(exc))
 
 
 class DynamoTable:
@@ -90,6 +112,9 @@ class DynamoTable:
         """Put (kind, key, value) rows, fenced by the writer's lease generation."""
         for start in range(0, len(rows), MAX_PUTS):
             generation = fence.generation()  # raises LeaseLost before sending when the lease lapsed locally
+            # The HA tests pause (SIGSTOP) a leader here, after its own lease check and before
+            # the store sees its write: it wakes after another host took over, and is refused.
+            failpoint("fenced-write")
             check = {"ConditionCheck": {
                 "TableName": self.name, "Key": self._lease_key(),
                 "ConditionExpression": "holder = :h AND gen = :g",
@@ -97,11 +122,16 @@ class DynamoTable:
             puts = [{"Put": {"TableName": self.name, "Item": {
                 "pk": {"S": self.pk(kind)}, "sk": {"S": key}, "v": {"S": json.dumps(value, sort_keys=True)}}}}
                 for kind, key, value in rows[start:start + MAX_PUTS]]
+            call = asyncio.ensure_future(self.client.transact_write_items(TransactItems=[check, *puts]))
             try:
-                await self.client.transact_write_items(TransactItems=[check, *puts])
+                # Shielded: a write on the wire cannot be called back by cancelling this side (the
+                # store may still apply it), so its answer is always waited for and logged.
+                await asyncio.shield(call)
+            except asyncio.CancelledError:
+                call.add_done_callback(lambda f, g=generation, n=len(puts): _log_late_answer(f, g, n))
+                raise
             except ClientError as exc:
-                reasons = exc.response.get("CancellationReasons") or []
-                if reasons and reasons[0].get("Code") == "ConditionalCheckFailed":
+                if _fence_refused(exc):
                     log.warning("fenced_write_refused", generation=generation, rows=len(puts),
                                 why="the lease item no longer names this host at this generation")
                     fence.refused("a fenced write was refused")

@@ -1,6 +1,6 @@
 """Named crash points for crash-safety tests: ``FLEETD_FAILPOINTS=drain-recorded`` makes the
 process SIGKILL itself the first time it reaches ``failpoint("drain-recorded")``;
-``FLEETD_FAILPOINTS=launch-planned:stop`` makes it SIGSTOP itself there once (a pause: a GC, a
+``FLEETD_FAILPOINTS=fenced-write:stop`` makes it SIGSTOP itself there once (a pause: a GC, a
 frozen VM), and it goes on from there when the test sends SIGCONT.
 
 The tests kill a real ``fleetd run`` at the exact instant that matters (a drain recorded but not

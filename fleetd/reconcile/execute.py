@@ -224,9 +224,6 @@ class ActionExecutor:
             max_total_price=(action.count * action.worst_case_price_per_hour) or None,
         )
         self._fence()
-        # A chaos test pauses (SIGSTOP) a leader here: between its own lease check and its fenced
-        # write; it wakes after another host took over, and the store refuses the write.
-        failpoint("launch-planned")
         await self.state.record_intent(
             token=token, seq=seq, now=now, count=action.count, market=action.market, pools=action.pools,
             purpose=str(action.purpose), max_price_per_hour=spec.max_price_per_hour, reason=action.reason,
