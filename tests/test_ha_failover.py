@@ -37,7 +37,11 @@ from tests.test_controller_restart import Nodes, collect_commands, drains_for, r
 
 pytestmark = pytest.mark.slow
 
-LEASE_S = 4.0  # reconcile_interval_s is 0.5 in the shared test config
+# reconcile_interval_s is 0.5 in the shared test config. 8 s, not less: on the shared 2-core box a
+# leader's event loop stalls for seconds (torch's import in the steering's first store connect),
+# and a shorter lease lapses under it (safely: it stands by and takes the lease again; the
+# tests' "who leads" steps would only get noisier).
+LEASE_S = 8.0
 
 
 @pytest.fixture
@@ -83,7 +87,7 @@ async def test_the_standby_takes_over_from_a_killed_leader_with_a_notice_in_flig
 
         await wait_until(lambda: log_events(tmp_path, "b", "leading"), 60, "b to take over")
         [took] = log_events(tmp_path, "b", "lease_acquired")
-        assert took["generation"] == 2
+        assert took["generation"] > max(e["generation"] for e in log_events(tmp_path, "a", "lease_acquired"))
 
         async def acted() -> bool:
             m, _ = await shared_state(cloud, fleet)
