@@ -48,6 +48,12 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
     intake = build_intake(cfg, wake=ctx.wake_loop, client_id=client_id)
     signals = TrainingSignals(intake.registry, cfg.job.nproc_per_node)
     components: list[Any] = [*intake.components(), status_component()]
+    sqs_intake = [c for c in components if getattr(c, "__name__", "") == "_run_sqs"]
+    if ha is not None:
+        # SQS hands a message to one consumer: a standby reading the queue would take the
+        # leader's notices. Only the leader consumes it (a standby's MQTT intake is harmless:
+        # every subscriber gets its own copy, so it stays warm).
+        components = [c for c in components if c not in sqs_intake]
     if dry_run:
         # Stalls are still detected and reported; no recovery action is taken.
         ctx.stall = StallWatcher(cfg.stall.settings(), intake.registry, state_dir=cfg.fleet.state_dir, dry_run=True,
@@ -82,6 +88,7 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
     ctx.stall = StallWatcher(cfg.stall.settings(), intake.registry, send_command=intake.mqtt.send_command,
                              steerer=steerer, state_dir=cfg.fleet.state_dir,
                              store_addr=(store_address(cfg), cfg.rendezvous.port))
-    plugins = Plugins(components=components, leader_components=[steering, commander.run, ctx.stall.run],
+    leader_only = [steering, commander.run, ctx.stall.run, *(sqs_intake if ha is not None else [])]
+    plugins = Plugins(components=components, leader_components=leader_only,
                       observer=intake.registry, signals=signals, commander=commander, ledger=ledger, ha=ha)
     return plugins, ha if ha is not None else ledger

@@ -95,6 +95,7 @@ class Election:
     async def run(self, stopping: asyncio.Event) -> None:
         """Step until ``stopping``; a store error is logged and retried at the next step (the
         local lease keeps counting down meanwhile: a leader cut off from the store stops acting)."""
+        refreshed_at: float | None = None
         while not stopping.is_set():
             try:
                 await self.step()
@@ -102,13 +103,18 @@ class Election:
                 log.warning("lease_step_failed", kind=exc.kind, code=exc.code, error=exc.message)
             if not self.leads() and self.state.held is not None:
                 self._lose("lease expired before a renewal succeeded")
-            if not self.leads() and self.on_standby is not None:
+            now = self.clock()
+            standby = not self.leads()
+            if standby and self.on_standby is not None and (
+                    refreshed_at is None or now - refreshed_at >= self.timing.renew_every_s):
+                refreshed_at = now  # the whole state is read once per renewal period, not per poll
                 try:
                     await self.on_standby()
                 except AwsError as exc:
                     log.warning("standby_refresh_failed", kind=exc.kind, code=exc.code, error=exc.message)
             try:
-                await asyncio.wait_for(stopping.wait(), timeout=self.timing.renew_every_s)
+                await asyncio.wait_for(stopping.wait(),
+                                       timeout=self.timing.poll_s if standby else self.timing.renew_every_s)
             except TimeoutError:
                 pass
 

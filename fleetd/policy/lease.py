@@ -32,11 +32,15 @@ class LeaseTiming:
     lease_s: float
     renew_every_s: float
     guard_s: float  # the holder stops this long before its lease could expire for anyone else
+    poll_s: float = 1.0  # a standby reads the record this often: a takeover comes at most ~2 polls late
 
     @classmethod
     def for_lease(cls, lease_s: float) -> "LeaseTiming":
         # Renew three times per lease: two renewals may fail (a network blip) before it is lost.
-        return cls(lease_s, lease_s / 3.0, lease_s / 4.0)
+        # A standby starts its watch at its first read after the last renewal and acts at its first
+        # read after lease_s of silence, so it polls often (a GetItem; cheap) to keep the takeover
+        # near lease_s after the leader's last renewal.
+        return cls(lease_s, lease_s / 3.0, lease_s / 4.0, lease_s / 8.0)
 
 
 @dataclass(frozen=True, slots=True)
