@@ -244,6 +244,9 @@ class HaConfig(Group):
     lease_s: Annotated[float, Field(gt=0)] = 15.0
     # This host's name in the lease (must differ between hosts; empty: the host name).
     host_id: str = ""
+    # The address agents reach this host's rendezvous store on; the leader publishes it
+    # (retained, fleetd/<fleet>/rendezvous). Empty: the host id.
+    advertise_host: str = ""
     # DynamoDB endpoint (None: aws.endpoint_url, else AWS's regional endpoint).
     endpoint_url: str | None = None
     # Create the table when missing (trials, tests). Production creates it from

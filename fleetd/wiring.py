@@ -89,6 +89,10 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
                              steerer=steerer, state_dir=cfg.fleet.state_dir,
                              store_addr=(store_address(cfg), cfg.rendezvous.port))
     leader_only = [steering, commander.run, ctx.stall.run, *(sqs_intake if ha is not None else [])]
+    if ha is not None:
+        from fleetd.ha.endpoint import endpoint_publisher
+
+        leader_only.append(endpoint_publisher(cfg, host_id(cfg), ha.election, ha.state, intake.mqtt.publish_retained))
     plugins = Plugins(components=components, leader_components=leader_only,
                       observer=intake.registry, signals=signals, commander=commander, ledger=ledger, ha=ha)
     return plugins, ha if ha is not None else ledger

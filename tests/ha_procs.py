@@ -114,3 +114,20 @@ async def assert_no_orphan_no_duplicate(cloud: Cloud, fleet: str, max_nodes: int
     leaving = {i for i, r in model.instances.items() if r["ended_at"] is None
                and (r["notice_at"] is not None or r["drain_started_at"] is not None)}
     assert len([i for i in live if i["InstanceId"] not in leaving]) <= max_nodes
+
+
+async def retained_endpoint(host: str, port: int, fleet: str, timeout: float = 5.0) -> Any:
+    """The retained rendezvous endpoint the broker holds for the fleet (None: none)."""
+    import aiomqtt
+
+    from fleetd.protocol.messages import parse_endpoint
+    from fleetd.protocol.topics import rendezvous_topic
+
+    async with aiomqtt.Client(host, port) as sub:
+        await sub.subscribe(rendezvous_topic(fleet), qos=1)
+        try:
+            async with asyncio.timeout(timeout):
+                async for m in sub.messages:
+                    return parse_endpoint(m.payload)
+        except TimeoutError:
+            return None

@@ -29,6 +29,7 @@ from tests.ha_procs import (
     host_dir,
     log_events,
     log_tail,
+    retained_endpoint,
     shared_state,
     wait_until,
 )
@@ -124,6 +125,12 @@ async def test_a_paused_leader_wakes_up_fenced_and_stands_by(cloud: Cloud, mosqu
         b = fleetd_host(config, tmp_path, "b")
         await wait_until(lambda: log_events(tmp_path, "b", "leading"), 120, "b to take over a's expired lease")
         await wait_until(lambda: ec2_live(cloud, fleet, 2), 120, "b's fleet running")
+
+        async def endpoint_of(leader: str) -> bool:
+            ep = await retained_endpoint(mosquitto.host, mosquitto.port, fleet, timeout=2)
+            return ep is not None and ep.leader == leader
+
+        await wait_until(lambda: endpoint_of("b"), 60, "b's rendezvous endpoint published (retained)")
         calls = len(cloud.proxy.calls_of("CreateFleet"))
         os.kill(a.pid, signal.SIGCONT)
         await wait_until(lambda: log_events(tmp_path, "a", "standing_by"), 60, "a to stand by")
@@ -141,6 +148,11 @@ async def test_a_paused_leader_wakes_up_fenced_and_stands_by(cloud: Cloud, mosqu
         os.kill(b.pid, signal.SIGCONT)
         await wait_until(lambda: log_events(tmp_path, "b", "lease_lost"), 60, "b to see it lost the lease")
         await wait_until(lambda: ec2_live(cloud, fleet, 2), 60, "the same two nodes")
+        await wait_until(lambda: endpoint_of("a"), 60, "a's endpoint published again")
+        model, _ = await shared_state(cloud, fleet)
+        assert model.meta["rendezvous_endpoint"]["leader"] == "a"
+        assert model.meta["rendezvous_endpoint"]["generation"] == \
+            max(e["generation"] for e in log_events(tmp_path, "a", "lease_acquired"))
         await asyncio.sleep(3 * 0.5)  # a few of a's passes
         await assert_no_orphan_no_duplicate(cloud, fleet, max_nodes=2)
         assert len(cloud.proxy.calls_of("CreateFleet")) == calls, "nothing bought twice"
