@@ -57,6 +57,7 @@ class Plugins:
     # while this host leads; without, they are ordinary components.
     leader_components: Sequence[Component] = ()
     ha: Any = None  # fleetd.ha.compose.HaParts when [ha] backend = "dynamodb"
+    state: Any = None  # a state backend to use instead of the default (an HA dry run's private copy)
     observer: NodeObserver | None = None
     signals: SignalSource | None = None
     commander: NodeCommander | None = None
@@ -107,7 +108,7 @@ async def run_daemon(
                 cfg, client, planner=planner, clock=clock, dry_run=dry_run, signals=plugins.signals,
                 observer=plugins.observer, commander=plugins.commander, ledger=plugins.ledger,
                 pricing_client=pricing,
-                state=plugins.ha.state if plugins.ha is not None else None,
+                state=plugins.ha.state if plugins.ha is not None else plugins.state,
                 fence=plugins.ha.election.generation if plugins.ha is not None else None,
             ))
             if built is None:

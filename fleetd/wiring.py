@@ -40,10 +40,23 @@ def store_address(cfg: FleetdConfig) -> str:
 async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: bool) -> tuple[Plugins, Any]:
     """The plugins and what to close after the daemon (the ledger, or the HA parts)."""
     ha = None
-    if cfg.ha.backend == "dynamodb" and not dry_run:
+    if cfg.ha.backend == "dynamodb":
         from fleetd.ha.compose import host_id, open_ha
 
         ha = await open_ha(cfg)
+        if dry_run:
+            # Plans from the shared state; what the dry run records stays in its own memory.
+            from fleetd.reconcile.state_dynamo import DynamoStateStore
+
+            private = DynamoStateStore(ha.state.table, ha.election, persist=False)
+            intake = build_intake(cfg, wake=ctx.wake_loop)
+            ctx.stall = StallWatcher(cfg.stall.settings(), intake.registry, state_dir=cfg.fleet.state_dir,
+                                     dry_run=True, store_addr=(store_address(cfg), cfg.rendezvous.port))
+            plugins = Plugins(components=[*intake.components(), status_component(), ctx.stall.run],
+                              observer=intake.registry, signals=TrainingSignals(intake.registry, cfg.job.nproc_per_node),
+                              state=private)
+            return plugins, ha
+        log.info("ha_ready", table=cfg.ha.table, holder=ha.election.holder, lease_s=cfg.ha.lease_s)
     client_id = f"fleetd-{cfg.fleet.name}-{host_id(cfg)}"[:64] if ha is not None else None
     intake = build_intake(cfg, wake=ctx.wake_loop, client_id=client_id)
     signals = TrainingSignals(intake.registry, cfg.job.nproc_per_node)

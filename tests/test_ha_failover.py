@@ -17,6 +17,7 @@ import asyncio
 import os
 import signal
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -165,3 +166,31 @@ async def test_a_paused_leader_wakes_up_fenced_and_stands_by(cloud: Cloud, mosqu
                 if stopped(p):
                     os.kill(p.pid, signal.SIGCONT)
                 await stop(p)
+
+
+async def test_a_dry_run_on_any_host_plans_from_the_shared_state_and_changes_nothing(
+        cloud: Cloud, mosquitto, tmp_path: Path, fleet: str) -> None:
+    config = ha_toml(tmp_path / "fleetd.toml", cloud, fleet, mosquitto.url, nodes=2, lease_s=LEASE_S)
+    a = fleetd_host(config, tmp_path, "a")
+    try:
+        await wait_until(lambda: ec2_live(cloud, fleet, 2), 120, "a's fleet running")
+        before, _ = await shared_state(cloud, fleet)
+        d = host_dir(tmp_path, "dry")
+        d.mkdir()
+        env = {**os.environ, "FLEETD_HA__HOST_ID": "dry", "FLEETD_FLEET__STATE_DIR": str(d / "state")}
+        env.pop("FLEETD_FAILPOINTS", None)
+        out = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "fleetd.cli", "run", "--dry-run", "--passes", "2", "--config",
+                             str(config)], capture_output=True, text=True, env=env, timeout=180)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        assert '"instance_adopted"' not in out.stdout, "the dry run saw the shared state: nothing to adopt"
+        assert '"lease_acquired"' not in out.stdout
+        assert '"event": "plan_note"' in out.stdout, "the dry run made no pass"
+        assert '"action": "Launch"' not in out.stdout, \
+            "with the shared state in view the fleet is complete: a dry run that plans a launch saw nothing"
+        after, _ = await shared_state(cloud, fleet)
+        assert {i: r["ended_at"] for i, r in after.instances.items()} == \
+            {i: r["ended_at"] for i, r in before.instances.items()}
+        assert len(cloud.proxy.calls_of("CreateFleet")) == 1
+    finally:
+        await stop(a)

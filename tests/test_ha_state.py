@@ -79,3 +79,43 @@ async def test_a_write_larger_than_one_transaction_is_split_and_every_part_fence
         assert len(report.adopted) == len(many)
         fresh = DynamoStateStore(table, PinnedFence())
         assert len(await fresh.instances()) == len(many)
+
+
+async def test_fleetd_report_reads_the_shared_ledger(aio_session, aws_client_kwargs, tmp_path) -> None:
+    """`fleetd report` on any control host of an HA fleet reads the table, not a local file."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    async with aio_session.create_client("dynamodb", **aws_client_kwargs) as client:
+        table = await dynamo_table(client, fleet="rep")
+        table.name = "fleetd-state"
+        await DynamoLedger(table, PinnedFence()).append(*FIRST_HALF, *SECOND_HALF)
+    config = tmp_path / "fleetd.toml"
+    config.write_text(f"""
+[fleet]
+name = "rep"
+state_dir = "{tmp_path / 'nothing-here'}"
+[ha]
+backend = "dynamodb"
+table = "fleetd-state"
+endpoint_url = "{aws_client_kwargs['endpoint_url']}"
+""")
+    out = subprocess.run([sys.executable, "-m", "fleetd.cli", "report", "--json", "--config", str(config),
+                          "--at", str(LEDGER_T0 + 10_000)], capture_output=True, text=True, env=os.environ, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["spend_usd"] == pytest.approx(0.80, abs=1e-6)
+
+
+async def test_a_dry_runs_private_copy_reads_the_shared_state_and_writes_nothing(aio_session, aws_client_kwargs) -> None:
+    async with aio_session.create_client("dynamodb", **aws_client_kwargs) as client:
+        table = await dynamo_table(client)
+        await DynamoStateStore(table, PinnedFence()).sync_instances([seen("i-1")], T0)
+        dry = DynamoStateStore(table, PinnedFence("someone-else", 99), persist=False)  # holds no lease
+        assert [r.instance_id for r in await dry.instances()] == ["i-1"]
+        await dry.record_notice("i-1", T0 + 1)
+        await dry.sync_instances([seen("i-1"), seen("i-2")], T0 + 2)
+        assert [r.notice_at for r in await dry.instances()] == [T0 + 1, None]
+        shared = DynamoStateStore(table, PinnedFence())
+        assert [(r.instance_id, r.notice_at) for r in await shared.instances()] == [("i-1", None)]

@@ -13,10 +13,7 @@ from fleetd.config import FleetdConfig
 from fleetd.ha.election import Election
 from fleetd.policy.lease import LeaseTiming
 from fleetd.ha.table import DynamoTable
-from fleetd.protocol.logs import get_logger
 from fleetd.reconcile.state_dynamo import DynamoLedger, DynamoStateStore
-
-log = get_logger(__name__)
 
 
 def host_id(cfg: FleetdConfig) -> str:
@@ -63,5 +60,4 @@ async def open_ha(cfg: FleetdConfig) -> HaParts:
         await stack.aclose()
         raise
     election = Election(table, host_id(cfg), LeaseTiming.for_lease(cfg.ha.lease_s))
-    log.info("ha_ready", table=cfg.ha.table, holder=election.holder, lease_s=cfg.ha.lease_s)
     return HaParts(election, DynamoStateStore(table, election), DynamoLedger(table, election), stack)

@@ -31,8 +31,10 @@ LEDGER = "ledger"
 class DynamoStateStore:
     """fleetd.reconcile.state_port.StateBackend on a DynamoDB table."""
 
-    def __init__(self, table: DynamoTable, fence: Fence):
-        self.table, self.fence = table, fence
+    def __init__(self, table: DynamoTable, fence: Fence, *, persist: bool = True):
+        """``persist=False``: a private copy for ``fleetd run --dry-run`` (the SQLite store's
+        snapshot): it reads the shared state, and what the dry run records stays in memory."""
+        self.table, self.fence, self.persist = table, fence, persist
         self._model: StateModel | None = None
         self._lock = asyncio.Lock()
 
@@ -50,6 +52,10 @@ class DynamoStateStore:
     async def _mutate(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         async with self._lock:
             model = await self._read()
+            if not self.persist:
+                result = fn(model, *args, **kwargs)
+                model.dirty.clear()
+                return result
             self.fence.generation()  # a standby never changes its copy (raises LeaseLost)
             result = fn(model, *args, **kwargs)
             rows = [(kind, key, model.row(kind, key)) for kind, key in sorted(model.dirty)]
