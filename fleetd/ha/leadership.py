@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from fleetd.adapters.aws_errors import AwsError
 from fleetd.ha.election import Election
 from fleetd.ha.errors import LeaseLost
 from fleetd.protocol.logs import get_logger
@@ -40,6 +41,12 @@ async def lead(
         try:
             await refresh()
         except LeaseLost:
+            continue
+        except AwsError as exc:
+            # The store answered the lease write but not the read (throttled, a blip): leading
+            # on a stale copy is not allowed, so wait and read again while the lease still holds.
+            log.warning("takeover_read_failed", kind=exc.kind, code=exc.code, error=exc.message, retry_in_s=1.0)
+            await asyncio.sleep(1.0)
             continue
         current = reconciler if current is None else current.successor()
         ctx.reconciler = current
