@@ -254,6 +254,28 @@ class EnrolConfig(Group):
     # First enrolment only this long after the instance's pendingTime (a replayed document is old).
     max_document_age_s: Annotated[float, Field(gt=0)] = 900.0
 
+class HaConfig(Group):
+    """High availability (DESIGN.md, "High availability"): several `fleetd run` on different
+    hosts share the state in DynamoDB; the one holding the lease acts, the others stand by."""
+
+    # "sqlite": one control host, state in <state_dir>/fleetd.db (the default). "dynamodb": the
+    # state and the ledger in ``table``, leader election by lease, every write fenced.
+    backend: Literal["sqlite", "dynamodb"] = "sqlite"
+    table: str = "fleetd-state"
+    # A standby takes over after the lease went unrenewed this long (by its own clock); the
+    # leader renews every lease_s / 3 and stops acting lease_s / 4 before it could expire.
+    lease_s: Annotated[float, Field(gt=0)] = 15.0
+    # This host's name in the lease (must differ between hosts; empty: the host name).
+    host_id: str = ""
+    # The address agents reach this host's rendezvous store on; the leader publishes it
+    # (retained, fleetd/<fleet>/rendezvous). Empty: the host id.
+    advertise_host: str = ""
+    # DynamoDB endpoint (None: aws.endpoint_url, else AWS's regional endpoint).
+    endpoint_url: str | None = None
+    # Create the table when missing (trials, tests). Production creates it from
+    # deploy/cloudformation/ha-state.yaml and the controller's IAM has no CreateTable.
+    create_table: bool = False
+
 
 class FleetdConfig(CommonSettings):
     fleet: FleetConfig = FleetConfig()
@@ -267,6 +289,7 @@ class FleetdConfig(CommonSettings):
     job: FleetdJobConfig = FleetdJobConfig()
     stall: StallConfig = StallConfig()
     enrol: EnrolConfig = EnrolConfig()
+    ha: HaConfig = HaConfig()
 
 
 def load(path: Path | None = DEFAULT_PATH) -> FleetdConfig:

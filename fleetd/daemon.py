@@ -53,6 +53,11 @@ class Plugins:
     """What the rest of fleetd plugs into the daemon (all optional)."""
 
     components: Sequence[Component] = ()
+    # Components that act on the fleet (steering, commands, stall recovery): with HA they run only
+    # while this host leads; without, they are ordinary components.
+    leader_components: Sequence[Component] = ()
+    ha: Any = None  # fleetd.ha.compose.HaParts when [ha] backend = "dynamodb"
+    state: Any = None  # a state backend to use instead of the default (an HA dry run's private copy)
     observer: NodeObserver | None = None
     signals: SignalSource | None = None
     commander: NodeCommander | None = None
@@ -103,6 +108,8 @@ async def run_daemon(
                 cfg, client, planner=planner, clock=clock, dry_run=dry_run, signals=plugins.signals,
                 observer=plugins.observer, commander=plugins.commander, ledger=plugins.ledger,
                 pricing_client=pricing,
+                state=plugins.ha.state if plugins.ha is not None else plugins.state,
+                fence=plugins.ha.election.generation if plugins.ha is not None else None,
             ))
             if built is None:
                 return 0  # asked to stop before the first pass could start
@@ -110,6 +117,8 @@ async def run_daemon(
             try:
                 return await _supervise(ctx, built.reconciler, plugins, notifier, passes, shutdown_timeout_s)
             finally:
+                if plugins.ha is not None:
+                    await plugins.ha.election.release()  # a clean stop hands over at once
                 await built.close()
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -158,8 +167,29 @@ async def _supervise(
         ctx.last_report = report
         heartbeat.beat()
 
+    ha = plugins.ha
+    components = list(plugins.components)
+    if ha is None:
+        components += plugins.leader_components
+    else:
+        async def standby_step() -> None:
+            await ha.refresh()  # warm: the shared state as of one lease step ago
+            heartbeat.beat()  # a standby is healthy while its lease steps run
+
+        ha.election.on_standby = standby_step
+
+        async def election(ctx: DaemonContext) -> None:
+            await ha.election.run(ctx.stopping)
+
+        components.append(election)
+
     async def reconcile() -> None:
-        await reconciler.run(ctx.wake, passes=passes, on_pass=on_pass)
+        if ha is None:
+            await reconciler.run(ctx.wake, passes=passes, on_pass=on_pass)
+        else:
+            from fleetd.ha.leadership import lead
+
+            await lead(ctx, ha.election, ha.refresh, reconciler, plugins.leader_components, on_pass, passes)
         if passes is not None:
             ctx.stopping.set()  # a bounded run (tests, --once style) ends the daemon
 
@@ -168,10 +198,11 @@ async def _supervise(
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(reconcile(), name="reconcile")
                 tg.create_task(watchdog(notifier, heartbeat), name="watchdog")
-                for component in plugins.components:
+                for component in components:
                     tg.create_task(component(ctx), name=getattr(component, "__name__", "component"))
                 notifier.ready("reconciling")
-                log.info("daemon_started", fleet=ctx.cfg.fleet.name, components=len(plugins.components))
+                log.info("daemon_started", fleet=ctx.cfg.fleet.name, components=len(components),
+                         ha=ha.election.holder if ha is not None else None)
                 await ctx.stopping.wait()
                 raise _Stop
         except* _Stop:

@@ -35,14 +35,40 @@ def store_address(cfg: FleetdConfig) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
 
-async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: bool) -> tuple[Plugins, LedgerStore | None]:
-    intake = build_intake(cfg, wake=ctx.wake_loop)
+async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: bool) -> tuple[Plugins, Any]:
+    """The plugins and what to close after the daemon (the ledger, or the HA parts)."""
+    ha = None
+    if cfg.ha.backend == "dynamodb":
+        from fleetd.ha.compose import host_id, open_ha
+
+        ha = await open_ha(cfg)
+        if dry_run:
+            # Plans from the shared state; what the dry run records stays in its own memory.
+            from fleetd.reconcile.state_dynamo import DynamoStateStore
+
+            private = DynamoStateStore(ha.state.table, ha.election, persist=False)
+            intake = build_intake(cfg, wake=ctx.wake_loop)
+            ctx.stall = StallWatcher(cfg.stall.settings(), intake.registry, state_dir=cfg.fleet.state_dir,
+                                     dry_run=True, store_addr=(store_address(cfg), cfg.rendezvous.port))
+            plugins = Plugins(components=[*intake.components(), status_component(), ctx.stall.run],
+                              observer=intake.registry, signals=TrainingSignals(intake.registry, cfg.job.nproc_per_node),
+                              state=private)
+            return plugins, ha
+        log.info("ha_ready", table=cfg.ha.table, holder=ha.election.holder, lease_s=cfg.ha.lease_s)
+    client_id = f"fleetd-{cfg.fleet.name}-{host_id(cfg)}"[:64] if ha is not None else None
+    intake = build_intake(cfg, wake=ctx.wake_loop, client_id=client_id)
     signals = TrainingSignals(intake.registry, cfg.job.nproc_per_node)
     components: list[Any] = [*intake.components(), status_component()]
     if cfg.enrol.enabled:
         from fleetd.identity.server import enrolment_component
 
         components.append(enrolment_component(cfg))
+    sqs_intake = [c for c in components if getattr(c, "__name__", "") == "_run_sqs"]
+    if ha is not None:
+        # SQS hands a message to one consumer: a standby reading the queue would take the
+        # leader's notices. Only the leader consumes it (a standby's MQTT intake is harmless:
+        # every subscriber gets its own copy, so it stays warm).
+        components = [c for c in components if c not in sqs_intake]
     if dry_run:
         # Stalls are still detected and reported; no recovery action is taken.
         ctx.stall = StallWatcher(cfg.stall.settings(), intake.registry, state_dir=cfg.fleet.state_dir, dry_run=True,
@@ -50,7 +76,7 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
         components.append(ctx.stall.run)
         return Plugins(components=components, observer=intake.registry, signals=signals), None
 
-    ledger = await LedgerStore.open(cfg.fleet.state_dir / DB_NAME)
+    ledger: Any = ha.ledger if ha is not None else await LedgerStore.open(cfg.fleet.state_dir / DB_NAME)
     client = RendezvousClient(store_address(cfg), cfg.rendezvous.port, cfg.rendezvous.run_id)
     steerer = Steerer(client, SteerSettings(min_nodes=1, max_nodes=cfg.fleet.max_nodes,
                                             dead_after_s=cfg.loss.dead_after_s,
@@ -68,11 +94,16 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
     ctx.stall = StallWatcher(cfg.stall.settings(), intake.registry, send_command=intake.mqtt.send_command,
                              steerer=steerer, state_dir=cfg.fleet.state_dir,
                              store_addr=(store_address(cfg), cfg.rendezvous.port))
-    components += [steering, commander.run, ctx.stall.run]
-    if cfg.fleet.state_backup_interval_s > 0:
+    leader_only = [steering, commander.run, ctx.stall.run, *(sqs_intake if ha is not None else [])]
+    if ha is not None:
+        from fleetd.ha.endpoint import endpoint_publisher
+
+        leader_only.append(endpoint_publisher(cfg, host_id(cfg), ha.election, ha.state, intake.mqtt.publish_retained))
+    elif cfg.fleet.state_backup_interval_s > 0:
+        # One control host: its SQLite file is the state's only copy (DynamoDB keeps its own).
         from fleetd.state_backup import StateBackup
 
         components.append(StateBackup(cfg, cfg.fleet.state_backup_interval_s).run)
-    plugins = Plugins(components=components, observer=intake.registry, signals=signals,
-                      commander=commander, ledger=ledger)
-    return plugins, ledger
+    plugins = Plugins(components=components, leader_components=leader_only,
+                      observer=intake.registry, signals=signals, commander=commander, ledger=ledger, ha=ha)
+    return plugins, ha if ha is not None else ledger

@@ -1,4 +1,4 @@
-"""deploy/iam: every EC2/SQS/S3/Pricing call the code makes is allowed, and nothing much beyond it.
+"""deploy/iam: every EC2/SQS/S3/Pricing/DynamoDB call the code makes is allowed, and nothing much beyond it.
 
 The calls are found statically: every ``<client>.<snake_method>(`` whose name is an operation of the
 EC2, S3 or SQS service model (botocore's own list), and every ``get_paginator("<op>")``. Controller
@@ -26,7 +26,7 @@ from fleetd.protocol.settings import CheckpointConfig, JobConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 IAM = ROOT / "deploy" / "iam"
-SERVICES = ("ec2", "s3", "sqs", "pricing")
+SERVICES = ("ec2", "s3", "sqs", "pricing", "dynamodb")
 NOT_PRODUCTION = ("fleetd/demo/", "fleetd/commands/demo.py")
 
 # IAM authorises these API operations under another action name.
@@ -44,6 +44,9 @@ IAM_ACTION_OF = {
     "s3:CompleteMultipartUpload": ("s3:PutObject",),
     "s3:CopyObject": ("s3:GetObject", "s3:PutObject"),
     "s3:UploadPartCopy": ("s3:GetObject", "s3:PutObject"),
+    # A transaction is authorised per item action (fleetd/ha/table.py: a ConditionCheck on the lease
+    # item, then puts).
+    "dynamodb:TransactWriteItems": ("dynamodb:ConditionCheckItem", "dynamodb:PutItem"),
     "s3:ListMultipartUploads": ("s3:ListBucketMultipartUploads",),
     "s3:ListParts": ("s3:ListMultipartUploadParts",),
 }
@@ -56,6 +59,7 @@ IMPLIED = {
 # Calls that exist only for moto/the local demo, never in production: with the reason.
 NOT_GRANTED_ON_PURPOSE = {
     "s3:CreateBucket": "S3Bucket.ensure_bucket (demo and tests); operators create the bucket",
+    "dynamodb:CreateTable": "DynamoTable.ensure ([ha] create_table: tests, trials); deploy/cloudformation/ha-state.yaml creates it",
 }
 BUCKET_ACTIONS = {"s3:ListBucket", "s3:ListBucketMultipartUploads", "s3:CreateBucket"}
 
@@ -207,7 +211,7 @@ def test_policies_parse_and_are_least_privilege_shaped(name):
         assert st["Effect"] == "Allow" and st["Action"] and st["Resource"]
         for action in _listify(st["Action"]):
             service, _, verb = action.partition(":")
-            assert verb not in ("*", "") and service in ("ec2", "s3", "sqs", "iam", "pricing"), action
+            assert verb not in ("*", "") and service in ("ec2", "s3", "sqs", "iam", "pricing", "dynamodb"), action
             if verb.endswith("*"):
                 assert verb == "Describe*" and service == "ec2", f"{action}: wildcards only for read-only Describe*"
 
@@ -336,3 +340,20 @@ def test_node_enrolment_needs_no_new_grant_and_nodes_no_ec2_at_all():
     assert identity_files and all(p in controller_files() for p in identity_files)
     assert not all_calls([ROOT / "agent" / "node" / "enrol.py"])
     assert not allowed(load("node-policy.json"), "ec2:DescribeInstances")
+
+def test_the_ha_state_calls_are_allowed_on_the_state_table_only():
+    """fleetd/ha/table.py's calls (lease, fenced writes, reads) on the fleetd-state table, and no
+    other table; nothing of DynamoDB for the nodes."""
+    policy = load("controller-policy.json")
+    calls = all_calls([ROOT / "fleetd" / "ha" / "table.py"])
+    for action in ("dynamodb:TransactWriteItems", "dynamodb:PutItem", "dynamodb:GetItem", "dynamodb:Query"):
+        assert action in calls, sorted(calls)
+    table = "arn:aws:dynamodb:us-east-1:123456789012:table/fleetd-state"
+    other = "arn:aws:dynamodb:us-east-1:123456789012:table/someone-else"
+    for action in calls:
+        for needed in iam_actions(action):
+            if needed in NOT_GRANTED_ON_PURPOSE:
+                continue
+            assert allowed(policy, needed, table), needed
+            assert not allowed(policy, needed, other), needed
+    assert not allowed(load("node-policy.json"), "dynamodb:PutItem")

@@ -29,7 +29,7 @@ AGENT_LAYERS = [
 # of controller code (policy/reconcile/adapters/...), or the rule would be hollow.
 CONTROLLER_PARTS = ("fleetd.policy", "fleetd.reconcile", "fleetd.adapters", "fleetd.sim",
                     "fleetd.intake", "fleetd.rendezvous", "fleetd.commands", "fleetd.daemon",
-                    "fleetd.cli", "fleetd.config", "fleetd.metrics")
+                    "fleetd.cli", "fleetd.config", "fleetd.metrics", "fleetd.ha")
 
 
 def _imports(path: Path) -> set[str]:

@@ -1,4 +1,5 @@
-"""The reconcile loop's SQLite state: launch intents, instance records, pool statistics."""
+"""The reconcile loop's state: launch intents, instance records, pool statistics. Every test but
+the SQLite snapshot's runs against both backends (SQLite, DynamoDB on moto server: tests/ha_support.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from fleetd.policy.model import Market, PoolId
 from fleetd.reconcile import state as st
 from fleetd.reconcile.state import SeenInstance, StateStore
+from tests.ha_support import Opener, open_state  # noqa: F401 (the pytest fixture)
 
 A = PoolId("g4dn.xlarge", "us-east-1a")
 T0 = 1_800_000_000.0
@@ -18,17 +20,17 @@ def seen(iid: str, state: str = "running", launched_at: float = T0, token: str |
     return SeenInstance(iid, A, Market.SPOT, state, launched_at, token, 0.25, reason)
 
 
-async def intent(store: StateStore, token: str, now: float = T0) -> None:
+async def intent(store, token: str, now: float = T0) -> None:
     await store.record_intent(token=token, seq=0, now=now, count=2, market=Market.SPOT, pools=(A,),
                               purpose="capacity", max_price_per_hour=0.5, reason="test")
 
 
-async def test_intents_survive_reopen_and_a_new_plan_supersedes_an_open_one(tmp_path: Path) -> None:
-    store = await StateStore.open(tmp_path)
+async def test_intents_survive_reopen_and_a_new_plan_supersedes_an_open_one(open_state: Opener) -> None:
+    store = await open_state()
     await intent(store, "tok-1")
     await intent(store, "tok-1")  # the same planned launch again: one row
     await store.close()
-    store = await StateStore.open(tmp_path)
+    store = await open_state()
     (row,) = await store.launches(st.OPEN)
     assert (row.token, row.count, row.pools, row.max_price_per_hour) == ("tok-1", 2, (A,), 0.5)
     assert await store.settled_launch_count() == 0
@@ -40,8 +42,8 @@ async def test_intents_survive_reopen_and_a_new_plan_supersedes_an_open_one(tmp_
     await store.close()
 
 
-async def test_sync_adopts_accrues_and_closes(tmp_path: Path) -> None:
-    store = await StateStore.open(tmp_path)
+async def test_sync_adopts_accrues_and_closes(open_state: Opener) -> None:
+    store = await open_state()
     report = await store.sync_instances([seen("i-1", launched_at=T0 - 3600), seen("i-2")], T0)
     assert report.adopted == ("i-1", "i-2")  # unknown running instances: adopted, hours since launch
     await store.sync_instances([seen("i-1"), seen("i-2")], T0 + 1800)
@@ -59,8 +61,8 @@ async def test_sync_adopts_accrues_and_closes(tmp_path: Path) -> None:
     await store.close()
 
 
-async def test_notice_counted_once_and_an_interruption_after_it_is_not_a_loss(tmp_path: Path) -> None:
-    store = await StateStore.open(tmp_path)
+async def test_notice_counted_once_and_an_interruption_after_it_is_not_a_loss(open_state: Opener) -> None:
+    store = await open_state()
     await store.sync_instances([seen("i-1")], T0)
     assert await store.record_notice("i-1", T0 + 5) is True
     assert await store.record_notice("i-1", T0 + 6) is False
@@ -72,8 +74,8 @@ async def test_notice_counted_once_and_an_interruption_after_it_is_not_a_loss(tm
     await store.close()
 
 
-async def test_capacity_ttl_only_extends(tmp_path: Path) -> None:
-    store = await StateStore.open(tmp_path)
+async def test_capacity_ttl_only_extends(open_state: Opener) -> None:
+    store = await open_state()
     await store.mark_pool_unavailable(A, T0 + 600, "InsufficientInstanceCapacity")
     await store.mark_pool_unavailable(A, T0 + 300, "SpotMaxPriceTooLow")
     (stats,) = await store.pool_stats()
@@ -82,8 +84,8 @@ async def test_capacity_ttl_only_extends(tmp_path: Path) -> None:
     await store.close()
 
 
-async def test_spend_estimate_and_meta(tmp_path: Path) -> None:
-    store = await StateStore.open(tmp_path)
+async def test_spend_estimate_and_meta(open_state: Opener) -> None:
+    store = await open_state()
     await store.sync_instances([seen("i-1"), seen("i-2")], T0)
     assert await store.spend_estimate(T0 + 10) == pytest.approx(2 * 0.25 * 60 / 3600)  # 60 s minimum
     assert await store.spend_estimate(T0 + 3600) == pytest.approx(2 * 0.25)
@@ -106,8 +108,8 @@ async def test_snapshot_reads_the_live_state_but_never_writes_it(tmp_path: Path)
     await live.close()
 
 
-async def test_unresolved_launches_include_recently_abandoned_ones(tmp_path: Path) -> None:
-    store = await StateStore.open(tmp_path)
+async def test_unresolved_launches_include_recently_abandoned_ones(open_state: Opener) -> None:
+    store = await open_state()
     await intent(store, "tok-old", now=T0 - 7200)
     await intent(store, "tok-1", now=T0 - 10)  # abandons tok-old at T0 - 10
     await intent(store, "tok-2", now=T0)  # abandons tok-1 now
@@ -117,10 +119,10 @@ async def test_unresolved_launches_include_recently_abandoned_ones(tmp_path: Pat
     await store.close()
 
 
-async def test_an_instance_ends_when_ec2_says_not_when_fleetd_notices(tmp_path: Path) -> None:
+async def test_an_instance_ends_when_ec2_says_not_when_fleetd_notices(open_state: Opener) -> None:
     """Billing and node-hours stop at EC2's transition time; an instance gone from EC2 altogether
     stops when fleetd last saw it alive (a controller down for an hour must not bill that hour)."""
-    store = await StateStore.open(tmp_path)
+    store = await open_state()
     await store.sync_instances([seen("i-1"), seen("i-2")], T0)
     await store.sync_instances([seen("i-1"), seen("i-2")], T0 + 600)
     ended = SeenInstance("i-1", A, Market.SPOT, "terminated", T0, "tok", 0.25, "", ended_at=T0 + 900)

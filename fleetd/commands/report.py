@@ -13,6 +13,7 @@ import sqlite3
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from fleetd.commands.common import add_config_argument
 from fleetd.config import DEFAULT_PATH
@@ -36,7 +37,6 @@ def run(args: argparse.Namespace) -> int:
     import asyncio
 
     from fleetd.config import load
-    from fleetd.policy import ledger
     from fleetd.protocol.settings import ConfigError
     from fleetd.reconcile.ledger_store import DB_NAME, LedgerStore, LedgerStoreError
 
@@ -50,11 +50,20 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return 2
+    now = args.at if args.at is not None else time.time()
+    if cfg.ha.backend == "dynamodb":
+        from fleetd.adapters.aws_errors import AwsError
+
+        try:
+            shared = _read_shared(cfg)
+        except AwsError as exc:
+            print(f"fleetd report: cannot read the shared state ({cfg.ha.table}): {exc}", file=sys.stderr)
+            return 1
+        return _finish(args, cfg, now, *shared)
     db = cfg.fleet.state_dir / DB_NAME
     if not db.is_file():
         print(f"fleetd report: no ledger at {db} (has fleetd run with this state_dir?)", file=sys.stderr)
         return 1
-    now = args.at if args.at is not None else time.time()
 
     async def read():
         seen = await asyncio.to_thread(_observed_until, db)
@@ -70,6 +79,29 @@ def run(args: argparse.Namespace) -> int:
     except (LedgerStoreError, sqlite3.Error) as exc:
         print(f"fleetd report: {exc}", file=sys.stderr)
         return 1
+    return _finish(args, cfg, now, events, seen)
+
+
+def _read_shared(cfg: Any) -> tuple[list, dict[str, float]]:
+    """HA: the ledger and the instances' last-seen times from the shared table (reads only)."""
+    import asyncio
+
+    from fleetd.ha.compose import open_ha
+
+    async def read() -> tuple[list, dict[str, float]]:
+        ha = await open_ha(cfg)
+        try:
+            await ha.state.refresh()
+            return await ha.ledger.events(), ha.state.observed_until_sync()
+        finally:
+            await ha.close()
+
+    return asyncio.run(read())
+
+
+def _finish(args: argparse.Namespace, cfg: Any, now: float, events: list, seen: dict[str, float]) -> int:
+    from fleetd.policy import ledger
+
     summary = ledger.summarize(events, now, seen)
     if args.plot is not None:
         try:

@@ -139,6 +139,16 @@ class MqttIntake:
             failpoint("notice-received")  # acknowledged to the broker, known only in memory
         return event
 
+    async def publish_retained(self, topic: str, payload: bytes) -> None:
+        """Publish a retained QoS 1 message (the rendezvous endpoint); BusUnavailable when down."""
+        client = self._client
+        if client is None:
+            raise BusUnavailable(f"not connected to the broker; {topic} not published")
+        try:
+            await client.publish(topic, payload, qos=1, retain=True, timeout=PUBLISH_TIMEOUT_S)
+        except aiomqtt.MqttError as exc:
+            raise BusUnavailable(f"{topic} not published: {exc}") from None
+
     async def send_command(self, command: Command) -> None:
         """Publish a command to its node at QoS 1 (waits for the broker's ack)."""
         client = self._client

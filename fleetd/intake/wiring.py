@@ -50,6 +50,8 @@ class Intake:
                       unknown_grace_s=ev.unknown_instance_grace_s, unknown_retry_s=ev.unknown_retry_s)
 
 
-def build_intake(cfg: FleetdConfig, wake: Callable[[], None] | None = None) -> Intake:
+def build_intake(cfg: FleetdConfig, wake: Callable[[], None] | None = None, client_id: str | None = None) -> Intake:
+    """``client_id``: the broker session's name; with HA each control host needs its own (two
+    clients with one id would take the session from each other in turn)."""
     registry = NodeRegistry(wake=wake)
-    return Intake(cfg, registry, MqttIntake(cfg.mqtt, cfg.fleet.name, registry))
+    return Intake(cfg, registry, MqttIntake(cfg.mqtt, cfg.fleet.name, registry, client_id=client_id))

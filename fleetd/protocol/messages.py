@@ -255,3 +255,34 @@ def parse_message(payload: bytes | str) -> Message:
         return _MESSAGE_ADAPTER.validate_json(payload)
     except ValidationError as err:
         raise ProtocolError(describe_validation_error(err)) from None
+
+
+# ---------------------------------------------------------------- controller -> agents: the store
+class RendezvousEndpoint(BaseModel):
+    """Where the job's rendezvous store is, published retained on ``fleetd/<fleet>/rendezvous``
+    by the controller that leads (DESIGN.md, "High availability"): after a failover it names
+    the new leader's store. ``generation``: the leader's lease generation (a newer one wins)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: int = SCHEMA_VERSION
+    kind: Literal["rendezvous-endpoint"] = "rendezvous-endpoint"
+    host: Annotated[str, Field(min_length=1, max_length=253)]
+    port: Annotated[int, Field(ge=1, le=65535)]
+    run_id: Annotated[str, Field(min_length=1, max_length=128)]
+    leader: Annotated[str, Field(min_length=1, max_length=128)]
+    generation: Annotated[int, Field(ge=0)]
+    sent_at: AwareDatetime = Field(default_factory=_now)
+
+    _known_version = field_validator("schema_version")(_Envelope._known_version.__func__)  # type: ignore[attr-defined]
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json().encode()
+
+
+def parse_endpoint(payload: bytes | str) -> RendezvousEndpoint:
+    try:
+        return RendezvousEndpoint.model_validate_json(payload)
+    except ValidationError as err:
+        raise ProtocolError(describe_validation_error(err)) from None
+

@@ -56,6 +56,11 @@ def node_topic(fleet: str, instance_id: str, channel: str) -> str:
     return f"{ROOT}/{_check_level('fleet', fleet)}/nodes/{_check_level('instance id', instance_id)}/{channel}"
 
 
+def rendezvous_topic(fleet: str) -> str:
+    """Where the leading controller publishes (retained) the rendezvous store's endpoint."""
+    return f"{ROOT}/{_check_level('fleet', fleet)}/rendezvous"
+
+
 def fleet_filter(fleet: str, channel: str = "+") -> str:
     """Subscription filter for one channel (or all with '+') of every node in a fleet."""
     if channel != "+" and channel not in CHANNELS:

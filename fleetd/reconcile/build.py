@@ -6,6 +6,7 @@ Shared by ``fleetd run`` and the tests, so the tests exercise the production wir
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -25,6 +26,7 @@ from fleetd.protocol.logs import get_logger
 from fleetd.reconcile.loop import Planner, Reconciler
 from fleetd.reconcile.ports import Clock, NodeCommander, NodeObserver, SignalSource, SpendSource
 from fleetd.reconcile.state import StateStore
+from fleetd.reconcile.state_port import StateBackend
 
 log = get_logger(__name__)
 
@@ -43,7 +45,7 @@ def ec2_client_kwargs(cfg: FleetdConfig) -> dict[str, Any]:
 @dataclass
 class Built:
     reconciler: Reconciler
-    state: StateStore
+    state: StateBackend
 
     async def close(self) -> None:
         await self.state.close()
@@ -117,7 +119,11 @@ async def build_reconciler(
     ledger: Any = None,
     pricing_client: Any = None,
     catalog: Catalog | None = None,
+    state: StateBackend | None = None,
+    fence: Callable[[], object] | None = None,
 ) -> Built:
+    """``state`` and ``fence``: the HA backend and its lease (fleetd.ha.compose); without them
+    the state is SQLite in ``fleet.state_dir``."""
     cap = cfg.capacity
     zones = cap.zones or await default_zones(client, cap.subnet_ids)
     try:
@@ -146,13 +152,14 @@ async def build_reconciler(
         subnets_by_zone=await subnets_by_zone(client, cap.subnet_ids),
     )
     priors = priors_for_pools(load_spot_advisor(cap.spot_advisor_csv), pools) if cap.spot_advisor_csv else {}
-    state = await (StateStore.open_snapshot if dry_run else StateStore.open)(cfg.fleet.state_dir)
+    if state is None:
+        state = await (StateStore.open_snapshot if dry_run else StateStore.open)(cfg.fleet.state_dir)
     log.info("reconciler_ready", fleet=cfg.fleet.name, pools=[str(p) for p in pools], dry_run=dry_run,
              priors=len(priors))
     reconciler = Reconciler(
         cfg, ec2=ec2, prices=prices, state=state, pools=pools, hardware=hardware, planner=planner,
         clock=clock, signals=signals, observer=observer, commander=commander, spend=spend, priors=priors, dry_run=dry_run,
-        ledger=ledger,
+        ledger=ledger, fence=fence,
     )
     return Built(reconciler, state)
 

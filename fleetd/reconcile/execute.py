@@ -8,6 +8,7 @@ transient, ends acting for the pass.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client import Counter
@@ -35,6 +36,7 @@ from fleetd.protocol.failpoints import failpoint
 from fleetd.reconcile import journal
 from fleetd.reconcile import state as st
 from fleetd.reconcile.ledger_feed import LedgerFeed
+from fleetd.reconcile.state_port import StateBackend
 from fleetd.reconcile.ports import NodeCommander, NotDelivered
 from fleetd.reconcile.prices import price_of
 
@@ -74,12 +76,17 @@ class ActionExecutor:
         *,
         ec2: Ec2Api,
         prices: PriceSource,
-        state: st.StateStore,
+        state: StateBackend,
         commander: NodeCommander,
         dry_run: bool,
         ledger_feed: LedgerFeed | None,
+        fence: Callable[[], object] | None = None,
     ):
         self.cfg = cfg
+        # HA (fleetd.ha.election.Election.generation): raises LeaseLost unless this process leads
+        # now. Checked right before every EC2 launch/terminate and every command: those cannot be
+        # conditioned on the lease in the store the way state writes are.
+        self._fence = fence or (lambda: None)
         self.ec2 = ec2
         self.prices = prices
         self.state = state
@@ -153,6 +160,7 @@ class ActionExecutor:
         # be ours and is not counted as an interruption of the pool (and the journal re-sends it).
         await self.state.mark_terminate_requested(ids, now)
         failpoint("terminate-recorded")
+        self._fence()
         try:
             done = set(await self.ec2.terminate(ids))
         except PermanentAwsError as exc:
@@ -165,6 +173,7 @@ class ActionExecutor:
         ]
 
     async def _send_drain(self, record: journal.DrainRecord, now: float) -> None:
+        self._fence()
         await self.commander.drain(record.instance_id, record.deadline, record.reason,
                                    msg_id=journal.drain_msg_id(record))
         failpoint("drain-sent")
@@ -196,6 +205,7 @@ class ActionExecutor:
         if not overdue:
             return []
         log.warning("terminate_resent", instances=overdue, why="asked for and still running")
+        self._fence()
         done = set(await self.ec2.terminate(overdue))
         return [self._record(Outcome(Terminate(reason="finishing a termination fleetd already decided",
                                                instance_id=i), "done" if i in done else "failed",
@@ -213,11 +223,13 @@ class ActionExecutor:
             # EC2 enforces the planner's budget per request: never more per hour than it committed.
             max_total_price=(action.count * action.worst_case_price_per_hour) or None,
         )
+        self._fence()
         await self.state.record_intent(
             token=token, seq=seq, now=now, count=action.count, market=action.market, pools=action.pools,
             purpose=str(action.purpose), max_price_per_hour=spec.max_price_per_hour, reason=action.reason,
         )
         failpoint("launch-recorded")
+        self._fence()
         try:
             result = await self.ec2.launch(spec)
         except CapacityUnavailable as exc:

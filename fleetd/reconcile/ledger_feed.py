@@ -9,6 +9,7 @@ from fleetd.policy import ledger
 from fleetd.policy.goodput import GoodputTracker
 from fleetd.policy.model import Market, Node, PoolId
 from fleetd.reconcile import state as st
+from fleetd.reconcile.state_port import StateBackend
 from fleetd.reconcile.ports import LedgerSink
 from fleetd.reconcile.prices import price_of
 
@@ -26,7 +27,7 @@ class LedgerFeed:
         self._last_price: dict[tuple[PoolId, Market], float] = {}
         self._pool_of: dict[str, PoolId] = {}  # the pool last recorded for each open instance
 
-    async def feed(self, state: st.StateStore, now: float, prices: Mapping[PoolId, PoolPrice],
+    async def feed(self, state: StateBackend, now: float, prices: Mapping[PoolId, PoolPrice],
                    sync: st.SyncReport, notices: Sequence[str]) -> None:
         events: list = []
         resync_pass = not self._resynced

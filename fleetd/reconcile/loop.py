@@ -43,6 +43,7 @@ from fleetd.reconcile.execute import (
 from fleetd.reconcile.ledger_feed import LedgerFeed
 from fleetd.reconcile.observe import ObservationBuilder
 from fleetd.reconcile.pool_offers import PoolRow
+from fleetd.reconcile.state_port import StateBackend
 from fleetd.reconcile.ports import (
     Clock,
     LoggingCommander,
@@ -93,7 +94,7 @@ class Reconciler:
         *,
         ec2: Ec2Api,
         prices: PriceSource,
-        state: st.StateStore,
+        state: StateBackend,
         pools: Sequence[PoolId],
         hardware: Mapping[str, Hardware],
         planner: Planner,
@@ -105,7 +106,12 @@ class Reconciler:
         priors: Mapping[PoolId, float] | None = None,
         dry_run: bool = False,
         ledger: LedgerSink | None = None,
+        fence: Callable[[], object] | None = None,
     ):
+        # Everything a successor (a fresh loop after an HA takeover) is built from.
+        self._inputs = dict(ec2=ec2, prices=prices, state=state, pools=pools, hardware=hardware, planner=planner,
+                            clock=clock, signals=signals, observer=observer, commander=commander, spend=spend,
+                            priors=priors, dry_run=dry_run, ledger=ledger, fence=fence)
         self.cfg = cfg
         self.ec2 = ec2
         self.prices = prices
@@ -133,8 +139,13 @@ class Reconciler:
         )
         self._executor = ActionExecutor(
             cfg, ec2=ec2, prices=prices, state=state, commander=self.commander, dry_run=dry_run,
-            ledger_feed=feed,
+            ledger_feed=feed, fence=fence,
         )
+
+    def successor(self) -> "Reconciler":
+        """A loop with the same inputs and none of this one's memory (the ledger resync, the
+        drain journal's grace, held actions): what a host runs each time it takes the lease."""
+        return Reconciler(self.cfg, **self._inputs)
 
     # -- one pass -------------------------------------------------------------------------------
     async def run_pass(self) -> PassReport:

@@ -17,6 +17,7 @@ from fleetd.policy.observation import Observation, PoolStats
 from fleetd.protocol.logs import get_logger
 from fleetd.reconcile import state as st
 from fleetd.reconcile.ledger_feed import LedgerFeed
+from fleetd.reconcile.state_port import StateBackend
 from fleetd.reconcile.ports import NodeObserver, SignalSource, SpendSource
 from fleetd.reconcile.pool_offers import ExclusionLog, PoolRow, pool_rows
 from fleetd.reconcile.prices import price_of
@@ -32,7 +33,7 @@ class ObservationBuilder:
         *,
         ec2: Ec2Api,
         prices: PriceSource,
-        state: st.StateStore,
+        state: StateBackend,
         pools: Sequence[PoolId],
         hardware: Mapping[str, Hardware],
         signals: SignalSource,

@@ -25,8 +25,10 @@ from typing import Any
 
 from fleetd.policy.model import Market, PoolId
 from fleetd.reconcile import schema
+from fleetd.reconcile import state_sql
 from fleetd.reconcile.state_rows import (  # noqa: F401  (re-exported: callers use st.<Row>)
     ABANDONED,
+    DrainRecord,
     FAILED,
     LAUNCHED,
     OPEN,
@@ -292,6 +294,20 @@ class StateStore:
             return True
 
         return await self._run(tx)
+
+    # -- the drain/termination journal (fleetd.reconcile.journal) ------------------------------
+    async def record_drain(self, instance_id: str, now: float, deadline: float | None, reason: str) -> DrainRecord:
+        return await self._run(state_sql.record_drain, instance_id, now, deadline, reason)
+
+    async def mark_drain_sent(self, instance_id: str, now: float) -> None:
+        await self._run(lambda db: db.execute(
+            "UPDATE instances SET drain_sent_at=COALESCE(drain_sent_at, ?) WHERE instance_id=?", (now, instance_id)))
+
+    async def unsent_drains(self) -> list[DrainRecord]:
+        return await self._run(state_sql.unsent_drains)
+
+    async def unfinished_terminations(self, before: float) -> list[str]:
+        return await self._run(state_sql.unfinished_terminations, before)
 
     # -- pools ----------------------------------------------------------------------------------
     async def mark_pool_unavailable(self, pool: PoolId, until: float, code: str, market: Market = Market.SPOT) -> None:

@@ -51,6 +51,17 @@ class InstanceRow:
 
 
 @dataclass(frozen=True, slots=True)
+class DrainRecord:
+    """A drain the controller decided (fleetd.reconcile.journal)."""
+
+    instance_id: str
+    started_at: float
+    deadline: float | None
+    reason: str
+    sent_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class PoolStatsRow:
     pool: PoolId
     node_hours: float

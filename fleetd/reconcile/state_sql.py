@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import sqlite3
 
+from fleetd.reconcile.state_rows import DrainRecord
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS launches (
     token TEXT PRIMARY KEY,
@@ -94,3 +96,31 @@ def observed_until(db: sqlite3.Connection) -> dict[str, float]:
         iid: (ended if ended is not None else seen)
         for iid, ended, seen in db.execute("SELECT instance_id, ended_at, last_seen_at FROM instances")
     }
+
+
+# -- the drain/termination journal (fleetd.reconcile.journal) -------------------------------------
+_DRAIN_COLUMNS = "instance_id, drain_started_at, drain_deadline, COALESCE(drain_reason, ''), drain_sent_at"
+
+
+def record_drain(db: sqlite3.Connection, instance_id: str, now: float, deadline: float | None,
+                 reason: str) -> DrainRecord:
+    db.execute(
+        "UPDATE instances SET drain_deadline=CASE WHEN drain_started_at IS NULL THEN ? ELSE drain_deadline END,"
+        " drain_reason=CASE WHEN drain_started_at IS NULL THEN ? ELSE drain_reason END,"
+        " drain_started_at=COALESCE(drain_started_at, ?) WHERE instance_id=?",
+        (deadline, reason, now, instance_id))
+    r = db.execute(f"SELECT {_DRAIN_COLUMNS} FROM instances WHERE instance_id=?", (instance_id,)).fetchone()
+    return DrainRecord(*r) if r is not None and r[1] is not None else DrainRecord(instance_id, now, deadline, reason, None)
+
+
+def unsent_drains(db: sqlite3.Connection) -> list[DrainRecord]:
+    rows = db.execute(
+        f"SELECT {_DRAIN_COLUMNS} FROM instances WHERE drain_started_at IS NOT NULL AND drain_sent_at IS NULL"
+        " AND ended_at IS NULL AND terminate_requested_at IS NULL ORDER BY instance_id")
+    return [DrainRecord(*r) for r in rows]
+
+
+def unfinished_terminations(db: sqlite3.Connection, before: float) -> list[str]:
+    return [r[0] for r in db.execute(
+        "SELECT instance_id FROM instances WHERE terminate_requested_at IS NOT NULL AND terminate_requested_at < ?"
+        " AND ended_at IS NULL AND ec2_state IN ('pending', 'running') ORDER BY instance_id", (before,))]
