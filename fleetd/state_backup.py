@@ -5,8 +5,10 @@ budget would start again from 0) and the pools' interruption history. It lives o
 host's disk, so losing that disk used to lose them. Every ``fleet.state_backup_interval_s``
 (default 300 s; 0 turns it off) fleetd copies the live DB with SQLite's online backup API (a
 consistent snapshot while the daemon keeps writing; WAL included) and puts it at
-``s3://<checkpoints.bucket>/<checkpoints.prefix>/_fleetd/<fleet.name>/fleetd.db``, only when it
-changed. ``fleetd run`` restores it before opening the DB when the local file is missing (a new
+``s3://<checkpoints.bucket>/_fleetd-state/<fleet.name>/fleetd.db``, only when it changed. The
+key is outside the checkpoint prefix on purpose: the nodes' IAM policy may write anything under
+that prefix, and a node must not be able to plant the state (the spend so far) a controller
+restores. ``fleetd run`` restores it before opening the DB when the local file is missing (a new
 disk, a new host); a DB that exists is never overwritten. What a restore loses: at most one
 interval of ledger events and pool history (instances are adopted by their fleet tag anyway).
 
@@ -32,9 +34,11 @@ log = get_logger(__name__)
 DB_NAME = "fleetd.db"  # fleetd.reconcile.ledger_store.DB_NAME (not imported: no DB code needed here)
 
 
+BACKUP_PREFIX = "_fleetd-state"  # deploy/iam: the controller's grant; never under the nodes' prefix
+
+
 def backup_key(cfg: Any) -> str:
-    prefix = cfg.checkpoints.prefix.strip("/")
-    return "/".join(p for p in (prefix, "_fleetd", cfg.fleet.name, DB_NAME) if p)
+    return "/".join((BACKUP_PREFIX, cfg.fleet.name, DB_NAME))
 
 
 def s3_client_kwargs(cfg: Any) -> dict[str, Any]:

@@ -357,3 +357,16 @@ def test_the_ha_state_calls_are_allowed_on_the_state_table_only():
             assert allowed(policy, needed, table), needed
             assert not allowed(policy, needed, other), needed
     assert not allowed(load("node-policy.json"), "dynamodb:PutItem")
+
+
+def test_the_state_backup_is_the_controllers_alone():
+    """fleetd/state_backup.py keeps the state DB (the spend so far) in the checkpoint bucket, but
+    outside the prefix the nodes may write: a node cannot plant the state a controller restores."""
+    from fleetd.config import FleetdConfig
+    from fleetd.state_backup import backup_key
+
+    cfg = FleetdConfig()
+    key = f"arn:aws:s3:::{cfg.checkpoints.bucket}/{backup_key(cfg)}"
+    for action in ("s3:GetObject", "s3:PutObject"):
+        assert allowed(load("controller-policy.json"), action, key), action
+        assert not allowed(load("node-policy.json"), action, key), action

@@ -54,7 +54,7 @@ async def test_backup_of_the_live_db_restores_the_spend_on_a_new_disk(bucket: st
             assert await backup.once() and backup.uploads == 2  # the ledger moved: a new copy
             spent = await ledger.spent_usd(T0 + 7200)
             key = state_backup.backup_key(cfg)
-            assert key == "checkpoints/_fleetd/f1/fleetd.db"
+            assert key == "_fleetd-state/f1/fleetd.db"  # outside the nodes' writable prefix
             head = await s3.head_object(Bucket="ckpt", Key=key)
             assert head["ContentLength"] > 0
     finally:
