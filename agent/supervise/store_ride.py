@@ -69,7 +69,7 @@ def install(outage_s: float | None = None) -> bool:
         backend_cls, holder_cls, handler_cls = cb.C10dRendezvousBackend, dr._BackendRendezvousStateHolder, \
             dr.DynamicRendezvousHandler
         for owner, name in ((backend_cls, "_call_store"), (holder_cls, "sync"), (handler_cls, "num_nodes_waiting"),
-                            (handler_cls, "__init__")):
+                            (handler_cls, "__init__"), (handler_cls, "_keep_alive")):
             if not callable(getattr(owner, name, None)):
                 raise AttributeError(f"{owner.__name__}.{name} is gone")
         if not hasattr(backend_cls, "_NULL_SENTINEL"):
@@ -80,6 +80,7 @@ def install(outage_s: float | None = None) -> bool:
 
     orig_call, orig_sync = backend_cls._call_store, holder_cls.sync
     orig_waiting, orig_init = handler_cls.num_nodes_waiting, handler_cls.__init__
+    orig_keep_alive = handler_cls._keep_alive
 
     def link_of(backend: Any) -> _Link | None:
         link = getattr(backend, "_fleetd_link", None)
@@ -167,7 +168,17 @@ def install(outage_s: float | None = None) -> bool:
         if link is not None:
             link.handlers.append(self)
 
+    def keep_alive(self: Any) -> None:
+        # torch's keep-alive thread (_PeriodicTimer) dies on any exception but RendezvousError,
+        # and then this node never heartbeats again: fleetd's steering removes it as dead at the
+        # next pause. An outage must not be able to do that.
+        try:
+            orig_keep_alive(self)
+        except Exception as exc:  # noqa: BLE001 - logged; the next beat tries again
+            _say(f"keep-alive failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})")
+
     backend_cls._call_store = call_store
+    handler_cls._keep_alive = keep_alive
     holder_cls.sync = sync
     handler_cls.num_nodes_waiting = num_nodes_waiting
     handler_cls.__init__ = init

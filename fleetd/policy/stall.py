@@ -42,7 +42,7 @@ from enum import StrEnum
 
 class StallCause(StrEnum):
     STORE_UNREACHABLE = "rendezvous store unreachable"
-    STORE_RESTARTED = "rendezvous store restarted; trainers restarting"
+    STORE_RESTARTED = "rendezvous store restarted; nodes reattaching"
     TRAINERS_EXITED = "trainers exited"
     AGENTS_SILENT = "no telemetry from the nodes"
     RANKS_HUNG = "all ranks hung"

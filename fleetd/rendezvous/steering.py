@@ -190,6 +190,12 @@ class Steerer:
                         "(agent/supervise/store_ride.py), or restart torchrun if it was down too long")
         self.members_round, self.last_state, self.adopted = None, None, False
         self.heartbeats.clear()
+        # Everything else read from the old store is void too, as for a steering that just
+        # started: the progress counter starts again (a stale reading must not date the job's
+        # last progress, and the new counter's first value must not read as hung), and so do
+        # the round's sighting and the tolerated set.
+        self.progress_value = self.progress_at = self.round_seen_at = None
+        self.tolerated, self._shape = frozenset(), None
         if self.members:
             self.awaited = frozenset(self.members)
             self.awaited_until = now + timedelta(seconds=self.settings.restart_hold_s)
