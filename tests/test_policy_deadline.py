@@ -204,3 +204,56 @@ def test_a_deadline_needs_its_work_and_is_read_as_utc_epoch_seconds() -> None:
         FleetdConfig(job={"deadline": "2026-12-01T18:00:00Z"})
     with pytest.raises(ValueError):
         FleetdConfig(capacity={"instance_types": ["g5.xlarge"], "on_demand": "sometimes"})
+
+
+def test_before_any_measurement_the_operators_throughput_estimate_sets_the_safety_net() -> None:
+    # 6 h of work due in 6.2 h, nothing trained yet (the first spot node was lost before it
+    # trained). With job.steps_per_s the rule knows the work left (6 h + 2d > 6.2 h): safety net,
+    # on-demand now. Without it, only the line decides (behind it: on-demand too, but spot stays
+    # allowed and no safety net can start before a measurement).
+    def cfg(sps):
+        job = {"deadline": datetime.fromtimestamp(NOW + 6.2 * H, UTC), "total_steps": 6 * 3600,
+               "changeover_s": 720.0, **({"steps_per_s": sps} if sps else {})}
+        return config(fleet={"min_nodes": 1, "max_nodes": 1}, capacity={"on_demand": "deadline"}, job=job)
+
+    obs = _obs(0, 1, 0, started_h=1, rate=1.0)
+    known = plan(obs, cfg(1.0), NOW).deadline
+    assert known is not None and known.safety_net and not known.spot_allowed
+    unknown = plan(obs, cfg(None), NOW).deadline
+    assert unknown is not None and not unknown.safety_net and unknown.spot_allowed and unknown.slack_s is None
+
+
+def test_while_the_first_nodes_boot_the_rule_does_not_wake_the_planner_at_once() -> None:
+    # Zero slack while the first node boots: time left and work left (with the boot) shrink
+    # together, so the safety net's crossing never comes by waiting (it made the simulator pass
+    # every millisecond); the boot's end wakes the planner instead.
+    i = DeadlineInputs(deadline_at=27000.0, started_at=0.0, total_steps=21600.0, done_steps=0.0,
+                       steps_per_s=1.0, changeover_s=1800.0, full_on_spot=False, pending_s=1797.0)
+    call = decide(i, 3.0)
+    assert not call.safety_net
+    assert all(t > 3.0 + 60 for t in call.wake_at)
+
+
+def _ahead_fleet(nodes: int):
+    """A job far ahead of its line with half its nodes (or its one node) on on-demand, spot offered."""
+    od = max(1, nodes // 2)
+    members = tuple(node(f"od-{i}", market=Market.ON_DEMAND, price=1.0, step=5 * 3600) for i in range(od)) + tuple(
+        node(f"sp-{i}", step=5 * 3600) for i in range(nodes - od))
+    cfg = deadline_cfg(nodes, due_h=6, total_steps=6 * 3600 * nodes)
+    obs = Observation(
+        nodes=members, offers=(offer(A, 0.4), offer(B, 0.4)), target_nodes=nodes, last_scaling_at=NOW - 3600,
+        throughput_by_nodes=MappingProxyType({nodes: float(nodes)}), job_started_at=NOW - 3 * H,
+        last_durable_checkpoint_step=5 * 3600 * nodes,
+    )
+    return plan(obs, cfg, NOW)
+
+
+def test_ahead_one_node_idles_its_on_demand_node_but_a_fleet_swaps_make_before_break() -> None:
+    single = _ahead_fleet(1)
+    assert single.deadline is not None and single.deadline.on_demand_not_needed
+    assert any("od-0" in getattr(a, "reason", "") and "not needed" in a.reason for a in single.actions)
+    fleet = _ahead_fleet(4)
+    assert fleet.deadline is not None and fleet.deadline.on_demand_not_needed
+    assert not any("not needed" in getattr(a, "reason", "") for a in fleet.actions)  # nothing idled
+    (launch,) = fleet.of_type(Launch)  # spot bought first; the on-demand nodes drain once it joined
+    assert launch.market is Market.SPOT and launch.purpose is LaunchPurpose.RETURN_TO_SPOT and launch.count == 2

@@ -154,7 +154,9 @@ def _wake_times(i: DeadlineInputs, now: float, work_left_s: float | None) -> tup
     span = max(i.deadline_at - i.started_at, _EPS_S)
     behind_at = i.started_at + span * i.done_steps / i.total_steps
     out.append(behind_at + _EPS_S)
-    if work_left_s is not None:
+    if work_left_s is not None and i.pending_s <= 0:
+        # (While the first nodes boot, pending_s shrinks as fast as the time left: the slack
+        # stands still and the crossing never comes by waiting; the boot's end wakes a pass.)
         out.append(i.deadline_at - work_left_s - 2 * i.changeover_s + _EPS_S)
     k = i.total_steps / span  # the line's pace
     r = i.steps_per_s or 0.0

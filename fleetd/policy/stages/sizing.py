@@ -41,7 +41,7 @@ def size_fleet(
         bool(on_demand) and spot_available and level is not BudgetLevel.SHRINK and not deadline_holds
     )
     if on_demand:
-        _release_on_demand(p, on_demand)
+        _release_on_demand(p, on_demand, target)
         on_demand = [n for n in p.kept if n.market is Market.ON_DEMAND]
         back_to_spot = back_to_spot and bool(on_demand)
     replacements = min(len(on_demand), extras) if back_to_spot else 0
@@ -60,13 +60,20 @@ def size_fleet(
     )
 
 
-def _release_on_demand(p: PlanPass, on_demand: list[Node]) -> None:
+def _release_on_demand(p: PlanPass, on_demand: list[Node], target: int) -> None:
     """Well ahead of the deadline's line: on-demand nodes are not needed, unless the config holds
-    the fleet size with them. They go now, break-before-make as in Uniform Progress: with 2d of
-    lead, paying them while spot replacements boot would buy time the deadline does not need."""
+    the fleet size with them. One node goes now, break-before-make as in Uniform Progress (idle
+    until spot returns): with 2d of lead, paying it while a spot replacement boots would buy time
+    the deadline does not need. A fleet does not idle its on-demand nodes: they go back to spot
+    make-before-break (the drain waits for the spot node to join). Released with no spot to take
+    their place, they were bought again as soon as the job fell behind, every cycle paying m
+    changeovers of on-demand boot: on the reclaim-wave trace (bench/deadline.py, a pool that never
+    refills) that churn cost an 8-node job more than on-demand alone."""
     call = p.deadline
     if call is None or not call.on_demand_not_needed or p.cfg.capacity.on_demand == "hold_size":
         return
+    if target > 1:
+        return  # a fleet goes back to spot make-before-break instead (back_to_spot, below)
     for node in on_demand:
         if node.phase is NodePhase.RUNNING or node.phase is NodePhase.PENDING:
             p.remove(
