@@ -248,12 +248,35 @@ def _ahead_fleet(nodes: int):
     return plan(obs, cfg, NOW)
 
 
-def test_ahead_one_node_idles_its_on_demand_node_but_a_fleet_swaps_make_before_break() -> None:
+def test_ahead_one_node_idles_its_on_demand_node_and_a_fleet_keeps_what_holds_the_pace() -> None:
     single = _ahead_fleet(1)
     assert single.deadline is not None and single.deadline.on_demand_not_needed
+    assert single.deadline.on_demand_keep == 0  # UP: the one node idles until spot returns
     assert any("od-0" in getattr(a, "reason", "") and "not needed" in a.reason for a in single.actions)
+    # 4 nodes, 2 on spot, 2 on on-demand; the line's pace is 6 h x 4 nodes over 9 h = 2.67 nodes'
+    # worth: 3 nodes hold it, so one on-demand node stays (back to spot make-before-break) and
+    # one goes now.
     fleet = _ahead_fleet(4)
     assert fleet.deadline is not None and fleet.deadline.on_demand_not_needed
-    assert not any("not needed" in getattr(a, "reason", "") for a in fleet.actions)  # nothing idled
-    (launch,) = fleet.of_type(Launch)  # spot bought first; the on-demand nodes drain once it joined
-    assert launch.market is Market.SPOT and launch.purpose is LaunchPurpose.RETURN_TO_SPOT and launch.count == 2
+    assert fleet.deadline.on_demand_keep == 1 and "keeping 1 on-demand node" in fleet.deadline.reason
+    released = [a for a in fleet.actions if "not needed" in getattr(a, "reason", "")]
+    assert len(released) == 1
+    launches = fleet.of_type(Launch)
+    assert launches and all(launch.market is Market.SPOT for launch in launches)
+    assert any(launch.purpose is LaunchPurpose.RETURN_TO_SPOT for launch in launches)
+
+
+def test_the_on_demand_kept_ahead_of_the_line_errs_high() -> None:
+    from fleetd.policy.deadline import on_demand_to_keep
+
+    base = dict(deadline_at=9 * H, started_at=0.0, total_steps=6 * H * 4, done_steps=0.0,
+                changeover_s=0.2 * H, full_on_spot=False, nodes=4)
+    # Line pace 2.67 nodes' worth at 1 step/s per node: 3 nodes; 1 on spot -> keep 2 of 3.
+    assert on_demand_to_keep(DeadlineInputs(**base, steps_per_s=4.0, on_demand_nodes=3, spot_training=1)) == 2
+    # Measured scaling loss (3.6 steps/s at 4): 0.9 per node -> 2.96 -> still 3 nodes.
+    assert on_demand_to_keep(DeadlineInputs(**base, steps_per_s=3.6, on_demand_nodes=3, spot_training=1)) == 2
+    # Enough spot to hold the pace: none kept; no on-demand, or one node: none.
+    assert on_demand_to_keep(DeadlineInputs(**base, steps_per_s=4.0, on_demand_nodes=1, spot_training=3)) == 0
+    assert on_demand_to_keep(DeadlineInputs(**base, steps_per_s=4.0, on_demand_nodes=0, spot_training=1)) == 0
+    one = {**base, "nodes": 1, "total_steps": 6 * H}
+    assert on_demand_to_keep(DeadlineInputs(**one, steps_per_s=1.0, on_demand_nodes=1)) == 0

@@ -58,6 +58,7 @@ class DeadlineInputs:
     # work left, as UP counts a pending changeover).
     pending_s: float = 0.0
     on_demand_nodes: int = 0  # of the target, on on-demand now (running or booting)
+    spot_training: int = 0  # spot nodes training now
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +83,10 @@ class DeadlineCall:
     # Time left minus work left at the target size (None: throughput not measured yet).
     slack_s: float | None = None
     changeover_s: float = 0.0
+    # A fleet ahead of the line (on_demand_not_needed): how many on-demand nodes to keep so that
+    # they and the spot nodes training now still keep the line's pace. The others go; these go
+    # back to spot make-before-break once spot is offered.
+    on_demand_keep: int = 0
 
     def can_wait_s(self, wait_s: float) -> bool:
         """Whether waiting ``wait_s`` before buying still leaves a changeover and a reserve."""
@@ -134,9 +139,26 @@ def decide(i: DeadlineInputs, now: float) -> DeadlineCall:
     share = f" x {min(i.on_demand_nodes, i.nodes)}/{i.nodes} on-demand nodes" if i.nodes > 1 else ""
     why = (f"2 x changeover{share} ahead" if ahead_2d
            else f"ahead, within 2 x changeover{share} (on-demand stays)")
+    keep = on_demand_to_keep(i) if ahead_2d else 0
+    if keep:
+        why += f"; keeping {keep} on-demand node(s) to hold the line's pace with {i.spot_training} on spot"
     return DeadlineCall(
-        False, True, ahead_2d, False, f"deadline: {why} of the uniform-progress line ({progress}): spot only", wake
+        False, True, ahead_2d, False, f"deadline: {why} of the uniform-progress line ({progress}): spot only", wake,
+        on_demand_keep=keep,
     )
+
+
+def on_demand_to_keep(i: DeadlineInputs) -> int:
+    """A fleet's on-demand nodes needed, beside the spot nodes training now, to keep the line's
+    pace (total / span). Per-node throughput is taken as the target's rate / N, which errs low
+    (adding nodes never raises the rate per node), so the count errs high: the job stays on or
+    ahead of the line and the released nodes are not bought back. One node: 0 (UP idles it)."""
+    if i.nodes <= 1 or not i.steps_per_s or i.on_demand_nodes <= 0:
+        return 0
+    span = max(i.deadline_at - i.started_at, _EPS_S)
+    per_node = i.steps_per_s / i.nodes
+    need = math.ceil(i.total_steps / span / per_node - 1e-9)
+    return max(0, min(i.on_demand_nodes, need - i.spot_training))
 
 
 def hysteresis_s(i: DeadlineInputs) -> float:

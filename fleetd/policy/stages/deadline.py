@@ -50,6 +50,7 @@ def deadline_call(p: PlanPass, target: int) -> rule.DeadlineCall | None:
         nodes=max(1, target),
         pending_s=pending_s,
         on_demand_nodes=sum(1 for n in p.kept if n.market is Market.ON_DEMAND),
+        spot_training=spot_training,
     )
     call = rule.decide(inputs, p.now)
     if call.swap_to_spot and any(

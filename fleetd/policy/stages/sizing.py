@@ -62,19 +62,20 @@ def size_fleet(
 
 def _release_on_demand(p: PlanPass, on_demand: list[Node], target: int) -> None:
     """Well ahead of the deadline's line: on-demand nodes are not needed, unless the config holds
-    the fleet size with them. One node goes now, break-before-make as in Uniform Progress (idle
-    until spot returns): with 2d of lead, paying it while a spot replacement boots would buy time
-    the deadline does not need. A fleet does not idle its on-demand nodes: they go back to spot
-    make-before-break (the drain waits for the spot node to join). Released with no spot to take
-    their place, they were bought again as soon as the job fell behind, every cycle paying m
-    changeovers of on-demand boot: on the reclaim-wave trace (bench/deadline.py, a pool that never
-    refills) that churn cost an 8-node job more than on-demand alone."""
+    the fleet size with them. They go now, break-before-make as in Uniform Progress (one node
+    idles until spot returns): with the lead, paying them while spot replacements boot would buy
+    time the deadline does not need. A fleet keeps the on-demand nodes that, with the spot nodes
+    training, still hold the line's pace (``on_demand_keep``); those go back to spot
+    make-before-break once spot is offered. Releasing them all with no spot to take their place
+    bought them back every cycle: on the reclaim-wave trace (bench/deadline.py, a pool that
+    never refills) that churn cost an 8-node job more than on-demand alone."""
     call = p.deadline
     if call is None or not call.on_demand_not_needed or p.cfg.capacity.on_demand == "hold_size":
         return
-    if target > 1:
-        return  # a fleet goes back to spot make-before-break instead (back_to_spot, below)
-    for node in on_demand:
+    keep = call.on_demand_keep if target > 1 else 0
+    # Not yet training first, then the priciest: the cheapest training ones are kept.
+    order = sorted(on_demand, key=lambda n: (n.phase is NodePhase.RUNNING, -n.price_per_hour, n.instance_id))
+    for node in order[: max(0, len(on_demand) - keep)]:
         if node.phase is NodePhase.RUNNING or node.phase is NodePhase.PENDING:
             p.remove(
                 node,
