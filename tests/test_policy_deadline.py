@@ -234,9 +234,8 @@ def test_while_the_first_nodes_boot_the_rule_does_not_wake_the_planner_at_once()
     assert all(t > 3.0 + 60 for t in call.wake_at)
 
 
-def _ahead_fleet(nodes: int):
-    """A job far ahead of its line with half its nodes (or its one node) on on-demand, spot offered."""
-    od = max(1, nodes // 2)
+def _ahead_fleet(nodes: int, od: int = 1):
+    """A job far ahead of its line with ``od`` of its nodes on on-demand, spot offered."""
     members = tuple(node(f"od-{i}", market=Market.ON_DEMAND, price=1.0, step=5 * 3600) for i in range(od)) + tuple(
         node(f"sp-{i}", step=5 * 3600) for i in range(nodes - od))
     cfg = deadline_cfg(nodes, due_h=6, total_steps=6 * 3600 * nodes)
@@ -253,28 +252,31 @@ def test_ahead_one_node_idles_its_on_demand_node_and_a_fleet_keeps_what_holds_th
     assert single.deadline is not None and single.deadline.on_demand_not_needed
     assert single.deadline.on_demand_keep == 0  # UP: the one node idles until spot returns
     assert any("od-0" in getattr(a, "reason", "") and "not needed" in a.reason for a in single.actions)
-    # 4 nodes, 2 on spot, 2 on on-demand; the line's pace is 6 h x 4 nodes over 9 h = 2.67 nodes'
-    # worth: 3 nodes hold it, so one on-demand node stays (back to spot make-before-break) and
-    # one goes now.
-    fleet = _ahead_fleet(4)
+    # 4 nodes, 1 on spot, 3 on on-demand; the line's pace is 6 h x 4 nodes over 9 h = 2.67 nodes'
+    # worth: 2 whole nodes hold it, so one on-demand node stays (back to spot make-before-break)
+    # and two go now.
+    fleet = _ahead_fleet(4, od=3)
     assert fleet.deadline is not None and fleet.deadline.on_demand_not_needed
     assert fleet.deadline.on_demand_keep == 1 and "keeping 1 on-demand node" in fleet.deadline.reason
     released = [a for a in fleet.actions if "not needed" in getattr(a, "reason", "")]
-    assert len(released) == 1
+    assert len(released) == 2
     launches = fleet.of_type(Launch)
     assert launches and all(launch.market is Market.SPOT for launch in launches)
     assert any(launch.purpose is LaunchPurpose.RETURN_TO_SPOT for launch in launches)
 
 
-def test_the_on_demand_kept_ahead_of_the_line_errs_high() -> None:
+def test_the_on_demand_kept_ahead_of_the_line_holds_the_pace_in_whole_nodes() -> None:
     from fleetd.policy.deadline import on_demand_to_keep
 
     base = dict(deadline_at=9 * H, started_at=0.0, total_steps=6 * H * 4, done_steps=0.0,
                 changeover_s=0.2 * H, full_on_spot=False, nodes=4)
-    # Line pace 2.67 nodes' worth at 1 step/s per node: 3 nodes; 1 on spot -> keep 2 of 3.
-    assert on_demand_to_keep(DeadlineInputs(**base, steps_per_s=4.0, on_demand_nodes=3, spot_training=1)) == 2
-    # Measured scaling loss (3.6 steps/s at 4): 0.9 per node -> 2.96 -> still 3 nodes.
-    assert on_demand_to_keep(DeadlineInputs(**base, steps_per_s=3.6, on_demand_nodes=3, spot_training=1)) == 2
+    # Line pace 2.67 nodes' worth at 1 step/s per node: 2 whole nodes; 1 on spot -> keep 1 of 3
+    # (the remaining 0.67 node cycles as UP's one node does).
+    assert on_demand_to_keep(DeadlineInputs(**base, steps_per_s=4.0, on_demand_nodes=3, spot_training=1)) == 1
+    # A measured scaling loss (3.6 steps/s at 4: 0.9 per node) needs more nodes: 2.96 -> 2 whole.
+    assert on_demand_to_keep(DeadlineInputs(**base, steps_per_s=3.6, on_demand_nodes=3, spot_training=0)) == 2
+    slow = {**base, "total_steps": 8 * H * 4}  # 3.56 nodes' worth -> 3
+    assert on_demand_to_keep(DeadlineInputs(**slow, steps_per_s=4.0, on_demand_nodes=3, spot_training=1)) == 2
     # Enough spot to hold the pace: none kept; no on-demand, or one node: none.
     assert on_demand_to_keep(DeadlineInputs(**base, steps_per_s=4.0, on_demand_nodes=1, spot_training=3)) == 0
     assert on_demand_to_keep(DeadlineInputs(**base, steps_per_s=4.0, on_demand_nodes=0, spot_training=1)) == 0

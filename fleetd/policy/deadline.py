@@ -149,15 +149,17 @@ def decide(i: DeadlineInputs, now: float) -> DeadlineCall:
 
 
 def on_demand_to_keep(i: DeadlineInputs) -> int:
-    """A fleet's on-demand nodes needed, beside the spot nodes training now, to keep the line's
-    pace (total / span). Per-node throughput is taken as the target's rate / N, which errs low
-    (adding nodes never raises the rate per node), so the count errs high: the job stays on or
-    ahead of the line and the released nodes are not bought back. One node: 0 (UP idles it)."""
+    """A fleet's on-demand nodes that, beside the spot nodes training now, hold the line's pace
+    (total / span) in whole nodes: the pace in nodes' worth, at the target's rate per node
+    (which errs low), rounded down. The fractional remainder is left to UP's cycle, as UP does
+    for one node (the job falls behind, buys, gets the lead, releases): rounding up kept one
+    on-demand node too many for the whole job (2 nodes at a pace of 1.33: the spot node's time
+    went unused and the job finished hours early on on-demand). One node: 0 (UP idles it)."""
     if i.nodes <= 1 or not i.steps_per_s or i.on_demand_nodes <= 0:
         return 0
     span = max(i.deadline_at - i.started_at, _EPS_S)
     per_node = i.steps_per_s / i.nodes
-    need = math.ceil(i.total_steps / span / per_node - 1e-9)
+    need = math.floor(i.total_steps / span / per_node + 1e-9)
     return max(0, min(i.on_demand_nodes, need - i.spot_training))
 
 

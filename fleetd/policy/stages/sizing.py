@@ -65,8 +65,8 @@ def _release_on_demand(p: PlanPass, on_demand: list[Node], target: int) -> None:
     the fleet size with them. They go now, break-before-make as in Uniform Progress (one node
     idles until spot returns): with the lead, paying them while spot replacements boot would buy
     time the deadline does not need. A fleet keeps the on-demand nodes that, with the spot nodes
-    training, still hold the line's pace (``on_demand_keep``); those go back to spot
-    make-before-break once spot is offered. Releasing them all with no spot to take their place
+    training, still hold the line's pace in whole nodes (``on_demand_keep``); those go back to
+    spot make-before-break once spot is offered. Releasing them all with no spot to take their place
     bought them back every cycle: on the reclaim-wave trace (bench/deadline.py, a pool that
     never refills) that churn cost an 8-node job more than on-demand alone."""
     call = p.deadline
