@@ -174,6 +174,11 @@ class FleetdJobConfig(JobConfig):
     # Seconds from buying a node to it training (boot, agent start, checkpoint restore): d in
     # Can't Be Late (NSDI'24). Default: its larger setting, 0.2 h.
     changeover_s: Annotated[float, Field(ge=0)] = 720.0
+    # Expected training steps per second at fleet.max_nodes (from a previous run or a benchmark),
+    # used only until fleetd has measured the job's throughput itself. Without it (and without
+    # a measurement), the deadline rule knows no work left in seconds: no safety net, only the
+    # progress line, so a job whose first nodes are lost before they train can miss its deadline.
+    steps_per_s: Annotated[float, Field(gt=0)] | None = None
 
     @model_validator(mode="after")
     def _work_with_deadline(self) -> "FleetdJobConfig":

@@ -204,3 +204,81 @@ def test_a_deadline_needs_its_work_and_is_read_as_utc_epoch_seconds() -> None:
         FleetdConfig(job={"deadline": "2026-12-01T18:00:00Z"})
     with pytest.raises(ValueError):
         FleetdConfig(capacity={"instance_types": ["g5.xlarge"], "on_demand": "sometimes"})
+
+
+def test_before_any_measurement_the_operators_throughput_estimate_sets_the_safety_net() -> None:
+    # 6 h of work due in 6.2 h, nothing trained yet (the first spot node was lost before it
+    # trained). With job.steps_per_s the rule knows the work left (6 h + 2d > 6.2 h): safety net,
+    # on-demand now. Without it, only the line decides (behind it: on-demand too, but spot stays
+    # allowed and no safety net can start before a measurement).
+    def cfg(sps):
+        job = {"deadline": datetime.fromtimestamp(NOW + 6.2 * H, UTC), "total_steps": 6 * 3600,
+               "changeover_s": 720.0, **({"steps_per_s": sps} if sps else {})}
+        return config(fleet={"min_nodes": 1, "max_nodes": 1}, capacity={"on_demand": "deadline"}, job=job)
+
+    obs = _obs(0, 1, 0, started_h=1, rate=1.0)
+    known = plan(obs, cfg(1.0), NOW).deadline
+    assert known is not None and known.safety_net and not known.spot_allowed
+    unknown = plan(obs, cfg(None), NOW).deadline
+    assert unknown is not None and not unknown.safety_net and unknown.spot_allowed and unknown.slack_s is None
+
+
+def test_while_the_first_nodes_boot_the_rule_does_not_wake_the_planner_at_once() -> None:
+    # Zero slack while the first node boots: time left and work left (with the boot) shrink
+    # together, so the safety net's crossing never comes by waiting (it made the simulator pass
+    # every millisecond); the boot's end wakes the planner instead.
+    i = DeadlineInputs(deadline_at=27000.0, started_at=0.0, total_steps=21600.0, done_steps=0.0,
+                       steps_per_s=1.0, changeover_s=1800.0, full_on_spot=False, pending_s=1797.0)
+    call = decide(i, 3.0)
+    assert not call.safety_net
+    assert all(t > 3.0 + 60 for t in call.wake_at)
+
+
+def _ahead_fleet(nodes: int, od: int = 1):
+    """A job far ahead of its line with ``od`` of its nodes on on-demand, spot offered."""
+    members = tuple(node(f"od-{i}", market=Market.ON_DEMAND, price=1.0, step=5 * 3600) for i in range(od)) + tuple(
+        node(f"sp-{i}", step=5 * 3600) for i in range(nodes - od))
+    cfg = deadline_cfg(nodes, due_h=6, total_steps=6 * 3600 * nodes)
+    obs = Observation(
+        nodes=members, offers=(offer(A, 0.4), offer(B, 0.4)), target_nodes=nodes, last_scaling_at=NOW - 3600,
+        throughput_by_nodes=MappingProxyType({nodes: float(nodes)}), job_started_at=NOW - 3 * H,
+        last_durable_checkpoint_step=5 * 3600 * nodes,
+    )
+    return plan(obs, cfg, NOW)
+
+
+def test_ahead_one_node_idles_its_on_demand_node_and_a_fleet_keeps_what_holds_the_pace() -> None:
+    single = _ahead_fleet(1)
+    assert single.deadline is not None and single.deadline.on_demand_not_needed
+    assert single.deadline.on_demand_keep == 0  # UP: the one node idles until spot returns
+    assert any("od-0" in getattr(a, "reason", "") and "not needed" in a.reason for a in single.actions)
+    # 4 nodes, 1 on spot, 3 on on-demand; the line's pace is 6 h x 4 nodes over 9 h = 2.67 nodes'
+    # worth: 2 whole nodes hold it, so one on-demand node stays (back to spot make-before-break)
+    # and two go now.
+    fleet = _ahead_fleet(4, od=3)
+    assert fleet.deadline is not None and fleet.deadline.on_demand_not_needed
+    assert fleet.deadline.on_demand_keep == 1 and "keeping 1 on-demand node" in fleet.deadline.reason
+    released = [a for a in fleet.actions if "not needed" in getattr(a, "reason", "")]
+    assert len(released) == 2
+    launches = fleet.of_type(Launch)
+    assert launches and all(launch.market is Market.SPOT for launch in launches)
+    assert any(launch.purpose is LaunchPurpose.RETURN_TO_SPOT for launch in launches)
+
+
+def test_the_on_demand_kept_ahead_of_the_line_holds_the_pace_in_whole_nodes() -> None:
+    from fleetd.policy.deadline import on_demand_to_keep
+
+    base = dict(deadline_at=9 * H, started_at=0.0, total_steps=6 * H * 4, done_steps=0.0,
+                changeover_s=0.2 * H, full_on_spot=False, nodes=4)
+    # Line pace 2.67 nodes' worth at 1 step/s per node: 2 whole nodes; 1 on spot -> keep 1 of 3
+    # (the remaining 0.67 node cycles as UP's one node does).
+    assert on_demand_to_keep(DeadlineInputs(**base, steps_per_s=4.0, on_demand_nodes=3, spot_training=1)) == 1
+    # A measured scaling loss (3.6 steps/s at 4: 0.9 per node) needs more nodes: 2.96 -> 2 whole.
+    assert on_demand_to_keep(DeadlineInputs(**base, steps_per_s=3.6, on_demand_nodes=3, spot_training=0)) == 2
+    slow = {**base, "total_steps": 8 * H * 4}  # 3.56 nodes' worth -> 3
+    assert on_demand_to_keep(DeadlineInputs(**slow, steps_per_s=4.0, on_demand_nodes=3, spot_training=1)) == 2
+    # Enough spot to hold the pace: none kept; no on-demand, or one node: none.
+    assert on_demand_to_keep(DeadlineInputs(**base, steps_per_s=4.0, on_demand_nodes=1, spot_training=3)) == 0
+    assert on_demand_to_keep(DeadlineInputs(**base, steps_per_s=4.0, on_demand_nodes=0, spot_training=1)) == 0
+    one = {**base, "nodes": 1, "total_steps": 6 * H}
+    assert on_demand_to_keep(DeadlineInputs(**one, steps_per_s=1.0, on_demand_nodes=1)) == 0

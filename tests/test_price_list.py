@@ -5,6 +5,7 @@ to the bundled GPU catalog."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from structlog.testing import capture_logs
@@ -192,7 +193,7 @@ async def test_without_a_client_only_licensed_catalog_prices_count() -> None:
 
 
 # --- recorded real payload shapes (tests/data/price_list_recorded_shape.json) -------------------
-RECORDED = json.loads((__import__("pathlib").Path(__file__).parent / "data" / "price_list_recorded_shape.json").read_text())
+RECORDED = json.loads((Path(__file__).parent / "data" / "price_list_recorded_shape.json").read_text())
 
 
 def _shape(obj, sku: str):

@@ -58,6 +58,7 @@ class DeadlineInputs:
     # work left, as UP counts a pending changeover).
     pending_s: float = 0.0
     on_demand_nodes: int = 0  # of the target, on on-demand now (running or booting)
+    spot_training: int = 0  # spot nodes training now
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +83,10 @@ class DeadlineCall:
     # Time left minus work left at the target size (None: throughput not measured yet).
     slack_s: float | None = None
     changeover_s: float = 0.0
+    # A fleet ahead of the line (on_demand_not_needed): how many on-demand nodes to keep so that
+    # they and the spot nodes training now still keep the line's pace. The others go; these go
+    # back to spot make-before-break once spot is offered.
+    on_demand_keep: int = 0
 
     def can_wait_s(self, wait_s: float) -> bool:
         """Whether waiting ``wait_s`` before buying still leaves a changeover and a reserve."""
@@ -134,9 +139,28 @@ def decide(i: DeadlineInputs, now: float) -> DeadlineCall:
     share = f" x {min(i.on_demand_nodes, i.nodes)}/{i.nodes} on-demand nodes" if i.nodes > 1 else ""
     why = (f"2 x changeover{share} ahead" if ahead_2d
            else f"ahead, within 2 x changeover{share} (on-demand stays)")
+    keep = on_demand_to_keep(i) if ahead_2d else 0
+    if keep:
+        why += f"; keeping {keep} on-demand node(s) to hold the line's pace with {i.spot_training} on spot"
     return DeadlineCall(
-        False, True, ahead_2d, False, f"deadline: {why} of the uniform-progress line ({progress}): spot only", wake
+        False, True, ahead_2d, False, f"deadline: {why} of the uniform-progress line ({progress}): spot only", wake,
+        on_demand_keep=keep,
     )
+
+
+def on_demand_to_keep(i: DeadlineInputs) -> int:
+    """A fleet's on-demand nodes that, beside the spot nodes training now, hold the line's pace
+    (total / span) in whole nodes: the pace in nodes' worth, at the target's rate per node
+    (which errs low), rounded down. The fractional remainder is left to UP's cycle, as UP does
+    for one node (the job falls behind, buys, gets the lead, releases): rounding up kept one
+    on-demand node too many for the whole job (2 nodes at a pace of 1.33: the spot node's time
+    went unused and the job finished hours early on on-demand). One node: 0 (UP idles it)."""
+    if i.nodes <= 1 or not i.steps_per_s or i.on_demand_nodes <= 0:
+        return 0
+    span = max(i.deadline_at - i.started_at, _EPS_S)
+    per_node = i.steps_per_s / i.nodes
+    need = math.floor(i.total_steps / span / per_node + 1e-9)
+    return max(0, min(i.on_demand_nodes, need - i.spot_training))
 
 
 def hysteresis_s(i: DeadlineInputs) -> float:
@@ -154,7 +178,9 @@ def _wake_times(i: DeadlineInputs, now: float, work_left_s: float | None) -> tup
     span = max(i.deadline_at - i.started_at, _EPS_S)
     behind_at = i.started_at + span * i.done_steps / i.total_steps
     out.append(behind_at + _EPS_S)
-    if work_left_s is not None:
+    if work_left_s is not None and i.pending_s <= 0:
+        # (While the first nodes boot, pending_s shrinks as fast as the time left: the slack
+        # stands still and the crossing never comes by waiting; the boot's end wakes a pass.)
         out.append(i.deadline_at - work_left_s - 2 * i.changeover_s + _EPS_S)
     k = i.total_steps / span  # the line's pace
     r = i.steps_per_s or 0.0

@@ -64,6 +64,10 @@ class _FleetDeadline(DeadlineCallbacks):
             self._joined.update(n.id for n in alive)
             if before:
                 world.stall(self.reform_s, "re-form", after_current=True)
+            # The pace changed: re-decide (UP's hysteresis end is computed from the members'
+            # pace; without this a fleet whose on-demand nodes were still booting at the last
+            # decision kept them until the next capacity event, hours later on a quiet trace).
+            self.decide(world)
 
     def release(self, world: World, nodes: list[SimNode]) -> None:
         for node in nodes:

@@ -102,6 +102,9 @@ class Scenario:
             "deadline": datetime.fromtimestamp(self.job.deadline_s, UTC),
             "total_steps": math.ceil(self.job.total_steps),
             "changeover_s": self.changeover_s,
+            # The job's pace, as the baselines know it (they count work in seconds): fleetd uses
+            # it only until it has measured the throughput itself.
+            "steps_per_s": self.job.throughput(self.job.max_nodes),
         }
 
     def make_policy(self, name: str) -> Policy:

@@ -10,6 +10,16 @@ from fleetd.policy.model import Market, NodePhase
 from fleetd.policy.stages.pass_state import PlanPass
 
 
+def _steps_per_s(p: PlanPass, nodes: int) -> float | None:
+    """Measured throughput at ``nodes`` (deadline.steps_per_s_at); before any measurement, the
+    operator's job.steps_per_s at fleet.max_nodes, scaled per node (errs low for a smaller fleet:
+    more work left, an earlier safety net)."""
+    measured = rule.steps_per_s_at(p.obs.throughput_by_nodes, nodes)
+    if measured is not None or p.cfg.job.steps_per_s is None:
+        return measured
+    return rule.steps_per_s_at({p.cfg.fleet.max_nodes: p.cfg.job.steps_per_s}, nodes)
+
+
 def deadline_call(p: PlanPass, target: int) -> rule.DeadlineCall | None:
     job = p.cfg.job
     deadline_at = job.deadline_at()
@@ -34,12 +44,13 @@ def deadline_call(p: PlanPass, target: int) -> rule.DeadlineCall | None:
         started_at=min(started, p.now),
         total_steps=float(job.total_steps),
         done_steps=float(max(steps, default=0)),
-        steps_per_s=rule.steps_per_s_at(obs.throughput_by_nodes, max(1, target)),
+        steps_per_s=_steps_per_s(p, max(1, target)),
         changeover_s=job.changeover_s,
         full_on_spot=target > 0 and spot_training >= target,
         nodes=max(1, target),
         pending_s=pending_s,
         on_demand_nodes=sum(1 for n in p.kept if n.market is Market.ON_DEMAND),
+        spot_training=spot_training,
     )
     call = rule.decide(inputs, p.now)
     if call.swap_to_spot and any(

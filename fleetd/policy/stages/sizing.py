@@ -41,7 +41,7 @@ def size_fleet(
         bool(on_demand) and spot_available and level is not BudgetLevel.SHRINK and not deadline_holds
     )
     if on_demand:
-        _release_on_demand(p, on_demand)
+        _release_on_demand(p, on_demand, target)
         on_demand = [n for n in p.kept if n.market is Market.ON_DEMAND]
         back_to_spot = back_to_spot and bool(on_demand)
     replacements = min(len(on_demand), extras) if back_to_spot else 0
@@ -60,14 +60,22 @@ def size_fleet(
     )
 
 
-def _release_on_demand(p: PlanPass, on_demand: list[Node]) -> None:
+def _release_on_demand(p: PlanPass, on_demand: list[Node], target: int) -> None:
     """Well ahead of the deadline's line: on-demand nodes are not needed, unless the config holds
-    the fleet size with them. They go now, break-before-make as in Uniform Progress: with 2d of
-    lead, paying them while spot replacements boot would buy time the deadline does not need."""
+    the fleet size with them. They go now, break-before-make as in Uniform Progress (one node
+    idles until spot returns): with the lead, paying them while spot replacements boot would buy
+    time the deadline does not need. A fleet keeps the on-demand nodes that, with the spot nodes
+    training, still hold the line's pace in whole nodes (``on_demand_keep``); those go back to
+    spot make-before-break once spot is offered. Releasing them all with no spot to take their place
+    bought them back every cycle: on the reclaim-wave trace (bench/deadline.py, a pool that
+    never refills) that churn cost an 8-node job more than on-demand alone."""
     call = p.deadline
     if call is None or not call.on_demand_not_needed or p.cfg.capacity.on_demand == "hold_size":
         return
-    for node in on_demand:
+    keep = call.on_demand_keep if target > 1 else 0
+    # Not yet training first, then the priciest: the cheapest training ones are kept.
+    order = sorted(on_demand, key=lambda n: (n.phase is NodePhase.RUNNING, -n.price_per_hour, n.instance_id))
+    for node in order[: max(0, len(on_demand) - keep)]:
         if node.phase is NodePhase.RUNNING or node.phase is NodePhase.PENDING:
             p.remove(
                 node,
