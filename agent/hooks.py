@@ -22,6 +22,7 @@ from fleetd.protocol.messages import (
     Message,
     Notice,
     Rebalance,
+    RendezvousEndpoint,
     RestartTrainerCommand,
     ShutdownCommand,
 )
@@ -69,6 +70,10 @@ class NodeHooks(Protocol):
     async def on_restart_trainer(self, command: RestartTrainerCommand) -> None:
         """fleetd saw the job stalled: start the trainer again."""
 
+    async def on_endpoint(self, endpoint: RendezvousEndpoint) -> None:
+        """The leading controller advertised its rendezvous store (after a failover, a new one):
+        move torchrun to it (agent.supervise.endpoint_follow decides whether it is new)."""
+
     async def on_controller_lost(self, reason: str) -> int | None:
         """The control host is gone (dead man's switch): stop training for good and make the
         newest checkpoint durable; return its step. The agent powers the node off afterwards."""
@@ -111,6 +116,9 @@ class LoggingHooks:
 
     async def on_restart_trainer(self, command: RestartTrainerCommand) -> None:
         log.info("hook_restart_trainer", reason=command.reason)
+
+    async def on_endpoint(self, endpoint: RendezvousEndpoint) -> None:
+        log.info("hook_endpoint", host=endpoint.host, port=endpoint.port, generation=endpoint.generation)
 
     async def on_controller_lost(self, reason: str) -> int | None:
         log.info("hook_controller_lost", reason=reason)

@@ -42,6 +42,7 @@ from fleetd.protocol.messages import (
     Message,
     Notice,
     Rebalance,
+    RendezvousEndpoint,
     RestartTrainerCommand,
     ShutdownCommand,
 )
@@ -67,7 +68,7 @@ class Agent:
         # Read (and removed from os.environ) before torchrun is spawned: children must not inherit it.
         self.notifier = Notifier.from_environment()
         self._stop = asyncio.Event()
-        self._commands: asyncio.Queue[Message] = asyncio.Queue()
+        self._commands: asyncio.Queue[Message | RendezvousEndpoint] = asyncio.Queue()
         self._tg: asyncio.TaskGroup | None = None
         self.identity: Identity | None = None
         self.session: MqttSession | None = None
@@ -101,6 +102,7 @@ class Agent:
                 instance_id=identity.instance_id,
                 outbox=outbox,
                 on_command=self._commands.put,
+                on_endpoint=self._commands.put,  # the leader's store endpoint, in order with commands
                 status_fields={
                     "agent_version": __version__,
                     "instance_type": identity.instance_type,
@@ -160,7 +162,10 @@ class Agent:
         from agent.supervise.store_watch import probe
 
         r = self.config.rendezvous
-        return probe(r.host, r.port, r.run_id).reachable
+        # The store torchrun follows now (a failover moves it to the new leader's host).
+        spec = getattr(self.hooks, "spec", None)
+        host, port = (spec.rdzv_host, spec.rdzv_port) if spec is not None else (r.host, r.port)
+        return probe(host, port, r.run_id).reachable
 
     async def _controller_lost(self, reason: str) -> None:
         """Dead man's switch: checkpoint to S3, power the instance off, stop the agent."""
@@ -257,6 +262,8 @@ class Agent:
                 self._spawn("hooks.on_shutdown", self._shutdown_command, hooks, command)
             elif isinstance(command, RestartTrainerCommand):
                 self._spawn("hooks.on_restart_trainer", hooks.on_restart_trainer, command)
+            elif isinstance(command, RendezvousEndpoint):
+                self._spawn("hooks.on_endpoint", hooks.on_endpoint, command)
 
     async def _shutdown_command(self, hooks: NodeHooks, command: ShutdownCommand) -> None:
         try:

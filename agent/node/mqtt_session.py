@@ -8,6 +8,9 @@
 - telemetry is QoS 0 and only sent while connected (the next sample replaces a lost one).
 - commands are subscribed on the node's own topic and checked against topic and instance id
   before they reach the handler (never trust the broker to filter).
+- the leading controller's rendezvous endpoint (retained on ``fleetd/<fleet>/rendezvous``) is
+  subscribed too: a valid one goes to ``on_endpoint`` (agent.supervise.endpoint_follow decides
+  what it means); a bad one is logged and dropped.
 """
 
 from __future__ import annotations
@@ -24,14 +27,15 @@ import aiomqtt
 from agent.node.outbox import Outbox, OutboxItem
 from fleetd.protocol.errors import ProtocolError
 from fleetd.protocol.logs import get_logger
-from fleetd.protocol.messages import Message, Status, Telemetry
+from fleetd.protocol.messages import Message, RendezvousEndpoint, Status, Telemetry, parse_endpoint
 from fleetd.protocol.mqtt_options import client_kwargs
 from fleetd.protocol.settings import MqttConfig
-from fleetd.protocol.topics import CHANNEL_QOS, decode, node_topic
+from fleetd.protocol.topics import CHANNEL_QOS, decode, node_topic, rendezvous_topic
 
 log = get_logger(__name__)
 
 OnCommand = Callable[[Message], Awaitable[None]]
+OnEndpoint = Callable[[RendezvousEndpoint], Awaitable[None]]
 PUBLISH_TIMEOUT_S = 10.0
 MAX_COMMAND_BYTES = 64 * 1024
 
@@ -64,12 +68,14 @@ class MqttSession:
         on_command: OnCommand,
         status_fields: dict[str, Any] | None = None,
         backoff: Backoff | None = None,
+        on_endpoint: OnEndpoint | None = None,
     ) -> None:
         self.cfg = cfg
         self.fleet = fleet
         self.instance_id = instance_id
         self.outbox = outbox
         self.on_command = on_command
+        self.on_endpoint = on_endpoint
         self.status_fields = dict(status_fields or {})
         self.backoff = backoff or Backoff()
         self.state = "starting"
@@ -78,6 +84,7 @@ class MqttSession:
         self._client: aiomqtt.Client | None = None
         self._seen_commands: OrderedDict[str, None] = OrderedDict()
         self.topic = {ch: node_topic(fleet, instance_id, ch) for ch in ("status", "telemetry", "events", "commands")}
+        self.rendezvous_topic = rendezvous_topic(fleet)
 
     # ------------------------------------------------------------------ public API
     async def publish_event(self, event: Message) -> None:
@@ -146,6 +153,10 @@ class MqttSession:
                     self.connects += 1
                     self.backoff.reset()
                     await client.subscribe(self.topic["commands"], qos=CHANNEL_QOS["commands"])
+                    if self.on_endpoint is not None:
+                        # Retained: every (re)connect delivers the newest endpoint again; the
+                        # follower ignores one it already follows.
+                        await client.subscribe(self.rendezvous_topic, qos=1)
                     await self._publish_status(client, self.state)
                     self.connected.set()
                     log.info("mqtt_connected", broker=f"{self.cfg.host}:{self.cfg.port}", connects=self.connects, queued_events=len(self.outbox))
@@ -168,7 +179,27 @@ class MqttSession:
 
     async def _receive_commands(self, client: aiomqtt.Client) -> None:
         async for message in client.messages:
-            await self._handle_command(str(message.topic), message.payload)
+            topic = str(message.topic)
+            if topic == self.rendezvous_topic:
+                await self._handle_endpoint(topic, message.payload)
+            else:
+                await self._handle_command(topic, message.payload)
+
+    async def _handle_endpoint(self, topic: str, payload: Any) -> None:
+        if self.on_endpoint is None:
+            return
+        if not isinstance(payload, (bytes, bytearray, str)) or not payload or len(payload) > MAX_COMMAND_BYTES:
+            # An empty retained payload is a cleared topic, not an endpoint.
+            log.warning("mqtt_endpoint_rejected", topic=topic, error="payload missing, empty or too large")
+            return
+        try:
+            endpoint = parse_endpoint(bytes(payload) if not isinstance(payload, str) else payload)
+        except ProtocolError as exc:
+            log.warning("mqtt_endpoint_rejected", topic=topic, error=str(exc))
+            return
+        log.info("mqtt_endpoint", host=endpoint.host, port=endpoint.port, generation=endpoint.generation,
+                 leader=endpoint.leader)
+        await self.on_endpoint(endpoint)
 
     async def _handle_command(self, topic: str, payload: Any) -> None:
         if not isinstance(payload, (bytes, bytearray, str)) or len(payload) > MAX_COMMAND_BYTES:

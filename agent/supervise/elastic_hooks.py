@@ -5,6 +5,7 @@ through the ``agent.hooks.NodeHooks`` interface; nothing here imports the agent'
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.hooks import AgentContext
+from agent.supervise.endpoint_follow import FollowAction, StoreEndpoint, follow
 from agent.supervise.emergency import CheckpointStoreUploader, EmergencyFlow, EmergencyOutcome
 from agent.supervise.launch import LaunchSpec
 from agent.supervise.store_watch import Backoff, ExitCause, StoreProbe, classify_exit, log_size, log_tail, probe
@@ -50,6 +52,10 @@ class ElasticHooks:
     last_exit_cause: ExitCause | None = None
     _preload: asyncio.Task | None = None
     _drained: asyncio.Event = field(default_factory=asyncio.Event)  # the notice path has finished
+    # The store torchrun follows; its generation is None until a leader advertised one.
+    endpoint: StoreEndpoint | None = None
+    endpoint_restarts: int = 0
+    _restart_why: str = "fleetd asked (restart-trainer)"
 
     @classmethod
     def from_context(cls, ctx: AgentContext) -> ElasticHooks:
@@ -89,6 +95,10 @@ class ElasticHooks:
                 since = log_size(self.log_path)
                 started = time.monotonic()
                 self.restart_requested.clear()
+                if ready is not None and ready.spec is not self.spec:
+                    # Prewarmed for a store the leader has since moved away from.
+                    await asyncio.to_thread(ready.discard)
+                    ready = None
                 self.torchrun = (ready or TorchrunProcess(self.spec, log_path=self.log_path)).start()
                 ready = None
                 self.starts += 1
@@ -103,7 +113,8 @@ class ElasticHooks:
                                                         name="preload-torch")
                 exit_ = await self.torchrun.wait()
                 if self.restart_requested.is_set() and not (self.draining or self.stopping):
-                    log.warning("trainer_restarting", why="fleetd asked (restart-trainer)")
+                    log.warning("trainer_restarting", why=self._restart_why)
+                    self._restart_why = "fleetd asked (restart-trainer)"
                     before = await asyncio.to_thread(self._probe)
                     continue
                 if self.draining or self.stopping:
@@ -173,6 +184,32 @@ class ElasticHooks:
         self.restart_requested.set()  # first: the run loop must start it again, not return
         if self.torchrun is not None and self.torchrun.running:
             # SIGTERM, not SIGKILL: hung workers save the step they completed on the way out.
+            await self.torchrun.stop(timeout_s=25.0)
+
+    async def on_endpoint(self, advertised: Any) -> None:
+        """The leading controller advertised its rendezvous store (fleetd/ha/endpoint.py). A new
+        one (after a failover) moves torchrun to it by the store-restart path: SIGTERM (workers
+        save the step they completed), then the run loop starts torchrun against the new
+        address, and the trainer resumes from the newest step a local copy or S3 holds."""
+        current = self.endpoint or StoreEndpoint(self.spec.rdzv_host, self.spec.rdzv_port)
+        decision = follow(current, advertised, self.spec.run_id)
+        self.endpoint = decision.endpoint
+        if decision.action is not FollowAction.RESTART:
+            log.info("rendezvous_endpoint_seen", action=str(decision.action), host=advertised.host,
+                     port=advertised.port, generation=advertised.generation, run_id=advertised.run_id)
+            return
+        old = f"{self.spec.rdzv_host}:{self.spec.rdzv_port}"
+        # Decided and recorded before any await: a second delivery of the same message is STALE.
+        self.spec = dataclasses.replace(self.spec, rdzv_host=decision.endpoint.host,
+                                        rdzv_port=decision.endpoint.port)
+        self.endpoint_restarts += 1
+        log.warning("rendezvous_endpoint_moved", old=old, new=f"{decision.endpoint.host}:{decision.endpoint.port}",
+                    generation=advertised.generation, leader=advertised.leader)
+        if self.draining or self.stopping:
+            return
+        self._restart_why = "the leader advertised a new rendezvous store"
+        self.restart_requested.set()  # the run loop starts torchrun again (or leaves its wait)
+        if self.torchrun is not None and self.torchrun.running:
             await self.torchrun.stop(timeout_s=25.0)
 
     async def _with_store(self, body: Callable[[Any], Awaitable[Any]]) -> Any:

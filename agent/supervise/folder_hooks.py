@@ -102,6 +102,12 @@ class FolderHooks(ElasticHooks):
             TrainerExited(instance_id=self.instance_id, exit_code=exit_.exit_code, reason=exit_.reason)
         )
 
+    async def on_endpoint(self, advertised: Any) -> None:
+        """Folder mode starts torchrun once (``run`` has no restart loop): stopping it for a new
+        store would end the job. Logged only; a folder-mode job keeps the store it started with."""
+        log.warning("rendezvous_endpoint_not_followed", why="folder mode runs torchrun once",
+                    host=advertised.host, port=advertised.port, generation=advertised.generation)
+
     async def _final_version(self) -> None:
         """The script's last save, written just before it exited: wait for it to settle."""
         assert self.sync is not None

@@ -3,8 +3,8 @@ host's store goes into the shared state (``meta.rendezvous_endpoint``, fenced li
 and out as a retained MQTT message on ``fleetd/<fleet>/rendezvous`` (a versioned
 fleetd.protocol.messages.RendezvousEndpoint), so an agent (re)connecting reads the newest one.
 
-Agents do not follow it yet: they take the store's address from their config (DESIGN.md, "High
-availability").
+Agents follow it: a newer generation naming another host:port restarts their torchrun against
+that store (agent/supervise/endpoint_follow.py; DESIGN.md, "High availability").
 """
 
 from __future__ import annotations

@@ -1,0 +1,99 @@
+"""A leader-host loss, as the agent sees it: the rendezvous store is SIGKILLed, the new leader's
+store starts on another host:port and its endpoint is published, retained, on the real broker.
+The node's torchrun supervisor (``ElasticHooks``, fed by the agent's real MQTT session) restarts
+torchrun against the new store once, and training resumes from the step it saved (issue 19).
+
+Real components: mosquitto, the ``fleetd rendezvous`` host processes, fleetd's steering, the
+agent's MqttSession and torchrun on CPU/gloo. No timed asserts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import aiomqtt
+import pytest
+
+from agent.node.mqtt_session import MqttSession
+from agent.node.outbox import Outbox
+from fleetd.protocol.messages import RendezvousEndpoint
+from fleetd.protocol.settings import MqttConfig
+from fleetd.protocol.topics import rendezvous_topic
+from fleetd.rendezvous.localcluster import LocalCluster, free_port
+from tests.test_store_restart import Recorder, hooks_for, kill_host, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
+
+FLEET = "hafailover"
+
+
+async def test_store_moves_to_a_new_host_and_training_resumes_there(tmp_path, mosquitto):
+    cluster = LocalCluster(tmp_path / "job", run_id="mv", min_nodes=1, max_nodes=2,
+                           train_args=("--steps", "1000000", "--step-sleep", "0.05"))
+    a = "127.0.0.2"
+    rec = Recorder()
+    topic = rendezvous_topic(FLEET)
+    with cluster:
+        await asyncio.to_thread(cluster.start_host)
+        cluster.start_steering()
+        old_port = cluster.port
+        hooks = hooks_for(cluster, a, rec)
+        session = MqttSession(MqttConfig(url=mosquitto.url, keepalive_s=5), fleet=FLEET, instance_id="i-0000000000000f001",
+                              outbox=Outbox(None), on_command=rec.publish, on_endpoint=hooks.on_endpoint)
+        tasks = [asyncio.create_task(hooks.run()), asyncio.create_task(session.run())]
+        try:
+            async with aiomqtt.Client(mosquitto.host, mosquitto.port) as ctl:
+                # The first leader's word: the store torchrun already uses (adopted, no restart).
+                first = RendezvousEndpoint(host=cluster.host, port=old_port, run_id=cluster.run_id,
+                                           leader="ctl-a", generation=1)
+                await ctl.publish(topic, first.to_json(), qos=1, retain=True)
+                t0 = time.time()
+                await asyncio.to_thread(cluster.events.wait_training, 1, t0, 180, {a})
+                await wait_until(lambda: hooks.endpoint is not None, 30, "first endpoint adopted", cluster)
+                assert hooks.starts == 1 and hooks.endpoint_restarts == 0
+                await asyncio.sleep(2.0)
+
+                # -- the leader's host is lost: its store and its steering die with it
+                kill_host(cluster)
+                cluster.kill_steering()
+                t_kill = time.time()
+                step_at_kill = cluster.events.last_step()
+                # -- the new leader starts its store on another port and publishes it
+                cluster.port = free_port(cluster.host)
+                await asyncio.to_thread(cluster.start_host)
+                cluster.start_steering()
+                moved = RendezvousEndpoint(host=cluster.host, port=cluster.port, run_id=cluster.run_id,
+                                           leader="ctl-b", generation=2)
+                await ctl.publish(topic, moved.to_json(), qos=1, retain=True)
+                t_pub = time.time()
+                step_at_publish = cluster.events.last_step()
+                await wait_until(lambda: hooks.starts == 2, 90, "torchrun restarted against the new store", cluster)
+                assert hooks.spec.rdzv_port == cluster.port != old_port
+                await asyncio.to_thread(cluster.events.wait_training, 1, time.time(), 180, {a})
+                t_trained = time.time()
+
+                # the same message again (as every reconnect delivers it) and a deposed leader's late
+                # word: neither restarts anything
+                await ctl.publish(topic, moved.to_json(), qos=1, retain=True)
+                await ctl.publish(topic, first.to_json(), qos=1)
+                await asyncio.sleep(3.0)
+                assert hooks.starts == 2 and hooks.endpoint_restarts == 1
+                assert hooks.spec.rdzv_port == cluster.port
+
+                resumed = [e["from_step"] for e in cluster.events.of("resumed") if e["t"] >= t_kill]
+                assert resumed, cluster.logs()
+                assert min(resumed) >= step_at_kill, (resumed, step_at_kill)
+                before = cluster.events.last_step()
+                await asyncio.sleep(3.0)
+                assert cluster.events.last_step() > before, "training stopped on the new store"
+                print(f"HA_FOLLOW step_at_kill={step_at_kill} step_at_publish={step_at_publish} resumed_from={min(resumed)} "
+                      f"published_to_training_s={t_trained - t_pub:.1f} kill_to_training_s={t_trained - t_kill:.1f}")
+                await ctl.publish(topic, b"", qos=1, retain=True)
+        finally:
+            await hooks.stop()
+            for t in tasks:
+                t.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.gather(*tasks, return_exceptions=True)
