@@ -108,7 +108,8 @@ async def run_daemon(
                 return 0  # asked to stop before the first pass could start
             ctx.reconciler = built.reconciler
             try:
-                return await _supervise(ctx, built.reconciler, plugins, notifier, passes, shutdown_timeout_s)
+                extra = (built.ec2_view.run,) if built.ec2_view is not None else ()
+                return await _supervise(ctx, built.reconciler, plugins, notifier, passes, shutdown_timeout_s, extra)
             finally:
                 await built.close()
     finally:
@@ -150,6 +151,7 @@ async def _supervise(
     notifier: Notifier,
     passes: int | None,
     shutdown_timeout_s: float,
+    extra: Sequence[Component] = (),
 ) -> int:
     interval = ctx.cfg.fleet.reconcile_interval_s
     heartbeat = Heartbeat(max_silence_s=max(4 * interval, 120.0))
@@ -168,7 +170,7 @@ async def _supervise(
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(reconcile(), name="reconcile")
                 tg.create_task(watchdog(notifier, heartbeat), name="watchdog")
-                for component in plugins.components:
+                for component in (*extra, *plugins.components):
                     tg.create_task(component(ctx), name=getattr(component, "__name__", "component"))
                 notifier.ready("reconciling")
                 log.info("daemon_started", fleet=ctx.cfg.fleet.name, components=len(plugins.components))

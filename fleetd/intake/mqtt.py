@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import aiomqtt
+from prometheus_client import Counter
 
 from fleetd.intake.events import IntakeEvent, InterruptionNotice, from_message
 from fleetd.intake.registry import NodeRegistry
@@ -41,6 +42,10 @@ log = get_logger(__name__)
 MAX_PAYLOAD_BYTES = 64 * 1024
 AGENT_CHANNELS = ("status", "telemetry", "events")
 PUBLISH_TIMEOUT_S = 10.0
+
+# Per channel: accepted vs rejected, so a load test (bench/agents_load.py) or an operator can
+# compare what agents sent with what fleetd took in.
+INTAKE = Counter("fleetd_intake_messages_total", "Agent messages by channel and result", ["channel", "result"])
 
 Command = CheckpointCommand | DrainCommand | LeaveCommand | ShutdownCommand | RestartTrainerCommand
 
@@ -117,9 +122,10 @@ class MqttIntake:
         try:
             if len(payload) > self.max_payload_bytes:
                 raise ProtocolError(f"payload of {len(payload)} bytes exceeds {self.max_payload_bytes}")
-            _, msg = decode(topic, payload, fleet=self.fleet)
+            where, msg = decode(topic, payload, fleet=self.fleet)
         except ProtocolError as exc:
             self.rejected += 1
+            INTAKE.labels("?", "rejected").inc()
             log.warning(
                 "intake_message_rejected",
                 topic=topic[:256],
@@ -128,6 +134,7 @@ class MqttIntake:
                 reason=str(exc)[:500],
             )
             return None
+        INTAKE.labels(where.channel, "accepted").inc()
         now = self.clock()
         event = from_message(msg, min(now, msg.sent_at.timestamp()) if retained else now)
         if event is None:

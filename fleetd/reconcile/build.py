@@ -13,6 +13,7 @@ from botocore.config import Config
 
 from fleetd.adapters.aws_errors import PermanentAwsError
 from fleetd.adapters.ec2 import AioEc2, default_zones, resolve_pools, subnets_by_zone
+from fleetd.adapters.ec2_view import Ec2View
 from fleetd.adapters.launch_template import TemplateRef, ensure_launch_template
 from fleetd.adapters.catalog import Catalog, bundled_catalog
 from fleetd.adapters.price_list import OnDemandPrices
@@ -44,6 +45,7 @@ def ec2_client_kwargs(cfg: FleetdConfig) -> dict[str, Any]:
 class Built:
     reconciler: Reconciler
     state: StateStore
+    ec2_view: Ec2View | None = None  # its ``run`` is a daemon component (the EC2 refresher)
 
     async def close(self) -> None:
         await self.state.close()
@@ -138,12 +140,18 @@ async def build_reconciler(
     hardware = hardware_for({p.instance_type for p in pools}, hardware, book, catalog)
     # A dry run never launches, so it does not create the template either.
     template = await ensure_launch_template(client, cfg) if not dry_run else TemplateRef("lt-dry-run", "$Default")
-    ec2 = AioEc2(
-        client,
-        fleet=cfg.fleet.name,
-        job=cfg.job.name,
-        template=template,
-        subnets_by_zone=await subnets_by_zone(client, cap.subnet_ids),
+    # The pass reads EC2's instances from a view its own task refreshes (ec2_view.py): a notice
+    # must not wait behind a DescribeInstances of the whole fleet.
+    interval = cfg.fleet.reconcile_interval_s
+    ec2 = Ec2View(
+        AioEc2(
+            client,
+            fleet=cfg.fleet.name,
+            job=cfg.job.name,
+            template=template,
+            subnets_by_zone=await subnets_by_zone(client, cap.subnet_ids),
+        ),
+        refresh_s=interval, max_age_s=max(6 * interval, 60.0), clock=clock,
     )
     priors = priors_for_pools(load_spot_advisor(cap.spot_advisor_csv), pools) if cap.spot_advisor_csv else {}
     state = await (StateStore.open_snapshot if dry_run else StateStore.open)(cfg.fleet.state_dir)
@@ -154,5 +162,5 @@ async def build_reconciler(
         clock=clock, signals=signals, observer=observer, commander=commander, spend=spend, priors=priors, dry_run=dry_run,
         ledger=ledger,
     )
-    return Built(reconciler, state)
+    return Built(reconciler, state, ec2)
 

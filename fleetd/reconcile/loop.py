@@ -155,8 +155,12 @@ class Reconciler:
         outcomes, error = await self.act(plan, obs, now)
         self._consecutive_failures = self._consecutive_failures + 1 if error else 0
         PASSES.labels("throttled" if isinstance(error, Throttled) else "error" if error else "ok").inc()
-        PASS_SECONDS.set(time.perf_counter() - started)
+        took = time.perf_counter() - started
+        PASS_SECONDS.set(took)
         NODES.set(len(live))
+        # One line per pass: its duration is what a fleet's size costs (bench/agents_load.py).
+        log.info("pass_done", seconds=round(took, 4), nodes=len(obs.nodes), actions=len(plan.actions),
+                 error=error.code if error else None)
         return PassReport(now, plan, tuple(outcomes), tuple(i.instance_id for i in live), error, obs)
 
     @property
