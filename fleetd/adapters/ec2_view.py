@@ -93,6 +93,7 @@ class Ec2View:
             raise
         took = self.monotonic() - started
         self.describe_seconds = [*self.describe_seconds[-99:], took]
+        log.info("ec2_listed", seconds=round(took, 3), instances=len(instances))
         if started < self._listing_started:
             return  # a newer listing came in meanwhile (a pass and the refresher overlapped)
         self._listing = {i.instance_id: i for i in instances}
