@@ -17,6 +17,7 @@ budget ledger in step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -122,6 +123,7 @@ class Reconciler:
         self.priors = dict(priors or {})
         self.dry_run = dry_run
         self._consecutive_failures = 0  # for the backoff; the rest of the memory is in the state DB
+        self._last_obs: Observation | None = None  # the last full pass's, for the urgent pass
         # A stall is a gap in progress longer than a couple of passes (progress is seen per pass).
         stall_after_s = max(10.0, 2.5 * cfg.fleet.reconcile_interval_s)
         feed = LedgerFeed(ledger, stall_after_s) if ledger is not None and not dry_run else None
@@ -148,6 +150,7 @@ class Reconciler:
             PASSES.labels("observe-failed").inc()
             log.warning("observe_failed", kind=exc.kind, code=exc.code, error=exc.message)
             return PassReport(now, error=exc)
+        self._last_obs = obs
         plan = self.planner(obs, self.cfg, now)
         await self._remember(obs, plan, now)
         for note in plan.notes:
@@ -162,6 +165,23 @@ class Reconciler:
         log.info("pass_done", seconds=round(took, 4), nodes=len(obs.nodes), actions=len(plan.actions),
                  error=error.code if error else None)
         return PassReport(now, plan, tuple(outcomes), tuple(i.instance_id for i in live), error, obs)
+
+    async def run_urgent_pass(self) -> tuple[Outcome, ...]:
+        """A notice that arrives while a pass waits on EC2 (a CreateFleet or a TerminateInstances
+        takes seconds at fleet scale) must not wait for it: plan again on the last pass's
+        observation with the intakes' news folded in (no EC2 call) and carry out the plan's drains
+        only. Launches, terminations and checkpoint requests wait for the next full pass, which
+        starts as soon as the running one ends. The planner is the same pure function."""
+        last = self._last_obs
+        if last is None or self.dry_run:
+            return ()
+        now = self.clock()
+        obs = await self._observation.refold(last)
+        plan = self.planner(obs, self.cfg, now)
+        outcomes = await self._executor.act_drains(plan, obs, now)
+        if outcomes:
+            log.info("urgent_pass_done", drains=len(outcomes), seconds=round(self.clock() - now, 4))
+        return tuple(outcomes)
 
     @property
     def pool_rows(self) -> tuple[PoolRow, ...]:
@@ -231,7 +251,7 @@ class Reconciler:
         while passes is None or done < passes:
             # Cleared before the pass: a wake-up that arrives during it starts the next one at once.
             wake.clear()
-            report = await self.run_pass()
+            report = await self._pass_with_urgent(wake)
             done += 1
             if on_pass is not None:
                 on_pass(report)
@@ -242,3 +262,29 @@ class Reconciler:
                 await asyncio.wait_for(wake.wait(), timeout=delay)
             except TimeoutError:
                 pass
+
+    async def _pass_with_urgent(self, wake: asyncio.Event) -> PassReport:
+        """One full pass; a wake-up while it runs starts an urgent pass beside it (drains only),
+        and leaves ``wake`` set so the next full pass follows at once."""
+        task = asyncio.create_task(self.run_pass(), name="reconcile-pass")
+        woken = False
+        try:
+            while True:
+                waiter = asyncio.create_task(wake.wait())
+                await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                if task.done():
+                    waiter.cancel()
+                    return task.result()
+                wake.clear()
+                woken = True
+                try:
+                    await self.run_urgent_pass()
+                except Exception as exc:  # the full pass after it retries, level-based
+                    log.warning("urgent_pass_failed", error=repr(exc))
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            if woken:
+                wake.set()

@@ -111,6 +111,19 @@ class ObservationBuilder:
         )
         return obs, [i for i in current if i.live]
 
+    async def refold(self, last: Observation) -> Observation:
+        """``last`` with the intakes' news since (notices above all) and the state DB's drains
+        folded into its nodes: no EC2 call, no write. For the urgent pass (loop.py)."""
+        rows = {r.instance_id: r for r in await self.state.instances()}
+        nodes = []
+        for node in last.nodes:
+            row = rows.get(node.instance_id)
+            if row is not None:
+                node = replace(node, drain_started_at=row.drain_started_at,
+                               notice_at=node.notice_at if node.notice_at is not None else row.notice_at)
+            nodes.append(self._with_phase(self.observer.observe(node)))
+        return replace(last, nodes=tuple(nodes))
+
     def _seen(self, inst: Ec2Instance, price: PoolPrice | None) -> st.SeenInstance:
         return st.SeenInstance(
             instance_id=inst.instance_id,
