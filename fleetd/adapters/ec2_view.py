@@ -4,7 +4,8 @@ DescribeInstances grows with the fleet: at 2,000 instances it is two pages on AW
 20-40 s on moto server (bench/agents_load.py). Inside the pass it put that whole call between a
 spot notice and the drain command. ``Ec2View`` wraps an :class:`~fleetd.adapters.ec2.Ec2Api`:
 
-- a refresher task (``run``) calls DescribeInstances back to back, at most every ``refresh_s``;
+- a refresher task (``run``) calls DescribeInstances at most every ``refresh_s``, and waits at
+  least as long as the last call took before the next (a slow listing is not asked back to back);
 - ``list_instances`` returns the newest listing at once, with fleetd's own writes laid over it
   (read-your-writes): instances a launch returned are listed even if the listing predates them,
   and instances fleetd terminated show ``shutting-down`` (what DescribeInstances shows right after
@@ -12,7 +13,7 @@ spot notice and the drain command. ``Ec2View`` wraps an :class:`~fleetd.adapters
   returned is in, so the planner never sees a fleet smaller than what fleetd bought (no double buy)
   nor a node it already ended as running.
 - the pass stays level-based: it re-reads the newest listing every time, and a listing older than
-  ``max_age_s`` (the refresher failing) is not served: the last AWS error is raised instead, so the
+  ``max_age_s`` (or three describes) (the refresher failing) is not served: the last AWS error is raised instead, so the
   loop backs off as before.
 - without the refresher running (tests that drive passes by hand, the first pass) every
   ``list_instances`` describes synchronously, as before.
@@ -60,11 +61,16 @@ class Ec2View:
     async def list_instances(self) -> list[Ec2Instance]:
         if not self._running or self._listing is None:
             await self.refresh()
-        elif self.monotonic() - self._listing_started > self.max_age_s:
+        elif self.monotonic() - self._listing_started > self._max_age():
             if self._error is not None:
                 raise self._error
             await self.refresh()  # no error, just slow: wait for a current one
         return self._merged()
+
+    def _max_age(self) -> float:
+        # A healthy refresher's listing is up to two describes old (one running, one idle gap).
+        last = self.describe_seconds[-1] if self.describe_seconds else 0.0
+        return max(self.max_age_s, 3 * last)
 
     async def launch(self, spec: LaunchSpec) -> LaunchResult:
         result = await self.inner.launch(spec)
@@ -117,7 +123,11 @@ class Ec2View:
                 except AwsError as exc:
                     log.warning("ec2_view_refresh_failed", code=exc.code, kind=exc.kind, error=exc.message)
                     delay = min(max(delay, self.refresh_s) * 2, 300.0)
-                await asyncio.sleep(max(0.0, delay - (self.monotonic() - started)))
+                took = self.monotonic() - started
+                # At most every refresh_s, and idle at least as long as the last describe took:
+                # a listing that takes 20 s (2,000 instances on moto) is not re-asked back to back
+                # (DescribeInstances shares the account's API rate budget with CreateFleet).
+                await asyncio.sleep(max(delay - took, took if delay == self.refresh_s else 0.0))
         finally:
             self._running = False
 

@@ -23,6 +23,8 @@ from fleetd.reconcile.prices import price_of
 
 log = get_logger(__name__)
 
+FORGET_AFTER_S = 3600.0
+
 
 class ObservationBuilder:
     """Builds each pass's Observation (and the live instances) from EC2 and fleetd's own records."""
@@ -53,6 +55,18 @@ class ObservationBuilder:
         self._ledger = ledger_feed
         self.pool_rows: tuple[PoolRow, ...] = ()  # the last pass's offers and exclusions
         self._exclusions = ExclusionLog()
+        self._ended: dict[str, float] = {}  # instance -> when the state DB closed it
+
+    def _forget_ended(self, now: float) -> None:
+        """The registry keeps a record per instance it ever heard of; a week of churn is
+        thousands (bench/long_run.py). An instance ended FORGET_AFTER_S ago is forgotten there:
+        its bill is in the ledger and the state DB, and its late messages (a last will) are in."""
+        forget = getattr(self.observer, "forget", None)
+        for iid, at in list(self._ended.items()):
+            if now - at >= FORGET_AFTER_S:
+                del self._ended[iid]
+                if forget is not None:
+                    forget(iid)
 
     async def observe(self, now: float) -> tuple[Observation, list[Ec2Instance]]:
         instances = await self.ec2.list_instances()
@@ -67,6 +81,8 @@ class ObservationBuilder:
             log.info("instance_adopted", instance_id=iid)
         for iid, reason in sync.ended:
             log.info("instance_ended", instance_id=iid, reason=reason)
+            self._ended[iid] = now
+        self._forget_ended(now)
         signals = self.signals.snapshot()
         rows = {r.instance_id: r for r in await self.state.instances()}
         nodes = []
