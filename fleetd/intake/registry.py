@@ -104,6 +104,8 @@ class NodeRegistry:
         # Node address (agent status node_addr) -> instance: the steering knows nodes by address.
         self._by_addr: dict[str, str] = {}
         self.stats = RegistryStats()
+        # Notices applied so far (no duplicates): the loop's urgent pass runs only when it moved.
+        self.notices_seen = 0
 
     # ------------------------------------------------------------------ membership
     def track(self, instance_id: str) -> None:
@@ -159,6 +161,8 @@ class NodeRegistry:
         self.stats.applied += 1
         name = type(event).__name__
         self.stats.by_type[name] = self.stats.by_type.get(name, 0) + 1
+        if isinstance(event, InterruptionNotice):
+            self.notices_seen += 1
         if isinstance(event, TrainingEvent):
             self._training.append(event)
         if isinstance(event, URGENT):

@@ -124,6 +124,7 @@ class Reconciler:
         self.dry_run = dry_run
         self._consecutive_failures = 0  # for the backoff; the rest of the memory is in the state DB
         self._last_obs: Observation | None = None  # the last full pass's, for the urgent pass
+        self._notices_planned: int | None = None  # the observer's notice count already planned for
         # A stall is a gap in progress longer than a couple of passes (progress is seen per pass).
         stall_after_s = max(10.0, 2.5 * cfg.fleet.reconcile_interval_s)
         feed = LedgerFeed(ledger, stall_after_s) if ledger is not None and not dry_run else None
@@ -142,6 +143,7 @@ class Reconciler:
     async def run_pass(self) -> PassReport:
         now = self.clock()
         started = time.perf_counter()
+        self._notices_planned = getattr(self.observer, "notices_seen", None)
         try:
             obs, live = await self.observe(now)
         except AwsError as exc:
@@ -173,8 +175,10 @@ class Reconciler:
         only. Launches, terminations and checkpoint requests wait for the next full pass, which
         starts as soon as the running one ends. The planner is the same pure function."""
         last = self._last_obs
-        if last is None or self.dry_run:
-            return ()
+        seen = getattr(self.observer, "notices_seen", None)
+        if last is None or self.dry_run or (seen is not None and seen == self._notices_planned):
+            return ()  # woken by something other than a new notice (a status): the pass will do
+        self._notices_planned = seen
         now = self.clock()
         obs = await self._observation.refold(last)
         plan = self.planner(obs, self.cfg, now)
