@@ -148,8 +148,10 @@ def run(a: argparse.Namespace) -> dict:
     seen = json.loads(observer_out.read_text())
     lat = [seen["drain"][i] - t for i, t in seen["notice"].items() if i in seen["drain"]]
     events = json_lines(stack.log_lines("fleetd"))
-    passes = [e["seconds"] for e in events if e.get("event") == "pass_done"
-              and window_t0 <= _ts(e) <= window_t1]
+    in_window = [e for e in events if e.get("event") == "pass_done" and window_t0 <= _ts(e) <= window_t1]
+    passes = [e["seconds"] for e in in_window]
+    # fleetd's own share of a pass: its time minus what it awaited EC2 (moto here) for.
+    own = [e["seconds"] - (e.get("ec2_s") or 0.0) for e in in_window]
     accepted = {ch: int(sum(v for k, v in intake.items() if f'channel="{ch}"' in k and 'result="accepted"' in k))
                 for ch in ("status", "telemetry", "events")}
     rejected = int(sum(v for k, v in intake.items() if 'result="rejected"' in k))
@@ -170,6 +172,9 @@ def run(a: argparse.Namespace) -> dict:
         "reconcile_p50_s": pct(passes, 0.5),
         "reconcile_p99_s": pct(passes, 0.99),
         "reconcile_max_s": pct(passes, 1.0),
+        "reconcile_own_p50_s": pct(own, 0.5),
+        "reconcile_own_p99_s": pct(own, 0.99),
+        "passes_with_ec2_calls": sum(1 for e in in_window if (e.get("ec2_s") or 0) > 0),
         "ec2_describe_s": _describe_times(events),
         "controller_cpu_pct": usage.get("fleetd", {}).get("cpu_pct"),
         "controller_peak_rss_mib": usage.get("fleetd", {}).get("peak_rss_mib"),

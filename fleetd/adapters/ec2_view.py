@@ -56,16 +56,26 @@ class Ec2View:
         self._error: AwsError | None = None
         self._running = False
         self.describe_seconds: list[float] = []  # recent DescribeInstances durations (bench, status)
+        # Seconds callers spent awaiting EC2 through this view (the pass logs its share: what a
+        # pass costs fleetd itself vs. what it waits on AWS).
+        self.waited_s = 0.0
 
     # -- Ec2Api -----------------------------------------------------------------------------------
     async def list_instances(self) -> list[Ec2Instance]:
         if not self._running or self._listing is None:
-            await self.refresh()
+            await self._waited(self.refresh())
         elif self.monotonic() - self._listing_started > self._max_age():
             if self._error is not None:
                 raise self._error
-            await self.refresh()  # no error, just slow: wait for a current one
+            await self._waited(self.refresh())  # no error, just slow: wait for a current one
         return self._merged()
+
+    async def _waited(self, call: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return await call
+        finally:
+            self.waited_s += time.perf_counter() - started
 
     def _max_age(self) -> float:
         # A healthy refresher's listing is up to two describes old (one running, one idle gap).
@@ -73,14 +83,14 @@ class Ec2View:
         return max(self.max_age_s, 3 * last)
 
     async def launch(self, spec: LaunchSpec) -> LaunchResult:
-        result = await self.inner.launch(spec)
+        result = await self._waited(self.inner.launch(spec))
         at = self.monotonic()
         for inst in result.instances:
             self._launched[inst.instance_id] = (inst, at)
         return result
 
     async def terminate(self, instance_ids: Sequence[str]) -> list[str]:
-        done = await self.inner.terminate(instance_ids)
+        done = await self._waited(self.inner.terminate(instance_ids))
         at, wall = self.monotonic(), self.clock()
         for iid in done:
             self._terminated.setdefault(iid, (at, wall))

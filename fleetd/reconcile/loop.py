@@ -144,6 +144,7 @@ class Reconciler:
         now = self.clock()
         started = time.perf_counter()
         self._notices_planned = getattr(self.observer, "notices_seen", None)
+        waited0 = getattr(self.ec2, "waited_s", None)
         try:
             obs, live = await self.observe(now)
         except AwsError as exc:
@@ -164,8 +165,10 @@ class Reconciler:
         PASS_SECONDS.set(took)
         NODES.set(len(live))
         # One line per pass: its duration is what a fleet's size costs (bench/agents_load.py).
+        waited = getattr(self.ec2, "waited_s", None)
         log.info("pass_done", seconds=round(took, 4), nodes=len(obs.nodes), actions=len(plan.actions),
-                 error=error.code if error else None)
+                 error=error.code if error else None,
+                 ec2_s=round(waited - waited0, 4) if waited is not None and waited0 is not None else None)
         return PassReport(now, plan, tuple(outcomes), tuple(i.instance_id for i in live), error, obs)
 
     async def run_urgent_pass(self) -> tuple[Outcome, ...]:
