@@ -155,7 +155,9 @@ def run(a: argparse.Namespace) -> dict:
     accepted = {ch: int(sum(v for k, v in intake.items() if f'channel="{ch}"' in k and 'result="accepted"' in k))
                 for ch in ("status", "telemetry", "events")}
     rejected = int(sum(v for k, v in intake.items() if 'result="rejected"' in k))
-    sent = {ch: counts.get(ch, 0) for ch in ("status", "telemetry", "events")}
+    # Every valid message an agent handed to its client (a publish that timed out on the agent's
+    # side may still have been delivered, so attempts, not acknowledgements, are the baseline).
+    sent = {ch: counts.get(f"{ch}_attempted", 0) for ch in ("status", "telemetry", "events")}
     sys_stats = seen.get("sys", {})
     result = {
         "agents": a.agents,

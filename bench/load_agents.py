@@ -53,6 +53,7 @@ class Agent:
     async def publish(self, channel: str, payload: bytes, qos: int, retain: bool = False) -> None:
         if self.client is None:
             return
+        COUNTS[f"{channel}_attempted"] = COUNTS.get(f"{channel}_attempted", 0) + 1
         try:
             await self.client.publish(self.topic[channel], payload, qos=qos, retain=retain, timeout=30)
             COUNTS[channel] += 1
