@@ -66,6 +66,7 @@ class MqttIntake:
         registry: NodeRegistry,
         *,
         subscriptions: tuple[str, ...] | None = None,
+        unsubscribe: tuple[str, ...] = (),
         client_id: str | None = None,
         max_payload_bytes: int = MAX_PAYLOAD_BYTES,
         backoff_initial_s: float = 0.2,
@@ -76,6 +77,7 @@ class MqttIntake:
         self.fleet = fleet
         self.registry = registry
         self.subscriptions = subscriptions or tuple(fleet_filter(fleet, ch) for ch in AGENT_CHANNELS)
+        self.unsubscribe = unsubscribe
         self.client_id = client_id or f"fleetd-{fleet}"
         self.max_payload_bytes = max_payload_bytes
         self.backoff_initial_s = backoff_initial_s
@@ -93,6 +95,8 @@ class MqttIntake:
                 async with aiomqtt.Client(
                     identifier=self.client_id, clean_session=False, **client_kwargs(self.cfg, timeout_s=PUBLISH_TIMEOUT_S)
                 ) as client:
+                    for sub in self.unsubscribe:
+                        await client.unsubscribe(sub)
                     for sub in self.subscriptions:
                         await client.subscribe(sub, qos=1)
                     self._client = client
