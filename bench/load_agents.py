@@ -33,6 +33,7 @@ import aiomqtt
 from fleetd.protocol.messages import GpuSample, Notice, Status, Telemetry, TrainerExited, parse_message
 from fleetd.protocol.topics import fleet_filter, node_topic, parse_topic
 
+DRAINING: set[asyncio.Task] = set()  # drain sequences in flight (finished before disconnecting)
 COUNTS = {"status": 0, "telemetry": 0, "events": 0, "publish_errors": 0, "connect_errors": 0,
           "commands": 0, "drains": 0, "connected": 0, "notices": 0}
 
@@ -103,7 +104,9 @@ class Agent:
             msg = parse_message(bytes(message.payload))
             if msg.kind == "drain":
                 COUNTS["drains"] += 1
-                asyncio.get_running_loop().create_task(self._drain())
+                task = asyncio.get_running_loop().create_task(self._drain())
+                DRAINING.add(task)
+                task.add_done_callback(DRAINING.discard)
 
     async def _drain(self) -> None:
         await self.publish("status", self.status("draining").to_json(), 1, retain=True)
@@ -119,7 +122,7 @@ class Agent:
         COUNTS["notices"] += 1
 
 
-async def agents_main(a: argparse.Namespace, stop: asyncio.Event) -> None:
+async def agents_main(a: argparse.Namespace, stop: asyncio.Event, quiet: asyncio.Event) -> None:
     host, port = a.broker.rsplit(":", 1)
     ids = [line.split() for line in Path(a.ids).read_text().split("\n") if line.strip()]
     agents = [Agent(host, int(port), a.fleet, iid, addr, a.leave_after) for iid, addr in ids]
@@ -127,7 +130,7 @@ async def agents_main(a: argparse.Namespace, stop: asyncio.Event) -> None:
         for agent in agents:
             tg.create_task(agent.run(stop))
             await asyncio.sleep(a.connect_spread_s / max(1, len(agents)))
-        tg.create_task(_notices(agents, a, stop))
+        tg.create_task(_notices(agents, a, quiet))
         await stop.wait()
 
 
@@ -215,7 +218,21 @@ def main() -> None:
             await observe_main(a, stop, seen)
             Path(a.out).write_text(json.dumps(seen))
         else:
-            await agents_main(a, stop)
+            quiet = asyncio.Event()  # SIGTERM: no new notice, let drains in flight finish, then go
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, quiet.set)
+
+            async def settle() -> None:
+                await quiet.wait()
+                deadline = time.monotonic() + 8.0
+                await asyncio.sleep(2.0)  # a drain for the last notice may still be on its way
+                while DRAINING and time.monotonic() < deadline:
+                    await asyncio.sleep(0.1)
+                stop.set()
+
+            settler = asyncio.create_task(settle())
+            await agents_main(a, stop, quiet)
+            await settler
             Path(a.out).write_text(json.dumps(COUNTS))
 
     asyncio.run(run())
