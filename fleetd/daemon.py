@@ -102,7 +102,7 @@ async def run_daemon(
             built = await _build_until_ready(ctx, lambda: build_reconciler(
                 cfg, client, planner=planner, clock=clock, dry_run=dry_run, signals=plugins.signals,
                 observer=plugins.observer, commander=plugins.commander, ledger=plugins.ledger,
-                pricing_client=pricing,
+                pricing_client=pricing, blocking_lister=True,
             ))
             if built is None:
                 return 0  # asked to stop before the first pass could start

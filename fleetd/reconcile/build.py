@@ -41,6 +41,17 @@ def ec2_client_kwargs(cfg: FleetdConfig) -> dict[str, Any]:
     return kwargs
 
 
+def blocking_ec2_client(cfg: FleetdConfig) -> Any:
+    """A synchronous botocore EC2 client for the EC2 view's listing thread (same endpoint,
+    region, retries and credentials as the async one)."""
+    import botocore.session
+
+    session = botocore.session.get_session()
+    if cfg.aws.profile:
+        session.set_config_variable("profile", cfg.aws.profile)
+    return session.create_client("ec2", **ec2_client_kwargs(cfg))
+
+
 @dataclass
 class Built:
     reconciler: Reconciler
@@ -119,6 +130,7 @@ async def build_reconciler(
     ledger: Any = None,
     pricing_client: Any = None,
     catalog: Catalog | None = None,
+    blocking_lister: bool = False,
 ) -> Built:
     cap = cfg.capacity
     zones = cap.zones or await default_zones(client, cap.subnet_ids)
@@ -143,16 +155,15 @@ async def build_reconciler(
     # The pass reads EC2's instances from a view its own task refreshes (ec2_view.py): a notice
     # must not wait behind a DescribeInstances of the whole fleet.
     interval = cfg.fleet.reconcile_interval_s
-    ec2 = Ec2View(
-        AioEc2(
-            client,
-            fleet=cfg.fleet.name,
-            job=cfg.job.name,
-            template=template,
-            subnets_by_zone=await subnets_by_zone(client, cap.subnet_ids),
-        ),
-        refresh_s=interval, max_age_s=max(6 * interval, 60.0), clock=clock,
+    adapter = AioEc2(
+        client,
+        fleet=cfg.fleet.name,
+        job=cfg.job.name,
+        template=template,
+        subnets_by_zone=await subnets_by_zone(client, cap.subnet_ids),
     )
+    lister = adapter.blocking_lister(blocking_ec2_client(cfg)) if blocking_lister else None
+    ec2 = Ec2View(adapter, refresh_s=interval, max_age_s=max(6 * interval, 60.0), clock=clock, lister=lister)
     priors = priors_for_pools(load_spot_advisor(cap.spot_advisor_csv), pools) if cap.spot_advisor_csv else {}
     state = await (StateStore.open_snapshot if dry_run else StateStore.open)(cfg.fleet.state_dir)
     log.info("reconciler_ready", fleet=cfg.fleet.name, pools=[str(p) for p in pools], dry_run=dry_run,
