@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.load_stack import Sampler, Stack, env  # noqa: E402
+from bench.load_stack import Sampler, Stack  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 FLEET = "load"

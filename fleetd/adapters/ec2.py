@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from botocore.exceptions import BotoCoreError, ClientError
-
-from fleetd.adapters.aws_errors import AwsError, PermanentAwsError, aws_call, classify_code, translate
+from fleetd.adapters.aws_errors import AwsError, PermanentAwsError, aws_call, classify_code
 from fleetd.adapters.ec2_times import transition_time
 from fleetd.adapters.launch_template import TemplateRef
 from fleetd.adapters.pricing import Hardware
@@ -178,24 +176,6 @@ class AioEc2:
             ended_at=transition_time(item.get("StateTransitionReason") or "")
             if item.get("State", {}).get("Name") in ("shutting-down", "terminated") else None,
         )
-
-    def blocking_lister(self, client: Any) -> Callable[[], list[Ec2Instance]]:
-        """``list_instances`` over a *synchronous* botocore client, to run in a worker thread
-        (fleetd/adapters/ec2_view.py): same filters, same translation, same errors."""
-        params = {"Filters": [{"Name": f"tag:{TAG_FLEET}", "Values": [self.fleet]},
-                              {"Name": "instance-state-name", "Values": list(ALL_STATES)}]}
-
-        def run() -> list[Ec2Instance]:
-            out = []
-            try:
-                for page in client.get_paginator("describe_instances").paginate(**params):
-                    for reservation in page.get("Reservations", []):
-                        out.extend(self._instance(item) for item in reservation.get("Instances", []))
-            except (ClientError, BotoCoreError) as exc:
-                raise translate(exc, "DescribeInstances") from exc
-            return out
-
-        return run
 
     async def instances_of_launch(self, token: str) -> list[Ec2Instance]:
         return await self._describe(

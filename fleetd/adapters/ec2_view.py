@@ -27,8 +27,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fleetd.adapters.aws_errors import AwsError
-from fleetd.adapters.ec2 import Ec2Api, Ec2Instance, LaunchResult, LaunchSpec
+from botocore.exceptions import BotoCoreError, ClientError
+
+from fleetd.adapters.aws_errors import AwsError, translate
+from fleetd.adapters.ec2 import ALL_STATES, TAG_FLEET, AioEc2, Ec2Api, Ec2Instance, LaunchResult, LaunchSpec
 from fleetd.protocol.logs import get_logger
 
 log = get_logger(__name__)
@@ -159,3 +161,22 @@ class Ec2View:
                 out[iid] = dataclasses.replace(inst, state="shutting-down", ended_at=wall,
                                                state_reason=inst.state_reason or "Client.UserInitiatedShutdown")
         return list(out.values())
+
+
+def blocking_lister(adapter: AioEc2, client: Any) -> Callable[[], list[Ec2Instance]]:
+    """``adapter.list_instances`` over a *synchronous* botocore client, to run in a worker thread:
+    same filters, same conversion, same error translation."""
+    params = {"Filters": [{"Name": f"tag:{TAG_FLEET}", "Values": [adapter.fleet]},
+                          {"Name": "instance-state-name", "Values": list(ALL_STATES)}]}
+
+    def run() -> list[Ec2Instance]:
+        out = []
+        try:
+            for page in client.get_paginator("describe_instances").paginate(**params):
+                for reservation in page.get("Reservations", []):
+                    out.extend(adapter._instance(item) for item in reservation.get("Instances", []))
+        except (ClientError, BotoCoreError) as exc:
+            raise translate(exc, "DescribeInstances") from exc
+        return out
+
+    return run

@@ -13,7 +13,7 @@ from botocore.config import Config
 
 from fleetd.adapters.aws_errors import PermanentAwsError
 from fleetd.adapters.ec2 import AioEc2, default_zones, resolve_pools, subnets_by_zone
-from fleetd.adapters.ec2_view import Ec2View
+from fleetd.adapters.ec2_view import Ec2View, blocking_lister as threaded_lister
 from fleetd.adapters.launch_template import TemplateRef, ensure_launch_template
 from fleetd.adapters.catalog import Catalog, bundled_catalog
 from fleetd.adapters.price_list import OnDemandPrices
@@ -162,7 +162,7 @@ async def build_reconciler(
         template=template,
         subnets_by_zone=await subnets_by_zone(client, cap.subnet_ids),
     )
-    lister = adapter.blocking_lister(blocking_ec2_client(cfg)) if blocking_lister else None
+    lister = threaded_lister(adapter, blocking_ec2_client(cfg)) if blocking_lister else None
     ec2 = Ec2View(adapter, refresh_s=interval, max_age_s=max(6 * interval, 60.0), clock=clock, lister=lister)
     priors = priors_for_pools(load_spot_advisor(cap.spot_advisor_csv), pools) if cap.spot_advisor_csv else {}
     state = await (StateStore.open_snapshot if dry_run else StateStore.open)(cfg.fleet.state_dir)
