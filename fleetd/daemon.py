@@ -107,7 +107,7 @@ async def run_daemon(
             built = await _build_until_ready(ctx, lambda: build_reconciler(
                 cfg, client, planner=planner, clock=clock, dry_run=dry_run, signals=plugins.signals,
                 observer=plugins.observer, commander=plugins.commander, ledger=plugins.ledger,
-                pricing_client=pricing,
+                pricing_client=pricing, blocking_lister=True,
                 state=plugins.ha.state if plugins.ha is not None else plugins.state,
                 fence=plugins.ha.election.generation if plugins.ha is not None else None,
             ))
@@ -115,7 +115,8 @@ async def run_daemon(
                 return 0  # asked to stop before the first pass could start
             ctx.reconciler = built.reconciler
             try:
-                return await _supervise(ctx, built.reconciler, plugins, notifier, passes, shutdown_timeout_s)
+                extra = (built.ec2_view.run,) if built.ec2_view is not None else ()
+                return await _supervise(ctx, built.reconciler, plugins, notifier, passes, shutdown_timeout_s, extra)
             finally:
                 if plugins.ha is not None:
                     await plugins.ha.election.release()  # a clean stop hands over at once
@@ -159,6 +160,7 @@ async def _supervise(
     notifier: Notifier,
     passes: int | None,
     shutdown_timeout_s: float,
+    extra: Sequence[Component] = (),
 ) -> int:
     interval = ctx.cfg.fleet.reconcile_interval_s
     heartbeat = Heartbeat(max_silence_s=max(4 * interval, 120.0))
@@ -198,7 +200,7 @@ async def _supervise(
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(reconcile(), name="reconcile")
                 tg.create_task(watchdog(notifier, heartbeat), name="watchdog")
-                for component in components:
+                for component in (*extra, *components):
                     tg.create_task(component(ctx), name=getattr(component, "__name__", "component"))
                 notifier.ready("reconciling")
                 log.info("daemon_started", fleet=ctx.cfg.fleet.name, components=len(components),

@@ -204,3 +204,25 @@ def test_a_node_whose_end_was_not_seen_is_billed_until_last_seen_however_late_th
     assert late.as_json()["instances_end_unseen"][0]["billed_until"] == T0 + 1800
     # Without sightings (the running daemon, which sees every node each pass) it accrues to now.
     assert summarize(events, T0 + 3600).spend_usd == pytest.approx(0.36)
+
+
+@given(st.integers(min_value=0, max_value=len(FIRST_HALF + SECOND_HALF)),
+       st.floats(min_value=T0 - 100, max_value=T0 + 10_000))
+def test_spend_basis_equals_the_full_recomputation_at_any_time(prefix, now) -> None:
+    """The daemon's cached spend (ended part kept, running part accrued) is the same number."""
+    from fleetd.policy.ledger import spend_basis
+
+    events = (FIRST_HALF + SECOND_HALF)[:prefix] + GOODPUT
+    assert spend_basis(events).at(now) == pytest.approx(spend_usd(events, now), abs=1e-9)
+
+
+async def test_the_stores_cached_spend_follows_appended_billing_events(tmp_path) -> None:
+    store = await LedgerStore.open(tmp_path / "fleetd.db")
+    try:
+        await store.append(*FIRST_HALF)
+        assert await store.spent_usd(T0 + 3600) == pytest.approx(spend_usd(FIRST_HALF, T0 + 3600))
+        await store.append(*GOODPUT)  # no billing event: the cached part stays
+        await store.append(*SECOND_HALF)
+        assert await store.spent_usd(T0 + 3600) == pytest.approx(0.80)
+    finally:
+        await store.close()

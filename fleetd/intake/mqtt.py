@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import aiomqtt
+from prometheus_client import Counter
 
 from fleetd.intake.events import IntakeEvent, InterruptionNotice, from_message
 from fleetd.intake.registry import NodeRegistry
@@ -42,6 +43,12 @@ MAX_PAYLOAD_BYTES = 64 * 1024
 AGENT_CHANNELS = ("status", "telemetry", "events")
 PUBLISH_TIMEOUT_S = 10.0
 
+# Per channel: accepted vs rejected, so a load test (bench/agents_load.py) or an operator can
+# compare what agents sent with what fleetd took in.
+INTAKE = Counter("fleetd_intake_messages_total", "Agent messages by channel and result", ["channel", "result"])
+# Resolved once: Counter.labels() costs ~25 us, per message at 2,000 messages a second.
+_ACCEPTED = {ch: INTAKE.labels(ch, "accepted") for ch in ("status", "telemetry", "events", "commands")}
+
 Command = CheckpointCommand | DrainCommand | LeaveCommand | ShutdownCommand | RestartTrainerCommand
 
 
@@ -61,6 +68,7 @@ class MqttIntake:
         registry: NodeRegistry,
         *,
         subscriptions: tuple[str, ...] | None = None,
+        unsubscribe: tuple[str, ...] = (),
         client_id: str | None = None,
         max_payload_bytes: int = MAX_PAYLOAD_BYTES,
         backoff_initial_s: float = 0.2,
@@ -71,6 +79,7 @@ class MqttIntake:
         self.fleet = fleet
         self.registry = registry
         self.subscriptions = subscriptions or tuple(fleet_filter(fleet, ch) for ch in AGENT_CHANNELS)
+        self.unsubscribe = unsubscribe
         self.client_id = client_id or f"fleetd-{fleet}"
         self.max_payload_bytes = max_payload_bytes
         self.backoff_initial_s = backoff_initial_s
@@ -88,6 +97,8 @@ class MqttIntake:
                 async with aiomqtt.Client(
                     identifier=self.client_id, clean_session=False, **client_kwargs(self.cfg, timeout_s=PUBLISH_TIMEOUT_S)
                 ) as client:
+                    for sub in self.unsubscribe:
+                        await client.unsubscribe(sub)
                     for sub in self.subscriptions:
                         await client.subscribe(sub, qos=1)
                     self._client = client
@@ -117,9 +128,10 @@ class MqttIntake:
         try:
             if len(payload) > self.max_payload_bytes:
                 raise ProtocolError(f"payload of {len(payload)} bytes exceeds {self.max_payload_bytes}")
-            _, msg = decode(topic, payload, fleet=self.fleet)
+            where, msg = decode(topic, payload, fleet=self.fleet)
         except ProtocolError as exc:
             self.rejected += 1
+            INTAKE.labels("?", "rejected").inc()
             log.warning(
                 "intake_message_rejected",
                 topic=topic[:256],
@@ -128,6 +140,7 @@ class MqttIntake:
                 reason=str(exc)[:500],
             )
             return None
+        _ACCEPTED[where.channel].inc()
         now = self.clock()
         event = from_message(msg, min(now, msg.sent_at.timestamp()) if retained else now)
         if event is None:

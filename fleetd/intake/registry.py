@@ -105,6 +105,8 @@ class NodeRegistry:
         # Node address (agent status node_addr) -> instance: the steering knows nodes by address.
         self._by_addr: dict[str, str] = {}
         self.stats = RegistryStats()
+        # Notices applied so far (no duplicates): the loop's urgent pass runs only when it moved.
+        self.notices_seen = 0
 
     # ------------------------------------------------------------------ membership
     def track(self, instance_id: str) -> None:
@@ -165,6 +167,8 @@ class NodeRegistry:
         self.stats.applied += 1
         name = type(event).__name__
         self.stats.by_type[name] = self.stats.by_type.get(name, 0) + 1
+        if isinstance(event, InterruptionNotice):
+            self.notices_seen += 1
         if isinstance(event, TrainingEvent):
             self._training.append(event)
         if isinstance(event, URGENT):
@@ -218,11 +222,23 @@ def _latest(a: float | None, b: float | None) -> float | None:
     return max(a, b)
 
 
+_RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(NodeRecord))
+
+
+def _fast_replace(rec: NodeRecord, **changes: object) -> NodeRecord:
+    """dataclasses.replace for the hot path (telemetry: ~1 per node per second, 2,000/s at
+    2,000 agents): the same fields copied without replace's per-call introspection (60 -> 10 us)."""
+    new = object.__new__(NodeRecord)
+    for name in _RECORD_FIELDS:
+        object.__setattr__(new, name, changes[name] if name in changes else getattr(rec, name))
+    return new
+
+
 def _merge(rec: NodeRecord, event: IntakeEvent, at: float) -> NodeRecord:
     replace = dataclasses.replace
     if isinstance(event, AgentTelemetry):
         tel = event.telemetry
-        return replace(rec, telemetry=tel, telemetry_at=at, last_seen_at=at,
+        return _fast_replace(rec, telemetry=tel, telemetry_at=at, last_seen_at=at,
                        gpu_util_avg=_smooth(rec.gpu_util_avg, tel.gpu_util_pct),
                        cpu_avg=_smooth(rec.cpu_avg, tel.cpu_pct),
                        steps_avg=_smooth(rec.steps_avg, tel.steps_per_s))

@@ -209,6 +209,52 @@ def spend_usd(
     return sum(b.usd for b in bills(events, now, observed_until))
 
 
+@dataclass(frozen=True)
+class SpendBasis:
+    """``spend_usd(events, now)`` (no ``observed_until``) split into what no ``now`` changes (the
+    ended instances) and what accrues (the running ones), so the daemon's per-pass spend is
+    O(running nodes), not O(every event of the fleet's life): a simulated week made the pass 4x
+    slower per day before (bench/long_run.py)."""
+
+    closed_usd: float
+    running: tuple[tuple[InstanceStarted, "_PricePath"], ...]
+
+    def at(self, now: float) -> float:
+        total = self.closed_usd
+        for s, path in self.running:
+            end = max(max(now, s.at), s.at + MINIMUM_CHARGE_S)
+            total += path.integrate(s.at, end, s.price_per_hour)
+        return total
+
+
+def spend_basis(events: Iterable[LedgerEvent]) -> SpendBasis:
+    ordered = _ordered(
+        e for e in events if isinstance(e, (InstanceStarted, InstancePlaced, InstanceStopped, PriceChanged))
+    )
+    prices: dict[tuple[PoolId, Market], list[tuple[float, float]]] = defaultdict(list)
+    for e in ordered:
+        if isinstance(e, PriceChanged):
+            prices[(e.pool, e.market)].append((e.at, e.price_per_hour))
+    paths = {key: _PricePath(changes) for key, changes in prices.items()}
+    stops: dict[str, float] = {}
+    for e in ordered:
+        if isinstance(e, InstanceStopped) and e.instance_id not in stops:
+            stops[e.instance_id] = e.at
+    closed = 0.0
+    running = []
+    for iid, s in _starts(ordered).items():
+        path = paths.get((s.pool, s.market), _NO_CHANGES)
+        stopped = stops.get(iid)
+        if stopped is None:
+            running.append((s, path))
+        else:
+            closed += path.integrate(s.at, max(stopped, s.at + MINIMUM_CHARGE_S), s.price_per_hour)
+    return SpendBasis(closed, tuple(running))
+
+
+BILLING_EVENTS = (InstanceStarted, InstancePlaced, InstanceStopped, PriceChanged)
+
+
 def summarize(
     events: Iterable[LedgerEvent], now: float, observed_until: Mapping[str, float] | None = None
 ) -> LedgerSummary:

@@ -14,6 +14,7 @@ from botocore.config import Config
 
 from fleetd.adapters.aws_errors import PermanentAwsError
 from fleetd.adapters.ec2 import AioEc2, default_zones, resolve_pools, subnets_by_zone
+from fleetd.adapters.ec2_view import Ec2View, blocking_lister as threaded_lister
 from fleetd.adapters.launch_template import TemplateRef, ensure_launch_template
 from fleetd.adapters.catalog import Catalog, bundled_catalog
 from fleetd.adapters.price_list import OnDemandPrices
@@ -42,10 +43,22 @@ def ec2_client_kwargs(cfg: FleetdConfig) -> dict[str, Any]:
     return kwargs
 
 
+def blocking_ec2_client(cfg: FleetdConfig) -> Any:
+    """A synchronous botocore EC2 client for the EC2 view's listing thread (same endpoint,
+    region, retries and credentials as the async one)."""
+    import botocore.session
+
+    session = botocore.session.get_session()
+    if cfg.aws.profile:
+        session.set_config_variable("profile", cfg.aws.profile)
+    return session.create_client("ec2", **ec2_client_kwargs(cfg))
+
+
 @dataclass
 class Built:
     reconciler: Reconciler
     state: StateBackend
+    ec2_view: Ec2View | None = None  # its ``run`` is a daemon component (the EC2 refresher)
 
     async def close(self) -> None:
         await self.state.close()
@@ -121,6 +134,7 @@ async def build_reconciler(
     catalog: Catalog | None = None,
     state: StateBackend | None = None,
     fence: Callable[[], object] | None = None,
+    blocking_lister: bool = False,
 ) -> Built:
     """``state`` and ``fence``: the HA backend and its lease (fleetd.ha.compose); without them
     the state is SQLite in ``fleet.state_dir``."""
@@ -144,13 +158,18 @@ async def build_reconciler(
     hardware = hardware_for({p.instance_type for p in pools}, hardware, book, catalog)
     # A dry run never launches, so it does not create the template either.
     template = await ensure_launch_template(client, cfg) if not dry_run else TemplateRef("lt-dry-run", "$Default")
-    ec2 = AioEc2(
+    # The pass reads EC2's instances from a view its own task refreshes (ec2_view.py): a notice
+    # must not wait behind a DescribeInstances of the whole fleet.
+    interval = cfg.fleet.reconcile_interval_s
+    adapter = AioEc2(
         client,
         fleet=cfg.fleet.name,
         job=cfg.job.name,
         template=template,
         subnets_by_zone=await subnets_by_zone(client, cap.subnet_ids),
     )
+    lister = threaded_lister(adapter, blocking_ec2_client(cfg)) if blocking_lister else None
+    ec2 = Ec2View(adapter, refresh_s=interval, max_age_s=max(6 * interval, 60.0), clock=clock, lister=lister)
     priors = priors_for_pools(load_spot_advisor(cap.spot_advisor_csv), pools) if cap.spot_advisor_csv else {}
     if state is None:
         state = await (StateStore.open_snapshot if dry_run else StateStore.open)(cfg.fleet.state_dir)
@@ -161,5 +180,5 @@ async def build_reconciler(
         clock=clock, signals=signals, observer=observer, commander=commander, spend=spend, priors=priors, dry_run=dry_run,
         ledger=ledger, fence=fence,
     )
-    return Built(reconciler, state)
+    return Built(reconciler, state, ec2)
 

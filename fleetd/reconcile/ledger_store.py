@@ -85,6 +85,8 @@ class LedgerStore:
         self._path = path
         self._lock = threading.Lock()
         self._cache: list[LedgerEvent] | None = None
+        self._billing_version = 0  # bumped by every stored billing event (spent_usd's cache key)
+        self._basis: tuple[int, ledger.SpendBasis] | None = None
 
     @property
     def path(self) -> Path:
@@ -133,6 +135,8 @@ class LedgerStore:
                 raise LedgerStoreError(f"cannot write ledger {self._path}: {exc}") from exc
             if self._cache is not None:
                 self._cache.extend(stored)
+            if any(isinstance(e, ledger.BILLING_EVENTS) for e in stored):
+                self._billing_version += 1
             return len(stored)
 
     def events_sync(self) -> list[LedgerEvent]:
@@ -172,8 +176,17 @@ class LedgerStore:
         return ledger.summarize(await self.events(), now, observed_until)
 
     async def spent_usd(self, now: float) -> float:
-        """fleetd.reconcile.ports.SpendSource: everything accrued so far."""
-        return ledger.spend_usd(await self.events(), now)
+        """fleetd.reconcile.ports.SpendSource: everything accrued so far. Every pass asks; the
+        ended instances' part is kept until a billing event arrives (ledger.SpendBasis)."""
+        return (await asyncio.to_thread(self._basis_sync)).at(now)
+
+    def _basis_sync(self) -> ledger.SpendBasis:
+        with self._lock:
+            if self._basis is None or self._basis[0] != self._billing_version:
+                if self._cache is None:
+                    self._cache = self._read_all()
+                self._basis = (self._billing_version, ledger.spend_basis(self._cache))
+            return self._basis[1]
 
     async def close(self) -> None:
         await asyncio.to_thread(self.close_sync)

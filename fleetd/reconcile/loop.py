@@ -17,6 +17,7 @@ budget ledger in step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -128,6 +129,8 @@ class Reconciler:
         self.priors = dict(priors or {})
         self.dry_run = dry_run
         self._consecutive_failures = 0  # for the backoff; the rest of the memory is in the state DB
+        self._last_obs: Observation | None = None  # the last full pass's, for the urgent pass
+        self._notices_planned: int | None = None  # the observer's notice count already planned for
         # A stall is a gap in progress longer than a couple of passes (progress is seen per pass).
         stall_after_s = max(10.0, 2.5 * cfg.fleet.reconcile_interval_s)
         feed = LedgerFeed(ledger, stall_after_s) if ledger is not None and not dry_run else None
@@ -151,6 +154,8 @@ class Reconciler:
     async def run_pass(self) -> PassReport:
         now = self.clock()
         started = time.perf_counter()
+        self._notices_planned = getattr(self.observer, "notices_seen", None)
+        waited0 = getattr(self.ec2, "waited_s", None)
         try:
             obs, live = await self.observe(now)
         except AwsError as exc:
@@ -159,16 +164,44 @@ class Reconciler:
             PASSES.labels("observe-failed").inc()
             log.warning("observe_failed", kind=exc.kind, code=exc.code, error=exc.message)
             return PassReport(now, error=exc)
-        plan = self.planner(obs, self.cfg, now)
+        self._last_obs = obs
+        # Pure and CPU-bound (~50-100 ms at 2,000 nodes): in a worker thread, so the intake keeps
+        # reading (a notice must not sit in the socket while the fleet is planned).
+        plan = await asyncio.to_thread(self.planner, obs, self.cfg, now)
         await self._remember(obs, plan, now)
         for note in plan.notes:
             log.info("plan_note", note=note)
         outcomes, error = await self.act(plan, obs, now)
         self._consecutive_failures = self._consecutive_failures + 1 if error else 0
         PASSES.labels("throttled" if isinstance(error, Throttled) else "error" if error else "ok").inc()
-        PASS_SECONDS.set(time.perf_counter() - started)
+        took = time.perf_counter() - started
+        PASS_SECONDS.set(took)
         NODES.set(len(live))
+        # One line per pass: its duration is what a fleet's size costs (bench/agents_load.py).
+        waited = getattr(self.ec2, "waited_s", None)
+        log.info("pass_done", seconds=round(took, 4), nodes=len(obs.nodes), actions=len(plan.actions),
+                 error=error.code if error else None,
+                 ec2_s=round(waited - waited0, 4) if waited is not None and waited0 is not None else None)
         return PassReport(now, plan, tuple(outcomes), tuple(i.instance_id for i in live), error, obs)
+
+    async def run_urgent_pass(self) -> tuple[Outcome, ...]:
+        """A notice that arrives while a pass waits on EC2 (a CreateFleet or a TerminateInstances
+        takes seconds at fleet scale) must not wait for it: plan again on the last pass's
+        observation with the intakes' news folded in (no EC2 call) and carry out the plan's drains
+        only. Launches, terminations and checkpoint requests wait for the next full pass, which
+        starts as soon as the running one ends. The planner is the same pure function."""
+        last = self._last_obs
+        seen = getattr(self.observer, "notices_seen", None)
+        if last is None or self.dry_run or (seen is not None and seen == self._notices_planned):
+            return ()  # woken by something other than a new notice (a status): the pass will do
+        self._notices_planned = seen
+        now = self.clock()
+        obs = await self._observation.refold(last)
+        plan = await asyncio.to_thread(self.planner, obs, self.cfg, now)
+        outcomes = await self._executor.act_drains(plan, obs, now)
+        if outcomes:
+            log.info("urgent_pass_done", drains=len(outcomes), seconds=round(self.clock() - now, 4))
+        return tuple(outcomes)
 
     @property
     def pool_rows(self) -> tuple[PoolRow, ...]:
@@ -238,7 +271,7 @@ class Reconciler:
         while passes is None or done < passes:
             # Cleared before the pass: a wake-up that arrives during it starts the next one at once.
             wake.clear()
-            report = await self.run_pass()
+            report = await self._pass_with_urgent(wake)
             done += 1
             if on_pass is not None:
                 on_pass(report)
@@ -249,3 +282,29 @@ class Reconciler:
                 await asyncio.wait_for(wake.wait(), timeout=delay)
             except TimeoutError:
                 pass
+
+    async def _pass_with_urgent(self, wake: asyncio.Event) -> PassReport:
+        """One full pass; a wake-up while it runs starts an urgent pass beside it (drains only),
+        and leaves ``wake`` set so the next full pass follows at once."""
+        task = asyncio.create_task(self.run_pass(), name="reconcile-pass")
+        woken = False
+        try:
+            while True:
+                waiter = asyncio.create_task(wake.wait())
+                await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                if task.done():
+                    waiter.cancel()
+                    return task.result()
+                wake.clear()
+                woken = True
+                try:
+                    await self.run_urgent_pass()
+                except Exception as exc:  # the full pass after it retries, level-based
+                    log.warning("urgent_pass_failed", error=repr(exc))
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            if woken:
+                wake.set()

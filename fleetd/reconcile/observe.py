@@ -24,6 +24,8 @@ from fleetd.reconcile.prices import price_of
 
 log = get_logger(__name__)
 
+FORGET_AFTER_S = 3600.0
+
 
 class ObservationBuilder:
     """Builds each pass's Observation (and the live instances) from EC2 and fleetd's own records."""
@@ -55,6 +57,18 @@ class ObservationBuilder:
         self.pool_rows: tuple[PoolRow, ...] = ()  # the last pass's offers and exclusions
         self._exclusions = ExclusionLog()
         self._purposes: dict[str, LaunchPurpose | None] = {}  # launch token -> why it was bought
+        self._ended: dict[str, float] = {}  # instance -> when the state DB closed it
+
+    def _forget_ended(self, now: float) -> None:
+        """The registry keeps a record per instance it ever heard of; a week of churn is
+        thousands (bench/long_run.py). An instance ended FORGET_AFTER_S ago is forgotten there:
+        its bill is in the ledger and the state DB, and its late messages (a last will) are in."""
+        forget = getattr(self.observer, "forget", None)
+        for iid, at in list(self._ended.items()):
+            if now - at >= FORGET_AFTER_S:
+                del self._ended[iid]
+                if forget is not None:
+                    forget(iid)
 
     async def observe(self, now: float) -> tuple[Observation, list[Ec2Instance]]:
         instances = await self.ec2.list_instances()
@@ -69,6 +83,8 @@ class ObservationBuilder:
             log.info("instance_adopted", instance_id=iid)
         for iid, reason in sync.ended:
             log.info("instance_ended", instance_id=iid, reason=reason)
+            self._ended[iid] = now
+        self._forget_ended(now)
         signals = self.signals.snapshot()
         await self._learn_purposes(current)
         rows = {r.instance_id: r for r in await self.state.instances()}
@@ -113,6 +129,19 @@ class ObservationBuilder:
             job_started_at=started,
         )
         return obs, [i for i in current if i.live]
+
+    async def refold(self, last: Observation) -> Observation:
+        """``last`` with the intakes' news since (notices above all) and the state DB's drains
+        folded into its nodes: no EC2 call, no write. For the urgent pass (loop.py)."""
+        rows = {r.instance_id: r for r in await self.state.instances()}
+        nodes = []
+        for node in last.nodes:
+            row = rows.get(node.instance_id)
+            if row is not None:
+                node = replace(node, drain_started_at=row.drain_started_at,
+                               notice_at=node.notice_at if node.notice_at is not None else row.notice_at)
+            nodes.append(self._with_phase(self.observer.observe(node)))
+        return replace(last, nodes=tuple(nodes))
 
     def _seen(self, inst: Ec2Instance, price: PoolPrice | None) -> st.SeenInstance:
         return st.SeenInstance(

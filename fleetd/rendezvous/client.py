@@ -24,6 +24,8 @@ from fleetd.rendezvous.state import RendezvousState
 
 log = get_logger(__name__)
 T = TypeVar("T")
+# observe_with's entry for the store's key count (no store key can have this name: keys are dotted).
+KEY_COUNT = " key-count"
 V = TypeVar("V", bound=keys._Value)
 
 
@@ -106,18 +108,26 @@ class RendezvousClient:
             return Snapshot(None, None)
         return Snapshot(codec.decode(raw), raw)
 
-    async def observe_with(self, extra_keys: list[str]) -> tuple[Snapshot, dict[str, bytes | None]]:
+    async def observe_with(self, extra_keys: list[str], *, key_count: bool = False
+                           ) -> tuple[Snapshot, dict[str, bytes | None]]:
         """The state plus a batch of other keys, in one hop to the store thread (the steering
-        loop runs this many times a second; one thread hop per key would cost real CPU)."""
+        loop runs this many times a second; one thread hop per key would cost real CPU).
+        ``key_count``: also the store's number of keys (under ``KEY_COUNT``), read first."""
         wanted = [self._state_key, *extra_keys]
 
         def op(s: Any) -> dict[str, bytes | None]:
-            return {k: (s.get(k) if s.check([k]) else None) for k in wanted}
+            out: dict[str, Any] = {KEY_COUNT: s.num_keys()} if key_count else {}
+            out.update({k: (s.get(k) if s.check([k]) else None) for k in wanted})
+            return out
 
         values = await self._run(op)
         raw = values.pop(self._state_key)
         snap = Snapshot(None, None) if raw is None else Snapshot(codec.decode(raw), raw)
         return snap, values
+
+    async def read_keys(self, wanted: list[str]) -> dict[str, bytes | None]:
+        """Several optional keys in one hop (absent: None)."""
+        return await self._run(lambda s: {k: (s.get(k) if s.check([k]) else None) for k in wanted})
 
     def parse(self, model: type[V], key: str, raw: bytes | None) -> V | None:
         if raw is None:

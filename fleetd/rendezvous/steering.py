@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 
 from fleetd.protocol.logs import get_logger
 from fleetd.rendezvous import decide
-from fleetd.rendezvous.client import RendezvousClient
+from fleetd.rendezvous.client import KEY_COUNT, RendezvousClient
 from fleetd.rendezvous.errors import RendezvousError, RendezvousUnavailable
 from fleetd.rendezvous.state import RendezvousState
 
@@ -43,6 +43,7 @@ class SteerSettings:
     # before it (they restart torchrun seconds apart).
     restart_hold_s: float = 30.0
     coalesce_s: float = 3.0  # a wave's leavers re-form the survivors once (decide.Observation)
+    full_scan_s: float = 1.0  # drain keys are re-read at least this often even if no key appeared
     hang_after_s: float = 10.0
 
 
@@ -84,6 +85,10 @@ class Steerer:
     # keys ignored (logged once per address) unless fleetd itself told it to leave.
     known_addr: Callable[[str], bool] | None = None
     ignored_addrs: frozenset[str] = frozenset()
+    # The last read of every candidate's drain keys, and the store's key count then (observe).
+    _scanned: dict[str, bytes | None] = field(default_factory=dict)
+    _key_count: int | None = None
+    _scanned_at: datetime | None = None
 
     async def observe(self, now: datetime) -> decide.Observation:
         from fleetd.protocol import rendezvous_keys as keys
@@ -99,8 +104,19 @@ class Steerer:
         # Noticed keys matter only while a leave is in flight (they can hold back its re-form).
         noticed_keys = {a: keys.noticed_key(run_id, a) for a in candidates} if self.told_leave else {}
         pulse_key = keys.progress_key(run_id)
+        # Every candidate's drain keys are one store op each: 1,000-2,000 per pass at 1,000
+        # members (bench/steering_load.py: 0.17 s passes). Agents only ever *create* those keys,
+        # so they are re-read when the store's key count moved, and every full_scan_s anyway.
         snap, raw = await self.client.observe_with(
-            [keys.HOST_INCARNATION_KEY, *ready_keys.values(), *left_keys.values(), *noticed_keys.values(), pulse_key])
+            [keys.HOST_INCARNATION_KEY, *left_keys.values(), pulse_key], key_count=True)
+        count = raw.pop(KEY_COUNT, None)
+        scan_keys = [*ready_keys.values(), *noticed_keys.values()]
+        if (count != self._key_count or self._scanned_at is None
+                or (now - self._scanned_at).total_seconds() >= self.settings.full_scan_s
+                or not set(scan_keys) <= set(self._scanned)):
+            self._scanned = await self.client.read_keys(scan_keys)
+            self._key_count, self._scanned_at = count, now
+        raw.update({k: self._scanned.get(k) for k in scan_keys})
         if await self._store_restarted(raw.get(keys.HOST_INCARNATION_KEY), now):
             return decide.Observation(state=None, now=now, members=self.members)
         pulse = raw.pop(pulse_key, None)

@@ -1,0 +1,182 @@
+"""EC2's instance list, kept by its own task so that a reconcile pass never waits on it.
+
+DescribeInstances grows with the fleet: at 2,000 instances it is two pages on AWS (seconds) and
+20-40 s on moto server (bench/agents_load.py). Inside the pass it put that whole call between a
+spot notice and the drain command. ``Ec2View`` wraps an :class:`~fleetd.adapters.ec2.Ec2Api`:
+
+- a refresher task (``run``) calls DescribeInstances at most every ``refresh_s``, and waits at
+  least as long as the last call took before the next (a slow listing is not asked back to back);
+- ``list_instances`` returns the newest listing at once, with fleetd's own writes laid over it
+  (read-your-writes): instances a launch returned are listed even if the listing predates them,
+  and instances fleetd terminated show ``shutting-down`` (what DescribeInstances shows right after
+  TerminateInstances). An overlay entry is dropped once a listing that *started after* the write
+  returned is in, so the planner never sees a fleet smaller than what fleetd bought (no double buy)
+  nor a node it already ended as running.
+- the pass stays level-based: it re-reads the newest listing every time, and a listing older than
+  ``max_age_s`` (or three describes) (the refresher failing) is not served: the last AWS error is raised instead, so the
+  loop backs off as before.
+- without the refresher running (tests that drive passes by hand, the first pass) every
+  ``list_instances`` describes synchronously, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from fleetd.adapters.aws_errors import AwsError, translate
+from fleetd.adapters.ec2 import ALL_STATES, TAG_FLEET, AioEc2, Ec2Api, Ec2Instance, LaunchResult, LaunchSpec
+from fleetd.protocol.logs import get_logger
+
+log = get_logger(__name__)
+
+
+class Ec2View:
+    def __init__(
+        self,
+        inner: Ec2Api,
+        *,
+        refresh_s: float,
+        lister: Callable[[], list[Ec2Instance]] | None = None,
+        max_age_s: float,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.inner = inner
+        # A blocking DescribeInstances (its own botocore client) run in a worker thread: parsing
+        # the XML of 2,000 instances is seconds of CPU, and inside the event loop it held the
+        # intake (a notice waited 4.4 s behind a 500-instance listing; bench/agents_load.py).
+        self.lister = lister
+        self.refresh_s = refresh_s
+        self.max_age_s = max_age_s
+        self.clock = clock
+        self.monotonic = monotonic
+        self._listing: dict[str, Ec2Instance] | None = None
+        self._listing_started: float = float("-inf")  # monotonic start of the listing's describe
+        self._launched: dict[str, tuple[Ec2Instance, float]] = {}  # id -> (instance, returned at)
+        self._terminated: dict[str, tuple[float, float]] = {}  # id -> (returned at, wall time)
+        self._error: AwsError | None = None
+        self._running = False
+        self.describe_seconds: list[float] = []  # recent DescribeInstances durations (bench, status)
+        # Seconds callers spent awaiting EC2 through this view (the pass logs its share: what a
+        # pass costs fleetd itself vs. what it waits on AWS).
+        self.waited_s = 0.0
+
+    # -- Ec2Api -----------------------------------------------------------------------------------
+    async def list_instances(self) -> list[Ec2Instance]:
+        if not self._running or self._listing is None:
+            await self._waited(self.refresh())
+        elif self.monotonic() - self._listing_started > self._max_age():
+            if self._error is not None:
+                raise self._error
+            await self._waited(self.refresh())  # no error, just slow: wait for a current one
+        return self._merged()
+
+    async def _waited(self, call: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return await call
+        finally:
+            self.waited_s += time.perf_counter() - started
+
+    def _max_age(self) -> float:
+        # A healthy refresher's listing is up to two describes old (one running, one idle gap).
+        last = self.describe_seconds[-1] if self.describe_seconds else 0.0
+        return max(self.max_age_s, 3 * last)
+
+    async def launch(self, spec: LaunchSpec) -> LaunchResult:
+        result = await self._waited(self.inner.launch(spec))
+        at = self.monotonic()
+        for inst in result.instances:
+            self._launched[inst.instance_id] = (inst, at)
+        return result
+
+    async def terminate(self, instance_ids: Sequence[str]) -> list[str]:
+        done = await self._waited(self.inner.terminate(instance_ids))
+        at, wall = self.monotonic(), self.clock()
+        for iid in done:
+            self._terminated.setdefault(iid, (at, wall))
+        return done
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)  # instances_of_launch and the like go straight through
+
+    # -- the refresher ----------------------------------------------------------------------------
+    async def refresh(self) -> None:
+        started = self.monotonic()
+        try:
+            if self.lister is not None:
+                instances = await asyncio.to_thread(self.lister)
+            else:
+                instances = await self.inner.list_instances()
+        except AwsError as exc:
+            self._error = exc
+            raise
+        took = self.monotonic() - started
+        self.describe_seconds = [*self.describe_seconds[-99:], took]
+        log.info("ec2_listed", seconds=round(took, 3), instances=len(instances))
+        if started < self._listing_started:
+            return  # a newer listing came in meanwhile (a pass and the refresher overlapped)
+        self._listing = {i.instance_id: i for i in instances}
+        self._listing_started = started
+        self._error = None
+        # Writes that returned before this describe began are in it: forget them.
+        self._launched = {k: v for k, v in self._launched.items() if v[1] >= started}
+        self._terminated = {k: v for k, v in self._terminated.items() if v[0] >= started}
+
+    async def run(self, ctx: Any = None) -> None:
+        """Refresh until cancelled; AWS errors are kept (and raised to the pass once the listing
+        is too old) and retried with backoff."""
+        self._running = True
+        delay = self.refresh_s
+        try:
+            while True:
+                started = self.monotonic()
+                try:
+                    await self.refresh()
+                    delay = self.refresh_s
+                except AwsError as exc:
+                    log.warning("ec2_view_refresh_failed", code=exc.code, kind=exc.kind, error=exc.message)
+                    delay = min(max(delay, self.refresh_s) * 2, 300.0)
+                took = self.monotonic() - started
+                # At most every refresh_s, and idle at least as long as the last describe took:
+                # a listing that takes 20 s (2,000 instances on moto) is not re-asked back to back
+                # (DescribeInstances shares the account's API rate budget with CreateFleet).
+                await asyncio.sleep(max(delay - took, took if delay == self.refresh_s else 0.0))
+        finally:
+            self._running = False
+
+    def _merged(self) -> list[Ec2Instance]:
+        out = dict(self._listing or {})
+        for iid, (inst, _) in self._launched.items():
+            out.setdefault(iid, inst)
+        for iid, (_, wall) in self._terminated.items():
+            inst = out.get(iid)
+            if inst is not None and inst.live:
+                out[iid] = dataclasses.replace(inst, state="shutting-down", ended_at=wall,
+                                               state_reason=inst.state_reason or "Client.UserInitiatedShutdown")
+        return list(out.values())
+
+
+def blocking_lister(adapter: AioEc2, client: Any) -> Callable[[], list[Ec2Instance]]:
+    """``adapter.list_instances`` over a *synchronous* botocore client, to run in a worker thread:
+    same filters, same conversion, same error translation."""
+    params = {"Filters": [{"Name": f"tag:{TAG_FLEET}", "Values": [adapter.fleet]},
+                          {"Name": "instance-state-name", "Values": list(ALL_STATES)}]}
+
+    def run() -> list[Ec2Instance]:
+        out = []
+        try:
+            for page in client.get_paginator("describe_instances").paginate(**params):
+                for reservation in page.get("Reservations", []):
+                    out.extend(adapter._instance(item) for item in reservation.get("Instances", []))
+        except (ClientError, BotoCoreError) as exc:
+            raise translate(exc, "DescribeInstances") from exc
+        return out
+
+    return run

@@ -1,0 +1,98 @@
+"""Ec2View: the pass's EC2 listing served from the refresher, with fleetd's own writes laid over it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from fleetd.adapters.aws_errors import AwsError
+from fleetd.adapters.ec2 import LaunchSpec
+from fleetd.adapters.ec2_fake import FakeEc2
+from fleetd.adapters.ec2_view import Ec2View
+from fleetd.policy.model import Market, PoolId
+
+POOL = PoolId("g5.xlarge", "us-east-1a")
+
+
+class Mono:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def view_of(ec2: FakeEc2, mono: Mono) -> Ec2View:
+    v = Ec2View(ec2, refresh_s=1.0, max_age_s=10.0, clock=lambda: 5000.0, monotonic=mono)
+    v._running = True  # as while the daemon runs its refresher (driven by hand here)
+    return v
+
+
+async def test_without_refresher_every_listing_describes():
+    ec2 = FakeEc2(lambda: 1000.0)
+    v = Ec2View(ec2, refresh_s=1.0, max_age_s=10.0)
+    await v.list_instances()
+    await v.list_instances()
+    assert ec2.count("DescribeInstances") == 2
+
+
+async def test_launched_and_terminated_show_before_the_next_listing_and_go_with_it():
+    ec2, mono = FakeEc2(lambda: 1000.0), Mono()
+    await ec2.launch(LaunchSpec("seed", 2, Market.SPOT, (POOL,)))
+    v = view_of(ec2, mono)
+    await v.refresh()
+    first = {i.instance_id for i in await v.list_instances()}
+    assert len(first) == 2 and ec2.count("DescribeInstances") == 1
+    mono.t += 1
+    got = await v.launch(LaunchSpec("more", 1, Market.SPOT, (POOL,)))
+    gone = sorted(first)[0]
+    assert await v.terminate([gone]) == [gone]
+    listed = {i.instance_id: i for i in await v.list_instances()}
+    assert ec2.count("DescribeInstances") == 1  # served from the view
+    assert got.instances[0].instance_id in listed  # read-your-writes: no double buy
+    assert listed[gone].state == "shutting-down" and listed[gone].ended_at == 5000.0
+    # A listing that began after the writes replaces the overlay with EC2's own word.
+    mono.t += 1
+    await v.refresh()
+    listed = {i.instance_id: i for i in await v.list_instances()}
+    assert listed[gone].state == "terminated" and len(listed) == 3
+    assert v._launched == {} and v._terminated == {}
+
+
+async def test_a_listing_that_began_before_a_write_keeps_the_write():
+    ec2, mono = FakeEc2(lambda: 1000.0), Mono()
+    v = view_of(ec2, mono)
+    await v.refresh()
+    started = asyncio.Event()
+    release = asyncio.Event()
+    inner_list = ec2.list_instances
+
+    async def slow_list():
+        snapshot = await inner_list()  # EC2 answers as of the call's start
+        started.set()
+        await release.wait()
+        return snapshot
+
+    ec2.list_instances = slow_list  # type: ignore[method-assign]
+    task = asyncio.create_task(v.refresh())
+    await started.wait()
+    mono.t += 1
+    got = await v.launch(LaunchSpec("late", 1, Market.SPOT, (POOL,)))
+    release.set()
+    await task
+    ids = {i.instance_id for i in await v.list_instances()}
+    assert got.instances[0].instance_id in ids
+
+
+async def test_a_stale_listing_raises_the_refreshers_error():
+    ec2, mono = FakeEc2(lambda: 1000.0), Mono()
+    v = view_of(ec2, mono)
+    await v.refresh()
+    ec2.fail_next["DescribeInstances"] = [AwsError("DescribeInstances", "RequestLimitExceeded", "slow down")]
+    with pytest.raises(AwsError):
+        await v.refresh()
+    assert await v.list_instances() is not None  # still fresh enough: served
+    mono.t += 11
+    with pytest.raises(AwsError):
+        await v.list_instances()

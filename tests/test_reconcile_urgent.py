@@ -1,0 +1,124 @@
+"""A notice must not wait behind a pass that waits on EC2: the urgent pass drains it at once with
+the real planner (in-memory EC2 whose CreateFleet is held open, real state DB and registry). And
+the registry forgets instances an hour after they ended."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from fleetd.adapters.ec2 import LaunchSpec
+from fleetd.adapters.ec2_fake import FakeEc2
+from fleetd.adapters.pricing import FilePriceBook
+from fleetd.config import BudgetConfig, CapacityConfig, FleetConfig, FleetdConfig
+from fleetd.intake.events import InterruptionNotice
+from fleetd.intake.registry import NodeRegistry
+from fleetd.policy.model import Market, PoolId
+from fleetd.policy.planner import plan
+from fleetd.reconcile import observe
+from fleetd.reconcile.loop import Reconciler
+from fleetd.reconcile.state import StateStore
+from tests.reconcile_support import FakeClock
+
+BOOK = FilePriceBook.demo()
+A = PoolId("g4dn.xlarge", "us-east-1a")
+B = PoolId("g5.xlarge", "us-east-1a")
+
+
+class Commander:
+    def __init__(self) -> None:
+        self.drained: list[str] = []
+
+    async def request_checkpoint(self, deadline, reason) -> None:
+        pass
+
+    async def drain(self, instance_id, deadline, reason, msg_id=None) -> None:
+        self.drained.append(instance_id)
+
+    def node_state(self, instance_id):
+        return None
+
+    async def stop_job(self, reason) -> None:
+        pass
+
+
+class HeldLaunches(FakeEc2):
+    """CreateFleet that waits until released, as a slow EC2 call at fleet scale does."""
+
+    release: asyncio.Event
+    entered: asyncio.Event
+
+    async def launch(self, spec: LaunchSpec):
+        self.entered.set()
+        await self.release.wait()
+        return await super().launch(spec)
+
+
+async def setup(tmp_path: Path, nodes: int = 4):
+    clock = FakeClock(1_800_000_000.0)
+    ec2 = HeldLaunches(clock)
+    ec2.release, ec2.entered = asyncio.Event(), asyncio.Event()
+    ec2.release.set()
+    await ec2.launch(LaunchSpec("seed", nodes - 1, Market.SPOT, (A,)))
+    ec2.release.clear()
+    cfg = FleetdConfig(
+        fleet=FleetConfig(name="t", min_nodes=nodes, max_nodes=nodes, state_dir=tmp_path, reconcile_interval_s=10.0),
+        capacity=CapacityConfig(instance_types=("g4dn.xlarge", "g5.xlarge"), zones=("us-east-1a",)),
+        budget=BudgetConfig(total_usd=1e6, max_usd_per_hour=1e4),
+    )
+    registry = NodeRegistry(clock=clock)
+    commander = Commander()
+    state = await StateStore.open(tmp_path)
+    r = Reconciler(cfg, ec2=ec2, prices=BOOK, state=state, pools=(A, B),
+                   hardware={t: BOOK.hardware(t) for t in ("g4dn.xlarge", "g5.xlarge")}, planner=plan,
+                   clock=clock, observer=registry, commander=commander)
+    return r, ec2, registry, commander, clock, state
+
+
+async def test_a_notice_during_a_held_launch_is_drained_before_the_launch_returns(tmp_path: Path):
+    r, ec2, registry, commander, clock, state = await setup(tmp_path)
+    wake = asyncio.Event()
+    loop = asyncio.create_task(r.run(wake))
+    try:
+        # The fleet is one short: the first pass buys, and EC2 holds the CreateFleet open.
+        await asyncio.wait_for(ec2.entered.wait(), 10)
+        noticed = sorted(i.instance_id for i in ec2.live())[0]
+        registry.apply(InterruptionNotice(noticed, "terminate", clock() + 120, "imds", received_at=clock(),
+                                          dedup_key="n1"))
+        wake.set()
+        for _ in range(200):
+            if commander.drained:
+                break
+            await asyncio.sleep(0.01)
+        assert commander.drained == [noticed]
+        assert not ec2.release.is_set()  # still inside the held pass
+        ec2.release.set()
+        for _ in range(200):  # the full pass after it does not drain the node again
+            if ec2.count("CreateFleet") >= 1 and len(ec2.live()) >= 4:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        assert commander.drained == [noticed]
+    finally:
+        ec2.release.set()
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+        await state.close()
+
+
+async def test_the_registry_forgets_an_instance_an_hour_after_it_ended(tmp_path: Path):
+    r, ec2, registry, commander, clock, state = await setup(tmp_path, nodes=3)
+    ec2.release.set()
+    try:
+        await r.run_pass()
+        gone = sorted(i.instance_id for i in ec2.live())[0]
+        ec2.interrupt(gone)
+        clock.advance(10)
+        await r.run_pass()
+        assert registry.is_known(gone)
+        clock.advance(observe.FORGET_AFTER_S + 1)
+        await r.run_pass()
+        assert not registry.is_known(gone)
+        assert all(registry.is_known(i.instance_id) for i in ec2.live())
+    finally:
+        await state.close()
