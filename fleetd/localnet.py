@@ -1,4 +1,5 @@
-"""Local ports for the processes fleetd starts on one machine (demo, benchmarks, test harness)."""
+"""Local ports: for the processes fleetd starts on one machine (demo, benchmarks, test harness),
+and a plain TCP probe of a port (is the rendezvous store up?)."""
 
 from __future__ import annotations
 
@@ -43,3 +44,29 @@ async def wait_port_async(host: str, port: int, timeout: float = 20.0) -> None:
             if time.monotonic() > until:
                 raise TimeoutError(f"nothing listening on {host}:{port} after {timeout:.0f}s") from None
             await asyncio.sleep(0.1)
+
+
+def raise_if_cancelled() -> None:
+    """Python 3.11's wait_for loses a cancellation that arrives as its inner call fails (a
+    refused connect fails at once): the task would run on, uncancellable, and hold up whatever
+    waits for it (an HA leader stepping down, the daemon's shutdown). Raise it again."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
+async def port_answers(host: str, port: int, timeout_s: float = 1.0) -> bool:
+    """Does something accept a connection there (the rendezvous store, probed by the steering and the
+    stall watcher)? A plain TCP connect: cheap, no torch, independent of the store client (whose
+    reconnects back off while the store is down)."""
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+    except (OSError, TimeoutError):
+        raise_if_cancelled()
+        return False
+    writer.close()
+    try:
+        await writer.wait_closed()
+    except OSError:
+        pass
+    return True

@@ -28,6 +28,7 @@ from fleetd.policy.stall import (
     StallTracker,
     assess,
 )
+from fleetd.localnet import port_answers, raise_if_cancelled
 from fleetd.protocol.logs import get_logger
 from fleetd.stall_record import StallView, closed_before, read_stalls, view, write_stalls
 
@@ -35,31 +36,6 @@ log = get_logger(__name__)
 
 PROBE_TIMEOUT_S = 1.0
 BILLED_EC2_STATES = ("pending", "running")
-
-
-def _raise_if_cancelled() -> None:
-    """Python 3.11's wait_for loses a cancellation that arrives as its inner call fails (a
-    refused connect fails at once): the task would run on, uncancellable, and hold up whatever
-    waits for it (an HA leader stepping down, the daemon's shutdown). Raise it again."""
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
-
-
-async def store_answers(host: str, port: int, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
-    """Does the rendezvous store accept a connection? A plain TCP connect: cheap, no torch, and
-    independent of the steering client (whose reconnects back off while the store is down)."""
-    try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
-    except (OSError, TimeoutError):
-        _raise_if_cancelled()
-        return False
-    writer.close()
-    try:
-        await writer.wait_closed()
-    except OSError:
-        pass
-    return True
 
 
 @dataclass
@@ -117,7 +93,7 @@ class StallWatcher:
                                 rendezvous_changed_at=changed_at, rendezvous_forming=forming)
 
     async def tick(self, ctx: Any) -> StallDecision:
-        reachable = None if self.store_addr is None else await store_answers(*self.store_addr)
+        reachable = None if self.store_addr is None else await port_answers(*self.store_addr, PROBE_TIMEOUT_S)
         now = self.clock()
         obs = self.observe(ctx, now, reachable)
         decision = assess(self.tracker, obs, self.settings)
@@ -167,7 +143,7 @@ class StallWatcher:
         self.load()
         while True:
             await asyncio.sleep(self.interval_s)
-            _raise_if_cancelled()
+            raise_if_cancelled()
             try:
                 await self.tick(ctx)
             except Exception as exc:  # noqa: BLE001 - never take the controller (and its budget) down

@@ -151,15 +151,7 @@ def bills(
     than a minute already owes its full minute.
     """
     observed_until = observed_until or {}
-    # Only billing events matter here; goodput events can be far more numerous.
-    ordered = _ordered(
-        e for e in events if isinstance(e, (InstanceStarted, InstancePlaced, InstanceStopped, PriceChanged))
-    )
-    prices: dict[tuple[PoolId, Market], list[tuple[float, float]]] = defaultdict(list)
-    for e in ordered:
-        if isinstance(e, PriceChanged):
-            prices[(e.pool, e.market)].append((e.at, e.price_per_hour))
-    paths = {key: _PricePath(changes) for key, changes in prices.items()}
+    ordered, paths = _billing(events)
     starts = _starts(ordered)
     stops: dict[str, float] = {}
     for e in ordered:
@@ -227,7 +219,9 @@ class SpendBasis:
         return total
 
 
-def spend_basis(events: Iterable[LedgerEvent]) -> SpendBasis:
+def _billing(events: Iterable[LedgerEvent]) -> tuple[list, dict[tuple[PoolId, Market], "_PricePath"]]:
+    """The billing events in order (goodput events can be far more numerous) and each pool's
+    price path."""
     ordered = _ordered(
         e for e in events if isinstance(e, (InstanceStarted, InstancePlaced, InstanceStopped, PriceChanged))
     )
@@ -235,7 +229,11 @@ def spend_basis(events: Iterable[LedgerEvent]) -> SpendBasis:
     for e in ordered:
         if isinstance(e, PriceChanged):
             prices[(e.pool, e.market)].append((e.at, e.price_per_hour))
-    paths = {key: _PricePath(changes) for key, changes in prices.items()}
+    return ordered, {key: _PricePath(changes) for key, changes in prices.items()}
+
+
+def spend_basis(events: Iterable[LedgerEvent]) -> SpendBasis:
+    ordered, paths = _billing(events)
     stops: dict[str, float] = {}
     for e in ordered:
         if isinstance(e, InstanceStopped) and e.instance_id not in stops:

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
+from fleetd.localnet import port_answers
 from fleetd.protocol.logs import get_logger
 from fleetd.rendezvous import decide
 from fleetd.rendezvous.client import KEY_COUNT, RendezvousClient
@@ -346,7 +347,7 @@ class Steerer:
 
     async def _reconnect_when_answering(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            if await _port_answers(self.client.host, self.client.port):
+            if await port_answers(self.client.host, self.client.port):
                 try:
                     await self.client.connect()
                     return
@@ -357,18 +358,6 @@ class Steerer:
 
 OUTAGE_PROBE_S = 0.5
 
-
-async def _port_answers(host: str, port: int, timeout_s: float = 1.0) -> bool:
-    try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
-    except (OSError, TimeoutError):
-        return False
-    writer.close()
-    try:
-        await writer.wait_closed()
-    except OSError:
-        pass
-    return True
 
 
 async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
