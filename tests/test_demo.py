@@ -59,6 +59,18 @@ def _explain(res: subprocess.CompletedProcess, tmp_path: Path) -> str:
     return f"rc={res.returncode}\nstdout:\n{res.stdout[-3000:]}\nstderr:\n{res.stderr[-3000:]}\n{tails}"
 
 
+def _wave_story(tmp_path: Path) -> str:
+    """Each node's notice flow and the steering's actions: what a failed wave assertion needs."""
+    lines = []
+    for log in sorted((tmp_path / "work" / "nodes").glob("*/agent.log")):
+        lines += [f"{log.parent.name} {ln[:400]}" for ln in log.read_text(errors="replace").splitlines()
+                  if '"emergency_' in ln]
+    fleetd_log = tmp_path / "work" / "fleetd.log"
+    if fleetd_log.exists():
+        lines += [ln[:300] for ln in fleetd_log.read_text(errors="replace").splitlines() if "rendezvous_steer" in ln]
+    return "\n".join(lines[-80:])
+
+
 def test_short_scenario_end_to_end(tmp_path: Path) -> None:
     from tests.test_demo_security import assert_demo_broker_refused, probe_running_demo
 
@@ -170,7 +182,8 @@ def test_storm_takes_the_whole_fleet_and_resumes_from_the_checkpoint_made_inside
     wipe = report["whole_fleet_notice"]
     assert wipe is not None and wipe["nodes"] >= 3, report
     assert wipe["durable_step_before_last_left"] is not None, wipe
-    assert wipe["resume_step"] == wipe["durable_step_before_last_left"] == wipe["last_step_before"], wipe
+    assert wipe["resume_step"] == wipe["durable_step_before_last_left"] == wipe["last_step_before"], (
+        wipe, _wave_story(tmp_path))
     assert wipe["steps_lost"] == 0 and report["steps_lost"] == 0, report
     assert report["notices"] == len(report["notice_log"]) >= 6
     assert any(n["replacement"] for n in report["notice_log"])

@@ -101,3 +101,19 @@ def test_steps_redone_after_a_rollback_are_not_counted_twice(tmp_path: Path) -> 
     recs += _steps(14.5, 4, 39, 45)
     restarts = Progress.load(_write(tmp_path / "ev.jsonl", recs)).restarts()
     assert [r.steps_lost for r in restarts] == [10, 0]
+
+
+def test_a_stale_world_replaced_by_one_at_the_high_water_mark_loses_only_what_it_redid(tmp_path: Path) -> None:
+    """A node restores an older durable copy (300) while the newest (334) is still uploading,
+    trains one step alone, and is then replaced by a world that resumes at 334: 1 step redone,
+    not 34 lost."""
+    recs = _steps(0.0, 2, 1, 334, dt=0.01)
+    recs += [{"ev": "start", "t": 9.0, "rank": 0, "world": 1, "from_step": 300}]
+    recs += _steps(9.5, 1, 301, 301)
+    recs += [{"ev": "start", "t": 20.0 + 0.01 * r, "rank": r, "world": 2, "from_step": 334} for r in range(2)]
+    recs += _steps(20.5, 2, 335, 340)
+    restarts = Progress.load(_write(tmp_path / "ev.jsonl", recs)).restarts()
+    assert [r.steps_lost for r in restarts] == [1, 0]
+    # Had the stale world been the last one, all 34 would be lost.
+    (only,) = Progress.load(_write(tmp_path / "ev2.jsonl", recs[: -(2 + 12)])).restarts()
+    assert only.steps_lost == 34

@@ -9,6 +9,7 @@ same key models the real store carries (the end-to-end wave runs in tests/test_d
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,47 @@ async def test_when_every_holder_is_noticed_the_node_leaves_only_once_its_copy_i
     assert [kind for kind, _ in link.events] == ["durable", "drain_ready", "left"], link.events
     assert link.events[1] == ("drain_ready", "durable=True")
     assert outcome.step == STEP and outcome.durable
+
+
+class WaveLink(MemoryLink):
+    """A later notice of a wave: NODES[2] already left; its ranks answered the earlier request
+    (seq 1) but can never answer this node's (seq 2)."""
+
+    def __init__(self, left: set[str]) -> None:
+        super().__init__(noticed=set(NODES))
+        self.left = left
+
+    def request_checkpoint(self, reason: str, *, hold: bool = False, leaving: tuple = (), by: str = "") -> int:
+        return 2
+
+    def acks(self, seq: int) -> list[keys.CheckpointAck]:
+        everyone = super().acks(seq)
+        return everyone if seq == 1 else [a for a in everyone if a.node_addr not in self.left]
+
+    def has_left(self, addr: str) -> bool:
+        return addr in self.left
+
+
+@pytest.mark.asyncio
+async def test_a_later_notice_does_not_wait_for_the_ranks_of_a_node_already_gone(tmp_path: Path) -> None:
+    link = WaveLink(left={NODES[2]})
+    flow = _flow(tmp_path, link)
+    # Returns on the acknowledgements that can come (an hour's bound: waiting out the bound is
+    # the old behaviour, which hangs this test into its timeout instead).
+    step = await asyncio.wait_for(flow._wait_saved(2, until=time.monotonic() + 3600), timeout=60)
+    assert step == STEP
+    outcome = await flow.run(reason="spot notice")
+    assert outcome.step == STEP and outcome.durable
+    assert [kind for kind, _ in link.events] == ["durable", "drain_ready", "left"], link.events
+
+
+def test_a_silent_rank_on_a_node_still_here_is_waited_for(tmp_path: Path) -> None:
+    link = WaveLink(left=set())  # NODES[2] has not answered seq 2 and has not left: wait for it
+    link.acks = lambda seq: [a for a in MemoryLink.acks(link, seq)  # type: ignore[method-assign]
+                             if seq == 1 or a.node_addr != NODES[2]]
+    flow = _flow(tmp_path, link)
+    assert not flow._every_remaining_rank_acked(2, link.acks(2))
+    link.left.add(NODES[2])
+    assert flow._every_remaining_rank_acked(2, link.acks(2))
+    # A rank whose owner the earlier requests do not tell (another world): keep waiting.
+    assert not flow._every_remaining_rank_acked(1, link.acks(1)[:2])

@@ -193,6 +193,28 @@ def test_a_wave_of_notices_re_forms_the_survivors_once():
     assert kinds(decide.plan(late)) == ["PokeSurvivors"]
 
 
+def test_a_whole_fleet_wave_re_forms_nobody_while_the_rest_are_leaving_too():
+    """Every node is noticed, a few seconds apart. Once the first has left, the others are still
+    uploading the held step: re-forming them would train steps that die with them."""
+    s = complete_round(A, B, C)
+    first = "127.0.0.2"
+    told = {first: NOW - timedelta(seconds=4)}  # past the coalesce bound: the others are slow
+    rest = s.without_addrs({first})
+    everyone = frozenset({"127.0.0.2", "127.0.0.3", "127.0.0.4"})
+    acts = decide.plan(obs(rest, members=s.participant_addrs, told_leave=told, left=frozenset({first}),
+                           noticed=everyone))
+    assert kinds(acts) == ["FinishLeaves"] and acts[0].finished == {first}
+    assert "leaving too" in acts[0].reason
+    # A replacement already waiting is not leaving: the round re-forms, it keeps the new steps.
+    newcomer = NodeId("127.0.0.9", 900, 0)
+    waiting = RendezvousState(round=rest.round, complete=True, participants=dict(rest.participants),
+                              wait_list=frozenset({newcomer}),
+                              last_heartbeats={**rest.last_heartbeats, newcomer: NOW})
+    acts = decide.plan(obs(waiting, members=s.participant_addrs, told_leave=told, left=frozenset({first}),
+                           noticed=everyone))
+    assert kinds(acts) == ["PokeSurvivors"]
+
+
 def test_a_leaver_that_never_confirms_is_given_up_on_after_the_timeout():
     acts = decide.plan(obs(complete_round(A, B), told_leave={"127.0.0.4": NOW - timedelta(seconds=30)}))
     assert kinds(acts) == ["PokeSurvivors"]

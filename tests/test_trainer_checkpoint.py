@@ -3,6 +3,7 @@ DCP), and the checkpoint-request handshake against a real c10d store."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -262,3 +263,20 @@ def test_hold_fails_the_worker_when_the_leaver_is_gone_and_nobody_steers(store, 
     with pytest.raises(RuntimeError, match="re-forms without them"):
         ckpt.step_done(4)
     assert time.monotonic() - started < 5
+
+
+def test_a_node_that_is_leaving_itself_never_re_forms_on_its_own(store, tmp_path, monkeypatch):
+    """A whole-fleet wave: the first leaver is gone, but this node is noticed too. Re-forming
+    would train steps that die with it; it holds until its agent stops it."""
+    from agent.trainer import elastic
+
+    monkeypatch.setattr(elastic, "LEFT_GRACE_S", 0.2)
+    model, opt = _model()
+    ckpt = ElasticCheckpointer(model, opt, ctx=_ctx(store, tmp_path, hold_timeout_s=1.5))
+    link = StoreLink("127.0.0.1", store.port, "t").connect()
+    link.request_checkpoint("spot notice", hold=True, leaving=("127.0.0.3",))
+    link.mark_left("127.0.0.3", keys.Left(exit_code=-9))
+    link.request_checkpoint("spot notice", hold=True, leaving=("127.0.0.2",))  # this node's own
+    ckpt.step_done(4)  # holds until hold_timeout_s, never raises to re-form
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert "hold_timeout" in {e["ev"] for e in events} and "hold_abandoned" not in {e["ev"] for e in events}

@@ -153,6 +153,24 @@ class EmergencyFlow:
         holders = {a.node_addr for a in self.link.acks(seq) if a.step == step} - {self.node_addr, ""}
         return any(self.link.noticed(addr) is None for addr in holders)
 
+    def _every_remaining_rank_acked(self, seq: int, acks: list[keys.CheckpointAck]) -> bool:
+        """Every rank of the world acknowledged ``seq``, or the ones that did not run on nodes
+        that have already left (a wave: an earlier leaver's ranks never answer a later request,
+        and waiting for them would eat half of this node's notice)."""
+        world = acks[0].world_size
+        missing = set(range(world)) - {a.rank for a in acks}
+        if not missing:
+            return True
+        # Who held each rank: the acks of the newest earlier request answered by this same world
+        # (same size, every rank that answered both on the same node).
+        here = {a.rank: a.node_addr for a in acks}
+        for earlier in range(seq - 1, max(0, seq - 8), -1):
+            owner = {a.rank: a.node_addr for a in self.link.acks(earlier) if a.world_size == world}
+            if missing <= owner.keys() and all(owner.get(r) == addr for r, addr in here.items()):
+                gone = {owner[r] for r in missing}
+                return "" not in gone and all(self.link.has_left(addr) for addr in gone)
+        return False
+
     def _replicated(self, step: int) -> bool:
         return local_ckpt.is_complete(local_ckpt.step_dir(self.ckpt_dir, step), "state_dict")
 
@@ -176,7 +194,7 @@ class EmergencyFlow:
     async def _wait_saved(self, seq: int, until: float) -> int | None:
         while time.monotonic() < until:
             acks = await self._store(self.link.acks, seq)
-            if acks and len({a.rank for a in acks}) >= acks[0].world_size:
+            if acks and await self._store(self._every_remaining_rank_acked, seq, acks):
                 return max(a.step for a in acks)
             await asyncio.sleep(self.poll_s)
         acks = await self._store(self.link.acks, seq)

@@ -280,7 +280,11 @@ class ElasticCheckpointer(ResumeSteps):
             if self._link.released(self.handled_seq):
                 self.emit("released", step=step)
                 return
-            if leaving and all_left_at is None and all(self._link.has_left(a) for a in leaving):
+            # A node that is itself leaving never re-forms on its own: the steps it would train
+            # die with it while its agent uploads the held one (a whole-fleet wave).
+            if self.ctx.node_addr in leaving:
+                all_left_at = None
+            elif leaving and all_left_at is None and all(self._link.has_left(a) for a in leaving):
                 all_left_at = time.monotonic()
             if all_left_at is not None and time.monotonic() - all_left_at > LEFT_GRACE_S:
                 self.emit("hold_abandoned", step=step)
@@ -292,6 +296,8 @@ class ElasticCheckpointer(ResumeSteps):
             if newest > self.handled_seq:  # nothing changed since the save: ack the same step
                 for s in range(self.handled_seq + 1, newest + 1):
                     self._ack(s, step)
+                    if (r := self._link.request(s)) is not None:
+                        leaving = (*leaving, *r.leaving)
                 self.handled_seq = newest
             time.sleep(0.05)
         self.emit("hold_timeout", step=step)

@@ -9,7 +9,7 @@ Every rank appends ``step`` (each completed step) and ``start`` (after resuming,
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 
@@ -19,10 +19,17 @@ class Restart:
     world: int
     from_step: int
     last_step_before: int
+    trained_until: int | None = None  # the furthest step this attempt completed
+    next_from: int | None = None  # the step the next attempt resumed from (None: the last one)
 
     @property
     def steps_lost(self) -> int:
-        return max(0, self.last_step_before - self.from_step)
+        lost = max(0, self.last_step_before - self.from_step)
+        if self.next_from is not None and self.next_from >= self.last_step_before:
+            # A stale world (a node that restored an older copy) was itself replaced by one that
+            # resumed at or past the high-water mark: only the steps it trained again were lost.
+            lost = min(lost, max(0, (self.trained_until or self.from_step) - self.from_step))
+        return lost
 
 
 @dataclass(frozen=True)
@@ -61,10 +68,14 @@ class Progress:
                 last_step = max(last_step, r["step"])
                 world = r.get("world", world)
             elif r["ev"] == "start" and world is not None and (not out or r["t"] - out[-1].at > 2.0):
+                if out:
+                    out[-1] = replace(out[-1], trained_until=last_step, next_from=int(r.get("from_step", 0)))
                 out.append(Restart(r["t"], r.get("world", 0), int(r.get("from_step", 0)), last_step))
                 # The new attempt starts from its checkpoint: steps redone after a rollback must
                 # not be counted as lost a second time at the next change.
                 last_step = int(r.get("from_step", 0))
+        if out:
+            out[-1] = replace(out[-1], trained_until=last_step)
         return out
 
     def training_again_at(self, after: float, world: int | None = None) -> float | None:

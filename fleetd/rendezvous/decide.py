@@ -214,6 +214,11 @@ def plan(obs: Observation) -> tuple[SteerAction, ...]:
                 pass  # more leavers are told this very pass: they join this re-form
             elif coming and obs.now - min(obs.told_leave.values()) < obs.coalesce:
                 pass  # the rest of the wave is about to be drain-ready: one re-form for all of it
+            elif present and not (present - obs.noticed):
+                # Everyone still here is leaving too (a whole-fleet wave): a re-form would train
+                # steps that die with them while their agents upload the held step.
+                actions.append(FinishLeaves(
+                    f"{', '.join(sorted(done))} left; every remaining node is leaving too: no re-form", done))
             elif s.complete and s.participants and not s.has_marker:
                 actions.append(
                     PokeSurvivors(f"{', '.join(sorted(done))} left: survivors re-form now", done)
