@@ -16,6 +16,8 @@ standby, so the next trial kills the other one. Per trial:
 - published_s: the kill -> its ``rendezvous_endpoint_published`` line;
 - training_again_s: the kill -> every rank has completed a step in a world of ``--nodes``
   formed on the new store;
+- longest_pause_s: the longest gap between rank 0's consecutive steps around the failover
+  (training rides through the store's death until torchrun is moved to the new store);
 - steps_lost: the highest step completed before torchrun was restarted (training rides through
   the store's death until the endpoint moves) minus the step the new world resumed from;
 - endpoint_restarts: per agent, how often it moved torchrun (must be 1 per trial);
@@ -148,7 +150,12 @@ def trial_outcome(events: Path, t_kill: float, nodes: int) -> dict | None:
     froms = [int(r["from_step"]) for r in resumed if r["t"] <= again]
     before = max((int(r["step"]) for r in recs if r["ev"] == "step" and r["t"] < first), default=0)
     at_kill = max((int(r["step"]) for r in recs if r["ev"] == "step" and r["t"] < t_kill), default=0)
-    return {"training_again_s": round(again - t_kill, 2), "step_at_kill": at_kill, "step_at_restart": before,
+    # Training rides through the store's death (gloo needs no store between steps) until torchrun
+    # is moved: the longest pause between one rank's consecutive steps is what the job really stood.
+    times = sorted(r["t"] for r in recs if r["ev"] == "step" and r.get("rank") == 0 and t_kill - 5 <= r["t"] <= again)
+    pause = max((b - a for a, b in zip(times, times[1:])), default=None)
+    return {"training_again_s": round(again - t_kill, 2), "longest_pause_s": round(pause, 2) if pause else None,
+            "step_at_kill": at_kill, "step_at_restart": before,
             "resumed_from": min(froms), "steps_lost": max(0, before - min(froms))}
 
 
@@ -274,6 +281,7 @@ async def main(args: argparse.Namespace) -> dict:
         "failure": failure,
         "takeover_s": [t["takeover_s"] for t in trials], "published_s": [t["published_s"] for t in trials],
         "training_again_s": again, "training_again_median_s": statistics.median(again) if again else None,
+        "longest_pause_s": [t["longest_pause_s"] for t in trials],
         "steps_lost": lost, "steps_lost_max": max(lost) if lost else None,
         "never_resumed": args.trials - len(trials),
         "survivors": sum(len(t["survivors"]) for t in trials),
