@@ -261,3 +261,65 @@ def test_deployed_config_has_no_anonymous_or_plaintext_listener():
     assert settings["use_identity_as_username"] == ["true"]
     acl = (DEPLOY / "acl").read_text()
     assert "%c" not in "".join(ln for ln in acl.splitlines() if not ln.startswith("#"))
+
+
+async def test_only_the_controller_writes_the_rendezvous_endpoint_and_every_node_reads_it(broker, pki):
+    """HA: the leader publishes its store retained on fleetd/<fleet>/rendezvous and agents follow
+    it, so the ACL must let them read it and must not let a node write it."""
+    topic = f"fleetd/{FLEET}/rendezvous"
+    async with client(broker, tls(pki, pki.controller), "controller") as controller:
+        await controller.subscribe(topic, qos=1)
+        async with client(broker, tls(pki, pki.agent_b), AGENT_B) as agent_b:
+            await agent_b.publish(topic, b"forged endpoint", qos=1, retain=True)
+        await controller.publish(topic, b"leader's endpoint", qos=1, retain=True)
+        received = await next_message(controller)
+        assert received.payload == b"leader's endpoint", "the node's forged endpoint was accepted"
+    async with client(broker, tls(pki, pki.agent_a), AGENT_A) as agent_a:
+        await agent_a.subscribe(topic, qos=1)
+        received = await next_message(agent_a)
+        assert received.payload == b"leader's endpoint" and received.retain
+        async with client(broker, tls(pki, pki.controller), "controller") as controller:
+            await controller.publish(topic, b"", qos=1, retain=True)  # clear it for the other tests
+
+
+async def test_the_deployed_bridge_pair_carries_fleet_traffic_both_ways(pki, tmp_path):
+    """deploy/mosquitto/bridge.conf on a deployed broker (A) bridging to another deployed broker
+    (B), over TLS with the fleetd-bridge certificate and the deployed ACL on both: a node on A and
+    the controller on B talk as if they shared one broker, retained endpoint included."""
+    from tests.harness.ports import free_port
+
+    bridge = pki.ca.issue("fleetd-bridge")
+    (pki.ca.dir / "bridge.crt").write_bytes(bridge.cert.read_bytes())
+    (pki.ca.dir / "bridge.key").write_bytes(bridge.key.read_bytes())
+    port_b, port_a = free_port(), free_port()
+    b = Mosquitto(port=port_b, listener_block=deployed_config(pki.ca.dir, port_b))
+    conf = (DEPLOY / "bridge.conf").read_text().replace(PROD_DIR, f"{pki.ca.dir}/")
+    conf = re.sub(r"^address .*$", f"address 127.0.0.1:{port_b}", conf, flags=re.M)
+    a = Mosquitto(port=port_a, listener_block=deployed_config(pki.ca.dir, port_a) + "\n" + conf)
+    b.start()
+    a.start()
+    try:
+        topic = f"fleetd/{FLEET}/rendezvous"
+        async with client(b, tls(pki, pki.controller), "controller") as controller:
+            await controller.subscribe(f"fleetd/{FLEET}/nodes/+/events", qos=1)
+            await controller.publish(topic, b"leader's endpoint", qos=1, retain=True)
+            async with client(a, tls(pki, pki.agent_a), AGENT_A) as agent:
+                await agent.subscribe(node_topic(FLEET, AGENT_A, "commands"), qos=1)
+                await agent.subscribe(topic, qos=1)
+                got = b""
+                for _ in range(60):  # until the bridge is up and has B's retained endpoint
+                    try:
+                        got = (await next_message(agent, timeout=0.5)).payload
+                        break
+                    except TimeoutError:
+                        await agent.unsubscribe(topic)
+                        await agent.subscribe(topic, qos=1)
+                assert got == b"leader's endpoint", a.log_text()[-2000:]
+                await agent.publish(node_topic(FLEET, AGENT_A, "events"), b"event from A", qos=1)
+                assert (await next_message(controller)).payload == b"event from A"
+                await controller.publish(node_topic(FLEET, AGENT_A, "commands"), b"command via B", qos=1)
+                assert (await next_message(agent)).payload == b"command via B"
+            await controller.publish(topic, b"", qos=1, retain=True)
+    finally:
+        a.close()
+        b.close()

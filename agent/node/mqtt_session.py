@@ -136,19 +136,21 @@ class MqttSession:
     async def _publish_status(self, client: aiomqtt.Client, state: str) -> None:
         await client.publish(self.topic["status"], self._status(state).to_json(), qos=1, retain=True)
 
-    def _make_client(self) -> aiomqtt.Client:
+    def _make_client(self, broker: MqttConfig) -> aiomqtt.Client:
         will = aiomqtt.Will(self.topic["status"], self._status("offline").to_json(), qos=1, retain=True)
         return aiomqtt.Client(
             identifier=f"fleet-agent-{self.fleet}-{self.instance_id}",
             will=will,
             clean_session=True,
-            **client_kwargs(self.cfg, timeout_s=PUBLISH_TIMEOUT_S),
+            **client_kwargs(broker, timeout_s=PUBLISH_TIMEOUT_S),
         )
 
     async def run(self) -> None:
+        attempt = 0  # which broker of [url, *fallback_urls]: the next one after each failure
         while True:
+            broker = self.cfg.broker(attempt)
             try:
-                async with self._make_client() as client:
+                async with self._make_client(broker) as client:
                     self._client = client
                     self.connects += 1
                     self.backoff.reset()
@@ -159,12 +161,14 @@ class MqttSession:
                         await client.subscribe(self.rendezvous_topic, qos=1)
                     await self._publish_status(client, self.state)
                     self.connected.set()
-                    log.info("mqtt_connected", broker=f"{self.cfg.host}:{self.cfg.port}", connects=self.connects, queued_events=len(self.outbox))
+                    log.info("mqtt_connected", broker=f"{broker.host}:{broker.port}", connects=self.connects, queued_events=len(self.outbox))
                     async with asyncio.TaskGroup() as tg:
                         tg.create_task(self._pump_events(client))
                         tg.create_task(self._receive_commands(client))
             except* (aiomqtt.MqttError, TimeoutError) as group:
-                log.warning("mqtt_disconnected", error="; ".join(str(e) for e in group.exceptions))
+                attempt += 1
+                log.warning("mqtt_disconnected", broker=f"{broker.host}:{broker.port}",
+                            error="; ".join(str(e) for e in group.exceptions), next_broker=self.cfg.broker(attempt).url)
             finally:
                 self._client = None
                 self.connected.clear()

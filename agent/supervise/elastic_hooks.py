@@ -210,7 +210,13 @@ class ElasticHooks:
         self._restart_why = "the leader advertised a new rendezvous store"
         self.restart_requested.set()  # the run loop starts torchrun again (or leaves its wait)
         if self.torchrun is not None and self.torchrun.running:
-            await self.torchrun.stop(timeout_s=25.0)
+            await self._stop_to_move()
+
+    async def _stop_to_move(self) -> None:
+        """Stop torchrun so that the run loop starts it against the new store. SIGTERM: the
+        workers save the step they completed on the way out."""
+        assert self.torchrun is not None
+        await self.torchrun.stop(timeout_s=25.0)
 
     async def _with_store(self, body: Callable[[Any], Awaitable[Any]]) -> Any:
         if self.checkpoints is None:

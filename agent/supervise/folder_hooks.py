@@ -1,5 +1,5 @@
 """Folder mode's hooks (``[job] checkpoint_dir``): a training script that only saves to a folder,
-supervised with no change to its code. ``ElasticHooks`` with three differences:
+supervised with no change to its code. ``ElasticHooks`` with these differences:
 
 - ``run``: the newest durable version is restored into the folder before torchrun starts, and
   the folder is synced to S3 while it trains (agent/supervise/folder_sync.py);
@@ -7,7 +7,10 @@ supervised with no change to its code. ``ElasticHooks`` with three differences:
   get ``checkpoint_signal`` if one is set and the agent waits, up to the deadline, for the version
   they write after it to be durable; then the node leaves as in the emergency path (drain ready,
   fleetd's leave, the tree stopped, ``left``). Survivors restart from their own folder;
-- there are no trainer reports: versions are uploaded as the folder changes.
+- there are no trainer reports: versions are uploaded as the folder changes;
+- a move to a new rendezvous store (HA failover, ``on_endpoint``) or a restart-trainer restarts
+  torchrun in place: the script is asked to save first (its signal, if set) and resumes from its
+  own folder.
 
 Steps lost are those the script's own checkpointing loses (its save interval, or the work after
 the signal's save); fleetd cannot see the script's step and does not claim otherwise.
@@ -36,6 +39,9 @@ from fleetd.protocol.logs import get_logger
 
 log = get_logger(__name__)
 LEAVE_WAIT_S = 30.0  # as the emergency path: fleetd answers within a pass when it is up
+# A move to a new store waits this long for the script's save; the store is already gone, and
+# training rides through until torchrun is stopped, so this is time on the old world, not lost.
+MOVE_SAVE_WAIT_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,14 +91,16 @@ class FolderHooks(ElasticHooks):
             )
             if store is not None:
                 await self.sync.restore()
+            self.restart_requested.clear()
             self.torchrun = TorchrunProcess(self.spec, log_path=self.log_path).start()
+            self.starts += 1
             await self.set_state("training")
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._connect_link())
                 syncing = tg.create_task(self.sync.run()) if store is not None else None
                 refresh = tg.create_task(self.sync.refresh_until_started(self._workers_started)) \
                     if store is not None else None
-                exit_ = await self.torchrun.wait()
+                exit_ = await self._supervise()
                 for task in (syncing, refresh):
                     if task is not None:
                         task.cancel()
@@ -102,11 +110,33 @@ class FolderHooks(ElasticHooks):
             TrainerExited(instance_id=self.instance_id, exit_code=exit_.exit_code, reason=exit_.reason)
         )
 
-    async def on_endpoint(self, advertised: Any) -> None:
-        """Folder mode starts torchrun once (``run`` has no restart loop): stopping it for a new
-        store would end the job. Logged only; a folder-mode job keeps the store it started with."""
-        log.warning("rendezvous_endpoint_not_followed", why="folder mode runs torchrun once",
-                    host=advertised.host, port=advertised.port, generation=advertised.generation)
+    async def _supervise(self) -> Any:
+        """torchrun until it exits for good. A restart asked for while it ran (the leader moved
+        the rendezvous store: ``on_endpoint``; fleetd's restart-trainer) starts it again with the
+        current spec; the script resumes from its own folder, which stays on this disk, so
+        nothing is restored and the folder sync goes on uploading."""
+        assert self.torchrun is not None
+        while True:
+            exit_ = await self.torchrun.wait()
+            if not self.restart_requested.is_set() or self.draining or self.stopping:
+                return exit_
+            log.warning("trainer_restarting", why=self._restart_why, rdzv=f"{self.spec.rdzv_host}:{self.spec.rdzv_port}")
+            self._restart_why = "fleetd asked (restart-trainer)"
+            self.restart_requested.clear()
+            self.torchrun = TorchrunProcess(self.spec, log_path=self.log_path).start()
+            self.starts += 1
+            await self.set_state("training")
+
+    async def _stop_to_move(self) -> None:
+        """Before torchrun is stopped for a new store, the script is asked to save (its
+        ``checkpoint_signal``, as on a notice) and the agent waits, up to MOVE_SAVE_WAIT_S, for
+        that save: the restarted script resumes from it. Without a signal, from its last save."""
+        if self.folder is not None and self.folder.signal != "none" and self.sync is not None:
+            t0 = time.monotonic()
+            version, detail = await self._signal_and_wait(t0, until=t0 + MOVE_SAVE_WAIT_S)
+            log.info("folder_saved_before_move", version=version, detail=detail,
+                     seconds=round(time.monotonic() - t0, 3))
+        await super()._stop_to_move()
 
     async def _final_version(self) -> None:
         """The script's last save, written just before it exited: wait for it to settle."""

@@ -19,12 +19,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="DNS name or IP the nodes dial the broker by (repeatable; the first is the CN)")
     init.add_argument("--days", type=int, default=30, help="lifetime of the broker's and controller's certs")
     init.add_argument("--observer", action="store_true", help="also issue a read-only fleetd-observer certificate")
+    init.add_argument("--bridge", action="store_true",
+                      help="also issue fleetd-bridge, the HA broker pair's bridge certificate (deploy/mosquitto/bridge.conf)")
 
 
 def run(args: argparse.Namespace) -> int:
     import datetime as dt
 
-    from fleetd.identity.ca import CONTROLLER_CN, OBSERVER_CN, LocalCa
+    from fleetd.identity.ca import BRIDGE_CN, CONTROLLER_CN, OBSERVER_CN, LocalCa
 
     if not args.broker_name:
         print("fleetd ca init: give at least one --broker-name (the name nodes connect to)", file=sys.stderr)
@@ -32,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     if args.days < 1:
         print("fleetd ca init: --days must be >= 1", file=sys.stderr)
         return 2
-    clients = (CONTROLLER_CN, OBSERVER_CN) if args.observer else (CONTROLLER_CN,)
+    clients = (CONTROLLER_CN,) + ((OBSERVER_CN,) if args.observer else ()) + ((BRIDGE_CN,) if args.bridge else ())
     args.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     LocalCa.init(args.dir, server_names=tuple(args.broker_name), clients=clients,
                  lifetime=dt.timedelta(days=args.days))

@@ -24,6 +24,7 @@ from fleetd.atomic_file import write_atomically
 
 CONTROLLER_CN = "fleetd-controller"  # deploy/mosquitto/acl: the only writer of commands
 OBSERVER_CN = "fleetd-observer"  # deploy/mosquitto/acl: reads everything, writes nothing
+BRIDGE_CN = "fleetd-bridge"  # deploy/mosquitto/acl + bridge.conf: the HA broker pair's bridge
 BACKDATE = dt.timedelta(minutes=5)  # tolerate a node clock a little behind the CA's
 
 

@@ -92,10 +92,12 @@ class MqttIntake:
 
     async def run(self) -> None:
         delay = self.backoff_initial_s
+        attempt = 0  # which broker of [url, *fallback_urls]: the next one after each failure
         while True:
+            broker = self.cfg.broker(attempt)
             try:
                 async with aiomqtt.Client(
-                    identifier=self.client_id, clean_session=False, **client_kwargs(self.cfg, timeout_s=PUBLISH_TIMEOUT_S)
+                    identifier=self.client_id, clean_session=False, **client_kwargs(broker, timeout_s=PUBLISH_TIMEOUT_S)
                 ) as client:
                     for sub in self.unsubscribe:
                         await client.unsubscribe(sub)
@@ -104,11 +106,13 @@ class MqttIntake:
                     self._client = client
                     self.connected.set()
                     delay = self.backoff_initial_s
-                    log.info("intake_mqtt_connected", broker=f"{self.cfg.host}:{self.cfg.port}", subscriptions=list(self.subscriptions))
+                    log.info("intake_mqtt_connected", broker=f"{broker.host}:{broker.port}", subscriptions=list(self.subscriptions))
                     async for message in client.messages:
                         self.handle(str(message.topic), message.payload, retained=message.retain)
             except aiomqtt.MqttError as exc:
-                log.warning("intake_mqtt_disconnected", error=str(exc), retry_in_s=round(delay, 2))
+                attempt += 1
+                log.warning("intake_mqtt_disconnected", broker=f"{broker.host}:{broker.port}", error=str(exc),
+                            retry_in_s=round(delay, 2), next_broker=self.cfg.broker(attempt).url)
             finally:
                 self._client = None
                 self.connected.clear()

@@ -47,14 +47,25 @@ class MqttConfig(Group):
     cert_file: Path | None = None
     key_file: Path | None = None
     keepalive_s: Annotated[int, Field(ge=5, le=3600)] = 15
+    # The other broker(s) of a bridged pair (DESIGN.md, "High availability"): when a connection to
+    # the broker in use fails or is lost, the client tries the next one in [url, *fallback_urls]
+    # and stays on whichever answers (no fail-back while it works). Same credentials and CA.
+    fallback_urls: tuple[NonEmpty, ...] = ()
 
     @model_validator(mode="after")
     def _cert_pair(self) -> "MqttConfig":
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError("cert_file and key_file must be given together")
-        if not (self.url.startswith("mqtt://") or self.url.startswith("mqtts://")):
-            raise ValueError("url must start with mqtt:// or mqtts://")
+        for url in (self.url, *self.fallback_urls):
+            if not (url.startswith("mqtt://") or url.startswith("mqtts://")):
+                raise ValueError("url and fallback_urls must start with mqtt:// or mqtts://")
         return self
+
+    def broker(self, attempt: int) -> "MqttConfig":
+        """The settings for connection attempt ``attempt`` (0, 1, ...): the brokers in turn."""
+        urls = (self.url, *self.fallback_urls)
+        url = urls[attempt % len(urls)]
+        return self if url == self.url else self.model_copy(update={"url": url})
 
     @property
     def host(self) -> str:
