@@ -67,7 +67,7 @@ def _plan_for(n):
 
 
 def test_planner_terminates_and_replaces_a_node_lost_by_two_signals() -> None:
-    result = _plan_for(node("i-1", notice_at=NOW - 60, seen=QUIET, notice_deadline=NOW + 60))
+    result = _plan_for(node("i-1", notice_at=NOW - 125, seen=QUIET, notice_deadline=NOW - 5))
     (term,) = result.of_type(Terminate)
     assert term.instance_id == "i-1"
     assert "lost: two signals" in term.reason and "stops billing" in term.reason
@@ -151,3 +151,12 @@ def test_a_drained_node_is_terminated_as_soon_as_it_has_left(fields, terminated)
         )
     else:
         assert result.actions == ()
+
+
+def test_a_noticed_node_is_left_to_its_notice_flow_until_the_deadline() -> None:
+    """A store or broker that lags under load is not a second source while the notice runs: the
+    node is checkpointing and uploading; cutting it short could lose the notice's checkpoint."""
+    busy = node("i-1", notice_at=NOW - 1, notice_deadline=NOW + 119, seen=QUIET)
+    verdict = assess(busy, NOW, SILENCE_S)
+    assert not verdict.lost and verdict.signals == (Signal.SILENCE,)
+    assert assess(node("i-1", notice_at=NOW - 121, notice_deadline=NOW - 1, seen=QUIET), NOW, SILENCE_S).lost

@@ -19,7 +19,7 @@ import psutil
 
 from agent.doubles.fake_iid import IdentitySigner
 from agent.doubles.fake_imds import FakeImds
-from agent.supervise.proctree import kill_tree
+from agent.supervise.proctree import kill_tree, process_tree
 from fleetd.demo.procs import Child
 from fleetd.protocol.logs import get_logger
 
@@ -127,7 +127,12 @@ class Launcher:
         if node.frozen_tree:  # vanished: nothing in it can act on a SIGTERM any more
             kill_tree(node.frozen_tree, signal.SIGKILL)
         # The instance is gone: like real hardware vanishing, no grace beyond a brief SIGTERM.
+        # torchrun runs in its own session, outside the agent's process group: walk the tree
+        # first, or a node whose agent needed its SIGKILL leaves a zombie torchrun training
+        # on in the real rendezvous (a loaded storm test run had one train 243 steps nobody kept).
+        tree = process_tree(node.agent.proc.pid)
         await node.agent.stop(timeout=3.0)
+        kill_tree([p for p in tree if p.is_running()], signal.SIGKILL)
         await node.imds.stop()
         log.info("node_stopped", instance_id=node.instance_id, reason=reason)
 

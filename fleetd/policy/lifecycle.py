@@ -10,7 +10,8 @@ with one source count once:
   second process on the control host, seen by fleetd's steering).
 - ec2: EC2's own view of the instance (DescribeInstances state, the EventBridge state-change
   event): stopping/stopped. shutting-down/terminated is a loss on its own.
-- notice: a spot interruption notice (IMDS via the agent, or EventBridge): AWS's word.
+- notice: a spot interruption notice (IMDS via the agent, or EventBridge): AWS's word, counted
+  once its deadline has passed (before it, the node is busy on its notice flow).
 
 broker + store are two connections to two processes, so a broker or store crash, a hung
 mosquitto, a full disk on one of them never takes a node out. A fault of the control host's own
@@ -81,7 +82,12 @@ def store_silent(node: Node, now: float, store_silence_s: float | None) -> bool:
 def signals_for(node: Node, now: float, silence_s: float,
                 store_silence_s: float | None = None) -> tuple[Signal, ...]:
     found: list[Signal] = []
-    if node.notice_at is not None:
+    if node.notice_at is not None and (node.notice_deadline is None or now >= node.notice_deadline):
+        # Before its deadline a notice says the node *will* go, not that it has: the node's own
+        # notice flow (checkpoint, upload, leave) is then the best use of it, and a store or
+        # broker that lags under load must not cut it short (a loaded storm run terminated a
+        # noticed node 0.5 s into its notice this way). A dead noticed node costs at most the
+        # rest of its notice; its replacement is bought on the notice anyway.
         found.append(Signal.NOTICE)
     if broker_silent(node, now, silence_s):
         found.append(Signal.SILENCE)
