@@ -1,13 +1,14 @@
 """Deadline sweep: fleetd's deadline rule (the planner's own, fleetd/policy/deadline.py) against
 on-demand, greedy and Uniform Progress (Can't Be Late, NSDI'24) on the bundled spot traces.
 
-    .venv/bin/python bench/deadline.py [--offsets 50] [--seed 7] [--traces p3,g4dn,wave]
+    .venv/bin/python bench/deadline.py [--offsets 50] [--seed 7] [--traces p3,g4dn,waves7d]
         [--nodes 1,2,4,8] [--changeovers-h 0.05,0.1,0.2,0.3,0.5] [--deadlines-h 7.5,9,12]
 
 Jobs: 6 h of work at the job's full size (1, 2, 4 or 8 nodes), due in 7.5 h, 9 h or 12 h
 (slack 1.25x, 1.5x, 2x), on the Bamboo p3 and g4dn traces (fleetd/data/traces) and the
-reclaim-wave trace (bench/traces/wave.csv, priced as p3.2xlarge), each started at --offsets
-random offsets; changeover d in {0.05, 0.1, 0.2, 0.3, 0.5} h. Like for like: every policy gets
+7-day reclaim-wave trace (bench/traces/waves-7d.csv, priced as p3.2xlarge; `--traces wave`
+adds the demo's 60 s storm, bench/traces/wave.csv), each started at --offsets random offsets;
+changeover d in {0.05, 0.1, 0.2, 0.3, 0.5} h. Like for like: every policy gets
 the same trace window, prices, changeover and start offsets. Can't Be Late's model for every
 policy: progress survives a loss (no checkpoint stall, every loss with a notice).
 
@@ -35,8 +36,15 @@ ROOT = Path(__file__).resolve().parents[1]
 TRACES = {  # name -> (trace file, instance type it is priced as)
     "p3": ("p3", "p3.2xlarge"),
     "g4dn": ("g4dn", "g4dn.xlarge"),
+    # 7 days of reclaim waves in one 4-node pool (bench/traces/make_waves.py): distinct windows.
+    "waves7d": (str(ROOT / "bench" / "traces" / "waves-7d.csv"), "p3.2xlarge"),
+    # The demo's 60 s storm: every offset falls in its first minute (one scenario); not default.
     "wave": (str(ROOT / "bench" / "traces" / "wave.csv"), "p3.2xlarge"),
 }
+DEFAULT_TRACES = "p3,g4dn,waves7d"
+# Start offsets on a trace that is long enough leave a whole window (the latest deadline x 3,
+# the simulator's horizon) inside it; the ~11 h Bamboo traces cannot, and run on past their end.
+LONG_TRACE_S = 72 * 3600.0
 POLICIES = ("on-demand", "greedy", "uniform-progress", "fleetd")
 WORK_H = 6.0
 
@@ -49,7 +57,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--offsets", type=int, default=50)
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--traces", default=",".join(TRACES))
+    ap.add_argument("--traces", default=DEFAULT_TRACES)
     ap.add_argument("--nodes", default="1,2,4,8")
     ap.add_argument("--changeovers-h", default="0.05,0.1,0.2,0.3,0.5")
     ap.add_argument("--deadlines-h", default="7.5,9,12")
@@ -61,7 +69,8 @@ def main() -> None:
         path, itype = TRACES[trace_name]
         trace = load_trace(path)
         spot, od = prices_for(itype)
-        starts = random_offsets(trace, args.offsets, args.seed)
+        keep_s = 3 * max(_floats(args.deadlines_h)) * 3600 if trace.duration_s >= LONG_TRACE_S else 0.0
+        starts = random_offsets(trace, args.offsets, args.seed, keep_s=keep_s)
         for nodes in (int(n) for n in args.nodes.split(",")):
             for due_h in _floats(args.deadlines_h):
                 base = JobSpec(total_steps=1.0, max_nodes=nodes, min_nodes=1, deadline_s=due_h * 3600,

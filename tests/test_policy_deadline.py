@@ -282,3 +282,17 @@ def test_the_on_demand_kept_ahead_of_the_line_holds_the_pace_in_whole_nodes() ->
     assert on_demand_to_keep(DeadlineInputs(**base, steps_per_s=4.0, on_demand_nodes=0, spot_training=1)) == 0
     one = {**base, "nodes": 1, "total_steps": 6 * H}
     assert on_demand_to_keep(DeadlineInputs(**one, steps_per_s=1.0, on_demand_nodes=1)) == 0
+
+
+@pytest.mark.parametrize(("nodes", "stall_s", "swap"), [(4, 0.0, True), (4, 5.0, False), (1, 5.0, True), (8, 2.0, True), (8, 3.0, False)])
+def test_a_safety_net_swap_keeps_slack_for_the_re_forms_it_and_the_losses_after_it_cause(nodes, stall_s, swap) -> None:
+    # d = 0.2 h: d + d/4 = 900 s; slack 940 s. The stall budget is 2 (N + 1) membership stalls:
+    # 4 nodes at 5 s: 50 s (no swap); 1 node: 20 s (swap); 8 nodes at 2 s: 36 s (swap), at 3 s: 54 s.
+    i = DeadlineInputs(
+        deadline_at=10 * H, started_at=0.0, total_steps=6 * H - 940.0, done_steps=0.0,
+        steps_per_s=1.0, changeover_s=0.2 * H, full_on_spot=False, nodes=nodes, membership_stall_s=stall_s,
+    )
+    call = decide(i, 4 * H)
+    assert call.safety_net
+    assert call.stall_budget_s == pytest.approx(2 * (nodes + 1) * stall_s)
+    assert call.swap_to_spot is swap

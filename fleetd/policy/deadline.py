@@ -19,14 +19,18 @@ fleet, with its safety net:
   on-demand: no new spot, no return to spot. The condition holds once met (on-demand work
   shrinks time left and work left alike), so the planner needs no memory of it.
 
-UP's guarantee (no miss when the work fits the deadline with 2d to spare) carries over because
-fleetd keeps every UP condition. fleetd adds what the planner does anyway: a changeover to
-spot is make-before-break (the on-demand node trains while the spot node boots), and a fleet
-keeps training at a smaller size while one node is replaced. So inside the safety net it may
+UP's guarantee (no miss when the work fits the deadline with 2d to spare) carries over; the
+statement, its assumptions and the proof are in docs/DESIGN.md "The no-miss guarantee"
+(tests/test_deadline_guarantee.py checks it through the simulator). In short: only the safety
+net keeps the deadline; the line and the hysteresis only decide cost.
+
+fleetd adds what the planner does anyway: a changeover to spot is make-before-break (the
+on-demand node trains while the spot node boots), and a fleet keeps training at a smaller size while one node is replaced. So inside the safety net it may
 still swap an on-demand node for spot while the slack covers losing every spot node again (d of
 the fleet's time: a pool's reclaim wave takes its nodes together, so the swapped nodes and the
-spot nodes already training can go at once) plus a reserve (SWAP_RESERVE x d): UP cannot, since
-each of its changeovers stops the job for d. (A reserve of one node's loss, d / nodes, missed
+spot nodes already training can go at once) plus a reserve (SWAP_RESERVE x d) plus the re-forms
+the swap and those losses cause (stall_budget_s): UP cannot, since each of its changeovers stops
+the job for d. (A reserve of one node's loss, d / nodes, missed
 deadlines on the p3 trace at 7.5 h for 6 h of work and d >= 0.3 h, where waves take 3-6 nodes.)
 """
 
@@ -59,6 +63,9 @@ class DeadlineInputs:
     pending_s: float = 0.0
     on_demand_nodes: int = 0  # of the target, on on-demand now (running or booting)
     spot_training: int = 0  # spot nodes training now
+    # Seconds every member stops for one membership change (coordinated checkpoint + re-form):
+    # the stall budget a safety-net swap keeps (stall_budget_s) on top of d and the reserve.
+    membership_stall_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +90,8 @@ class DeadlineCall:
     # Time left minus work left at the target size (None: throughput not measured yet).
     slack_s: float | None = None
     changeover_s: float = 0.0
+    # The membership changes a swap and the losses after it can cause (stall_budget_s).
+    stall_budget_s: float = 0.0
     # A fleet ahead of the line (on_demand_not_needed): how many on-demand nodes to keep so that
     # they and the spot nodes training now still keep the line's pace. The others go; these go
     # back to spot make-before-break once spot is offered.
@@ -94,7 +103,7 @@ class DeadlineCall:
             return True
         if self.slack_s is None:
             return False
-        return self.slack_s >= wait_s + self.changeover_s * (1 + SWAP_RESERVE)
+        return self.slack_s >= wait_s + self.changeover_s * (1 + SWAP_RESERVE) + self.stall_budget_s
 
 
 def expected_steps(i: DeadlineInputs, t: float) -> float:
@@ -115,7 +124,8 @@ def decide(i: DeadlineInputs, now: float) -> DeadlineCall:
     wake = _wake_times(i, now, work_left_s)
     if work_left_s is not None and not i.full_on_spot and time_left < work_left_s + 2 * d:
         slack = time_left - work_left_s
-        swap = slack >= d + SWAP_RESERVE * d
+        stalls = stall_budget_s(i)
+        swap = slack >= d + SWAP_RESERVE * d + stalls
         return DeadlineCall(
             True, False, False, True,
             f"deadline safety net: {time_left / 3600:.2f} h left < {work_left_s / 3600:.2f} h of work + "
@@ -125,6 +135,7 @@ def decide(i: DeadlineInputs, now: float) -> DeadlineCall:
             swap_to_spot=swap,
             slack_s=slack,
             changeover_s=d,
+            stall_budget_s=stalls,
         )
     if i.done_steps < line - 1e-9:
         return DeadlineCall(
@@ -146,6 +157,15 @@ def decide(i: DeadlineInputs, now: float) -> DeadlineCall:
         False, True, ahead_2d, False, f"deadline: {why} of the uniform-progress line ({progress}): spot only", wake,
         on_demand_keep=keep,
     )
+
+
+def stall_budget_s(i: DeadlineInputs) -> float:
+    """Stalls a safety-net swap must leave slack for (DESIGN.md "The no-miss guarantee"): the
+    swap's own join and drain (2), then each of at most N spot members lost once, each loss a
+    leave and a replacement's join (2 N): 2 (N + 1) membership changes of ``membership_stall_s``.
+    Without it the quarter-changeover reserve alone had to absorb them, which at d = 0.05 h and 8
+    nodes (a 45 s reserve, 90 s of re-forms) the proof could not cover."""
+    return 2 * (max(1, i.nodes) + 1) * i.membership_stall_s
 
 
 def on_demand_to_keep(i: DeadlineInputs) -> int:

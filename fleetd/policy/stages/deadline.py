@@ -51,6 +51,7 @@ def deadline_call(p: PlanPass, target: int) -> rule.DeadlineCall | None:
         pending_s=pending_s,
         on_demand_nodes=sum(1 for n in p.kept if n.market is Market.ON_DEMAND),
         spot_training=spot_training,
+        membership_stall_s=p.cfg.rebalance.checkpoint_stall_s + p.cfg.rebalance.reform_s,
     )
     call = rule.decide(inputs, p.now)
     if call.swap_to_spot and any(
