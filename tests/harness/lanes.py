@@ -1,9 +1,11 @@
-"""How `make test` spreads the suite over pytest-xdist workers (``-n 3 --dist loadgroup``).
+"""How `make test` spreads the suite over pytest-xdist workers (``-n N --dist loadgroup``).
 
-Most end-to-end tests wait on real timeouts (notices, cuts, cooldowns), not on the CPU, so three
-workers fit CI's two cores. The longest ones (each a real demo stack: moto, mosquitto, fleetd,
-several agents with torchrun) are split into two lanes, each played in order on one worker, so at
-most two of them run at once, beside the unit tests or a shorter end-to-end test. A module whose
+Most end-to-end tests wait on real timeouts (notices, cuts, cooldowns), not on the CPU. The
+longest ones (each a real demo stack: moto, mosquitto, fleetd, several agents with torchrun) are
+played in order in lanes, one lane per worker: with 2 workers (the default) one lane, so no two of
+them ever run at once and the other worker runs everything else beside it; with 3 workers two
+lanes (faster, but two demo stacks at once: on a loaded 2-core box both failed, so not the
+default until shown stable on an idle one). A module whose
 module-scoped fixture plays something expensive is one group too, so the fixture runs once, not
 once per worker.
 
@@ -54,8 +56,15 @@ def make_scheduler(config: pytest.Config, log):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
+    # Two workers: one lane, so no two demo stacks ever run at once (they run beside the unit
+    # tests, as `make demo` beside a test run does). Three or more: the two lanes.
+    one_lane = (config.getoption("numprocesses") or 0) <= 2
+
     class LaneScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return group_of(nodeid) or nodeid
+            group = group_of(nodeid)
+            if group is not None and one_lane and group.startswith("e2e-"):
+                return "e2e"
+            return group or nodeid
 
     return LaneScheduling(config, log)
