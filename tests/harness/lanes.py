@@ -2,10 +2,11 @@
 
 Most end-to-end tests wait on real timeouts (notices, cuts, cooldowns), not on the CPU. The
 longest ones (each a real demo stack: moto, mosquitto, fleetd, several agents with torchrun) are
-played in order in lanes, one lane per worker: with 2 workers (the default) one lane, so no two of
-them ever run at once and the other worker runs everything else beside it; with 3 workers two
-lanes (faster, but two demo stacks at once: on a loaded 2-core box both failed, so not the
-default until shown stable on an idle one). A module whose
+played in order in lanes, one lane per worker: with 2 workers one lane, so no two of them ever
+run at once and the other worker runs everything else beside it; with 3 workers two lanes
+(faster, but two demo stacks at once). The Makefile's default is still 0 workers (serial): on a
+loaded shared 2-core box the demo tests failed whenever anything ran beside them, so a parallel
+default waits for runs on an idle one. A module whose
 module-scoped fixture plays something expensive is one group too, so the fixture runs once, not
 once per worker.
 
