@@ -4,6 +4,7 @@
 - ``aio_session`` / ``aws_client_kwargs``: an aiobotocore session and the kwargs (endpoint, region,
   no retries) to create clients against moto.
 - ``mosquitto``: a session-wide broker; ``mosquitto_factory``: private brokers (for restart tests).
+- how `make test` spreads the suite over xdist workers: tests/harness/lanes.py.
 """
 
 from __future__ import annotations
@@ -13,10 +14,20 @@ from collections.abc import Iterator
 import pytest
 from moto.server import ThreadedMotoServer
 
-from tests.harness import moto as moto_harness
+from tests.harness import lanes, moto as moto_harness
 from tests.harness.mosquitto import Mosquitto
 
 moto_harness.use_fake_credentials()
+
+
+# tryfirst: before xdist's own (the first answer is taken); optional: plain runs may not load xdist.
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    return lanes.make_scheduler(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    lanes.longest_first(items)
 
 
 @pytest.fixture(scope="session")

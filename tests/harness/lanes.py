@@ -1,0 +1,71 @@
+"""How `make test` spreads the suite over pytest-xdist workers (``-n N --dist loadgroup``).
+
+Most end-to-end tests wait on real timeouts (notices, cuts, cooldowns), not on the CPU. The
+longest ones (each a real demo stack: moto, mosquitto, fleetd, several agents with torchrun) are
+played in order in lanes, one lane per worker: with 2 workers one lane, so no two of them ever
+run at once and the other worker runs everything else beside it; with 3 workers two lanes
+(faster, but two demo stacks at once). The Makefile's default is still 0 workers (serial): on a
+loaded shared 2-core box the demo tests failed whenever anything ran beside them, so a parallel
+default waits for runs on an idle one. A module whose
+module-scoped fixture plays something expensive is one group too, so the fixture runs once, not
+once per worker.
+
+Why a scheduler of our own: xdist's loadgroup reads ``xdist_group`` marks by renaming each test's
+node id, which pytest 9 no longer lets it do (the groups were silently ignored). The scheduler
+below is xdist's own scope scheduler with the scope read from GROUPS instead; a test not listed
+is a scope of its own, so the rest is spread test by test as with ``--dist load``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+# Node id prefix -> group. The lanes are balanced on CI's serial durations (seconds, comments).
+GROUPS = {
+    "tests/test_demo.py::test_storm_": "e2e-a",  # 276
+    "tests/test_demo.py::test_a_trace_wave_": "e2e-a",  # 155
+    "tests/test_demo.py::test_short_scenario_": "e2e-a",  # 124
+    "tests/test_framework_e2e.py::": "e2e-a",  # 54 + 45
+    "tests/test_demo.py::test_scaling_scenario_": "e2e-b",  # 195
+    "tests/test_partitions.py::": "e2e-b",  # 186: one module-scoped scenario
+    "tests/test_chaos_bench.py::": "e2e-b",  # 133
+    "tests/test_demo.py::test_tiny_budget_": "e2e-b",  # 131
+    "tests/test_agent_mqtt_tls.py::": "module-agent-mqtt-tls",
+    "tests/test_deploy_mosquitto.py::": "module-deploy-mosquitto",
+    "tests/test_sim_policies.py::": "module-sim-policies",
+}
+
+
+def group_of(nodeid: str) -> str | None:
+    return next((g for prefix, g in GROUPS.items() if nodeid.startswith(prefix)), None)
+
+
+def longest_first(items: list[pytest.Item]) -> None:
+    """Orders the work longest first: the lanes, the other slow tests, then the rest, so that the
+    many short tests fill in at the end and no lane starts late. Stable: a module keeps its order."""
+    def rank(item: pytest.Item) -> int:
+        if (group_of(item.nodeid) or "").startswith("e2e-"):
+            return 0
+        return 1 if item.get_closest_marker("slow") else 2
+
+    items.sort(key=rank)
+
+
+def make_scheduler(config: pytest.Config, log):
+    """The scheduler for ``--dist loadgroup`` (None: xdist's own, for any other mode)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    # Two workers: one lane, so no two demo stacks ever run at once (they run beside the unit
+    # tests, as `make demo` beside a test run does). Three or more: the two lanes.
+    one_lane = (config.getoption("numprocesses") or 0) <= 2
+
+    class LaneScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            group = group_of(nodeid)
+            if group is not None and one_lane and group.startswith("e2e-"):
+                return "e2e"
+            return group or nodeid
+
+    return LaneScheduling(config, log)
