@@ -26,8 +26,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return lanes.make_scheduler(config, log)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    lanes.longest_first(items)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Only when the suite is spread over workers: a serial run keeps the file order CI has run.
+    if getattr(config.option, "numprocesses", None):  # 0/None: serial; an int or "auto": workers
+        lanes.longest_first(items)
 
 
 @pytest.fixture(scope="session")
