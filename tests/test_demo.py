@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -189,4 +190,31 @@ def test_storm_takes_the_whole_fleet_and_resumes_from_the_checkpoint_made_inside
     assert wipe["steps_lost"] == 0 and report["steps_lost"] == 0, report
     assert report["notices"] == len(report["notice_log"]) >= 6
     assert any(n["replacement"] for n in report["notice_log"])
+    assert _survivors(run_id) == []
+
+
+def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path: Path) -> None:
+    """Every child of the demo runs in its own session; a SIGTERM (systemd, a CI timeout, `kill`)
+    must not leave moto, the broker, the store, fleetd, agents or torchrun behind."""
+    run_id = uuid.uuid4().hex
+    env = {**os.environ, MARKER: run_id}
+    events = tmp_path / "work" / "trainer-events.jsonl"
+    argv = [sys.executable, "-m", "fleetd.cli", "demo", "--workdir", str(tmp_path / "work"),
+            "--scenario", "calm", "--nodes", "2", "--duration", "300"]
+    with subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env) as proc:
+        try:
+            deadline = time.time() + 300
+            while time.time() < deadline and not (events.exists() and '"ev": "step"' in events.read_text()):
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                time.sleep(1)
+            assert events.exists(), "training never started"
+            started = _survivors(run_id)
+            assert any("torchrun" in p or "agent" in p for p in started), started
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted" in err
     assert _survivors(run_id) == []

@@ -58,7 +58,11 @@ def run(args: argparse.Namespace) -> int:
               "Use it for debugging only.", file=sys.stderr)
     opts = DemoOptions(nodes=nodes, duration_s=duration, scenario=scenario,
                        budget_usd=args.budget, workdir=args.workdir, job=args.job, insecure=args.insecure)
-    report = asyncio.run(run_demo(opts))
+    try:
+        report = asyncio.run(run_demo(opts))
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        print("fleetd demo: interrupted; every process it started was stopped", file=sys.stderr)
+        return 130
     print(render(report))
     if args.report:
         args.report.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")

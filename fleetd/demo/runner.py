@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -105,6 +106,12 @@ async def run_demo(opts: DemoOptions) -> dict:
     workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="fleetd-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
     run = DemoRun(opts, workdir)
+    # Every child runs in its own session (so that a stop takes its whole tree): a SIGTERM that
+    # ended this process at once would leave them all running. It cancels the demo instead, and
+    # the ``finally`` below stops everything it started (SIGINT does the same through asyncio).
+    main = asyncio.current_task()
+    if main is not None:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
     events_file = workdir / "trainer-events.jsonl"
     proxy: FaultProxy | None = None
     session = get_session()
