@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from fleetd.adapters.ec2 import Ec2Api, Ec2Instance
 from fleetd.adapters.pricing import Hardware, PoolPrice, PriceSource
-from fleetd.policy.model import BudgetLevel, LaunchPurpose, Node, NodePhase, PoolId, PoolOffer
+from fleetd.policy.model import BudgetLevel, LaunchPurpose, Node, NodePhase, PoolId, PoolOffer, node_with
 from fleetd.policy.observation import Observation, PoolStats
 from fleetd.protocol.logs import get_logger
 from fleetd.reconcile import state as st
@@ -138,8 +138,8 @@ class ObservationBuilder:
         for node in last.nodes:
             row = rows.get(node.instance_id)
             if row is not None:
-                node = replace(node, drain_started_at=row.drain_started_at,
-                               notice_at=node.notice_at if node.notice_at is not None else row.notice_at)
+                node = node_with(node, drain_started_at=row.drain_started_at,
+                                 notice_at=node.notice_at if node.notice_at is not None else row.notice_at)
             nodes.append(self._with_phase(self.observer.observe(node)))
         return replace(last, nodes=tuple(nodes))
 
@@ -203,7 +203,7 @@ class ObservationBuilder:
             phase = NodePhase.RUNNING  # its agent reports
         else:
             phase = NodePhase.PENDING
-        return replace(node, phase=phase)
+        return node if node.phase is phase else node_with(node, phase=phase)
 
     def _offers(self, prices: Mapping[PoolId, PoolPrice]) -> tuple[PoolOffer, ...]:
         """An offer per configured pool, or an exclusion with its reason (logged once, kept in
