@@ -170,6 +170,7 @@ class ActionExecutor:
                     await self._send_drain(record, now)
                 except NotDelivered as exc:
                     return self._record(Outcome(action, "failed", f"{exc}; re-sent by the drain journal"))
+                self._log_notice_to_drain(action.instance_id, obs)
             elif isinstance(action, RequestCheckpoint):
                 await self.commander.request_checkpoint(action.deadline, action.reason)
             elif isinstance(action, StopJob):
@@ -182,6 +183,14 @@ class ActionExecutor:
         except PermanentAwsError as exc:
             return self._record(self._hold(action, exc, now))
         return self._record(Outcome(action, "done"))
+
+    def _log_notice_to_drain(self, instance_id: str, obs: Observation | None) -> None:
+        """How long the node's notice waited for its drain inside fleetd (intake to command
+        handed to the broker): where a slow notice path shows first (bench/agents_load.py)."""
+        node = next((n for n in obs.nodes if n.instance_id == instance_id), None) if obs is not None else None
+        if node is not None and node.notice_at is not None:
+            log.info("notice_drained", instance_id=instance_id,
+                     since_notice_s=round(self._clock() - node.notice_at, 4))
 
     async def _terminate(self, actions: list[Terminate], now: float) -> list[Outcome]:
         if self._blocked_until.get("Terminate", 0.0) > now:
