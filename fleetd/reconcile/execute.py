@@ -1,9 +1,10 @@
 """Act: carry out one plan's actions through EC2, the state DB and the node commander.
 
-Terminations go first, in one call; then the other actions in plan order. An adapter failure is
-turned into an Outcome (capacity error: the pool is marked unavailable for the launch's market;
-permanent error: that kind of action is held for PERMANENT_HOLD_S) or, when throttled or
-transient, ends acting for the pass.
+Drains and checkpoint requests go first; then terminations, in one call; then the other actions
+in plan order. While the loop runs, CreateFleet and TerminateInstances are made by the cloud-call
+task (cloud_calls.py) and the pass does not wait for them. An adapter failure is turned into an
+Outcome (capacity error: the pool is marked unavailable for the launch's market; permanent error:
+that kind of action is held for PERMANENT_HOLD_S) or, when throttled or transient, ends acting.
 """
 
 from __future__ import annotations
@@ -287,33 +288,28 @@ class ActionExecutor:
         )
         failpoint("launch-recorded")
         if self.calls is not None:
-            self.calls.submit(Job(f"launch {token}", lambda: self._launch_job(action, spec), launch=True))
+            self.calls.submit(Job(f"launch {token}", lambda: self._launch_call(action, spec), launch=True))
             return Outcome(action, "started", "CreateFleet in its own task")
         return await self._launch_call(action, spec, now)
 
-    async def _launch_job(self, action: Launch, spec: LaunchSpec) -> None:
-        """The cloud-call task's launch: the call, then its answer recorded under the pass lock."""
+    async def _launch_call(self, action: Launch, spec: LaunchSpec, now: float | None = None) -> Outcome:
+        """The call and its answer: in the pass (``now`` given), or in the cloud-call task, which
+        records the answer under the pass lock, at the time it came."""
+        self._fence()
+        result: LaunchResult | None = None
+        exc: AwsError | None = None
+        try:
+            result = await self.ec2.launch(spec)
+        except AwsError as error:
+            exc = error
+        if now is not None:
+            return await self._launch_answer(action, spec, result, exc, now)
         assert self.calls is not None
-        self._fence()
-        try:
-            result = await self.ec2.launch(spec)
-        except AwsError as exc:
-            async with self.calls.lock:
-                try:
-                    self._record(await self._launch_answer(action, spec, None, exc, self._clock()))
-                except PermanentAwsError as perm:
-                    self._record(self._hold(action, perm, self._clock()))
-            return
         async with self.calls.lock:
-            self._record(await self._launch_answer(action, spec, result, None, self._clock()))
-
-    async def _launch_call(self, action: Launch, spec: LaunchSpec, now: float) -> Outcome:
-        self._fence()
-        try:
-            result = await self.ec2.launch(spec)
-        except AwsError as exc:
-            return await self._launch_answer(action, spec, None, exc, now)
-        return await self._launch_answer(action, spec, result, None, now)
+            try:
+                return self._record(await self._launch_answer(action, spec, result, exc, self._clock()))
+            except PermanentAwsError as perm:
+                return self._record(self._hold(action, perm, self._clock()))
 
     async def _launch_answer(self, action: Launch, spec: LaunchSpec, result: LaunchResult | None,
                              exc: AwsError | None, now: float) -> Outcome:
