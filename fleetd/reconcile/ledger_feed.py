@@ -16,8 +16,9 @@ from fleetd.protocol.logs import get_logger
 
 log = get_logger(__name__)
 
-# The ledger's per-pass rows (steps, idle GPU time) older than this are rolled up once an hour
-# (fleetd.policy.ledger_compact): a day at a 10 s interval wrote ~3 MiB of them before, forever.
+# The ledger's rows older than this are rolled up once an hour (fleetd.policy.ledger_compact):
+# ended instances into one sum, steps to one per 10 min. Before, a day at a 10 s interval wrote
+# ~3 MiB of step rows alone, forever, and the daemon held every row in memory.
 COMPACT_AFTER_S = 6 * 3600.0
 COMPACT_EVERY_S = 3600.0
 
@@ -41,7 +42,11 @@ class LedgerFeed:
         events: list = []
         resync_pass = not self._resynced
         if resync_pass:
-            rows = await state.instances(open_only=False)
+            # Instances that ended before the compaction horizon are not re-sent: compaction
+            # may have rolled their rows up (their event_ids are gone, so a re-send would
+            # count them twice). A crash loses at most the last pass's events, never older.
+            rows = [r for r in await state.instances(open_only=False)
+                    if r.ended_at is None or r.ended_at >= now - COMPACT_AFTER_S]
             started = list(rows)
             stopped = [r for r in rows if r.ended_at is not None]
             noticed = [r for r in rows if r.notice_at is not None]
