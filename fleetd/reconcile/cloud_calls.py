@@ -41,6 +41,7 @@ class Job:
     call: Callable[[], Awaitable[object]]
     instance_ids: frozenset[str] = frozenset()
     launch: bool = False
+    token: str = ""  # the launch's client token (its instances carry it as a tag)
     submitted: float = field(default_factory=time.monotonic)
 
 
@@ -63,6 +64,11 @@ class CloudCalls:
     @property
     def launching(self) -> bool:
         return any(j.launch for j in self._jobs())
+
+    def launch_tokens(self) -> set[str]:
+        """Launches whose call is queued or on the wire: their instances may already show in
+        the EC2 view (tagged) before the answer is recorded; the pass leaves them to the job."""
+        return {j.token for j in self._jobs() if j.launch and j.token}
 
     def submit(self, job: Job) -> None:
         self._queue.append(job)

@@ -288,7 +288,8 @@ class ActionExecutor:
         )
         failpoint("launch-recorded")
         if self.calls is not None:
-            self.calls.submit(Job(f"launch {token}", lambda: self._launch_call(action, spec), launch=True))
+            self.calls.submit(Job(f"launch {token}", lambda: self._launch_call(action, spec), launch=True,
+                                  token=token))
             return Outcome(action, "started", "CreateFleet in its own task")
         return await self._launch_call(action, spec, now)
 

@@ -291,11 +291,13 @@ class Reconciler:
         async with asyncio.TaskGroup() as tg:
             worker = tg.create_task(calls.run(), name="cloud-calls")
             self._executor.calls = calls
+            self._observation.in_flight = calls.launch_tokens
             try:
                 await self._passes(wake, passes, on_pass)
                 await calls.idle()
             finally:
                 self._executor.calls = None
+                self._observation.in_flight = set
                 worker.cancel()
 
     async def _passes(self, wake: asyncio.Event, passes: int | None,

@@ -7,7 +7,7 @@ first notices, settles launch intents a crash left open) and feeds the budget le
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from fleetd.adapters.ec2 import Ec2Api, Ec2Instance
@@ -58,6 +58,9 @@ class ObservationBuilder:
         self._exclusions = ExclusionLog()
         self._purposes: dict[str, LaunchPurpose | None] = {}  # launch token -> why it was bought
         self._ended: dict[str, float] = {}  # instance -> when the state DB closed it
+        # Launch tokens whose CreateFleet is in the cloud-call task (loop.py sets it): their
+        # instances are recorded by that job, with their bid, not adopted or settled by tag here.
+        self.in_flight: Callable[[], set[str]] = set
 
     def _forget_ended(self, now: float) -> None:
         """The registry keeps a record per instance it ever heard of; a week of churn is
@@ -72,6 +75,9 @@ class ObservationBuilder:
 
     async def observe(self, now: float) -> tuple[Observation, list[Ec2Instance]]:
         instances = await self.ec2.list_instances()
+        flying = self.in_flight()
+        if flying:
+            instances = [i for i in instances if i.launch_token not in flying]
         current = [i for i in instances if i.state != "terminated"]
         watched = sorted(set(self.pools) | {i.pool for i in current})
         prices = await self.prices.prices(watched, now)
