@@ -52,9 +52,11 @@ async def test_cancelled_between_launch_and_record_then_restart_adopts(cloud: Cl
         assert await asyncio.to_thread(hold.arrived.wait, 20), "CreateFleet never reached EC2"
         assert len(await cloud.instances()) == 3  # bought on EC2 ...
         task.cancel()  # ... and the controller goes away before it hears about it
-        hold.release.set()
         with pytest.raises(asyncio.CancelledError):
             await task
+        # Only then does EC2 answer: the call runs in the cloud-call task, which could otherwise
+        # hear the answer and record it in the loop turn before the cancellation reaches it.
+        hold.release.set()
         await built.close()
     store = await StateStore.open(tmp_path)
     assert [row.status for row in await store.launches()] == [st.OPEN]  # intent written, never settled

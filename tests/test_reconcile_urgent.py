@@ -122,3 +122,54 @@ async def test_the_registry_forgets_an_instance_an_hour_after_it_ended(tmp_path:
         assert all(registry.is_known(i.instance_id) for i in ec2.live())
     finally:
         await state.close()
+
+
+class HeldListing(FakeEc2):
+    """DescribeInstances that waits until released once ``hold`` is set (a slow listing)."""
+
+    hold: bool = False
+    release: asyncio.Event
+    listing: asyncio.Event
+
+    async def list_instances(self):
+        if self.hold:
+            self.listing.set()
+            await self.release.wait()
+        return await super().list_instances()
+
+
+async def test_a_notice_that_wakes_an_idle_loop_is_drained_before_the_next_observation(tmp_path: Path):
+    clock = FakeClock(1_800_000_000.0)
+    ec2 = HeldListing(clock)
+    ec2.release, ec2.listing = asyncio.Event(), asyncio.Event()
+    await ec2.launch(LaunchSpec("seed", 3, Market.SPOT, (A,)))
+    cfg = FleetdConfig(
+        fleet=FleetConfig(name="t", min_nodes=3, max_nodes=3, state_dir=tmp_path, reconcile_interval_s=600.0),
+        capacity=CapacityConfig(instance_types=("g4dn.xlarge", "g5.xlarge"), zones=("us-east-1a",)),
+        budget=BudgetConfig(total_usd=1e6, max_usd_per_hour=1e4),
+    )
+    registry, commander = NodeRegistry(clock=clock), Commander()
+    state = await StateStore.open(tmp_path)
+    r = Reconciler(cfg, ec2=ec2, prices=BOOK, state=state, pools=(A, B),
+                   hardware={t: BOOK.hardware(t) for t in ("g4dn.xlarge", "g5.xlarge")}, planner=plan,
+                   clock=clock, observer=registry, commander=commander)
+    wake = asyncio.Event()
+    passes: list = []
+    loop = asyncio.create_task(r.run(wake, on_pass=passes.append))
+    try:
+        for _ in range(500):  # the first pass, then the loop idles (600 s interval)
+            if passes:
+                break
+            await asyncio.sleep(0.01)
+        ec2.hold = True  # from now on an observation waits on EC2
+        noticed = sorted(i.instance_id for i in ec2.live())[0]
+        registry.apply(InterruptionNotice(noticed, "terminate", clock() + 120, "imds", received_at=clock(),
+                                          dedup_key="n1"))
+        wake.set()
+        await asyncio.wait_for(ec2.listing.wait(), 10)  # the full pass after it is observing
+        assert commander.drained == [noticed]  # drained before that observation returned
+    finally:
+        ec2.release.set()
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+        await state.close()

@@ -62,6 +62,7 @@ class Ec2View:
         self._terminated: dict[str, tuple[float, float]] = {}  # id -> (returned at, wall time)
         self._error: AwsError | None = None
         self._running = False
+        self._inflight: asyncio.Future[None] | None = None
         self.describe_seconds: list[float] = []  # recent DescribeInstances durations (bench, status)
         # Seconds callers spent awaiting EC2 through this view (the pass logs its share: what a
         # pass costs fleetd itself vs. what it waits on AWS).
@@ -108,6 +109,15 @@ class Ec2View:
 
     # -- the refresher ----------------------------------------------------------------------------
     async def refresh(self) -> None:
+        """One DescribeInstances at a time: a pass that needs a listing while the refresher's is
+        on the wire waits for that one (two whole-fleet describes at start doubled the load on
+        the API; at 2,000 instances on a loaded moto both timed out)."""
+        if self._inflight is None or self._inflight.done():
+            self._inflight = asyncio.ensure_future(self._refresh())
+        # Shielded: a cancelled caller (the pass) leaves the describe to the other one.
+        await asyncio.shield(self._inflight)
+
+    async def _refresh(self) -> None:
         started = self.monotonic()
         try:
             if self.lister is not None:

@@ -32,7 +32,7 @@ from fleetd.intake.events import (
     RebalanceRecommended,
     TrainingEvent,
 )
-from fleetd.policy.model import Node
+from fleetd.policy.model import Node, node_with
 from fleetd.protocol.logs import get_logger
 from fleetd.protocol.messages import Status, Telemetry, TrainerExited
 
@@ -111,8 +111,11 @@ class NodeRegistry:
     # ------------------------------------------------------------------ membership
     def track(self, instance_id: str) -> None:
         """This fleet launched ``instance_id`` (EventBridge events for it are ours)."""
-        rec = self._nodes.get(instance_id) or NodeRecord(instance_id)
-        self._nodes[instance_id] = dataclasses.replace(rec, tracked=True)
+        rec = self._nodes.get(instance_id)
+        if rec is None:
+            self._nodes[instance_id] = NodeRecord(instance_id, tracked=True)
+        elif not rec.tracked:  # every pass tracks every node: a copy only when it changes
+            self._nodes[instance_id] = _fast_replace(rec, tracked=True)
 
     def forget(self, instance_id: str) -> None:
         rec = self._nodes.pop(instance_id, None)
@@ -189,7 +192,7 @@ class NodeRegistry:
         ec2_state = node.ec2_state
         if rec.ec2_state is not None and _EC2_STATE_RANK.get(rec.ec2_state, 0) > _EC2_STATE_RANK.get(ec2_state, 0):
             ec2_state = rec.ec2_state  # the event is news DescribeInstances may not show yet
-        return dataclasses.replace(
+        return node_with(
             node,
             ec2_state=ec2_state,
             last_seen_at=_latest(node.last_seen_at, rec.last_seen_at),

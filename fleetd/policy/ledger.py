@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 from fleetd.policy.model import Market, PoolId, PoolOffer
 from fleetd.policy.ledger_events import (  # noqa: F401  (re-exported: callers use ledger.<Event>)
+    BillsRolledUp,
     IdleGpuTime,
     InstancePlaced,
     InstanceStarted,
@@ -68,6 +69,7 @@ class LedgerSummary:
     usd_per_1k_steps: float | None  # None until a useful step exists
     instances: tuple[InstanceBill, ...] = field(default=())
     scaling: tuple[TargetChanged, ...] = field(default=())
+    rolled_up_instances: int = 0  # ended instances whose bills compaction summed (BillsRolledUp)
 
     @property
     def end_unseen(self) -> tuple[InstanceBill, ...]:
@@ -88,7 +90,7 @@ class LedgerSummary:
             "usd_per_1k_steps": None
             if self.usd_per_1k_steps is None
             else round(self.usd_per_1k_steps, 6),
-            "instances": len(self.instances),
+            "instances": len(self.instances) + self.rolled_up_instances,
             # Nodes whose end fleetd never saw (it stopped first): billed up to their last sighting.
             "instances_end_unseen": [
                 {"instance_id": b.instance_id, "pool": str(b.pool), "billed_until": round(b.started_at + b.billed_seconds, 3)}
@@ -233,12 +235,13 @@ def _billing(events: Iterable[LedgerEvent]) -> tuple[list, dict[tuple[PoolId, Ma
 
 
 def spend_basis(events: Iterable[LedgerEvent]) -> SpendBasis:
+    events = list(events)
     ordered, paths = _billing(events)
     stops: dict[str, float] = {}
     for e in ordered:
         if isinstance(e, InstanceStopped) and e.instance_id not in stops:
             stops[e.instance_id] = e.at
-    closed = 0.0
+    closed = sum(e.usd for e in events if isinstance(e, BillsRolledUp))
     running = []
     for iid, s in _starts(ordered).items():
         path = paths.get((s.pool, s.market), _NO_CHANGES)
@@ -250,7 +253,7 @@ def spend_basis(events: Iterable[LedgerEvent]) -> SpendBasis:
     return SpendBasis(closed, tuple(running))
 
 
-BILLING_EVENTS = (InstanceStarted, InstancePlaced, InstanceStopped, PriceChanged)
+BILLING_EVENTS = (InstanceStarted, InstancePlaced, InstanceStopped, PriceChanged, BillsRolledUp)
 
 
 def summarize(
@@ -265,6 +268,14 @@ def summarize(
     for b in all_bills:
         by_market[b.market.value] += b.usd
         by_pool[str(b.pool)] += b.usd
+    rolled = [e for e in events if isinstance(e, BillsRolledUp)]
+    for r in rolled:
+        spend += r.usd
+        od += r.on_demand_usd
+        for k, v in r.usd_by_market.items():
+            by_market[k] += v
+        for k, v in r.usd_by_pool.items():
+            by_pool[k] += v
     highest = 0
     lost = 0
     recovery = 0.0
@@ -278,6 +289,8 @@ def summarize(
             recovery += e.seconds
         elif isinstance(e, IdleGpuTime):
             idle += e.gpu_seconds
+        elif isinstance(e, BillsRolledUp):
+            idle += e.idle_gpu_s
     # Redone steps do not count twice: useful progress is the highest step reached.
     useful = highest
     return LedgerSummary(
@@ -286,7 +299,7 @@ def summarize(
         savings_pct=(100.0 * (1.0 - spend / od)) if od > 0 else 0.0,
         spend_by_market=dict(by_market),
         spend_by_pool=dict(by_pool),
-        node_seconds=sum(b.billed_seconds for b in all_bills),
+        node_seconds=sum(b.billed_seconds for b in all_bills) + sum(r.billed_seconds for r in rolled),
         useful_steps=useful,
         steps_lost=lost,
         recovery_s=recovery,
@@ -294,6 +307,7 @@ def summarize(
         usd_per_1k_steps=(1000.0 * spend / useful) if useful > 0 else None,
         instances=tuple(all_bills),
         scaling=tuple(e for e in _ordered(events) if isinstance(e, TargetChanged)),
+        rolled_up_instances=sum(r.instances for r in rolled),
     )
 
 

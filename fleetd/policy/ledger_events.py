@@ -112,6 +112,25 @@ class TargetChanged:
     event_id: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class BillsRolledUp:
+    """Instances that ended before ``at`` (ledger compaction, fleetd.policy.ledger_compact):
+    their bills summed, exactly as ``bills`` computed them, in place of their per-instance rows
+    (start, placement, stop, interruption, idle time)."""
+
+    at: float
+    instances: int
+    billed_seconds: float
+    usd: float
+    on_demand_usd: float
+    usd_by_market: dict[str, float]
+    usd_by_pool: dict[str, float]
+    idle_gpu_s: float
+    notices: int
+    losses: int
+    event_id: str = ""
+
+
 LedgerEvent: TypeAlias = (
     InstanceStarted
     | InstancePlaced
@@ -123,6 +142,7 @@ LedgerEvent: TypeAlias = (
     | RecoveryTime
     | IdleGpuTime
     | Interruption
+    | BillsRolledUp
 )
 EVENT_TYPES: dict[str, type] = {
     "instance-started": InstanceStarted,
@@ -135,5 +155,6 @@ EVENT_TYPES: dict[str, type] = {
     "interruption": Interruption,
     "instance-placed": InstancePlaced,
     "target-changed": TargetChanged,
+    "bills-rolled-up": BillsRolledUp,
 }
 EVENT_KINDS: dict[type, str] = {v: k for k, v in EVENT_TYPES.items()}

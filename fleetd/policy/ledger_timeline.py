@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from fleetd.policy.ledger import bills
 from fleetd.policy.ledger_events import (
+    BillsRolledUp,
     InstanceStarted,
     InstanceStopped,
     LedgerEvent,
@@ -51,7 +52,8 @@ def timeline(
     progress = sorted((e.at, e.step) for e in events if isinstance(e, StepReached))
     for t in times:
         known = [e for e in events if e.at <= t]
-        spend.append(sum(b.usd for b in bills(known, t, {k: min(v, t) for k, v in observed_until.items()})))
+        spend.append(sum(b.usd for b in bills(known, t, {k: min(v, t) for k, v in observed_until.items()}))
+                     + sum(e.usd for e in known if isinstance(e, BillsRolledUp)))  # compacted: at its time
         for m in markets:
             nodes[m].append(sum(
                 1 for s in starts

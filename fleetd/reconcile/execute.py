@@ -1,13 +1,15 @@
 """Act: carry out one plan's actions through EC2, the state DB and the node commander.
 
-Terminations go first, in one call; then the other actions in plan order. An adapter failure is
-turned into an Outcome (capacity error: the pool is marked unavailable for the launch's market;
-permanent error: that kind of action is held for PERMANENT_HOLD_S) or, when throttled or
-transient, ends acting for the pass.
+Drains and checkpoint requests go first; then terminations, in one call; then the other actions
+in plan order. While the loop runs, CreateFleet and TerminateInstances are made by the cloud-call
+task (cloud_calls.py) and the pass does not wait for them. An adapter failure is turned into an
+Outcome (capacity error: the pool is marked unavailable for the launch's market; permanent error:
+that kind of action is held for PERMANENT_HOLD_S) or, when throttled or transient, ends acting.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -35,6 +37,7 @@ from fleetd.protocol.logs import get_logger
 from fleetd.protocol.failpoints import failpoint
 from fleetd.reconcile import journal
 from fleetd.reconcile import state as st
+from fleetd.reconcile.cloud_calls import CloudCalls, Job
 from fleetd.reconcile.ledger_feed import LedgerFeed
 from fleetd.reconcile.state_port import StateBackend
 from fleetd.reconcile.ports import NodeCommander, NotDelivered
@@ -81,8 +84,14 @@ class ActionExecutor:
         dry_run: bool,
         ledger_feed: LedgerFeed | None,
         fence: Callable[[], object] | None = None,
+        clock: Callable[[], float] = time.time,
     ):
         self.cfg = cfg
+        self._clock = clock
+        # Set while the loop runs (Reconciler.run): launches and terminations are then carried out
+        # by its own task (cloud_calls.py) and the pass does not wait on EC2. None (passes driven
+        # one by one: tests, the simulator, the benches): every call is awaited in the pass.
+        self.calls: CloudCalls | None = None
         # HA (fleetd.ha.election.Election.generation): raises LeaseLost unless this process leads
         # now. Checked right before every EC2 launch/terminate and every command: those cannot be
         # conditioned on the lease in the store the way state writes are.
@@ -97,7 +106,10 @@ class ActionExecutor:
         self._logged_permanent: set[tuple[str, str]] = set()
         self._started_at: float | None = None  # the first pass's time (the drain re-send grace)
 
-    async def act(self, plan: Plan, obs: Observation, now: float) -> tuple[list[Outcome], AwsError | None]:
+    async def act(self, plan: Plan, obs: Observation, now: float,
+                  urgent_only: bool = False) -> tuple[list[Outcome], AwsError | None]:
+        """``urgent_only``: drains and checkpoint requests only (the cloud-call task was just
+        throttled or failed: no EC2 call this pass, as when the call failed inside it)."""
         outcomes: list[Outcome] = []
         # Drains and checkpoint requests first: a noticed node has two minutes, and they are one
         # MQTT publish / store write each, while the EC2 calls after them take seconds at fleet
@@ -105,10 +117,17 @@ class ActionExecutor:
         # Then terminations, in one call: they free budget and quota for the launches.
         urgent = [a for a in plan.actions if isinstance(a, (Drain, RequestCheckpoint))]
         terminations = [a for a in plan.actions if isinstance(a, Terminate)]
+        if self.calls is not None:
+            # Asked already, the call is queued or running: not asked (nor recorded) twice.
+            busy = [a for a in terminations if self.calls.terminating(a.instance_id)]
+            outcomes += [self._record(Outcome(a, "held", "TerminateInstances in flight")) for a in busy]
+            terminations = [a for a in terminations if a not in busy]
         others = [a for a in plan.actions if not isinstance(a, (Terminate, Drain, RequestCheckpoint))]
         try:
             for action in urgent:
                 outcomes.append(await self._act_one(action, obs, now))
+            if urgent_only:
+                return outcomes, None
             if not self.dry_run and obs is not None:  # None: terminations outside a pass
                 outcomes += await self._finish_unfinished(obs, now, {a.instance_id for a in terminations})
             if terminations:
@@ -152,6 +171,7 @@ class ActionExecutor:
                     await self._send_drain(record, now)
                 except NotDelivered as exc:
                     return self._record(Outcome(action, "failed", f"{exc}; re-sent by the drain journal"))
+                self._log_notice_to_drain(action.instance_id, obs)
             elif isinstance(action, RequestCheckpoint):
                 await self.commander.request_checkpoint(action.deadline, action.reason)
             elif isinstance(action, StopJob):
@@ -165,6 +185,14 @@ class ActionExecutor:
             return self._record(self._hold(action, exc, now))
         return self._record(Outcome(action, "done"))
 
+    def _log_notice_to_drain(self, instance_id: str, obs: Observation | None) -> None:
+        """How long the node's notice waited for its drain inside fleetd (intake to command
+        handed to the broker): where a slow notice path shows first (bench/agents_load.py)."""
+        node = next((n for n in obs.nodes if n.instance_id == instance_id), None) if obs is not None else None
+        if node is not None and node.notice_at is not None:
+            log.info("notice_drained", instance_id=instance_id,
+                     since_notice_s=round(self._clock() - node.notice_at, 4))
+
     async def _terminate(self, actions: list[Terminate], now: float) -> list[Outcome]:
         if self._blocked_until.get("Terminate", 0.0) > now:
             return [self._record(Outcome(a, "held", "Terminate held after a permanent error")) for a in actions]
@@ -175,11 +203,20 @@ class ActionExecutor:
         # be ours and is not counted as an interruption of the pool (and the journal re-sends it).
         await self.state.mark_terminate_requested(ids, now)
         failpoint("terminate-recorded")
+        if self.calls is not None:
+            self.calls.submit(Job(f"terminate {len(ids)}", lambda: self._terminate_call(actions),
+                                  instance_ids=frozenset(ids)))
+            return [self._record(Outcome(a, "started", "TerminateInstances in its own task")) for a in actions]
+        return await self._terminate_call(actions)
+
+    async def _terminate_call(self, actions: list[Terminate]) -> list[Outcome]:
+        """The call itself (in the pass, or in the cloud-call task): nothing is written after it."""
+        ids = [a.instance_id for a in actions]
         self._fence()
         try:
             done = set(await self.ec2.terminate(ids))
         except PermanentAwsError as exc:
-            return [self._record(self._hold(a, exc, now)) for a in actions]
+            return [self._record(self._hold(a, exc, self._clock())) for a in actions]
         return [
             self._record(Outcome(a, "done" if a.instance_id in done else "failed",
                                  "" if a.instance_id in done else "not a fleet instance (refused)",
@@ -216,17 +253,23 @@ class ActionExecutor:
                 except NotDelivered as exc:
                     log.warning("drain_resend_failed", instance_id=rec.instance_id, error=str(exc))
         overdue = [i for i in await journal.unfinished_terminations(self.state, now - TERMINATE_RESEND_AFTER_S)
-                   if i in live and i not in terminating]
+                   if i in live and i not in terminating
+                   and (self.calls is None or not self.calls.terminating(i))]
         if not overdue:
             return []
         log.warning("terminate_resent", instances=overdue, why="asked for and still running")
-        self._fence()
-        done = set(await self.ec2.terminate(overdue))
-        return [self._record(Outcome(Terminate(reason="finishing a termination fleetd already decided",
-                                               instance_id=i), "done" if i in done else "failed",
-                                     instance_ids=(i,) if i in done else ())) for i in overdue]
+        again = [Terminate(reason="finishing a termination fleetd already decided", instance_id=i) for i in overdue]
+        if self.calls is not None:
+            self.calls.submit(Job(f"terminate again {len(overdue)}", lambda: self._terminate_call(again),
+                                  instance_ids=frozenset(overdue)))
+            return [self._record(Outcome(a, "started", "TerminateInstances in its own task")) for a in again]
+        return await self._terminate_call(again)
 
     async def _launch(self, action: Launch, now: float) -> Outcome:
+        if self.calls is not None and self.calls.launching:
+            # The pass cannot see that launch's instances before its call returns: buying now
+            # would buy them twice. The pass after it (woken when it ends) plans again.
+            return Outcome(action, "held", "a launch is in flight")
         seq = await self.state.settled_launch_count()
         token = launch_token(self.cfg.fleet.name, seq, action.count, action.market, action.pools)
         spec = LaunchSpec(
@@ -244,23 +287,50 @@ class ActionExecutor:
             purpose=str(action.purpose), max_price_per_hour=spec.max_price_per_hour, reason=action.reason,
         )
         failpoint("launch-recorded")
+        if self.calls is not None:
+            self.calls.submit(Job(f"launch {token}", lambda: self._launch_call(action, spec), launch=True,
+                                  token=token))
+            return Outcome(action, "started", "CreateFleet in its own task")
+        return await self._launch_call(action, spec, now)
+
+    async def _launch_call(self, action: Launch, spec: LaunchSpec, now: float | None = None) -> Outcome:
+        """The call and its answer: in the pass (``now`` given), or in the cloud-call task, which
+        records the answer under the pass lock, at the time it came."""
         self._fence()
+        result: LaunchResult | None = None
+        exc: AwsError | None = None
         try:
             result = await self.ec2.launch(spec)
-        except CapacityUnavailable as exc:
+        except AwsError as error:
+            exc = error
+        if now is not None:
+            return await self._launch_answer(action, spec, result, exc, now)
+        assert self.calls is not None
+        async with self.calls.lock:
+            try:
+                return self._record(await self._launch_answer(action, spec, result, exc, self._clock()))
+            except PermanentAwsError as perm:
+                return self._record(self._hold(action, perm, self._clock()))
+
+    async def _launch_answer(self, action: Launch, spec: LaunchSpec, result: LaunchResult | None,
+                             exc: AwsError | None, now: float) -> Outcome:
+        if isinstance(exc, CapacityUnavailable):
             # A call-level capacity error does not say which pool: all of them were refused.
             for pool in action.pools:
                 await self._pool_failed(pool, action.market, exc.code, now)
-            await self.state.settle_launch(token, st.FAILED, (), now, f"{exc.code}: {exc.message}")
+            await self.state.settle_launch(spec.token, st.FAILED, (), now, f"{exc.code}: {exc.message}")
             await self._spot_outcome(action, got_any=False, now=now)
             count_aws_error(exc)
             return Outcome(action, "failed", exc.code)
-        except (Throttled, PermanentAwsError) as exc:
+        if isinstance(exc, (Throttled, PermanentAwsError)):
             # Definitely not launched: AWS refused the call as a whole.
-            await self.state.settle_launch(token, st.FAILED, (), now, f"{exc.code}: {exc.message}")
-            raise
-        # Transient errors propagate with the intent left open: the call may have gone through,
-        # so the next pass resolves it by tag (or re-sends the same token).
+            await self.state.settle_launch(spec.token, st.FAILED, (), now, f"{exc.code}: {exc.message}")
+            raise exc
+        if exc is not None:
+            # Transient errors propagate with the intent left open: the call may have gone through,
+            # so the next pass resolves it by tag (or re-sends the same token).
+            raise exc
+        assert result is not None
         return await self._record_launch(action, spec, result, now)
 
     async def _record_launch(self, action: Launch, spec: LaunchSpec, result: LaunchResult, now: float) -> Outcome:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetd.policy import ledger
+from fleetd.policy.ledger_compact import compact
 from fleetd.policy.ledger import EVENT_KINDS, EVENT_TYPES, LedgerEvent, LedgerSummary
 from fleetd.policy.model import Market, PoolId
 from fleetd.protocol.logs import get_logger
@@ -160,6 +161,35 @@ class LedgerStore:
                 log.warning("ledger_row_skipped", seq=seq, kind=kind, error=str(exc), db=str(self._path))
         return out
 
+    def compact_sync(self, before: float) -> tuple[int, int]:
+        """Roll the per-pass rows older than ``before`` up (fleetd.policy.ledger_compact), in one
+        transaction, memory included: (rows dropped, rows added). The freed pages are reused by
+        later rows, so the file stops growing with passes."""
+        with self._lock:
+            if self._cache is None:
+                self._cache = self._read_all()
+            plan = compact(self._cache, before)
+            if plan.empty:
+                return 0, 0
+            rows = []
+            for e in plan.add:
+                kind, payload = encode(e)
+                rows.append((e.at, kind, e.event_id or None, payload))
+            try:
+                with self._conn:
+                    self._conn.execute("BEGIN")
+                    self._conn.executemany("DELETE FROM ledger_events WHERE event_id=?",
+                                           [(e.event_id,) for e in plan.drop])
+                    self._conn.executemany("INSERT OR IGNORE INTO ledger_events(at, kind, event_id, payload)"
+                                           " VALUES (?, ?, ?, ?)", rows)
+            except sqlite3.Error as exc:
+                raise LedgerStoreError(f"cannot compact ledger {self._path}: {exc}") from exc
+            dropped = {id(e) for e in plan.drop}
+            self._cache = [e for e in self._cache if id(e) not in dropped] + list(plan.add)
+            if any(isinstance(e, ledger.BILLING_EVENTS) for e in (*plan.drop, *plan.add)):
+                self._billing_version += 1  # never today (compaction keeps billing), but exact if so
+            return len(plan.drop), len(plan.add)
+
     def close_sync(self) -> None:
         with self._lock:
             self._conn.close()
@@ -187,6 +217,9 @@ class LedgerStore:
                     self._cache = self._read_all()
                 self._basis = (self._billing_version, ledger.spend_basis(self._cache))
             return self._basis[1]
+
+    async def compact(self, before: float) -> tuple[int, int]:
+        return await asyncio.to_thread(self.compact_sync, before)
 
     async def close(self) -> None:
         await asyncio.to_thread(self.close_sync)

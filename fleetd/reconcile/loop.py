@@ -33,6 +33,7 @@ from fleetd.policy.model import Plan, PoolId, Terminate
 from fleetd.policy.observation import Observation, spot_shortage_over
 from fleetd.protocol.logs import get_logger
 from fleetd.reconcile import state as st
+from fleetd.reconcile.cloud_calls import CloudCalls
 from fleetd.reconcile.execute import (
     ACTIONS,
     AWS_ERRORS,
@@ -142,7 +143,7 @@ class Reconciler:
         )
         self._executor = ActionExecutor(
             cfg, ec2=ec2, prices=prices, state=state, commander=self.commander, dry_run=dry_run,
-            ledger_feed=feed, fence=fence,
+            ledger_feed=feed, fence=fence, clock=clock,
         )
 
     def successor(self) -> "Reconciler":
@@ -152,10 +153,19 @@ class Reconciler:
 
     # -- one pass -------------------------------------------------------------------------------
     async def run_pass(self) -> PassReport:
+        calls = self._executor.calls
+        # While the loop runs, the launches and terminations a pass decides are made by their own
+        # task (cloud_calls.py); the pass holds its lock from observing to acting, so a call's
+        # answer is recorded between passes, never halfway through one.
+        async with calls.lock if calls is not None else contextlib.nullcontext():
+            return await self._run_pass()
+
+    async def _run_pass(self) -> PassReport:
         now = self.clock()
         started = time.perf_counter()
         self._notices_planned = getattr(self.observer, "notices_seen", None)
         waited0 = getattr(self.ec2, "waited_s", None)
+        calls = self._executor.calls
         try:
             obs, live = await self.observe(now)
         except AwsError as exc:
@@ -171,13 +181,19 @@ class Reconciler:
         await self._remember(obs, plan, now)
         for note in plan.notes:
             log.info("plan_note", note=note)
-        outcomes, error = await self.act(plan, obs, now)
+        # A call the cloud-call task made since the last pass was throttled or failed: this pass
+        # makes no EC2 call and reports it, so the loop backs off as if the call had failed in it.
+        failed = calls.take_error() if calls is not None else None
+        outcomes, error = await self._executor.act(plan, obs, now, urgent_only=failed is not None)
+        error = error or failed
         self._consecutive_failures = self._consecutive_failures + 1 if error else 0
         PASSES.labels("throttled" if isinstance(error, Throttled) else "error" if error else "ok").inc()
         took = time.perf_counter() - started
         PASS_SECONDS.set(took)
         NODES.set(len(live))
-        # One line per pass: its duration is what a fleet's size costs (bench/agents_load.py).
+        # One line per pass: its duration is what a fleet's size costs (bench/agents_load.py);
+        # ec2_s is what it awaited EC2 for (0 while the loop runs: the calls have their own task,
+        # whose jobs log cloud_call_done).
         waited = getattr(self.ec2, "waited_s", None)
         log.info("pass_done", seconds=round(took, 4), nodes=len(obs.nodes), actions=len(plan.actions),
                  error=error.code if error else None,
@@ -189,7 +205,9 @@ class Reconciler:
         takes seconds at fleet scale) must not wait for it: plan again on the last pass's
         observation with the intakes' news folded in (no EC2 call) and carry out the plan's drains
         only. Launches, terminations and checkpoint requests wait for the next full pass, which
-        starts as soon as the running one ends. The planner is the same pure function."""
+        starts as soon as the running one ends. The planner is the same pure function. A notice
+        that wakes an idle loop takes the same path first (the full pass's observation costs
+        more than the planning at fleet scale)."""
         last = self._last_obs
         seen = getattr(self.observer, "notices_seen", None)
         if last is None or self.dry_run or (seen is not None and seen == self._notices_planned):
@@ -266,7 +284,24 @@ class Reconciler:
         on_pass: Callable[[PassReport], None] | None = None,
     ) -> None:
         """Run passes until cancelled (or ``passes`` done); ``wake`` starts the next one early;
-        ``on_pass`` sees every report (the daemon's watchdog heartbeat)."""
+        ``on_pass`` sees every report (the daemon's watchdog heartbeat). Launches and
+        terminations run in the cloud-call task beside the passes; a bounded run ends once its
+        calls are made."""
+        calls = CloudCalls(on_done=wake.set)
+        async with asyncio.TaskGroup() as tg:
+            worker = tg.create_task(calls.run(), name="cloud-calls")
+            self._executor.calls = calls
+            self._observation.in_flight = calls.launch_tokens
+            try:
+                await self._passes(wake, passes, on_pass)
+                await calls.idle()
+            finally:
+                self._executor.calls = None
+                self._observation.in_flight = set
+                worker.cancel()
+
+    async def _passes(self, wake: asyncio.Event, passes: int | None,
+                      on_pass: Callable[[PassReport], None] | None) -> None:
         done = 0
         while passes is None or done < passes:
             # Cleared before the pass: a wake-up that arrives during it starts the next one at once.
@@ -281,7 +316,17 @@ class Reconciler:
             try:
                 await asyncio.wait_for(wake.wait(), timeout=delay)
             except TimeoutError:
-                pass
+                continue
+            # Woken between passes: a new notice's drain goes out from the last observation
+            # first (no EC2 read, no state sync: what a full pass costs at 2,000 nodes), and
+            # the full pass follows at once. Anything else that woke the loop skips it.
+            await self._urgent()
+
+    async def _urgent(self) -> None:
+        try:
+            await self.run_urgent_pass()
+        except Exception as exc:  # the full pass after it retries, level-based
+            log.warning("urgent_pass_failed", error=repr(exc))
 
     async def _pass_with_urgent(self, wake: asyncio.Event) -> PassReport:
         """One full pass; a wake-up while it runs starts an urgent pass beside it (drains only),
@@ -297,10 +342,7 @@ class Reconciler:
                     return task.result()
                 wake.clear()
                 woken = True
-                try:
-                    await self.run_urgent_pass()
-                except Exception as exc:  # the full pass after it retries, level-based
-                    log.warning("urgent_pass_failed", error=repr(exc))
+                await self._urgent()
         finally:
             if not task.done():
                 task.cancel()

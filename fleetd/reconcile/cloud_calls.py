@@ -1,0 +1,116 @@
+"""EC2's slow calls (CreateFleet, TerminateInstances) in their own task, off the reconcile pass.
+
+At fleet scale a launch or a termination is seconds of waiting on EC2 (its idempotency or
+ownership DescribeInstances first: 3-6 s at 2,000 instances on moto, bench/agents_load.py), and
+inside the pass it made the pass as slow as the cloud. The pass now decides and records (the
+launch intent, the termination request: both written before any call, as before) and hands the
+call itself to :class:`CloudCalls`, which runs the calls one job at a time, in the order the passes
+submitted them (terminations before launches, as in a pass: they free budget and quota first).
+The pass's time is then what fleetd itself costs.
+
+What keeps this level-based and free of double actions:
+- an instance whose termination is queued or running is not asked again (``terminating``);
+- no launch is planned while one is queued or running (``launching``): the observation cannot
+  show a launch's instances before its call returns, so a second pass would buy them again;
+- a job records its answer (instances launched, intents settled, pools failed) under
+  ``lock``, which a pass holds from its observation to its last action: a pass never sees the
+  EC2 view with a launch's instances and the state DB without them (or the other way round);
+- a throttled or failed call ends its job and drops the queued ones (they were planned from an
+  older view); the error is handed to the next pass (``take_error``), which reports it and backs
+  the loop off as a failing call inside the pass did;
+- every finished job wakes the loop (``on_done``): the next pass re-plans from its result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from fleetd.adapters.aws_errors import AwsError
+from fleetd.protocol.logs import get_logger
+
+log = get_logger(__name__)
+
+
+@dataclass(slots=True)
+class Job:
+    name: str
+    call: Callable[[], Awaitable[object]]
+    instance_ids: frozenset[str] = frozenset()
+    launch: bool = False
+    token: str = ""  # the launch's client token (its instances carry it as a tag)
+    submitted: float = field(default_factory=time.monotonic)
+
+
+class CloudCalls:
+    def __init__(self, on_done: Callable[[], None] = lambda: None) -> None:
+        self.lock = asyncio.Lock()
+        self._on_done = on_done
+        self._queue: deque[Job] = deque()
+        self._current: Job | None = None
+        self._ready = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._error: AwsError | None = None
+        self.seconds: list[float] = []  # recent jobs' durations (what the pass no longer waits on)
+
+    # -- what the pass asks ---------------------------------------------------------------------
+    def terminating(self, instance_id: str) -> bool:
+        return any(instance_id in j.instance_ids for j in self._jobs())
+
+    @property
+    def launching(self) -> bool:
+        return any(j.launch for j in self._jobs())
+
+    def launch_tokens(self) -> set[str]:
+        """Launches whose call is queued or on the wire: their instances may already show in
+        the EC2 view (tagged) before the answer is recorded; the pass leaves them to the job."""
+        return {j.token for j in self._jobs() if j.launch and j.token}
+
+    def submit(self, job: Job) -> None:
+        self._queue.append(job)
+        self._idle.clear()
+        self._ready.set()
+
+    def take_error(self) -> AwsError | None:
+        error, self._error = self._error, None
+        return error
+
+    async def idle(self) -> None:
+        """Until every submitted job has finished (a bounded run ends with its calls made)."""
+        await self._idle.wait()
+
+    def _jobs(self) -> list[Job]:
+        return [*([self._current] if self._current is not None else []), *self._queue]
+
+    # -- the worker -----------------------------------------------------------------------------
+    async def run(self) -> None:
+        while True:
+            if not self._queue:
+                self._idle.set()
+                self._ready.clear()
+                await self._ready.wait()
+                continue
+            job = self._current = self._queue.popleft()
+            started = time.monotonic()
+            try:
+                await job.call()
+            except AwsError as exc:
+                # Planned from a view that is now older than this failure: re-planned, not retried.
+                dropped = [j.name for j in self._queue]
+                self._queue.clear()
+                self._error = exc
+                log.warning("cloud_call_failed", job=job.name, kind=exc.kind, code=exc.code,
+                            operation=exc.operation, error=exc.message, dropped=dropped or None)
+            except Exception as exc:  # a bug in one job's follow-up must not end the worker
+                log.error("cloud_call_crashed", job=job.name, error=repr(exc))
+            finally:
+                self._current = None
+            took = time.monotonic() - started
+            self.seconds = [*self.seconds[-99:], took]
+            log.info("cloud_call_done", job=job.name, seconds=round(took, 4),
+                     queued_s=round(started - job.submitted, 4), instances=len(job.instance_ids) or None)
+            self._on_done()
