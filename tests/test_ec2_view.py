@@ -96,3 +96,29 @@ async def test_a_stale_listing_raises_the_refreshers_error():
     mono.t += 11
     with pytest.raises(AwsError):
         await v.list_instances()
+
+
+async def test_a_malformed_answer_is_a_failed_listing_and_the_refresher_goes_on():
+    """A 500 whose body botocore cannot parse (seen from a loaded moto) once escaped the refresher
+    and ended the daemon's task group."""
+    ec2, mono = FakeEc2(lambda: 1000.0), Mono()
+    answers = iter([ValueError("not well-formed (invalid token): line 1, column 0"), KeyError("InstanceId")])
+
+    def lister():
+        for exc in answers:
+            raise exc
+        return []
+
+    v = Ec2View(ec2, refresh_s=0.01, max_age_s=10.0, clock=lambda: 5000.0, monotonic=mono, lister=lister)
+    with pytest.raises(AwsError) as err:
+        await v.refresh()
+    assert err.value.kind == "transient" and "not well-formed" in err.value.message
+    refresher = asyncio.create_task(v.run())
+    try:
+        for _ in range(200):  # the refresher survives and the next listing succeeds
+            if v._listing is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert v._listing == {} and not refresher.done()
+    finally:
+        refresher.cancel()

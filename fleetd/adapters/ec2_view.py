@@ -29,7 +29,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from fleetd.adapters.aws_errors import AwsError, translate
+from fleetd.adapters.aws_errors import AwsError, TransientAwsError, translate
 from fleetd.adapters.ec2 import ALL_STATES, TAG_FLEET, AioEc2, Ec2Api, Ec2Instance, LaunchResult, LaunchSpec
 from fleetd.protocol.logs import get_logger
 
@@ -127,6 +127,12 @@ class Ec2View:
         except AwsError as exc:
             self._error = exc
             raise
+        except Exception as exc:  # noqa: BLE001 - a malformed answer (a 500 with a body botocore
+            # cannot parse, an instance without its fields) is a failed listing, retried with
+            # backoff like any other: it must not end the refresher, or the daemon with it.
+            err = TransientAwsError("DescribeInstances", type(exc).__name__, str(exc)[:300])
+            self._error = err
+            raise err from exc
         took = self.monotonic() - started
         self.describe_seconds = [*self.describe_seconds[-99:], took]
         log.info("ec2_listed", seconds=round(took, 3), instances=len(instances))
