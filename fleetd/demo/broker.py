@@ -28,10 +28,18 @@ FLEET_ACL = """\
 # fleetd broker ACL (mosquitto acl_file). Topics: fleetd/<fleet>/nodes/<instance-id>/<channel>.
 # Usernames are TLS certificate Common Names (mosquitto.conf: use_identity_as_username).
 
-# The controller reads everything under fleetd/ and is the only writer of commands.
+# The controller reads everything under fleetd/ and is the only writer of commands and of the
+# rendezvous endpoint (HA: the leader publishes its store there, retained; agents follow it, so a
+# node able to write it could move every trainer to a store of its choosing).
 user fleetd-controller
 topic read fleetd/#
 topic write fleetd/+/nodes/+/commands
+topic write fleetd/+/rendezvous
+
+# HA broker pair (deploy/mosquitto/bridge.conf): the other broker's bridge connects with a
+# certificate CN=fleetd-bridge and carries every fleetd/ message both ways.
+user fleetd-bridge
+topic readwrite fleetd/#
 
 # A read-only monitor (the demo's live view, an operator's dashboard): reads, never writes.
 user fleetd-observer
@@ -45,6 +53,8 @@ pattern write fleetd/+/nodes/%u/status
 pattern write fleetd/+/nodes/%u/telemetry
 pattern write fleetd/+/nodes/%u/events
 pattern read fleetd/+/nodes/%u/commands
+# Every node reads the leader's rendezvous endpoint (retained) and nothing else outside its own id.
+pattern read fleetd/+/rendezvous
 """
 
 
