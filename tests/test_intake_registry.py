@@ -71,10 +71,14 @@ def test_registry_feeds_the_two_signal_rule() -> None:
     reg.apply(InterruptionNotice(IID, "terminate", 1120.0, "eventbridge", received_at=1001.0, dedup_key="eb:1"))
     one = assess(reg.observe(node()), now=1002.0, silence_s=30.0)
     assert not one.lost  # a notice alone: the node is draining, not lost
-    # The last will arrives (status offline): a second, independent signal.
+    # The last will arrives (status offline): while the notice runs, the node is left to its
+    # notice flow (the notice says it will go, not that it has: policy/lifecycle.py).
     reg.apply(from_message(Status(instance_id=IID, state="offline", sent_at=datetime.now(UTC)), 1003.0))
-    two = assess(reg.observe(node()), now=1004.0, silence_s=30.0)
-    assert two.lost and len(two.signals) == 2
+    during = assess(reg.observe(node()), now=1004.0, silence_s=30.0)
+    assert not during.lost and len(during.signals) == 1
+    # Past the notice's deadline the notice and the broker (last will, silence) are two sources.
+    two = assess(reg.observe(node()), now=1121.0, silence_s=30.0)
+    assert two.lost and "from 2 independent sources" in two.reason
 
 
 def test_trainer_exited_after_a_drain_marks_the_node_left_for_the_planner() -> None:
