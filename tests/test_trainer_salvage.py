@@ -218,7 +218,9 @@ def test_a_peer_killed_mid_training_costs_the_survivor_no_completed_step(tmp_pat
         salvaged = [e for e in _events(events) if e["ev"] == "salvaged"]
         assert [e["step"] for e in salvaged] == [last], (tmp_path / "rank0.log").read_text()[-2000:]
         assert local_ckpt.newest_complete(tmp_path / "node0", "state_dict") == last
-        assert last > 30 and last % 1000 != 0  # not a periodic save
+        # The kill can land right after step 30 is logged, before rank 0 starts step 31: the
+        # survivor then holds exactly 30 (CI saw it). Either way it is not a periodic save.
+        assert last >= 30 and last % 1000 != 0
     finally:
         _kill_all(procs)
 
