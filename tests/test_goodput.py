@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from fleetd.policy.goodput import GoodputTracker
 from fleetd.policy.ledger import summarize
-from fleetd.policy.ledger_events import IdleGpuTime, RecoveryTime, StepReached, StepsLost
+from fleetd.policy.ledger_events import IdleGpuTime, RecoveryTime, StepReached, StepsLost, StepsRegained
 from fleetd.policy.model import Market, Node, NodePhase, PoolId
 
 POOL = PoolId("g5.xlarge", "us-east-1a")
@@ -70,3 +70,51 @@ def test_resume_from_the_ledger_never_counts_a_step_twice() -> None:
     events = t.observe([_node("a", 30, 5.0, rate=0.0)], 5.0)
     assert [(e.from_step, e.to_step) for e in events if isinstance(e, StepsLost)] == [(40, 30)]
     assert not [e for e in events if isinstance(e, StepReached)]
+
+
+def _world(step: int, at: float, rate: float = 1.0) -> list[Node]:
+    return [_node("a", step, at, rate=rate), _node("b", step, at, rate=rate)]
+
+
+def test_a_stale_world_overtaken_at_the_high_water_mark_loses_only_the_steps_it_redid() -> None:
+    t = GoodputTracker(skew_s=2.0)
+    passes = [(float(s), _world(800 + s, float(s))) for s in range(1, 21)]  # to 820, 1 step/s
+    passes += [(21.0, _world(800, 21.0))]  # a node restored an older copy: a world at 800
+    passes += [(float(s), _world(800 + (s - 21), float(s))) for s in range(22, 27)]  # trains to 805
+    passes += [(27.0, _world(821, 27.0))]  # replaced by a world that resumed at 820 (+1 step)
+    passes += [(float(s), _world(821 + (s - 27), float(s))) for s in range(28, 31)]
+    events = _run(t, passes)
+    assert [(e.from_step, e.to_step) for e in events if isinstance(e, StepsLost)] == [(820, 800)]
+    assert [e.steps for e in events if isinstance(e, StepsRegained)] == [15]  # 805..820 never redone
+    summary = summarize(events, 31.0)
+    assert summary.steps_lost == 5 and summary.useful_steps == 824
+
+
+def test_a_rise_training_could_explain_keeps_the_loss() -> None:
+    """Unsure whether the job jumped or trained: the report keeps the larger loss."""
+    t = GoodputTracker(skew_s=2.0)
+    passes = [(float(s), _world(s * 10, float(s), rate=10.0)) for s in range(1, 11)]  # to 100
+    passes += [(11.0, _world(70, 11.0, rate=10.0)), (12.0, _world(100, 12.0, rate=10.0))]  # +30 in 1 s
+    events = _run(t, passes)
+    assert [(e.from_step, e.to_step) for e in events if isinstance(e, StepsLost)] == [(100, 70)]
+    assert not [e for e in events if isinstance(e, StepsRegained)]  # 10 steps/s + 20 of skew
+    assert summarize(events, 12.0).steps_lost == 30
+
+
+def test_steps_trained_again_are_never_regained_by_a_later_jump() -> None:
+    t = GoodputTracker(skew_s=1.0)
+    passes = [(float(s), _world(100 + s, float(s))) for s in range(1, 21)]  # to 120
+    passes += [(21.0, _world(100, 21.0))]  # lost 20
+    passes += [(float(s), _world(100 + (s - 21), float(s))) for s in range(22, 42)]  # trains back to 120
+    passes += [(42.0, _world(200, 42.0))]  # a jump far above the old mark: nothing to regain
+    events = _run(t, passes)
+    assert not [e for e in events if isinstance(e, StepsRegained)]
+    assert summarize(events, 42.0).steps_lost == 20
+
+
+def test_regained_steps_survive_the_ledger_store_round_trip_and_never_make_losses_negative() -> None:
+    from fleetd.policy.ledger_events import EVENT_KINDS, EVENT_TYPES
+
+    assert EVENT_TYPES[EVENT_KINDS[StepsRegained]] is StepsRegained
+    events = [StepReached(1.0, 50), StepsLost(2.0, 50, 40), StepsRegained(3.0, 25)]
+    assert summarize(events, 4.0).steps_lost == 0

@@ -10,6 +10,11 @@ events that pass adds (fleetd.policy.ledger_events):
   the work thrown away, ``from`` the step it had reached ``to`` the one it resumed from. Nodes
   report about once a second and not in lockstep, so a drop within ``slack`` steps (the rate
   times a few report periods) is reporting skew, not a loss;
+- ``StepsRegained`` when, after such a drop, the job jumps back up further than it could have
+  trained since the last pass (a stale world, resumed from an older copy, replaced by one that
+  resumed at the high-water mark): the jumped-over steps counted lost were never trained again.
+  A rise that training could explain keeps the loss (when unsure, the report says more was lost,
+  never less);
 - ``RecoveryTime`` when progress resumes after a stall: the seconds from the last progress to the
   first progress again, if longer than ``stall_after_s`` (a re-form after a notice, a lost node,
   a scale change, a slow restart);
@@ -34,6 +39,7 @@ from fleetd.policy.ledger_events import (
     RecoveryTime,
     StepReached,
     StepsLost,
+    StepsRegained,
 )
 from fleetd.policy.model import Node
 
@@ -50,6 +56,9 @@ class GoodputTracker:
     current: int | None = None  # the job's step at the last pass that saw one
     last_progress_at: float | None = None
     last_pass_at: float | None = None
+    # Steps counted in StepsLost between ``current`` and ``highest`` that a jump may still bring
+    # back; steps trained again up to ``highest`` confirm their loss.
+    unconfirmed_loss: int = 0
     _node_step: dict[str, int] = field(default_factory=dict)
 
     def resume(self, events: Iterable[LedgerEvent]) -> None:
@@ -75,6 +84,9 @@ class GoodputTracker:
             if self.current is not None and step < self.current - slack:
                 events.append(StepsLost(at=now, from_step=self.current, to_step=step,
                                         event_id=f"lost:{self.current}:{step}:{now:.3f}"))
+                self.unconfirmed_loss = min(self.unconfirmed_loss + self.current - step, self.highest - step)
+            elif self.current is not None and step > self.current and self.unconfirmed_loss:
+                events += self._regained(step, rate, slack, now)
             progressed = self.current is None or step > self.current
             if step > self.highest:
                 self.highest = step
@@ -90,6 +102,20 @@ class GoodputTracker:
         events += self._idle(live, now, gpus_of)
         self.last_pass_at = now
         return events
+
+    def _regained(self, step: int, rate: float, slack: int, now: float) -> list[LedgerEvent]:
+        """The job rose from ``current`` to ``step``: by a jump (a newer copy resumed) the steps
+        jumped over below ``highest`` come back; by training they are confirmed lost."""
+        assert self.current is not None
+        out: list[LedgerEvent] = []
+        elapsed = now - self.last_pass_at if self.last_pass_at is not None else math.inf
+        if step - self.current > rate * elapsed + slack:
+            back = min(self.unconfirmed_loss, min(step, self.highest) - self.current)
+            if back > 0:
+                out.append(StepsRegained(at=now, steps=back, event_id=f"regained:{self.current}:{step}:{now:.3f}"))
+                self.unconfirmed_loss -= back
+        self.unconfirmed_loss = max(0, min(self.unconfirmed_loss, self.highest - step))
+        return out
 
     def _idle(self, live: Sequence[Node], now: float, gpus_of: Mapping[str, int]) -> list[LedgerEvent]:
         out: list[LedgerEvent] = []

@@ -29,6 +29,7 @@ from fleetd.policy.ledger_events import (  # noqa: F401  (re-exported: callers u
     RecoveryTime,
     StepReached,
     StepsLost,
+    StepsRegained,
     TargetChanged,
     EVENT_KINDS,
     EVENT_TYPES,
@@ -285,6 +286,8 @@ def summarize(
             highest = max(highest, e.step)
         elif isinstance(e, StepsLost):
             lost += max(0, e.from_step - e.to_step)
+        elif isinstance(e, StepsRegained):
+            lost -= max(0, e.steps)
         elif isinstance(e, RecoveryTime):
             recovery += e.seconds
         elif isinstance(e, IdleGpuTime):
@@ -301,7 +304,7 @@ def summarize(
         spend_by_pool=dict(by_pool),
         node_seconds=sum(b.billed_seconds for b in all_bills) + sum(r.billed_seconds for r in rolled),
         useful_steps=useful,
-        steps_lost=lost,
+        steps_lost=max(0, lost),  # a regain never outweighs the losses before it
         recovery_s=recovery,
         idle_gpu_s=idle,
         usd_per_1k_steps=(1000.0 * spend / useful) if useful > 0 else None,

@@ -74,6 +74,18 @@ class StepsLost:
 
 
 @dataclass(frozen=True, slots=True)
+class StepsRegained:
+    """A world resumed at a newer copy than the one the job had dropped to (a stale world, which
+    restored an older checkpoint, replaced by one that holds the high-water mark): ``steps`` that
+    an earlier ``StepsLost`` counted were never trained again. Only the steps the stale world
+    trained twice stay lost."""
+
+    at: float
+    steps: int
+    event_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class RecoveryTime:
     """``seconds`` from losing a node to every survivor training again."""
 
@@ -139,6 +151,7 @@ LedgerEvent: TypeAlias = (
     | PriceChanged
     | StepReached
     | StepsLost
+    | StepsRegained
     | RecoveryTime
     | IdleGpuTime
     | Interruption
@@ -150,6 +163,7 @@ EVENT_TYPES: dict[str, type] = {
     "price-changed": PriceChanged,
     "step-reached": StepReached,
     "steps-lost": StepsLost,
+    "steps-regained": StepsRegained,
     "recovery-time": RecoveryTime,
     "idle-gpu-time": IdleGpuTime,
     "interruption": Interruption,
