@@ -3,6 +3,7 @@ on-demand, greedy and Uniform Progress (Can't Be Late, NSDI'24) on the bundled s
 
     .venv/bin/python bench/deadline.py [--offsets 50] [--seed 7] [--traces p3,g4dn,waves7d]
         [--nodes 1,2,4,8] [--changeovers-h 0.05,0.1,0.2,0.3,0.5] [--deadlines-h 7.5,9,12]
+        [--capacity-signal probe|instant]
 
 Jobs: 6 h of work at the job's full size (1, 2, 4 or 8 nodes), due in 7.5 h, 9 h or 12 h
 (slack 1.25x, 1.5x, 2x), on the Bamboo p3 and g4dn traces (fleetd/data/traces) and the
@@ -10,7 +11,9 @@ Jobs: 6 h of work at the job's full size (1, 2, 4 or 8 nodes), due in 7.5 h, 9 h
 adds the demo's 60 s storm, bench/traces/wave.csv), each started at --offsets random offsets;
 changeover d in {0.05, 0.1, 0.2, 0.3, 0.5} h. Like for like: every policy gets
 the same trace window, prices, changeover and start offsets. Can't Be Late's model for every
-policy: progress survives a loss (no checkpoint stall, every loss with a notice).
+policy: progress survives a loss (no checkpoint stall, every loss with a notice). Every policy
+discovers returned spot capacity the same way, by a launch attempt retried after fleetd's
+capacity-error TTL (`--capacity-signal instant` gives every policy the old oracle instead).
 
 Every policy completes the same steps, so mean cost is cost per useful step (also printed as
 USD per 1,000 steps); the other judge is deadline misses. Prints one line per case, then where
@@ -61,6 +64,9 @@ def main() -> None:
     ap.add_argument("--nodes", default="1,2,4,8")
     ap.add_argument("--changeovers-h", default="0.05,0.1,0.2,0.3,0.5")
     ap.add_argument("--deadlines-h", default="7.5,9,12")
+    ap.add_argument("--capacity-signal", choices=("probe", "instant"), default="probe",
+                    help="every policy's capacity discovery: probe (a launch attempt, retried after "
+                    "fleetd's capacity-error TTL; default) or instant (the oracle; sensitivity)")
     args = ap.parse_args()
     t0 = time.process_time()
     results: dict[str, dict] = {}
@@ -79,7 +85,7 @@ def main() -> None:
                 for d_h in _floats(args.changeovers_h):
                     case = f"{trace_name} {nodes}n due {due_h:g}h"
                     key = f"{case} d={d_h:g}h"
-                    s = summary(sweep(trace, job, itype, spot, od, d_h * 3600, starts))
+                    s = summary(sweep(trace, job, itype, spot, od, d_h * 3600, starts, args.capacity_signal))
                     results[key] = s
                     cells = "  ".join(
                         f"${s[p]['mean_cost_usd']:>8.2f} {s[p]['mean_savings_pct']:>5.1f}% {s[p]['misses']:>2} miss"
@@ -93,7 +99,7 @@ def main() -> None:
     print(f"fleetd costlier than greedy in {len(below_greedy)} of {len(results)} cases: {below_greedy}")
     print(f"deadline misses: {misses}")
     print(json.dumps({
-        "offsets": args.offsets, "work_h": WORK_H, "cpu_s": round(time.process_time() - t0, 1),
+        "offsets": args.offsets, "capacity_signal": args.capacity_signal, "work_h": WORK_H, "cpu_s": round(time.process_time() - t0, 1),
         "cases": len(results), "fleetd_below_uniform_progress": below_up, "fleetd_below_greedy": below_greedy,
         "misses": misses, "fleetd_misses": misses["fleetd"], "results": results,
     }))

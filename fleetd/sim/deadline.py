@@ -14,6 +14,7 @@ import statistics
 from collections.abc import Iterable
 
 from fleetd.sim import defaults as d
+from fleetd.sim.engine import PROBE
 from fleetd.sim.job import JobSpec
 from fleetd.sim.result import SimResult
 from fleetd.sim.scenario import Scenario
@@ -28,9 +29,14 @@ def sweep(
     on_demand_price: float,
     changeover_s: float,
     offsets: Iterable[float],
+    capacity_signal: str = PROBE,
 ) -> dict[str, list[SimResult]]:
-    """Every deadline policy on ``trace`` started at each offset, all with changeover ``d``."""
-    sc = Scenario(trace, job, instance_type, spot_price, on_demand_price, changeover_s=changeover_s)
+    """Every deadline policy on ``trace`` started at each offset, all with changeover ``d`` and
+    the same capacity discovery (fleetd/sim/engine.py)."""
+    sc = Scenario(
+        trace, job, instance_type, spot_price, on_demand_price, changeover_s=changeover_s,
+        capacity_signal=capacity_signal,
+    )
     runs: dict[str, list[SimResult]] = {}
     for start in offsets:
         window = trace.window(start)

@@ -62,6 +62,23 @@ SALVAGE_STEP_LOSS_S = Sourced(
     "survivors save the step they completed (agent/trainer/salvage.py, 0-1 steps lost measured "
     "in tests/test_elastic_e2e.py). Sharded state (--sharded-state) cannot be saved this way",
 )
+# Capacity is discovered by trying, by every policy alike (fleetd/sim/engine.py): after a spot
+# attempt that came back short the next one comes this much later. It is the daemon's own wait
+# after a capacity error (the planner skips the pool until the TTL ends), taken from its config
+# default, not a copy, so fleetd and the baselines retry on one number.
+def _capacity_retry() -> Sourced:
+    from fleetd.config import CapacityConfig
+
+    ttl = CapacityConfig.model_fields["capacity_error_ttl_s"].default
+    return Sourced(
+        float(ttl),
+        f"fleetd.toml [capacity] capacity_error_ttl_s default (fleetd/config.py CapacityConfig): "
+        f"after a capacity error fleetd tries the pool again {ttl:g} s later; every simulated policy "
+        f"retries a short spot attempt after the same interval (EC2 has no capacity-returned signal)",
+    )
+
+
+CAPACITY_RETRY_S = _capacity_retry()
 # Planner passes between events in the simulator (events wake it at once, as in the daemon).
 SIM_PASS_INTERVAL_S = Sourced(
     300.0,

@@ -7,6 +7,16 @@ and integrates the job's progress between events. A `Policy` reacts to the world
 (start, capacity, notice, loss, timers) by buying and releasing nodes, changing the training
 membership, stalling, checkpointing and rolling back: everything a recovery strategy does.
 
+Capacity discovery is the same for every policy, and it is by trying, as on EC2 (CreateFleet /
+RunInstances answer InsufficientInstanceCapacity; nothing announces capacity coming back): a
+spot acquisition that comes back short (``acquire_spot`` got fewer than asked, or
+``spot_offered`` found none) makes the world call the policy's ``on_capacity`` one
+``capacity_retry_s`` later, the interval fleetd's own planner waits after a capacity error
+(`capacity.capacity_error_ttl_s`, `defaults.CAPACITY_RETRY_S`). So a policy learns of returned
+capacity at its next attempt, at most one retry interval late. ``capacity_signal="instant"`` is
+the old oracle (``on_capacity`` the instant the trace adds capacity), kept as a sensitivity
+setting; a comparison gives every policy the same one.
+
 Accounting (all in node-seconds, so policies compare on the same footing):
 paid = useful + lost work (rolled back) + stalls by reason + idle (held but not training).
 Effective time = useful / paid. Work done at a reduced size counts as useful node-time: the
@@ -22,13 +32,16 @@ from typing import Protocol
 
 from fleetd.sim.books import SimNode, TrainingBooks
 from fleetd.sim.clock import NOTICE, POLICY, TRACE, EventQueue, Timer
-from fleetd.sim.defaults import MIN_CHARGE_S
+from fleetd.sim.defaults import CAPACITY_RETRY_S, MIN_CHARGE_S
 from fleetd.sim.job import JobSpec
 from fleetd.sim.result import Sample, SimResult
 from fleetd.sim.traces import ADD, Trace
 
 SPOT = "spot"
 ON_DEMAND = "on-demand"
+PROBE = "probe"  # capacity is found by trying; a short attempt is retried (module docstring)
+INSTANT = "instant"  # the oracle: on_capacity the instant the trace adds capacity
+CAPACITY_SIGNALS = (PROBE, INSTANT)
 
 class Policy(Protocol):
     name: str
@@ -51,7 +64,17 @@ class World(TrainingBooks):
         seed: int = 0,
         horizon_s: float | None = None,
         sample_every_s: float = 0.0,
+        capacity_retry_s: float = CAPACITY_RETRY_S.value,
+        capacity_signal: str = PROBE,
     ) -> None:
+        if capacity_signal not in CAPACITY_SIGNALS:
+            raise ValueError(f"capacity_signal must be one of {CAPACITY_SIGNALS}, not {capacity_signal!r}")
+        if capacity_retry_s <= 0:
+            raise ValueError("capacity_retry_s must be > 0")
+        self.capacity_retry_s = capacity_retry_s
+        self.capacity_signal = capacity_signal
+        self._retry: Timer | None = None  # the pending capacity retry (one at a time)
+        self.capacity_retries = 0
         self.trace = trace
         self.job = job
         self.spot_price = spot_price
@@ -102,10 +125,35 @@ class World(TrainingBooks):
 
     # --- the market ----------------------------------------------------------------------
     def free_spot(self) -> int:
+        """The trace's free capacity: a view for harnesses and tests, not for policies (no real
+        tool sees it; a policy asks with ``spot_offered`` or ``acquire_spot``, which are tries)."""
         return len(self.free)
 
+    def spot_offered(self) -> bool:
+        """A launch attempt's answer, for a policy about to buy one spot node: is any offered?
+        No counts as a short attempt (a retry is due), as ``acquire_spot`` coming back short."""
+        if not self.free:
+            self._short()
+        return bool(self.free)
+
+    def _short(self) -> None:
+        """A spot attempt came back short: call ``on_capacity`` one retry interval later (unless
+        a retry is already due: the policy then learns at the earlier one)."""
+        if self.capacity_signal != PROBE or self._retry is not None:
+            return
+        self._retry = self.after(self.capacity_retry_s, self._capacity_retry)
+
+    def _capacity_retry(self) -> None:
+        self._retry = None
+        self.capacity_retries += 1
+        self.policy.on_capacity(self)
+
     def acquire_spot(self, count: int) -> list[SimNode]:
-        """Take up to ``count`` available spot nodes (all of them: the trace is the capacity)."""
+        """Take up to ``count`` available spot nodes (all of them: the trace is the capacity).
+        Fewer than asked is a capacity error: the policy's ``on_capacity`` runs one retry
+        interval later (module docstring)."""
+        if count > len(self.free):
+            self._short()
         got: list[SimNode] = []
         for trace_node in list(self.free)[: max(0, count)]:
             pool = self.free.pop(trace_node)
@@ -189,7 +237,8 @@ class World(TrainingBooks):
     def _trace_event(self, kind: str, trace_node: str, pool: str) -> None:
         if kind == ADD:
             self.free[trace_node] = pool
-            self.policy.on_capacity(self)
+            if self.capacity_signal == INSTANT:
+                self.policy.on_capacity(self)
             return
         self.free.pop(trace_node, None)
         later = self._pending_removals.get(trace_node, [])
@@ -305,6 +354,10 @@ def simulate(
     seed: int = 0,
     horizon_s: float | None = None,
     sample_every_s: float = 0.0,
+    capacity_retry_s: float = CAPACITY_RETRY_S.value,
+    capacity_signal: str = PROBE,
 ) -> SimResult:
-    world = World(trace, job, spot_price, on_demand_price, seed, horizon_s, sample_every_s)
+    world = World(
+        trace, job, spot_price, on_demand_price, seed, horizon_s, sample_every_s, capacity_retry_s, capacity_signal
+    )
     return world.run(policy)

@@ -45,7 +45,7 @@ from fleetd.policy.placement import NOTICE_LEAD_S
 from fleetd.policy.planner import plan
 from fleetd.sim import defaults as d
 from fleetd.sim.clock import Timer
-from fleetd.sim.engine import SimNode, World
+from fleetd.sim.engine import INSTANT, SimNode, World
 from fleetd.sim.fleetd_actions import ActionRecord, ActionsMixin, describe
 from fleetd.sim.fleetd_observe import ObserveMixin
 
@@ -136,7 +136,16 @@ class FleetdPolicy(ObserveMixin, ActionsMixin):
         self._pass(world)
 
     def on_capacity(self, world: World) -> None:
-        pass  # the daemon cannot see spot capacity appear; its next launch attempt finds it
+        """The world's capacity retry (or, with the oracle signal, capacity appearing).
+
+        Probe (default): the daemon cannot see spot capacity appear; its planner tries the pool
+        again once the capacity error's TTL ends (`_threshold_times`), which is the world's retry
+        interval too (`Scenario` sets both from ``capacity.capacity_error_ttl_s``), so the retry
+        adds nothing. Instant (the sensitivity setting the baselines get too): told at once,
+        the capacity error is forgotten and a pass runs now."""
+        if world.capacity_signal == INSTANT:
+            self.capacity_error_until = None
+            self._wake_now(world)
 
     def on_notice(self, world: World, node: SimNode) -> None:
         self.notices += 1

@@ -94,6 +94,14 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
         "survivors cannot save the step they completed and the job rolls back to its last "
         "checkpoint; by default data-parallel replicas save it (agent/trainer/salvage.py)",
     )
+    p.add_argument(
+        "--capacity-signal",
+        choices=("probe", "instant"),
+        default="probe",
+        help="how every policy learns that spot capacity returned: probe (default; by a launch "
+        "attempt, a short one retried after fleetd's capacity-error TTL, as on EC2) or instant "
+        "(an oracle no real tool has; a sensitivity setting)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed for which losses come without notice")
     p.add_argument(
         "--config",
@@ -180,6 +188,7 @@ def build_scenario(args: argparse.Namespace, trace: Trace) -> Scenario:
         restart_recovery_s=args.restart_recovery_s,
         changeover_s=args.changeover_h * 3600,
         periodic_checkpoint_s=args.periodic_checkpoint_s,
+        capacity_signal=args.capacity_signal,
         seed=args.seed,
         sources=sources,
     )
@@ -217,6 +226,13 @@ def sources(scenario: Scenario) -> list[tuple[str, str]]:
         (f"full restart {scenario.restart_recovery_s:g} s", d.CHECKPOINT_RESTART_RECOVERY_S.source),
         (f"scaling efficiency {job.scaling_efficiency_per_doubling:g}/doubling", d.SCALING_EFFICIENCY_PER_DOUBLING.source),
         ("billing", d.MIN_CHARGE_S.source),
+        (
+            f"capacity discovery, every policy: {scenario.capacity_signal}"
+            + (f", retry {scenario.capacity_retry_s():g} s after a short spot attempt" if scenario.capacity_signal == "probe" else ""),
+            d.CAPACITY_RETRY_S.source
+            if scenario.capacity_signal == "probe"
+            else "--capacity-signal instant: told the instant the trace adds capacity (an oracle)",
+        ),
     ]
     if scenario.deadline_mode:
         rows.append((f"changeover d {scenario.changeover_s / 3600:g} h, every policy", d.CHANGEOVER_S.source))

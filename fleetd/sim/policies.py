@@ -1,5 +1,9 @@
 """Recovery strategies to compare with fleetd's own (which lives in fleetd/sim/fleetd_policy.py).
 
+None of them sees spot capacity appear: "spot whenever available" below means whenever a launch
+attempt finds it (``world.spot_offered`` / ``world.acquire_spot``); a short attempt is retried
+by the world after fleetd's capacity-error TTL, as for fleetd (fleetd/sim/engine.py).
+
 Cluster jobs (a multi-node trace):
 - `OnDemandOnly`: a fixed on-demand fleet; never interrupted.
 - `CheckpointRestart`: periodic checkpoints; any loss restarts the whole job from the last one
@@ -99,7 +103,8 @@ class CheckpointRestart:
         if self.waiting:
             self._relaunch(world)
         elif self._relaunching(world) and len(world.held) < world.job.max_nodes:
-            world.set_members(world.members() + world.acquire_spot(1))
+            # A retry during the relaunch takes what is offered now (the relaunch waits for it).
+            world.set_members(world.members() + world.acquire_spot(world.job.max_nodes - len(world.held)))
 
     def on_notice(self, world: World, node: SimNode) -> None:
         pass  # the job is not told
@@ -134,7 +139,9 @@ class TorchrunElastic:
         world.stall(self.reform_s, "re-form")
 
     def on_capacity(self, world: World) -> None:
-        if len(world.held) < world.job.max_nodes:
+        # A retry (the ASG launching again) that finds no capacity changes nothing; a node that
+        # joins re-forms the job (torchrun restarts the workers on any membership change).
+        if len(world.held) < world.job.max_nodes and world.acquire_spot(world.job.max_nodes - len(world.held)):
             self._reform(world)
 
     def on_notice(self, world: World, node: SimNode) -> None:
@@ -222,7 +229,7 @@ class Greedy(_DeadlinePolicy):
             return  # no slack left for another changeover: finish on on-demand
         if forced:
             self.switch(world, ON_DEMAND)
-        elif world.free_spot():
+        elif world.spot_offered():
             self.switch(world, SPOT)
         else:
             self.switch(world, None)
@@ -265,7 +272,7 @@ class UniformProgress(_DeadlinePolicy):
         safety_t = (job.deadline_s or 0.0) - self.remaining_work(world) - 2 * self.d
         if market == ON_DEMAND:
             if cp >= self._expected(world, world.now + 2 * self.d) - _EPS:
-                self.switch(world, SPOT if world.free_spot() else None)
+                self.switch(world, SPOT if world.spot_offered() else None)
                 if self.market(world) is None:
                     self.wake_at(world, min(self._catch_up_time(world, cp), safety_t))
                 return
@@ -275,7 +282,7 @@ class UniformProgress(_DeadlinePolicy):
             t = (start - cp + 2 * self.d * k) / (1.0 - k) if k < 1 else start
             self.wake_at(world, t)
             return
-        if world.free_spot():
+        if world.spot_offered():
             self.switch(world, SPOT)
         elif cp < self._expected(world, world.now) - _EPS:
             self.switch(world, ON_DEMAND)

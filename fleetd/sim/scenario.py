@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from fleetd.config import BudgetConfig, CapacityConfig, FleetConfig, FleetdConfig
 from fleetd.policy.model import PoolId
 from fleetd.sim import defaults as d
-from fleetd.sim.engine import Policy, simulate
+from fleetd.sim.engine import PROBE, Policy, simulate
 from fleetd.sim.result import SimResult
 from fleetd.sim.deadline_fleet import FleetGreedy, FleetUniformProgress
 from fleetd.sim.fleetd_policy import FleetdPolicy
@@ -60,6 +60,9 @@ class Scenario:
     # The operator's fleetd config (planner settings: scaling, rebalance, thresholds); fleet
     # size, instance type, on-demand permission and budget come from the scenario.
     base_config: FleetdConfig | None = None
+    # How every policy learns that spot capacity returned (fleetd/sim/engine.py): "probe" (by a
+    # launch attempt, retried after fleetd's capacity-error TTL) or "instant" (the old oracle).
+    capacity_signal: str = PROBE
     seed: int = 0
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -169,6 +172,11 @@ class Scenario:
             return max(tr.duration_s, 3 * self.job.deadline_s)
         return tr.duration_s
 
+    def capacity_retry_s(self) -> float:
+        """Every policy's retry after a short spot attempt: fleetd's own capacity-error TTL (the
+        config default, `defaults.CAPACITY_RETRY_S`, unless --config sets another)."""
+        return self.fleetd_config().capacity.capacity_error_ttl_s
+
     def run(self, name: str, sample_every_s: float = 0.0, trace: Trace | None = None) -> SimResult:
         tr = trace or self.trace
         return simulate(
@@ -180,6 +188,8 @@ class Scenario:
             seed=self.seed,
             horizon_s=self.horizon_s(tr),
             sample_every_s=sample_every_s,
+            capacity_retry_s=self.capacity_retry_s(),
+            capacity_signal=self.capacity_signal,
         )
 
 
