@@ -44,6 +44,7 @@ from fleetd.reconcile.execute import (
 )
 from fleetd.reconcile.ledger_feed import LedgerFeed
 from fleetd.reconcile.observe import ObservationBuilder
+from fleetd.reconcile.pass_schedule import UrgentLimits, urgent_step
 from fleetd.reconcile.pool_offers import PoolRow
 from fleetd.reconcile.state_port import StateBackend
 from fleetd.reconcile.ports import (
@@ -132,6 +133,7 @@ class Reconciler:
         self._consecutive_failures = 0  # for the backoff; the rest of the memory is in the state DB
         self._last_obs: Observation | None = None  # the last full pass's, for the urgent pass
         self._notices_planned: int | None = None  # the observer's notice count already planned for
+        self.urgent_limits = UrgentLimits()  # how many urgent passes may run beside one full pass
         # A stall is a gap in progress longer than a couple of passes (progress is seen per pass).
         stall_after_s = max(10.0, 2.5 * cfg.fleet.reconcile_interval_s)
         feed = LedgerFeed(ledger, stall_after_s) if ledger is not None and not dry_run else None
@@ -330,8 +332,11 @@ class Reconciler:
 
     async def _pass_with_urgent(self, wake: asyncio.Event) -> PassReport:
         """One full pass; a wake-up while it runs starts an urgent pass beside it (drains only),
-        and leaves ``wake`` set so the next full pass follows at once."""
+        within ``urgent_limits`` (pass_schedule.py), and leaves ``wake`` set so the next full
+        pass follows at once (after one urgent pass for what arrived meanwhile)."""
         task = asyncio.create_task(self.run_pass(), name="reconcile-pass")
+        started = time.monotonic()
+        beside = 0
         woken = False
         try:
             while True:
@@ -342,7 +347,17 @@ class Reconciler:
                     return task.result()
                 wake.clear()
                 woken = True
-                await self._urgent()
+                step = urgent_step(notices_seen=getattr(self.observer, "notices_seen", None),
+                                   notices_planned=self._notices_planned, full_started_at=started,
+                                   urgent_beside_full=beside, now=time.monotonic(), limits=self.urgent_limits)
+                if step == "defer":
+                    # The full pass gets the CPU; ``wake`` is set again below when it ends.
+                    log.info("urgent_pass_deferred", urgent_beside_full=beside,
+                             full_pass_running_s=round(time.monotonic() - started, 3))
+                    return await task
+                if step == "urgent":
+                    beside += 1
+                    await self._urgent()
         finally:
             if not task.done():
                 task.cancel()
