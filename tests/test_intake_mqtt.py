@@ -227,3 +227,26 @@ async def test_telemetry_that_piles_up_is_coalesced_per_node_and_events_all_arri
     for iid in nodes:
         rec = intake.registry.record(iid)
         assert rec is not None and rec.telemetry is not None and rec.telemetry.step == 40
+
+
+def test_a_malformed_sample_superseded_in_the_inbox_is_still_rejected_and_logged() -> None:
+    """Coalescing happens before validation: a bad message that a valid one replaces on its
+    telemetry topic is rejected (counted and logged) all the same, never counted superseded."""
+    import aiomqtt as _a
+
+    intake = MqttIntake(MqttConfig(url="mqtt://127.0.0.1:1"), FLEET, NodeRegistry())
+    inbox = intake._new_inbox()
+    iid = "i-0123456789abcdef0"
+    topic = node_topic(FLEET, iid, "telemetry")
+
+    def msg(payload: bytes) -> _a.Message:
+        return _a.Message(topic, payload, qos=0, retain=False, mid=0, properties=None)
+
+    with capture_logs() as logs:
+        inbox.put_nowait(msg(Telemetry(instance_id=iid, step=1).to_json()))
+        inbox.put_nowait(msg(b'{"kind": "telemetry", "instance_id": '))  # truncated
+        inbox.put_nowait(msg(Telemetry(instance_id=iid, step=3).to_json()))
+    assert intake.superseded == 1 and intake.rejected == 1
+    assert [e["event"] for e in logs] == ["intake_message_rejected"]
+    last = inbox.get_nowait()
+    assert intake.handle(str(last.topic), last.payload).telemetry.step == 3

@@ -140,20 +140,19 @@ class MqttIntake:
         self.rejected = 0
         self._client: aiomqtt.Client | None = None
         self._inbox: CoalescingQueue[aiomqtt.Message] | None = None
-
-    @property
-    def superseded(self) -> int:
-        """Telemetry samples replaced in the inbox by a newer one from the same node."""
-        return self._inbox.superseded if self._inbox is not None else 0
+        self.superseded = 0  # valid telemetry samples replaced in the inbox by a newer one
 
     def _new_inbox(self, maxsize: int = 0) -> CoalescingQueue[aiomqtt.Message]:
-        """The client's incoming queue (aiomqtt's ``queue_type``); kept across reconnections so
-        the count of superseded samples is the process's."""
-        inbox = CoalescingQueue(maxsize, key=_telemetry_key, on_superseded=lambda _old: _SUPERSEDED.inc())
-        if self._inbox is not None:
-            inbox.superseded = self._inbox.superseded
-        self._inbox = inbox
-        return inbox
+        """The client's incoming queue (aiomqtt's ``queue_type``), new per connection."""
+        self._inbox = CoalescingQueue(maxsize, key=_telemetry_key, on_superseded=self._superseded)
+        return self._inbox
+
+    def _superseded(self, old: aiomqtt.Message) -> None:
+        """A sample replaced by a newer one on its topic is validated all the same (not applied):
+        a malformed message is rejected and logged as any other, never counted as superseded."""
+        if self._decode(str(old.topic), old.payload) is not None:
+            self.superseded += 1
+            _SUPERSEDED.inc()
 
     async def run(self) -> None:
         delay = self.backoff_initial_s
@@ -201,6 +200,24 @@ class MqttIntake:
         it is dated by its ``sent_at``, so a dead node's stale "ready" does not look like a sign
         of life after a controller restart.
         """
+        decoded = self._decode(topic, payload)
+        if decoded is None:
+            return None
+        where, msg = decoded
+        _ACCEPTED[where.channel].inc()
+        now = self.clock()
+        event = from_message(msg, min(now, msg.sent_at.timestamp()) if retained else now)
+        if event is None:
+            log.debug("intake_message_ignored", topic=topic, kind=msg.kind)
+            return None
+        self.accepted += 1
+        self.registry.apply(event)
+        if isinstance(event, InterruptionNotice):
+            failpoint("notice-received")  # acknowledged to the broker, known only in memory
+        return event
+
+    def _decode(self, topic: str, payload: Any) -> tuple[Any, Any] | None:
+        """The checked (topic, message), or None: rejected, counted and logged once."""
         if not isinstance(payload, (bytes, bytearray)):
             payload = b"" if payload is None else str(payload).encode()
         payload = bytes(payload)
@@ -219,17 +236,7 @@ class MqttIntake:
                 reason=str(exc)[:500],
             )
             return None
-        _ACCEPTED[where.channel].inc()
-        now = self.clock()
-        event = from_message(msg, min(now, msg.sent_at.timestamp()) if retained else now)
-        if event is None:
-            log.debug("intake_message_ignored", topic=topic, kind=msg.kind)
-            return None
-        self.accepted += 1
-        self.registry.apply(event)
-        if isinstance(event, InterruptionNotice):
-            failpoint("notice-received")  # acknowledged to the broker, known only in memory
-        return event
+        return where, msg
 
     async def publish_retained(self, topic: str, payload: bytes) -> None:
         """Publish a retained QoS 1 message (the rendezvous endpoint); BusUnavailable when down."""
