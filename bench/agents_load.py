@@ -13,7 +13,9 @@ arrive at ``--notice-rate`` per second for ``--duration`` seconds. Measured in t
 notice on the broker -> drain command on the broker (the observer stamps both), reconcile pass
 time (fleetd's ``pass_done`` log lines), CPU and peak RSS of fleetd, mosquitto and moto, messages
 rejected by fleetd's intake (the observer also sends malformed ones, which must be rejected) and
-valid messages dropped (sent by agents minus accepted by fleetd). The last line is one JSON object.
+valid messages dropped (sent by agents minus accepted by fleetd minus telemetry samples fleetd's
+inbox superseded with a newer one from the same node: those are counted apart, as
+``superseded``). The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -155,6 +157,9 @@ def run(a: argparse.Namespace) -> dict:
     accepted = {ch: int(sum(v for k, v in intake.items() if f'channel="{ch}"' in k and 'result="accepted"' in k))
                 for ch in ("status", "telemetry", "events")}
     rejected = int(sum(v for k, v in intake.items() if 'result="rejected"' in k))
+    # Telemetry samples replaced in fleetd's inbox by a newer one from the same node before they
+    # were read (fleetd/intake/coalesce.py): delivered and deliberately not applied, not lost.
+    superseded = int(sum(v for k, v in intake.items() if 'result="superseded"' in k))
     # Every valid message an agent handed to its client (a publish that timed out on the agent's
     # side may still have been delivered, so attempts, not acknowledgements, are the baseline).
     sent = {ch: counts.get(f"{ch}_attempted", 0) for ch in ("status", "telemetry", "events")}
@@ -185,7 +190,8 @@ def run(a: argparse.Namespace) -> dict:
         "moto_cpu_pct": usage.get("moto", {}).get("cpu_pct"),
         "sent": sent,
         "accepted": accepted,
-        "dropped_valid": sum(sent.values()) - sum(accepted.values()),
+        "superseded": superseded,
+        "dropped_valid": sum(sent.values()) - sum(accepted.values()) - superseded,
         "rejected": rejected,
         "malformed_sent": seen.get("bad_sent", 0),
         "agent_publish_errors": counts.get("publish_errors", 0),
@@ -230,7 +236,7 @@ def main() -> None:
     print(f"{r['agents']} agents, {r['notices']} notices: notice->drain p50 {r['notice_to_drain_p50_s']} s "
           f"p99 {r['notice_to_drain_p99_s']} s; reconcile p50 {r['reconcile_p50_s']} s p99 {r['reconcile_p99_s']} s; "
           f"fleetd {r['controller_cpu_pct']} % CPU, peak {r['controller_peak_rss_mib']} MiB; "
-          f"broker {r['broker_cpu_pct']} % CPU; dropped {r['dropped_valid']}, rejected {r['rejected']} "
+          f"broker {r['broker_cpu_pct']} % CPU; dropped {r['dropped_valid']}, superseded {r['superseded']}, rejected {r['rejected']} "
           f"(load {r['loadavg_start']} -> {r['loadavg_end']})")
     print(json.dumps(r))
 

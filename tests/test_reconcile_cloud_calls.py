@@ -17,6 +17,7 @@ from fleetd.config import BudgetConfig, CapacityConfig, FleetConfig, FleetdConfi
 from fleetd.policy.model import Market, PoolId
 from fleetd.policy.planner import plan
 from fleetd.reconcile import state as st
+from fleetd.reconcile.cloud_calls import CloudCalls, Job
 from fleetd.reconcile.loop import PassReport, Reconciler
 from fleetd.reconcile.state import StateStore
 from tests.reconcile_support import FakeClock
@@ -166,3 +167,72 @@ async def test_a_bounded_run_ends_with_its_calls_made(tmp_path: Path):
         assert [row.status for row in await state.launches()] == [st.LAUNCHED]
     finally:
         await state.close()
+
+
+# -- the two lanes (CloudCalls alone: jobs are plain coroutines) --------------------------------
+
+async def _lanes_until(cond, what: str) -> None:
+    for _ in range(500):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"not reached: {what}")
+
+
+def _job(name: str, log: list[str], gate: asyncio.Event | None = None, *, launch: bool = False,
+         fail: Exception | None = None, ids: frozenset[str] = frozenset()) -> Job:
+    async def call() -> None:
+        log.append(f"start {name}")
+        if gate is not None:
+            await gate.wait()
+        if fail is not None:
+            raise fail
+        log.append(f"end {name}")
+
+    return Job(name, call, instance_ids=ids, launch=launch, token=name if launch else "")
+
+
+async def test_a_termination_never_waits_behind_a_held_launch() -> None:
+    calls, log, held = CloudCalls(), [], asyncio.Event()
+    worker = asyncio.create_task(calls.run())
+    try:
+        calls.submit(_job("launch", log, held, launch=True))
+        await _lanes_until(lambda: "start launch" in log, "the launch on the wire")
+        calls.submit(_job("terminate", log, ids=frozenset({"i-1"})))
+        await _lanes_until(lambda: "end terminate" in log, "the termination done")
+        assert "end launch" not in log and calls.launching and not calls.terminating("i-1")
+        held.set()
+        await asyncio.wait_for(calls.idle(), 5)
+        assert log == ["start launch", "start terminate", "end terminate", "end launch"]
+    finally:
+        held.set()
+        worker.cancel()
+        await asyncio.gather(worker, return_exceptions=True)
+
+
+async def test_a_launch_waits_for_the_terminations_submitted_before_it_and_is_dropped_if_one_failed() -> None:
+    calls, log, held = CloudCalls(), [], asyncio.Event()
+    worker = asyncio.create_task(calls.run())
+    try:
+        calls.submit(_job("terminate", log, held, ids=frozenset({"i-1"})))
+        calls.submit(_job("launch", log, launch=True))
+        await _lanes_until(lambda: "start terminate" in log, "the termination on the wire")
+        await asyncio.sleep(0.05)
+        assert log == ["start terminate"]  # the launch waits for it (quota and budget freed first)
+        held.set()
+        await asyncio.wait_for(calls.idle(), 5)
+        assert log == ["start terminate", "end terminate", "start launch", "end launch"]
+
+        log.clear()
+        held.clear()
+        calls.submit(_job("terminate2", log, held, fail=Throttled("TerminateInstances", "RequestLimitExceeded", "x")))
+        calls.submit(_job("launch2", log, launch=True))
+        await _lanes_until(lambda: "start terminate2" in log, "the termination on the wire")
+        held.set()
+        await asyncio.wait_for(calls.idle(), 5)
+        assert log == ["start terminate2"]  # planned from a view older than the failure: dropped
+        assert isinstance(calls.take_error(), Throttled) and not calls.launching
+    finally:
+        held.set()
+        worker.cancel()
+        await asyncio.gather(worker, return_exceptions=True)

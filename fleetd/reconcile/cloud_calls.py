@@ -4,8 +4,12 @@ At fleet scale a launch or a termination is seconds of waiting on EC2 (its idemp
 ownership DescribeInstances first: 3-6 s at 2,000 instances on moto, bench/agents_load.py), and
 inside the pass it made the pass as slow as the cloud. The pass now decides and records (the
 launch intent, the termination request: both written before any call, as before) and hands the
-call itself to :class:`CloudCalls`, which runs the calls one job at a time, in the order the passes
-submitted them (terminations before launches, as in a pass: they free budget and quota first).
+call itself to :class:`CloudCalls`, which runs the calls in two lanes, each one job at a time in
+the order the passes submitted them: terminations in one, launches in the other. A termination
+(it frees budget and quota, and ends a node the plan no longer wants) never waits behind a
+CreateFleet, whose token check alone took over a minute on a loaded moto at 2,000 instances. A
+launch still waits for the terminations submitted before it (a pass that replaces nodes ends
+the old ones first: they free quota and budget), and is dropped if one of them failed.
 The pass's time is then what fleetd itself costs.
 
 What keeps this level-based and free of double actions:
@@ -15,9 +19,10 @@ What keeps this level-based and free of double actions:
 - a job records its answer (instances launched, intents settled, pools failed) under
   ``lock``, which a pass holds from its observation to its last action: a pass never sees the
   EC2 view with a launch's instances and the state DB without them (or the other way round);
-- a throttled or failed call ends its job and drops the queued ones (they were planned from an
-  older view); the error is handed to the next pass (``take_error``), which reports it and backs
-  the loop off as a failing call inside the pass did;
+- a throttled or failed call ends its job and drops the queued ones of both lanes (they were
+  planned from an older view; a job already on the wire in the other lane finishes); the error
+  is handed to the next pass (``take_error``), which reports it and backs the loop off as a
+  failing call inside the pass did;
 - every finished job wakes the loop (``on_done``): the next pass re-plans from its result.
 """
 
@@ -45,16 +50,25 @@ class Job:
     submitted: float = field(default_factory=time.monotonic)
 
 
+LANES = ("terminate", "launch")
+
+
+def _lane(job: Job) -> str:
+    return "launch" if job.launch else "terminate"
+
+
 class CloudCalls:
     def __init__(self, on_done: Callable[[], None] = lambda: None) -> None:
         self.lock = asyncio.Lock()
         self._on_done = on_done
-        self._queue: deque[Job] = deque()
-        self._current: Job | None = None
-        self._ready = asyncio.Event()
+        self._queues: dict[str, deque[Job]] = {lane: deque() for lane in LANES}
+        self._current: dict[str, Job] = {}
+        self._ready = {lane: asyncio.Event() for lane in LANES}
+        self._terminated = asyncio.Event()  # a termination job ended (a launch may wait on it)
         self._idle = asyncio.Event()
         self._idle.set()
         self._error: AwsError | None = None
+        self._failed_at = float("-inf")  # when a call last failed (take_error leaves it)
         self.seconds: list[float] = []  # recent jobs' durations (what the pass no longer waits on)
 
     # -- what the pass asks ---------------------------------------------------------------------
@@ -71,9 +85,9 @@ class CloudCalls:
         return {j.token for j in self._jobs() if j.launch and j.token}
 
     def submit(self, job: Job) -> None:
-        self._queue.append(job)
+        self._queues[_lane(job)].append(job)
         self._idle.clear()
-        self._ready.set()
+        self._ready[_lane(job)].set()
 
     def take_error(self) -> AwsError | None:
         error, self._error = self._error, None
@@ -84,33 +98,62 @@ class CloudCalls:
         await self._idle.wait()
 
     def _jobs(self) -> list[Job]:
-        return [*([self._current] if self._current is not None else []), *self._queue]
+        return [*self._current.values(), *(j for q in self._queues.values() for j in q)]
 
-    # -- the worker -----------------------------------------------------------------------------
+    # -- the workers ----------------------------------------------------------------------------
     async def run(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            for lane in LANES:
+                tg.create_task(self._run_lane(lane), name=f"cloud-calls-{lane}")
+
+    async def _run_lane(self, lane: str) -> None:
+        queue, ready = self._queues[lane], self._ready[lane]
         while True:
-            if not self._queue:
-                self._idle.set()
-                self._ready.clear()
-                await self._ready.wait()
+            if not queue:
+                if not self._jobs():
+                    self._idle.set()
+                ready.clear()
+                await ready.wait()
                 continue
-            job = self._current = self._queue.popleft()
+            job = self._current[lane] = queue.popleft()
+            if lane == "launch" and not await self._after_earlier_terminations(job):
+                del self._current[lane]
+                continue
             started = time.monotonic()
             try:
                 await job.call()
             except AwsError as exc:
                 # Planned from a view that is now older than this failure: re-planned, not retried.
-                dropped = [j.name for j in self._queue]
-                self._queue.clear()
+                dropped = [j.name for q in self._queues.values() for j in q]
+                for q in self._queues.values():
+                    q.clear()
                 self._error = exc
+                self._failed_at = time.monotonic()
                 log.warning("cloud_call_failed", job=job.name, kind=exc.kind, code=exc.code,
                             operation=exc.operation, error=exc.message, dropped=dropped or None)
             except Exception as exc:  # a bug in one job's follow-up must not end the worker
                 log.error("cloud_call_crashed", job=job.name, error=repr(exc))
             finally:
-                self._current = None
+                del self._current[lane]
             took = time.monotonic() - started
             self.seconds = [*self.seconds[-99:], took]
             log.info("cloud_call_done", job=job.name, seconds=round(took, 4),
-                     queued_s=round(started - job.submitted, 4), instances=len(job.instance_ids) or None)
+                     queued_s=round(started - job.submitted, 4), instances=len(job.instance_ids) or None,
+                     lane=lane)
+            if lane == "terminate":
+                self._terminated.set()
+            if not self._jobs():
+                self._idle.set()
             self._on_done()
+
+    async def _after_earlier_terminations(self, job: Job) -> bool:
+        """Wait for the terminations submitted before this launch; False (the launch dropped) if
+        a call failed meanwhile: it was planned from a view older than that failure."""
+        while any(j.submitted <= job.submitted for j in [*self._current.values(), *self._queues["terminate"]]
+                  if not j.launch):
+            self._terminated.clear()
+            await self._terminated.wait()
+        if self._failed_at >= job.submitted:
+            log.warning("cloud_call_dropped", job=job.name, why="a call failed while it waited for terminations")
+            return False
+        return True

@@ -9,6 +9,8 @@ that kind of action is held for PERMANENT_HOLD_S) or, when throttled or transien
 
 from __future__ import annotations
 
+import asyncio
+
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -124,8 +126,10 @@ class ActionExecutor:
             terminations = [a for a in terminations if a not in busy]
         others = [a for a in plan.actions if not isinstance(a, (Terminate, Drain, RequestCheckpoint))]
         try:
+            outcomes += await self._drains_together([a for a in urgent if isinstance(a, Drain)], obs, now)
             for action in urgent:
-                outcomes.append(await self._act_one(action, obs, now))
+                if not isinstance(action, Drain):
+                    outcomes.append(await self._act_one(action, obs, now))
             if urgent_only:
                 return outcomes, None
             if not self.dry_run and obs is not None:  # None: terminations outside a pass
@@ -145,7 +149,16 @@ class ActionExecutor:
         """Only the plan's drains (the urgent pass: the rest waits for the next full pass)."""
         if self.dry_run:
             return []
-        return [await self._act_one(a, obs, now) for a in plan.actions if isinstance(a, Drain)]
+        return await self._drains_together([a for a in plan.actions if isinstance(a, Drain)], obs, now)
+
+    async def _drains_together(self, drains: list[Drain], obs: Observation, now: float) -> list[Outcome]:
+        """Per node record -> send -> mark (the journal's rule), the nodes side by side: one by one,
+        a loaded controller took 1-2 s a drain (bench/agents_load.py), 20-30 s for a wave's last."""
+        if len(drains) <= 1:
+            return [await self._act_one(a, obs, now) for a in drains]
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(self._act_one(a, obs, now)) for a in drains]
+        return [t.result() for t in tasks]
 
     async def _act_one(self, action: Action, obs: Observation, now: float) -> Outcome:
         kind = type(action).__name__

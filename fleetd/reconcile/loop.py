@@ -44,6 +44,7 @@ from fleetd.reconcile.execute import (
 )
 from fleetd.reconcile.ledger_feed import LedgerFeed
 from fleetd.reconcile.observe import ObservationBuilder
+from fleetd.reconcile.pass_schedule import UrgentLimits, resume_at, urgent_step
 from fleetd.reconcile.pool_offers import PoolRow
 from fleetd.reconcile.state_port import StateBackend
 from fleetd.reconcile.ports import (
@@ -132,6 +133,7 @@ class Reconciler:
         self._consecutive_failures = 0  # for the backoff; the rest of the memory is in the state DB
         self._last_obs: Observation | None = None  # the last full pass's, for the urgent pass
         self._notices_planned: int | None = None  # the observer's notice count already planned for
+        self.urgent_limits = UrgentLimits()  # the share of a full pass's time urgent passes may take
         # A stall is a gap in progress longer than a couple of passes (progress is seen per pass).
         stall_after_s = max(10.0, 2.5 * cfg.fleet.reconcile_interval_s)
         feed = LedgerFeed(ledger, stall_after_s) if ledger is not None and not dry_run else None
@@ -330,19 +332,37 @@ class Reconciler:
 
     async def _pass_with_urgent(self, wake: asyncio.Event) -> PassReport:
         """One full pass; a wake-up while it runs starts an urgent pass beside it (drains only),
-        and leaves ``wake`` set so the next full pass follows at once."""
+        within ``urgent_limits`` (pass_schedule.py), and leaves ``wake`` set so the next full
+        pass follows at once (after one urgent pass for what arrived meanwhile)."""
         task = asyncio.create_task(self.run_pass(), name="reconcile-pass")
-        woken = False
+        started = time.monotonic()
+        busy = 0.0  # what the urgent passes beside it took
+        woken = deferred = False
         try:
             while True:
-                waiter = asyncio.create_task(wake.wait())
-                await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-                if task.done():
-                    waiter.cancel()
-                    return task.result()
-                wake.clear()
-                woken = True
-                await self._urgent()
+                if not deferred:
+                    waiter = asyncio.create_task(wake.wait())
+                    await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                    if task.done():
+                        waiter.cancel()
+                        return task.result()
+                    wake.clear()
+                    woken = True
+                now = time.monotonic()
+                step = urgent_step(notices_seen=getattr(self.observer, "notices_seen", None),
+                                   notices_planned=self._notices_planned, full_started_at=started,
+                                   urgent_busy_s=busy, now=now, limits=self.urgent_limits)
+                deferred = step == "defer"
+                if deferred:
+                    # The full pass gets the loop until the urgent share is back under the limit.
+                    log.info("urgent_pass_deferred", urgent_busy_s=round(busy, 3),
+                             full_pass_running_s=round(now - started, 3))
+                    await asyncio.wait({task}, timeout=max(0.01, resume_at(started, busy, self.urgent_limits) - now))
+                    if task.done():
+                        return task.result()
+                elif step == "urgent":
+                    await self._urgent()
+                    busy += time.monotonic() - now
         finally:
             if not task.done():
                 task.cancel()
