@@ -52,6 +52,10 @@ class CapacityConfig(Group):
     # hold_size: how long to wait for spot before falling back to on-demand.
     spot_wait_s: Annotated[float, Field(ge=0)] = 600.0
     capacity_error_ttl_s: Annotated[float, Field(gt=0)] = 600.0
+    # Before paying for on-demand, a spot pool whose capacity error is at least this old is tried
+    # again (one CreateFleet; a failure costs a pass, then on-demand). Capped at the TTL. Without
+    # it the error's memory buys on-demand while spot may be back (docs/DESIGN.md).
+    spot_probe_s: Annotated[float, Field(gt=0)] = 60.0
     max_spot_price_per_hour: PositiveUsd | None = None
     launch_template: str | None = None  # name of an existing template; None: fleetd creates one
     ami_id: str | None = None

@@ -89,7 +89,8 @@ def test_throughput_at_the_target_is_never_overstated() -> None:
 
 
 # --- the planner with a deadline (one node and many) ----------------------------------------
-NO_SPOT = tuple(PoolStats(p, capacity_error_until=NOW + 300) for p in (A, B))
+# Fresh capacity errors (10 s old at the default 600 s TTL): too young for a probe of spot.
+NO_SPOT = tuple(PoolStats(p, capacity_error_until=NOW + 590) for p in (A, B))
 
 
 def deadline_cfg(nodes: int, due_h: float, total_steps: int, d_s: float = 720.0, on_demand: str = "deadline"):
@@ -121,6 +122,45 @@ def test_single_node_behind_the_line_buys_on_demand_at_once_without_spot_wait() 
     assert launch.market is Market.ON_DEMAND and launch.purpose is LaunchPurpose.ON_DEMAND_FALLBACK
     assert "behind the uniform-progress line" in launch.reason
     assert result.deadline is not None and result.deadline.on_demand_now
+
+
+def _durable(obs: Observation, step: int) -> Observation:
+    return Observation(**{**{f: getattr(obs, f) for f in obs.__dataclass_fields__}, "last_durable_checkpoint_step": step})
+
+
+def test_behind_the_line_an_old_capacity_error_is_tried_again_before_paying_on_demand() -> None:
+    cfg = deadline_cfg(1, due_h=6, total_steps=6 * 3600)
+    aged = (PoolStats(A, capacity_error_until=NOW + 300), PoolStats(B, capacity_error_until=NOW + 590))
+    result = plan(_durable(_obs(0, 1, 0, started_h=3, rate=1.0, stats=aged), 3600), cfg, NOW)
+    (launch,) = result.of_type(Launch)
+    assert launch.market is Market.SPOT and launch.pools == (A,)  # B's error is 10 s old: not yet
+    assert launch.purpose is LaunchPurpose.CAPACITY
+    assert "probe before paying on-demand" in launch.reason and "spot_probe_s 60 s" in launch.reason
+    # A failed probe leaves a fresh error: the next pass pays on-demand as before.
+    fresh = (PoolStats(A, capacity_error_until=NOW + 600), PoolStats(B, capacity_error_until=NOW + 590))
+    (launch,) = plan(_durable(_obs(0, 1, 0, started_h=3, rate=1.0, stats=fresh), 3600), cfg, NOW).of_type(Launch)
+    assert launch.market is Market.ON_DEMAND
+
+
+def test_inside_the_safety_net_no_probe_on_demand_at_once() -> None:
+    # 5 h of work left, 5.2 h to the deadline, d = 0.2 h: inside the net (< work + 2d).
+    cfg = deadline_cfg(1, due_h=5.2, total_steps=6 * 3600)
+    aged = tuple(PoolStats(p, capacity_error_until=NOW + 1) for p in (A, B))  # 599 s old
+    obs = _durable(_obs(0, 1, 0, started_h=3, rate=1.0, stats=aged), 3600)
+    obs = Observation(**{**{f: getattr(obs, f) for f in obs.__dataclass_fields__},
+                         "throughput_by_nodes": MappingProxyType({1: 1.0})})  # measured before the loss
+    result = plan(obs, cfg, NOW)
+    assert result.deadline is not None and result.deadline.safety_net and not result.deadline.spot_allowed
+    (launch,) = result.of_type(Launch)
+    assert launch.market is Market.ON_DEMAND
+
+
+def test_the_probe_age_is_capped_at_the_ttl_and_configurable() -> None:
+    cfg = deadline_cfg(1, due_h=6, total_steps=6 * 3600)
+    cfg = cfg.model_copy(update={"capacity": cfg.capacity.model_copy(update={"spot_probe_s": 400.0})})
+    aged = tuple(PoolStats(p, capacity_error_until=NOW + 300) for p in (A, B))  # 300 s old < 400
+    (launch,) = plan(_durable(_obs(0, 1, 0, started_h=3, rate=1.0, stats=aged), 3600), cfg, NOW).of_type(Launch)
+    assert launch.market is Market.ON_DEMAND
 
 
 def test_single_node_ahead_waits_for_spot_and_no_deadline_never_buys_on_demand() -> None:

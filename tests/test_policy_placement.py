@@ -115,7 +115,8 @@ def test_launch_carries_bid_budget_price_and_ranked_pools() -> None:
 
 
 # ------------------------------------------------------------------------- on-demand fallback
-NO_SPOT = tuple(PoolStats(p, capacity_error_until=NOW + 300) for p in (A, B))
+# Fresh capacity errors (10 s old at the default 600 s TTL): too young for a probe of spot.
+NO_SPOT = tuple(PoolStats(p, capacity_error_until=NOW + 590) for p in (A, B))
 FALLBACK_CFG = config(
     fleet={"min_nodes": 1, "max_nodes": 1}, capacity={"spot_wait_s": 600.0, "on_demand": "hold_size"}
 )
@@ -173,7 +174,7 @@ def test_on_demand_fallback(case, since, cfg, launch, reason) -> None:
         assert a.max_price_per_hour is None and a.budgeted_price_per_hour == 1.0
     else:
         assert launches == (), case
-    assert "capacity error, unavailable for another 300 s" in " ".join(result.notes)
+    assert "capacity error, unavailable for another 590 s" in " ".join(result.notes)
 
 
 # ------------------------------------------------------------------------------ back to spot

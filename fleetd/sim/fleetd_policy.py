@@ -250,6 +250,9 @@ class FleetdPolicy(ObserveMixin, ActionsMixin):
         cap = cfg.capacity
         if self.capacity_error_until is not None:
             out.append(self.capacity_error_until + eps)
+            # When the pool may be tried again before an on-demand purchase (buying.spot_probe_pools).
+            probe_after = min(cap.spot_probe_s, cap.capacity_error_ttl_s)
+            out.append(self.capacity_error_until - cap.capacity_error_ttl_s + probe_after + eps)
         if self.spot_unavailable_since is not None:
             out.append(self.spot_unavailable_since + cap.spot_wait_s + eps)
         if self.last_scaling_at is not None:

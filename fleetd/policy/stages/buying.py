@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 from fleetd.config import FleetdConfig
 from fleetd.policy import budget as budget_policy
@@ -88,6 +89,8 @@ def buy(
             f"waiting for spot {waited:.0f} of spot_wait_s {cap.spot_wait_s:.0f} s before "
             "falling back to on-demand"
         )
+    elif (p.deadline is None or p.deadline.spot_allowed) and (probe := _spot_probe(p, need, headroom)):
+        headroom = headroom.after(probe)
     else:
         od_ranked, od_skipped = rank_pools(
             p.obs.offers, p.obs.stats_by_pool(), cap, p.now, Market.ON_DEMAND,
@@ -112,6 +115,43 @@ def buy(
             if launch:
                 headroom = headroom.after(launch)
     return headroom, True
+
+
+def spot_probe_pools(p: PlanPass) -> list[RankedPool]:
+    """Spot pools skipped only for a capacity error at least ``capacity.spot_probe_s`` old (capped
+    at the TTL), ranked as if the error were forgotten. EC2 says nothing when capacity returns: a
+    pass about to pay on-demand tries these first (a failed try costs one CreateFleet call and
+    one pass; a baseline that tries spot at every decision would otherwise win the time back)."""
+    cap = p.cfg.capacity
+    probe_after = min(cap.spot_probe_s, cap.capacity_error_ttl_s)
+    stats = p.obs.stats_by_pool()
+    aged = {
+        pool: replace(s, capacity_error_until=None)
+        for pool, s in stats.items()
+        if s.capacity_error_until is not None and s.capacity_error_until > p.now
+        and p.now - (s.capacity_error_until - cap.capacity_error_ttl_s) >= probe_after
+    }
+    if not aged:
+        return []
+    ranked, _ = rank_pools(
+        p.obs.offers, {**stats, **aged}, cap, p.now, Market.SPOT,
+        avoid=_interrupting_pools(p), reform_cost_h=reform_cost_h(p), fleet_zone=fleet_zone(p),
+    )
+    return [r for r in ranked if r.pool in aged]
+
+
+def _spot_probe(p: PlanPass, need: int, headroom: budget_policy.Headroom) -> Launch | None:
+    ranked = spot_probe_pools(p)
+    if not ranked:
+        return None
+    cap = p.cfg.capacity
+    return _gated_launch(
+        p, need, LaunchPurpose.CAPACITY, Market.SPOT, diversify(ranked, cap), headroom, ranked,
+        prefix=(
+            f"probe before paying on-demand: spot capacity error >= spot_probe_s "
+            f"{min(cap.spot_probe_s, cap.capacity_error_ttl_s):.0f} s old, trying spot again: "
+        ),
+    )
 
 
 def _reclaim_wave_ends_in(p: PlanPass) -> float | None:
