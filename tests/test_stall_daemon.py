@@ -143,7 +143,9 @@ async def test_trainers_exited_is_a_stall_with_one_log_line_a_status_line_a_metr
                             30, "status shows the stall", log_path)
             cur = s["stall"]["current"]
             assert cur["cause"] == "trainers exited" and cur["billed_nodes"] == 2
-            assert cur["detected_at"] - cur["since"] > 4.0 and cur["since"] <= t_stop + 1.0
+            # The stall starts at the last progress fleetd saw: a sample with a moving step may have
+            # left just before t_stop and been folded a pass later (seen: 1.04 s in a full run).
+            assert cur["detected_at"] - cur["since"] > 4.0 and cur["since"] <= t_stop + 2.5
             assert any(a.startswith("restart trainers") for a in cur["actions"])
             text = cli("status", "--state-dir", str(state)).stdout
             assert "STALLED: no step for" in text and "trainers exited" in text, text
