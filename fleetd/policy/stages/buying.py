@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import replace
 
 from fleetd.config import FleetdConfig
 from fleetd.policy import budget as budget_policy
 from fleetd.policy.model import BudgetLevel, Launch, LaunchPurpose, Market, NodePhase, PoolId
+from fleetd.policy.observation import PoolStats
 from fleetd.policy.placement import NOTICE_LEAD_S, RankedPool, diversify, rank_pools
 from fleetd.policy.stages.pass_state import LEVEL_ORDER, PlanPass
 
@@ -16,10 +18,12 @@ def _interrupting_pools(p: PlanPass) -> frozenset[PoolId]:
     return frozenset(n.pool for n in p.obs.nodes if n.notice_at is not None)
 
 
-def spot_pools(p: PlanPass) -> tuple[list[RankedPool], list[str]]:
+def spot_pools(p: PlanPass, stats: Mapping[PoolId, PoolStats] | None = None) -> tuple[list[RankedPool], list[str]]:
+    """Spot pools ranked for this pass; ``stats`` replaces the observed pool history (the probe
+    ranks with aged capacity errors forgotten)."""
     return rank_pools(
         p.obs.offers,
-        p.obs.stats_by_pool(),
+        p.obs.stats_by_pool() if stats is None else stats,
         p.cfg.capacity,
         p.now,
         Market.SPOT,
@@ -133,10 +137,7 @@ def spot_probe_pools(p: PlanPass) -> list[RankedPool]:
     }
     if not aged:
         return []
-    ranked, _ = rank_pools(
-        p.obs.offers, {**stats, **aged}, cap, p.now, Market.SPOT,
-        avoid=_interrupting_pools(p), reform_cost_h=reform_cost_h(p), fleet_zone=fleet_zone(p),
-    )
+    ranked, _ = spot_pools(p, {**stats, **aged})
     return [r for r in ranked if r.pool in aged]
 
 
