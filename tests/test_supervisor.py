@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -108,6 +109,67 @@ def test_signals_reach_the_warm_worker_and_it_dies_with_its_launcher(tmp_path, p
     proc.kill()  # torchrun SIGKILLs a launcher that does not stop
     proc.wait()
     assert psutil.wait_procs([psutil.Process(worker)], timeout=10)[1] == []
+
+
+SLOW_SAVER = """
+    import os, signal, sys, time
+    def save(*_):
+        time.sleep(1.0)  # a salvage that takes a while (a loaded box, a big model)
+        open(sys.argv[1], "w").write("saved")
+        sys.exit(3)
+    signal.signal(signal.SIGTERM, save)
+    print(os.getpid(), flush=True)
+    time.sleep(60)
+"""
+
+
+def test_a_whole_tree_sigterm_leaves_a_warm_worker_time_to_save(tmp_path, pool):
+    """The supervisor SIGTERMs every process of the tree at once, the pool included (issue 19: a
+    pool that SIGKILLed its children on SIGTERM threw away the salvage of a store move). The pool
+    outlives its children; the worker saves and its launcher reports its exit status."""
+    sock, env = pool
+    mod = _write_module(tmp_path / "wp_mods", "saver", SLOW_SAVER)
+    marker = tmp_path / "saved"
+    proc = launch(sock, env, mod, str(marker))
+    int(proc.stdout.readline())
+    pool_pid = next(p.pid for p in psutil.process_iter(["cmdline"])
+                    if sock in (p.info["cmdline"] or []) and "agent.supervise.warm_pool" in p.info["cmdline"])
+    tree = process_tree(proc.pid) + process_tree(pool_pid)
+    kill_tree(tree, signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert marker.read_text() == "saved"
+    assert proc.returncode == 3, "the launcher got the worker's own exit status"
+    assert psutil.wait_procs([psutil.Process(pool_pid)], timeout=10)[1] == [], "the stopped pool exits after its children"
+
+
+def test_wait_returns_only_once_a_stopped_tree_is_gone(tmp_path):
+    """A launcher that exits at once on SIGTERM while its child is still saving: ``wait`` (the run
+    loop, which starts the next torchrun as soon as it returns) must not return before the child
+    is gone, or the next torchrun resumes from an older checkpoint than the one being written."""
+    child = tmp_path / "child.py"
+    child.write_text(textwrap.dedent(SLOW_SAVER))
+    marker = tmp_path / "saved"
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(textwrap.dedent(f"""
+        import subprocess, sys, time
+        c = subprocess.Popen([sys.executable, {str(child)!r}, {str(marker)!r}], start_new_session=True,
+                             stdout=subprocess.PIPE)
+        c.stdout.readline()
+        print("ready", flush=True)
+        time.sleep(60)
+    """))
+    spec = LaunchSpec(entrypoint=str(launcher), module=False, warm_pool=False, rdzv_poll_s=None,
+                      ckpt_dir=tmp_path / "ckpt")
+    proc = TorchrunProcess(spec)
+    proc.proc = subprocess.Popen([sys.executable, str(launcher)], start_new_session=True, stdout=subprocess.PIPE)
+    assert proc.proc.stdout.readline().strip() == b"ready"
+    stopper = threading.Thread(target=proc.terminate, args=(20.0,))
+    stopper.start()
+    try:
+        assert proc.wait_blocking().reason == "stopped"
+        assert marker.exists(), "wait returned while the stopped tree was still saving"
+    finally:
+        stopper.join()
 
 
 def test_without_a_pool_the_launcher_starts_a_cold_worker(tmp_path):

@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -45,6 +46,11 @@ class TorchrunProcess:
     pool_socket: str | None = None
     started_at: float | None = None
     _stopping: bool = field(default=False, repr=False)
+    # Clear while ``terminate`` is still waiting for the tree it signalled; see ``wait_blocking``.
+    _tree_gone: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def __post_init__(self) -> None:
+        self._tree_gone.set()
 
     @property
     def pid(self) -> int | None:
@@ -160,16 +166,26 @@ class TorchrunProcess:
         if self.proc is None:
             return
         self._stopping = True
-        procs = self._trees()
-        kill_tree(procs, signal.SIGTERM)
-        _, alive = psutil.wait_procs(procs, timeout=timeout_s)
-        if alive:
-            kill_tree(alive, signal.SIGKILL)
-            psutil.wait_procs(alive, timeout=5)
+        self._tree_gone.clear()  # before any signal: the launcher may exit the moment it gets one
+        try:
+            procs = self._trees()
+            kill_tree(procs, signal.SIGTERM)
+            _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+            if alive:
+                kill_tree(alive, signal.SIGKILL)
+                psutil.wait_procs(alive, timeout=5)
+        finally:
+            self._tree_gone.set()
 
     def wait_blocking(self) -> TorchrunExit:
         assert self.proc is not None
         code = self.proc.wait()
+        # A stop under way SIGTERMed the whole tree, and the launcher can exit long before the
+        # workers do (with a warm pool, the pool dies at once and warm_launch with it, while the
+        # pool's children, torchrun's agent and its workers, are still saving the step they
+        # completed). Callers start the next torchrun as soon as this returns, and it resumes from
+        # the newest checkpoint on disk: it must not look before that save is written.
+        self._tree_gone.wait()
         self._reap_pool()  # the pool serves this torchrun only
         if self._stopping:
             reason = "stopped"

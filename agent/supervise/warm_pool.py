@@ -31,9 +31,13 @@ import socket
 import struct
 import sys
 import threading
+import time
 import traceback
 
 MAX_MSG = 1 << 20
+# How long a stopped pool waits for its children before SIGKILLing them: torchrun's own grace
+# between SIGTERM and SIGKILL (PContext.close), so a worker's salvage is never cut shorter here.
+STOP_GRACE_S = 30.0
 
 
 def recv_msg(conn: socket.socket, max_fds: int = 0) -> tuple[dict, list[int]]:
@@ -166,9 +170,20 @@ def serve(socket_path: str, preload: list[str]) -> None:
     children: dict[int, socket.socket] = {}
     print(f"warm_pool: ready on {socket_path} (preloaded {', '.join(preload)})", file=sys.stderr, flush=True)
     warmed = False
-    while not stop:
+    stop_deadline: float | None = None
+    while True:
+        if stop:
+            # Stopped (the supervisor SIGTERMs the whole tree): fork nothing more, but outlive the
+            # children for a while. They got the same SIGTERM and may be saving the step they
+            # completed (agent/trainer/salvage.py); killing them now would throw that away, and
+            # their launchers would lose their exit status.
+            if stop_deadline is None:
+                stop_deadline = time.monotonic() + STOP_GRACE_S
+                sel.unregister(listener)
+            if not children or time.monotonic() >= stop_deadline:
+                break
         ready = sel.select(timeout=0.05)
-        if not ready and not warmed and children:
+        if not ready and not warmed and children and not stop:
             # The first fork (a joining node's torchrun) is served before this second of warm-up,
             # which then overlaps with that torchrun's own start and rendezvous.
             warm_torch_lazily_imported_parts()

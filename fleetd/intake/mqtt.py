@@ -136,6 +136,7 @@ class MqttIntake:
         self.backoff_max_s = backoff_max_s
         self.clock = clock
         self.connected = asyncio.Event()
+        self.connects = 0  # subscribed sessions so far (one per broker connection)
         self.accepted = 0
         self.rejected = 0
         self._client: aiomqtt.Client | None = None
@@ -170,6 +171,7 @@ class MqttIntake:
                     for sub in self.subscriptions:
                         await client.subscribe(sub, qos=1)
                     self._client = client
+                    self.connects += 1
                     self.connected.set()
                     delay = self.backoff_initial_s
                     log.info("intake_mqtt_connected", broker=f"{broker.host}:{broker.port}", subscriptions=list(self.subscriptions))
