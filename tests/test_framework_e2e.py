@@ -102,7 +102,11 @@ async def test_framework_notice_and_replacement_lose_no_steps(job, tmp_path, aws
             (resumed_at,) = resumed_after(cluster, 1, t_freeze)
             last = max(e["step"] for e in cluster.events.of("step", world=2, node=a) if e["t"] >= t_join)
             assert last - 1 <= resumed_at <= last + 1, (resumed_at, last)
+            # The watcher saves the step completed, or finds it already on disk: the periodic
+            # checkpoint (every 50 steps) of the very step the hang followed (a few % of runs).
             salvaged = [e for e in cluster.events.of("salvaged", node=a) if e["t"] >= t_freeze]
+            salvaged += [e for e in cluster.events.of("salvage_skipped", node=a)
+                         if e["t"] >= t_freeze and "already saved" in e.get("why", "") and e.get("step") == resumed_at]
             assert salvaged and salvaged[0]["reason"] == "SIGTERM", "saved by the watcher while hung"
             print(f"{job}: silent loss: resumed at {resumed_at}, survivor's last step {last}")
         except BaseException:
