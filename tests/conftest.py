@@ -5,19 +5,29 @@
   no retries) to create clients against moto.
 - ``mosquitto``: a session-wide broker; ``mosquitto_factory``: private brokers (for restart tests).
 - how `make test` spreads the suite over xdist workers: tests/harness/lanes.py.
+- hypothesis: the "ci" profile (default) draws the same examples on every run (derandomize) and
+  has no per-example deadline, so a property that held here holds in CI on a slower machine;
+  ``HYPOTHESIS_PROFILE=explore`` draws new examples each run to hunt for counterexamples (one
+  found that way, a float-rounding edge in a test's own oracle, had turned a CI run red).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
 from moto.server import ThreadedMotoServer
 
 from tests.harness import lanes, moto as moto_harness
 from tests.harness.mosquitto import Mosquitto
 
 moto_harness.use_fake_credentials()
+
+settings.register_profile("ci", derandomize=True, deadline=None)
+settings.register_profile("explore", derandomize=False, deadline=None, max_examples=1000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 # tryfirst: before xdist's own (the first answer is taken); optional: plain runs may not load xdist.
