@@ -17,7 +17,8 @@ capacity-error TTL (`--capacity-signal instant` gives every policy the old oracl
 
 Every policy completes the same steps, so mean cost is cost per useful step (also printed as
 USD per 1,000 steps); the other judge is deadline misses. Prints one line per case, then where
-fleetd is above Uniform Progress or greedy; the last line is one JSON object.
+fleetd is above Uniform Progress or greedy, and each policy's mean savings per trace and d (all
+cases, and single- and multi-node apart); the last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ def main() -> None:
     args = ap.parse_args()
     t0 = time.process_time()
     results: dict[str, dict] = {}
+    groups: dict[str, list[str]] = {}  # "<trace> d=<d>h" and "<trace> single|multi d=<d>h" -> case keys
     print(f"{'case':<30} {'d h':>5}  " + "  ".join(f"{p:>26}" for p in POLICIES))
     for trace_name in args.traces.split(","):
         path, itype = TRACES[trace_name]
@@ -87,6 +89,9 @@ def main() -> None:
                     key = f"{case} d={d_h:g}h"
                     s = summary(sweep(trace, job, itype, spot, od, d_h * 3600, starts, args.capacity_signal))
                     results[key] = s
+                    size = "single" if nodes == 1 else "multi"
+                    for group in (f"{trace_name} d={d_h:g}h", f"{trace_name} {size} d={d_h:g}h"):
+                        groups.setdefault(group, []).append(key)
                     cells = "  ".join(
                         f"${s[p]['mean_cost_usd']:>8.2f} {s[p]['mean_savings_pct']:>5.1f}% {s[p]['misses']:>2} miss"
                         for p in POLICIES
@@ -95,14 +100,26 @@ def main() -> None:
     below_up = _losses(results, "uniform-progress")
     below_greedy = _losses(results, "greedy")
     misses = {p: sum(s[p]["misses"] for s in results.values()) for p in POLICIES}
+    by_d = _mean_savings_by_group(results, groups)
+    up_ahead = {g: round(v["uniform-progress"] - v["fleetd"], 2) for g, v in by_d.items()
+                if v["fleetd"] < v["uniform-progress"]}
     print(f"fleetd costlier than Uniform Progress in {len(below_up)} of {len(results)} cases: {below_up}")
     print(f"fleetd costlier than greedy in {len(below_greedy)} of {len(results)} cases: {below_greedy}")
     print(f"deadline misses: {misses}")
+    print(f"mean savings per trace and d where Uniform Progress's beats fleetd's (points): {up_ahead}")
     print(json.dumps({
         "offsets": args.offsets, "capacity_signal": args.capacity_signal, "work_h": WORK_H, "cpu_s": round(time.process_time() - t0, 1),
         "cases": len(results), "fleetd_below_uniform_progress": below_up, "fleetd_below_greedy": below_greedy,
-        "misses": misses, "fleetd_misses": misses["fleetd"], "results": results,
+        "misses": misses, "fleetd_misses": misses["fleetd"],
+        "mean_savings_pct_by_d": by_d, "uniform_progress_ahead_by_d": up_ahead, "results": results,
     }))
+
+
+def _mean_savings_by_group(results: dict[str, dict], groups: dict[str, list[str]]) -> dict[str, dict]:
+    """Each policy's mean savings against on-demand, averaged over a group's cases (every case
+    weighs the same): the issue's "mean savings at every d", per trace, and split by job size."""
+    return {g: {p: round(sum(results[k][p]["mean_savings_pct"] for k in keys) / len(keys), 2) for p in POLICIES}
+            for g, keys in groups.items()}
 
 
 def _losses(results: dict[str, dict], other: str) -> dict[str, float]:
