@@ -336,3 +336,51 @@ def test_a_safety_net_swap_keeps_slack_for_the_re_forms_it_and_the_losses_after_
     assert call.safety_net
     assert call.stall_budget_s == pytest.approx(2 * (nodes + 1) * stall_s)
     assert call.swap_to_spot is swap
+
+
+@pytest.mark.parametrize(("done_h", "branch"), [(1.8, "behind"), (2.05, "ahead within 2d")])
+def test_outside_the_net_on_demand_goes_back_to_spot_make_before_break_once_spot_is_offered(done_h, branch) -> None:
+    # 6 h of work due 9 h after the start; at 3 h the line stands at 2 h; d = 0.2 h. Behind it, or
+    # ahead by less than 2d, UP keeps its on-demand node (a changeover to spot would stop it for
+    # d). fleetd's on-demand node trains while the spot node boots, so the swap costs no time: it
+    # is allowed whenever the slack covers losing the spot node again (d + d / 4 + re-forms) and
+    # leaves 2d after the swap's own re-forms. Measured (bench/deadline.py, waves7d, one node):
+    # cheaper per useful step at 14 of 15 (due, d) cases, where holding on-demand until 2d ahead
+    # had missed spot's return.
+    i, now = inputs(done_h=done_h, now_h=3.0, d_h=0.2)
+    i = DeadlineInputs(**{**{f: getattr(i, f) for f in i.__slots__}, "on_demand_nodes": 1})
+    call = decide(i, now)
+    assert not call.safety_net and call.spot_allowed and not call.on_demand_not_needed
+    assert call.swap_to_spot and "back to spot make-before-break" in call.reason, branch
+    # Outside the net (slack 4,000 s >= 2d = 3,600 s) but not 2d after the swap's own join and
+    # drain (2 re-forms of 5 min): on-demand stays.
+    tight = DeadlineInputs(deadline_at=9 * H, started_at=0.0, total_steps=21_200.0, done_steps=3_600.0,
+                           steps_per_s=1.0, changeover_s=0.5 * H, full_on_spot=False, nodes=1,
+                           on_demand_nodes=1, membership_stall_s=300.0)
+    tight_call = decide(tight, 3 * H)
+    assert not tight_call.safety_net and tight_call.on_demand_now and not tight_call.swap_to_spot
+    # A fleet keeps its own rule outside the net (on_demand_keep; swapping every on-demand node
+    # into a pool between reclaim waves cost 4 and 8 nodes up to 9 % more per useful step).
+    fleet = DeadlineInputs(**{**{f: getattr(i, f) for f in i.__slots__}, "nodes": 4, "steps_per_s": 4.0,
+                              "total_steps": 4 * i.total_steps, "done_steps": 4 * i.done_steps})
+    assert not decide(fleet, now).safety_net and not decide(fleet, now).swap_to_spot
+
+
+def test_planner_behind_the_line_moves_its_on_demand_node_back_to_spot_keeping_it_until_then() -> None:
+    # One node on on-demand, behind the line (1 h done 3 h into a 6 h job due at 9 h), spot offered
+    # again: one spot launch to take its place; the on-demand node is not drained in this pass.
+    cfg = deadline_cfg(1, due_h=6, total_steps=6 * 3600, d_s=0.2 * H)
+    od = node("od-1", market=Market.ON_DEMAND, price=1.0, step=3600)
+    obs = Observation(
+        nodes=(od,), offers=(offer(A, 0.4), offer(B, 0.4)), target_nodes=1, last_scaling_at=NOW,
+        throughput_by_nodes=MappingProxyType({1: 1.0}), job_started_at=NOW - 3 * H,
+    )
+    result = plan(obs, cfg, NOW)
+    assert result.deadline is not None and result.deadline.on_demand_now and result.deadline.swap_to_spot
+    (launch,) = result.of_type(Launch)
+    assert launch.market is Market.SPOT and launch.purpose is LaunchPurpose.RETURN_TO_SPOT
+    assert not [a for a in result.actions if getattr(a, "instance_id", None) == "od-1"], "make-before-break"
+    # With spot refused (a fresh capacity error) nothing changes: the on-demand node trains on.
+    held = plan(Observation(**{**{f: getattr(obs, f) for f in obs.__dataclass_fields__}, "pool_stats": NO_SPOT}),
+                cfg, NOW)
+    assert held.of_type(Launch) == () and not [a for a in held.actions if getattr(a, "instance_id", None) == "od-1"]

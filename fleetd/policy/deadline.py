@@ -25,7 +25,14 @@ statement, its assumptions and the proof are in docs/DESIGN.md "The no-miss guar
 net keeps the deadline; the line and the hysteresis only decide cost.
 
 fleetd adds what the planner does anyway: a changeover to spot is make-before-break (the
-on-demand node trains while the spot node boots), and a fleet keeps training at a smaller size while one node is replaced. So inside the safety net it may
+on-demand node trains while the spot node boots), and a fleet keeps training at a smaller size
+while one node is replaced. So a one-node job behind the line, or ahead by less than UP's
+margin, moves its on-demand node back to spot as soon as spot is offered, where UP keeps it until
+2d ahead (UP's changeover stops the job for d; fleetd's costs an overlap of d on both nodes):
+holding on-demand until then missed spot's return on the reclaim-wave trace (bench/deadline.py:
+cheaper per useful step at 14 of 15 one-node cases). The swap asks the net's slack below and 2d
+after its own re-forms. (Fleets keep on_demand_keep: the same swap cost 4 and 8 nodes up to 9 %
+more, every on-demand node moved into a pool between reclaim waves.) And inside the safety net it may
 still swap an on-demand node for spot while the slack covers losing every spot node again (d of
 the fleet's time: a pool's reclaim wave takes its nodes together, so the swapped nodes and the
 spot nodes already training can go at once) plus a reserve (SWAP_RESERVE x d) plus the re-forms
@@ -137,13 +144,26 @@ def decide(i: DeadlineInputs, now: float) -> DeadlineCall:
             changeover_s=d,
             stall_budget_s=stalls,
         )
+    slack = None if work_left_s is None else time_left - work_left_s
+    stalls = stall_budget_s(i)
+    # Outside the net one node on on-demand goes back to spot make-before-break whenever spot is
+    # offered (it trains while the spot node boots): the same slack test as the net's swap, and
+    # 2d left after the swap's own join and drain (the proof's step 1: outside the net S >= 2d).
+    # One node only: a fleet swapping every on-demand node into a pool that offers spot between
+    # reclaim waves paid more (bench/deadline.py, 4 and 8 nodes: up to +9 % per useful step) and
+    # keeps its own rule (on_demand_keep, back to spot once 2d x m / N ahead).
+    swap = (slack is not None and i.nodes <= 1
+            and slack >= max(d + SWAP_RESERVE * d + stalls, 2 * d + 2 * i.membership_stall_s))
     if i.done_steps < line - 1e-9:
         return DeadlineCall(
             True, True, False, False,
-            f"deadline: behind the uniform-progress line ({progress}): on-demand for any shortfall",
+            f"deadline: behind the uniform-progress line ({progress}): on-demand for any shortfall"
+            + ("; back to spot make-before-break once spot is offered" if swap and i.on_demand_nodes else ""),
             wake,
-            slack_s=None if work_left_s is None else time_left - work_left_s,
+            swap_to_spot=swap,
+            slack_s=slack,
             changeover_s=d,
+            stall_budget_s=stalls,
         )
     margin = hysteresis_s(i)
     ahead_2d = i.done_steps >= expected_steps(i, now + margin) - 1e-9
@@ -153,9 +173,15 @@ def decide(i: DeadlineInputs, now: float) -> DeadlineCall:
     keep = on_demand_to_keep(i) if ahead_2d else 0
     if keep:
         why += f"; keeping {keep} on-demand node(s) to hold the line's pace with {i.spot_training} on spot"
+    if not ahead_2d and swap and i.on_demand_nodes:
+        why += "; back to spot make-before-break once spot is offered"
     return DeadlineCall(
         False, True, ahead_2d, False, f"deadline: {why} of the uniform-progress line ({progress}): spot only", wake,
         on_demand_keep=keep,
+        swap_to_spot=swap and not ahead_2d,
+        slack_s=slack,
+        changeover_s=d,
+        stall_budget_s=stalls,
     )
 
 
