@@ -129,10 +129,13 @@ def decide(i: DeadlineInputs, now: float) -> DeadlineCall:
     line = expected_steps(i, now)
     progress = f"{i.done_steps:,.0f} of {i.total_steps:,.0f} steps, line {line:,.0f}"
     wake = _wake_times(i, now, work_left_s)
+    slack = None if work_left_s is None else time_left - work_left_s
+    stalls = stall_budget_s(i)
+    # A make-before-break swap to spot keeps slack for losing every spot node again (d), a reserve
+    # and the re-forms it and those losses cause (DESIGN.md "The no-miss guarantee", step 3).
+    swap_fits = slack is not None and slack >= d + SWAP_RESERVE * d + stalls
     if work_left_s is not None and not i.full_on_spot and time_left < work_left_s + 2 * d:
-        slack = time_left - work_left_s
-        stalls = stall_budget_s(i)
-        swap = slack >= d + SWAP_RESERVE * d + stalls
+        swap = swap_fits
         return DeadlineCall(
             True, False, False, True,
             f"deadline safety net: {time_left / 3600:.2f} h left < {work_left_s / 3600:.2f} h of work + "
@@ -144,16 +147,13 @@ def decide(i: DeadlineInputs, now: float) -> DeadlineCall:
             changeover_s=d,
             stall_budget_s=stalls,
         )
-    slack = None if work_left_s is None else time_left - work_left_s
-    stalls = stall_budget_s(i)
     # Outside the net one node on on-demand goes back to spot make-before-break whenever spot is
-    # offered (it trains while the spot node boots): the same slack test as the net's swap, and
-    # 2d left after the swap's own join and drain (the proof's step 1: outside the net S >= 2d).
+    # offered (it trains while the spot node boots): the net's swap test, and 2d left after the
+    # swap's own join and drain (the proof's step 1: outside the net S >= 2d).
     # One node only: a fleet swapping every on-demand node into a pool that offers spot between
     # reclaim waves paid more (bench/deadline.py, 4 and 8 nodes: up to +9 % per useful step) and
     # keeps its own rule (on_demand_keep, back to spot once 2d x m / N ahead).
-    swap = (slack is not None and i.nodes <= 1
-            and slack >= max(d + SWAP_RESERVE * d + stalls, 2 * d + 2 * i.membership_stall_s))
+    swap = swap_fits and i.nodes <= 1 and slack is not None and slack >= 2 * d + 2 * i.membership_stall_s
     if i.done_steps < line - 1e-9:
         return DeadlineCall(
             True, True, False, False,
