@@ -134,3 +134,32 @@ async def test_an_instance_ends_when_ec2_says_not_when_fleetd_notices(open_state
     assert stats.node_hours == pytest.approx((900 + 600) / 3600)
     assert store.observed_until_sync() == {"i-1": T0 + 900, "i-2": T0 + 600}
     await store.close()
+
+
+async def test_close_waits_for_a_call_whose_task_was_cancelled(tmp_path: Path) -> None:
+    """A bounded shutdown cancels tasks whose SQLite call still runs in a worker thread. Closing
+    the connection under that call is a use-after-free in sqlite3 that crashed the whole process
+    (CI's test run); close must wait for the call, and a call after close fails cleanly."""
+    import asyncio
+    import threading
+
+    store = await StateStore.open(tmp_path)
+    inside, release = threading.Event(), threading.Event()
+    rows: list[int] = []
+
+    def slow(db) -> None:
+        inside.set()
+        release.wait(10)
+        rows.append(db.execute("SELECT COUNT(*) FROM launches").fetchone()[0])
+
+    call = asyncio.create_task(store._run(slow))
+    assert await asyncio.to_thread(inside.wait, 10)
+    call.cancel()  # the task ends; its thread goes on
+    closing = asyncio.create_task(store.close())
+    await asyncio.sleep(0.3)
+    assert not closing.done()  # waits for the running call instead of closing under it
+    release.set()
+    await asyncio.wait_for(closing, 10)
+    assert rows == [0]  # the call finished on an open connection
+    with pytest.raises(AssertionError, match="closed"):
+        await store.settled_launch_count()

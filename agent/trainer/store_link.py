@@ -66,8 +66,11 @@ class StoreLink:
         if self._store is None:
             self.connect()
         with self._lock:
+            store = self._store
+            if store is None:  # dropped by another thread since the check above
+                raise StoreLinkError(f"store {name}: connection dropped")
             try:
-                return getattr(self._store, name)(*args)
+                return getattr(store, name)(*args)
             except (RuntimeError, ValueError, TimeoutError) as exc:
                 raise StoreLinkError(f"store {name} failed: {exc}") from None
 

@@ -94,9 +94,17 @@ class StateStore:
         self._db = db
 
     async def close(self) -> None:
-        if self._db is not None:
-            await asyncio.to_thread(self._db.close)
-            self._db = None
+        await asyncio.to_thread(self._close_sync)
+
+    def _close_sync(self) -> None:
+        # Under the lock: a call whose awaiting task was cancelled (a bounded shutdown) still runs
+        # in its worker thread, and closing the connection under it is a use-after-free in
+        # sqlite3 (it crashed the whole process, CI's test run included). Waiting for it is short:
+        # every call is one small transaction.
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
 
     async def _run(self, fn: Any, *args: Any) -> Any:
         def call() -> Any:
@@ -357,8 +365,8 @@ class StateStore:
 
     def observed_until_sync(self) -> dict[str, float]:
         """See fleetd.reconcile.state_sql.observed_until."""
-        assert self._db is not None, "StateStore is closed"
         with self._lock:
+            assert self._db is not None, "StateStore is closed"
             return observed_until(self._db)
 
     # -- meta -----------------------------------------------------------------------------------
