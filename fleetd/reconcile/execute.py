@@ -10,14 +10,10 @@ that kind of action is held for PERMANENT_HOLD_S) or, when throttled or transien
 from __future__ import annotations
 
 import asyncio
-
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from prometheus_client import Counter
-
-from fleetd.adapters.aws_errors import AwsError, CapacityUnavailable, PermanentAwsError, Throttled
+from fleetd.adapters.aws_errors import AwsError, PermanentAwsError
 from fleetd.adapters.ec2 import Ec2Api, LaunchResult, LaunchSpec, launch_token
 from fleetd.adapters.pricing import PriceSource
 from fleetd.config import FleetdConfig
@@ -28,7 +24,6 @@ from fleetd.policy.model import (
     Market,
     MarkPoolUnavailable,
     Plan,
-    PoolId,
     RequestCheckpoint,
     StopJob,
     Terminate,
@@ -40,15 +35,13 @@ from fleetd.protocol.failpoints import failpoint
 from fleetd.reconcile import journal
 from fleetd.reconcile import state as st
 from fleetd.reconcile.cloud_calls import CloudCalls, Job
+from fleetd.reconcile.launch_book import LaunchBook
 from fleetd.reconcile.ledger_feed import LedgerFeed
+from fleetd.reconcile.outcome import ACTIONS, Outcome, count_aws_error
 from fleetd.reconcile.state_port import StateBackend
 from fleetd.reconcile.ports import NodeCommander, NotDelivered
-from fleetd.reconcile.prices import price_of
 
 log = get_logger(__name__)
-
-AWS_ERRORS = Counter("fleetd_aws_errors_total", "AWS calls that failed, by kind", ["operation", "kind", "code"])
-ACTIONS = Counter("fleetd_actions_total", "Planned actions by kind and outcome", ["action", "outcome"])
 
 # How long a permanent failure holds the same kind of action (a config or IAM fix needs a human).
 PERMANENT_HOLD_S = 900.0
@@ -58,18 +51,6 @@ PERMANENT_HOLD_S = 900.0
 DRAIN_RESEND_GRACE_S = 10.0
 # A termination still running this long after fleetd asked for it is asked for again.
 TERMINATE_RESEND_AFTER_S = 30.0
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    action: Action
-    status: str  # done | partial | failed | held | dry-run
-    detail: str = ""
-    instance_ids: tuple[str, ...] = ()
-
-
-def count_aws_error(exc: AwsError, kind: str | None = None) -> None:
-    AWS_ERRORS.labels(exc.operation, kind or exc.kind, exc.code).inc()
 
 
 class ActionExecutor:
@@ -103,7 +84,7 @@ class ActionExecutor:
         self.state = state
         self.commander = commander
         self.dry_run = dry_run
-        self._ledger = ledger_feed
+        self.launches = LaunchBook(state, prices, ledger_feed, cfg.capacity.capacity_error_ttl_s)
         self._blocked_until: dict[str, float] = {}  # action kind -> time
         self._logged_permanent: set[tuple[str, str]] = set()
         self._started_at: float | None = None  # the first pass's time (the drain re-send grace)
@@ -317,84 +298,13 @@ class ActionExecutor:
         except AwsError as error:
             exc = error
         if now is not None:
-            return await self._launch_answer(action, spec, result, exc, now)
+            return await self.launches.answer(action, spec, result, exc, now)
         assert self.calls is not None
         async with self.calls.lock:
             try:
-                return self._record(await self._launch_answer(action, spec, result, exc, self._clock()))
+                return self._record(await self.launches.answer(action, spec, result, exc, self._clock()))
             except PermanentAwsError as perm:
                 return self._record(self._hold(action, perm, self._clock()))
-
-    async def _launch_answer(self, action: Launch, spec: LaunchSpec, result: LaunchResult | None,
-                             exc: AwsError | None, now: float) -> Outcome:
-        if isinstance(exc, CapacityUnavailable):
-            # A call-level capacity error does not say which pool: all of them were refused.
-            for pool in action.pools:
-                await self._pool_failed(pool, action.market, exc.code, now)
-            await self.state.settle_launch(spec.token, st.FAILED, (), now, f"{exc.code}: {exc.message}")
-            await self._spot_outcome(action, got_any=False, now=now)
-            count_aws_error(exc)
-            return Outcome(action, "failed", exc.code)
-        if isinstance(exc, (Throttled, PermanentAwsError)):
-            # Definitely not launched: AWS refused the call as a whole.
-            await self.state.settle_launch(spec.token, st.FAILED, (), now, f"{exc.code}: {exc.message}")
-            raise exc
-        if exc is not None:
-            # Transient errors propagate with the intent left open: the call may have gone through,
-            # so the next pass resolves it by tag (or re-sends the same token).
-            raise exc
-        assert result is not None
-        return await self._record_launch(action, spec, result, now)
-
-    async def _record_launch(self, action: Launch, spec: LaunchSpec, result: LaunchResult, now: float) -> Outcome:
-        prices = await self.prices.prices(sorted({i.pool for i in result.instances}), now)
-        await self.state.record_launched(
-            [
-                st.SeenInstance(i.instance_id, i.pool, i.market, i.state, i.launched_at or now, spec.token,
-                                price_of(i.market, prices.get(i.pool)) or action.budgeted_price_per_hour)
-                for i in result.instances
-            ],
-            spec.max_price_per_hour,
-            now,
-        )
-        ids = tuple(i.instance_id for i in result.instances)
-        if self._ledger is not None:
-            await self._ledger.started(await self.state.instances(), ids, prices)
-        for f in result.failures:
-            count_aws_error(AwsError("CreateFleet", f.code, f.message), kind=f.kind)
-            if f.kind == "capacity" and f.pool is not None:
-                await self._pool_failed(f.pool, action.market, f.code, now)
-            else:
-                log.warning("launch_pool_error", pool=str(f.pool), code=f.code, kind=f.kind, error=f.message)
-        status = st.LAUNCHED if ids else st.FAILED
-        detail = "; ".join(f"{f.pool}: {f.code}" for f in result.failures)
-        await self.state.settle_launch(spec.token, status, ids, now, detail)
-        await self._spot_outcome(action, got_any=bool(ids), now=now)
-        log.info("launched", token=spec.token, requested=action.count, got=len(ids), instances=list(ids),
-                 pools=sorted({str(i.pool) for i in result.instances}), failures=detail or None,
-                 already_launched=result.already_launched)
-        if len(ids) >= action.count:
-            return Outcome(action, "done", instance_ids=ids)
-        return Outcome(action, "partial" if ids else "failed", detail, ids)
-
-    async def _pool_failed(self, pool: PoolId, market: Market, code: str, now: float) -> None:
-        """The pool is unavailable for the launch's market only (spot and on-demand capacity
-        run out independently)."""
-        until = now + self.cfg.capacity.capacity_error_ttl_s
-        await self.state.mark_pool_unavailable(pool, until, code, market)
-        log.warning("pool_unavailable", pool=str(pool), market=str(market), code=code, until=until,
-                    ttl_s=self.cfg.capacity.capacity_error_ttl_s)
-
-    async def _spot_outcome(self, action: Launch, *, got_any: bool, now: float) -> None:
-        if action.market is not Market.SPOT:
-            return
-        since = await self.state.get_meta("spot_unavailable_since")
-        if got_any and since is not None:
-            await self.state.set_meta("spot_unavailable_since", None)
-            log.info("spot_available_again", unavailable_for_s=now - since)
-        elif not got_any and since is None:
-            await self.state.set_meta("spot_unavailable_since", now)
-            log.warning("spot_unavailable", pools=[str(p) for p in action.pools])
 
     def _hold(self, action: Action, exc: PermanentAwsError, now: float) -> Outcome:
         kind = type(action).__name__

@@ -34,16 +34,10 @@ from fleetd.policy.observation import Observation, spot_shortage_over
 from fleetd.protocol.logs import get_logger
 from fleetd.reconcile import state as st
 from fleetd.reconcile.cloud_calls import CloudCalls
-from fleetd.reconcile.execute import (
-    ACTIONS,
-    AWS_ERRORS,
-    PERMANENT_HOLD_S,
-    ActionExecutor,
-    Outcome,
-    count_aws_error,
-)
+from fleetd.reconcile.execute import PERMANENT_HOLD_S, ActionExecutor
 from fleetd.reconcile.ledger_feed import LedgerFeed
 from fleetd.reconcile.observe import ObservationBuilder
+from fleetd.reconcile.outcome import ACTIONS, AWS_ERRORS, Outcome, count_aws_error
 from fleetd.reconcile.pass_schedule import UrgentLimits, resume_at, urgent_step
 from fleetd.reconcile.pool_offers import PoolRow
 from fleetd.reconcile.state_port import StateBackend
