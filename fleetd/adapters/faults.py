@@ -29,56 +29,28 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from urllib.parse import parse_qsl, urlencode
-from xml.sax.saxutils import escape
+from urllib.parse import parse_qsl
 
 import aiohttp
 from aiohttp import web
 
+from fleetd.adapters.aws_payloads import (
+    JSON_HTTP_STATUS,
+    create_fleet_response,
+    error_response,
+    fleet_overrides,
+    json_response,
+    with_overrides,
+)
 from fleetd.adapters.pricing_fake import PriceListFake, SpotPriceFake
 from fleetd.policy.model import PoolId
 from fleetd.protocol.logs import get_logger
 
 log = get_logger(__name__)
 
-EC2_NS = "http://ec2.amazonaws.com/doc/2016-11-15/"
-
-# HTTP status AWS uses for each error code it can answer with (call-level).
-HTTP_STATUS = {
-    "RequestLimitExceeded": 503,
-    "InsufficientInstanceCapacity": 500,
-    "InternalError": 500,
-    "Unavailable": 503,
-    "UnauthorizedOperation": 403,
-    "AuthFailure": 401,
-}
-
-# The Price List API (JSON protocol) answers errors with these statuses.
-JSON_HTTP_STATUS = {
-    "ThrottlingException": 400,
-    "AccessDeniedException": 400,
-    "InvalidParameterException": 400,
-    "InternalErrorException": 500,
-    "ServiceUnavailableException": 503,
-}
 PRICING_TARGET = "AWSPriceListService."
-
-MESSAGES = {
-    "RequestLimitExceeded": "Request limit exceeded.",
-    "InsufficientInstanceCapacity": (
-        "We currently do not have sufficient {itype} capacity in the Availability Zone you requested"
-        " ({zone}). Our system will be working on provisioning additional capacity."
-    ),
-    "MaxSpotInstanceCountExceeded": "Max spot instance count exceeded",
-    "SpotMaxPriceTooLow": "Your Spot request price of {price} is lower than the minimum required Spot request fulfillment price of 0.5.",
-    "UnfulfillableCapacity": "Unable to fulfill capacity due to your request configuration. Please adjust your request and try again.",
-    "UnauthorizedOperation": "You are not authorized to perform this operation. Encoded authorization failure message: fake-{request_id}",
-    "InternalError": "An internal error has occurred",
-}
-
 
 # Headers that describe one hop of HTTP, not the answer: aiohttp sets its own.
 _HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"}
@@ -270,7 +242,7 @@ class FaultProxy:
         operation = params.get("Action", "")
         with self._lock:
             self.calls.append((operation, params))
-        overrides = _overrides(params) if operation == "CreateFleet" else []
+        overrides = fleet_overrides(params) if operation == "CreateFleet" else []
         pools = [self._pool(o) for o in overrides]
         fired = self._take_rule(operation, [p for p in pools if p is not None])
         call_level = next((r for r in fired if r.pool is None), None)
@@ -278,7 +250,7 @@ class FaultProxy:
             with self._lock:
                 self.injected.append((operation, call_level.code))
             log.info("fault_injected", operation=operation, code=call_level.code)
-            return _error_response(call_level.code, pools[0] if pools else None)
+            return error_response(call_level.code, pools[0] if pools else None)
         if operation == "DescribeSpotPriceHistory" and self.spot_prices is not None:
             return web.Response(text=self.spot_prices.describe(params), status=200, content_type="text/xml")
         failing = {r.pool: r.code for r in fired if r.pool is not None}
@@ -290,8 +262,8 @@ class FaultProxy:
                 self.injected.extend((operation, code) for _, code, _ in errors)
             log.info("fault_injected", operation=operation, failed_pools=[str(p) for p in failing])
             if not keep:
-                return _create_fleet_response(params, errors, upstream_xml=None)
-            body = _with_overrides(params, keep).encode()
+                return create_fleet_response(params, errors, upstream_xml=None)
+            body = with_overrides(params, keep).encode()
         hold = self._take_hold(operation)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
         async with self._session.request(
@@ -305,7 +277,7 @@ class FaultProxy:
             hold.arrived.set()
             await asyncio.get_running_loop().run_in_executor(None, hold.release.wait)
         if errors and status == 200:
-            return _create_fleet_response(params, errors, upstream_xml=payload.decode())
+            return create_fleet_response(params, errors, upstream_xml=payload.decode())
         if not form and operation == "":
             # S3: its answers live in headers too (ETag, Content-Length of a HEAD, x-amz-*).
             if request.method == "HEAD":
@@ -328,97 +300,13 @@ class FaultProxy:
             with self._lock:
                 self.injected.append((operation, code))
             log.info("fault_injected", operation=operation, code=code)
-            return _json_response(JSON_HTTP_STATUS.get(code, 400), {"__type": code, "Message": f"{code} (injected)"})
+            return json_response(JSON_HTTP_STATUS.get(code, 400), {"__type": code, "Message": f"{code} (injected)"})
         if operation != "GetProducts" or self.price_list is None:
-            return _json_response(400, {"__type": "UnknownOperationException", "Message": operation})
+            return json_response(400, {"__type": "UnknownOperationException", "Message": operation})
         status, answer = self.price_list.get_products(request)
-        return _json_response(status, answer)
+        return json_response(status, answer)
 
     def _pool(self, override: Mapping[str, str]) -> PoolId | None:
         itype = override.get("InstanceType")
         zone = override.get("AvailabilityZone") or self.zone_of_subnet.get(override.get("SubnetId", ""))
         return PoolId(itype, zone) if itype and zone else None
-
-
-def _json_response(status: int, body: dict) -> web.Response:
-    headers = {"x-amzn-RequestId": str(uuid.uuid4())}
-    if status >= 400:
-        headers["x-amzn-ErrorType"] = str(body.get("__type", ""))
-    return web.Response(text=json.dumps(body), status=status, headers=headers,
-                        content_type="application/x-amz-json-1.1")
-
-
-def _overrides(params: Mapping[str, str]) -> list[dict[str, str]]:
-    """LaunchTemplateConfigs.1.Overrides.N.* of a query-protocol CreateFleet request."""
-    prefix = "LaunchTemplateConfigs.1.Overrides."
-    found: dict[int, dict[str, str]] = {}
-    for key, value in params.items():
-        if key.startswith(prefix):
-            n, _, field_name = key[len(prefix):].partition(".")
-            found.setdefault(int(n), {})[field_name] = value
-    return [found[n] for n in sorted(found)]
-
-
-def _with_overrides(params: Mapping[str, str], keep: list[dict[str, str]]) -> str:
-    prefix = "LaunchTemplateConfigs.1.Overrides."
-    out = {k: v for k, v in params.items() if not k.startswith(prefix)}
-    for n, override in enumerate(keep, start=1):
-        for field_name, value in override.items():
-            out[f"{prefix}{n}.{field_name}"] = value
-    return urlencode(out)
-
-
-def _message(code: str, pool: PoolId | None, override: Mapping[str, str] | None = None) -> str:
-    template = MESSAGES.get(code, code)
-    return template.format(
-        itype=pool.instance_type if pool else "the requested",
-        zone=pool.zone if pool else "the requested zone",
-        price=(override or {}).get("MaxPrice", "0.001"),
-        request_id=uuid.uuid4().hex[:12],
-    )
-
-
-def _error_response(code: str, pool: PoolId | None) -> web.Response:
-    request_id = str(uuid.uuid4())
-    xml = (
-        '<?xml version="1.0" encoding="UTF-8"?>\n'
-        f"<Response><Errors><Error><Code>{escape(code)}</Code>"
-        f"<Message>{escape(_message(code, pool))}</Message></Error></Errors>"
-        f"<RequestID>{request_id}</RequestID></Response>"
-    )
-    return web.Response(text=xml, status=HTTP_STATUS.get(code, 400), content_type="text/xml")
-
-
-def _error_item(params: Mapping[str, str], override: Mapping[str, str], code: str, pool: PoolId) -> str:
-    lt_id = params.get("LaunchTemplateConfigs.1.LaunchTemplateSpecification.LaunchTemplateId", "")
-    version = params.get("LaunchTemplateConfigs.1.LaunchTemplateSpecification.Version", "1")
-    lifecycle = "spot" if params.get("TargetCapacitySpecification.DefaultTargetCapacityType") == "spot" else "on-demand"
-    ov = "".join(
-        f"<{k[0].lower() + k[1:]}>{escape(v)}</{k[0].lower() + k[1:]}>"
-        for k, v in override.items()
-        if k in ("InstanceType", "SubnetId", "AvailabilityZone", "MaxPrice")
-    )
-    return (
-        "<item><launchTemplateAndOverrides><launchTemplateSpecification>"
-        f"<launchTemplateId>{escape(lt_id)}</launchTemplateId><version>{escape(version)}</version>"
-        f"</launchTemplateSpecification><overrides>{ov}</overrides></launchTemplateAndOverrides>"
-        f"<lifecycle>{lifecycle}</lifecycle><errorCode>{escape(code)}</errorCode>"
-        f"<errorMessage>{escape(_message(code, pool, override))}</errorMessage></item>"
-    )
-
-
-def _create_fleet_response(
-    params: Mapping[str, str], errors: list[tuple[dict[str, str], str, PoolId]], upstream_xml: str | None
-) -> web.Response:
-    items = "".join(_error_item(params, o, code, pool) for o, code, pool in errors)
-    error_set = f"<errorSet>{items}</errorSet>"
-    if upstream_xml is None:
-        # Every pool failed: AWS still answers 200 with a fleet id and only the errors.
-        xml = (
-            f'<?xml version="1.0" encoding="UTF-8"?>\n<CreateFleetResponse xmlns="{EC2_NS}">'
-            f"<requestId>{uuid.uuid4()}</requestId><fleetId>fleet-{uuid.uuid4()}</fleetId>"
-            f"{error_set}<fleetInstanceSet/></CreateFleetResponse>"
-        )
-    else:
-        xml = upstream_xml.replace("</CreateFleetResponse>", f"{error_set}</CreateFleetResponse>", 1)
-    return web.Response(text=xml, status=200, content_type="text/xml")
