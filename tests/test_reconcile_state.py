@@ -102,7 +102,10 @@ async def test_snapshot_reads_the_live_state_but_never_writes_it(tmp_path: Path)
     snap = await StateStore.open_snapshot(tmp_path)
     assert [r.token for r in await snap.launches()] == ["tok-1"]
     await intent(snap, "tok-2")
+    copy_dir = snap.path.parent
+    assert copy_dir != tmp_path and copy_dir.exists()
     await snap.close()
+    assert not copy_dir.exists()  # the private copy goes with the dry run (it used to pile up in /tmp)
     live = await StateStore.open(tmp_path)
     assert [r.token for r in await live.launches()] == ["tok-1"]
     await live.close()

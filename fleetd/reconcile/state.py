@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import sqlite3
 import threading
 from collections.abc import Iterable, Sequence
@@ -53,6 +54,7 @@ class StateStore:
         self.path = path
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
+        self._private_dir: Path | None = None  # open_snapshot's copy, deleted on close
 
     # -- lifecycle ------------------------------------------------------------------------------
     @classmethod
@@ -69,6 +71,7 @@ class StateStore:
 
         src = Path(state_dir) / "fleetd.db"
         store = cls(Path(tempfile.mkdtemp(prefix="fleetd-dry-run-")) / "fleetd.db")
+        store._private_dir = store.path.parent  # removed by close: every dry run made one more
 
         def copy() -> None:
             if src.exists():
@@ -105,6 +108,9 @@ class StateStore:
             if self._db is not None:
                 self._db.close()
                 self._db = None
+            if self._private_dir is not None:
+                shutil.rmtree(self._private_dir, ignore_errors=True)
+                self._private_dir = None
 
     async def _run(self, fn: Any, *args: Any) -> Any:
         def call() -> Any:
