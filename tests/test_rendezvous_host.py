@@ -58,7 +58,11 @@ def handler(port: int, addr: str, last_call: int = 30, max_nodes: int = 3):
 def join_in_thread(h, results: dict, name: str) -> threading.Thread:
     def run():
         started = time.monotonic()
-        info = h.next_rendezvous()
+        try:
+            info = h.next_rendezvous()
+        except Exception as exc:  # noqa: BLE001 - the store went away (a test's end): kept, not raised
+            results[name] = exc  # in a thread the rest of the session would see
+            return
         results[name] = (info.rank, info.world_size, time.monotonic() - started)
 
     t = threading.Thread(target=run, daemon=True)

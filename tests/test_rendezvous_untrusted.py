@@ -17,7 +17,7 @@ KNOWN, STRANGER = "127.0.0.2", "127.0.0.3"
 
 
 async def test_drain_keys_of_an_address_no_fleet_node_claims_are_ignored(host):  # noqa: F811
-    port, _ = host
+    port, proc = host
     results: dict = {}
     a, b = handler(port, KNOWN), handler(port, STRANGER)
     threads = [join_in_thread(a, results, "a"), join_in_thread(b, results, "b")]
@@ -48,4 +48,8 @@ async def test_drain_keys_of_an_address_no_fleet_node_claims_are_ignored(host): 
     finally:
         for h in (a, b):
             h._stop_heartbeats()
-        await asyncio.to_thread(lambda: [t.join(0.1) for t in threads])
+        # The round never completes here: end the store so the joining threads end now, not
+        # later in someone else's test.
+        proc.kill()
+        await asyncio.to_thread(lambda: [t.join(15) for t in threads])
+        assert not any(t.is_alive() for t in threads)

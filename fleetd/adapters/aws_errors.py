@@ -54,6 +54,10 @@ class AwsError(Exception):
         self.message = message
         super().__init__(f"{operation}: {code}: {message}")
 
+    def __reduce__(self) -> tuple:
+        # Picklable with its fields (the EC2 listing process sends its errors back over a pipe).
+        return (type(self), (self.operation, self.code, self.message))
+
 
 class CapacityUnavailable(AwsError):
     kind = "capacity"

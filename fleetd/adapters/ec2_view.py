@@ -68,6 +68,12 @@ class Ec2View:
         # pass costs fleetd itself vs. what it waits on AWS).
         self.waited_s = 0.0
 
+    def close(self) -> None:
+        """Stop the lister's child process, if it has one (blocking, bounded: call it in a thread)."""
+        close = getattr(self.lister, "close", None)
+        if close is not None:
+            close()
+
     # -- Ec2Api -----------------------------------------------------------------------------------
     async def list_instances(self) -> list[Ec2Instance]:
         if not self._running or self._listing is None:

@@ -5,6 +5,7 @@ Shared by ``fleetd run`` and the tests, so the tests exercise the production wir
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -14,7 +15,8 @@ from botocore.config import Config
 
 from fleetd.adapters.aws_errors import PermanentAwsError
 from fleetd.adapters.ec2 import AioEc2, default_zones, resolve_pools, subnets_by_zone
-from fleetd.adapters.ec2_view import Ec2View, blocking_lister as threaded_lister
+from fleetd.adapters.ec2_list_process import ProcessLister
+from fleetd.adapters.ec2_view import Ec2View
 from fleetd.adapters.launch_template import TemplateRef, ensure_launch_template
 from fleetd.adapters.catalog import Catalog, bundled_catalog
 from fleetd.adapters.price_list import OnDemandPrices
@@ -43,15 +45,6 @@ def ec2_client_kwargs(cfg: FleetdConfig) -> dict[str, Any]:
     return kwargs
 
 
-def blocking_ec2_client(cfg: FleetdConfig) -> Any:
-    """A synchronous botocore EC2 client for the EC2 view's listing thread (same endpoint,
-    region, retries and credentials as the async one)."""
-    import botocore.session
-
-    session = botocore.session.get_session()
-    if cfg.aws.profile:
-        session.set_config_variable("profile", cfg.aws.profile)
-    return session.create_client("ec2", **ec2_client_kwargs(cfg))
 
 
 @dataclass
@@ -61,6 +54,8 @@ class Built:
     ec2_view: Ec2View | None = None  # its ``run`` is a daemon component (the EC2 refresher)
 
     async def close(self) -> None:
+        if self.ec2_view is not None:
+            await asyncio.to_thread(self.ec2_view.close)
         await self.state.close()
 
 
@@ -168,7 +163,9 @@ async def build_reconciler(
         template=template,
         subnets_by_zone=await subnets_by_zone(client, cap.subnet_ids),
     )
-    lister = threaded_lister(adapter, blocking_ec2_client(cfg)) if blocking_lister else None
+    # The whole-fleet listing parsed in a child process (ec2_list_process.py): in a thread its
+    # parse held the GIL against the intake.
+    lister = ProcessLister(ec2_client_kwargs(cfg), cfg.aws.profile, cfg.fleet.name) if blocking_lister else None
     ec2 = Ec2View(adapter, refresh_s=interval, max_age_s=max(6 * interval, 60.0), clock=clock, lister=lister)
     priors = priors_for_pools(load_spot_advisor(cap.spot_advisor_csv), pools) if cap.spot_advisor_csv else {}
     if state is None:
