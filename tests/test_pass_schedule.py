@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 
 from hypothesis import given, strategies as st
@@ -19,7 +20,7 @@ from fleetd.intake.registry import NodeRegistry
 from fleetd.policy.model import Market
 from fleetd.policy.planner import plan
 from fleetd.reconcile.loop import Reconciler
-from fleetd.reconcile.pass_schedule import UrgentLimits, resume_at, urgent_step
+from fleetd.reconcile.pass_schedule import FullPassLimits, UrgentLimits, resume_at, urgent_step, woken_full_pass_at
 from fleetd.reconcile.state import StateStore
 from tests.import_graph import ROOT, imported_names
 from tests.reconcile_support import FakeClock
@@ -71,6 +72,24 @@ def test_property_urgent_passes_never_exceed_their_share(seen, planned, busy, ag
         assert at >= 100.0 - 1e-9 and step(seen, planned, started=100.0 - age, busy=busy, now=at + 1e-6) == "urgent"
     else:
         assert got == "urgent"
+
+
+def test_a_woken_full_pass_waits_out_its_share_of_the_loop() -> None:
+    half = FullPassLimits(max_share=0.5)
+    assert woken_full_pass_at(None, None, half) == float("-inf")  # none ran yet: at once
+    assert woken_full_pass_at(10.0, 11.0, half) == 12.0  # a 1 s pass: the next 1 s after it
+    assert woken_full_pass_at(10.0, 10.01, half) == 10.02  # small fleets: milliseconds
+    assert woken_full_pass_at(10.0, 11.0, FullPassLimits(max_share=0.25)) == 14.0
+
+
+@given(st.floats(0, 1e4), st.floats(0, 100), st.floats(0.05, 1.0))
+def test_property_woken_full_passes_never_exceed_their_share(start, took, share) -> None:
+    limits = FullPassLimits(max_share=share)
+    ended = start + took
+    at = woken_full_pass_at(start, ended, limits)
+    assert at >= ended
+    # From one pass's start to the next one's, the pass itself is at most `share` of the time.
+    assert took <= share * (at - start) * (1 + 1e-9) + 1e-9
 
 
 async def _until(cond, what: str, tries: int = 1000) -> None:
@@ -148,6 +167,64 @@ async def test_loop_folds_notices_into_one_urgent_pass_and_holds_urgent_passes_t
     finally:
         gate.set()
         ec2.release.set()
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+        await state.close()
+
+
+class SlowListing(HeldListing):
+    """A full pass's DescribeInstances takes 0.6 s (urgent passes do not list)."""
+
+    async def list_instances(self):
+        await asyncio.sleep(0.6)
+        return await super().list_instances()
+
+
+async def test_wake_ups_without_notices_do_not_run_full_passes_back_to_back(tmp_path: Path) -> None:
+    """Statuses wake the loop every 20 ms and each full pass takes 0.6 s: full passes then take
+    at most half the loop (back to back: 6 in 3.6 s), and a notice in the middle of it is
+    drained by an urgent pass at once, whether a full pass is running or held back."""
+    clock = FakeClock(1_800_000_000.0)
+    ec2 = SlowListing(clock)
+    await ec2.launch(LaunchSpec("seed", 4, Market.SPOT, (A,)))
+    cfg = FleetdConfig(
+        fleet=FleetConfig(name="t", min_nodes=4, max_nodes=4, state_dir=tmp_path, reconcile_interval_s=600.0),
+        capacity=CapacityConfig(instance_types=("g4dn.xlarge", "g5.xlarge"), zones=("us-east-1a",)),
+        budget=BudgetConfig(total_usd=1e6, max_usd_per_hour=1e4),
+    )
+    registry, commander = NodeRegistry(clock=clock), Commander()
+    state = await StateStore.open(tmp_path)
+    r = Reconciler(cfg, ec2=ec2, prices=BOOK, state=state, pools=(A, B),
+                   hardware={t: BOOK.hardware(t) for t in ("g4dn.xlarge", "g5.xlarge")}, planner=plan,
+                   clock=clock, observer=registry, commander=commander)
+    wake = asyncio.Event()
+    passes: list = []
+    ids = sorted(i.instance_id for i in ec2.live())
+    loop = asyncio.create_task(r.run(wake, on_pass=passes.append))
+    try:
+        await _until(lambda: passes, "the first pass")
+        first = len(passes)
+        t0 = time.monotonic()
+        drained_after: list[float] = []
+        for k in range(3):  # notices 0.9 s, 1.9 s and 2.9 s into the storm: any phase of the loop
+            while time.monotonic() - t0 < 0.9 + 1.0 * k:
+                wake.set()  # a status: news, not a notice
+                await asyncio.sleep(0.02)
+            sent = time.monotonic()
+            registry.apply(InterruptionNotice(ids[k], "terminate", clock() + 120, "imds", received_at=clock(),
+                                              dedup_key=f"n{k}"))
+            wake.set()
+            while len(commander.drained) <= k:
+                await asyncio.sleep(0.005)
+            drained_after.append(time.monotonic() - sent)
+        while time.monotonic() - t0 < 3.6:
+            wake.set()
+            await asyncio.sleep(0.02)
+        full_passes = len(passes) - first
+        assert full_passes <= 4, full_passes  # 0.6 s each, at most half of ~3.6 s (+1 started)
+        assert max(drained_after) < 0.4, drained_after  # never behind a full pass (0.6 s) or its hold
+        assert commander.drained == ids[:3]
+    finally:
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
         await state.close()

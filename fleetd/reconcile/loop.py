@@ -38,7 +38,7 @@ from fleetd.reconcile.execute import PERMANENT_HOLD_S, ActionExecutor
 from fleetd.reconcile.ledger_feed import LedgerFeed
 from fleetd.reconcile.observe import ObservationBuilder
 from fleetd.reconcile.outcome import ACTIONS, AWS_ERRORS, Outcome, count_aws_error
-from fleetd.reconcile.pass_schedule import UrgentLimits, resume_at, urgent_step
+from fleetd.reconcile.pass_schedule import FullPassLimits, UrgentLimits, resume_at, urgent_step, woken_full_pass_at
 from fleetd.reconcile.pool_offers import PoolRow
 from fleetd.reconcile.state_port import StateBackend
 from fleetd.reconcile.ports import (
@@ -128,6 +128,7 @@ class Reconciler:
         self._last_obs: Observation | None = None  # the last full pass's, for the urgent pass
         self._notices_planned: int | None = None  # the observer's notice count already planned for
         self.urgent_limits = UrgentLimits()  # the share of a full pass's time urgent passes may take
+        self.full_limits = FullPassLimits()  # the share of the loop full passes woken early may take
         # A stall is a gap in progress longer than a couple of passes (progress is seen per pass).
         stall_after_s = max(10.0, 2.5 * cfg.fleet.reconcile_interval_s)
         feed = LedgerFeed(ledger, stall_after_s) if ledger is not None and not dry_run else None
@@ -302,7 +303,9 @@ class Reconciler:
         while passes is None or done < passes:
             # Cleared before the pass: a wake-up that arrives during it starts the next one at once.
             wake.clear()
+            started = time.monotonic()
             report = await self._pass_with_urgent(wake)
+            ended = time.monotonic()
             done += 1
             if on_pass is not None:
                 on_pass(report)
@@ -315,7 +318,18 @@ class Reconciler:
                 continue
             # Woken between passes: a new notice's drain goes out from the last observation
             # first (no EC2 read, no state sync: what a full pass costs at 2,000 nodes), and
-            # the full pass follows at once. Anything else that woke the loop skips it.
+            # the full pass follows (within its share of the loop: pass_schedule.py; notices
+            # meanwhile get urgent passes). Anything else that woke the loop skips the urgent pass.
+            await self._urgent()
+            await self._hold_full_pass(wake, woken_full_pass_at(started, ended, self.full_limits))
+
+    async def _hold_full_pass(self, wake: asyncio.Event, until: float) -> None:
+        while (left := until - time.monotonic()) > 0:
+            try:
+                await asyncio.wait_for(wake.wait(), timeout=left)
+            except TimeoutError:
+                return
+            wake.clear()
             await self._urgent()
 
     async def _urgent(self) -> None:

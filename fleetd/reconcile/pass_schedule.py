@@ -17,6 +17,14 @@ notice count and does what this says.
   ~90 s beside a full pass that could not finish. A first rule (at most 3 urgent passes, none
   after 5 s of the full pass) held notices 9-13 s behind full passes that were only waiting on
   EC2's listing, and was replaced by this share.
+- Full passes a wake-up asks for take at most ``FullPassLimits.max_share`` of the loop: the next
+  one starts no sooner than the last one's own duration x (1 - share) / share after it ended
+  (``woken_full_pass_at``); a notice meanwhile still gets its urgent pass at once. At fleet scale
+  news other than notices (statuses, finished EC2 calls) wakes the loop several times a second,
+  and each full pass re-reads and re-plans 2,000 nodes (~1 s on a loaded 2-core box): back to
+  back, they took the loop (71-96 full passes in 120 s with a 10 s interval, bench/agents_load.py)
+  and urgent passes queued behind them. A pass on its interval or a re-plan the planner asked for
+  (``replan_in_s``) is not held.
 """
 
 from __future__ import annotations
@@ -50,3 +58,18 @@ def urgent_step(*, notices_seen: int | None, notices_planned: int | None, full_s
 def resume_at(full_started_at: float, urgent_busy_s: float, limits: UrgentLimits = UrgentLimits()) -> float:
     """When a deferred urgent pass may run: the urgent share of the full pass is back at the limit."""
     return full_started_at + urgent_busy_s / limits.max_share
+
+
+@dataclass(frozen=True, slots=True)
+class FullPassLimits:
+    max_share: float = 0.5  # of the loop's time, what full passes started by wake-ups may take
+
+
+def woken_full_pass_at(last_started: float | None, last_ended: float | None,
+                       limits: FullPassLimits = FullPassLimits()) -> float:
+    """When a full pass that a wake-up asked for may start (same clock as the arguments): the
+    last full pass's duration x (1 - share) / share after it ended; at once if none ran yet."""
+    if last_started is None or last_ended is None:
+        return float("-inf")
+    took = max(0.0, last_ended - last_started)
+    return last_ended + took * (1.0 - limits.max_share) / limits.max_share
