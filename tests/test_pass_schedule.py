@@ -228,3 +228,61 @@ async def test_wake_ups_without_notices_do_not_run_full_passes_back_to_back(tmp_
         loop.cancel()
         await asyncio.gather(loop, return_exceptions=True)
         await state.close()
+
+
+async def test_a_notice_that_arrived_during_an_urgent_pass_does_not_wait_for_the_next_listing(tmp_path: Path) -> None:
+    """Notice 1 arrives while notice 0's urgent pass runs; the full pass after it then waits on
+    EC2's listing. Notice 1 is drained at once, not after the listing (old: its wake-up was
+    cleared with the others when the full pass began, and it waited 8 s at 2,000 agents)."""
+    clock = FakeClock(1_800_000_000.0)
+    ec2 = HeldListing(clock)
+    ec2.release, ec2.listing = asyncio.Event(), asyncio.Event()
+    await ec2.launch(LaunchSpec("seed", 4, Market.SPOT, (A,)))
+    cfg = FleetdConfig(
+        fleet=FleetConfig(name="t", min_nodes=4, max_nodes=4, state_dir=tmp_path, reconcile_interval_s=600.0),
+        capacity=CapacityConfig(instance_types=("g4dn.xlarge", "g5.xlarge"), zones=("us-east-1a",)),
+        budget=BudgetConfig(total_usd=1e6, max_usd_per_hour=1e4),
+    )
+    gate = threading.Event()
+    gate.set()
+    calls: list[int] = []
+
+    def planner(obs, cfg, now):
+        calls.append(1)
+        gate.wait(30)
+        return plan(obs, cfg, now)
+
+    registry, commander = NodeRegistry(clock=clock), Commander()
+    state = await StateStore.open(tmp_path)
+    r = Reconciler(cfg, ec2=ec2, prices=BOOK, state=state, pools=(A, B),
+                   hardware={t: BOOK.hardware(t) for t in ("g4dn.xlarge", "g5.xlarge")}, planner=planner,
+                   clock=clock, observer=registry, commander=commander)
+    wake = asyncio.Event()
+    passes: list = []
+    ids = sorted(i.instance_id for i in ec2.live())
+
+    def notice(k: int) -> None:
+        registry.apply(InterruptionNotice(ids[k], "terminate", clock() + 120, "imds", received_at=clock(),
+                                          dedup_key=f"n{k}"))
+        wake.set()
+
+    loop = asyncio.create_task(r.run(wake, on_pass=passes.append))
+    try:
+        await _until(lambda: passes, "the first pass")
+        planned = len(calls)
+        gate.clear()
+        notice(0)  # wakes the idle loop: its urgent pass is held in the planner
+        await _until(lambda: len(calls) == planned + 1, "urgent pass 0 planning")
+        notice(1)  # arrives meanwhile
+        ec2.hold = True  # the full pass that follows waits on EC2's listing
+        await asyncio.sleep(0.3)  # longer than the first pass took: the full pass is not held back
+        gate.set()
+        await _until(lambda: len(commander.drained) == 2, "notice 1 drained while the listing is held")
+        assert commander.drained == ids[:2]
+        assert len(passes) == 1  # the full pass is still waiting on EC2
+    finally:
+        gate.set()
+        ec2.release.set()
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+        await state.close()

@@ -342,6 +342,12 @@ class Reconciler:
         """One full pass; a wake-up while it runs starts an urgent pass beside it (drains only),
         within ``urgent_limits`` (pass_schedule.py), and leaves ``wake`` set so the next full
         pass follows at once (after one urgent pass for what arrived meanwhile)."""
+        seen = getattr(self.observer, "notices_seen", None)
+        if seen is not None and seen != self._notices_planned:
+            # Notices counted but not planned yet (they woke the loop while an urgent pass ran,
+            # and the wake-up was cleared with the others): drained first, not after this pass's
+            # observation, which can wait seconds on EC2's listing (8 s at 2,000 agents).
+            await self._urgent()
         task = asyncio.create_task(self.run_pass(), name="reconcile-pass")
         started = time.monotonic()
         busy = 0.0  # what the urgent passes beside it took
