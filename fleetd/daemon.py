@@ -107,7 +107,7 @@ async def run_daemon(
             built = await _build_until_ready(ctx, lambda: build_reconciler(
                 cfg, client, planner=planner, clock=clock, dry_run=dry_run, signals=plugins.signals,
                 observer=plugins.observer, commander=plugins.commander, ledger=plugins.ledger,
-                pricing_client=pricing, blocking_lister=True,
+                pricing_client=pricing, listing_process=True,
                 state=plugins.ha.state if plugins.ha is not None else plugins.state,
                 fence=plugins.ha.election.generation if plugins.ha is not None else None,
             ))

@@ -129,10 +129,11 @@ async def build_reconciler(
     catalog: Catalog | None = None,
     state: StateBackend | None = None,
     fence: Callable[[], object] | None = None,
-    blocking_lister: bool = False,
+    listing_process: bool = False,
 ) -> Built:
     """``state`` and ``fence``: the HA backend and its lease (fleetd.ha.compose); without them
-    the state is SQLite in ``fleet.state_dir``."""
+    the state is SQLite in ``fleet.state_dir``. ``listing_process``: the EC2 view lists through a
+    child process (the daemon); without, every listing is the adapter's own call (tests, tools)."""
     cap = cfg.capacity
     zones = cap.zones or await default_zones(client, cap.subnet_ids)
     try:
@@ -165,7 +166,7 @@ async def build_reconciler(
     )
     # The whole-fleet listing parsed in a child process (ec2_list_process.py): in a thread its
     # parse held the GIL against the intake.
-    lister = ProcessLister(ec2_client_kwargs(cfg), cfg.aws.profile, cfg.fleet.name) if blocking_lister else None
+    lister = ProcessLister(ec2_client_kwargs(cfg), cfg.aws.profile, cfg.fleet.name) if listing_process else None
     ec2 = Ec2View(adapter, refresh_s=interval, max_age_s=max(6 * interval, 60.0), clock=clock, lister=lister)
     priors = priors_for_pools(load_spot_advisor(cap.spot_advisor_csv), pools) if cap.spot_advisor_csv else {}
     if state is None:

@@ -102,8 +102,8 @@ class StateStore:
     def _close_sync(self) -> None:
         # Under the lock: a call whose awaiting task was cancelled (a bounded shutdown) still runs
         # in its worker thread, and closing the connection under it is a use-after-free in
-        # sqlite3 (it crashed the whole process, CI's test run included). Waiting for it is short:
-        # every call is one small transaction.
+        # sqlite3 (a stress test segfaulted the interpreter; the likely cause of a CI run that
+        # died that way). Waiting for it is short: every call is one small transaction.
         with self._lock:
             if self._db is not None:
                 self._db.close()
