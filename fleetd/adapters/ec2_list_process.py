@@ -41,6 +41,9 @@ class ProcessLister:
         self._proc: Any = None
         self._conn: Connection | None = None
         self._lock = threading.Lock()  # one listing at a time over the one pipe
+        # Guards _proc and _closed only (held for no I/O but a start): close() must see a child
+        # started concurrently, or the start must see close().
+        self._proc_lock = threading.Lock()
         self._closed = False
 
     def __call__(self) -> list[Ec2Instance]:
@@ -65,8 +68,9 @@ class ProcessLister:
     def close(self) -> None:
         """Bounded: not behind a listing in flight (it holds the lock for as long as AWS takes).
         Killing the child ends that listing's wait with EOF; its thread cleans up after it."""
-        self._closed = True
-        proc = self._proc
+        with self._proc_lock:
+            self._closed = True
+            proc = self._proc
         if proc is not None:
             proc.kill()
             proc.join(CLOSE_GRACE_S)
@@ -77,9 +81,14 @@ class ProcessLister:
         self._stop_child()
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(target=_serve, args=(child, *self._args), name="fleetd-ec2-lister", daemon=True)
-        proc.start()
+        with self._proc_lock:
+            if self._closed:
+                parent.close()
+                child.close()
+                raise TransientAwsError("DescribeInstances", "ListerClosed", "the daemon is stopping")
+            proc.start()
+            self._proc, self._conn = proc, parent
         child.close()
-        self._proc, self._conn = proc, parent
         log.info("ec2_lister_started", pid=proc.pid)
         return parent
 
