@@ -122,3 +122,36 @@ async def test_a_malformed_answer_is_a_failed_listing_and_the_refresher_goes_on(
         assert v._listing == {} and not refresher.done()
     finally:
         refresher.cancel()
+
+
+async def test_after_a_takeover_no_listing_from_before_it_is_served():
+    """Another leader launched while this host's listing was on the wire (or while this host was
+    frozen): that listing does not show the launch, and no overlay here has it. After
+    ``distrust_before_now`` (what taking the lease calls) the pass waits for a listing that began
+    later, instead of ending the other leader's nodes as lost and buying them again."""
+    ec2, mono = FakeEc2(lambda: 1000.0), Mono()
+    v = view_of(ec2, mono)
+    await v.refresh()
+    started, release = asyncio.Event(), asyncio.Event()
+    inner_list = ec2.list_instances
+
+    async def slow_list():
+        snapshot = await inner_list()
+        started.set()
+        await release.wait()
+        return snapshot
+
+    ec2.list_instances = slow_list  # type: ignore[method-assign]
+    old = asyncio.create_task(v.refresh())  # this host's refresher, mid-listing
+    await started.wait()
+    await ec2.launch(LaunchSpec("other-leader", 2, Market.SPOT, (POOL,)))  # not through this view
+    mono.t += 1
+    v.distrust_before_now()  # this host takes the lease
+    ec2.list_instances = inner_list  # type: ignore[method-assign]
+    listing = asyncio.create_task(v.list_instances())
+    await asyncio.sleep(0.05)
+    assert not listing.done()  # not served from the listing in flight, nor from the last one
+    release.set()
+    await old
+    assert len(await asyncio.wait_for(listing, 5)) == 2  # a listing begun after the takeover
+    assert ec2.count("DescribeInstances") == 3

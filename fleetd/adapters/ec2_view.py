@@ -58,6 +58,7 @@ class Ec2View:
         self.monotonic = monotonic
         self._listing: dict[str, Ec2Instance] | None = None
         self._listing_started: float = float("-inf")  # monotonic start of the listing's describe
+        self._trusted_from: float = float("-inf")  # listings that started before are not served
         self._launched: dict[str, tuple[Ec2Instance, float]] = {}  # id -> (instance, returned at)
         self._terminated: dict[str, tuple[float, float]] = {}  # id -> (returned at, wall time)
         self._error: AwsError | None = None
@@ -74,8 +75,18 @@ class Ec2View:
         if close is not None:
             close()
 
+    def distrust_before_now(self) -> None:
+        """Serve no listing that started before this moment. For a host that just took the
+        lease (fleetd/ha/leadership.py): another leader changed EC2 meanwhile, and its launches
+        are in no overlay here; a listing taken before would show them missing, and the pass
+        would end them as lost and buy them again (seen: a leader frozen mid-listing led again
+        23 s later on that listing)."""
+        self._trusted_from = self.monotonic()
+
     # -- Ec2Api -----------------------------------------------------------------------------------
     async def list_instances(self) -> list[Ec2Instance]:
+        while self._listing_started < self._trusted_from:
+            await self._waited(self.refresh())  # the one in flight may predate the mark: another
         if not self._running or self._listing is None:
             await self._waited(self.refresh())
         elif self.monotonic() - self._listing_started > self._max_age():

@@ -49,6 +49,9 @@ async def lead(
             await asyncio.sleep(1.0)
             continue
         current = reconciler if current is None else current.successor()
+        distrust = getattr(current.ec2, "distrust_before_now", None)
+        if distrust is not None:
+            distrust()  # the last leader's launches are in EC2, not in this host's listing
         ctx.reconciler = current
         log.warning("leading", holder=election.holder, generation=generation,
                     why="this host holds the lease: it reconciles, steers and commands")
