@@ -24,6 +24,7 @@ from fleetd.config import FleetdConfig
 from fleetd.protocol.logs import get_logger
 from fleetd.protocol.sdnotify import Heartbeat, Notifier, watchdog
 from fleetd.adapters.aws_errors import AwsError
+from fleetd.protocol.waits import wait_set
 from fleetd.reconcile.build import Built, build_reconciler, ec2_client_kwargs, pricing_client_kwargs
 from fleetd.reconcile.loop import PassReport, Planner, Reconciler
 from fleetd.reconcile.ports import Clock, NodeCommander, NodeObserver, SignalSource
@@ -140,10 +141,7 @@ async def _build_until_ready(ctx: DaemonContext, build: Callable[[], Awaitable[B
                 log.error("startup_blocked", operation=exc.operation, code=exc.code, kind=exc.kind,
                           error=exc.message, retry_in_s=delay)
                 last = (exc.operation, exc.code)
-        try:
-            await asyncio.wait_for(ctx.stopping.wait(), timeout=delay)
-        except TimeoutError:
-            pass
+        await wait_set(ctx.stopping, delay)
         delay = min(delay * 2, STARTUP_RETRY_MAX_S)
     return None
 

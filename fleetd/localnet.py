@@ -7,6 +7,8 @@ import asyncio
 import socket
 import time
 
+from fleetd.protocol.waits import within
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nothing listens on right now (the OS picks it; a race with another binder is possible
@@ -60,7 +62,7 @@ async def port_answers(host: str, port: int, timeout_s: float = 1.0) -> bool:
     stall watcher)? A plain TCP connect: cheap, no torch, independent of the store client (whose
     reconnects back off while the store is down)."""
     try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+        _, writer = await within(asyncio.open_connection(host, port), timeout_s)
     except (OSError, TimeoutError):
         raise_if_cancelled()
         return False

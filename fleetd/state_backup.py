@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetd.protocol.logs import get_logger
+from fleetd.protocol.waits import wait_set
 
 log = get_logger(__name__)
 
@@ -176,11 +177,8 @@ class StateBackup:
     async def _loop(self, ctx: Any) -> None:
         # First copy one interval after start: the DB was just opened (or restored) as it is.
         while not ctx.stopping.is_set():
-            try:
-                await asyncio.wait_for(ctx.stopping.wait(), self.interval_s)
+            if await wait_set(ctx.stopping, self.interval_s):
                 return
-            except TimeoutError:
-                pass
             try:
                 await self.once()
             except Exception as exc:  # noqa: BLE001 - a failed backup is retried; never stop the daemon

@@ -40,6 +40,7 @@ from agent.checkpoint_store.errors import ObjectNotFound, StoreError, first_erro
 from agent.checkpoint_store.ledger import UploadLedger
 from agent.checkpoint_store.s3 import CompletedPart, S3Bucket
 from agent.checkpoint_store.slots import PrioritySlots
+from fleetd.protocol.waits import within
 
 log = get_logger(__name__)
 
@@ -215,7 +216,7 @@ class Uploader:
         # If we are cancelled again while aborting, the shielded abort finishes in the background.
         task = asyncio.ensure_future(abort())
         try:
-            await asyncio.wait_for(asyncio.shield(task), timeout=10)
+            await within(asyncio.shield(task), 10)
         except (StoreError, TimeoutError) as exc:
             log.warning("multipart_abort_failed", key=key, upload_id=upload_id, error=str(exc))
 

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from fleetd.protocol.logs import get_logger
+from fleetd.protocol.waits import within
 
 log = get_logger(__name__)
 
@@ -81,7 +82,7 @@ async def run_shutdown_command(argv: Sequence[str], timeout_s: float = 30.0) -> 
         log.error("shutdown_command_failed", argv=list(argv), error=str(exc))
         return None
     try:
-        code = await asyncio.wait_for(proc.wait(), timeout_s)
+        code = await within(proc.wait(), timeout_s)
     except TimeoutError:
         log.error("shutdown_command_timeout", argv=list(argv), timeout_s=timeout_s)
         return None

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 from fleetd.protocol.messages import Notice
+from fleetd.protocol.waits import wait_set
 
 REPEAT_S = 10.0
 
@@ -23,9 +24,6 @@ REPEAT_S = 10.0
 async def repeat_notice(publish: Callable[[Notice], Awaitable[None]], notice: Notice, stop: asyncio.Event,
                         every_s: float = REPEAT_S) -> None:
     while not stop.is_set():
-        try:
-            await asyncio.wait_for(stop.wait(), timeout=every_s)
+        if await wait_set(stop, every_s):
             return
-        except TimeoutError:
-            pass
         await publish(notice.model_copy(update={"msg_id": uuid.uuid4().hex, "sent_at": datetime.now(UTC)}))

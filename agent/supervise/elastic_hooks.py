@@ -24,6 +24,7 @@ from agent.trainer import local_ckpt
 from agent.trainer.store_link import StoreLink
 from fleetd.protocol import rendezvous_keys as keys
 from fleetd.protocol.logs import get_logger
+from fleetd.protocol.waits import wait_set
 
 log = get_logger(__name__)
 
@@ -148,7 +149,7 @@ class ElasticHooks:
                 ready = await asyncio.to_thread(TorchrunProcess(self.spec, log_path=self.log_path).prewarm)
                 if ran_s < self.healthy_run_s:
                     # Exited again soon after a restart: the store may be flapping. Slow down.
-                    await self._sleep_or_stop(crash_backoff.next_delay())
+                    await wait_set(self._stopped, crash_backoff.next_delay())
                 else:
                     crash_backoff.reset()
                 found = await wait_for_store(self._probe, self._stopped)
@@ -168,12 +169,6 @@ class ElasticHooks:
         finally:
             stop.cancel()
             restart.cancel()
-
-    async def _sleep_or_stop(self, seconds: float) -> None:
-        try:
-            await asyncio.wait_for(self._stopped.wait(), seconds)
-        except TimeoutError:
-            pass
 
     async def on_restart_trainer(self, command: Any) -> None:
         """fleetd saw training stalled: start torchrun again if it is not running (a running one

@@ -32,6 +32,7 @@ from agent.trainer import local_ckpt
 from agent.trainer.store_link import StoreLink, StoreLinkError
 from fleetd.protocol import rendezvous_keys as keys
 from fleetd.protocol.logs import get_logger
+from fleetd.protocol.waits import wait_set, within
 
 log = get_logger(__name__)
 
@@ -178,9 +179,9 @@ class EmergencyFlow:
                       mark: Callable[[str], None]) -> tuple[bool, str]:
         assert self.uploader is not None
         try:
-            durable = await asyncio.wait_for(
+            durable = await within(
                 self.uploader.upload(step, local_ckpt.step_dir(self.ckpt_dir, step), deadline=deadline),
-                timeout=max(1.0, until - time.monotonic()),
+                max(1.0, until - time.monotonic()),
             )
             return durable, ""
         except asyncio.CancelledError:
@@ -205,10 +206,7 @@ class EmergencyFlow:
         while time.monotonic() < until and not self.leave_event.is_set():
             if await self._store(self.link.leave_requested, self.node_addr) is not None:
                 return
-            try:
-                await asyncio.wait_for(self.leave_event.wait(), self.poll_s)
-            except TimeoutError:
-                pass
+            await wait_set(self.leave_event, self.poll_s)
         if not self.leave_event.is_set() and time.monotonic() >= until:
             log.warning("emergency_leave_timeout", node_addr=self.node_addr)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from agent.supervise.torchrun import TorchrunExit
 from fleetd.protocol.logs import get_logger
+from fleetd.protocol.waits import wait_set
 
 log = get_logger(__name__)
 
@@ -133,8 +134,5 @@ async def wait_for_store(
         if not reported:
             log.warning("rendezvous_store_unreachable", error=found.error)
             reported = True
-        try:
-            await asyncio.wait_for(stop.wait(), backoff.next_delay())
-        except TimeoutError:
-            pass
+        await wait_set(stop, backoff.next_delay())
     return None

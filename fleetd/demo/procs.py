@@ -8,6 +8,8 @@ import os
 import signal
 from pathlib import Path
 
+from fleetd.protocol.waits import within
+
 
 class Child:
     """A subprocess started in a new session; ``stop()`` signals the whole group."""
@@ -43,7 +45,7 @@ class Child:
         if self.running:
             self.signal_group(sig)
             try:
-                await asyncio.wait_for(self.proc.wait(), timeout)
+                await within(self.proc.wait(), timeout)
             except TimeoutError:
                 pass
         # Grandchildren (torchrun workers) may outlive the leader: sweep the group either way.

@@ -17,6 +17,7 @@ from fleetd.policy import lease
 from fleetd.ha.errors import LeaseLost
 from fleetd.ha.table import DynamoTable
 from fleetd.protocol.logs import get_logger
+from fleetd.protocol.waits import wait_set
 
 log = get_logger(__name__)
 
@@ -66,10 +67,7 @@ class Election:
             if not self.leads() or self.state.held != generation:
                 raise LeaseLost("lease lost")
             self._changed.clear()
-            try:
-                await asyncio.wait_for(self._changed.wait(), timeout=self.timing.renew_every_s / 2)
-            except TimeoutError:
-                pass
+            await wait_set(self._changed, self.timing.renew_every_s / 2)
 
     # -- the loop ---------------------------------------------------------------------------------
     async def step(self) -> None:
@@ -112,11 +110,7 @@ class Election:
                     await self.on_standby()
                 except AwsError as exc:
                     log.warning("standby_refresh_failed", kind=exc.kind, code=exc.code, error=exc.message)
-            try:
-                await asyncio.wait_for(stopping.wait(),
-                                       timeout=self.timing.poll_s if standby else self.timing.renew_every_s)
-            except TimeoutError:
-                pass
+            await wait_set(stopping, self.timing.poll_s if standby else self.timing.renew_every_s)
 
     async def release(self) -> None:
         """A clean stop hands the lease over at once instead of after ``lease_s``: the record is

@@ -32,6 +32,7 @@ from fleetd.config import FleetdConfig
 from fleetd.policy.model import Plan, PoolId, Terminate
 from fleetd.policy.observation import Observation, spot_shortage_over
 from fleetd.protocol.logs import get_logger
+from fleetd.protocol.waits import wait_set
 from fleetd.reconcile import state as st
 from fleetd.reconcile.cloud_calls import CloudCalls
 from fleetd.reconcile.execute import PERMANENT_HOLD_S, ActionExecutor
@@ -312,9 +313,7 @@ class Reconciler:
             if passes is not None and done >= passes:
                 break
             delay = self.next_delay(report)
-            try:
-                await asyncio.wait_for(wake.wait(), timeout=delay)
-            except TimeoutError:
+            if not await wait_set(wake, delay):
                 continue
             # Woken between passes: a new notice's drain goes out from the last observation
             # first (no EC2 read, no state sync: what a full pass costs at 2,000 nodes), and
@@ -325,9 +324,7 @@ class Reconciler:
 
     async def _hold_full_pass(self, wake: asyncio.Event, until: float) -> None:
         while (left := until - time.monotonic()) > 0:
-            try:
-                await asyncio.wait_for(wake.wait(), timeout=left)
-            except TimeoutError:
+            if not await wait_set(wake, left):
                 return
             wake.clear()
             await self._urgent()
@@ -352,6 +349,7 @@ class Reconciler:
         started = time.monotonic()
         busy = 0.0  # what the urgent passes beside it took
         woken = deferred = False
+        waiter: asyncio.Task | None = None
         try:
             while True:
                 if not deferred:
@@ -378,6 +376,8 @@ class Reconciler:
                     await self._urgent()
                     busy += time.monotonic() - now
         finally:
+            if waiter is not None:
+                waiter.cancel()  # a cancel while both were awaited leaves it waiting on `wake`
             if not task.done():
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

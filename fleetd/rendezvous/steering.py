@@ -23,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 
 from fleetd.localnet import port_answers
 from fleetd.protocol.logs import get_logger
+from fleetd.protocol.waits import wait_set
 from fleetd.rendezvous import decide
 from fleetd.rendezvous.client import KEY_COUNT, RendezvousClient
 from fleetd.rendezvous.errors import RendezvousError, RendezvousUnavailable
@@ -343,7 +344,7 @@ class Steerer:
                 continue
             except RendezvousError as exc:
                 log.error("rendezvous_steer_failed", error=str(exc).splitlines()[0][:300])
-            await _sleep_or_stop(stop, self.settings.interval_s)
+            await wait_set(stop, self.settings.interval_s)
 
     async def _reconnect_when_answering(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -353,18 +354,12 @@ class Steerer:
                     return
                 except RendezvousUnavailable:
                     pass  # listening but not serving yet
-            await _sleep_or_stop(stop, OUTAGE_PROBE_S)
+            await wait_set(stop, OUTAGE_PROBE_S)
 
 
 OUTAGE_PROBE_S = 0.5
 
 
-
-async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
-    try:
-        await asyncio.wait_for(stop.wait(), seconds)
-    except TimeoutError:
-        pass
 
 
 async def _main(args: argparse.Namespace) -> int:
