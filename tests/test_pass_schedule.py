@@ -100,6 +100,22 @@ async def _until(cond, what: str, tries: int = 1000) -> None:
     raise AssertionError(f"not reached: {what}")
 
 
+async def reconciler_on(ec2, tmp_path: Path, nodes: int, planner):
+    """A Reconciler over ``ec2`` holding ``nodes`` seed nodes, with a registry and a commander."""
+    await ec2.launch(LaunchSpec("seed", nodes, Market.SPOT, (A,)))
+    cfg = FleetdConfig(
+        fleet=FleetConfig(name="t", min_nodes=nodes, max_nodes=nodes, state_dir=tmp_path, reconcile_interval_s=600.0),
+        capacity=CapacityConfig(instance_types=("g4dn.xlarge", "g5.xlarge"), zones=("us-east-1a",)),
+        budget=BudgetConfig(total_usd=1e6, max_usd_per_hour=1e4),
+    )
+    registry, commander = NodeRegistry(clock=ec2.clock), Commander()
+    state = await StateStore.open(tmp_path)
+    r = Reconciler(cfg, ec2=ec2, prices=BOOK, state=state, pools=(A, B),
+                   hardware={t: BOOK.hardware(t) for t in ("g4dn.xlarge", "g5.xlarge")}, planner=planner,
+                   clock=ec2.clock, observer=registry, commander=commander)
+    return r, registry, commander, state
+
+
 async def test_loop_folds_notices_into_one_urgent_pass_and_holds_urgent_passes_to_their_share(tmp_path: Path) -> None:
     """A full pass waits on EC2's listing. Notice 0's urgent pass takes 1 s (its planner held);
     notices 1-3 arrive meanwhile. The urgent passes have then had more than half the full pass's
@@ -109,12 +125,6 @@ async def test_loop_folds_notices_into_one_urgent_pass_and_holds_urgent_passes_t
     clock = FakeClock(1_800_000_000.0)
     ec2 = HeldListing(clock)
     ec2.release, ec2.listing = asyncio.Event(), asyncio.Event()
-    await ec2.launch(LaunchSpec("seed", 8, Market.SPOT, (A,)))
-    cfg = FleetdConfig(
-        fleet=FleetConfig(name="t", min_nodes=8, max_nodes=8, state_dir=tmp_path, reconcile_interval_s=600.0),
-        capacity=CapacityConfig(instance_types=("g4dn.xlarge", "g5.xlarge"), zones=("us-east-1a",)),
-        budget=BudgetConfig(total_usd=1e6, max_usd_per_hour=1e4),
-    )
     gate = threading.Event()
     gate.set()
     calls: list[int] = []
@@ -124,11 +134,7 @@ async def test_loop_folds_notices_into_one_urgent_pass_and_holds_urgent_passes_t
         gate.wait(30)
         return plan(obs, cfg, now)
 
-    registry, commander = NodeRegistry(clock=clock), Commander()
-    state = await StateStore.open(tmp_path)
-    r = Reconciler(cfg, ec2=ec2, prices=BOOK, state=state, pools=(A, B),
-                   hardware={t: BOOK.hardware(t) for t in ("g4dn.xlarge", "g5.xlarge")}, planner=planner,
-                   clock=clock, observer=registry, commander=commander)
+    r, registry, commander, state = await reconciler_on(ec2, tmp_path, 8, planner)
     r.urgent_limits = UrgentLimits(max_share=0.5)
     wake = asyncio.Event()
     passes: list = []
@@ -186,17 +192,7 @@ async def test_wake_ups_without_notices_do_not_run_full_passes_back_to_back(tmp_
     drained by an urgent pass at once, whether a full pass is running or held back."""
     clock = FakeClock(1_800_000_000.0)
     ec2 = SlowListing(clock)
-    await ec2.launch(LaunchSpec("seed", 4, Market.SPOT, (A,)))
-    cfg = FleetdConfig(
-        fleet=FleetConfig(name="t", min_nodes=4, max_nodes=4, state_dir=tmp_path, reconcile_interval_s=600.0),
-        capacity=CapacityConfig(instance_types=("g4dn.xlarge", "g5.xlarge"), zones=("us-east-1a",)),
-        budget=BudgetConfig(total_usd=1e6, max_usd_per_hour=1e4),
-    )
-    registry, commander = NodeRegistry(clock=clock), Commander()
-    state = await StateStore.open(tmp_path)
-    r = Reconciler(cfg, ec2=ec2, prices=BOOK, state=state, pools=(A, B),
-                   hardware={t: BOOK.hardware(t) for t in ("g4dn.xlarge", "g5.xlarge")}, planner=plan,
-                   clock=clock, observer=registry, commander=commander)
+    r, registry, commander, state = await reconciler_on(ec2, tmp_path, 4, plan)
     wake = asyncio.Event()
     passes: list = []
     ids = sorted(i.instance_id for i in ec2.live())
@@ -237,12 +233,6 @@ async def test_a_notice_that_arrived_during_an_urgent_pass_does_not_wait_for_the
     clock = FakeClock(1_800_000_000.0)
     ec2 = HeldListing(clock)
     ec2.release, ec2.listing = asyncio.Event(), asyncio.Event()
-    await ec2.launch(LaunchSpec("seed", 4, Market.SPOT, (A,)))
-    cfg = FleetdConfig(
-        fleet=FleetConfig(name="t", min_nodes=4, max_nodes=4, state_dir=tmp_path, reconcile_interval_s=600.0),
-        capacity=CapacityConfig(instance_types=("g4dn.xlarge", "g5.xlarge"), zones=("us-east-1a",)),
-        budget=BudgetConfig(total_usd=1e6, max_usd_per_hour=1e4),
-    )
     gate = threading.Event()
     gate.set()
     calls: list[int] = []
@@ -252,11 +242,7 @@ async def test_a_notice_that_arrived_during_an_urgent_pass_does_not_wait_for_the
         gate.wait(30)
         return plan(obs, cfg, now)
 
-    registry, commander = NodeRegistry(clock=clock), Commander()
-    state = await StateStore.open(tmp_path)
-    r = Reconciler(cfg, ec2=ec2, prices=BOOK, state=state, pools=(A, B),
-                   hardware={t: BOOK.hardware(t) for t in ("g4dn.xlarge", "g5.xlarge")}, planner=planner,
-                   clock=clock, observer=registry, commander=commander)
+    r, registry, commander, state = await reconciler_on(ec2, tmp_path, 4, planner)
     wake = asyncio.Event()
     passes: list = []
     ids = sorted(i.instance_id for i in ec2.live())

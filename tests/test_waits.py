@@ -15,17 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from fleetd.adapters.ec2 import LaunchSpec
-from fleetd.config import BudgetConfig, CapacityConfig, FleetConfig, FleetdConfig
-from fleetd.intake.registry import NodeRegistry
-from fleetd.policy.model import Market
 from fleetd.policy.planner import plan
 from fleetd.protocol.waits import wait_set, within
-from fleetd.reconcile.loop import Reconciler
-from fleetd.reconcile.state import StateStore
 from tests.import_graph import ROOT
 from tests.reconcile_support import FakeClock
-from tests.test_reconcile_urgent import BOOK, A, B, Commander, FakeEc2
+from tests.test_pass_schedule import reconciler_on
+from tests.test_reconcile_urgent import FakeEc2
 
 
 async def _cancel_as_the_event_is_set(waiter, event: asyncio.Event) -> asyncio.Task:
@@ -89,18 +84,7 @@ async def test_the_reconcile_loop_stops_when_cancelled_as_it_is_woken(tmp_path: 
     """The real loop (planner, state DB, registry) idles between passes; it is woken and cancelled
     in one loop iteration (a finished cloud call's wake-up beside the daemon's shutdown). Before
     the fix it ran another pass and waited on: the daemon's stop hung."""
-    clock = FakeClock(1_800_000_000.0)
-    ec2 = FakeEc2(clock)
-    await ec2.launch(LaunchSpec("seed", 2, Market.SPOT, (A,)))
-    cfg = FleetdConfig(
-        fleet=FleetConfig(name="t", min_nodes=2, max_nodes=2, state_dir=tmp_path, reconcile_interval_s=600.0),
-        capacity=CapacityConfig(instance_types=("g4dn.xlarge", "g5.xlarge"), zones=("us-east-1a",)),
-        budget=BudgetConfig(total_usd=1e6, max_usd_per_hour=1e4),
-    )
-    state = await StateStore.open(tmp_path)
-    r = Reconciler(cfg, ec2=ec2, prices=BOOK, state=state, pools=(A, B),
-                   hardware={t: BOOK.hardware(t) for t in ("g4dn.xlarge", "g5.xlarge")}, planner=plan,
-                   clock=clock, observer=NodeRegistry(clock=clock), commander=Commander())
+    r, _, _, state = await reconciler_on(FakeEc2(FakeClock(1_800_000_000.0)), tmp_path, 2, plan)
     wake = asyncio.Event()
     passes: list = []
     loop = asyncio.create_task(r.run(wake, on_pass=passes.append))
