@@ -250,3 +250,45 @@ async def test_agent_hooks_supervise_torchrun_and_leave_on_command(tmp_path):
         assert StoreLink(cluster.host, cluster.port, "hooks").connect().has_left("127.0.0.2")
     finally:
         await asyncio.to_thread(cluster.close)
+
+
+@pytest.mark.parametrize("when", ["before run", "while run probes the store"])
+async def test_a_node_noticed_before_torchrun_starts_never_trains_and_says_it_is_leaving(tmp_path, when):
+    """A replacement noticed while it restores can get its notice before its first torchrun: in a
+    loaded storm run such a node started torchrun 5 s after its notice, trained alone past the
+    wave and lost what it trained. The hooks must not start torchrun once drained, and must tell
+    fleetd the node is leaving (its status), so that it is ended rather than kept."""
+    import asyncio
+    from datetime import UTC, datetime, timedelta
+
+    from agent.supervise.elastic_hooks import ElasticHooks
+    from fleetd.protocol.messages import Notice
+    from fleetd.rendezvous.localcluster import LocalCluster
+
+    events, states = [], []
+
+    async def publish(msg):
+        events.append(msg)
+
+    async def set_state(state):
+        states.append(state)
+
+    cluster = LocalCluster(tmp_path / "job", run_id="early", train_args=("--steps", "100000"))
+    try:
+        await asyncio.to_thread(cluster.start_host)
+        hooks = ElasticHooks(spec=cluster.spec("127.0.0.2"), instance_id="i-early", publish_event=publish,
+                             set_state=set_state, log_path=tmp_path / "torchrun.log")
+        notice = Notice(instance_id="i-early", action="terminate", action_time=datetime.now(UTC) + timedelta(seconds=120))
+        if when == "before run":
+            await hooks.on_notice(notice)
+            runner = asyncio.create_task(hooks.run())
+        else:
+            runner = asyncio.create_task(hooks.run())
+            await asyncio.sleep(0)  # run() is now awaiting its first store probe (a worker thread)
+            await hooks.on_notice(notice)
+        await asyncio.wait_for(runner, 30)
+        assert hooks.torchrun is None and hooks.starts == 0
+        assert states == ["draining", "leaving"] and events == []
+        assert not (tmp_path / "torchrun.log").exists() or "torchrun" not in (tmp_path / "torchrun.log").read_text()
+    finally:
+        await asyncio.to_thread(cluster.close)

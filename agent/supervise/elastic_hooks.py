@@ -100,6 +100,11 @@ class ElasticHooks:
                     # Prewarmed for a store the leader has since moved away from.
                     await asyncio.to_thread(ready.discard)
                     ready = None
+                if self.draining:
+                    # Noticed or drained before this start (a replacement noticed while it
+                    # restores): starting now would train past the notice, unseen by the wave's
+                    # checkpoint (a loaded storm run trained alone for 40 s and lost its steps).
+                    return
                 self.torchrun = (ready or TorchrunProcess(self.spec, log_path=self.log_path)).start()
                 ready = None
                 self.starts += 1
@@ -228,9 +233,12 @@ class ElasticHooks:
         await self._drain(deadline=command.deadline, reason=command.reason)
 
     async def _drain(self, *, deadline: datetime | None, reason: str) -> None:
-        if self.torchrun is None or self.draining:
-            return  # not training, or already leaving (notice and drain both arrived)
-        self.draining = True
+        if self.draining:
+            return  # already leaving (notice and drain both arrived)
+        self.draining = True  # from here on the run loop starts no torchrun
+        if self.torchrun is None:
+            await self._leave_before_training(reason)
+            return
         try:
             t0 = time.monotonic()
             await self.set_state("draining")
@@ -251,6 +259,14 @@ class ElasticHooks:
             await self._with_store(body)
         finally:
             self._drained.set()  # also when the path failed: run() must not wait forever
+        await self.set_state("leaving")
+
+    async def _leave_before_training(self, reason: str) -> None:
+        """Drained before torchrun ever started: no training state, nothing to checkpoint or
+        upload, no rendezvous to leave. Say so (fleetd ends the node once it is leaving)."""
+        log.warning("drain_before_training", reason=reason, why="torchrun not started: nothing to save")
+        self._drained.set()
+        await self.set_state("draining")
         await self.set_state("leaving")
 
     async def on_rebalance(self, rebalance: Any) -> None:
