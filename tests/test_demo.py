@@ -169,6 +169,8 @@ def test_a_trace_wave_every_removal_a_notice_none_lost(tmp_path: Path) -> None:
     log = report["notice_log"]
     assert len(log) == report["notices"] == 4, report
     assert all(n["seen_by_fleet"] for n in log), log
+    # Seen counts notices, not messages (an agent repeats its notice every 10 s until it is gone).
+    assert report["notices_seen_by_fleet"] == report["notices"] <= report["notice_messages"], report
     assert abs(log[0]["at_s"] - log[1]["at_s"]) < 0.05  # the wave's pair, together
     assert [n["replacement"] for n in log] == [False, False, True, False]
     assert log[3]["at_s"] - log[0]["at_s"] >= 19.5

@@ -133,9 +133,11 @@ async def build_report(run: Any, events_file: Path, ec2: Any, session: Any, aws:
         "scenario": run.opts.scenario.name if run.opts.scenario else "calm",
         "duration_s": round(time.time() - run.started_at, 1),
         "notices": injected.count("notice"),
-        "notices_seen_by_fleet": run.view.kinds.get("notice", 0) if run.view else 0,
+        # Distinct notices the fleet saw: an agent repeats its notice every 10 s until it is
+        # gone (agent/node/notice_repeat.py), so counting messages said "2 injected / 3 seen".
+        "notices_seen_by_fleet": sum(1 for n in notice_log if n["seen_by_fleet"]),
+        "notice_messages": run.view.kinds.get("notice", 0) if run.view else 0,
         "notice_log": notice_log,
-        "notices_seen_individually": sum(1 for n in notice_log if n["seen_by_fleet"]),
         "whole_fleet_notice": _whole_fleet(run, progress),
         "losses_without_notice": injected.count("vanish"),
         "rebalance_recommendations": injected.count("rebalance"),
@@ -188,7 +190,8 @@ def _stalls(stall: dict | None) -> str:
 
 def render(report: dict) -> str:
     rows = [
-        ("notices (injected / seen)", f"{report['notices']} / {report['notices_seen_by_fleet']}"),
+        ("notices (injected / seen)", f"{report['notices']} / {report['notices_seen_by_fleet']}"
+                                      f" ({report.get('notice_messages', 0)} notice messages, repeats included)"),
         ("notices per node", "; ".join(
             f"{n['instance_id']} @{n['at_s']}s{' (replacement)' if n['replacement'] else ''}"
             f"{'' if n['seen_by_fleet'] else ' NOT SEEN'}" for n in report.get("notice_log", [])) or "-"),
