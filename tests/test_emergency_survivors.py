@@ -148,3 +148,49 @@ def test_a_silent_rank_on_a_node_still_here_is_waited_for(tmp_path: Path) -> Non
     assert flow._every_remaining_rank_acked(2, link.acks(2))
     # A rank whose owner the earlier requests do not tell (another world): keep waiting.
     assert not flow._every_remaining_rank_acked(1, link.acks(1)[:2])
+
+
+class ReformingLink(MemoryLink):
+    """The world is re-forming when the notice comes: no rank runs, so nobody acknowledges."""
+
+    def acks(self, seq: int) -> list[keys.CheckpointAck]:
+        return []
+
+
+class SalvagingTorchrun(StubTorchrun):
+    """SIGTERM (``stop``) lets a worker save the step it completed; SIGKILL (``kill``) does not."""
+
+    def __init__(self, ckpt_dir: Path, step: int) -> None:
+        self.ckpt_dir, self.step, self.signals = ckpt_dir, step, []
+
+    def kill(self) -> None:
+        self.signals.append("SIGKILL")
+        super().kill()
+
+    async def stop(self, timeout_s: float = 10.0) -> TorchrunExit:
+        self.signals.append("SIGTERM")
+        step_dir = local_ckpt.step_dir(self.ckpt_dir, self.step)
+        step_dir.mkdir(parents=True)
+        (step_dir / local_ckpt.PLAIN_FILE).write_bytes(b"salvaged")
+        (step_dir / local_ckpt.MARKER).write_text("{}")
+        self.running = False
+        return TorchrunExit(exit_code=1, reason="stopped")
+
+
+@pytest.mark.asyncio
+async def test_with_no_step_acknowledged_the_node_salvages_and_uploads_its_newest_local_step(tmp_path: Path) -> None:
+    """A loaded storm run: the wave came while the world re-formed, no request was acknowledged,
+    the nodes left with nothing uploaded, and the world that formed after trained 7 steps that
+    died with it. The node now stops its tree with SIGTERM (the workers save what they completed)
+    and makes its newest complete local step durable before it says it has left."""
+    from datetime import UTC, datetime, timedelta
+
+    link = ReformingLink(noticed=set(NODES[1:]))
+    flow = _flow(tmp_path, link)  # holds step STEP locally
+    flow.torchrun = SalvagingTorchrun(tmp_path, STEP + 7)  # type: ignore[assignment]
+    outcome = await flow.run(deadline=datetime.now(UTC) + timedelta(seconds=8), reason="spot notice")
+    assert flow.torchrun.signals == ["SIGTERM"]  # type: ignore[attr-defined]
+    assert outcome.step == STEP + 7 and outcome.durable, outcome
+    assert [kind for kind, _ in link.events] == ["drain_ready", "durable", "left"], link.events
+    assert link.events[1] == ("durable", str(STEP + 7))
+    assert "newest local step" in outcome.detail

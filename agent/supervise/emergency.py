@@ -98,6 +98,7 @@ class EmergencyFlow:
         durable = False
         detail = ""
         upload: asyncio.Task | None = None
+        member = None
         try:
             member = await self._store(self.link.member, self.node_addr)
             if member is None:
@@ -137,8 +138,14 @@ class EmergencyFlow:
             # The store is unreachable: nobody can steer; stop the tree anyway before the deadline.
             detail = f"rendezvous store unreachable: {exc}"
             log.error("emergency_store_unreachable", error=str(exc))
-        exit_ = await self.stop_tree()
+        unsaved = member is not None and step is None
+        # No step acknowledged (the world was re-forming all along): SIGTERM, so that a worker
+        # saves the step it completed on the way out (agent/trainer/salvage.py), not SIGKILL.
+        exit_ = await self.stop_tree(salvage_s=min(SALVAGE_S, max(0.0, t0 + budget * 0.7 - time.monotonic()))
+                                     if unsaved else 0.0)
         mark("stopped")
+        if unsaved and self.uploader is not None:
+            step, durable, detail = await self._upload_newest_local(deadline, t0 + budget * 0.95, mark, detail)
         try:
             await self._store(self.link.mark_left, self.node_addr, keys.Left(exit_code=exit_.exit_code if exit_ else None))
         except StoreLinkError as exc:
@@ -210,11 +217,30 @@ class EmergencyFlow:
         if not self.leave_event.is_set() and time.monotonic() >= until:
             log.warning("emergency_leave_timeout", node_addr=self.node_addr)
 
-    async def stop_tree(self) -> TorchrunExit | None:
+    async def stop_tree(self, salvage_s: float = 0.0) -> TorchrunExit | None:
         if not self.torchrun.running:
             return None
+        if salvage_s > 0:
+            return await self.torchrun.stop(timeout_s=salvage_s)
         self.torchrun.kill()
         return await self.torchrun.wait()
+
+    async def _upload_newest_local(self, deadline: datetime | None, until: float,
+                                   mark: Callable[[str], None], detail: str) -> tuple[int | None, bool, str]:
+        """No coordinated step: make this node's newest complete local step durable instead (the
+        newest any rank saved here: periodic, an earlier request's, or salvaged just now). S3's
+        ``latest`` only moves forward, so an older step than the durable one changes nothing."""
+        found = [s for m in ("state_dict", "dcp") if (s := local_ckpt.newest_complete(self.ckpt_dir, m)) is not None]
+        if not found:
+            return None, False, detail
+        step = max(found)
+        durable, upload_detail = await self._upload(step, deadline, until=until, mark=mark)
+        log.warning("emergency_newest_local_uploaded", step=step, durable=durable)
+        said = f"no checkpoint acknowledged before the deadline: this node's newest local step {step} uploaded"
+        return step, durable, f"{said} ({upload_detail})" if upload_detail else said
+
+
+SALVAGE_S = 10.0  # SIGTERM to SIGKILL when no step was acknowledged: a worker's save takes < 1 s
 
 
 def _seconds_until(deadline: datetime | None, default: float) -> float:
