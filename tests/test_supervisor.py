@@ -3,6 +3,7 @@ stopping whole process trees."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -213,15 +214,13 @@ def test_stop_kills_the_whole_tree_including_new_sessions(tmp_path):
     assert psutil.wait_procs(tree, timeout=10)[1] == []
 
 
-@pytest.mark.slow
-async def test_agent_hooks_supervise_torchrun_and_leave_on_command(tmp_path):
-    """The agent's hooks for a training node (ElasticHooks): run() starts torchrun, a leave command stops the whole
-    tree, confirms it in the store, and the exit is reported as a trainer-exited event."""
+@contextlib.asynccontextmanager
+async def _hooks_beside_a_store(tmp_path, run_id: str, instance_id: str):
+    """Real ElasticHooks for node 127.0.0.2 beside a real rendezvous store (LocalCluster); yields
+    (hooks, cluster, published events, states set)."""
     import asyncio
 
     from agent.supervise.elastic_hooks import ElasticHooks
-    from agent.trainer.store_link import StoreLink
-    from fleetd.protocol.messages import LeaveCommand, TrainerExited
     from fleetd.rendezvous.localcluster import LocalCluster
 
     events, states = [], []
@@ -232,11 +231,26 @@ async def test_agent_hooks_supervise_torchrun_and_leave_on_command(tmp_path):
     async def set_state(state):
         states.append(state)
 
-    cluster = LocalCluster(tmp_path / "job", run_id="hooks", train_args=("--steps", "100000"))
+    cluster = LocalCluster(tmp_path / "job", run_id=run_id, train_args=("--steps", "100000"))
     try:
         await asyncio.to_thread(cluster.start_host)
-        hooks = ElasticHooks(spec=cluster.spec("127.0.0.2"), instance_id="i-hooks", publish_event=publish,
+        hooks = ElasticHooks(spec=cluster.spec("127.0.0.2"), instance_id=instance_id, publish_event=publish,
                              set_state=set_state, log_path=tmp_path / "torchrun.log")
+        yield hooks, cluster, events, states
+    finally:
+        await asyncio.to_thread(cluster.close)
+
+
+@pytest.mark.slow
+async def test_agent_hooks_supervise_torchrun_and_leave_on_command(tmp_path):
+    """The agent's hooks for a training node (ElasticHooks): run() starts torchrun, a leave command stops the whole
+    tree, confirms it in the store, and the exit is reported as a trainer-exited event."""
+    import asyncio
+
+    from agent.trainer.store_link import StoreLink
+    from fleetd.protocol.messages import LeaveCommand, TrainerExited
+
+    async with _hooks_beside_a_store(tmp_path, "hooks", "i-hooks") as (hooks, cluster, events, states):
         runner = asyncio.create_task(hooks.run())
         t0 = time.time()
         await asyncio.to_thread(cluster.events.wait_training, 1, t0, 120)
@@ -248,8 +262,6 @@ async def test_agent_hooks_supervise_torchrun_and_leave_on_command(tmp_path):
         assert states == ["training"]
         assert [(type(e), e.reason) for e in events] == [(TrainerExited, "stopped")]
         assert StoreLink(cluster.host, cluster.port, "hooks").connect().has_left("127.0.0.2")
-    finally:
-        await asyncio.to_thread(cluster.close)
 
 
 @pytest.mark.parametrize("when", ["before run", "while run probes the store"])
@@ -261,23 +273,9 @@ async def test_a_node_noticed_before_torchrun_starts_never_trains_and_says_it_is
     import asyncio
     from datetime import UTC, datetime, timedelta
 
-    from agent.supervise.elastic_hooks import ElasticHooks
     from fleetd.protocol.messages import Notice
-    from fleetd.rendezvous.localcluster import LocalCluster
 
-    events, states = [], []
-
-    async def publish(msg):
-        events.append(msg)
-
-    async def set_state(state):
-        states.append(state)
-
-    cluster = LocalCluster(tmp_path / "job", run_id="early", train_args=("--steps", "100000"))
-    try:
-        await asyncio.to_thread(cluster.start_host)
-        hooks = ElasticHooks(spec=cluster.spec("127.0.0.2"), instance_id="i-early", publish_event=publish,
-                             set_state=set_state, log_path=tmp_path / "torchrun.log")
+    async with _hooks_beside_a_store(tmp_path, "early", "i-early") as (hooks, _, events, states):
         notice = Notice(instance_id="i-early", action="terminate", action_time=datetime.now(UTC) + timedelta(seconds=120))
         if when == "before run":
             await hooks.on_notice(notice)
@@ -290,5 +288,3 @@ async def test_a_node_noticed_before_torchrun_starts_never_trains_and_says_it_is
         assert hooks.torchrun is None and hooks.starts == 0
         assert states == ["draining", "leaving"] and events == []
         assert not (tmp_path / "torchrun.log").exists() or "torchrun" not in (tmp_path / "torchrun.log").read_text()
-    finally:
-        await asyncio.to_thread(cluster.close)
