@@ -12,6 +12,10 @@ On a notice the agent does not wait for the controller:
 5. SIGKILL torchrun's whole process tree and confirm with ``left``; fleetd then pokes the
    survivors, who re-form at the smaller size and resume from step N (their local copy).
 
+If no rank acknowledges the request within half the notice (the wave came while the world
+re-formed), step 5 uses SIGTERM instead (bounded; the workers save the step they completed) and
+the node uploads its newest complete local step before it says ``left``.
+
 A node noticed before its worker ever started in a world (a replacement still restoring, in a
 wave of notices) holds no training state: it asks for no checkpoint, so the training world is
 neither held nor re-formed for it; it says ``drain_ready`` with no step and leaves.
