@@ -1,4 +1,5 @@
-"""A small regression MLP that trains on CPU (gloo) in a fraction of a second per step.
+"""A small regression MLP that trains on CPU (gloo) in a fraction of a second per step, or on a
+GPU (``--device cuda``: NCCL when every rank has a GPU of its own, gloo when ranks share one).
 
 Run under torchrun (what fleetd's supervisor does) or alone:
 ``python -m agent.examples.train_toy --steps 100``. It uses fleetd's checkpoint helper, so it
@@ -25,6 +26,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="extra seconds per step, standing in for real work (keeps CPU use low)")
     p.add_argument("--mode", choices=("state_dict", "dcp"), default="state_dict")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
+                   help="auto: gloo on CPU; on CUDA nccl, or gloo when the node's ranks outnumber its GPUs "
+                        "(NCCL refuses two ranks on one GPU)")
     return p.parse_args(argv)
 
 
@@ -39,8 +44,9 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)  # many ranks share few cores; oversubscription only slows them
     ctx = TrainerContext.from_env()
+    device = _device(args.device, ctx.local_rank)
     if "MASTER_ADDR" in os.environ:
-        dist.init_process_group("gloo")
+        dist.init_process_group(_backend(args.backend, device, ctx.local_world_size))
     t_group, cpu_group = time.time(), time.process_time()
     torch.manual_seed(args.seed)  # the same initial weights on every rank
     data_gen = torch.Generator().manual_seed(1234)
@@ -48,14 +54,17 @@ def main(argv: list[str] | None = None) -> int:
     x = torch.randn(n, args.dim, generator=data_gen)
     true_w = torch.randn(args.dim, 1, generator=data_gen)
     y = torch.tanh(x @ true_w) + 0.01 * torch.randn(n, 1, generator=data_gen)
+    x, y = x.to(device), y.to(device)
 
-    model = nn.Sequential(nn.Linear(args.dim, args.hidden), nn.Tanh(), nn.Linear(args.hidden, 1))
+    model = nn.Sequential(nn.Linear(args.dim, args.hidden), nn.Tanh(), nn.Linear(args.hidden, 1)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     ckpt = ElasticCheckpointer(model, optimizer, mode=args.mode, ctx=ctx)
     step = ckpt.resume()
-    ddp = nn.parallel.DistributedDataParallel(model) if dist.is_initialized() else model
+    ids = [device.index] if device.type == "cuda" else None
+    ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids) if dist.is_initialized() else model
     ckpt.emit("start", from_step=step, restart_count=ctx.restart_count, t_main=t_main, t_group=t_group,
-              cpu_group=cpu_group, cpu=time.process_time())
+              cpu_group=cpu_group, cpu=time.process_time(), device=str(device),
+              backend=dist.get_backend() if dist.is_initialized() else None)
 
     # Optional scaling curve (fleetd demo --scenario scaling): one step's work of work_s seconds
     # is shared by up to saturate_at nodes, so the job's steps/s grows with each node up to that
@@ -89,6 +98,28 @@ def main(argv: list[str] | None = None) -> int:
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0
+
+
+def _device(kind: str, local_rank: int):  # noqa: ANN202 - torch is imported late
+    import torch
+
+    if kind == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device is visible")
+    device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
+def _backend(choice: str, device, local_world_size: int) -> str:  # noqa: ANN001
+    if choice != "auto":
+        return choice
+    if device.type != "cuda":
+        return "gloo"
+    import torch
+
+    return "nccl" if local_world_size <= torch.cuda.device_count() else "gloo"
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from agent.trainer import local_ckpt, store_view
 from agent.trainer.context import TrainerContext
 from agent.trainer.local_ckpt import Mode, SavedStep
 from agent.trainer.reports import TrainerReports
-from agent.trainer.resume import ResumeSteps
+from agent.trainer.resume import ResumeSteps, collective_device
 from agent.trainer.salvage import TermWatcher, UpdateGuard, host_copy
 
 LEFT_GRACE_S = 5.0
@@ -124,7 +124,7 @@ class ElasticCheckpointer(ResumeSteps):
             return value
         import torch
 
-        t = torch.tensor([value], dtype=torch.int64)
+        t = torch.tensor([value], dtype=torch.int64, device=collective_device(dist))
         dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
         return int(t.item())
 

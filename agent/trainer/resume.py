@@ -20,6 +20,17 @@ from agent.trainer.local_ckpt import Mode
 NONE = -1  # "no step": a rank holds no complete checkpoint
 
 
+def collective_device(dist: Any) -> Any:
+    """Where the checkpointer's own collectives keep their tensors: the current GPU under a
+    NCCL-only process group (NCCL has no CPU tensors: "No backend type associated with device
+    type cpu"), host memory under gloo or a group with a backend for each device."""
+    import torch
+
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 class ResumeSteps:
     ctx: TrainerContext
     root: Any
@@ -131,11 +142,12 @@ class ResumeSteps:
         if self.ctx.rank == src:
             blob = (local_ckpt.step_dir(self.root, step) / local_ckpt.PLAIN_FILE).read_bytes()
         size = self._all_reduce(len(blob), "MAX")
-        buf = torch.zeros(size, dtype=torch.uint8)
+        buf = torch.zeros(size, dtype=torch.uint8, device=collective_device(dist))
         if self.ctx.rank == src:
             buf[:] = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
         dist.broadcast(buf, src=src)
-        raw = ctypes.string_at(buf.data_ptr(), size)  # the tensor's bytes, without numpy
+        host = buf.cpu()  # a GPU buffer's pointer is no host address
+        raw = ctypes.string_at(host.data_ptr(), size)  # the tensor's bytes, without numpy
         state = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=False)
         self._apply_plain(state["state"])
         self.emit("state_from_peer", step=step, src=src, nbytes=size)

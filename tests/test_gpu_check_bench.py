@@ -1,0 +1,52 @@
+"""bench/gpu_check.py on the CPU path (its GPU run is in docs/DESIGN.md), and where the
+checkpointer's own collectives keep their tensors under each backend."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent.trainer.resume import collective_device
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class _Dist:
+    def __init__(self, backend: str) -> None:
+        self._backend = backend
+
+    def get_backend(self) -> str:
+        return self._backend
+
+
+def test_collectives_use_the_gpu_only_under_a_nccl_only_group(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert collective_device(_Dist("nccl")) == torch.device("cuda", 3)  # NCCL has no CPU tensors
+    assert collective_device(_Dist("gloo")) == torch.device("cpu")
+    assert collective_device(_Dist("cpu:gloo,cuda:nccl")) == torch.device("cpu")  # a backend per device
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_gpu_check_passes_on_the_cpu_path(tmp_path):
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--device", "cpu", "--steps", "150",
+         "--work-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=280, cwd=ROOT,
+    )
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["ok"], out.stdout[-3000:] + out.stderr[-3000:]
+    assert set(result) >= {"nvml", "salvage_kill", "salvage_hang", "torchrun_restart"}
+    assert "nccl_resume" not in result  # CUDA only
+    for how in ("salvage_kill", "salvage_hang"):
+        assert result[how]["salvaged_step"] == result[how]["last_completed_step"] >= 30
+        assert result[how]["saved_tensors_on_host"] is True
+    assert result["salvage_hang"]["survivor_rc"] == 128 + 15
+    run = result["torchrun_restart"]
+    assert run["steps_lost"] == 0 and run["salvaged_steps"] == [run["resumed_from"]]
+    assert run["done_step"] == 150 and run["returncode"] == 0
