@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetd.config import FleetdConfig
+from fleetd.gc_pacing import GcPacing
 from fleetd.protocol.logs import get_logger
 from fleetd.protocol.sdnotify import Heartbeat, Notifier, watchdog
 from fleetd.adapters.aws_errors import AwsError
@@ -162,10 +163,12 @@ async def _supervise(
 ) -> int:
     interval = ctx.cfg.fleet.reconcile_interval_s
     heartbeat = Heartbeat(max_silence_s=max(4 * interval, 120.0))
+    pacing = GcPacing()  # full garbage collections between passes (fleetd/gc_pacing.py)
 
     def on_pass(report: PassReport) -> None:
         ctx.last_report = report
         heartbeat.beat()
+        pacing.after_pass()
 
     ha = plugins.ha
     components = list(plugins.components)
@@ -175,6 +178,7 @@ async def _supervise(
         async def standby_step() -> None:
             await ha.refresh()  # warm: the shared state as of one lease step ago
             heartbeat.beat()  # a standby is healthy while its lease steps run
+            pacing.after_pass()
 
         ha.election.on_standby = standby_step
 
@@ -184,12 +188,16 @@ async def _supervise(
         components.append(election)
 
     async def reconcile() -> None:
-        if ha is None:
-            await reconciler.run(ctx.wake, passes=passes, on_pass=on_pass)
-        else:
-            from fleetd.ha.leadership import lead
+        pacing.install()
+        try:
+            if ha is None:
+                await reconciler.run(ctx.wake, passes=passes, on_pass=on_pass)
+            else:
+                from fleetd.ha.leadership import lead
 
-            await lead(ctx, ha.election, ha.refresh, reconciler, plugins.leader_components, on_pass, passes)
+                await lead(ctx, ha.election, ha.refresh, reconciler, plugins.leader_components, on_pass, passes)
+        finally:
+            pacing.uninstall()
         if passes is not None:
             ctx.stopping.set()  # a bounded run (tests, --once style) ends the daemon
 

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ("agents", "notices", "drains", "notice_to_drain_p50_s", "notice_to_drain_p99_s", "reconcile_p50_s",
         "reconcile_p99_s", "controller_cpu_pct", "controller_peak_rss_mib", "broker_cpu_pct", "dropped_valid",
-        "rejected", "sent", "accepted", "loadavg_start", "loadavg_end")
+        "rejected", "sent", "accepted", "loadavg_start", "loadavg_end", "harness_nice", "telemetry_hz_per_agent")
 
 
 def test_short_agents_load_run_loses_no_valid_message_and_drains_every_notice() -> None:
@@ -36,3 +36,4 @@ def test_short_agents_load_run_loses_no_valid_message_and_drains_every_notice() 
     # The malformed messages the observer sent were rejected (the last may still be in flight).
     assert 1 <= r["rejected"] <= r["malformed_sent"], r
     assert r["reconcile_passes"] > 0 and r["controller_peak_rss_mib"] > 0, r
+    assert r["harness_nice"] == 19 and r["telemetry_hz_per_agent"] > 0, r  # the offered load is reported

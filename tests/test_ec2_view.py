@@ -155,3 +155,39 @@ async def test_after_a_takeover_no_listing_from_before_it_is_served():
     await old
     assert len(await asyncio.wait_for(listing, 5)) == 2  # a listing begun after the takeover
     assert ec2.count("DescribeInstances") == 3
+
+
+class HeldDescribe(FakeEc2):
+    """DescribeInstances that waits until released once ``hold`` is set."""
+
+    hold = False
+
+    async def list_instances(self):
+        if self.hold:
+            self.on_wire.set()
+            await self.release.wait()
+        return await super().list_instances()
+
+
+async def test_a_stale_listing_is_served_while_a_describe_that_is_not_overdue_is_on_the_wire():
+    """The refresher is slow, not failing: the pass gets the newest listing at once instead of
+    waiting for the rest of the describe (3.2 s at 2,000 instances on moto). A describe that is
+    itself overdue is waited for, as before."""
+    ec2, mono = HeldDescribe(lambda: 1000.0), Mono()
+    ec2.on_wire, ec2.release = asyncio.Event(), asyncio.Event()
+    await ec2.launch(LaunchSpec("t", 2, Market.SPOT, (POOL,)))
+    v = view_of(ec2, mono)
+    await v.refresh()
+    ec2.hold = True
+    mono.t += 8
+    slow = asyncio.create_task(v.refresh())  # the refresher's next describe, held on the wire
+    await asyncio.wait_for(ec2.on_wire.wait(), 5)
+    mono.t += 5  # the listing is 13 s old (max age 10 s); the describe on the wire 5 s
+    assert len(await asyncio.wait_for(v.list_instances(), 1)) == 2  # served, not waited
+    mono.t += 6  # now the describe on the wire is 11 s old: overdue
+    waiting = asyncio.create_task(v.list_instances())
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # a stuck describe is waited for
+    ec2.release.set()
+    assert len(await asyncio.wait_for(waiting, 5)) == 2
+    await slow

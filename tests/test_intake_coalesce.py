@@ -1,5 +1,5 @@
 """The intake's inbox (fleetd/intake/coalesce.py): telemetry coalesces to the latest sample per
-node, events are never coalesced, superseded or reordered, and memory is bounded by one pending
+node, events are never coalesced, superseded or reordered (and go ahead of waiting samples), and memory is bounded by one pending
 sample per node plus the events."""
 
 from __future__ import annotations
@@ -51,6 +51,19 @@ def test_events_keep_their_order_and_are_never_superseded() -> None:
     assert q.superseded == 1
 
 
+def test_an_event_is_served_before_every_waiting_sample() -> None:
+    """A notice that arrives behind 2,000 nodes' samples is handled next, not after them."""
+    q = CoalescingQueue(key=key)
+    for n in range(2000):
+        q.put_nowait(("tele", f"n{n}", 1))
+    q.put_nowait(("event", "n7", 1))
+    q.put_nowait(("event", "n8", 2))
+    assert q.get_nowait() == ("event", "n7", 1)
+    assert q.get_nowait() == ("event", "n8", 2)
+    assert q.get_nowait() == ("tele", "n0", 1)  # then the samples, in their order
+    assert q.qsize() == 1999 and q.pending_keys() == 1999
+
+
 async def test_a_waiting_getter_is_woken_by_a_put() -> None:
     q = CoalescingQueue(key=key)
     getter = asyncio.create_task(q.get())
@@ -73,7 +86,7 @@ def test_property_bounded_nothing_lost_but_superseded_samples(xs: list, take_eve
     for n, x in enumerate(xs):
         q.put_nowait(x)
         assert q.pending_keys() <= len({i[1] for i in xs})
-        assert q.qsize() == q.pending_keys() + sum(1 for k, _ in q._queue if k is None)
+        assert q.qsize() == q.pending_keys() + len(q._queue.events)
         if n % take_every == 0:
             out.append(q.get_nowait())
     out += drain(q)

@@ -166,3 +166,54 @@ async def test_close_waits_for_a_call_whose_task_was_cancelled(tmp_path: Path) -
     assert rows == [0]  # the call finished on an open connection
     with pytest.raises(AssertionError, match="closed"):
         await store.settled_launch_count()
+
+
+async def test_whole_table_reads_are_served_from_memory_until_a_row_changes(tmp_path: Path) -> None:
+    """A pass, the ledger feed and the status snapshot each read every open row; the copy is
+    reused until any write of this store changes a row (then the next read sees the change)."""
+    store = await StateStore.open(tmp_path)
+    selects: list[str] = []
+    try:
+        assert store._db is not None
+        store._db.set_trace_callback(lambda sql: selects.append(sql) if sql.startswith("SELECT") else None)
+        await store.sync_instances([seen("i-1"), seen("i-2")], T0)
+        first = await store.instances()
+        n = len(selects)
+        again = await store.instances()
+        assert again == first and again is not first and len(selects) == n  # no query: the copy
+        again.clear()  # the caller's own list: the copy is untouched
+        assert len(await store.instances()) == 2
+        assert await store.record_notice("i-1", T0 + 5)  # a write: the next read queries again
+        rows = {r.instance_id: r for r in await store.instances()}
+        assert rows["i-1"].notice_at == T0 + 5 and len(selects) > n
+        await store.mark_terminate_requested(["i-2"], T0 + 6)
+        assert {r.instance_id: r for r in await store.instances()}["i-2"].terminate_requested_at == T0 + 6
+        await store.sync_instances([seen("i-1", "terminated"), seen("i-2")], T0 + 10)
+        assert [r.instance_id for r in await store.instances()] == ["i-2"]
+        assert {r.instance_id for r in await store.instances(open_only=False)} == {"i-1", "i-2"}
+        assert [r.instance_id for r in await store.instances_by_id(["i-1"])] == ["i-1"]  # by id: never cached
+    finally:
+        await store.close()
+
+
+async def test_meta_is_read_once_and_written_through(tmp_path: Path) -> None:
+    store = await StateStore.open(tmp_path)
+    selects: list[str] = []
+    try:
+        assert store._db is not None
+        store._db.set_trace_callback(lambda sql: selects.append(sql) if "FROM meta" in sql else None)
+        assert await store.get_meta("target_nodes") is None
+        await store.set_meta("target_nodes", 4)
+        await store.set_meta("budget", {"level": "normal"})
+        got = await store.get_meta("budget")
+        got["level"] = "changed"  # the caller's own copy
+        assert await store.get_meta("budget") == {"level": "normal"}
+        assert await store.get_meta("target_nodes") == 4 and await store.get_meta("nope", 7) == 7
+        assert len(selects) == 1  # one read of the table; every later answer from memory
+    finally:
+        await store.close()
+    store = await StateStore.open(tmp_path)  # what was written is on disk
+    try:
+        assert await store.get_meta("target_nodes") == 4
+    finally:
+        await store.close()

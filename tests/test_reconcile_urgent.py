@@ -1,6 +1,6 @@
 """A notice must not wait behind a pass that waits on EC2: the urgent pass drains it at once with
 the real planner (in-memory EC2 whose CreateFleet is held open, real state DB and registry). And
-the registry forgets instances an hour after they ended."""
+the registry forgets instances an hour after they ended, the observation launches no instance carries."""
 
 from __future__ import annotations
 
@@ -120,6 +120,29 @@ async def test_the_registry_forgets_an_instance_an_hour_after_it_ended(tmp_path:
         await r.run_pass()
         assert not registry.is_known(gone)
         assert all(registry.is_known(i.instance_id) for i in ec2.live())
+    finally:
+        await state.close()
+
+
+async def test_launch_purposes_are_kept_for_the_current_instances_only(tmp_path: Path):
+    """Why each launch was bought is kept per launch token while an instance carries it; it grew
+    by one entry per launch for as long as the daemon ran (bench/long_run.py found it)."""
+    r, ec2, registry, commander, clock, state = await setup(tmp_path, nodes=3)
+    ec2.release.set()
+    try:
+        await r.run_pass()  # 2 seed nodes (a token the state never recorded) + 1 bought
+        clock.advance(10)
+        await r.run_pass()
+        bought = {i.launch_token for i in ec2.live()} - {"seed"}
+        assert len(bought) == 1 and r._observation._purposes.keys() == {"seed", *bought}
+        for inst in ec2.live():
+            if inst.launch_token == "seed":
+                ec2.interrupt(inst.instance_id)
+        for _ in range(3):  # the replacements' launch, then a pass that sees them
+            clock.advance(10)
+            await r.run_pass()
+        carried = {i.launch_token for i in ec2.live()}
+        assert "seed" not in carried and r._observation._purposes.keys() == carried
     finally:
         await state.close()
 

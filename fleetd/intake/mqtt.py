@@ -47,11 +47,15 @@ PUBLISH_TIMEOUT_S = 10.0
 # Messages handled per turn of the event loop once one has arrived: taken straight from the
 # inbox instead of one task and one wait per message (what the client library's iterator costs,
 # ~100 us a message, more than validating it), then the loop gets a turn (reader, passes).
-BATCH = 256
+# Small enough that a turn stays a few milliseconds: every await of a pass (a state read in a
+# thread, the planner) waits for the turn under way, and at 256 (~20 ms a turn at 2,000 agents)
+# a pass of ~20 awaits spent most of its 0.23 s p50 waiting behind telemetry (bench/agents_load.py).
+BATCH = 64
 # Packets read per socket wake-up: the client library reads one per event-loop turn, so a
 # controller busy planning read a few hundred a second while 2,000 arrived; the rest waited in
-# the kernel and then in the broker's queue for us, which dropped them when full.
-READ_BURST = 512
+# the kernel and then in the broker's queue for us, which dropped them when full. 128 a wake-up
+# at a hundred turns a second is still several times what 2,000 agents send.
+READ_BURST = 128
 
 # Per channel: accepted vs rejected, so a load test (bench/agents_load.py) or an operator can
 # compare what agents sent with what fleetd took in.

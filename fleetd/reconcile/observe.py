@@ -7,6 +7,7 @@ first notices, settles launch intents a crash left open) and feeds the budget le
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
@@ -61,6 +62,8 @@ class ObservationBuilder:
         # Launch tokens whose CreateFleet is in the cloud-call task (loop.py sets it): their
         # instances are recorded by that job, with their bid, not adopted or settled by tag here.
         self.in_flight: Callable[[], set[str]] = set
+        # Seconds each part of the last observation took (the pass logs them: where a pass goes).
+        self.last_parts: dict[str, float] = {}
 
     def _forget_ended(self, now: float) -> None:
         """The registry keeps a record per instance it ever heard of; a week of churn is
@@ -74,6 +77,7 @@ class ObservationBuilder:
                     forget(iid)
 
     async def observe(self, now: float) -> tuple[Observation, list[Ec2Instance]]:
+        mark = _Marks()
         instances = await self.ec2.list_instances()
         flying = self.in_flight()
         if flying:
@@ -81,6 +85,7 @@ class ObservationBuilder:
         current = [i for i in instances if i.state != "terminated"]
         watched = sorted(set(self.pools) | {i.pool for i in current})
         prices = await self.prices.prices(watched, now)
+        mark("ec2_prices")
         await self._resolve_open_launches(instances, now)
         sync = await self.state.sync_instances(
             [self._seen(i, prices.get(i.pool)) for i in instances], now
@@ -91,6 +96,7 @@ class ObservationBuilder:
             log.info("instance_ended", instance_id=iid, reason=reason)
             self._ended[iid] = now
         self._forget_ended(now)
+        mark("sync")
         signals = self.signals.snapshot()
         await self._learn_purposes(current)
         rows = {r.instance_id: r for r in await self.state.instances()}
@@ -106,9 +112,11 @@ class ObservationBuilder:
                 log.info("notice_recorded", instance_id=node.instance_id, pool=str(node.pool), at=node.notice_at)
                 notices.append(node.instance_id)
             nodes.append(node)
+        mark("nodes")
         if self._ledger is not None:
             await self._ledger.feed(self.state, now, prices, sync, notices)
             await self._ledger.progress(nodes, now, {t: hw.gpus for t, hw in self.hardware.items()})
+        mark("ledger")
         # The start of a deadline job's progress line: the first pass, kept across restarts.
         started = await self.state.get_meta("job_started_at")
         if started is None:
@@ -134,6 +142,8 @@ class ObservationBuilder:
             budget_level=BudgetLevel(await self.state.get_meta("budget_level", BudgetLevel.NORMAL.value)),
             job_started_at=started,
         )
+        mark("stats_meta")
+        self.last_parts = mark.parts
         return obs, [i for i in current if i.live]
 
     async def refold(self, last: Observation) -> Observation:
@@ -183,16 +193,22 @@ class ObservationBuilder:
 
     async def _learn_purposes(self, instances: Sequence[Ec2Instance]) -> None:
         """Why each launch token was bought, read again only when an instance carries a token
-        not seen yet (a pass over 2,000 nodes reads the launches table once per new launch)."""
-        if any(i.launch_token and i.launch_token not in self._purposes for i in instances):
+        not seen yet (a pass over 2,000 nodes reads the launches table once per new launch).
+        Only the tokens the current instances carry are kept: the map is as large as the fleet,
+        not as its history (it grew by one entry per launch for as long as the daemon ran)."""
+        carried = {i.launch_token for i in instances if i.launch_token}
+        if not carried <= self._purposes.keys():
             for row in await self.state.launches():
+                if row.token not in carried:
+                    continue
                 try:
                     self._purposes[row.token] = LaunchPurpose(row.purpose)
                 except ValueError:  # a purpose written by a newer fleetd: unknown, not a crash
                     log.warning("launch_purpose_unknown", token=row.token, purpose=row.purpose)
-            for inst in instances:  # a token the state never recorded: unknown, not asked again
-                if inst.launch_token:
-                    self._purposes.setdefault(inst.launch_token, None)
+            for token in carried:  # a token the state never recorded: unknown, not asked again
+                self._purposes.setdefault(token, None)
+        if len(self._purposes) > len(carried):
+            self._purposes = {t: p for t, p in self._purposes.items() if t in carried}
 
     def _node(self, inst: Ec2Instance, row: st.InstanceRow | None, price: PoolPrice | None) -> Node:
         """The planner's view of one instance from EC2 and the state DB (the intakes add theirs)."""
@@ -259,3 +275,16 @@ def _has_news(node: Node, rec: object) -> bool:
         return False
     return ((getattr(rec, "notice_at", None) is not None and node.notice_at is None)
             or (getattr(rec, "rebalance_at", None) is not None and node.rebalance_at is None))
+
+
+class _Marks:
+    """Seconds between successive marks, by name."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.parts[name] = round(now - self._last, 4)
+        self._last = now

@@ -42,11 +42,13 @@ from fleetd.reconcile.state_rows import (  # noqa: F401  (re-exported: callers u
 )
 from fleetd.reconcile.state_sql import (
     SCHEMA,
-    accrue,
-    close_instance,
     ensure_pool,
     observed_until,
+    sync_instances_tx,
 )
+
+_OPEN = " WHERE ended_at IS NULL"
+_MARKETS = {m.value: m for m in Market}  # a dict lookup: Market(value) per row was a fifth of the read
 
 
 class StateStore:
@@ -55,6 +57,14 @@ class StateStore:
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
         self._private_dir: Path | None = None  # open_snapshot's copy, deleted on close
+        # Only the daemon writes the file (the CLI reads it), so what it last read stays true until
+        # it writes: whole-table instance reads (pass, ledger feed, status snapshot: 3 x 2,000 rows
+        # a pass) are kept until a call changes a row (``_version``), the meta table until
+        # ``set_meta``. A hit costs no worker-thread hop: at 2,000 agents each hop of a pass waited
+        # a turn of an event loop busy with telemetry.
+        self._version = 0  # calls that changed a row so far
+        self._rows_cache: dict[str, tuple[int, tuple[InstanceRow, ...]]] = {}
+        self._meta: dict[str, str] | None = None  # key -> JSON, once read
 
     # -- lifecycle ------------------------------------------------------------------------------
     @classmethod
@@ -112,17 +122,25 @@ class StateStore:
                 shutil.rmtree(self._private_dir, ignore_errors=True)
                 self._private_dir = None
 
-    async def _run(self, fn: Any, *args: Any) -> Any:
+    async def _run(self, fn: Any, *args: Any, then: Any = None) -> Any:
+        """``fn(db, *args)`` in one transaction in a worker thread; ``then(db)`` after it under
+        the same lock, with ``_version`` already counting fn's changes (a read to cache)."""
         def call() -> Any:
             with self._lock:
                 assert self._db is not None, "StateStore is closed"
+                before = self._db.total_changes
                 self._db.execute("BEGIN IMMEDIATE")
                 try:
                     result = fn(self._db, *args)
                 except BaseException:
                     self._db.execute("ROLLBACK")
                     raise
+                finally:
+                    if self._db.total_changes != before:  # a rolled-back change counts too: safe side
+                        self._version += 1
                 self._db.execute("COMMIT")
+                if then is not None:
+                    then(self._db)
                 return result
 
         return await asyncio.to_thread(call)
@@ -221,64 +239,9 @@ class StateStore:
 
     async def sync_instances(self, seen: Sequence[SeenInstance], now: float) -> SyncReport:
         """Fold one DescribeInstances answer into the table: adopt unknown instances, accrue
-        node-hours per pool, and close instances that ended (counting losses)."""
-
-        def tx(db: sqlite3.Connection) -> SyncReport:
-            known = {r[0]: r for r in db.execute(
-                "SELECT instance_id, accounted_until, terminate_requested_at, notice_at, pool, last_seen_at"
-                " FROM instances WHERE ended_at IS NULL")}
-            adopted, ended = [], []
-            seen_ids = set()
-            live: list[tuple[object, ...]] = []
-            node_seconds: dict[str, float] = {}
-            for s in seen:
-                seen_ids.add(s.instance_id)
-                row = known.get(s.instance_id)
-                if row is None:
-                    exists = db.execute("SELECT 1 FROM instances WHERE instance_id=?", (s.instance_id,)).fetchone()
-                    if exists or s.ec2_state in TERMINAL:
-                        continue  # already closed, or ended before we ever saw it alive
-                    db.execute(
-                        "INSERT INTO instances (instance_id, pool, market, price_per_hour, launched_at,"
-                        " launch_token, ec2_state, first_seen_at, last_seen_at, accounted_until)"
-                        " VALUES (?,?,?,?,?,?,?,?,?,?)",
-                        (s.instance_id, str(s.pool), str(s.market), s.price_per_hour, s.launched_at,
-                         s.launch_token, s.ec2_state, now, now, max(s.launched_at, 0.0) or now),
-                    )
-                    adopted.append(s.instance_id)
-                    continue
-                if s.ec2_state in TERMINAL:
-                    # Billing stops when EC2 says it left running, not when fleetd noticed (a
-                    # controller that was down for an hour must not bill that hour). Never before
-                    # fleetd last saw it running (EC2's timestamp has one-second resolution).
-                    end = now if s.ended_at is None else min(now, max(s.ended_at, row[5]))
-                    accrue(db, s.instance_id, row[4], row[1], end)
-                    reason = close_instance(db, s.instance_id, end, row[2], row[3], row[4], s.state_reason)
-                    ended.append((s.instance_id, reason))
-                else:
-                    # accrue(), batched: every live instance is updated every pass (2,000 rows at
-                    # 2,000 nodes), one statement for all of them and one per pool.
-                    accounted = row[1]
-                    if now > accounted:
-                        node_seconds[row[4]] = node_seconds.get(row[4], 0.0) + (now - accounted)
-                        accounted = now
-                    # EC2's answer wins over what the launch reply said (pool, launch time).
-                    live.append((s.ec2_state, now, s.launched_at or now, str(s.pool), accounted, s.instance_id))
-            db.executemany("UPDATE instances SET ec2_state=?, last_seen_at=?, launched_at=?, pool=?,"
-                           " accounted_until=? WHERE instance_id=?", live)
-            for pool, secs in node_seconds.items():
-                ensure_pool(db, pool)
-                db.execute("UPDATE pool_stats SET node_seconds=node_seconds+? WHERE pool=?", (secs, pool))
-            for iid, row in known.items():
-                if iid not in seen_ids:
-                    # Gone from DescribeInstances altogether (terminated long ago): when is not
-                    # known, so it is billed only until fleetd last saw it.
-                    end = min(now, row[5])
-                    accrue(db, iid, row[4], row[1], end)
-                    ended.append((iid, close_instance(db, iid, end, row[2], row[3], row[4], "")))
-            return SyncReport(tuple(adopted), tuple(ended))
-
-        return await self._run(tx)
+        node-hours per pool, and close instances that ended (counting losses). The open rows
+        are read again in the same hop (the pass reads them next)."""
+        return await self._run(sync_instances_tx, seen, now, then=lambda db: self._read_instances(db, _OPEN, ()))
 
     _INSTANCE_COLUMNS = (
         "instance_id, pool, market, price_per_hour, max_price_per_hour, launched_at, launch_token, ec2_state,"
@@ -286,18 +249,26 @@ class StateStore:
     )
 
     async def instances(self, open_only: bool = True) -> list[InstanceRow]:
-        where = " WHERE ended_at IS NULL" if open_only else ""
-        return await self._select_instances(where, ())
+        return await self._select_instances(_OPEN if open_only else "", ())
 
     async def instances_by_id(self, instance_ids: Sequence[str]) -> list[InstanceRow]:
         marks = ",".join("?" * len(instance_ids))
         return await self._select_instances(f" WHERE instance_id IN ({marks})", tuple(instance_ids))
 
     async def _select_instances(self, where: str, args: tuple) -> list[InstanceRow]:
+        cached = self._rows_cache.get(where) if not args else None
+        if cached is not None and cached[0] == self._version:
+            return list(cached[1])  # rows are frozen; the list is the caller's own
+        return await self._run(self._read_instances, where, args)
+
+    def _read_instances(self, db: sqlite3.Connection, where: str, args: tuple) -> list[InstanceRow]:
         sql = f"SELECT {self._INSTANCE_COLUMNS} FROM instances{where} ORDER BY instance_id"
-        return await self._run(
-            lambda db: [InstanceRow(r[0], PoolId.parse(r[1]), Market(r[2]), *r[3:]) for r in db.execute(sql, args)]
-        )
+        pools: dict[str, PoolId] = {}
+        rows = [InstanceRow(r[0], pools.get(r[1]) or pools.setdefault(r[1], PoolId.parse(r[1])),
+                            _MARKETS[r[2]], *r[3:]) for r in db.execute(sql, args)]
+        if not args:  # under the store's lock: no write since the rows were read
+            self._rows_cache[where] = (self._version, tuple(rows))
+        return rows
 
     async def mark_terminate_requested(self, instance_ids: Sequence[str], now: float) -> None:
         await self._run(lambda db: db.executemany(
@@ -377,10 +348,15 @@ class StateStore:
 
     # -- meta -----------------------------------------------------------------------------------
     async def get_meta(self, key: str, default: Any = None) -> Any:
-        row = await self._run(lambda db: db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone())
-        return json.loads(row[0]) if row else default
+        if self._meta is None:
+            self._meta = dict(await self._run(lambda db: db.execute("SELECT key, value FROM meta").fetchall()))
+        raw = self._meta.get(key)
+        return json.loads(raw) if raw is not None else default  # decoded per call: the caller's own
 
     async def set_meta(self, key: str, value: Any) -> None:
+        raw = json.dumps(value)
         await self._run(lambda db: db.execute(
             "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-            (key, json.dumps(value))))
+            (key, raw)))
+        if self._meta is not None:
+            self._meta[key] = raw

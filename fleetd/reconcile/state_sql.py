@@ -1,11 +1,12 @@
 """The state DB's schema and the SQL steps several StateStore transactions share (accrue node-hours,
-close an instance; migrations are fleetd.reconcile.schema's). Runs inside the store's worker thread only."""
+close an instance, fold a DescribeInstances answer in; migrations are fleetd.reconcile.schema's). Runs inside the store's worker thread only."""
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 
-from fleetd.reconcile.state_rows import DrainRecord
+from fleetd.reconcile.state_rows import TERMINAL, DrainRecord, SeenInstance, SyncReport
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS launches (
@@ -124,3 +125,60 @@ def unfinished_terminations(db: sqlite3.Connection, before: float) -> list[str]:
     return [r[0] for r in db.execute(
         "SELECT instance_id FROM instances WHERE terminate_requested_at IS NOT NULL AND terminate_requested_at < ?"
         " AND ended_at IS NULL AND ec2_state IN ('pending', 'running') ORDER BY instance_id", (before,))]
+
+
+def sync_instances_tx(db: sqlite3.Connection, seen: Sequence[SeenInstance], now: float) -> SyncReport:
+    """StateStore.sync_instances's transaction: adopt, accrue, close (see there)."""
+    known = {r[0]: r for r in db.execute(
+        "SELECT instance_id, accounted_until, terminate_requested_at, notice_at, pool, last_seen_at"
+        " FROM instances WHERE ended_at IS NULL")}
+    adopted, ended = [], []
+    seen_ids = set()
+    live: list[tuple[object, ...]] = []
+    node_seconds: dict[str, float] = {}
+    for s in seen:
+        seen_ids.add(s.instance_id)
+        row = known.get(s.instance_id)
+        if row is None:
+            exists = db.execute("SELECT 1 FROM instances WHERE instance_id=?", (s.instance_id,)).fetchone()
+            if exists or s.ec2_state in TERMINAL:
+                continue  # already closed, or ended before we ever saw it alive
+            db.execute(
+                "INSERT INTO instances (instance_id, pool, market, price_per_hour, launched_at,"
+                " launch_token, ec2_state, first_seen_at, last_seen_at, accounted_until)"
+                " VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (s.instance_id, str(s.pool), str(s.market), s.price_per_hour, s.launched_at,
+                 s.launch_token, s.ec2_state, now, now, max(s.launched_at, 0.0) or now),
+            )
+            adopted.append(s.instance_id)
+            continue
+        if s.ec2_state in TERMINAL:
+            # Billing stops when EC2 says it left running, not when fleetd noticed (a
+            # controller that was down for an hour must not bill that hour). Never before
+            # fleetd last saw it running (EC2's timestamp has one-second resolution).
+            end = now if s.ended_at is None else min(now, max(s.ended_at, row[5]))
+            accrue(db, s.instance_id, row[4], row[1], end)
+            reason = close_instance(db, s.instance_id, end, row[2], row[3], row[4], s.state_reason)
+            ended.append((s.instance_id, reason))
+        else:
+            # accrue(), batched: every live instance is updated every pass (2,000 rows at
+            # 2,000 nodes), one statement for all of them and one per pool.
+            accounted = row[1]
+            if now > accounted:
+                node_seconds[row[4]] = node_seconds.get(row[4], 0.0) + (now - accounted)
+                accounted = now
+            # EC2's answer wins over what the launch reply said (pool, launch time).
+            live.append((s.ec2_state, now, s.launched_at or now, str(s.pool), accounted, s.instance_id))
+    db.executemany("UPDATE instances SET ec2_state=?, last_seen_at=?, launched_at=?, pool=?,"
+                   " accounted_until=? WHERE instance_id=?", live)
+    for pool, secs in node_seconds.items():
+        ensure_pool(db, pool)
+        db.execute("UPDATE pool_stats SET node_seconds=node_seconds+? WHERE pool=?", (secs, pool))
+    for iid, row in known.items():
+        if iid not in seen_ids:
+            # Gone from DescribeInstances altogether (terminated long ago): when is not
+            # known, so it is billed only until fleetd last saw it.
+            end = min(now, row[5])
+            accrue(db, iid, row[4], row[1], end)
+            ended.append((iid, close_instance(db, iid, end, row[2], row[3], row[4], "")))
+    return SyncReport(tuple(adopted), tuple(ended))
