@@ -12,6 +12,9 @@ Run on a machine with an NVIDIA GPU (``python bench/gpu_check.py``); on a machin
   copies the CUDA state on a side stream): the survivor's disk must hold the last completed step.
 - ``torchrun_restart``: the toy under ``torchrun --standalone --nproc-per-node 2 --max-restarts 1``,
   one worker SIGKILLed: the job must resume at the salvaged step (0 steps lost) and finish.
+- ``lightning_sigterm`` / ``hf_sigterm``: the Lightning and Hugging Face callbacks on the device,
+  one rank under torchrun SIGTERMed at step 50: it saves the completed step, torchrun restarts it,
+  it resumes there and finishes.
 - ``nccl_resume`` (CUDA only): one rank with NCCL, run twice: the checkpointer's collectives
   (resume's all-reduce, save's barrier) under a NCCL-only process group, resuming where it stopped.
 
@@ -204,18 +207,22 @@ def _tensors(obj: Any) -> list[Any]:
 
 
 # ---------------------------------------------------------------------- torchrun, a worker lost
-def check_torchrun_restart(device: str, work: Path, steps: int) -> dict[str, Any]:
+def check_torchrun_restart(device: str, work: Path, steps: int, module: str = "agent.examples.train_toy",
+                           nproc: int = 2, victim: int = 1, sig: int = signal.SIGKILL,
+                           extra: tuple[str, ...] = ("--backend", "gloo")) -> dict[str, Any]:
+    """The job under ``torchrun --max-restarts 1``; rank ``victim``'s worker gets ``sig`` at step 50
+    (SIGKILL: a peer lost; SIGTERM: the worker stopped, as torchrun stops a hung one)."""
     events = work / "events.jsonl"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "--max-restarts", "1", "--monitor-interval", "0.5", "-m", "agent.examples.train_toy",
-           "--steps", str(steps), "--step-sleep", "0.01", "--device", device, "--backend", "gloo"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+           "--max-restarts", "1", "--monitor-interval", "0.5", "-m", module,
+           "--steps", str(steps), "--step-sleep", "0.01", "--device", device, *extra]
     env = _toy_env(work, FLEETD_CKPT_DIR=str(work / "node"), FLEETD_NODE_ADDR="node0")
     run = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(work / "torchrun.log", "w"))
     try:
-        _wait(lambda: max(_steps(events), default=0) >= 50, 240, "step 50", [run])
-        victim = next(e["pid"] for e in _events(events) if e.get("ev") == "start" and e.get("rank") == 1)
+        _wait(lambda: max(_steps(events), default=0) >= 50, 300, "step 50", [run])
+        target = next(e["pid"] for e in _events(events) if e.get("ev") == "start" and e.get("rank") == victim)
         t_kill = time.time()
-        os.kill(victim, signal.SIGKILL)
+        os.kill(target, sig)
         run.wait(timeout=600)
     finally:
         if run.poll() is None:
@@ -231,7 +238,8 @@ def check_torchrun_restart(device: str, work: Path, steps: int) -> dict[str, Any
     return {
         "ok": run.returncode == 0 and done == [steps] and resumed is not None and salvaged == [resumed]
         and resumed == max(before),
-        "device": starts[0].get("device") if starts else None,
+        "module": module,
+        "device": starts[0].get("device", device) if starts else None,
         "returncode": run.returncode,
         "last_step_before_restart": max(before, default=None),
         "salvaged_steps": salvaged,
@@ -293,6 +301,12 @@ def main(argv: list[str] | None = None) -> int:
         "salvage_kill": lambda d: check_salvage(device, "kill", d),
         "salvage_hang": lambda d: check_salvage(device, "hang", d),
         "torchrun_restart": lambda d: check_torchrun_restart(device, d, args.steps),
+        # The framework callbacks on the device: one rank, stopped with SIGTERM mid-run (fleetd's
+        # watcher replaces Lightning's handler and saves the completed step), restarted by torchrun.
+        "lightning_sigterm": lambda d: check_torchrun_restart(
+            device, d, 150, "agent.examples.train_lightning", nproc=1, victim=0, sig=signal.SIGTERM, extra=()),
+        "hf_sigterm": lambda d: check_torchrun_restart(
+            device, d, 150, "agent.examples.train_hf", nproc=1, victim=0, sig=signal.SIGTERM, extra=()),
     }
     if device == "cuda":
         checks["nccl_resume"] = check_nccl_resume

@@ -217,3 +217,28 @@ async def test_meta_is_read_once_and_written_through(tmp_path: Path) -> None:
         assert await store.get_meta("target_nodes") == 4
     finally:
         await store.close()
+
+
+async def test_a_pass_that_only_moves_its_bookkeeping_keeps_the_rows_it_read(tmp_path: Path) -> None:
+    """Every pass writes every live instance's last-seen and accounted-until time; no InstanceRow
+    shows them, so the rows read before stay valid (no re-read of 2,000 rows a pass). What an
+    InstanceRow does show (EC2's state) is read again, and the hours still add up."""
+    store = await StateStore.open(tmp_path)
+    reads: list[str] = []
+    try:
+        assert store._db is not None
+        store._db.set_trace_callback(lambda sql: reads.append(sql) if sql.startswith("SELECT instance_id, pool") else None)
+        await store.sync_instances([seen("i-1", "pending"), seen("i-2")], T0)
+        rows = await store.instances()
+        n = len(reads)
+        for k in range(1, 4):
+            await store.sync_instances([seen("i-1", "pending"), seen("i-2")], T0 + 600 * k)
+            assert await store.instances() == rows
+        assert len(reads) == n  # the bookkeeping moved, the rows did not: no read
+        await store.sync_instances([seen("i-1", "running"), seen("i-2")], T0 + 2400)
+        assert {r.instance_id: r.ec2_state for r in await store.instances()} == {"i-1": "running", "i-2": "running"}
+        assert len(reads) == n + 1
+        (stats,) = await store.pool_stats()
+        assert stats.node_hours == pytest.approx(2 * 2400 / 3600)  # accrued every pass all the same
+    finally:
+        await store.close()

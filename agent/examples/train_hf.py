@@ -26,6 +26,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="extra seconds per step, standing in for real work (keeps CPU use low)")
     p.add_argument("--output-dir", default=None, help="the Trainer's output_dir (default: a temporary one)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: one GPU per rank (NCCL)")
     return p.parse_args(argv)
 
 
@@ -67,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         report_to="none",
         logging_steps=50,
         disable_tqdm=True,
-        use_cpu=True,
-        ddp_backend="gloo" if world > 1 else None,
+        use_cpu=args.device == "cpu",
+        ddp_backend="gloo" if world > 1 and args.device == "cpu" else None,
         dataloader_num_workers=0,
         seed=args.seed,
     )

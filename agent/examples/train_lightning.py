@@ -24,6 +24,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-sleep", type=float, default=0.05,
                    help="extra seconds per step, standing in for real work (keeps CPU use low)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: one GPU per rank")
     return p.parse_args(argv)
 
 
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     loader = DataLoader(TensorDataset(x, y), batch_size=max(1, args.global_batch // world), shuffle=True)
     trainer = L.Trainer(
         max_steps=args.steps,
-        accelerator="cpu",
+        accelerator="gpu" if args.device == "cuda" else "cpu",
         devices=local_world,
         num_nodes=max(1, world // local_world),
         strategy="ddp" if world > 1 else "auto",

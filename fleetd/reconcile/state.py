@@ -122,9 +122,10 @@ class StateStore:
                 shutil.rmtree(self._private_dir, ignore_errors=True)
                 self._private_dir = None
 
-    async def _run(self, fn: Any, *args: Any, then: Any = None) -> Any:
-        """``fn(db, *args)`` in one transaction in a worker thread; ``then(db)`` after it under
-        the same lock, with ``_version`` already counting fn's changes (a read to cache)."""
+    async def _run(self, fn: Any, *args: Any, then: Any = None, unseen: Any = None) -> Any:
+        """``fn(db, *args)`` in one transaction in a worker thread; ``then(db, result)`` after it
+        under the same lock, with ``_version`` already counting fn's changes (a read to cache).
+        ``unseen(result)``: True when fn changed only columns no cached read shows."""
         def call() -> Any:
             with self._lock:
                 assert self._db is not None, "StateStore is closed"
@@ -134,13 +135,13 @@ class StateStore:
                     result = fn(self._db, *args)
                 except BaseException:
                     self._db.execute("ROLLBACK")
+                    self._version += 1  # whatever it changed is undone: the safe side
                     raise
-                finally:
-                    if self._db.total_changes != before:  # a rolled-back change counts too: safe side
-                        self._version += 1
+                if self._db.total_changes != before and not (unseen is not None and unseen(result)):
+                    self._version += 1
                 self._db.execute("COMMIT")
                 if then is not None:
-                    then(self._db)
+                    then(self._db, result)
                 return result
 
         return await asyncio.to_thread(call)
@@ -241,7 +242,10 @@ class StateStore:
         """Fold one DescribeInstances answer into the table: adopt unknown instances, accrue
         node-hours per pool, and close instances that ended (counting losses). The open rows
         are read again in the same hop (the pass reads them next)."""
-        return await self._run(sync_instances_tx, seen, now, then=lambda db: self._read_instances(db, _OPEN, ()))
+        report, _ = await self._run(
+            sync_instances_tx, seen, now, unseen=lambda r: not r[1],
+            then=lambda db, r: self._read_instances(db, _OPEN, ()) if r[1] else None)
+        return report
 
     _INSTANCE_COLUMNS = (
         "instance_id, pool, market, price_per_hour, max_price_per_hour, launched_at, launch_token, ec2_state,"

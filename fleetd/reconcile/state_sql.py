@@ -3,6 +3,7 @@ close an instance, fold a DescribeInstances answer in; migrations are fleetd.rec
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Sequence
 
@@ -127,14 +128,18 @@ def unfinished_terminations(db: sqlite3.Connection, before: float) -> list[str]:
         " AND ended_at IS NULL AND ec2_state IN ('pending', 'running') ORDER BY instance_id", (before,))]
 
 
-def sync_instances_tx(db: sqlite3.Connection, seen: Sequence[SeenInstance], now: float) -> SyncReport:
-    """StateStore.sync_instances's transaction: adopt, accrue, close (see there)."""
+def sync_instances_tx(db: sqlite3.Connection, seen: Sequence[SeenInstance], now: float) -> tuple[SyncReport, bool]:
+    """StateStore.sync_instances's transaction: adopt, accrue, close (see there). Also says
+    whether a column an InstanceRow shows changed (an instance adopted or ended, EC2's state,
+    launch time or pool of a live one): the pass's own bookkeeping (last seen, accounted until),
+    written for every live instance every pass, is not such a change."""
     known = {r[0]: r for r in db.execute(
-        "SELECT instance_id, accounted_until, terminate_requested_at, notice_at, pool, last_seen_at"
-        " FROM instances WHERE ended_at IS NULL")}
+        "SELECT instance_id, accounted_until, terminate_requested_at, notice_at, pool, last_seen_at,"
+        " ec2_state, launched_at FROM instances WHERE ended_at IS NULL")}
     adopted, ended = [], []
     seen_ids = set()
-    live: list[tuple[object, ...]] = []
+    changed: list[tuple[object, ...]] = []
+    live: list[str] = []
     node_seconds: dict[str, float] = {}
     for s in seen:
         seen_ids.add(s.instance_id)
@@ -163,14 +168,16 @@ def sync_instances_tx(db: sqlite3.Connection, seen: Sequence[SeenInstance], now:
         else:
             # accrue(), batched: every live instance is updated every pass (2,000 rows at
             # 2,000 nodes), one statement for all of them and one per pool.
-            accounted = row[1]
-            if now > accounted:
-                node_seconds[row[4]] = node_seconds.get(row[4], 0.0) + (now - accounted)
-                accounted = now
+            if now > row[1]:
+                node_seconds[row[4]] = node_seconds.get(row[4], 0.0) + (now - row[1])
+            live.append(s.instance_id)
             # EC2's answer wins over what the launch reply said (pool, launch time).
-            live.append((s.ec2_state, now, s.launched_at or now, str(s.pool), accounted, s.instance_id))
-    db.executemany("UPDATE instances SET ec2_state=?, last_seen_at=?, launched_at=?, pool=?,"
-                   " accounted_until=? WHERE instance_id=?", live)
+            ec2_says = (s.ec2_state, s.launched_at or now, str(s.pool))
+            if ec2_says != (row[6], row[7], row[4]):
+                changed.append((*ec2_says, s.instance_id))
+    db.executemany("UPDATE instances SET ec2_state=?, launched_at=?, pool=? WHERE instance_id=?", changed)
+    db.execute("UPDATE instances SET last_seen_at=?, accounted_until=MAX(accounted_until, ?)"
+               " WHERE instance_id IN (SELECT value FROM json_each(?))", (now, now, json.dumps(live)))
     for pool, secs in node_seconds.items():
         ensure_pool(db, pool)
         db.execute("UPDATE pool_stats SET node_seconds=node_seconds+? WHERE pool=?", (secs, pool))
@@ -181,4 +188,4 @@ def sync_instances_tx(db: sqlite3.Connection, seen: Sequence[SeenInstance], now:
             end = min(now, row[5])
             accrue(db, iid, row[4], row[1], end)
             ended.append((iid, close_instance(db, iid, end, row[2], row[3], row[4], "")))
-    return SyncReport(tuple(adopted), tuple(ended))
+    return SyncReport(tuple(adopted), tuple(ended)), bool(adopted or ended or changed)
