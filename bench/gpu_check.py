@@ -210,11 +210,13 @@ def _tensors(obj: Any) -> list[Any]:
 def check_torchrun_restart(device: str, work: Path, steps: int, module: str = "agent.examples.train_toy",
                            nproc: int = 2, victim: int = 1, sig: int = signal.SIGKILL,
                            extra: tuple[str, ...] = ("--backend", "gloo")) -> dict[str, Any]:
-    """The job under ``torchrun --max-restarts 1``; rank ``victim``'s worker gets ``sig`` at step 50
-    (SIGKILL: a peer lost; SIGTERM: the worker stopped, as torchrun stops a hung one)."""
+    """The job under ``torchrun --max-restarts 3`` (the agent gives 100); rank ``victim``'s worker
+    gets ``sig`` at step 50 (SIGKILL: a peer lost; SIGTERM: the worker stopped, as torchrun stops
+    a hung one). A restart whose process group fails to form (gloo's connect gave up once on the
+    H200 while the new peer was still starting CUDA) is retried, as torchrun does for the agent."""
     events = work / "events.jsonl"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-           "--max-restarts", "1", "--monitor-interval", "0.5", "-m", module,
+           "--max-restarts", "3", "--monitor-interval", "0.5", "-m", module,
            "--steps", str(steps), "--step-sleep", "0.01", "--device", device, *extra]
     env = _toy_env(work, FLEETD_CKPT_DIR=str(work / "node"), FLEETD_NODE_ADDR="node0")
     run = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(work / "torchrun.log", "w"))
@@ -241,6 +243,7 @@ def check_torchrun_restart(device: str, work: Path, steps: int, module: str = "a
         "module": module,
         "device": starts[0].get("device", device) if starts else None,
         "returncode": run.returncode,
+        "worker_failures": _failures(work / "torchrun.log"),  # the kill's, plus any restart that failed
         "last_step_before_restart": max(before, default=None),
         "salvaged_steps": salvaged,
         "resumed_from": resumed,
@@ -249,6 +252,14 @@ def check_torchrun_restart(device: str, work: Path, steps: int, module: str = "a
         "steps_per_s_after_restart": round((len(after) - 1) / (after[-1] - after[0]), 1) if len(after) > 10 else None,
         "done_step": done[0] if done else None,
     }
+
+
+def _failures(log: Path) -> int | None:
+    """How many worker groups torchrun saw fail (it logs each failure before restarting)."""
+    try:
+        return log.read_text(errors="replace").count("failed (exitcode")
+    except OSError:
+        return None
 
 
 # ---------------------------------------------------------------------- NCCL, one rank twice
