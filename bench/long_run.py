@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -86,6 +87,19 @@ class Agents:
                                                               world_size=len(live)), received_at=now))
 
 
+def forget_ended(ec2, agents: Agents, ended_at: dict[str, float], now: float) -> None:
+    """The harness forgets what EC2 and a node forget: DescribeInstances stops listing a
+    terminated instance about an hour after it ended, and a node's drain goes with the node. Without
+    this the fake cloud and agents grew per launch and their growth was counted as fleetd's."""
+    for iid, inst in list(ec2.instances.items()):
+        if inst.state == "terminated":
+            if now - ended_at.setdefault(iid, now) > 3600.0:
+                del ec2.instances[iid]
+                del ended_at[iid]
+                agents.drained.pop(iid, None)
+    ec2.calls.clear()
+
+
 def db_bytes(state_dir: Path) -> int:
     return sum(p.stat().st_size for p in state_dir.glob(f"{DB_NAME}*"))
 
@@ -102,6 +116,20 @@ def rows(state_dir: Path) -> dict[str, int]:
 def rss_mib() -> float:
     with open("/proc/self/statm") as f:
         return round(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+
+
+def memory_growth(day1: tracemalloc.Snapshot, days: int, top: int = 12) -> list[dict]:
+    """Where the Python heap grew between the end of day 1 and now, per simulated day, by allocation
+    site: the answer to "what grows per event" (RSS alone cannot say; the allocator keeps freed pages)."""
+    gc.collect()
+    stats = tracemalloc.take_snapshot().compare_to(day1, "traceback")
+    out = []
+    for s in sorted(stats, key=lambda s: s.size_diff, reverse=True)[:top]:
+        # tracemalloc lists a traceback oldest frame first: the allocation site is the last one.
+        frames = [f"{Path(f.filename).name}:{f.lineno}" for f in reversed(s.traceback)]
+        out.append({"kib_per_day": round(s.size_diff / 1024 / max(1, days - 1), 1), "blocks_diff": s.count_diff,
+                    "where": " <- ".join(frames)})
+    return out
 
 
 def timed(argv: list[str]) -> tuple[float, int]:
@@ -144,12 +172,16 @@ async def main(a: argparse.Namespace) -> dict:
     notice_every = DAY / a.notices_per_day
     next_notice = start + notice_every
     reclaim: dict[str, float] = {}
+    ended_at: dict[str, float] = {}  # terminated instances the fake cloud still lists, since when
     notices = 0
     days: list[dict] = []
     pass_s: list[float] = []
     wall0 = time.monotonic()
     load0 = os.getloadavg()
     report = None
+    if a.trace_memory:
+        tracemalloc.start(a.trace_memory)
+    first_snapshot = None
     while t[0] < start + a.days * DAY:
         live = [i.instance_id for i in ec2.live()]
         agents.report(live)
@@ -167,6 +199,7 @@ async def main(a: argparse.Namespace) -> dict:
                 if iid in ec2.instances and ec2.instances[iid].live:
                     ec2.interrupt(iid)
                 del reclaim[iid]
+        forget_ended(ec2, agents, ended_at, t[0])
         p0 = time.perf_counter()
         report = await r.run_pass()
         pass_s.append(time.perf_counter() - p0)
@@ -178,24 +211,30 @@ async def main(a: argparse.Namespace) -> dict:
                                          str(state_dir), "--json"])
             report_s, report_rc = timed([sys.executable, "-m", "fleetd.cli", "report", "--config", str(conf),
                                          "--json", "--at", str(t[0])])
-            launched = sum(1 for _ in ec2.instances)
+            table_rows = rows(state_dir)
+            launched = table_rows["instances"]  # every instance fleetd recorded (the fake cloud forgets)
             day = {"day": len(days) + 1, "db_mib": round(db_bytes(state_dir) / 2**20, 2),
-                   "db_main_mib": round((state_dir / DB_NAME).stat().st_size / 2**20, 2), "rows": rows(state_dir),
+                   "db_main_mib": round((state_dir / DB_NAME).stat().st_size / 2**20, 2), "rows": table_rows,
                    "rss_mib": rss_mib(), "launched_total": launched, "notices_total": notices,
                    "registry_nodes": len(registry.records()),
                    "status_s": status_s, "status_rc": status_rc, "report_s": report_s, "report_rc": report_rc,
                    "pass_p50_s": round(sorted(pass_s)[len(pass_s) // 2], 4),
                    "pass_max_s": round(max(pass_s), 4), "loadavg": [round(x, 2) for x in os.getloadavg()]}
             pass_s.clear()
+            if a.trace_memory:
+                day["traced_mib"] = round(tracemalloc.get_traced_memory()[0] / 2**20, 2)
+                if first_snapshot is None:
+                    first_snapshot = tracemalloc.take_snapshot()
             days.append(day)
             print(json.dumps(day), flush=True)
+    growth = memory_growth(first_snapshot, a.days) if a.trace_memory and first_snapshot else []
     await ledger.close()
     await state.close()
     first, last = days[0], days[-1]
     per_day = lambda k: round((last[k] - first[k]) / max(1, len(days) - 1), 3)  # noqa: E731
     return {
         "days": a.days, "nodes": a.nodes, "interval_s": a.interval,
-        "launches": sum(1 for _ in ec2.instances) - a.nodes, "notices": notices, "drains": agents.drains,
+        "launches": days[-1]["launched_total"] - a.nodes, "notices": notices, "drains": agents.drains,
         "db_mib_end": last["db_mib"], "db_mib_per_day": per_day("db_mib"),
         "ledger_rows_end": last["rows"].get("ledger_events"),
         "rss_mib_day1": first["rss_mib"], "rss_mib_end": last["rss_mib"], "rss_mib_per_day": per_day("rss_mib"),
@@ -205,7 +244,7 @@ async def main(a: argparse.Namespace) -> dict:
         "commands_ok": all(d["status_rc"] == 0 and d["report_rc"] == 0 for d in days),
         "wall_s": round(time.monotonic() - wall0, 1),
         "loadavg_start": [round(x, 2) for x in load0], "loadavg_end": [round(x, 2) for x in os.getloadavg()],
-        "per_day": days, "state_dir": str(state_dir),
+        "memory_growth_top": growth, "per_day": days, "state_dir": str(state_dir),
     }
 
 
@@ -216,6 +255,8 @@ if __name__ == "__main__":
     ap.add_argument("--interval", type=float, default=60.0, help="virtual seconds per reconcile pass")
     ap.add_argument("--notices-per-day", type=float, default=300.0)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--trace-memory", type=int, default=0, metavar="FRAMES",
+                    help="trace Python allocations (tracemalloc, this many frames) and list what grew after day 1")
     args = ap.parse_args()
     out = asyncio.run(main(args))
     print(f"{out['days']} simulated days, {out['nodes']} nodes: {out['launches']} launches, {out['notices']} notices; "
