@@ -118,6 +118,20 @@ def rss_mib() -> float:
         return round(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
 
 
+def sqlite_mib() -> float | None:
+    """What SQLite itself holds in this process (page caches, statements): sqlite3_memory_used
+    of the library Python's sqlite3 is linked with. None where it cannot be reached."""
+    try:
+        import _sqlite3
+        import ctypes
+
+        used = ctypes.CDLL(_sqlite3.__file__).sqlite3_memory_used
+        used.restype = ctypes.c_int64
+        return round(used() / 2**20, 2)
+    except (ImportError, OSError, AttributeError):
+        return None
+
+
 def memory_growth(day1: tracemalloc.Snapshot, days: int, top: int = 12) -> list[dict]:
     """Where the Python heap grew between the end of day 1 and now, per simulated day, by allocation
     site: the answer to "what grows per event" (RSS alone cannot say; the allocator keeps freed pages)."""
@@ -215,7 +229,8 @@ async def main(a: argparse.Namespace) -> dict:
             launched = table_rows["instances"]  # every instance fleetd recorded (the fake cloud forgets)
             day = {"day": len(days) + 1, "db_mib": round(db_bytes(state_dir) / 2**20, 2),
                    "db_main_mib": round((state_dir / DB_NAME).stat().st_size / 2**20, 2), "rows": table_rows,
-                   "rss_mib": rss_mib(), "launched_total": launched, "notices_total": notices,
+                   "rss_mib": rss_mib(), "sqlite_mib": sqlite_mib(), "launched_total": launched,
+                   "notices_total": notices,
                    "registry_nodes": len(registry.records()),
                    "status_s": status_s, "status_rc": status_rc, "report_s": report_s, "report_rc": report_rc,
                    "pass_p50_s": round(sorted(pass_s)[len(pass_s) // 2], 4),
@@ -238,6 +253,7 @@ async def main(a: argparse.Namespace) -> dict:
         "db_mib_end": last["db_mib"], "db_mib_per_day": per_day("db_mib"),
         "ledger_rows_end": last["rows"].get("ledger_events"),
         "rss_mib_day1": first["rss_mib"], "rss_mib_end": last["rss_mib"], "rss_mib_per_day": per_day("rss_mib"),
+        "sqlite_mib_day1": first["sqlite_mib"], "sqlite_mib_end": last["sqlite_mib"],
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "status_s_day1": first["status_s"], "status_s_end": last["status_s"],
         "report_s_day1": first["report_s"], "report_s_end": last["report_s"],

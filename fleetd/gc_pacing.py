@@ -6,9 +6,8 @@ nodes, their rows) alive until the next pass, so every ~15th pass ran a full col
 middle: 20-26 ms on an idle box (gc callbacks around bench/reconcile_pass.py: 8 in 120 passes),
 several times that on a loaded one, and they were the periodic spikes in the pass time. The
 daemon turns the automatic full collections off and runs one right after a pass, at most every
-``every_s``; the younger generations (where the pass's garbage dies) run as before. The objects
-fleetd keeps are acyclic (frozen dataclasses, tuples): a full collection finds little, so
-running it less often and at a chosen moment costs no memory worth counting.
+``every_s``; the younger generations (where most of a pass's garbage dies) run as before, and
+a reference cycle that reaches the oldest generation waits at most ``every_s`` to be freed.
 """
 
 from __future__ import annotations
