@@ -25,28 +25,44 @@ FULL_SECONDS = Histogram("fleetd_gc_full_seconds", "Full garbage collections, ru
                          buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0))
 
 
+# The thresholds before the first install, and how many pacers are installed: several daemons
+# in one process (the HA tests run two or three) must leave the interpreter as they found it.
+_saved: tuple[int, int, int] | None = None
+_installed = 0
+
+
 class GcPacing:
     def __init__(self, every_s: float = FULL_EVERY_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.every_s = every_s
         self.clock = clock
         self.collections = 0
-        self._saved: tuple[int, int, int] | None = None
+        self._active = False
         self._last = clock()
 
     def install(self) -> None:
-        self._saved = gc.get_threshold()
-        gen0, gen1, _ = self._saved
-        gc.set_threshold(gen0, gen1, NEVER)
+        global _saved, _installed
+        if self._active:
+            return
+        if _installed == 0:
+            _saved = gc.get_threshold()
+            gc.set_threshold(_saved[0], _saved[1], NEVER)
+        _installed += 1
+        self._active = True
         self._last = self.clock()
 
     def uninstall(self) -> None:
-        """Put the interpreter's own thresholds back (a daemon run inside a test process)."""
-        if self._saved is not None:
-            gc.set_threshold(*self._saved)
-            self._saved = None
+        """Put the interpreter's own thresholds back once the last pacer goes."""
+        global _saved, _installed
+        if not self._active:
+            return
+        self._active = False
+        _installed -= 1
+        if _installed == 0 and _saved is not None:
+            gc.set_threshold(*_saved)
+            _saved = None
 
     def after_pass(self) -> None:
-        if self._saved is None or self.clock() - self._last < self.every_s:
+        if not self._active or self.clock() - self._last < self.every_s:
             return
         started = time.perf_counter()
         gc.collect()

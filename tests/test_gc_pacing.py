@@ -55,3 +55,14 @@ def test_a_full_collection_runs_after_a_pass_at_most_every_interval() -> None:
         gc.callbacks.remove(seen)
     pacing.after_pass()  # uninstalled: nothing
     assert pacing.collections == 2
+
+
+def test_two_daemons_in_one_process_leave_the_thresholds_as_they_found_them() -> None:
+    before = gc.get_threshold()
+    a, b = GcPacing(clock=Clock()), GcPacing(clock=Clock())
+    a.install()
+    b.install()
+    a.uninstall()  # the first one to go: the other still runs its passes
+    assert gc.get_threshold()[2] == NEVER
+    b.uninstall()
+    assert gc.get_threshold() == before
