@@ -38,11 +38,11 @@ def test_the_gpu_check_passes_on_the_cpu_path(tmp_path):
     # only: on a loaded box torch's restarted gloo group can fail to form and then hang (the new rank
     # dials the previous round's address; seen in a full-suite run here, 2026-11-26), a torch
     # standalone-rendezvous race this check cannot bound. The kill and hang salvage, and the
-    # framework callbacks' torchrun restart (one rank, no gloo pair), run here. hf_sigterm too is
-    # the device run's only for now: in one CPU run of four here (2026-11-26) the HF worker's last
-    # "step 51" event was followed by a salvage of step 50 (one step lost), an open question about
-    # when the HF callback's step and the update guard agree (DESIGN, "On a GPU").
-    only = ["nvml", "salvage_kill", "salvage_hang", "lightning_sigterm"]
+    # framework callbacks' torchrun restart (one rank, no gloo pair), run here. hf_sigterm was left
+    # out for a while: one CPU run had the HF worker report step 51 after its SIGTERM salvage saved
+    # 50 (the main thread trained on while the watcher's thread saved); a salvage before exit now
+    # lets no update start after it (test_trainer_salvage.py), and the check is back.
+    only = ["nvml", "salvage_kill", "salvage_hang", "lightning_sigterm", "hf_sigterm"]
     out = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--device", "cpu", "--steps", "150",
          "--work-dir", str(tmp_path), *(a for name in only for a in ("--only", name))],
@@ -56,5 +56,6 @@ def test_the_gpu_check_passes_on_the_cpu_path(tmp_path):
         assert result[how]["salvaged_step"] == result[how]["last_completed_step"] >= 30
         assert result[how]["saved_tensors_on_host"] is True
     assert result["salvage_hang"]["survivor_rc"] == 128 + 15
-    run = result["lightning_sigterm"]  # the callback: stopped, restarted, resumed
-    assert run["steps_lost"] == 0 and run["salvaged_steps"] == [run["resumed_from"]] and run["done_step"] == 150
+    for how in ("lightning_sigterm", "hf_sigterm"):  # the callback: stopped, restarted, resumed
+        run = result[how]
+        assert run["steps_lost"] == 0 and run["salvaged_steps"] == [run["resumed_from"]] and run["done_step"] == 150

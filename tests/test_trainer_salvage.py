@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -131,6 +132,29 @@ def test_salvage_saves_the_completed_step_without_collectives_and_only_once(tmp_
     assert fresh_opt.state_dict()["state"][0]["momentum_buffer"].equal(opt.state_dict()["state"][0]["momentum_buffer"])
     kinds = [e["ev"] for e in _events(tmp_path / "ev")]
     assert kinds.count("salvaged") == 1 and "salvage_skipped" in kinds
+
+
+def test_after_a_sigterm_salvage_the_main_thread_applies_no_further_step(tmp_path):
+    # The SIGTERM salvage runs in the watcher's thread while the main thread may still train (a
+    # worker stopped by torchrun, not hung in a collective). Found on a fresh-clone CPU run of
+    # bench/gpu_check.py --only hf_sigterm: the HF worker saved step 50, then completed and
+    # reported step 51 before the process exited, so the report overstated the saved progress.
+    m, opt = _model()
+    ckpt = ElasticCheckpointer(m, opt, ctx=TrainerContext(ckpt_dir=tmp_path))
+    ckpt.resume()
+    for step in range(1, 4):
+        _train_step(m, opt)
+        ckpt.step_done(step)
+    saver = threading.Thread(target=ckpt.salvage_before_exit, args=("SIGTERM",))
+    saver.start()
+    saver.join(10)
+    assert local_ckpt.newest_complete(tmp_path, "state_dict") == 3
+    trainer = threading.Thread(target=_train_step, args=(m, opt), daemon=True)  # step 4 of the main loop
+    trainer.start()
+    trainer.join(0.5)
+    assert trainer.is_alive()  # held at the update (the process exits next); step 4 never applied
+    with ckpt.update_guard.consistent(0.1) as (step, _):  # type: ignore[union-attr]
+        assert step == 3  # the parameters still hold the saved step
 
 
 def test_a_failing_loop_saves_first_and_still_raises(tmp_path):

@@ -307,7 +307,7 @@ class ElasticCheckpointer(ResumeSteps):
     def salvage_on_failure(self) -> Iterator[None]:
         """Wrap the training loop: if it fails (a peer's collective broke) or torchrun stops the
         worker (SIGTERM while a collective hangs), save the last completed step first."""
-        watcher = TermWatcher(self.salvage)
+        watcher = TermWatcher(self.salvage_before_exit)
         why_not = watcher.arm()
         if why_not is not None:
             self.emit("salvage_on_sigterm_off", why=why_not)
@@ -322,10 +322,11 @@ class ElasticCheckpointer(ResumeSteps):
         finally:
             watcher.disarm()
 
-    def salvage(self, reason: str, wait_s: float = 5.0) -> SavedStep | None:
+    def salvage(self, reason: str, wait_s: float = 5.0, *, last: bool = False) -> SavedStep | None:
         """Save the step the parameters hold on this node's disk, with no collective (the
         process group may be broken). Replicated state only; local rank 0 writes the node's copy.
-        Returns None when there is nothing new to save or the state cannot be trusted."""
+        Returns None when there is nothing new to save or the state cannot be trusted. ``last``:
+        the process exits right after (SIGTERM); no update may follow the save (UpdateGuard)."""
         if self.ctx.local_rank != 0:
             return None
         if self.mode != "state_dict" or self._guard is None:
@@ -334,7 +335,7 @@ class ElasticCheckpointer(ResumeSteps):
             return None
         started = time.monotonic()
         # Hold the update lock through the save: the main thread may still be training.
-        with self._guard.consistent(wait_s) as (step, ready):
+        with self._guard.consistent(wait_s, keep=last) as (step, ready):
             if step is None:
                 self.emit("salvage_skipped", reason=reason, why="parameters mid-update")
                 return None
@@ -348,6 +349,11 @@ class ElasticCheckpointer(ResumeSteps):
         self.emit("salvaged", step=step, reason=reason, duration_s=round(time.monotonic() - started, 4))
         self.reports.saved(saved)
         return saved
+
+    def salvage_before_exit(self, reason: str) -> SavedStep | None:
+        """The SIGTERM watcher's salvage: the worker exits after it, and its main thread trains
+        no further step meanwhile (it would be reported, and lost)."""
+        return self.salvage(reason, last=True)
 
     # ------------------------------------------------------------------ reporting
     def emit(self, event: str, **fields: Any) -> None:

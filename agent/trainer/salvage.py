@@ -53,6 +53,7 @@ class UpdateGuard:
         self._torn = False
         self._ready: Any = None  # CUDA event recorded after the last update (GPU state only)
         self._explicit = False  # the update window opens at about_to_update(), not the pre-hook
+        self._frozen = False  # a salvage before exit was taken: no update starts any more
         optimizer.register_step_pre_hook(self._before_update)
         optimizer.register_step_post_hook(self._after_update)
 
@@ -74,6 +75,11 @@ class UpdateGuard:
 
     def _open_update(self) -> None:
         self._lock.acquire()
+        if self._frozen:
+            # A SIGTERM salvage saved the state and the process exits next (os._exit from the
+            # watcher's thread): this update must not happen, so wait here for the end.
+            self._lock.release()
+            threading.Event().wait()
         self._torn = True
 
     def _after_update(self, optimizer: Any, *_: Any) -> None:
@@ -87,10 +93,14 @@ class UpdateGuard:
             self._done_step, self._updates = step, 0
 
     @contextlib.contextmanager
-    def consistent(self, timeout_s: float) -> Iterator[tuple[int | None, Any]]:
+    def consistent(self, timeout_s: float, *, keep: bool = False) -> Iterator[tuple[int | None, Any]]:
         """(step the state holds, CUDA event to wait for) while no update can start; step is None
         when it cannot be known: an update raised or is still running, or several updates ran
-        since the last ``step_done`` (gradient accumulation done as several optimizer steps)."""
+        since the last ``step_done`` (gradient accumulation done as several optimizer steps).
+        ``keep``: no update may start after the block, ever: the process exits next (a SIGTERM
+        salvage), and the main thread, which need not be blocked in a collective at all, must not
+        apply and report one more step that the save does not hold (the HF worker did: it logged
+        step 51 after its salvage saved 50)."""
         if not self._lock.acquire(timeout=max(0.0, timeout_s)):
             yield None, None
             return
@@ -98,6 +108,7 @@ class UpdateGuard:
             known = not self._torn and self._updates <= 1
             yield (self._done_step + self._updates if known else None), self._ready
         finally:
+            self._frozen = self._frozen or keep
             self._lock.release()
 
 

@@ -55,7 +55,7 @@ class FrameworkSession:
         self.ckpt = ElasticCheckpointer(model, torch_optimizer(optimizer), mode=self.mode, ctx=self.ctx,
                                         stateful=stateful)
         self.step = self.ckpt.resume()
-        self._watcher = TermWatcher(self.ckpt.salvage)
+        self._watcher = TermWatcher(self.ckpt.salvage_before_exit)
         why_not = self._watcher.arm(take_over=take_over_sigterm)
         if why_not is not None:
             self.ckpt.emit("salvage_on_sigterm_off", why=why_not)
