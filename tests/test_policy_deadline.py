@@ -384,3 +384,4 @@ def test_planner_behind_the_line_moves_its_on_demand_node_back_to_spot_keeping_i
     held = plan(Observation(**{**{f: getattr(obs, f) for f in obs.__dataclass_fields__}, "pool_stats": NO_SPOT}),
                 cfg, NOW)
     assert held.of_type(Launch) == () and not [a for a in held.actions if getattr(a, "instance_id", None) == "od-1"]
+

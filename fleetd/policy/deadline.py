@@ -104,13 +104,22 @@ class DeadlineCall:
     # back to spot make-before-break once spot is offered.
     on_demand_keep: int = 0
 
-    def can_wait_s(self, wait_s: float) -> bool:
-        """Whether waiting ``wait_s`` before buying still leaves a changeover and a reserve."""
-        if not self.safety_net:
-            return True
+    def can_wait_s(self, wait_s: float, idle_share: float = 1.0, latency_s: float = 0.0) -> bool:
+        """Whether the job can wait ``wait_s`` (for a spot pool's reclaim wave to pass) before
+        buying. Inside the safety net: while a changeover, the reserve and the stalls are left
+        after the wait. Outside it: while the first pass after the wait (``latency_s`` later at
+        most: the reconcile interval) still finds the job outside the net, since the net finishes
+        the job on on-demand. (Waiting out a 2-minute wave with exactly 2d + 120 s of slack did
+        that: 5 h on on-demand, where spot bought in the wave's pool lasted to the end;
+        bench/deadline.py, g4dn, one node, d = 0.3 h.) ``idle_share``: the share of the target
+        missing while waiting outside the net (k of N nodes missing cost k/N of each second,
+        assumption A2 of the proof)."""
         if self.slack_s is None:
-            return False
-        return self.slack_s >= wait_s + self.changeover_s * (1 + SWAP_RESERVE) + self.stall_budget_s
+            return not self.safety_net
+        if self.safety_net:
+            return self.slack_s >= wait_s + self.changeover_s * (1 + SWAP_RESERVE) + self.stall_budget_s
+        lost = (wait_s + latency_s) * min(1.0, max(0.0, idle_share))
+        return self.slack_s - lost >= 2 * self.changeover_s
 
 
 def expected_steps(i: DeadlineInputs, t: float) -> float:

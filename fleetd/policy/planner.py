@@ -27,7 +27,7 @@ from fleetd.policy import budget as budget_policy
 from fleetd.policy import rebalance as rebalance_policy
 from fleetd.policy.model import BudgetLevel, LaunchPurpose, Plan, StopJob, Warn
 from fleetd.policy.observation import DesiredJob, Observation, PoolStats
-from fleetd.policy.stages.buying import buy, spot_pools
+from fleetd.policy.stages.buying import buy, spot_pools, wave_pools_to_buy_now
 from fleetd.policy.stages.deadline import deadline_call
 from fleetd.policy.stages.checkpoints import rebalance_risk, request_periodic_checkpoint
 from fleetd.policy.stages.pass_state import LEVEL_ORDER, PlanPass
@@ -59,7 +59,7 @@ def plan(obs: Observation, cfg: FleetdConfig, now: float) -> Plan:
         p.actions.append(drain)
         p.kept = [n for n in p.kept if n.instance_id != drain.instance_id]
 
-    target = choose_target(p, view.level)  # step 4
+    target = p.target = choose_target(p, view.level)  # step 4
     p.deadline = deadline_call(p, target)
     spot_ranked, spot_skipped = spot_pools(p)
     swap_ranked = spot_ranked  # spot for moving on-demand nodes back (make-before-break)
@@ -82,6 +82,8 @@ def plan(obs: Observation, cfg: FleetdConfig, now: float) -> Plan:
             f"together in {settling:.1f} s (notice_coalesce_s {cap.notice_coalesce_s:g})"
         )
         need = 0
+    if need and not spot_ranked:
+        spot_ranked = wave_pools_to_buy_now(p, need)
     if need:
         headroom, spot_short = buy(
             p, need, LaunchPurpose.CAPACITY, spot_ranked, spot_skipped, headroom, view.level

@@ -139,7 +139,12 @@ class FleetUniformProgress(_FleetDeadline):
         times = [self.safety_at(world)]
         k = self.expected(world, 1.0)
         if k > 0:
-            times.append(cp / k)  # an idle job falls behind the line
+            # When an idle job falls behind the line by the tolerance above. This was cp / k, the
+            # crossing itself, which is now for a job on the line (at its start) and was dropped
+            # below: a fleet that found no spot at its start waited for the next world event
+            # (the capacity retry, 600 s) instead of buying on-demand as its rule says and the
+            # one-node UP does.
+            times.append((cp + 2 * _EPS) / k)
         if self.nodes(world, ON_DEMAND):
             # When the hysteresis ends at the current pace (cp grows at rate(w)/rate(N) per s).
             pace = world.job.throughput(len(world.members())) / self.rate(world)

@@ -76,7 +76,11 @@ def buy(
         p.notes.append('no on-demand (capacity.on_demand = "never"): waiting for spot')
     elif LEVEL_ORDER.index(level) >= LEVEL_ORDER.index(BudgetLevel.FORBID_ON_DEMAND):
         p.notes.append(f"on-demand fallback forbidden at budget level {level.value}: waiting for spot")
-    elif asked and (wave := _reclaim_wave_ends_in(p)) is not None and p.deadline.can_wait_s(wave):  # type: ignore[union-attr]
+    elif (
+        asked
+        and (wave := _reclaim_wave_ends_in(p)) is not None
+        and _can_wait_for_wave(p, wave, need)
+    ):
         p.notes.append(
             f"{p.deadline.reason}; but a spot pool's reclaim wave ends in {wave:.0f} s and the "  # type: ignore[union-attr]
             "deadline has slack for that and a changeover: waiting for spot rather than paying on-demand"
@@ -153,6 +157,39 @@ def _spot_probe(p: PlanPass, need: int, headroom: budget_policy.Headroom) -> Lau
             f"{min(cap.spot_probe_s, cap.capacity_error_ttl_s):.0f} s old, trying spot again: "
         ),
     )
+
+
+def wave_pools_to_buy_now(p: PlanPass, need: int) -> list[RankedPool]:
+    """Spot pools held back only by a reclaim wave, ranked with the wave forgotten, when a
+    deadline job outside its safety net could not wait the wave out without the wait itself
+    carrying it into the net (`DeadlineCall.can_wait_s`): the net finishes the job on on-demand,
+    while a node bought in the wave's pool and reclaimed with it costs one changeover and the
+    net still covers it (the purchase is made with the net's 2d of slack, as any spot purchase
+    outside it). [] otherwise: the wave is waited out, as for a job with no deadline."""
+    dl = p.deadline
+    wave = _reclaim_wave_ends_in(p)
+    if need <= 0 or dl is None or not dl.spot_allowed or wave is None or _can_wait_for_wave(p, wave, need):
+        return []
+    stats = p.obs.stats_by_pool()
+    calm = {
+        pool: replace(s, last_notice_at=None)
+        for pool, s in stats.items()
+        if s.last_notice_at is not None and s.last_notice_at + NOTICE_LEAD_S > p.now
+    }
+    ranked, _ = spot_pools(p, {**stats, **calm})
+    why = (
+        f"reclaim wave under way, but waiting {wave:.0f} s for it would carry the deadline job into "
+        f"its safety net (slack {dl.slack_s or 0:.0f} s, net below 2 x changeover {2 * dl.changeover_s:.0f} s), "
+        "which finishes on on-demand: buying spot in it now"
+    )
+    return [replace(r, reason=f"{why}: {r.reason}") for r in ranked if r.pool in calm]
+
+
+def _can_wait_for_wave(p: PlanPass, wave_s: float, need: int) -> bool:
+    """The deadline's call on waiting ``wave_s`` with ``need`` of the target missing, the next
+    pass up to one reconcile interval after the wave's end."""
+    assert p.deadline is not None
+    return p.deadline.can_wait_s(wave_s, need / max(1, p.target), p.cfg.fleet.reconcile_interval_s)
 
 
 def _reclaim_wave_ends_in(p: PlanPass) -> float | None:

@@ -29,6 +29,7 @@ class PlanPass:
     checkpoint_requested: bool = False
     deadline: DeadlineCall | None = None  # the deadline rule's call (stages/deadline.py)
     target_reason: str = ""
+    target: int = 0  # the pass's target size, once chosen (step 4)
 
     def remove(self, node: Node, reason: str) -> None:
         """Take a kept node out of the fleet: drain it if it trains, else terminate it."""
