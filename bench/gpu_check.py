@@ -218,7 +218,12 @@ def check_torchrun_restart(device: str, work: Path, steps: int, module: str = "a
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
            "--max-restarts", "3", "--monitor-interval", "0.5", "-m", module,
            "--steps", str(steps), "--step-sleep", "0.01", "--device", device, *extra]
-    env = _toy_env(work, FLEETD_CKPT_DIR=str(work / "node"), FLEETD_NODE_ADDR="node0")
+    # As the agent launches torchrun (agent/supervise/launch.py): the workers get a fresh store
+    # each round. With torchrun's default (the rendezvous store shared with the workers) a
+    # restarted gloo group read the previous round's keys, dialled a dead address and in 2 of 6
+    # CPU runs here hung past the bound; with a store per round 0 of 10 (2026-11-26).
+    env = _toy_env(work, FLEETD_CKPT_DIR=str(work / "node"), FLEETD_NODE_ADDR="node0",
+                   TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     run = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(work / "torchrun.log", "w"))
     try:
         _wait(lambda: max(_steps(events), default=0) >= 50, 300, "step 50", [run])
