@@ -145,7 +145,7 @@ def rank_pools(
             skipped.append(f"{pool}: {excluded}")
             continue
         held_back = ""
-        wave = _reclaim_wave_left_s(s, now)
+        wave = reclaim_wave_left_s(s, now)
         if market is Market.SPOT and wave > 0:
             skipped.append(
                 f"{pool}: reclaim wave under way (notice {now - s.last_notice_at:.0f} s ago; a node "  # type: ignore[union-attr]
@@ -193,7 +193,7 @@ def rank_pools(
     return ranked, skipped
 
 
-def _reclaim_wave_left_s(stats: PoolStats | None, now: float) -> float:
+def reclaim_wave_left_s(stats: PoolStats | None, now: float) -> float:
     """Seconds until the reclaim wave of the pool's last notice is over: AWS gives its notice
     ~2 minutes ahead, so capacity bought in that pool before then is likely taken back with it."""
     if stats is None or stats.last_notice_at is None:

@@ -10,7 +10,7 @@ from fleetd.config import FleetdConfig
 from fleetd.policy import budget as budget_policy
 from fleetd.policy.model import BudgetLevel, Launch, LaunchPurpose, Market, NodePhase, PoolId
 from fleetd.policy.observation import PoolStats
-from fleetd.policy.placement import NOTICE_LEAD_S, RankedPool, diversify, rank_pools
+from fleetd.policy.placement import RankedPool, diversify, rank_pools, reclaim_wave_left_s
 from fleetd.policy.stages.pass_state import LEVEL_ORDER, PlanPass
 
 
@@ -174,7 +174,7 @@ def wave_pools_to_buy_now(p: PlanPass, need: int) -> list[RankedPool]:
     calm = {
         pool: replace(s, last_notice_at=None)
         for pool, s in stats.items()
-        if s.last_notice_at is not None and s.last_notice_at + NOTICE_LEAD_S > p.now
+        if reclaim_wave_left_s(s, p.now) > 0
     }
     ranked, _ = spot_pools(p, {**stats, **calm})
     why = (
@@ -194,18 +194,17 @@ def _can_wait_for_wave(p: PlanPass, wave_s: float, need: int) -> bool:
 
 def _reclaim_wave_ends_in(p: PlanPass) -> float | None:
     """Seconds until the first spot pool held back only by a reclaim wave under way is usable
-    again (placement.NOTICE_LEAD_S after its notice); None if no pool is."""
+    again (placement.reclaim_wave_left_s); None if no pool is."""
     stats = p.obs.stats_by_pool()
     ends = []
     for offer in p.obs.offers:
         s = stats.get(offer.pool)
-        if offer.spot_price is None or s is None or s.last_notice_at is None:
+        if offer.spot_price is None or s is None:
             continue
         if s.capacity_error_until is not None and s.capacity_error_until > p.now:
             continue
-        end = s.last_notice_at + NOTICE_LEAD_S
-        if end > p.now:
-            ends.append(end - p.now)
+        if (left := reclaim_wave_left_s(s, p.now)) > 0:
+            ends.append(left)
     return min(ends) if ends else None
 
 
