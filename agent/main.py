@@ -23,9 +23,9 @@ from typing import Any
 from agent import __version__
 from agent.config import AgentConfig
 from agent.hooks import AgentContext, HooksFactory, LoggingHooks, NodeHooks
-from agent.node.imds import Identity, ImdsClient, SpotSignal, SpotWatcher, read_identity
-from agent.node.enrol import NodeEnrolment, mqtt_with_identity
 from agent.node.deadman import ControllerWatch, run_shutdown_command
+from agent.node.enrol import NodeEnrolment, mqtt_with_identity
+from agent.node.imds import Identity, ImdsClient, SpotSignal, SpotWatcher, read_identity
 from agent.node.mqtt_session import MqttSession
 from agent.node.notice_repeat import repeat_notice
 from agent.node.outbox import Outbox

@@ -8,6 +8,7 @@ import json
 import sqlite3
 import tempfile
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 
 import psutil
@@ -79,7 +80,7 @@ def steady_now(steps: list[tuple[float, int]], now: float, window_s: float, gap_
     times = [t for t, _ in steps if t >= now - window_s - gap_s]
     if not times or now - times[-1] > gap_s or times[0] > now - window_s:
         return False
-    return all(b - a <= gap_s for a, b in zip(times, times[1:]))
+    return all(b - a <= gap_s for a, b in pairwise(times))
 
 
 def steps_lost(records: list[dict], since: float, until: float) -> int:

@@ -28,7 +28,8 @@ from fleetd.demo.broker import start_broker
 from fleetd.demo.launcher import Launcher, LocalNode
 from fleetd.demo.procs import Child
 from fleetd.demo.runner import DEMO_AWS_ENV
-from fleetd.localnet import free_port, wait_port_async as wait_port
+from fleetd.localnet import free_port
+from fleetd.localnet import wait_port_async as wait_port
 
 CLI = [sys.executable, "-m", "fleetd.cli"]
 

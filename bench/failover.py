@@ -37,9 +37,9 @@ from aiobotocore.session import get_session  # noqa: E402
 from moto.server import ThreadedMotoServer  # noqa: E402
 
 from fleetd.snapshot import read_snapshot  # noqa: E402
+from tests.ha_procs import assert_no_orphan_no_duplicate, fleetd_host, ha_toml, host_dir, log_events, wait_until  # noqa: E402
 from tests.harness import moto as moto_harness  # noqa: E402
 from tests.harness.mosquitto import Mosquitto  # noqa: E402
-from tests.ha_procs import assert_no_orphan_no_duplicate, fleetd_host, ha_toml, host_dir, log_events, wait_until  # noqa: E402
 from tests.reconcile_support import make_cloud  # noqa: E402
 
 
@@ -84,9 +84,9 @@ async def main(args: argparse.Namespace) -> dict:
             killed_at = time.time()
             procs[leader].send_signal(signal.SIGKILL)
             procs[leader].wait()
-            await wait_until(lambda: len(log_events(root, standby, "leading")) > before, 120, "takeover")
+            await wait_until(lambda s=standby, b=before: len(log_events(root, s, "leading")) > b, 120, "takeover")
             took = stamp(log_events(root, standby, "leading")[-1])
-            await wait_until(lambda: pass_written_after(root, standby, took), 120, "the new leader's first pass")
+            await wait_until(lambda s=standby, t=took: pass_written_after(root, s, t), 120, "the new leader's first pass")
             # status.json is written after the pass: its mtime is when the first pass had finished.
             first_pass = (host_dir(root, standby) / "state" / "status.json").stat().st_mtime
             await wait_until(fleet_up, 120, "the fleet running")

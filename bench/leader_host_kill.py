@@ -44,6 +44,7 @@ import tempfile
 import time
 import traceback
 from datetime import datetime
+from itertools import pairwise
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -153,7 +154,7 @@ def trial_outcome(events: Path, t_kill: float, nodes: int) -> dict | None:
     # Training rides through the store's death (gloo needs no store between steps) until torchrun
     # is moved: the longest pause between one rank's consecutive steps is what the job really stood.
     times = sorted(r["t"] for r in recs if r["ev"] == "step" and r.get("rank") == 0 and t_kill - 5 <= r["t"] <= again)
-    pause = max((b - a for a, b in zip(times, times[1:])), default=None)
+    pause = max((b - a for a, b in pairwise(times)), default=None)
     return {"training_again_s": round(again - t_kill, 2), "longest_pause_s": round(pause, 2) if pause else None,
             "step_at_kill": at_kill, "step_at_restart": before,
             "resumed_from": min(froms), "steps_lost": max(0, before - min(froms))}
@@ -165,7 +166,7 @@ async def main(args: argparse.Namespace) -> dict:
     os.environ["PYTHONUNBUFFERED"] = "1"
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
-    moto_url = "http://%s:%d" % server.get_host_and_port()
+    moto_url = "http://{}:{}".format(*server.get_host_and_port())
     broker = Mosquitto().start()
     price_list, spot_prices = configs.demo_price_fakes()
     proxy = FaultProxy(moto_url, price_list=price_list, spot_prices=spot_prices).start()
@@ -222,14 +223,14 @@ async def main(args: argparse.Namespace) -> dict:
             load = os.getloadavg()[0]
             t_kill = time.time()
             killed, survivors = await hosts[leader].kill()
-            await wait_until(lambda: len(log_events(root, standby, "leading")) > before_lead, 120, "takeover")
+            await wait_until(lambda s=standby, b=before_lead: len(log_events(root, s, "leading")) > b, 120, "takeover")
             took = stamp(log_events(root, standby, "leading")[-1])
-            await wait_until(lambda: len(log_events(root, standby, "rendezvous_endpoint_published")) > before_pub,
+            await wait_until(lambda s=standby, b=before_pub: len(log_events(root, s, "rendezvous_endpoint_published")) > b,
                              60, "the new leader's endpoint published")
             published = stamp(log_events(root, standby, "rendezvous_endpoint_published")[-1])
             out = None
 
-            def resumed() -> bool:
+            def resumed(t_kill: float = t_kill) -> bool:
                 nonlocal out
                 out = trial_outcome(events, t_kill, args.nodes)
                 return out is not None

@@ -22,10 +22,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fleetd.sim.deadline import deadline_runs  # noqa: E402
+from fleetd.sim.defaults import prices_for  # noqa: E402
 from fleetd.sim.job import JobSpec  # noqa: E402
 from fleetd.sim.scenario import Scenario, ideal_steps  # noqa: E402
 from fleetd.sim.traces import ADD, REMOVE, Trace, TraceEvent, load_trace  # noqa: E402
-from fleetd.sim.defaults import prices_for  # noqa: E402
 
 
 def repeat_to(trace: Trace, hours: float) -> Trace:

@@ -98,7 +98,7 @@ def member_proc(port: int, first: int, count: int, stop_file: Path, leavers: int
         s = decode(raw)
         rejoining = bool(s is not None and (s.has_marker or (not s.complete and live - set(s.participants))))
         if s is not None and s.complete and s.has_marker and live & set(s.participants):
-            def rejoin(s: RendezvousState) -> RendezvousState | None:
+            def rejoin(s: RendezvousState, live: set = live, now: float = now) -> RendezvousState | None:
                 if s.complete and s.has_marker:
                     # torch's exit op empties the complete round: round+1, the survivors join it.
                     return replace(s, round=s.round + 1, complete=False, deadline=None,
@@ -112,13 +112,13 @@ def member_proc(port: int, first: int, count: int, stop_file: Path, leavers: int
                 return None
             cas(store, rejoin)
         elif s is not None and not s.complete and live - set(s.participants) and s.round > 0:
-            cas(store, lambda s: replace(s, participants={**s.participants, **{n: 0 for n in live}},
+            cas(store, lambda s, live=live, now=now: replace(s, participants={**s.participants, **{n: 0 for n in live}},
                                          last_heartbeats={**s.last_heartbeats, **{n: now for n in live}})
                 if not s.complete and not live <= set(s.participants) else None)
         if beat_due:
             present = live & (set(s.participants) if s is not None else set())
             if present:
-                cas(store, lambda s: replace(s, last_heartbeats={**s.last_heartbeats,
+                cas(store, lambda s, present=present, now=now: replace(s, last_heartbeats={**s.last_heartbeats,
                                                                   **{n: now for n in present if n in s.participants}}))
                 (stop_file.parent / f"ready-{first}").write_text("1")
             next_beat = time.monotonic() + 2.0
@@ -145,7 +145,7 @@ class CountingStore:
 
 async def run(a: argparse.Namespace) -> dict:
     from fleetd.rendezvous.client import RendezvousClient
-    from fleetd.rendezvous.steering import SteerSettings, Steerer
+    from fleetd.rendezvous.steering import Steerer, SteerSettings
 
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"steering-load-{os.getpid()}"
     work.mkdir(parents=True, exist_ok=True)

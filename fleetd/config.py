@@ -25,7 +25,7 @@ class FleetConfig(Group):
     state_backup_interval_s: Annotated[float, Field(ge=0)] = 300.0
 
     @model_validator(mode="after")
-    def _bounds(self) -> "FleetConfig":
+    def _bounds(self) -> FleetConfig:
         if self.min_nodes > self.max_nodes:
             raise ValueError(f"min_nodes ({self.min_nodes}) must be <= max_nodes ({self.max_nodes})")
         return self
@@ -96,7 +96,7 @@ class CapacityConfig(Group):
     boot_timeout_s: Annotated[float, Field(gt=0)] = 900.0
 
     @model_validator(mode="after")
-    def _something_to_buy(self) -> "CapacityConfig":
+    def _something_to_buy(self) -> CapacityConfig:
         if not self.instance_types and self.gpu is None:
             raise ValueError("give instance_types or gpu requirements")
         return self
@@ -115,7 +115,7 @@ class BudgetConfig(Group):
     stop_reserve_s: Annotated[float, Field(ge=0)] = 180.0
 
     @model_validator(mode="after")
-    def _ordered(self) -> "BudgetConfig":
+    def _ordered(self) -> BudgetConfig:
         if not self.warn_at <= self.forbid_on_demand_at <= self.shrink_at:
             raise ValueError("thresholds must satisfy warn_at <= forbid_on_demand_at <= shrink_at")
         return self
@@ -185,7 +185,7 @@ class FleetdJobConfig(JobConfig):
     steps_per_s: Annotated[float, Field(gt=0)] | None = None
 
     @model_validator(mode="after")
-    def _work_with_deadline(self) -> "FleetdJobConfig":
+    def _work_with_deadline(self) -> FleetdJobConfig:
         if self.deadline is not None and self.total_steps is None:
             raise ValueError("a job.deadline needs job.total_steps (how much work is due by then)")
         return self

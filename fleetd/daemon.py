@@ -20,11 +20,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetd.adapters.aws_errors import AwsError
 from fleetd.config import FleetdConfig
 from fleetd.gc_pacing import GcPacing
 from fleetd.protocol.logs import get_logger
 from fleetd.protocol.sdnotify import Heartbeat, Notifier, watchdog
-from fleetd.adapters.aws_errors import AwsError
 from fleetd.protocol.waits import wait_set
 from fleetd.reconcile.build import Built, build_reconciler, ec2_client_kwargs, pricing_client_kwargs
 from fleetd.reconcile.loop import PassReport, Planner, Reconciler

@@ -141,7 +141,7 @@ class FleetMetrics:
         if snap.stall is not None:
             self.set_stall(snap.stall, snap.written_at)
 
-    def set_stall(self, stall: "StallView", now: float) -> None:
+    def set_stall(self, stall: StallView, now: float) -> None:
         self.stalled.clear()
         current = stall.current
         if current is not None:
@@ -201,7 +201,7 @@ class MetricsServer:
         body = self.metrics.render(self.also)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    async def start(self) -> "MetricsServer":
+    async def start(self) -> MetricsServer:
         app = web.Application()
         app.router.add_get("/metrics", self._handle)
         runner = web.AppRunner(app, access_log=None)
@@ -222,7 +222,7 @@ class MetricsServer:
             await self._runner.cleanup()
             self._runner = None
 
-    async def __aenter__(self) -> "MetricsServer":
+    async def __aenter__(self) -> MetricsServer:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetd.localnet import port_answers, raise_if_cancelled
 from fleetd.policy.stall import (
     NodeProgress,
     Recovery,
@@ -28,7 +29,6 @@ from fleetd.policy.stall import (
     StallTracker,
     assess,
 )
-from fleetd.localnet import port_answers, raise_if_cancelled
 from fleetd.protocol.logs import get_logger
 from fleetd.stall_record import StallView, closed_before, read_stalls, view, write_stalls
 

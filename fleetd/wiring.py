@@ -22,7 +22,7 @@ from fleetd.publish import status_component
 from fleetd.reconcile.ledger_store import DB_NAME, LedgerStore
 from fleetd.rendezvous.client import RendezvousClient
 from fleetd.rendezvous.commander import TrainingCommander
-from fleetd.rendezvous.steering import SteerSettings, Steerer
+from fleetd.rendezvous.steering import Steerer, SteerSettings
 from fleetd.stall_watch import StallWatcher
 
 log = get_logger(__name__)

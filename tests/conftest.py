@@ -20,10 +20,15 @@ import pytest
 from hypothesis import settings
 from moto.server import ThreadedMotoServer
 
-from tests.harness import lanes, moto as moto_harness
+from tests.harness import lanes
+from tests.harness import moto as moto_harness
 from tests.harness.mosquitto import Mosquitto
 
 moto_harness.use_fake_credentials()
+
+# Fixtures shared by many modules (``cloud``: moto behind fleetd's fault proxy; ``open_state``: each
+# state backend), loaded as plugins so no test module has to import a fixture by name.
+pytest_plugins = ["tests.reconcile_support", "tests.ha_support"]
 
 settings.register_profile("ci", derandomize=True, deadline=None)
 settings.register_profile("explore", derandomize=False, deadline=None, max_examples=1000)

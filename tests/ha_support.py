@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from fleetd.ha.errors import LeaseLost
-from fleetd.policy.lease import LeaseRecord
 from fleetd.ha.table import DynamoTable
+from fleetd.policy.lease import LeaseRecord
 from fleetd.reconcile.state import StateStore
 from fleetd.reconcile.state_dynamo import DynamoStateStore
 

@@ -105,31 +105,3 @@ def cycles(graph: Graph) -> list[list[str]]:
         if v not in index:
             visit(v)
     return found
-
-
-def room_of(module: str, layers: list[list[str]]) -> tuple[int, str] | None:
-    """(layer index, room) of the longest room prefix that contains ``module``."""
-    best: tuple[int, str] | None = None
-    for i, rooms in enumerate(layers):
-        for room in rooms:
-            if (module == room or module.startswith(room + ".")) and (best is None or len(room) > len(best[1])):
-                best = (i, room)
-    return best
-
-
-def layer_violations(graph: Graph, layers: list[list[str]]) -> list[str]:
-    """Imports that run up the layers (top first), or across to another room of the same layer."""
-    bad = []
-    for src, targets in graph.items():
-        here = room_of(src, layers)
-        if here is None:
-            continue
-        for dst in targets:
-            there = room_of(dst, layers)
-            if there is None or there[1] == here[1]:
-                continue
-            if there[0] < here[0]:
-                bad.append(f"{src} -> {dst}: imports upward ({here[1]} is below {there[1]})")
-            elif there[0] == here[0]:
-                bad.append(f"{src} -> {dst}: {here[1]} and {there[1]} are rooms of one layer")
-    return sorted(bad)

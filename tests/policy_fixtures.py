@@ -8,10 +8,9 @@ the target, levels and timers) and checks the budget invariants after every pass
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import bisect
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from hypothesis import strategies as st
 

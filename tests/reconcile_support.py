@@ -19,13 +19,13 @@ from typing import Any
 
 from botocore.config import Config
 
-from fleetd.adapters.ec2 import TAG_FLEET
 from fleetd.adapters.catalog import bundled_catalog
+from fleetd.adapters.ec2 import TAG_FLEET
 from fleetd.adapters.faults import FaultProxy
 from fleetd.adapters.pricing_fake import PriceListFake, SpotPriceFake
-from fleetd.protocol.settings import AwsConfig
 from fleetd.config import BudgetConfig, CapacityConfig, FleetConfig, FleetdConfig
 from fleetd.policy.model import PoolId
+from fleetd.protocol.settings import AwsConfig
 
 ONE_ATTEMPT = Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=5, read_timeout=30)
 ZONES = ("us-east-1a", "us-east-1b")

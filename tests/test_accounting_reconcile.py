@@ -15,7 +15,7 @@ from fleetd.policy.planner import plan
 from fleetd.reconcile.build import build_reconciler
 from fleetd.reconcile.ledger_store import DB_NAME, LedgerStore
 from fleetd.reconcile.state import StateStore
-from tests.reconcile_support import Cloud, cloud, pools_of  # noqa: F401 (the pytest fixture)
+from tests.reconcile_support import Cloud, pools_of
 
 
 async def _passes(cfg, cloud: Cloud, store: LedgerStore, n: int) -> None:

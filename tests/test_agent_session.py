@@ -12,9 +12,9 @@ import pytest
 
 from agent.config import AgentConfig, NodeConfig
 from agent.doubles.fake_imds import FakeImds
-from agent.node.imds import IDENTITY_PATHS
 from agent.hooks import AgentContext, LoggingHooks
 from agent.main import Agent
+from agent.node.imds import IDENTITY_PATHS
 from fleetd.protocol.messages import (
     CheckpointCommand,
     LeaveCommand,
@@ -34,7 +34,7 @@ FLEET = "agenttest"
 class RecordingHooks(LoggingHooks):
     """Records what the agent asked of the emergency path, with the time it was asked."""
 
-    instances: list["RecordingHooks"] = []
+    instances: list[RecordingHooks] = []
 
     def __init__(self, ctx: AgentContext) -> None:
         super().__init__(ctx)

@@ -28,7 +28,6 @@ from fleetd.protocol.settings import MqttConfig
 from fleetd.protocol.topics import rendezvous_topic
 from tests.harness.mosquitto import Mosquitto
 
-
 FLEET = "bridged"
 IID = "i-0000000000000b001"
 BRIDGE = """

@@ -45,7 +45,7 @@ async def test_every_nodes_copy_uploaded_and_a_fresh_node_resumes_from_s3(tmp_pa
     aws = AwsConfig(region=aws_client_kwargs["region_name"], endpoint_url=aws_client_kwargs["endpoint_url"])
     async with CheckpointStore.connect(cfg, aws, job="toy", client_config=aws_client_kwargs["config"]) as store:
         await store.ensure_bucket()
-        for node, d in zip(("n0", "n1", "n2"), dirs):  # as the agents do, one after the other
+        for node, d in zip(("n0", "n1", "n2"), dirs, strict=True):  # as the agents do, one after the other
             files, step_files = local_ckpt.upload_set(d)
             assert step_files is None and local_ckpt.MARKER not in {p.name for p in files}
             result = await store.upload_step(STEP, files, writer=node, root=d, step_files=step_files)
@@ -63,7 +63,7 @@ async def test_every_nodes_copy_uploaded_and_a_fresh_node_resumes_from_s3(tmp_pa
     assert await asyncio.to_thread(fresh.resume) == STEP  # resume() runs its own event loop
     assert local_ckpt.is_complete(local_ckpt.step_dir(tmp_path / "fresh", STEP), "state_dict")
     saved, _ = _model()
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), saved.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), saved.state_dict().values(), strict=True))
 
 
 async def test_a_newer_durable_step_in_s3_beats_a_stale_local_copy(tmp_path: Path, aws_client_kwargs) -> None:
@@ -91,4 +91,4 @@ async def test_a_newer_durable_step_in_s3_beats_a_stale_local_copy(tmp_path: Pat
     behind = ElasticCheckpointer(model2, opt2, ctx=TrainerContext(ckpt_dir=tmp_path / "dropped", **ctx))
     assert await asyncio.to_thread(behind.resume) == STEP
     saved, _ = _model()
-    assert all(torch.equal(a, b) for a, b in zip(model2.state_dict().values(), saved.state_dict().values()))
+    assert all(torch.equal(a, b) for a, b in zip(model2.state_dict().values(), saved.state_dict().values(), strict=True))

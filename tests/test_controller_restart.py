@@ -34,7 +34,7 @@ from fleetd.adapters.ec2 import TAG_LAUNCH
 from fleetd.adapters.pricing import DEMO_PRICE_BOOK
 from fleetd.localnet import free_port
 from fleetd.snapshot import read_snapshot
-from tests.reconcile_support import ZONES, Cloud, cloud  # noqa: F401 (the pytest fixture)
+from tests.reconcile_support import ZONES, Cloud
 
 pytestmark = pytest.mark.slow
 

@@ -24,7 +24,7 @@ from fleetd.adapters.ec2 import (
 from fleetd.adapters.launch_template import AGENT_ENV_FILE, ensure_launch_template
 from fleetd.config import GpuRequirements
 from fleetd.policy.model import Market, PoolId
-from tests.reconcile_support import ZONES, Cloud, cloud  # noqa: F401 (the pytest fixture)
+from tests.reconcile_support import ZONES, Cloud
 
 A = PoolId("g4dn.xlarge", "us-east-1a")
 B = PoolId("g5.xlarge", "us-east-1b")
@@ -142,7 +142,7 @@ async def test_pools_from_gpu_requirements(cloud: Cloud) -> None:
 
 
 async def test_zones_default_to_the_subnets_or_the_region(cloud: Cloud) -> None:
-    from fleetd.adapters.ec2 import default_zones
+    from fleetd.adapters.ec2_pools import default_zones
 
     async with cloud.client() as c:
         assert await default_zones(c, [cloud.subnets["us-east-1b"]]) == ("us-east-1b",)

@@ -16,7 +16,7 @@ from fleetd.adapters.aws_errors import PermanentAwsError, TransientAwsError
 from fleetd.adapters.ec2 import TAG_FLEET, AioEc2
 from fleetd.adapters.ec2_list_process import ProcessLister
 from tests.harness.moto import NO_RETRIES
-from tests.reconcile_support import Cloud, cloud  # noqa: F401 (the pytest fixture)
+from tests.reconcile_support import Cloud
 
 
 async def run_instances(cloud: Cloud, fleet: str, count: int) -> None:

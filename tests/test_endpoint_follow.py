@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import aiomqtt
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -82,7 +81,7 @@ FLEET = "hafollow"
 
 
 class EndpointHooks(LoggingHooks):
-    instances: list["EndpointHooks"] = []
+    instances: list[EndpointHooks] = []
 
     def __init__(self, ctx: AgentContext) -> None:
         super().__init__(ctx)

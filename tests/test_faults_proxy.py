@@ -13,7 +13,7 @@ from fleetd.adapters.aws_errors import CapacityUnavailable, PermanentAwsError, T
 from fleetd.adapters.ec2 import AioEc2, LaunchSpec, subnets_by_zone
 from fleetd.adapters.launch_template import ensure_launch_template
 from fleetd.policy.model import Market, PoolId
-from tests.reconcile_support import Cloud, cloud  # noqa: F401 (the pytest fixture)
+from tests.reconcile_support import Cloud
 
 A = PoolId("g4dn.xlarge", "us-east-1a")
 B = PoolId("g5.xlarge", "us-east-1b")

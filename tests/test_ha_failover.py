@@ -34,7 +34,7 @@ from tests.ha_procs import (
     shared_state,
     wait_until,
 )
-from tests.reconcile_support import Cloud, cloud  # noqa: F401 (the pytest fixture)
+from tests.reconcile_support import Cloud
 from tests.test_controller_restart import Nodes, collect_commands, drains_for, running_nodes, stop
 
 pytestmark = pytest.mark.slow

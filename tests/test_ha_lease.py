@@ -95,9 +95,9 @@ def test_never_two_leaders_at_once(schedule: list[tuple[int, str, float]]) -> No
                 # A generation belongs to one host only (the fence).
                 assert generations_seen.setdefault(d.write.generation, names[host]) == names[host]
         states[host] = s
-        leaders = [n for n, st in zip(names, states) if st.leads(now)]
+        leaders = [n for n, st in zip(names, states, strict=True) if st.leads(now)]
         assert len(leaders) <= 1, (leaders, now, store.record)
         # Whoever leads holds the generation the store names (its fenced writes pass).
-        for n, st in zip(names, states):
+        for n, st in zip(names, states, strict=True):
             if st.leads(now):
                 assert store.record is not None and (store.record.holder, store.record.generation) == (n, st.held)

@@ -6,14 +6,15 @@ from __future__ import annotations
 import pytest
 
 from fleetd.ha.errors import LeaseLost
-from fleetd.policy.lease import LeaseRecord
 from fleetd.ha.table import MAX_PUTS
+from fleetd.policy.lease import LeaseRecord
 from fleetd.policy.model import Market
 from fleetd.reconcile import journal
 from fleetd.reconcile.state_dynamo import DynamoLedger, DynamoStateStore
-from tests.ha_support import Opener, PinnedFence, dynamo_table, open_state  # noqa: F401 (fixture)
-from tests.test_ledger import FIRST_HALF, GOODPUT, SECOND_HALF, T0 as LEDGER_T0
-from tests.test_reconcile_state import A, T0, seen
+from tests.ha_support import Opener, PinnedFence, dynamo_table
+from tests.test_ledger import FIRST_HALF, GOODPUT, SECOND_HALF
+from tests.test_ledger import T0 as LEDGER_T0
+from tests.test_reconcile_state import T0, A, seen
 
 
 async def test_the_drain_journal_survives_a_reopen(open_state: Opener) -> None:

@@ -265,7 +265,7 @@ def test_every_node_call_is_allowed_on_the_checkpoint_prefix_only():
 
 
 def test_calls_left_ungranted_run_only_outside_production():
-    for action, reason in NOT_GRANTED_ON_PURPOSE.items():
+    for action in NOT_GRANTED_ON_PURPOSE:
         assert not allowed(load("node-policy.json"), action) and not allowed(load("controller-policy.json"), action)
     # ensure_bucket (the CreateBucket caller) is called only by its own wrapper and by the operator
     # tool behind an explicit --create-bucket (run with the operator's credentials, not a role).

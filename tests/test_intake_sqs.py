@@ -127,7 +127,6 @@ async def test_duplicate_and_malformed_deliveries(eventbridge_queue) -> None:
 
 async def test_unreachable_sqs_is_retried_not_fatal(aio_session) -> None:
     from fleetd.adapters.aws_errors import AwsError
-
     from tests.harness.moto import NO_RETRIES
 
     async with aio_session.create_client(

@@ -13,7 +13,7 @@ from fleetd.policy.model import Terminate
 from fleetd.policy.observation import Observation
 from fleetd.policy.planner import plan
 from fleetd.protocol.messages import Status
-from tests.policy_fixtures import A, B, NOW, config, node, offer
+from tests.policy_fixtures import NOW, A, B, config, node, offer
 
 SILENCE_S, STORE_S = 30.0, 30.0
 QUIET = NOW - 120

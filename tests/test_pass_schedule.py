@@ -10,7 +10,8 @@ import threading
 import time
 from pathlib import Path
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from fleetd.adapters.ec2 import LaunchSpec
@@ -22,9 +23,7 @@ from fleetd.policy.planner import plan
 from fleetd.reconcile.loop import Reconciler
 from fleetd.reconcile.pass_schedule import FullPassLimits, UrgentLimits, resume_at, urgent_step, woken_full_pass_at
 from fleetd.reconcile.state import StateStore
-from tests.import_graph import ROOT, imported_names
 from tests.reconcile_support import FakeClock
-from tests.test_import_contract import IO_MODULES
 from tests.test_reconcile_urgent import BOOK, A, B, Commander, HeldListing
 
 LIMITS = UrgentLimits(max_share=0.5)
@@ -33,11 +32,6 @@ LIMITS = UrgentLimits(max_share=0.5)
 def step(seen, planned, started=None, busy=0.0, now=100.0):
     return urgent_step(notices_seen=seen, notices_planned=planned, full_started_at=started,
                        urgent_busy_s=busy, now=now, limits=LIMITS)
-
-
-def test_the_rule_is_pure() -> None:
-    names = imported_names(ROOT / "fleetd" / "reconcile" / "pass_schedule.py")
-    assert not {n for n in names if n.split(".")[0] in IO_MODULES}
 
 
 def test_no_new_notice_no_urgent_pass() -> None:

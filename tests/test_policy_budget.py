@@ -16,7 +16,7 @@ from fleetd.policy.model import (
 )
 from fleetd.policy.observation import DesiredJob, Observation, PoolStats
 from fleetd.policy.planner import plan
-from tests.policy_fixtures import A, B, NOW, config, node, offer
+from tests.policy_fixtures import NOW, A, B, config, node, offer
 
 CFG = config(
     fleet={"min_nodes": 1, "max_nodes": 4, "reconcile_interval_s": 10.0},

@@ -10,7 +10,7 @@ from fleetd.policy.checkpointing import cadence, young_daly_interval_s
 from fleetd.policy.model import RequestCheckpoint
 from fleetd.policy.observation import Observation, PoolStats
 from fleetd.policy.planner import plan
-from tests.policy_fixtures import A, NOW, config, node, offer
+from tests.policy_fixtures import NOW, A, config, node, offer
 
 YD = {"young_daly_checkpoints": True, "checkpoint_stall_s": 5.0}
 

@@ -11,7 +11,7 @@ from fleetd.policy.deadline import DeadlineInputs, decide, steps_per_s_at
 from fleetd.policy.model import Launch, LaunchPurpose, Market
 from fleetd.policy.observation import Observation, PoolStats
 from fleetd.policy.planner import plan
-from tests.policy_fixtures import A, B, NOW, config, node, offer
+from tests.policy_fixtures import NOW, A, B, config, node, offer
 
 H = 3600.0
 

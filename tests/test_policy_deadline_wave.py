@@ -8,7 +8,7 @@ from types import MappingProxyType
 from fleetd.policy.model import Launch, LaunchPurpose, Market
 from fleetd.policy.observation import Observation, PoolStats
 from fleetd.policy.planner import plan
-from tests.policy_fixtures import A, B, NOW
+from tests.policy_fixtures import NOW, A, B
 from tests.test_policy_deadline import H, _durable, _obs, deadline_cfg
 
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 
 from fleetd.policy.lifecycle import Signal, assess
-from fleetd.policy.model import NodePhase, Terminate
+from fleetd.policy.model import Launch, NodePhase, Terminate
 from fleetd.policy.observation import Observation
 from fleetd.policy.planner import plan
-from fleetd.policy.model import Launch
-from tests.policy_fixtures import A, B, NOW, config, node, offer
+from tests.policy_fixtures import NOW, A, B, config, node, offer
 
 SILENCE_S = 30.0
 QUIET = NOW - 120  # last heard 120 s ago: more than SILENCE_S

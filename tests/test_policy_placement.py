@@ -19,7 +19,7 @@ from fleetd.policy.placement import (
 )
 from fleetd.policy.planner import plan
 from tests.harness.traces import trace_file
-from tests.policy_fixtures import A, B, C, D, NOW, config, node, offer
+from tests.policy_fixtures import NOW, A, B, C, D, config, node, offer
 
 ADVISOR_CSV = trace_file("aws_spot_advisor_gpu_snapshot_2025-06.csv")
 CAP = config().capacity

@@ -8,7 +8,7 @@ from fleetd.policy.model import Drain, Launch, LaunchPurpose, NodePhase, Request
 from fleetd.policy.observation import Observation
 from fleetd.policy.planner import plan
 from fleetd.policy.rebalance import prebought_for
-from tests.policy_fixtures import A, B, C, NOW, config, node, offer
+from tests.policy_fixtures import NOW, A, B, C, config, node, offer
 
 CFG = config(
     fleet={"min_nodes": 1, "max_nodes": 4},

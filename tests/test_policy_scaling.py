@@ -7,7 +7,7 @@ import pytest
 from fleetd.policy.model import Drain, Launch, NodePhase
 from fleetd.policy.observation import Observation
 from fleetd.policy.planner import plan
-from tests.policy_fixtures import A, B, NOW, config, node, offer
+from tests.policy_fixtures import NOW, A, B, config, node, offer
 
 CFG = config(
     fleet={"min_nodes": 1, "max_nodes": 4},

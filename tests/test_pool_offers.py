@@ -14,7 +14,7 @@ from fleetd.policy.planner import plan
 from fleetd.reconcile.build import build_reconciler
 from fleetd.reconcile.pool_offers import ExclusionLog, pool_rows
 from fleetd.snapshot import build_snapshot
-from tests.reconcile_support import SPOT, Cloud, FakeClock, cloud  # noqa: F401 (the pytest fixture)
+from tests.reconcile_support import SPOT, Cloud, FakeClock
 
 A = PoolId("g5.xlarge", "us-east-1a")
 B = PoolId("g6.xlarge", "us-east-1a")

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from fleetd.adapters.catalog import bundled_catalog
-from tests.reconcile_support import SPOT, ZONES, Cloud, cloud  # noqa: F401 (the pytest fixture)
+from tests.reconcile_support import SPOT, ZONES, Cloud
 
 OFFLINE_ENV = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | {
     "AWS_EC2_METADATA_DISABLED": "true", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",

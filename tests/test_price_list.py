@@ -21,7 +21,7 @@ from fleetd.adapters.price_list import (
 )
 from fleetd.adapters.pricing_fake import PriceListFake, product_entry
 from fleetd.policy.model import PoolId
-from tests.reconcile_support import Cloud, cloud  # noqa: F401 (the pytest fixture)
+from tests.reconcile_support import Cloud
 
 G5 = PoolId("g5.xlarge", "us-east-1a")
 G4 = PoolId("g4dn.xlarge", "us-east-1b")

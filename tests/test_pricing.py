@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -16,7 +16,7 @@ from fleetd.adapters.pricing import (
     slope_per_hour,
 )
 from fleetd.policy.model import PoolId
-from tests.reconcile_support import SPOT, Cloud, cloud  # noqa: F401 (the pytest fixture)
+from tests.reconcile_support import SPOT, Cloud
 
 A = PoolId("g5.xlarge", "us-east-1a")
 B = PoolId("g5.xlarge", "us-east-1b")
@@ -93,7 +93,7 @@ def test_slope() -> None:
 
 
 async def test_spot_history_request_shape_against_moto(cloud: Cloud) -> None:
-    now = datetime(2026, 6, 1, 12, tzinfo=timezone.utc).timestamp()
+    now = datetime(2026, 6, 1, 12, tzinfo=UTC).timestamp()
     async with cloud.client() as c:
         source = Ec2SpotPriceSource(c, on_demand=FilePriceBook.load(DEMO_PRICE_BOOK), window_s=3600, page_size=50)
         prices = await source.prices([A, B, PoolId("g4dn.xlarge", "us-east-1b")], now)
@@ -137,7 +137,7 @@ class FakeClient:
 
 
 def point(pool: PoolId, hour: float, price: float) -> dict:
-    ts = datetime.fromtimestamp(hour * 3600, timezone.utc)
+    ts = datetime.fromtimestamp(hour * 3600, UTC)
     return {"InstanceType": pool.instance_type, "AvailabilityZone": pool.zone, "SpotPrice": f"{price}", "Timestamp": ts}
 
 
@@ -160,7 +160,7 @@ async def test_spot_history_across_pages_gives_newest_price_and_trend() -> None:
 async def test_spot_history_pages_through_the_test_cloud(cloud: Cloud) -> None:
     """Two points per pool and two per page: the adapter follows EC2's NextToken to the end. The
     request is types x zones (6 pools, 12 points, 6 pages); only the wanted pools are kept."""
-    now = datetime.now(timezone.utc).timestamp()
+    now = datetime.now(UTC).timestamp()
     pools = [A, B, PoolId("g4dn.xlarge", "us-east-1a"), PoolId("g6.xlarge", "us-east-1a")]
     async with cloud.client() as c:
         history = await Ec2SpotPriceSource(c, window_s=3600, page_size=2).history(pools, now)

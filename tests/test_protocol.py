@@ -6,6 +6,7 @@ import json
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
+from pydantic import ValidationError
 
 from fleetd.protocol import (
     CheckpointCommand,
@@ -82,7 +83,7 @@ def test_sent_at_is_normalised_to_utc() -> None:
 
 
 def test_messages_are_frozen() -> None:
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         EXAMPLES[0].state = "offline"  # type: ignore[misc]
 
 

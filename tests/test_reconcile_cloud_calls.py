@@ -87,7 +87,8 @@ async def test_passes_go_on_while_a_launch_is_held_and_nothing_is_bought_twice(t
         for _ in range(3):  # more passes while EC2 holds the CreateFleet open
             clock.advance(10)
             wake.set()
-            await until(lambda n=len(reports): len(reports) > n)
+            seen = len(reports)
+            await until(lambda n=seen: len(reports) > n)
         assert ec2.entered.count("CreateFleet") == 2  # the seed's and the held one: no second buy
         held = [o for rep in reports[1:] for o in rep.outcomes if type(o.action).__name__ == "Launch"]
         assert held and all(o.status == "held" for o in held)
@@ -121,7 +122,8 @@ async def test_a_termination_in_flight_is_not_asked_again(tmp_path: Path):
         for _ in range(3):
             clock.advance(10)
             wake.set()
-            await until(lambda n=len(reports): len(reports) > n)
+            seen = len(reports)
+            await until(lambda n=seen: len(reports) > n)
         assert ec2.entered.count("TerminateInstances") == 1  # still inside the first call
         asked = [o for rep in reports for o in rep.outcomes if type(o.action).__name__ == "Terminate"]
         assert {o.status for o in asked} <= {"started", "held"}

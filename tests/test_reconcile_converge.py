@@ -12,7 +12,7 @@ from fleetd.policy.model import Launch, Market, PoolId, Terminate
 from fleetd.policy.planner import plan
 from fleetd.reconcile.build import build_reconciler
 from fleetd.reconcile.loop import Reconciler
-from tests.reconcile_support import BEST, SECOND_BEST, Cloud, FakeClock, cloud, pools_of  # noqa: F401
+from tests.reconcile_support import BEST, SECOND_BEST, Cloud, FakeClock, pools_of
 
 
 @contextlib.asynccontextmanager
@@ -46,7 +46,7 @@ async def test_fleet_of_three_converges_is_repaired_and_scales_down(cloud: Cloud
         assert len(live) == 3
         tags = [{t["Key"]: t["Value"] for t in i["Tags"]} for i in live]
         assert all(t[TAG_FLEET] == "t" and t[TAG_JOB] == "train" and t[TAG_LAUNCH].startswith("fleetd-") for t in tags)
-        assert all(t[TAG_POOL] == f"{i['InstanceType']}@{i['Placement']['AvailabilityZone']}" for t, i in zip(tags, live))
+        assert all(t[TAG_POOL] == f"{i['InstanceType']}@{i['Placement']['AvailabilityZone']}" for t, i in zip(tags, live, strict=True))
         launches = actions(reports, Launch)
         assert [o.status for o in launches] == ["done"]  # one CreateFleet bought all three
         launch = launches[0].action

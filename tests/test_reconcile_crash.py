@@ -23,7 +23,7 @@ from fleetd.policy.planner import plan
 from fleetd.reconcile import state as st
 from fleetd.reconcile.build import build_reconciler
 from fleetd.reconcile.state import StateStore
-from tests.reconcile_support import ZONES, Cloud, FakeClock, cloud  # noqa: F401 (the pytest fixture)
+from tests.reconcile_support import ZONES, Cloud, FakeClock
 
 
 async def assert_state_matches_ec2(cloud: Cloud, state_dir: Path, expected: int) -> None:

@@ -7,11 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fleetd.protocol.settings import AwsConfig
 from fleetd.daemon import DaemonContext, Plugins, run_daemon
 from fleetd.policy.model import PoolId
 from fleetd.policy.planner import plan
-from tests.reconcile_support import Cloud, cloud  # noqa: F401 (the pytest fixture)
+from fleetd.protocol.settings import AwsConfig
+from tests.reconcile_support import Cloud
 from tests.test_reconcile_crash import log_events, write_config
 
 
@@ -106,8 +106,9 @@ async def test_bad_config_is_one_clear_error(tmp_path: Path) -> None:
 async def test_startup_without_permission_waits_instead_of_crash_looping(
     cloud: Cloud, tmp_path: Path, monkeypatch
 ) -> None:
-    import fleetd.daemon as daemon_mod
     from structlog.testing import capture_logs
+
+    import fleetd.daemon as daemon_mod
 
     monkeypatch.setattr(daemon_mod, "STARTUP_RETRY_FIRST_S", 0.05)
     cfg = daemon_config(cloud, tmp_path)

@@ -17,7 +17,7 @@ from fleetd.intake.registry import NodeRegistry
 from fleetd.policy.model import Launch, LaunchPurpose, Terminate
 from fleetd.policy.planner import plan
 from fleetd.reconcile.build import build_reconciler
-from tests.reconcile_support import Cloud, FakeClock, cloud, pools_of  # noqa: F401
+from tests.reconcile_support import Cloud, FakeClock, pools_of
 
 WINDOW_S = 300.0
 

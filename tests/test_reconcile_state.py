@@ -10,7 +10,7 @@ import pytest
 from fleetd.policy.model import Market, PoolId
 from fleetd.reconcile import state as st
 from fleetd.reconcile.state import SeenInstance, StateStore
-from tests.ha_support import Opener, open_state  # noqa: F401 (the pytest fixture)
+from tests.ha_support import Opener
 
 A = PoolId("g4dn.xlarge", "us-east-1a")
 T0 = 1_800_000_000.0

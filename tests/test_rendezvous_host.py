@@ -18,11 +18,11 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
-from fleetd.rendezvous.client import RendezvousClient
-from fleetd.rendezvous.state import encode
-from fleetd.rendezvous.errors import RendezvousUnavailable
 from fleetd.localnet import free_port, wait_port
-from fleetd.rendezvous.steering import SteerSettings, Steerer
+from fleetd.rendezvous.client import RendezvousClient
+from fleetd.rendezvous.errors import RendezvousUnavailable
+from fleetd.rendezvous.state import encode
+from fleetd.rendezvous.steering import Steerer, SteerSettings
 
 RUN = "hosttest"
 

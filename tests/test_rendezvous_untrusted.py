@@ -10,7 +10,7 @@ from torch.distributed import TCPStore
 
 from fleetd.protocol import rendezvous_keys as keys
 from fleetd.rendezvous.client import RendezvousClient
-from fleetd.rendezvous.steering import SteerSettings, Steerer
+from fleetd.rendezvous.steering import Steerer, SteerSettings
 from tests.test_rendezvous_host import RUN, handler, host, join_in_thread  # noqa: F401 (fixture)
 
 KNOWN, STRANGER = "127.0.0.2", "127.0.0.3"

@@ -27,7 +27,7 @@ from fleetd.protocol.topics import CHANNEL_QOS, node_topic
 from fleetd.wiring import production_plugins
 from tests.harness.mosquitto import Mosquitto
 from tests.harness.ports import free_port
-from tests.reconcile_support import Cloud, cloud  # noqa: F401 (the pytest fixture)
+from tests.reconcile_support import Cloud
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ from fleetd.policy.observation import Observation
 from fleetd.policy.planner import plan
 from fleetd.policy.scaling import node_flag
 from fleetd.protocol.messages import GpuSample, Telemetry
-from tests.policy_fixtures import A, B, NOW, config, node, offer
+from tests.policy_fixtures import NOW, A, B, config, node, offer
 
 CFG = config(
     fleet={"min_nodes": 1, "max_nodes": 4},
@@ -48,7 +48,7 @@ def test_throughput_per_size_is_measured_from_progress_after_the_reform_pause() 
         rates = sig.snapshot().throughput_by_nodes
     assert rates == {1: 2.0}
     clock.t += 30.0  # re-form pause: nothing reported, then two nodes at 5 steps/s
-    for i in range(int(MIN_WINDOW_S) + 2):
+    for _ in range(int(MIN_WINDOW_S) + 2):
         clock.t += 1.0
         step += 5
         _report(reg, clock, "a", step, 2)

@@ -12,12 +12,12 @@ import sys
 import tempfile
 import textwrap
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
 
 from fleetd.protocol.sdnotify import Heartbeat, Notifier, watchdog
-from tests.reconcile_support import cloud  # noqa: F401  (fixture: moto behind fleetd's fault proxy)
 
 # A daemon entrypoint shaped like fleetd's and the agent's: notifier from the environment, a main
 # loop that beats a heartbeat, the watchdog task in the same TaskGroup, READY once serving,
@@ -139,7 +139,7 @@ def test_daemon_sends_ready_then_watchdog_pings_then_stopping_on_sigterm(tmp_pat
     assert kinds[1:-1] == ["WATCHDOG"] * len(kinds[1:-1]) and len(kinds) - 2 >= 3
     # WatchdogSec=0.4 s -> pings every ~0.2 s (half). Generous bounds: the box is shared.
     ping_times = [t for t, m in notify_socket.messages if m.get("WATCHDOG") == "1"]
-    gaps = [b - a for a, b in zip(ping_times, ping_times[1:])]
+    gaps = [b - a for a, b in pairwise(ping_times)]
     assert all(0.1 < g < 2.0 for g in gaps), gaps
 
 

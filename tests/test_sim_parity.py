@@ -22,7 +22,7 @@ import pytest
 from fleetd.adapters.ec2_fake import FakeEc2
 from fleetd.adapters.pricing import Hardware, PoolPrice
 from fleetd.config import BudgetConfig, CapacityConfig, FleetConfig, FleetdConfig
-from fleetd.policy.model import Drain, Launch, MarkPoolUnavailable, Node, Terminate, Warn, PoolId
+from fleetd.policy.model import Drain, Launch, MarkPoolUnavailable, Node, PoolId, Terminate, Warn
 from fleetd.policy.planner import plan
 from fleetd.reconcile.loop import Reconciler
 from fleetd.reconcile.ports import FleetSignals
@@ -99,7 +99,7 @@ class Lockstep:
         new_sim = [n for n in self.world.held.values() if n.id not in mapped]
         new_loop = sorted(i for i in self.ec2.instances if i not in self.sim_of)
         assert len(new_sim) == len(new_loop), "both sides bought the same number of nodes"
-        self.sim_of.update(zip(new_loop, (n.id for n in new_sim)))
+        self.sim_of.update(zip(new_loop, (n.id for n in new_sim), strict=True))
         for iid, sim_id in self.sim_of.items():
             inst = self.ec2.instances[iid]
             if sim_id not in self.world.held and inst.state != "terminated":

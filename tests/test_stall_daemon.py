@@ -25,7 +25,7 @@ from fleetd.adapters.pricing import DEMO_PRICE_BOOK
 from fleetd.protocol.messages import Status, Telemetry, parse_message
 from fleetd.protocol.topics import fleet_filter, node_topic
 from tests.harness.ports import free_port
-from tests.reconcile_support import TYPES, ZONES, Cloud, cloud  # noqa: F401
+from tests.reconcile_support import TYPES, ZONES, Cloud
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

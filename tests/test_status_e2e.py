@@ -17,11 +17,11 @@ from fleetd.daemon import DaemonContext, Plugins, run_daemon
 from fleetd.policy.planner import plan
 from fleetd.protocol import rendezvous_keys as keys
 from fleetd.protocol.settings import AwsConfig, RendezvousConfig
+from fleetd.publish import status_component
 from fleetd.rendezvous import state as codec
 from fleetd.rendezvous.host import open_server
 from tests.harness.ports import free_port
-from fleetd.publish import status_component
-from tests.reconcile_support import Cloud, cloud  # noqa: F401
+from tests.reconcile_support import Cloud
 
 FLEETD = str(Path(sys.executable).parent / "fleetd")
 

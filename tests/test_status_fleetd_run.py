@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.ports import free_port
-from tests.reconcile_support import SPOT, TYPES, ZONES, Cloud, cloud  # noqa: F401
+from tests.reconcile_support import SPOT, TYPES, ZONES, Cloud
 
 
 def config(cloud: Cloud, tmp_path: Path, metrics_port: int) -> Path:

@@ -29,7 +29,7 @@ class Link:
     def drop(self) -> None:
         self.connected = False
 
-    def reconnect(self, timeout_s: float) -> "Link":
+    def reconnect(self, timeout_s: float) -> Link:
         self.connects += 1
         if not self.up:
             raise StoreLinkError("unreachable")

@@ -4,7 +4,6 @@ format detection, windows, bundled traces, and the synthetic generator."""
 from __future__ import annotations
 
 import hashlib
-
 import json
 
 import pytest
@@ -25,7 +24,6 @@ from fleetd.sim.traces import (
     synthetic_trace,
 )
 from tests.harness.traces import BUNDLED, UPSTREAM_SHA256, trace_file
-
 
 
 def _doc(data, gap=60):

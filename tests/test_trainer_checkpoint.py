@@ -78,7 +78,7 @@ def test_save_then_resume_restores_model_and_optimizer(tmp_path, mode):
     fresh_opt = torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9)
     loader = ElasticCheckpointer(fresh, fresh_opt, mode=mode, ctx=ctx)
     assert loader.resume() == 7
-    for a, b in zip(model.state_dict().values(), fresh.state_dict().values()):
+    for a, b in zip(model.state_dict().values(), fresh.state_dict().values(), strict=True):
         assert torch.equal(a, b)
     momentum = [s["momentum_buffer"] for s in fresh_opt.state_dict()["state"].values()]
     assert momentum and all(m is not None for m in momentum)

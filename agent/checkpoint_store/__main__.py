@@ -16,12 +16,11 @@ import json
 import sys
 from pathlib import Path
 
-from fleetd.protocol.logs import configure_logging
-from fleetd.protocol.settings import ConfigError, load_settings
-
 from agent.checkpoint_store.errors import StoreError
 from agent.checkpoint_store.store import CheckpointStore
 from agent.config import AgentConfig
+from fleetd.protocol.logs import configure_logging
+from fleetd.protocol.settings import ConfigError, load_settings
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -38,6 +38,8 @@ import base64
 import hashlib
 from collections import defaultdict
 
+from agent.checkpoint_store.errors import ObjectNotFound, PreconditionFailed, StoreError
+from agent.checkpoint_store.s3 import S3Bucket
 from fleetd.protocol.checkpoints import (
     MANIFEST_NAME,
     CheckpointLayout,
@@ -52,9 +54,6 @@ from fleetd.protocol.checkpoints import (
 )
 from fleetd.protocol.errors import ProtocolError
 from fleetd.protocol.logs import get_logger
-
-from agent.checkpoint_store.errors import ObjectNotFound, PreconditionFailed, StoreError
-from agent.checkpoint_store.s3 import S3Bucket
 
 log = get_logger(__name__)
 

@@ -18,14 +18,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.checkpoint_store.errors import CheckpointCorrupt, ObjectNotFound, first_error
+from agent.checkpoint_store.publish import Publisher
+from agent.checkpoint_store.s3 import S3Bucket
 from fleetd.protocol.checkpoints import FileEntry, Manifest
 from fleetd.protocol.digests import Checksum, Digest
 from fleetd.protocol.errors import ProtocolError
 from fleetd.protocol.logs import get_logger
-
-from agent.checkpoint_store.errors import CheckpointCorrupt, ObjectNotFound, first_error
-from agent.checkpoint_store.publish import Publisher
-from agent.checkpoint_store.s3 import S3Bucket
 
 log = get_logger(__name__)
 

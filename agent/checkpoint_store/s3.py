@@ -23,7 +23,8 @@ import aiohttp
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, ConnectionError as BotoConnectionError
+from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from agent.checkpoint_store.errors import (
     ObjectNotFound,
@@ -100,7 +101,7 @@ class S3Bucket:
         profile: str | None = None,
         max_connections: int = 16,
         config: Config | None = None,
-    ) -> AsyncIterator["S3Bucket"]:
+    ) -> AsyncIterator[S3Bucket]:
         """``config`` (e.g. retries/timeouts) is merged under fleetd's own settings."""
         base = AioConfig()
         if config is not None:

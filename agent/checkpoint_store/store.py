@@ -23,12 +23,6 @@ from pathlib import Path
 
 from botocore.config import Config
 
-from fleetd.protocol.checkpoints import CheckpointLayout, FileEntry, WriterReceipt, validate_file_name
-from fleetd.protocol.errors import ProtocolError
-from fleetd.protocol.logs import get_logger
-from fleetd.protocol.messages import CheckpointUploaded
-from fleetd.protocol.settings import AwsConfig, CheckpointConfig
-
 from agent.checkpoint_store.errors import StoreError, first_error
 from agent.checkpoint_store.ledger import UploadLedger
 from agent.checkpoint_store.publish import Publisher
@@ -36,6 +30,11 @@ from agent.checkpoint_store.restore import RestoredCheckpoint, Restorer
 from agent.checkpoint_store.s3 import S3Bucket
 from agent.checkpoint_store.slots import priority
 from agent.checkpoint_store.uploader import Uploader, UploadTuning
+from fleetd.protocol.checkpoints import CheckpointLayout, FileEntry, WriterReceipt, validate_file_name
+from fleetd.protocol.errors import ProtocolError
+from fleetd.protocol.logs import get_logger
+from fleetd.protocol.messages import CheckpointUploaded
+from fleetd.protocol.settings import AwsConfig, CheckpointConfig
 
 log = get_logger(__name__)
 
@@ -85,9 +84,10 @@ class CheckpointStore:
         job: str,
         keep: int,
         state_dir: Path,
-        tuning: UploadTuning = UploadTuning(),
+        tuning: UploadTuning | None = None,
         clock=_utcnow,
     ):
+        tuning = tuning or UploadTuning()
         self.bucket = bucket
         self.layout = CheckpointLayout(prefix, job)
         self.keep = keep
@@ -108,7 +108,7 @@ class CheckpointStore:
         state_dir: Path | None = None,
         client_config: Config | None = None,
         clock=_utcnow,
-    ) -> AsyncIterator["CheckpointStore"]:
+    ) -> AsyncIterator[CheckpointStore]:
         """``state_dir`` (default ``<local_dir>/.store``) holds the open-uploads ledger; it must
         survive agent restarts on the node. ``client_config``: botocore retries/timeouts."""
         tuning = tuning or UploadTuning(

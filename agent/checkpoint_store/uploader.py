@@ -32,14 +32,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from fleetd.protocol.checkpoints import CheckpointLayout, FileEntry
-from fleetd.protocol.digests import Checksum
-from fleetd.protocol.logs import get_logger
-
 from agent.checkpoint_store.errors import ObjectNotFound, StoreError, first_error
 from agent.checkpoint_store.ledger import UploadLedger
 from agent.checkpoint_store.s3 import CompletedPart, S3Bucket
 from agent.checkpoint_store.slots import PrioritySlots
+from fleetd.protocol.checkpoints import CheckpointLayout, FileEntry
+from fleetd.protocol.digests import Checksum
+from fleetd.protocol.logs import get_logger
 from fleetd.protocol.waits import within
 
 log = get_logger(__name__)

@@ -31,7 +31,7 @@ class IdentitySigner:
     cert: x509.Certificate
 
     @classmethod
-    def generate(cls, name: str = "fake-aws-instance-identity") -> "IdentitySigner":
+    def generate(cls, name: str = "fake-aws-instance-identity") -> IdentitySigner:
         key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, name)])
         now = dt.datetime.now(dt.UTC)

@@ -28,8 +28,6 @@ from typing import Any, Literal
 from aiohttp import web
 
 from agent.doubles.fake_iid import IdentitySigner
-
-from fleetd.protocol.enrol import DOCUMENT_PATH, SIGNATURE_PATH
 from agent.node.imds import (
     IDENTITY_PATHS,
     INSTANCE_ACTION_PATH,
@@ -38,6 +36,7 @@ from agent.node.imds import (
     TOKEN_PATH,
     TTL_HEADER,
 )
+from fleetd.protocol.enrol import DOCUMENT_PATH, SIGNATURE_PATH
 
 FaultKind = Literal["500", "timeout", "garbage", "401"]
 FAULT_KINDS: tuple[str, ...] = ("500", "timeout", "garbage", "401")
@@ -154,7 +153,7 @@ class FakeImds:
             await self._runner.cleanup()
             self._runner = None
 
-    async def __aenter__(self) -> "FakeImds":
+    async def __aenter__(self) -> FakeImds:
         await self.start()
         return self
 

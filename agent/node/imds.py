@@ -101,7 +101,7 @@ class ImdsClient:
         self._token_expires_at = 0.0
         self._token_lock = asyncio.Lock()
 
-    async def __aenter__(self) -> "ImdsClient":
+    async def __aenter__(self) -> ImdsClient:
         # IMDS is link-local: never go through an HTTP proxy from the environment.
         self._session = aiohttp.ClientSession(timeout=self.timeout, trust_env=False)
         return self
@@ -133,7 +133,7 @@ class ImdsClient:
                     body = await resp.content.read(MAX_BODY_BYTES + 1)
                     if resp.status != 200:
                         raise ImdsError(f"token request answered HTTP {resp.status}")
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 raise ImdsError(f"token request failed: {exc!r}") from None
             token = body.decode("ascii", "replace").strip()
             if not token or len(body) > MAX_BODY_BYTES or not token.isprintable():
@@ -159,7 +159,7 @@ class ImdsClient:
                 ) as resp:
                     body = await resp.content.read(MAX_BODY_BYTES + 1)
                     status = resp.status
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 raise ImdsError(f"GET {path} failed: {exc!r}") from None
             if status == 401:
                 # Token expired early or was invalidated: fetch a new one and retry once.

@@ -14,11 +14,19 @@ from pathlib import Path
 from typing import Any
 
 from agent.hooks import AgentContext
-from agent.supervise.endpoint_follow import FollowAction, StoreEndpoint, follow
 from agent.supervise.emergency import CheckpointStoreUploader, EmergencyFlow, EmergencyOutcome
+from agent.supervise.endpoint_follow import FollowAction, StoreEndpoint, follow
 from agent.supervise.launch import LaunchSpec
-from agent.supervise.store_watch import Backoff, ExitCause, StoreProbe, classify_exit, log_size, log_tail, probe
-from agent.supervise.store_watch import wait_for_store
+from agent.supervise.store_watch import (
+    Backoff,
+    ExitCause,
+    StoreProbe,
+    classify_exit,
+    log_size,
+    log_tail,
+    probe,
+    wait_for_store,
+)
 from agent.supervise.torchrun import TorchrunProcess
 from agent.trainer import local_ckpt
 from agent.trainer.store_link import StoreLink

@@ -18,7 +18,6 @@ from typing import Any
 from agent.config import AgentConfig
 from agent.trainer import context as trainer_env
 
-
 WARM_PRELOAD: tuple[str, ...] = (
     "torch",
     "torch.distributed",

@@ -86,7 +86,7 @@ class TorchrunProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         return open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed by the caller
 
-    def prewarm(self) -> "TorchrunProcess":
+    def prewarm(self) -> TorchrunProcess:
         """Start the warm pool now (it imports torch: seconds), torchrun later with ``start``.
         The agent does this while it waits for a restarted rendezvous store, so the import
         overlaps the outage instead of following it."""
@@ -105,7 +105,7 @@ class TorchrunProcess:
         if self.proc is None:
             self._reap_pool()
 
-    def start(self) -> "TorchrunProcess":
+    def start(self) -> TorchrunProcess:
         cmd = build_command(self.spec)
         env = build_env(self.spec, self.env)
         out: Any = self._open_log()

@@ -83,7 +83,7 @@ def _run_worker(conn: socket.socket, request: dict, fds: list[int]) -> None:
     code = 1
     try:
         os.setsid()
-        for target, fd in zip((0, 1, 2), fds):
+        for target, fd in zip((0, 1, 2), fds, strict=False):
             os.dup2(fd, target)
         for fd in fds:
             if fd > 2:

@@ -53,7 +53,7 @@ class TrainerContext:
     job: str = "train"
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "TrainerContext":
+    def from_env(cls, env: Mapping[str, str] | None = None) -> TrainerContext:
         e = os.environ if env is None else env
         host = port = None
         if e.get(ENV_STORE):

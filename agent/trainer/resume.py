@@ -159,9 +159,8 @@ class ResumeSteps:
             return NONE
         import asyncio
 
-        from fleetd.protocol.settings import AwsConfig, CheckpointConfig
-
         from agent.checkpoint_store.store import CheckpointStore
+        from fleetd.protocol.settings import AwsConfig, CheckpointConfig
 
         async def fetch() -> int:
             cfg = CheckpointConfig(bucket=self.ctx.s3_bucket, prefix=self.ctx.s3_prefix, local_dir=self.root)
@@ -182,10 +181,9 @@ class ResumeSteps:
             return None
         import asyncio
 
-        from fleetd.protocol.settings import AwsConfig, CheckpointConfig
-
         from agent.checkpoint_store.errors import StoreError
         from agent.checkpoint_store.store import CheckpointStore
+        from fleetd.protocol.settings import AwsConfig, CheckpointConfig
 
         async def fetch() -> int | None:
             cfg = CheckpointConfig(bucket=self.ctx.s3_bucket, prefix=self.ctx.s3_prefix, local_dir=self.root)

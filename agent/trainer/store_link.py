@@ -31,7 +31,7 @@ class StoreLink:
         self._store: Any = None
         self._lock = threading.Lock()
 
-    def connect(self) -> "StoreLink":
+    def connect(self) -> StoreLink:
         from torch.distributed import TCPStore
 
         try:
@@ -47,7 +47,7 @@ class StoreLink:
         with self._lock:
             self._store = None
 
-    def reconnect(self, timeout_s: float) -> "StoreLink":
+    def reconnect(self, timeout_s: float) -> StoreLink:
         """Connect again with a short timeout (a training rank retries between steps and must not
         block long on a store that is still down), then use the normal timeout for calls."""
         from torch.distributed import TCPStore

@@ -335,14 +335,3 @@ class AioEc2:
             if not exc.code.startswith("InvalidInstanceID"):
                 raise
         return await self._describe([{"Name": f"tag:{TAG_FLEET}", "Values": [self.fleet]}], instance_ids)
-
-
-# Pool discovery lives in ec2_pools.py (this module was over its size); importable from here still.
-from fleetd.adapters.ec2_pools import (  # noqa: E402,F401
-    ResolvedPools,
-    default_zones,
-    gpu_hardware,
-    matches,
-    resolve_pools,
-    subnets_by_zone,
-)

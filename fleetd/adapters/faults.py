@@ -146,7 +146,7 @@ class FaultProxy:
             return [p for op, p in self.calls if op == operation]
 
     # -- lifecycle ------------------------------------------------------------------------------
-    def start(self) -> "FaultProxy":
+    def start(self) -> FaultProxy:
         self._thread = threading.Thread(target=self._serve, name="fault-proxy", daemon=True)
         self._thread.start()
         if not self._started.wait(10):
@@ -162,7 +162,7 @@ class FaultProxy:
         if self._thread is not None:
             self._thread.join(10)
 
-    def __enter__(self) -> "FaultProxy":
+    def __enter__(self) -> FaultProxy:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -256,8 +256,8 @@ class FaultProxy:
         failing = {r.pool: r.code for r in fired if r.pool is not None}
         errors: list[tuple[dict[str, str], str, PoolId]] = []
         if failing:
-            keep = [o for o, p in zip(overrides, pools) if p not in failing]
-            errors = [(o, failing[p], p) for o, p in zip(overrides, pools) if p in failing]  # type: ignore[index]
+            keep = [o for o, p in zip(overrides, pools, strict=True) if p not in failing]
+            errors = [(o, failing[p], p) for o, p in zip(overrides, pools, strict=True) if p in failing]  # type: ignore[index]
             with self._lock:
                 self.injected.extend((operation, code) for _, code, _ in errors)
             log.info("fault_injected", operation=operation, failed_pools=[str(p) for p in failing])

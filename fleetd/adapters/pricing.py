@@ -15,7 +15,7 @@ import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -93,7 +93,7 @@ class _Series:
     def window(self, now: float, window_s: float) -> list[tuple[float, float]]:
         lo = bisect.bisect_left(self.times, now - window_s)
         hi = bisect.bisect_right(self.times, now)
-        return list(zip(self.times[lo:hi], self.values[lo:hi]))
+        return list(zip(self.times[lo:hi], self.values[lo:hi], strict=True))
 
 
 class FilePriceBook:
@@ -118,7 +118,7 @@ class FilePriceBook:
 
     # -- loading -------------------------------------------------------------------------------
     @classmethod
-    def load(cls, path: Path, trend_window_s: float = 6 * 3600.0) -> "FilePriceBook":
+    def load(cls, path: Path, trend_window_s: float = 6 * 3600.0) -> FilePriceBook:
         book = cls(trend_window_s)
         try:
             text = path.read_text()
@@ -137,7 +137,7 @@ class FilePriceBook:
         return book
 
     @classmethod
-    def demo(cls) -> "FilePriceBook":
+    def demo(cls) -> FilePriceBook:
         return cls.load(DEMO_PRICE_BOOK)
 
     def _load_rows(self, rows: Iterable[Mapping[str, Any]], source: str) -> None:
@@ -229,12 +229,12 @@ class Ec2SpotPriceSource:
         self.page_size = page_size
 
     def request_params(self, pools: Sequence[PoolId], now: float) -> dict[str, Any]:
-        start = datetime.fromtimestamp(now, timezone.utc) - timedelta(seconds=self.window_s)
+        start = datetime.fromtimestamp(now, UTC) - timedelta(seconds=self.window_s)
         return {
             "InstanceTypes": sorted({p.instance_type for p in pools}),
             "ProductDescriptions": [self.product_description],
             "StartTime": start,
-            "EndTime": datetime.fromtimestamp(now, timezone.utc),
+            "EndTime": datetime.fromtimestamp(now, UTC),
             "Filters": [{"Name": "availability-zone", "Values": sorted({p.zone for p in pools})}],
             "PaginationConfig": {"PageSize": self.page_size},
         }

@@ -19,7 +19,7 @@ import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from xml.sax.saxutils import escape
 
@@ -213,7 +213,7 @@ class SpotPriceFake:
         zones = _filter_values(params, "availability-zone")
         if "AvailabilityZone" in params:
             zones.append(params["AvailabilityZone"])
-        end = _parse_time(params.get("EndTime")) or datetime.now(timezone.utc)
+        end = _parse_time(params.get("EndTime")) or datetime.now(UTC)
         start = _parse_time(params.get("StartTime")) or end - timedelta(hours=1)
         items = []
         for itype in sorted(set(types)):
@@ -258,4 +258,4 @@ def _parse_time(text: str | None) -> datetime | None:
         t = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         return None
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+    return t if t.tzinfo else t.replace(tzinfo=UTC)

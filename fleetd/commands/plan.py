@@ -110,10 +110,10 @@ def _merge(reports, args) -> dict:
     best = min(p["expected_cost_usd"] for p in eligible)
     chosen = [p for p in eligible if p["expected_cost_usd"] <= best * MIX_WITHIN]
     weights = [1.0 / max(p["expected_cost_usd"], 1e-9) for p in chosen]
-    mix = [{"pool": p["pool"], "share": round(w / sum(weights), 3)} for p, w in zip(chosen, weights)]
+    mix = [{"pool": p["pool"], "share": round(w / sum(weights), 3)} for p, w in zip(chosen, weights, strict=True)]
     first = {r.pools[0].pool: r for r in reports}
     pick = first[next(iter(k for k in first if str(k) == chosen[0]["pool"]))].to_json()
-    od_share = sum(p["on_demand_share"] * m["share"] for p, m in zip(chosen, mix))
+    od_share = sum(p["on_demand_share"] * m["share"] for p, m in zip(chosen, mix, strict=True))
     return {
         "job": {
             "work_node_hours": args.work_node_hours,

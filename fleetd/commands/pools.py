@@ -98,7 +98,7 @@ async def _live(cfg: Any, catalog: Any, region: str, types: list[str], zones: li
 
     from aiobotocore.session import get_session
 
-    from fleetd.adapters.ec2 import default_zones
+    from fleetd.adapters.ec2_pools import default_zones
     from fleetd.adapters.price_list import OnDemandPrices
     from fleetd.adapters.pricing import Ec2SpotPriceSource
     from fleetd.policy.model import PoolId
@@ -137,7 +137,7 @@ def render(report: dict[str, Any]) -> str:
                          _fmt(p["on_demand_usd_per_gpu_hour"], ".4f") + ("" if p["on_demand_verified"] else "?"),
                          _fmt(p["spot_usd_per_hour"], ".4f"), _fmt(p["relative_throughput"], "g")))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(cols))]
-    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     excluded = [p for p in report["pools"] if p["excluded"] is not None]
     if excluded:
         lines.append("excluded:")

@@ -26,12 +26,12 @@ def run(args: argparse.Namespace) -> int:
     from fleetd.adapters.pricing import PriceBookError
     from fleetd.adapters.spot_advisor import SpotAdvisorError
     from fleetd.daemon import DaemonContext, run_daemon
-    from fleetd.wiring import production_plugins
     from fleetd.policy.planner import plan
     from fleetd.protocol.logs import bind_context, configure_logging, get_logger
     from fleetd.protocol.settings import ConfigError
     from fleetd.reconcile.ledger_store import LedgerStoreError
     from fleetd.reconcile.schema import SchemaTooNew
+    from fleetd.wiring import production_plugins
 
     try:
         cfg = config_mod.load(args.config)

@@ -209,7 +209,7 @@ def render(report: dict[str, Any]) -> str:
             _fmt(n["step"]), _fmt(n["last_checkpoint_step"]),
         ))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(columns))]
-    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     pools = report.get("pools")
     if pools:
         excluded = [p for p in pools if not p["offered"]]

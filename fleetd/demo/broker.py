@@ -14,7 +14,8 @@ from pathlib import Path
 
 from fleetd.demo.procs import Child
 from fleetd.demo.security import DemoPki
-from fleetd.localnet import free_port, wait_port_async as wait_port
+from fleetd.localnet import free_port
+from fleetd.localnet import wait_port_async as wait_port
 
 
 def find_mosquitto() -> str | None:

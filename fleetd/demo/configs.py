@@ -13,9 +13,9 @@ from pathlib import Path
 from fleetd.adapters.catalog import bundled_catalog
 from fleetd.adapters.pricing import DEMO_PRICE_BOOK, FilePriceBook
 from fleetd.adapters.pricing_fake import PriceListFake, SpotPriceFake
+from fleetd.demo.launcher import poweroff_command
 from fleetd.demo.scenario import FleetShape
 from fleetd.demo.security import DemoPki
-from fleetd.demo.launcher import poweroff_command
 
 DEMO_FLEET = "demo"
 DEMO_BUCKET = "fleetd-demo"

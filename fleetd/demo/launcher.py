@@ -64,7 +64,7 @@ class Launcher:
     InstanceLifecycle (absent for on-demand)."""
 
     workdir: Path
-    describe: Callable[[], "asyncio.Future[list[dict]]"]
+    describe: Callable[[], asyncio.Future[list[dict]]]
     agent_config: Callable[[str, str, str], Path]  # (instance_id, addr, imds_url) -> agent.toml
     env: dict[str, str] = field(default_factory=dict)  # extra environment for every agent
     # EC2 TerminateInstances for one instance: what AWS does when a spot node powers itself off.

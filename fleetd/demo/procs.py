@@ -21,7 +21,7 @@ class Child:
 
     @classmethod
     async def start(cls, name: str, argv: list[str], log: Path, env: dict[str, str] | None = None,
-                    cwd: Path | None = None) -> "Child":
+                    cwd: Path | None = None) -> Child:
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:  # the child keeps its own copy of the descriptor
             proc = await asyncio.create_subprocess_exec(

@@ -37,7 +37,7 @@ class Progress:
     records: tuple[dict, ...]
 
     @classmethod
-    def load(cls, path: Path) -> "Progress":
+    def load(cls, path: Path) -> Progress:
         recs = []
         if path.exists():
             for line in path.read_text(errors="replace").splitlines():

@@ -26,9 +26,10 @@ from fleetd.demo.broker import start_broker
 from fleetd.demo.launcher import Launcher
 from fleetd.demo.monitor import WireView
 from fleetd.demo.procs import Child, Supervised
-from fleetd.localnet import free_port, wait_port_async as wait_port
 from fleetd.demo.scenario import Scenario
 from fleetd.demo.security import DemoPki
+from fleetd.localnet import free_port
+from fleetd.localnet import wait_port_async as wait_port
 from fleetd.protocol.logs import get_logger
 from fleetd.protocol.settings import MqttConfig
 

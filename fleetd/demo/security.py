@@ -25,7 +25,7 @@ class DemoPki:
     signer: IdentitySigner  # its private half: only the fake IMDS holds it
 
     @classmethod
-    def create(cls, workdir: Path) -> "DemoPki":
+    def create(cls, workdir: Path) -> DemoPki:
         directory = workdir / "pki"
         directory.mkdir(parents=True, exist_ok=True)
         LocalCa.init(directory, server_names=SERVER_NAMES, clients=(CONTROLLER_CN, OBSERVER_CN))

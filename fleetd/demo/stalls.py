@@ -10,6 +10,7 @@ like systemd) give the moment the store was back, so a store outage's recovery t
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ def host_ready_times(log: Path) -> list[float]:
 def measured_gaps(progress: Progress, since: float | None, gap_s: float = GAP_S) -> list[dict[str, Any]]:
     steps = [r for r in progress.records if r["ev"] == "step" and (since is None or r["t"] >= since)]
     gaps = []
-    for prev, nxt in zip(steps, steps[1:]):
+    for prev, nxt in pairwise(steps):
         if nxt["t"] - prev["t"] > gap_s:
             gaps.append({"last_step_at": prev["t"], "last_step": prev["step"], "next_step_at": nxt["t"],
                          "next_step": nxt["step"], "no_step_s": round(nxt["t"] - prev["t"], 2)})

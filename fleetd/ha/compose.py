@@ -11,8 +11,8 @@ from botocore.config import Config
 
 from fleetd.config import FleetdConfig
 from fleetd.ha.election import Election
-from fleetd.policy.lease import LeaseTiming
 from fleetd.ha.table import DynamoTable
+from fleetd.policy.lease import LeaseTiming
 from fleetd.reconcile.state_dynamo import DynamoLedger, DynamoStateStore
 
 

@@ -13,9 +13,9 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 from fleetd.adapters.aws_errors import AwsError
-from fleetd.policy import lease
 from fleetd.ha.errors import LeaseLost
 from fleetd.ha.table import DynamoTable
+from fleetd.policy import lease
 from fleetd.protocol.logs import get_logger
 from fleetd.protocol.waits import wait_set
 

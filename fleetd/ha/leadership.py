@@ -55,9 +55,7 @@ async def lead(
         ctx.reconciler = current
         log.warning("leading", holder=election.holder, generation=generation,
                     why="this host holds the lease: it reconciles, steers and commands")
-        loop = current
-
-        async def reconcile() -> None:
+        async def reconcile(loop: Any = current) -> None:
             await loop.run(ctx.wake, passes=passes, on_pass=on_pass)
             raise _Finished
 

@@ -52,7 +52,7 @@ def _fence_refused(exc: BaseException) -> bool:
     return bool(reasons) and reasons[0].get("Code") == "ConditionalCheckFailed"
 
 
-def _log_late_answer(call: "asyncio.Future[Any]", generation: int, rows: int) -> None:
+def _log_late_answer(call: asyncio.Future[Any], generation: int, rows: int) -> None:
     """The answer to a write whose caller was cancelled meanwhile (the lease was lost)."""
     if call.cancelled():
         return
@@ -128,7 +128,8 @@ class DynamoTable:
                 # store may still apply it), so its answer is always waited for and logged.
                 await asyncio.shield(call)
             except asyncio.CancelledError:
-                call.add_done_callback(lambda f, g=generation, n=len(puts): _log_late_answer(f, g, n))
+                n_puts = len(puts)
+                call.add_done_callback(lambda f, g=generation, n=n_puts: _log_late_answer(f, g, n))
                 raise
             except ClientError as exc:
                 if _fence_refused(exc):

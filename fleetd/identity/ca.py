@@ -82,7 +82,7 @@ class LocalCa:
         self._key = key
 
     @classmethod
-    def load(cls, files: CaFiles) -> "LocalCa":
+    def load(cls, files: CaFiles) -> LocalCa:
         cert = x509.load_pem_x509_certificate(files.ca_cert.read_bytes())
         key = serialization.load_pem_private_key(files.ca_key.read_bytes(), password=None)
         if not isinstance(key, ec.EllipticCurvePrivateKey):
@@ -92,7 +92,7 @@ class LocalCa:
     @classmethod
     def init(cls, directory: Path, *, server_names: tuple[str, ...] = ("localhost", "127.0.0.1"),
              clients: tuple[str, ...] = (CONTROLLER_CN,), lifetime: dt.timedelta = dt.timedelta(days=30),
-             now: dt.datetime | None = None) -> "LocalCa":
+             now: dt.datetime | None = None) -> LocalCa:
         """Create the CA once; (re)issue the server and the named client certificates."""
         now = now or dt.datetime.now(dt.UTC)
         files = CaFiles(directory)

@@ -18,8 +18,8 @@ from fleetd.config import FleetdConfig
 from fleetd.intake import sqs
 from fleetd.intake.mqtt import MqttIntake
 from fleetd.intake.registry import NodeRegistry
-from fleetd.protocol.topics import fleet_filter
 from fleetd.protocol.logs import get_logger
+from fleetd.protocol.topics import fleet_filter
 
 log = get_logger(__name__)
 

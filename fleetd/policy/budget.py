@@ -122,7 +122,7 @@ class Headroom:
         n = min(by_rate, by_total) + 1e-9
         return max(0, int(n)) if n != float("inf") else 1 << 30
 
-    def after(self, launch: Launch) -> "Headroom":
+    def after(self, launch: Launch) -> Headroom:
         return Headroom(
             self.usd_per_hour - launch.count * launch.budgeted_price_per_hour,
             self.usd

@@ -35,7 +35,7 @@ class LeaseTiming:
     poll_s: float = 1.0  # a standby reads the record this often: a takeover comes at most ~2 polls late
 
     @classmethod
-    def for_lease(cls, lease_s: float) -> "LeaseTiming":
+    def for_lease(cls, lease_s: float) -> LeaseTiming:
         # Renew three times per lease: two renewals may fail (a network blip) before it is lost.
         # A standby starts its watch at its first read after the last renewal and acts at its first
         # read after lease_s of silence, so it polls often (a GetItem; cheap) to keep the takeover

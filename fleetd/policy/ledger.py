@@ -16,8 +16,9 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from fleetd.policy.model import Market, PoolId, PoolOffer
 from fleetd.policy.ledger_events import (  # noqa: F401  (re-exported: callers use ledger.<Event>)
+    EVENT_KINDS,
+    EVENT_TYPES,
     BillsRolledUp,
     IdleGpuTime,
     InstancePlaced,
@@ -31,9 +32,8 @@ from fleetd.policy.ledger_events import (  # noqa: F401  (re-exported: callers u
     StepsLost,
     StepsRegained,
     TargetChanged,
-    EVENT_KINDS,
-    EVENT_TYPES,
 )
+from fleetd.policy.model import Market, PoolId, PoolOffer
 from fleetd.policy.observation import PoolStats
 
 MINIMUM_CHARGE_S = 60.0
@@ -212,7 +212,7 @@ class SpendBasis:
     slower per day before (bench/long_run.py)."""
 
     closed_usd: float
-    running: tuple[tuple[InstanceStarted, "_PricePath"], ...]
+    running: tuple[tuple[InstanceStarted, _PricePath], ...]
 
     def at(self, now: float) -> float:
         total = self.closed_usd
@@ -222,7 +222,7 @@ class SpendBasis:
         return total
 
 
-def _billing(events: Iterable[LedgerEvent]) -> tuple[list, dict[tuple[PoolId, Market], "_PricePath"]]:
+def _billing(events: Iterable[LedgerEvent]) -> tuple[list, dict[tuple[PoolId, Market], _PricePath]]:
     """The billing events in order (goodput events can be far more numerous) and each pool's
     price path."""
     ordered = _ordered(

@@ -29,7 +29,7 @@ class PoolId:
         return f"{self.instance_type}@{self.zone}"
 
     @classmethod
-    def parse(cls, text: str) -> "PoolId":
+    def parse(cls, text: str) -> PoolId:
         itype, _, zone = text.partition("@")
         if not itype or not zone:
             raise ValueError(f"pool {text!r} is not <instance-type>@<zone>")

@@ -258,12 +258,13 @@ def diversify(ranked: list[RankedPool], cfg: CapacityConfig) -> list[RankedPool]
     while rest and len(chosen) < cfg.max_pools_per_launch:
         zones = {c.pool.zone for c in chosen}
         types = {c.pool.instance_type for c in chosen}
-
-        def novelty(r: RankedPool) -> int:
-            return (r.pool.zone not in zones) + (r.pool.instance_type not in types)
-
         # Most novel first; among equally novel, the better score (rest is sorted by score).
-        best = max(rest, key=novelty)
+        best = max(rest, key=lambda r, zones=zones, types=types: _novelty(r, zones, types))
         chosen.append(best)
         rest.remove(best)
     return chosen
+
+
+def _novelty(r: RankedPool, zones: set[str], types: set[str]) -> int:
+    """How many of a pool's zone and instance type the chosen pools do not have yet (0-2)."""
+    return (r.pool.zone not in zones) + (r.pool.instance_type not in types)

@@ -28,8 +28,8 @@ from fleetd.policy import rebalance as rebalance_policy
 from fleetd.policy.model import BudgetLevel, LaunchPurpose, Plan, StopJob, Warn
 from fleetd.policy.observation import DesiredJob, Observation, PoolStats
 from fleetd.policy.stages.buying import buy, spot_pools, wave_pools_to_buy_now
-from fleetd.policy.stages.deadline import deadline_call
 from fleetd.policy.stages.checkpoints import rebalance_risk, request_periodic_checkpoint
+from fleetd.policy.stages.deadline import deadline_call
 from fleetd.policy.stages.pass_state import LEVEL_ORDER, PlanPass
 from fleetd.policy.stages.result import assemble_plan
 from fleetd.policy.stages.sizing import size_fleet

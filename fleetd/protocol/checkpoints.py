@@ -166,7 +166,7 @@ class Manifest(_Model):
     def total_bytes(self) -> int:
         return sum(f.size for f in self.files)
 
-    def same_content(self, other: "Manifest") -> bool:
+    def same_content(self, other: Manifest) -> bool:
         """Equal apart from who merged it and when (two merges of the same receipts are)."""
         keys = ("job", "step", "world_size", "writers", "files")
         return all(getattr(self, k) == getattr(other, k) for k in keys)

@@ -45,17 +45,17 @@ class Checksum(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _part_size(self) -> "Checksum":
+    def _part_size(self) -> Checksum:
         if (self.algorithm == "sha256-composite") != (self.part_size is not None):
             raise ValueError("part_size is required for sha256-composite and only for it")
         return self
 
     @classmethod
-    def sha256(cls, digest: bytes) -> "Checksum":
+    def sha256(cls, digest: bytes) -> Checksum:
         return cls(algorithm="sha256", value=digest.hex())
 
     @classmethod
-    def sha256_composite(cls, part_digests: Iterable[bytes], part_size: int) -> "Checksum":
+    def sha256_composite(cls, part_digests: Iterable[bytes], part_size: int) -> Checksum:
         joined = b"".join(part_digests)
         return cls(algorithm="sha256-composite", value=hashlib.sha256(joined).hexdigest(), part_size=part_size)
 
@@ -76,7 +76,7 @@ class Digest:
         self._digests: list[bytes] = []
 
     @classmethod
-    def like(cls, checksum: Checksum) -> "Digest":
+    def like(cls, checksum: Checksum) -> Digest:
         return cls(checksum.algorithm, checksum.part_size)
 
     def update(self, data: bytes | bytearray | memoryview) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
-from typing import Annotated, Literal, TypeAlias, Union, get_args
+from typing import Annotated, Literal, TypeAlias, get_args
 
 from pydantic import (
     AwareDatetime,
@@ -198,28 +198,15 @@ class RestartTrainerCommand(_Envelope):
 
 
 Event: TypeAlias = Annotated[
-    Union[Notice, Rebalance, CheckpointSaved, CheckpointUploaded, TrainerExited],
+    Notice | Rebalance | CheckpointSaved | CheckpointUploaded | TrainerExited,
     Field(discriminator="kind"),
 ]
 Command: TypeAlias = Annotated[
-    Union[CheckpointCommand, DrainCommand, LeaveCommand, ShutdownCommand, RestartTrainerCommand],
+    CheckpointCommand | DrainCommand | LeaveCommand | ShutdownCommand | RestartTrainerCommand,
     Field(discriminator="kind"),
 ]
 Message: TypeAlias = Annotated[
-    Union[
-        Status,
-        Telemetry,
-        Notice,
-        Rebalance,
-        CheckpointSaved,
-        CheckpointUploaded,
-        TrainerExited,
-        CheckpointCommand,
-        DrainCommand,
-        LeaveCommand,
-        ShutdownCommand,
-        RestartTrainerCommand,
-    ],
+    Status | Telemetry | Notice | Rebalance | CheckpointSaved | CheckpointUploaded | TrainerExited | CheckpointCommand | DrainCommand | LeaveCommand | ShutdownCommand | RestartTrainerCommand,
     Field(discriminator="kind"),
 ]
 

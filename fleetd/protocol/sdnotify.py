@@ -61,7 +61,7 @@ class Notifier:
     @classmethod
     def from_environment(
         cls, environ: MutableMapping[str, str] | None = None, *, unset: bool = True
-    ) -> "Notifier":
+    ) -> Notifier:
         """Read ``NOTIFY_SOCKET``/``WATCHDOG_USEC``/``WATCHDOG_PID`` and, by default, remove them
         from the environment (like ``sd_notify(unset_environment=1)``) so child processes do not
         inherit them."""
@@ -167,7 +167,7 @@ class Heartbeat:
     @classmethod
     def following(
         cls, progress: Callable[[], object], max_silence_s: float, clock: Callable[[], float] = time.monotonic
-    ) -> "Heartbeat":
+    ) -> Heartbeat:
         """A heartbeat that beats by itself whenever ``progress()`` (e.g. a loop's iteration
         counter) has changed since it last looked; for loops that cannot call ``beat()``.
         It looks at every health check, so staleness is detected within one watchdog interval

@@ -53,7 +53,7 @@ class MqttConfig(Group):
     fallback_urls: tuple[NonEmpty, ...] = ()
 
     @model_validator(mode="after")
-    def _cert_pair(self) -> "MqttConfig":
+    def _cert_pair(self) -> MqttConfig:
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError("cert_file and key_file must be given together")
         for url in (self.url, *self.fallback_urls):
@@ -61,7 +61,7 @@ class MqttConfig(Group):
                 raise ValueError("url and fallback_urls must start with mqtt:// or mqtts://")
         return self
 
-    def broker(self, attempt: int) -> "MqttConfig":
+    def broker(self, attempt: int) -> MqttConfig:
         """The settings for connection attempt ``attempt`` (0, 1, ...): the brokers in turn."""
         urls = (self.url, *self.fallback_urls)
         url = urls[attempt % len(urls)]
@@ -108,7 +108,7 @@ class CheckpointConfig(Group):
     part_size_mb: Annotated[int, Field(ge=0, le=5120)] = 0
 
     @model_validator(mode="after")
-    def _part_size(self) -> "CheckpointConfig":
+    def _part_size(self) -> CheckpointConfig:
         if 0 < self.part_size_mb < 5:
             raise ValueError("part_size_mb must be 0 (auto) or >= 5 (S3's minimum part size)")
         return self

@@ -12,7 +12,7 @@ from __future__ import annotations
 import socket
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated, Literal, TypeAlias, Union
+from typing import Annotated, Literal, TypeAlias
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -57,7 +57,7 @@ class CheckpointSavedLocally(_TrainerReport):
     duration_s: Annotated[float, Field(ge=0)] = 0.0
 
 
-TrainerReport: TypeAlias = Annotated[Union[Progress, CheckpointSavedLocally], Field(discriminator="kind")]
+TrainerReport: TypeAlias = Annotated[Progress | CheckpointSavedLocally, Field(discriminator="kind")]
 _ADAPTER: TypeAdapter[TrainerReport] = TypeAdapter(TrainerReport)
 
 

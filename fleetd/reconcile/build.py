@@ -14,11 +14,12 @@ from typing import Any
 from botocore.config import Config
 
 from fleetd.adapters.aws_errors import PermanentAwsError
-from fleetd.adapters.ec2 import AioEc2, default_zones, resolve_pools, subnets_by_zone
+from fleetd.adapters.catalog import Catalog, bundled_catalog
+from fleetd.adapters.ec2 import AioEc2
 from fleetd.adapters.ec2_list_process import ProcessLister
+from fleetd.adapters.ec2_pools import default_zones, resolve_pools, subnets_by_zone
 from fleetd.adapters.ec2_view import Ec2View
 from fleetd.adapters.launch_template import TemplateRef, ensure_launch_template
-from fleetd.adapters.catalog import Catalog, bundled_catalog
 from fleetd.adapters.price_list import OnDemandPrices
 from fleetd.adapters.pricing import Ec2SpotPriceSource, FilePriceBook, Hardware, PriceSource
 from fleetd.adapters.spot_advisor import load_spot_advisor

@@ -30,16 +30,16 @@ from fleetd.policy.model import (
     Warn,
 )
 from fleetd.policy.observation import Observation
-from fleetd.protocol.logs import get_logger
 from fleetd.protocol.failpoints import failpoint
+from fleetd.protocol.logs import get_logger
 from fleetd.reconcile import journal
 from fleetd.reconcile import state as st
 from fleetd.reconcile.cloud_calls import CloudCalls, Job
 from fleetd.reconcile.launch_book import LaunchBook
 from fleetd.reconcile.ledger_feed import LedgerFeed
 from fleetd.reconcile.outcome import ACTIONS, Outcome, count_aws_error
-from fleetd.reconcile.state_port import StateBackend
 from fleetd.reconcile.ports import NodeCommander, NotDelivered
+from fleetd.reconcile.state_port import StateBackend
 
 log = get_logger(__name__)
 

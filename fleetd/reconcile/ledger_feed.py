@@ -8,11 +8,11 @@ from fleetd.adapters.pricing import PoolPrice
 from fleetd.policy import ledger
 from fleetd.policy.goodput import GoodputTracker
 from fleetd.policy.model import Market, Node, PoolId
+from fleetd.protocol.logs import get_logger
 from fleetd.reconcile import state as st
-from fleetd.reconcile.state_port import StateBackend
 from fleetd.reconcile.ports import LedgerSink
 from fleetd.reconcile.prices import price_of
-from fleetd.protocol.logs import get_logger
+from fleetd.reconcile.state_port import StateBackend
 
 log = get_logger(__name__)
 

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from fleetd.policy import ledger
-from fleetd.policy.ledger_compact import compact
 from fleetd.policy.ledger import EVENT_KINDS, EVENT_TYPES, LedgerEvent, LedgerSummary
+from fleetd.policy.ledger_compact import compact
 from fleetd.policy.model import Market, PoolId
 from fleetd.protocol.logs import get_logger
 from fleetd.reconcile import schema
@@ -54,9 +54,9 @@ def encode(event: LedgerEvent) -> tuple[str, str]:
     # asdict turns a nested PoolId into a dict: store it as "type@zone" text, markets by value.
     for f in fields(event):
         if f.name == "pool":
-            data["pool"] = str(getattr(event, "pool"))
+            data["pool"] = str(event.pool)
         elif f.name == "market":
-            data["market"] = getattr(event, "market").value
+            data["market"] = event.market.value
     return kind, json.dumps(data, sort_keys=True)
 
 
@@ -94,7 +94,7 @@ class LedgerStore:
         return self._path
 
     @classmethod
-    def open_sync(cls, path: Path) -> "LedgerStore":
+    def open_sync(cls, path: Path) -> LedgerStore:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
@@ -110,7 +110,7 @@ class LedgerStore:
         return cls(conn, path)
 
     @classmethod
-    async def open(cls, path: Path) -> "LedgerStore":
+    async def open(cls, path: Path) -> LedgerStore:
         return await asyncio.to_thread(cls.open_sync, path)
 
     # ------------------------------------------------------------------ sync core (worker thread)
@@ -124,7 +124,7 @@ class LedgerStore:
             try:
                 with self._conn:  # one transaction: all of them or none
                     self._conn.execute("BEGIN")
-                    for event, row in zip(events, rows):
+                    for event, row in zip(events, rows, strict=True):
                         cur = self._conn.execute(
                             "INSERT OR IGNORE INTO ledger_events(at, kind, event_id, payload) "
                             "VALUES (?, ?, ?, ?)",

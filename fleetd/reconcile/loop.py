@@ -33,7 +33,6 @@ from fleetd.policy.model import Plan, PoolId, Terminate
 from fleetd.policy.observation import Observation, spot_shortage_over
 from fleetd.protocol.logs import get_logger
 from fleetd.protocol.waits import wait_set
-from fleetd.reconcile import state as st
 from fleetd.reconcile.cloud_calls import CloudCalls
 from fleetd.reconcile.execute import PERMANENT_HOLD_S, ActionExecutor
 from fleetd.reconcile.ledger_feed import LedgerFeed
@@ -41,18 +40,18 @@ from fleetd.reconcile.observe import ObservationBuilder
 from fleetd.reconcile.outcome import ACTIONS, AWS_ERRORS, Outcome, count_aws_error
 from fleetd.reconcile.pass_schedule import FullPassLimits, UrgentLimits, resume_at, urgent_step, woken_full_pass_at
 from fleetd.reconcile.pool_offers import PoolRow
-from fleetd.reconcile.state_port import StateBackend
 from fleetd.reconcile.ports import (
     Clock,
+    LedgerSink,
     LoggingCommander,
     NodeCommander,
-    LedgerSink,
     NodeObserver,
     NoObserver,
     NoSignals,
     SignalSource,
     SpendSource,
 )
+from fleetd.reconcile.state_port import StateBackend
 
 # Outcome, LedgerFeed and the action counters moved out with their code; importable from here still.
 __all__ = [
@@ -144,7 +143,7 @@ class Reconciler:
             ledger_feed=feed, fence=fence, clock=clock,
         )
 
-    def successor(self) -> "Reconciler":
+    def successor(self) -> Reconciler:
         """A loop with the same inputs and none of this one's memory (the ledger resync, the
         drain journal's grace, held actions): what a host runs each time it takes the lease."""
         return Reconciler(self.cfg, **self._inputs)

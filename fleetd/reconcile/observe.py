@@ -18,10 +18,10 @@ from fleetd.policy.observation import Observation, PoolStats
 from fleetd.protocol.logs import get_logger
 from fleetd.reconcile import state as st
 from fleetd.reconcile.ledger_feed import LedgerFeed
-from fleetd.reconcile.state_port import StateBackend
-from fleetd.reconcile.ports import NodeObserver, SignalSource, SpendSource
 from fleetd.reconcile.pool_offers import ExclusionLog, PoolRow, pool_rows
+from fleetd.reconcile.ports import NodeObserver, SignalSource, SpendSource
 from fleetd.reconcile.prices import price_of
+from fleetd.reconcile.state_port import StateBackend
 
 log = get_logger(__name__)
 

@@ -25,15 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from fleetd.policy.model import Market, PoolId
-from fleetd.reconcile import schema
-from fleetd.reconcile import state_sql
+from fleetd.reconcile import schema, state_sql
 from fleetd.reconcile.state_rows import (  # noqa: F401  (re-exported: callers use st.<Row>)
     ABANDONED,
-    DrainRecord,
     FAILED,
     LAUNCHED,
     OPEN,
     TERMINAL,
+    DrainRecord,
     InstanceRow,
     LaunchRow,
     PoolStatsRow,
@@ -68,13 +67,13 @@ class StateStore:
 
     # -- lifecycle ------------------------------------------------------------------------------
     @classmethod
-    async def open(cls, state_dir: Path) -> "StateStore":
+    async def open(cls, state_dir: Path) -> StateStore:
         store = cls(Path(state_dir) / "fleetd.db")
         await asyncio.to_thread(store._open)
         return store
 
     @classmethod
-    async def open_snapshot(cls, state_dir: Path) -> "StateStore":
+    async def open_snapshot(cls, state_dir: Path) -> StateStore:
         """A private copy of the state (for --dry-run): plans see the real history, and nothing
         the dry run records touches the live database."""
         import tempfile

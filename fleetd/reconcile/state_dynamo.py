@@ -14,6 +14,7 @@ import asyncio
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from fleetd.ha.table import DynamoTable, Fence
 from fleetd.policy import ledger
 from fleetd.policy.ledger import LedgerEvent, LedgerSummary
 from fleetd.policy.model import Market, PoolId
@@ -21,7 +22,6 @@ from fleetd.protocol.logs import get_logger
 from fleetd.reconcile.ledger_store import decode, encode
 from fleetd.reconcile.state_mem import KINDS, StateModel
 from fleetd.reconcile.state_rows import DrainRecord, InstanceRow, LaunchRow, PoolStatsRow, SeenInstance, SyncReport
-from fleetd.ha.table import DynamoTable, Fence
 
 log = get_logger(__name__)
 

@@ -44,7 +44,7 @@ class RendezvousClient:
         self._state_key = keys.torch_state_key(run_id)
 
     # ------------------------------------------------------------------ plumbing
-    async def connect(self) -> "RendezvousClient":
+    async def connect(self) -> RendezvousClient:
         def _open() -> Any:
             from torch.distributed import TCPStore
 
@@ -67,7 +67,7 @@ class RendezvousClient:
     async def close(self) -> None:
         self._store = None
 
-    async def __aenter__(self) -> "RendezvousClient":
+    async def __aenter__(self) -> RendezvousClient:
         return await self.connect()
 
     async def __aexit__(self, *exc: object) -> None:
@@ -159,7 +159,7 @@ class RendezvousClient:
             desired = codec.encode(new)
             token = snap.token
 
-            def cas(s: Any) -> bytes:
+            def cas(s: Any, token: Any = token, desired: bytes = desired) -> bytes:
                 return s.compare_set(self._state_key, token, desired)
 
             if await self._run(cas) == desired:

@@ -198,7 +198,7 @@ class LocalCluster:
                 p.wait()
         self.steering_proc = self.rdzv_host_proc = None
 
-    def __enter__(self) -> "LocalCluster":
+    def __enter__(self) -> LocalCluster:
         return self
 
     def __exit__(self, *exc: object) -> None:

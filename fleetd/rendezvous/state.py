@@ -95,15 +95,15 @@ class RendezvousState:
         )
 
     # ------------------------------------------------------------------ transforms (pure)
-    def without_addrs(self, addrs: frozenset[str] | set[str], min_nodes: int = 1) -> "RendezvousState":
+    def without_addrs(self, addrs: frozenset[str] | set[str], min_nodes: int = 1) -> RendezvousState:
         """Remove every node at these addresses, as torch's own exit op would (same epilogue)."""
         gone = {n for n in self._all_nodes() if n.addr in addrs}
         return self._without(gone, min_nodes)
 
-    def without_nodes(self, nodes: frozenset[NodeId] | set[NodeId], min_nodes: int = 1) -> "RendezvousState":
+    def without_nodes(self, nodes: frozenset[NodeId] | set[NodeId], min_nodes: int = 1) -> RendezvousState:
         return self._without(set(nodes), min_nodes)
 
-    def _without(self, gone: set[NodeId], min_nodes: int) -> "RendezvousState":
+    def _without(self, gone: set[NodeId], min_nodes: int) -> RendezvousState:
         if not gone:
             return self
         participants = {n: r for n, r in self.participants.items() if n not in gone}
@@ -124,7 +124,7 @@ class RendezvousState:
             return replace(s, deadline=None)
         return s
 
-    def with_marker(self, now: datetime, tag: int) -> "RendezvousState":
+    def with_marker(self, now: datetime, tag: int) -> RendezvousState:
         """Add a fleetd marker to the wait list; its heartbeat lets nodes expire it by themselves
         if fleetd dies before removing it."""
         marker = NodeId(MARKER_ADDR, 0, tag)
@@ -134,15 +134,15 @@ class RendezvousState:
             last_heartbeats={**self.last_heartbeats, marker: now},
         )
 
-    def without_markers(self) -> "RendezvousState":
+    def without_markers(self) -> RendezvousState:
         return self._without({n for n in self.wait_list if n.is_marker}, min_nodes=1)
 
-    def completed(self) -> "RendezvousState":
+    def completed(self) -> RendezvousState:
         """Mark the round complete now and assign ranks, exactly as torch does (sorted nodes)."""
         ranks = {n: r for r, n in enumerate(sorted(self.participants))}
         return replace(self, complete=True, deadline=None, participants=ranks)
 
-    def closed_for_good(self) -> "RendezvousState":
+    def closed_for_good(self) -> RendezvousState:
         return replace(self, closed=True)
 
     def _all_nodes(self) -> set[NodeId]:

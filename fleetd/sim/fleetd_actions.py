@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from fleetd.policy.model import (
     Drain,
     Launch,
-    MarkPoolUnavailable,
     Market,
+    MarkPoolUnavailable,
     NodePhase,
     RequestCheckpoint,
     StopJob,
@@ -21,7 +21,6 @@ from fleetd.policy.model import (
     Warn,
 )
 from fleetd.sim.engine import ON_DEMAND, SimNode, World
-
 
 
 @dataclass(frozen=True, slots=True)

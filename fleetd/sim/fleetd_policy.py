@@ -37,9 +37,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fleetd.config import FleetdConfig
-from fleetd.policy.model import LaunchPurpose, NodePhase, Plan, PoolId
 from fleetd.policy import budget as budget_policy
 from fleetd.policy.checkpointing import cadence
+from fleetd.policy.model import LaunchPurpose, NodePhase, Plan, PoolId
 from fleetd.policy.observation import Observation, spot_shortage_over
 from fleetd.policy.placement import NOTICE_LEAD_S
 from fleetd.policy.planner import plan

@@ -47,7 +47,7 @@ class JobSpec:
     @classmethod
     def from_gpu_hours(
         cls, gpu_hours: float, gpus_per_node: int = 1, steps_per_node_s: float = 1.0, **kw
-    ) -> "JobSpec":
+    ) -> JobSpec:
         node_seconds = gpu_hours * 3600.0 / gpus_per_node
         return cls(total_steps=node_seconds * steps_per_node_s, steps_per_node_s=steps_per_node_s, **kw)
 
@@ -60,5 +60,5 @@ class JobSpec:
         """Steps per second with ``nodes`` nodes training."""
         return nodes * self.steps_per_node_s * self.efficiency(nodes) if nodes > 0 else 0.0
 
-    def with_(self, **changes) -> "JobSpec":
+    def with_(self, **changes) -> JobSpec:
         return replace(self, **changes)

@@ -85,7 +85,7 @@ def require_matplotlib():
     return plt
 
 
-def plot_results(results: Sequence["SimResult"], path: Path) -> None:
+def plot_results(results: Sequence[SimResult], path: Path) -> None:
     """Nodes alive, spend and progress over time, one line per policy (needs matplotlib)."""
     plt = require_matplotlib()
     fig, axes = plt.subplots(3, 1, figsize=(9, 9), sharex=True)

@@ -13,9 +13,8 @@ from datetime import UTC, datetime
 from fleetd.config import BudgetConfig, CapacityConfig, FleetConfig, FleetdConfig
 from fleetd.policy.model import PoolId
 from fleetd.sim import defaults as d
-from fleetd.sim.engine import PROBE, Policy, simulate
-from fleetd.sim.result import SimResult
 from fleetd.sim.deadline_fleet import FleetGreedy, FleetUniformProgress
+from fleetd.sim.engine import PROBE, Policy, simulate
 from fleetd.sim.fleetd_policy import FleetdPolicy
 from fleetd.sim.job import JobSpec
 from fleetd.sim.planner_tools import young_daly_interval_s
@@ -26,6 +25,7 @@ from fleetd.sim.policies import (
     TorchrunElastic,
     UniformProgress,
 )
+from fleetd.sim.result import SimResult
 from fleetd.sim.traces import Trace
 
 CLUSTER_POLICIES = ("on-demand", "checkpoint-restart", "torchrun-default", "fleetd")

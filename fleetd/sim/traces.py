@@ -104,7 +104,7 @@ class Trace:
     def pools(self) -> tuple[str, ...]:
         return tuple(sorted({ev.pool for ev in self.events}))
 
-    def window(self, start_s: float, length_s: float | None = None) -> "Trace":
+    def window(self, start_s: float, length_s: float | None = None) -> Trace:
         """The trace seen by a job that starts at ``start_s``: nodes live then become adds at 0."""
         end = self.duration_s if length_s is None else min(self.duration_s, start_s + length_s)
         if not 0 <= start_s < self.duration_s:
@@ -283,7 +283,7 @@ def synthetic_trace(
         live: list[str] = []
         returns: list[float] = []  # times at which lost nodes come back (one entry per node)
 
-        def add(t: float) -> None:
+        def add(t: float, pool: SyntheticPool = pool, live: list[str] = live) -> None:
             nonlocal serial
             serial += 1
             live.append(f"{pool.name}-n{serial}")

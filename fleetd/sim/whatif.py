@@ -19,8 +19,8 @@ from functools import lru_cache
 
 from fleetd.policy.model import PoolId
 from fleetd.policy.placement import prior_rate_for_bucket, region_of_zone
-from fleetd.sim.result import SimResult
 from fleetd.sim.planner_tools import S3Cost, s3_checkpoint_cost, young_daly_interval_s
+from fleetd.sim.result import SimResult
 from fleetd.sim.scenario import Scenario
 from fleetd.sim.traces import BUNDLED_DIR, SyntheticPool, Trace, synthetic_trace
 
@@ -202,11 +202,11 @@ def plan_job(
     best = min(f.expected_cost_usd for f in eligible)
     chosen = [f for f in eligible if f.expected_cost_usd <= best * MIX_WITHIN]
     weights = [1.0 / max(f.expected_cost_usd, 1e-9) for f in chosen]
-    mix = tuple((f.pool, w / sum(weights)) for f, w in zip(chosen, weights))
+    mix = tuple((f.pool, w / sum(weights)) for f, w in zip(chosen, weights, strict=True))
 
     # fleetd checkpoints on every notice; periodic checkpoints only insure against the losses
     # that come without one. A job without fleetd needs them against every loss.
-    rate = sum(f.interruptions_per_hour * s for f, s in zip(chosen, (s for _, s in mix)))
+    rate = sum(f.interruptions_per_hour * s for f, s in zip(chosen, (s for _, s in mix), strict=True))
     fleet_rate = rate * job.max_nodes
     mtbf_all = 3600.0 / fleet_rate if fleet_rate > 0 else math.inf
     mtbf_silent = 3600.0 / (fleet_rate * job.no_notice_share) if fleet_rate * job.no_notice_share > 0 else math.inf

@@ -11,7 +11,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from fleetd.demo.broker import find_mosquitto as _find, mosquitto_config
+from fleetd.demo.broker import find_mosquitto as _find
+from fleetd.demo.broker import mosquitto_config
 from tests.harness.ports import free_port, wait_port
 
 INSTALL_HINT = (
@@ -47,7 +48,7 @@ class Mosquitto:
     def url(self) -> str:
         return f"mqtt://{self.host}:{self.port}"
 
-    def start(self, timeout: float = 10.0) -> "Mosquitto":
+    def start(self, timeout: float = 10.0) -> Mosquitto:
         self.proc = subprocess.Popen(
             [self.exe, "-c", str(self.conf)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )

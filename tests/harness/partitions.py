@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 from fleetd.demo import configs
@@ -208,7 +209,7 @@ def steps_pause(events: Events, since: float, until: float) -> float:
     """Longest pause between consecutive completed steps (any rank) in [since, until]."""
     ts = sorted(e["t"] for e in events.of("step") if since <= e["t"] <= until)
     ts = [since, *ts, until]
-    return round(max(b - a for a, b in zip(ts, ts[1:])), 2)
+    return round(max(b - a for a, b in pairwise(ts)), 2)
 
 
 async def run_phase(stack: Stack, faults: NetFaults, phase: Phase, watch: HeartbeatWatch,
@@ -294,7 +295,7 @@ async def scenario(workdir: Path, nodes: int, phases: list[Phase]) -> dict:
                     windows: list[tuple[float, float]] = []
                     for phase in phases:
                         result["phases"].append(await run_phase(stack, faults, phase, watch, windows))
-                    cuts = [(ph["node"], a, b) for ph, (a, b) in zip(result["phases"], windows)]
+                    cuts = [(ph["node"], a, b) for ph, (a, b) in zip(result["phases"], windows, strict=True)]
                     gaps = watch.healthy_gaps(t0 + result["started_after_s"], cuts)
                     result["healthy_heartbeat_gaps"] = {"n": len(gaps), "max_s": gaps[0] if gaps else None,
                                                         "p99_s": gaps[len(gaps) // 100] if gaps else None}
