@@ -143,8 +143,11 @@ class Agent:
                     tg.create_task(self._dispatch_commands(), name="commands"),
                     tg.create_task(self._guarded("hooks.run", hooks.run), name="hooks"),
                     tg.create_task(self._guarded("controller-watch", controller.run), name="controller-watch"),
-                    *([tg.create_task(self._guarded("enrolment", enrolment.run), name="enrolment")]
-                      if enrolment is not None else []),
+                    *(
+                        [tg.create_task(self._guarded("enrolment", enrolment.run), name="enrolment")]
+                        if enrolment is not None
+                        else []
+                    ),
                     # systemd pings only while the IMDS watcher keeps polling (a stuck one would miss a notice).
                     tg.create_task(
                         watchdog(self.notifier, Heartbeat.following(lambda: watcher.polls, 10.0)), name="watchdog"

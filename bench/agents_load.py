@@ -102,37 +102,84 @@ def run(a: argparse.Namespace) -> dict:
         fleetd = stack.procs["fleetd"]
 
         def adopted() -> bool:
-            return any(e.get("event") == "pass_done" and e.get("nodes", 0) >= a.agents
-                       for e in json_lines(stack.log_lines("fleetd")))
+            return any(
+                e.get("event") == "pass_done" and e.get("nodes", 0) >= a.agents
+                for e in json_lines(stack.log_lines("fleetd"))
+            )
+
         wait_for("fleetd's first pass over every instance", adopted, a.startup_timeout, fleetd)
         # Agents: one line "instance-id node-addr" each, split over the worker processes.
         procs = a.procs or max(1, math.ceil(a.agents / 500))
         workers = []
         observer_out = work / "observer.json"
-        obs = stack.spawn("observer", [sys.executable, str(HERE / "load_agents.py"), "--observe", "--broker",
-                                       stack.broker, "--fleet", FLEET, "--out", str(observer_out),
-                                       "--bad-rate", str(a.bad_rate)])
+        obs = stack.spawn(
+            "observer",
+            [
+                sys.executable,
+                str(HERE / "load_agents.py"),
+                "--observe",
+                "--broker",
+                stack.broker,
+                "--fleet",
+                FLEET,
+                "--out",
+                str(observer_out),
+                "--bad-rate",
+                str(a.bad_rate),
+            ],
+        )
         wait_for("observer", lambda: Path(str(observer_out) + ".ready").exists(), 60, obs)
         connect_spread = max(5.0, a.agents / 100)
         agents_started = time.monotonic()
         for w in range(procs):
             mine = ids[w::procs]
             idf = work / f"ids-{w}.txt"
-            idf.write_text("".join(f"{iid} 10.{(k >> 16) & 255}.{(k >> 8) & 255}.{k & 255}\n"
-                                   for k, iid in enumerate(mine, start=w * 100000)))
-            workers.append(stack.spawn(f"agents-{w}", [
-                sys.executable, str(HERE / "load_agents.py"), "--broker", stack.broker, "--fleet", FLEET,
-                "--ids", str(idf), "--out", str(work / f"agents-{w}.json"),
-                "--notice-rate", str(a.notice_rate / procs), "--notice-delay-s", str(connect_spread + a.warmup),
-                "--connect-spread-s", str(connect_spread), "--seed", str(w + 1)], niceness=a.harness_nice))
+            idf.write_text(
+                "".join(
+                    f"{iid} 10.{(k >> 16) & 255}.{(k >> 8) & 255}.{k & 255}\n"
+                    for k, iid in enumerate(mine, start=w * 100000)
+                )
+            )
+            workers.append(
+                stack.spawn(
+                    f"agents-{w}",
+                    [
+                        sys.executable,
+                        str(HERE / "load_agents.py"),
+                        "--broker",
+                        stack.broker,
+                        "--fleet",
+                        FLEET,
+                        "--ids",
+                        str(idf),
+                        "--out",
+                        str(work / f"agents-{w}.json"),
+                        "--notice-rate",
+                        str(a.notice_rate / procs),
+                        "--notice-delay-s",
+                        str(connect_spread + a.warmup),
+                        "--connect-spread-s",
+                        str(connect_spread),
+                        "--seed",
+                        str(w + 1),
+                    ],
+                    niceness=a.harness_nice,
+                )
+            )
         time.sleep(connect_spread)
         time.sleep(a.warmup)
         # The measured window: notices flowing, every agent reporting.
         window_t0 = time.time()
         # fleetd's EC2 listing process (fleetd/adapters/ec2_list_process.py) counts as fleetd.
         listers = [c.pid for c in psutil.Process(fleetd.pid).children() if "spawn_main" in " ".join(c.cmdline())]
-        sampler = Sampler({"fleetd": fleetd.pid, "mosquitto": stack.procs["mosquitto"].pid,
-                           "moto": stack.procs["moto"].pid, **({"fleetd_lister": listers[0]} if listers else {})})
+        sampler = Sampler(
+            {
+                "fleetd": fleetd.pid,
+                "mosquitto": stack.procs["mosquitto"].pid,
+                "moto": stack.procs["moto"].pid,
+                **({"fleetd_lister": listers[0]} if listers else {}),
+            }
+        )
         end = time.monotonic() + a.duration
         while time.monotonic() < end:
             if fleetd.poll() is not None:
@@ -166,8 +213,10 @@ def run(a: argparse.Namespace) -> dict:
     passes = [e["seconds"] for e in in_window]
     # fleetd's own share of a pass: its time minus what it awaited EC2 (moto here) for.
     own = [e["seconds"] - (e.get("ec2_s") or 0.0) for e in in_window]
-    accepted = {ch: int(sum(v for k, v in intake.items() if f'channel="{ch}"' in k and 'result="accepted"' in k))
-                for ch in ("status", "telemetry", "events")}
+    accepted = {
+        ch: int(sum(v for k, v in intake.items() if f'channel="{ch}"' in k and 'result="accepted"' in k))
+        for ch in ("status", "telemetry", "events")
+    }
     rejected = int(sum(v for k, v in intake.items() if 'result="rejected"' in k))
     # Telemetry samples replaced in fleetd's inbox by a newer one from the same node before they
     # were read (fleetd/intake/coalesce.py): delivered and deliberately not applied, not lost.
@@ -228,6 +277,7 @@ def run(a: argparse.Namespace) -> dict:
 
 def _ts(e: dict) -> float:
     from datetime import datetime
+
     try:
         return datetime.fromisoformat(str(e.get("timestamp", "")).replace("Z", "+00:00")).timestamp()
     except ValueError:
@@ -250,17 +300,23 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=10.0)
     ap.add_argument("--procs", type=int, default=0, help="agent processes (default one per 500 agents)")
     ap.add_argument("--startup-timeout", type=float, default=600.0)
-    ap.add_argument("--harness-nice", type=int, default=19,
-                    help="niceness added to moto and the agent processes, the stand-ins for AWS and 2,000 "
-                         "other machines, so they use the CPU fleetd and mosquitto leave (0: equal footing, "
-                         "as before 2026-11-26; the observer, which stamps the latencies, stays at 0)")
+    ap.add_argument(
+        "--harness-nice",
+        type=int,
+        default=19,
+        help="niceness added to moto and the agent processes, the stand-ins for AWS and 2,000 "
+        "other machines, so they use the CPU fleetd and mosquitto leave (0: equal footing, "
+        "as before 2026-11-26; the observer, which stamps the latencies, stays at 0)",
+    )
     a = ap.parse_args()
     r = run(a)
-    print(f"{r['agents']} agents, {r['notices']} notices: notice->drain p50 {r['notice_to_drain_p50_s']} s "
-          f"p99 {r['notice_to_drain_p99_s']} s; reconcile p50 {r['reconcile_p50_s']} s p99 {r['reconcile_p99_s']} s; "
-          f"fleetd {r['controller_cpu_pct']} % CPU, peak {r['controller_peak_rss_mib']} MiB; "
-          f"broker {r['broker_cpu_pct']} % CPU; dropped {r['dropped_valid']}, superseded {r['superseded']}, rejected {r['rejected']} "
-          f"(load {r['loadavg_start']} -> {r['loadavg_end']})")
+    print(
+        f"{r['agents']} agents, {r['notices']} notices: notice->drain p50 {r['notice_to_drain_p50_s']} s "
+        f"p99 {r['notice_to_drain_p99_s']} s; reconcile p50 {r['reconcile_p50_s']} s p99 {r['reconcile_p99_s']} s; "
+        f"fleetd {r['controller_cpu_pct']} % CPU, peak {r['controller_peak_rss_mib']} MiB; "
+        f"broker {r['broker_cpu_pct']} % CPU; dropped {r['dropped_valid']}, superseded {r['superseded']}, rejected {r['rejected']} "
+        f"(load {r['loadavg_start']} -> {r['loadavg_end']})"
+    )
     print(json.dumps(r))
 
 

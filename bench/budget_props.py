@@ -68,8 +68,7 @@ def main() -> int:
         "ok": ok,
     }
     print(f"examples run: {result['examples']} ({passes} planner passes, {wall:.1f} s)")
-    print(f"runs stopped at the cap: {result['runs_stopped_at_cap']}; "
-          f"highest spend/total: {result['max_spent_share']}")
+    print(f"runs stopped at the cap: {result['runs_stopped_at_cap']}; highest spend/total: {result['max_spent_share']}")
     if failures:
         print("first violation:", failures[0])
     print(json.dumps(result))

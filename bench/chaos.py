@@ -143,9 +143,17 @@ class Chaos:
             ok = steady is not None
             recovery = round(steady - inj.at, 2) if steady is not None else None
         lost = steps_lost(self.tail.records, inj.at, time.time())
-        out = {"kind": inj.kind, "how": inj.how, "target": inj.target, "at": round(inj.at, 2),
-               "resumed": ok, "recovery_s": recovery, "steps_lost": lost,
-               "steps_over_bound": lost > kind.steps_lost_bound, "notes": list(inj.notes)}
+        out = {
+            "kind": inj.kind,
+            "how": inj.how,
+            "target": inj.target,
+            "at": round(inj.at, 2),
+            "resumed": ok,
+            "recovery_s": recovery,
+            "steps_lost": lost,
+            "steps_over_bound": lost > kind.steps_lost_bound,
+            "notes": list(inj.notes),
+        }
         out.update(await self.invariants())
         return out
 
@@ -158,12 +166,20 @@ class Chaos:
         ok, detail, _ = await checkpoint_check(self.stack)
         spent, total = spend(self.stack.workdir)
         over = spent is not None and total is not None and spent > total
-        for bad, line in ((orphans, f"orphans {sorted(orphans)}"), (not ok, f"checkpoint: {detail}"),
-                          (over, f"spend {spent} > budget {total}")):
+        for bad, line in (
+            (orphans, f"orphans {sorted(orphans)}"),
+            (not ok, f"checkpoint: {detail}"),
+            (over, f"spend {spent} > budget {total}"),
+        ):
             if bad:
                 self.checks.append(line)
-        return {"orphans": sorted(orphans), "checkpoint_ok": ok, "checkpoint": detail,
-                "spent_usd": spent, "over_budget": over}
+        return {
+            "orphans": sorted(orphans),
+            "checkpoint_ok": ok,
+            "checkpoint": detail,
+            "spent_usd": spent,
+            "over_budget": over,
+        }
 
     async def run(self) -> dict:
         started = time.time()
@@ -188,9 +204,11 @@ class Chaos:
                     inj.notes.append("training was not steady before this fault (180 s wait)")
                 res = await self.observe(inj)
                 self.results.append(res)
-                self.log(f"fault {i + 1}/{self.args.faults} {kind} ({inj.how}, {inj.target}): "
-                         f"resumed={res['resumed']} recovery_s={res['recovery_s']} steps_lost={res['steps_lost']} "
-                         f"step={self.tail.last_step()}")
+                self.log(
+                    f"fault {i + 1}/{self.args.faults} {kind} ({inj.how}, {inj.target}): "
+                    f"resumed={res['resumed']} recovery_s={res['recovery_s']} steps_lost={res['steps_lost']} "
+                    f"step={self.tail.last_step()}"
+                )
             settled = await self.wait_steady(time.time(), time.time() + 120.0)
             final = await self.invariants()
         finally:
@@ -220,7 +238,8 @@ class Chaos:
                 "count": len(rs),
                 "resumed": sum(r["resumed"] for r in rs),
                 "never_resumed": sum(not r["resumed"] for r in rs),
-                "recovery_s_p50": _pct(rec, 50), "recovery_s_p99": _pct(rec, 99),
+                "recovery_s_p50": _pct(rec, 50),
+                "recovery_s_p99": _pct(rec, 99),
                 "steps_lost": sum(r["steps_lost"] for r in rs),
                 "steps_lost_max": max((r["steps_lost"] for r in rs), default=0),
                 "steps_over_bound": sum(r["steps_over_bound"] for r in rs),
@@ -264,13 +283,19 @@ def table(s: dict) -> str:
     head = f"{'fault':<14}{'count':>6}{'resumed':>9}{'never':>7}{'rec p50 s':>11}{'rec p99 s':>11}{'lost':>7}{'lost max':>10}{'>bound':>8}"
     lines = [head, "-" * len(head)]
     for kind, k in s["per_kind"].items():
+
         def f(v: float | None) -> str:
             return "-" if v is None else f"{v:.1f}"
-        lines.append(f"{kind:<14}{k['count']:>6}{k['resumed']:>9}{k['never_resumed']:>7}{f(k['recovery_s_p50']):>11}"
-                     f"{f(k['recovery_s_p99']):>11}{k['steps_lost']:>7}{k['steps_lost_max']:>10}{k['steps_over_bound']:>8}")
-    lines.append(f"faults {s['faults']}  orphans {s['orphans']}  duplicates {s['duplicates']}  never_resumed "
-                 f"{s['never_resumed']}  over_budget {s['over_budget']}  checkpoint_incomplete "
-                 f"{s['checkpoint_incomplete']}  stray_processes {s['stray_processes']}  final step {s['final_step']}")
+
+        lines.append(
+            f"{kind:<14}{k['count']:>6}{k['resumed']:>9}{k['never_resumed']:>7}{f(k['recovery_s_p50']):>11}"
+            f"{f(k['recovery_s_p99']):>11}{k['steps_lost']:>7}{k['steps_lost_max']:>10}{k['steps_over_bound']:>8}"
+        )
+    lines.append(
+        f"faults {s['faults']}  orphans {s['orphans']}  duplicates {s['duplicates']}  never_resumed "
+        f"{s['never_resumed']}  over_budget {s['over_budget']}  checkpoint_incomplete "
+        f"{s['checkpoint_incomplete']}  stray_processes {s['stray_processes']}  final step {s['final_step']}"
+    )
     return "\n".join(lines)
 
 

@@ -54,8 +54,9 @@ class EventTail:
         return s[-1][1] if s else 0
 
 
-def training_again_at(steps: list[tuple[float, int]], after: float, now: float, window_s: float,
-                      gap_s: float) -> float | None:
+def training_again_at(
+    steps: list[tuple[float, int]], after: float, now: float, window_s: float, gap_s: float
+) -> float | None:
     """The start of the first stretch of steady stepping (no gap over ``gap_s``) that lasts
     ``window_s`` and is still going at ``after + window_s``; ``after`` itself if training was never
     interrupted. None: not (yet) training steadily again."""
@@ -104,10 +105,20 @@ def _db_rows(db: Path) -> dict[str, dict]:
         return {}
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
     try:
-        cur = conn.execute("SELECT instance_id, ended_at, notice_at, drain_started_at, terminate_requested_at,"
-                           " launch_token FROM instances")
-        return {r[0]: {"ended_at": r[1], "notice_at": r[2], "drain_started_at": r[3],
-                       "terminate_requested_at": r[4], "launch_token": r[5]} for r in cur}
+        cur = conn.execute(
+            "SELECT instance_id, ended_at, notice_at, drain_started_at, terminate_requested_at,"
+            " launch_token FROM instances"
+        )
+        return {
+            r[0]: {
+                "ended_at": r[1],
+                "notice_at": r[2],
+                "drain_started_at": r[3],
+                "terminate_requested_at": r[4],
+                "launch_token": r[5],
+            }
+            for r in cur
+        }
     except sqlite3.Error:
         return {}
     finally:
@@ -131,8 +142,11 @@ def _tag(inst: dict, key: str) -> str | None:
 def orphan_candidates(instances: list[dict], db: Path) -> set[str]:
     """Instances EC2 runs for the fleet that fleetd has no open record of."""
     rows = _db_rows(db)
-    return {i["InstanceId"] for i in instances if i["State"]["Name"] in LIVE
-            and (i["InstanceId"] not in rows or rows[i["InstanceId"]]["ended_at"] is not None)}
+    return {
+        i["InstanceId"]
+        for i in instances
+        if i["State"]["Name"] in LIVE and (i["InstanceId"] not in rows or rows[i["InstanceId"]]["ended_at"] is not None)
+    }
 
 
 @dataclass
@@ -147,11 +161,16 @@ class DuplicateWatch:
     def sample(self, instances: list[dict], db: Path) -> None:
         rows = _db_rows(db)
         live = [i for i in instances if i["State"]["Name"] in LIVE]
-        active = sorted(i["InstanceId"] for i in live
-                        if not any(rows.get(i["InstanceId"], {}).get(k) for k in
-                                   ("notice_at", "drain_started_at", "terminate_requested_at")))
+        active = sorted(
+            i["InstanceId"]
+            for i in live
+            if not any(
+                rows.get(i["InstanceId"], {}).get(k)
+                for k in ("notice_at", "drain_started_at", "terminate_requested_at")
+            )
+        )
         if len(active) > self.max_nodes:
-            extra = set(active[self.max_nodes:])
+            extra = set(active[self.max_nodes :])
             if not extra <= self.excess:
                 self.notes.append(f"{len(active)} active nodes > max {self.max_nodes}: {active}")
             self.excess |= extra
@@ -177,11 +196,13 @@ async def checkpoint_check(stack) -> tuple[bool, str, int | None]:
     from agent.config import AgentConfig
 
     with tempfile.TemporaryDirectory(prefix="chaos-ckpt-") as tmp:
-        cfg = AgentConfig.model_validate({
-            "node": {"fleet": configs.DEMO_FLEET, "state_dir": tmp},
-            "aws": {"region": "us-east-1", "endpoint_url": stack.moto_url},
-            "checkpoints": {"bucket": configs.DEMO_BUCKET, "prefix": "checkpoints", "local_dir": f"{tmp}/ck"},
-        })
+        cfg = AgentConfig.model_validate(
+            {
+                "node": {"fleet": configs.DEMO_FLEET, "state_dir": tmp},
+                "aws": {"region": "us-east-1", "endpoint_url": stack.moto_url},
+                "checkpoints": {"bucket": configs.DEMO_BUCKET, "prefix": "checkpoints", "local_dir": f"{tmp}/ck"},
+            }
+        )
         async with CheckpointStore.connect(cfg.checkpoints, cfg.aws, job="toy") as store:
             latest, _ = await store.publisher.read_latest()
             if latest is None:

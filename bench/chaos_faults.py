@@ -32,16 +32,19 @@ class Kind:
 # Steps-lost bounds: a fault that does not touch the training processes loses none; one that
 # kills training processes loses at most what the salvage path cannot save, i.e. less than a
 # periodic checkpoint interval (50 steps in the demo configs). The store bound is issue 14's target.
-KINDS: dict[str, Kind] = {k.name: k for k in (
-    Kind("fleetd-run", 60, 0, "fleetd run SIGKILLed (or SIGTERMed) and started again"),
-    Kind("rendezvous", 60, 1, "fleetd rendezvous SIGKILLed (or SIGTERMed) and started again"),
-    Kind("mosquitto", 60, 0, "the broker SIGKILLed (or SIGTERMed) and started again, no persistence"),
-    Kind("agent", 120, 50, "one fleet-agent SIGKILLed, its leftovers killed, started again (systemd)"),
-    Kind("worker", 90, 50, "one torchrun worker SIGKILLed"),
-    Kind("node", 120, 50, "a node's whole process tree SIGKILLed (silent loss), EC2 terminates it 10 s later"),
-    Kind("ec2-throttle", 120, 0, "every EC2 call answered RequestLimitExceeded for 10-30 s"),
-    Kind("s3-drop", 120, 0, "1-3 S3 uploads cut mid-body (connection reset)"),
-)}
+KINDS: dict[str, Kind] = {
+    k.name: k
+    for k in (
+        Kind("fleetd-run", 60, 0, "fleetd run SIGKILLed (or SIGTERMed) and started again"),
+        Kind("rendezvous", 60, 1, "fleetd rendezvous SIGKILLed (or SIGTERMed) and started again"),
+        Kind("mosquitto", 60, 0, "the broker SIGKILLed (or SIGTERMed) and started again, no persistence"),
+        Kind("agent", 120, 50, "one fleet-agent SIGKILLed, its leftovers killed, started again (systemd)"),
+        Kind("worker", 90, 50, "one torchrun worker SIGKILLed"),
+        Kind("node", 120, 50, "a node's whole process tree SIGKILLed (silent loss), EC2 terminates it 10 s later"),
+        Kind("ec2-throttle", 120, 0, "every EC2 call answered RequestLimitExceeded for 10-30 s"),
+        Kind("s3-drop", 120, 0, "1-3 S3 uploads cut mid-body (connection reset)"),
+    )
+}
 
 
 @dataclass

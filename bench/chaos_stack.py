@@ -78,8 +78,9 @@ class Stack:
             raise RuntimeError("the chaos bench needs mosquitto (it restarts the broker on its port)")
         self.services["mosquitto"] = broker
         self.argv["mosquitto"] = [str(a) for a in await _argv(broker)]
-        ep = configs.DemoEndpoints(aws_url=self.proxy.url, s3_url=self.proxy.url, mqtt_url=mqtt_url,
-                                   rdzv_port=free_port())
+        ep = configs.DemoEndpoints(
+            aws_url=self.proxy.url, s3_url=self.proxy.url, mqtt_url=mqtt_url, rdzv_port=free_port()
+        )
         async with self.session.create_client("s3", **self.aws) as s3:
             await s3.create_bucket(Bucket=configs.DEMO_BUCKET)
         async with self.session.create_client("ec2", **self.aws) as ec2:
@@ -93,8 +94,13 @@ class Stack:
             return configs.agent_toml(self.workdir, ep, self.nodes + 1, iid, addr, imds_url, steps=10_000_000)
 
         # terminate: a node whose dead man's switch powered it off is terminated, as AWS does a spot node.
-        self.launcher = Launcher(self.workdir, self.describe, agent_conf,
-                                 env={"FLEETD_EVENTS_FILE": str(self.events_file)}, terminate=self.terminate_instance)
+        self.launcher = Launcher(
+            self.workdir,
+            self.describe,
+            agent_conf,
+            env={"FLEETD_EVENTS_FILE": str(self.events_file)},
+            terminate=self.terminate_instance,
+        )
         self._launcher_task = asyncio.create_task(self.launcher.run(), name="launcher")
 
     async def _start(self, name: str, argv: list[str]) -> Child:
@@ -107,7 +113,8 @@ class Stack:
         out: list[dict] = []
         async with self.session.create_client("ec2", **self.aws) as ec2:
             pages = ec2.get_paginator("describe_instances").paginate(
-                Filters=[{"Name": "tag:fleetd:fleet", "Values": [configs.DEMO_FLEET]}])
+                Filters=[{"Name": "tag:fleetd:fleet", "Values": [configs.DEMO_FLEET]}]
+            )
             async for page in pages:
                 for res in page["Reservations"]:
                     out += res["Instances"]
@@ -149,8 +156,11 @@ class Stack:
     async def start_agent(self, node: LocalNode) -> None:
         conf = self.workdir / "nodes" / node.instance_id / "agent.toml"
         node.agent = await Child.start(
-            f"agent-{node.instance_id}", [sys.executable, "-m", "agent.cli", "run", "--config", str(conf)],
-            self.workdir / "nodes" / node.instance_id / "agent.log", env=self.launcher.env if self.launcher else None)
+            f"agent-{node.instance_id}",
+            [sys.executable, "-m", "agent.cli", "run", "--config", str(conf)],
+            self.workdir / "nodes" / node.instance_id / "agent.log",
+            env=self.launcher.env if self.launcher else None,
+        )
 
     @staticmethod
     def workers(node: LocalNode) -> list[Any]:

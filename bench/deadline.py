@@ -65,9 +65,13 @@ def main() -> None:
     ap.add_argument("--nodes", default="1,2,4,8")
     ap.add_argument("--changeovers-h", default="0.05,0.1,0.2,0.3,0.5")
     ap.add_argument("--deadlines-h", default="7.5,9,12")
-    ap.add_argument("--capacity-signal", choices=("probe", "instant"), default="probe",
-                    help="every policy's capacity discovery: probe (a launch attempt, retried after "
-                    "fleetd's capacity-error TTL; default) or instant (the oracle; sensitivity)")
+    ap.add_argument(
+        "--capacity-signal",
+        choices=("probe", "instant"),
+        default="probe",
+        help="every policy's capacity discovery: probe (a launch attempt, retried after "
+        "fleetd's capacity-error TTL; default) or instant (the oracle; sensitivity)",
+    )
     args = ap.parse_args()
     t0 = time.process_time()
     results: dict[str, dict] = {}
@@ -81,8 +85,14 @@ def main() -> None:
         starts = random_offsets(trace, args.offsets, args.seed, keep_s=keep_s)
         for nodes in (int(n) for n in args.nodes.split(",")):
             for due_h in _floats(args.deadlines_h):
-                base = JobSpec(total_steps=1.0, max_nodes=nodes, min_nodes=1, deadline_s=due_h * 3600,
-                               checkpoint_stall_s=0.0, no_notice_share=0.0)
+                base = JobSpec(
+                    total_steps=1.0,
+                    max_nodes=nodes,
+                    min_nodes=1,
+                    deadline_s=due_h * 3600,
+                    checkpoint_stall_s=0.0,
+                    no_notice_share=0.0,
+                )
                 job = base.with_(total_steps=WORK_H * 3600 * base.throughput(nodes))
                 for d_h in _floats(args.changeovers_h):
                     case = f"{trace_name} {nodes}n due {due_h:g}h"
@@ -101,25 +111,40 @@ def main() -> None:
     below_greedy = _losses(results, "greedy")
     misses = {p: sum(s[p]["misses"] for s in results.values()) for p in POLICIES}
     by_d = _mean_savings_by_group(results, groups)
-    up_ahead = {g: round(v["uniform-progress"] - v["fleetd"], 2) for g, v in by_d.items()
-                if v["fleetd"] < v["uniform-progress"]}
+    up_ahead = {
+        g: round(v["uniform-progress"] - v["fleetd"], 2) for g, v in by_d.items() if v["fleetd"] < v["uniform-progress"]
+    }
     print(f"fleetd costlier than Uniform Progress in {len(below_up)} of {len(results)} cases: {below_up}")
     print(f"fleetd costlier than greedy in {len(below_greedy)} of {len(results)} cases: {below_greedy}")
     print(f"deadline misses: {misses}")
     print(f"mean savings per trace and d where Uniform Progress's beats fleetd's (points): {up_ahead}")
-    print(json.dumps({
-        "offsets": args.offsets, "capacity_signal": args.capacity_signal, "work_h": WORK_H, "cpu_s": round(time.process_time() - t0, 1),
-        "cases": len(results), "fleetd_below_uniform_progress": below_up, "fleetd_below_greedy": below_greedy,
-        "misses": misses, "fleetd_misses": misses["fleetd"],
-        "mean_savings_pct_by_d": by_d, "uniform_progress_ahead_by_d": up_ahead, "results": results,
-    }))
+    print(
+        json.dumps(
+            {
+                "offsets": args.offsets,
+                "capacity_signal": args.capacity_signal,
+                "work_h": WORK_H,
+                "cpu_s": round(time.process_time() - t0, 1),
+                "cases": len(results),
+                "fleetd_below_uniform_progress": below_up,
+                "fleetd_below_greedy": below_greedy,
+                "misses": misses,
+                "fleetd_misses": misses["fleetd"],
+                "mean_savings_pct_by_d": by_d,
+                "uniform_progress_ahead_by_d": up_ahead,
+                "results": results,
+            }
+        )
+    )
 
 
 def _mean_savings_by_group(results: dict[str, dict], groups: dict[str, list[str]]) -> dict[str, dict]:
     """Each policy's mean savings against on-demand, averaged over a group's cases (every case
     weighs the same): the issue's "mean savings at every d", per trace, and split by job size."""
-    return {g: {p: round(sum(results[k][p]["mean_savings_pct"] for k in keys) / len(keys), 2) for p in POLICIES}
-            for g, keys in groups.items()}
+    return {
+        g: {p: round(sum(results[k][p]["mean_savings_pct"] for k in keys) / len(keys), 2) for p in POLICIES}
+        for g, keys in groups.items()
+    }
 
 
 def _losses(results: dict[str, dict], other: str) -> dict[str, float]:

@@ -86,7 +86,9 @@ async def main(args: argparse.Namespace) -> dict:
             procs[leader].wait()
             await wait_until(lambda s=standby, b=before: len(log_events(root, s, "leading")) > b, 120, "takeover")
             took = stamp(log_events(root, standby, "leading")[-1])
-            await wait_until(lambda s=standby, t=took: pass_written_after(root, s, t), 120, "the new leader's first pass")
+            await wait_until(
+                lambda s=standby, t=took: pass_written_after(root, s, t), 120, "the new leader's first pass"
+            )
             # status.json is written after the pass: its mtime is when the first pass had finished.
             first_pass = (host_dir(root, standby) / "state" / "status.json").stat().st_mtime
             await wait_until(fleet_up, 120, "the fleet running")
@@ -96,15 +98,23 @@ async def main(args: argparse.Namespace) -> dict:
             except AssertionError as exc:
                 consistent = False
                 print(f"inconsistent after trial {n}: {exc}", file=sys.stderr)
-            row = {"trial": n, "leader_killed": leader, "takeover_s": round(took - killed_at, 2),
-                   "first_pass_s": round(first_pass - killed_at, 2), "consistent": consistent,
-                   "load_1m": round(load, 1)}
+            row = {
+                "trial": n,
+                "leader_killed": leader,
+                "takeover_s": round(took - killed_at, 2),
+                "first_pass_s": round(first_pass - killed_at, 2),
+                "consistent": consistent,
+                "load_1m": round(load, 1),
+            }
             trials.append(row)
             print(json.dumps(row), flush=True)
             started = len(log_events(root, leader, "daemon_started"))
             procs[leader] = fleetd_host(config, root, leader)  # back as the standby
-            await wait_until(lambda h=leader, s=started: len(log_events(root, h, "daemon_started")) > s, 180,
-                             "the killed host back as the standby")
+            await wait_until(
+                lambda h=leader, s=started: len(log_events(root, h, "daemon_started")) > s,
+                180,
+                "the killed host back as the standby",
+            )
             leader, standby = standby, leader
         creates = len(cloud.proxy.calls_of("CreateFleet"))
     finally:
@@ -121,9 +131,14 @@ async def main(args: argparse.Namespace) -> dict:
         server.stop()
     takeovers = [t["takeover_s"] for t in trials]
     return {
-        "bench": "failover", "trials": len(trials), "nodes": args.nodes, "lease_s": args.lease_s,
-        "reconcile_interval_s": 0.5, "bound_s": args.lease_s + 2 * args.lease_s / 8,  # lease + two standby polls (DESIGN)
-        "takeover_s": takeovers, "takeover_median_s": statistics.median(takeovers) if takeovers else None,
+        "bench": "failover",
+        "trials": len(trials),
+        "nodes": args.nodes,
+        "lease_s": args.lease_s,
+        "reconcile_interval_s": 0.5,
+        "bound_s": args.lease_s + 2 * args.lease_s / 8,  # lease + two standby polls (DESIGN)
+        "takeover_s": takeovers,
+        "takeover_median_s": statistics.median(takeovers) if takeovers else None,
         "first_pass_s": [t["first_pass_s"] for t in trials],
         "all_consistent": all(t["consistent"] for t in trials),
         "create_fleet_calls": creates,

@@ -78,8 +78,13 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 def _toy_env(work: Path, **extra: str) -> dict[str, str]:
     path = os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH", "")) if x)
-    return {**os.environ, "PYTHONPATH": path, "FLEETD_EVENTS_FILE": str(work / "events.jsonl"),
-            "FLEETD_CKPT_INTERVAL": "1000", **extra}
+    return {
+        **os.environ,
+        "PYTHONPATH": path,
+        "FLEETD_EVENTS_FILE": str(work / "events.jsonl"),
+        "FLEETD_CKPT_INTERVAL": "1000",
+        **extra,
+    }
 
 
 # ---------------------------------------------------------------------- NVML
@@ -144,12 +149,23 @@ def _start_pair(work: Path, device: str) -> tuple[list[subprocess.Popen], Path]:
     port = free_port()
     procs = []
     for rank in (0, 1):
-        env = _toy_env(work, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK="0",
-                       WORLD_SIZE="2", LOCAL_WORLD_SIZE="1", FLEETD_CKPT_DIR=str(work / f"node{rank}"),
-                       FLEETD_NODE_ADDR=f"node{rank}")
+        env = _toy_env(
+            work,
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK=str(rank),
+            LOCAL_RANK="0",
+            WORLD_SIZE="2",
+            LOCAL_WORLD_SIZE="1",
+            FLEETD_CKPT_DIR=str(work / f"node{rank}"),
+            FLEETD_NODE_ADDR=f"node{rank}",
+        )
         cmd = [*TOY, "--steps", "1000000", "--step-sleep", "0.02", "--device", device, "--backend", "gloo", *TOY_SIZE]
-        procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                                      stderr=open(work / f"rank{rank}.log", "w")))
+        procs.append(
+            subprocess.Popen(
+                cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(work / f"rank{rank}.log", "w")
+            )
+        )
     return procs, work / "events.jsonl"
 
 
@@ -180,7 +196,9 @@ def check_salvage(device: str, how: str, work: Path) -> dict[str, Any]:
         on_host = all(not t.is_cuda for t in _tensors(state))
         start = next((e for e in _events(events) if e.get("ev") == "start" and e.get("rank") == 0), {})
         return {
-            "ok": [e["step"] for e in salvaged] == [last] and newest == last and on_host
+            "ok": [e["step"] for e in salvaged] == [last]
+            and newest == last
+            and on_host
             and start.get("device", "cpu").startswith(device),
             "device": start.get("device"),
             "last_completed_step": last,
@@ -207,23 +225,49 @@ def _tensors(obj: Any) -> list[Any]:
 
 
 # ---------------------------------------------------------------------- torchrun, a worker lost
-def check_torchrun_restart(device: str, work: Path, steps: int, module: str = "agent.examples.train_toy",
-                           nproc: int = 2, victim: int = 1, sig: int = signal.SIGKILL,
-                           extra: tuple[str, ...] = ("--backend", "gloo")) -> dict[str, Any]:
+def check_torchrun_restart(
+    device: str,
+    work: Path,
+    steps: int,
+    module: str = "agent.examples.train_toy",
+    nproc: int = 2,
+    victim: int = 1,
+    sig: int = signal.SIGKILL,
+    extra: tuple[str, ...] = ("--backend", "gloo"),
+) -> dict[str, Any]:
     """The job under ``torchrun --max-restarts 3`` (the agent gives 100); rank ``victim``'s worker
     gets ``sig`` at step 50 (SIGKILL: a peer lost; SIGTERM: the worker stopped, as torchrun stops
     a hung one). A restart whose process group fails to form (gloo's connect gave up once on the
     H200 while the new peer was still starting CUDA) is retried, as torchrun does for the agent."""
     events = work / "events.jsonl"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-           "--max-restarts", "3", "--monitor-interval", "0.5", "-m", module,
-           "--steps", str(steps), "--step-sleep", "0.01", "--device", device, *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        "--max-restarts",
+        "3",
+        "--monitor-interval",
+        "0.5",
+        "-m",
+        module,
+        "--steps",
+        str(steps),
+        "--step-sleep",
+        "0.01",
+        "--device",
+        device,
+        *extra,
+    ]
     # As the agent launches torchrun (agent/supervise/launch.py): the workers get a fresh store
     # each round. With torchrun's default (the rendezvous store shared with the workers) a
     # restarted gloo group read the previous round's keys, dialled a dead address and in 2 of 6
     # CPU runs here hung past the bound; with a store per round 0 of 10 (2026-11-26).
-    env = _toy_env(work, FLEETD_CKPT_DIR=str(work / "node"), FLEETD_NODE_ADDR="node0",
-                   TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    env = _toy_env(
+        work, FLEETD_CKPT_DIR=str(work / "node"), FLEETD_NODE_ADDR="node0", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1"
+    )
     run = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(work / "torchrun.log", "w"))
     try:
         _wait(lambda: max(_steps(events), default=0) >= 50, 300, "step 50", [run])
@@ -243,7 +287,10 @@ def check_torchrun_restart(device: str, work: Path, steps: int, module: str = "a
     resumed = starts[-1]["from_step"] if len(starts) > 1 else None
     done = [e["step"] for e in evs if e["ev"] == "done"]
     return {
-        "ok": run.returncode == 0 and done == [steps] and resumed is not None and salvaged == [resumed]
+        "ok": run.returncode == 0
+        and done == [steps]
+        and resumed is not None
+        and salvaged == [resumed]
         and resumed == max(before),
         "module": module,
         "device": starts[0].get("device", device) if starts else None,
@@ -273,16 +320,33 @@ def check_nccl_resume(work: Path) -> dict[str, Any]:
     env = _toy_env(work, FLEETD_CKPT_DIR=str(work / "node"), FLEETD_NODE_ADDR="node0")
     runs = []
     for steps in (40, 80):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-               "-m", "agent.examples.train_toy", "--steps", str(steps), "--step-sleep", "0", "--device", "cuda",
-               "--backend", "nccl"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "1",
+            "-m",
+            "agent.examples.train_toy",
+            "--steps",
+            str(steps),
+            "--step-sleep",
+            "0",
+            "--device",
+            "cuda",
+            "--backend",
+            "nccl",
+        ]
         with open(work / f"nccl{steps}.log", "w") as log:
             runs.append(subprocess.run(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log, timeout=300))
     starts = [e for e in _events(events) if e.get("ev") == "start"]
     done = [e["step"] for e in _events(events) if e.get("ev") == "done"]
     return {
-        "ok": [r.returncode for r in runs] == [0, 0] and [s.get("from_step") for s in starts] == [0, 40]
-        and done == [40, 80] and all(s.get("backend") == "nccl" for s in starts),
+        "ok": [r.returncode for r in runs] == [0, 0]
+        and [s.get("from_step") for s in starts] == [0, 40]
+        and done == [40, 80]
+        and all(s.get("backend") == "nccl" for s in starts),
         "returncodes": [r.returncode for r in runs],
         "backend": [s.get("backend") for s in starts],
         "from_steps": [s.get("from_step") for s in starts],
@@ -299,8 +363,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=300, help="steps of the torchrun job")
     p.add_argument("--work-dir", type=Path, default=None)
     p.add_argument("--only", action="append", default=None, help="run only this check (repeatable)")
-    p.add_argument("--model-mib", type=int, default=0,
-                   help="salvage checks: size the toy's parameters to about this many MiB (0: the tiny toy)")
+    p.add_argument(
+        "--model-mib",
+        type=int,
+        default=0,
+        help="salvage checks: size the toy's parameters to about this many MiB (0: the tiny toy)",
+    )
     args = p.parse_args(argv)
     if args.model_mib:
         # Two dim x hidden layers of fp32: 8 * dim * hidden bytes of parameters (momentum doubles it).
@@ -310,8 +378,12 @@ def main(argv: list[str] | None = None) -> int:
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="fleetd-gpu-check-"))
-    result: dict[str, Any] = {"device": device, "torch": torch.__version__, "toy_size": TOY_SIZE,
-                              "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None}
+    result: dict[str, Any] = {
+        "device": device,
+        "torch": torch.__version__,
+        "toy_size": TOY_SIZE,
+        "gpu": torch.cuda.get_device_name(0) if device == "cuda" else None,
+    }
     checks = {
         "nvml": lambda d: check_nvml(device, args.load_s),
         "salvage_kill": lambda d: check_salvage(device, "kill", d),
@@ -320,9 +392,11 @@ def main(argv: list[str] | None = None) -> int:
         # The framework callbacks on the device: one rank, stopped with SIGTERM mid-run (fleetd's
         # watcher replaces Lightning's handler and saves the completed step), restarted by torchrun.
         "lightning_sigterm": lambda d: check_torchrun_restart(
-            device, d, 150, "agent.examples.train_lightning", nproc=1, victim=0, sig=signal.SIGTERM, extra=()),
+            device, d, 150, "agent.examples.train_lightning", nproc=1, victim=0, sig=signal.SIGTERM, extra=()
+        ),
         "hf_sigterm": lambda d: check_torchrun_restart(
-            device, d, 150, "agent.examples.train_hf", nproc=1, victim=0, sig=signal.SIGTERM, extra=()),
+            device, d, 150, "agent.examples.train_hf", nproc=1, victim=0, sig=signal.SIGTERM, extra=()
+        ),
     }
     if device == "cuda":
         checks["nccl_resume"] = check_nccl_resume

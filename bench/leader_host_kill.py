@@ -88,10 +88,17 @@ class ControlHost:
         py, conf = shlex.quote(sys.executable), shlex.quote(str(self.config))
         store_log = shlex.quote(str(d / "rendezvous.log"))
         # The store in the background, the controller exec'd in its place: one group, one tree.
-        script = (f"{py} -m fleetd.cli rendezvous --config {conf} >> {store_log} 2>&1 & "
-                  f"exec {py} -m fleetd.cli run --config {conf}")
-        env = {"PYTHONUNBUFFERED": "1", "FLEETD_HA__HOST_ID": self.name, "FLEETD_HA__ADVERTISE_HOST": "127.0.0.1",
-               "FLEETD_RENDEZVOUS__PORT": str(self.port), "FLEETD_FLEET__STATE_DIR": str(d / "state")}
+        script = (
+            f"{py} -m fleetd.cli rendezvous --config {conf} >> {store_log} 2>&1 & "
+            f"exec {py} -m fleetd.cli run --config {conf}"
+        )
+        env = {
+            "PYTHONUNBUFFERED": "1",
+            "FLEETD_HA__HOST_ID": self.name,
+            "FLEETD_HA__ADVERTISE_HOST": "127.0.0.1",
+            "FLEETD_RENDEZVOUS__PORT": str(self.port),
+            "FLEETD_FLEET__STATE_DIR": str(d / "state"),
+        }
         self.child = await Child.start(f"host-{self.name}", ["/bin/sh", "-c", script], d / "fleetd.log", env=env)
 
     def members(self) -> list[psutil.Process]:
@@ -132,8 +139,7 @@ def agent_events(root: Path, event: str) -> dict[str, int]:
     """Per node: how many ``event`` lines its agent logged."""
     out = {}
     for log in sorted((root / "nodes").glob("*/agent.log")):
-        out[log.parent.name] = sum(1 for line in log.read_text(errors="replace").splitlines()
-                                   if f'"{event}"' in line)
+        out[log.parent.name] = sum(1 for line in log.read_text(errors="replace").splitlines() if f'"{event}"' in line)
     return out
 
 
@@ -155,9 +161,14 @@ def trial_outcome(events: Path, t_kill: float, nodes: int) -> dict | None:
     # is moved: the longest pause between one rank's consecutive steps is what the job really stood.
     times = sorted(r["t"] for r in recs if r["ev"] == "step" and r.get("rank") == 0 and t_kill - 5 <= r["t"] <= again)
     pause = max((b - a for a, b in pairwise(times)), default=None)
-    return {"training_again_s": round(again - t_kill, 2), "longest_pause_s": round(pause, 2) if pause else None,
-            "step_at_kill": at_kill, "step_at_restart": before,
-            "resumed_from": min(froms), "steps_lost": max(0, before - min(froms))}
+    return {
+        "training_again_s": round(again - t_kill, 2),
+        "longest_pause_s": round(pause, 2) if pause else None,
+        "step_at_kill": at_kill,
+        "step_at_restart": before,
+        "resumed_from": min(froms),
+        "steps_lost": max(0, before - min(froms)),
+    }
 
 
 async def main(args: argparse.Namespace) -> dict:
@@ -183,14 +194,27 @@ async def main(args: argparse.Namespace) -> dict:
     cloud = Cloud(moto_url, proxy, session, ami, {})
     ports = {"a": free_port(), "b": free_port()}
     ep = configs.DemoEndpoints(aws_url=proxy.url, s3_url=moto_url, mqtt_url=broker.url, rdzv_port=ports["a"])
-    config = configs.fleetd_toml(root, ep, args.nodes, 100.0, 50.0, ami, overrides={
-        "ha": {"backend": "dynamodb", "table": TABLE, "lease_s": args.lease_s, "endpoint_url": moto_url,
-               "create_table": True},
-        "fleet": {"reconcile_interval_s": 0.5},
-        # The failover pauses training for its takeover + restart; the stall rule must not read
-        # that as a hang (it would restart the trainers a second time).
-        "stall": {"stall_after_s": 90.0, "escalate_after_s": 180.0},
-    })
+    config = configs.fleetd_toml(
+        root,
+        ep,
+        args.nodes,
+        100.0,
+        50.0,
+        ami,
+        overrides={
+            "ha": {
+                "backend": "dynamodb",
+                "table": TABLE,
+                "lease_s": args.lease_s,
+                "endpoint_url": moto_url,
+                "create_table": True,
+            },
+            "fleet": {"reconcile_interval_s": 0.5},
+            # The failover pauses training for its takeover + restart; the stall rule must not read
+            # that as a hang (it would restart the trainers a second time).
+            "stall": {"stall_after_s": 90.0, "escalate_after_s": 180.0},
+        },
+    )
     hosts = {h: ControlHost(h, root, config, ports[h]) for h in ("a", "b")}
     trials: list[dict] = []
     launcher: Launcher | None = None
@@ -204,16 +228,21 @@ async def main(args: argparse.Namespace) -> dict:
             await wait_port_async("127.0.0.1", h.port, timeout=120)
 
         async def describe() -> list[dict]:
-            return await cloud.instances(FLEET, states=("pending", "running", "shutting-down", "terminated",
-                                                        "stopping", "stopped"))
+            return await cloud.instances(
+                FLEET, states=("pending", "running", "shutting-down", "terminated", "stopping", "stopped")
+            )
 
         def agent_conf(iid: str, addr: str, imds_url: str) -> Path:
             return configs.agent_toml(root, ep, args.nodes + 1, iid, addr, imds_url, steps=1_000_000)
 
         launcher = Launcher(root, describe, agent_conf, env={"FLEETD_EVENTS_FILE": str(events)})
         launcher_task = asyncio.create_task(launcher.run())
-        await wait_until(lambda: Progress.load(events).training_again_at(0.0, world=args.nodes) is not None,
-                         args.settle_s + 300, f"every one of {args.nodes} ranks training", every=1.0)
+        await wait_until(
+            lambda: Progress.load(events).training_again_at(0.0, world=args.nodes) is not None,
+            args.settle_s + 300,
+            f"every one of {args.nodes} ranks training",
+            every=1.0,
+        )
         leader, standby = "a", "b"
         for n in range(args.trials):
             await asyncio.sleep(args.settle_s)  # past a few periodic checkpoints
@@ -225,8 +254,11 @@ async def main(args: argparse.Namespace) -> dict:
             killed, survivors = await hosts[leader].kill()
             await wait_until(lambda s=standby, b=before_lead: len(log_events(root, s, "leading")) > b, 120, "takeover")
             took = stamp(log_events(root, standby, "leading")[-1])
-            await wait_until(lambda s=standby, b=before_pub: len(log_events(root, s, "rendezvous_endpoint_published")) > b,
-                             60, "the new leader's endpoint published")
+            await wait_until(
+                lambda s=standby, b=before_pub: len(log_events(root, s, "rendezvous_endpoint_published")) > b,
+                60,
+                "the new leader's endpoint published",
+            )
             published = stamp(log_events(root, standby, "rendezvous_endpoint_published")[-1])
             out = None
 
@@ -246,16 +278,28 @@ async def main(args: argparse.Namespace) -> dict:
                 consistent = False
                 print(f"inconsistent after trial {n}: {exc}", file=sys.stderr)
             assert out is not None
-            row = {"trial": n, "leader_killed": leader, "processes_killed": killed, "survivors": survivors,
-                   "takeover_s": round(took - t_kill, 2), "published_s": round(published - t_kill, 2),
-                   **out, "endpoint_restarts": restarts, "consistent": consistent, "load_1m": round(load, 1)}
+            row = {
+                "trial": n,
+                "leader_killed": leader,
+                "processes_killed": killed,
+                "survivors": survivors,
+                "takeover_s": round(took - t_kill, 2),
+                "published_s": round(published - t_kill, 2),
+                **out,
+                "endpoint_restarts": restarts,
+                "consistent": consistent,
+                "load_1m": round(load, 1),
+            }
             trials.append(row)
             print(json.dumps(row), flush=True)
             if n + 1 < args.trials:  # the killed host comes back, as the standby
                 started = len(log_events(root, leader, "daemon_started"))
                 await hosts[leader].start()
-                await wait_until(lambda h=leader, s=started: len(log_events(root, h, "daemon_started")) > s, 180,
-                                 "the killed host back as the standby")
+                await wait_until(
+                    lambda h=leader, s=started: len(log_events(root, h, "daemon_started")) > s,
+                    180,
+                    "the killed host back as the standby",
+                )
                 await wait_port_async("127.0.0.1", hosts[leader].port, timeout=120)
                 leader, standby = standby, leader
         launched = len(await describe())
@@ -278,20 +322,29 @@ async def main(args: argparse.Namespace) -> dict:
     lost = [t["steps_lost"] for t in trials]
     again = [t["training_again_s"] for t in trials]
     return {
-        "bench": "leader_host_kill", "trials": len(trials), "nodes": args.nodes, "lease_s": args.lease_s,
+        "bench": "leader_host_kill",
+        "trials": len(trials),
+        "nodes": args.nodes,
+        "lease_s": args.lease_s,
         "failure": failure,
-        "takeover_s": [t["takeover_s"] for t in trials], "published_s": [t["published_s"] for t in trials],
-        "training_again_s": again, "training_again_median_s": statistics.median(again) if again else None,
+        "takeover_s": [t["takeover_s"] for t in trials],
+        "published_s": [t["published_s"] for t in trials],
+        "training_again_s": again,
+        "training_again_median_s": statistics.median(again) if again else None,
         "longest_pause_s": [t["longest_pause_s"] for t in trials],
-        "steps_lost": lost, "steps_lost_max": max(lost) if lost else None,
+        "steps_lost": lost,
+        "steps_lost_max": max(lost) if lost else None,
         "never_resumed": args.trials - len(trials),
         "survivors": sum(len(t["survivors"]) for t in trials),
         "endpoint_restarts_not_one": sum(1 for t in trials for v in t["endpoint_restarts"].values() if v != 1),
         "agents": max((len(t["endpoint_restarts"]) for t in trials), default=0),
         "all_consistent": bool(trials) and all(t["consistent"] for t in trials),
-        "instances_launched": launched, "create_fleet_calls": creates,
-        "stray_processes": len(left), "strays": left[:5],
-        "load_1m": [t["load_1m"] for t in trials], "workdir": str(root),
+        "instances_launched": launched,
+        "create_fleet_calls": creates,
+        "stray_processes": len(left),
+        "strays": left[:5],
+        "load_1m": [t["load_1m"] for t in trials],
+        "workdir": str(root),
         "note": "2-core box shared with other work; load_1m per trial at the kill",
     }
 

@@ -34,8 +34,17 @@ from fleetd.protocol.messages import GpuSample, Notice, Status, Telemetry, Train
 from fleetd.protocol.topics import fleet_filter, node_topic, parse_topic
 
 DRAINING: set[asyncio.Task] = set()  # drain sequences in flight (finished before disconnecting)
-COUNTS = {"status": 0, "telemetry": 0, "events": 0, "publish_errors": 0, "connect_errors": 0,
-          "commands": 0, "drains": 0, "connected": 0, "notices": 0}
+COUNTS = {
+    "status": 0,
+    "telemetry": 0,
+    "events": 0,
+    "publish_errors": 0,
+    "connect_errors": 0,
+    "commands": 0,
+    "drains": 0,
+    "connected": 0,
+    "notices": 0,
+}
 
 
 class Agent:
@@ -48,8 +57,14 @@ class Agent:
         self.topic = {ch: node_topic(fleet, iid, ch) for ch in ("status", "telemetry", "events", "commands")}
 
     def status(self, state: str) -> Status:
-        return Status(instance_id=self.iid, state=state, agent_version="load", instance_type="g5.xlarge",
-                      lifecycle="spot", node_addr=self.addr)
+        return Status(
+            instance_id=self.iid,
+            state=state,
+            agent_version="load",
+            instance_type="g5.xlarge",
+            lifecycle="spot",
+            node_addr=self.addr,
+        )
 
     async def publish(self, channel: str, payload: bytes, qos: int, retain: bool = False) -> None:
         if self.client is None:
@@ -65,8 +80,15 @@ class Agent:
         will = aiomqtt.Will(self.topic["status"], self.status("offline").to_json(), qos=1, retain=True)
         for attempt in range(20):
             try:
-                async with aiomqtt.Client(self.host, self.port, identifier=f"fleet-agent-{self.fleet}-{self.iid}",
-                                          will=will, clean_session=True, keepalive=60, timeout=30) as client:
+                async with aiomqtt.Client(
+                    self.host,
+                    self.port,
+                    identifier=f"fleet-agent-{self.fleet}-{self.iid}",
+                    will=will,
+                    clean_session=True,
+                    keepalive=60,
+                    timeout=30,
+                ) as client:
                     self.client = client
                     await client.subscribe(self.topic["commands"], qos=1)
                     await self.publish("status", self.status("training").to_json(), 1, retain=True)
@@ -93,8 +115,15 @@ class Agent:
         while not stop.is_set():
             started = time.monotonic()
             self.step += 3
-            t = Telemetry(instance_id=self.iid, gpus=gpus, cpu_pct=40.0, mem_used_pct=30.0, step=self.step,
-                          steps_per_s=3.0, world_size=1)
+            t = Telemetry(
+                instance_id=self.iid,
+                gpus=gpus,
+                cpu_pct=40.0,
+                mem_used_pct=30.0,
+                step=self.step,
+                steps_per_s=3.0,
+                world_size=1,
+            )
             await self.publish("telemetry", t.to_json(), 0)
             await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
 
@@ -111,8 +140,11 @@ class Agent:
     async def _drain(self) -> None:
         await self.publish("status", self.status("draining").to_json(), 1, retain=True)
         await asyncio.sleep(self.leave_after)
-        await self.publish("events", TrainerExited(instance_id=self.iid, exit_code=0, reason="drained",
-                                                   last_step=self.step).to_json(), 1)
+        await self.publish(
+            "events",
+            TrainerExited(instance_id=self.iid, exit_code=0, reason="drained", last_step=self.step).to_json(),
+            1,
+        )
         await self.publish("status", self.status("leaving").to_json(), 1, retain=True)
 
     async def notice(self) -> None:

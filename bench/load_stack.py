@@ -24,10 +24,19 @@ from fleetd.policy.model import PoolId
 
 ZONES = ("us-east-1a", "us-east-1b")
 TYPES = ("g5.xlarge", "g4dn.xlarge")
-SPOT = {PoolId("g4dn.xlarge", "us-east-1a"): 0.2206, PoolId("g4dn.xlarge", "us-east-1b"): 0.2341,
-        PoolId("g5.xlarge", "us-east-1a"): 0.4121, PoolId("g5.xlarge", "us-east-1b"): 0.3987}
-FAKE_AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+SPOT = {
+    PoolId("g4dn.xlarge", "us-east-1a"): 0.2206,
+    PoolId("g4dn.xlarge", "us-east-1b"): 0.2341,
+    PoolId("g5.xlarge", "us-east-1a"): 0.4121,
+    PoolId("g5.xlarge", "us-east-1b"): 0.3987,
+}
+FAKE_AWS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
 
 
 def env() -> dict[str, str]:
@@ -69,8 +78,9 @@ class Stack:
         spot = SpotPriceFake(catalog)
         for pool, price in SPOT.items():
             spot.set(pool, price)
-        self.proxy = FaultProxy(self.moto, {v: k for k, v in self.subnets.items()},
-                                price_list=PriceListFake(catalog), spot_prices=spot).start()
+        self.proxy = FaultProxy(
+            self.moto, {v: k for k, v in self.subnets.items()}, price_list=PriceListFake(catalog), spot_prices=spot
+        ).start()
 
     def create_instances(self, n: int) -> list[str]:
         """N running spot instances tagged as the fleet's, spread over the four pools."""
@@ -81,10 +91,19 @@ class Stack:
             while share > 0:
                 batch = min(share, 500)
                 resp = self.ec2.run_instances(
-                    ImageId=self.ami, MinCount=batch, MaxCount=batch, InstanceType=itype,
-                    SubnetId=self.subnets[zone], InstanceMarketOptions={"MarketType": "spot"},
-                    TagSpecifications=[{"ResourceType": "instance", "Tags": [
-                        {"Key": TAG_FLEET, "Value": self.fleet}, {"Key": TAG_JOB, "Value": "train"}]}])
+                    ImageId=self.ami,
+                    MinCount=batch,
+                    MaxCount=batch,
+                    InstanceType=itype,
+                    SubnetId=self.subnets[zone],
+                    InstanceMarketOptions={"MarketType": "spot"},
+                    TagSpecifications=[
+                        {
+                            "ResourceType": "instance",
+                            "Tags": [{"Key": TAG_FLEET, "Value": self.fleet}, {"Key": TAG_JOB, "Value": "train"}],
+                        }
+                    ],
+                )
                 ids += [i["InstanceId"] for i in resp["Instances"]]
                 share -= batch
         return ids
@@ -92,8 +111,10 @@ class Stack:
     def start_broker(self) -> str:
         port = free_port()
         conf = self.dir / "mosquitto.conf"
-        conf.write_text(mosquitto_config(port, self.dir / "mosquitto.mlog")
-                        + "max_queued_messages 10000\nsys_interval 5\nlog_type notice\n")
+        conf.write_text(
+            mosquitto_config(port, self.dir / "mosquitto.mlog")
+            + "max_queued_messages 10000\nsys_interval 5\nlog_type notice\n"
+        )
         exe = find_mosquitto()
         if exe is None:
             raise SystemExit("mosquitto is not installed (apt-get install -y mosquitto)")
@@ -180,8 +201,10 @@ class Sampler:
                 hwm = _vm_hwm(p.pid)
             except psutil.Error:
                 continue
-            out[n] = {"cpu_pct": round(100 * cpu / wall, 1),
-                      "peak_rss_mib": round(max(hwm, self.peak_rss[n]) / 2**20, 1)}
+            out[n] = {
+                "cpu_pct": round(100 * cpu / wall, 1),
+                "peak_rss_mib": round(max(hwm, self.peak_rss[n]) / 2**20, 1),
+            }
         return out
 
 

@@ -83,8 +83,13 @@ class Agents:
             state = "leaving" if iid in self.drained and now > self.drained[iid] else "training"
             if rec is None or rec.status is None or rec.status.state != state:
                 self.registry.apply(AgentStatus(iid, Status(instance_id=iid, state=state), received_at=now))
-            self.registry.apply(AgentTelemetry(iid, Telemetry(instance_id=iid, step=self.step, steps_per_s=1.0,
-                                                              world_size=len(live)), received_at=now))
+            self.registry.apply(
+                AgentTelemetry(
+                    iid,
+                    Telemetry(instance_id=iid, step=self.step, steps_per_s=1.0, world_size=len(live)),
+                    received_at=now,
+                )
+            )
 
 
 def forget_ended(ec2, agents: Agents, ended_at: dict[str, float], now: float) -> None:
@@ -141,15 +146,24 @@ def memory_growth(day1: tracemalloc.Snapshot, days: int, top: int = 12) -> list[
     for s in sorted(stats, key=lambda s: s.size_diff, reverse=True)[:top]:
         # tracemalloc lists a traceback oldest frame first: the allocation site is the last one.
         frames = [f"{Path(f.filename).name}:{f.lineno}" for f in reversed(s.traceback)]
-        out.append({"kib_per_day": round(s.size_diff / 1024 / max(1, days - 1), 1), "blocks_diff": s.count_diff,
-                    "where": " <- ".join(frames)})
+        out.append(
+            {
+                "kib_per_day": round(s.size_diff / 1024 / max(1, days - 1), 1),
+                "blocks_diff": s.count_diff,
+                "where": " <- ".join(frames),
+            }
+        )
     return out
 
 
 def timed(argv: list[str]) -> tuple[float, int]:
     t = time.perf_counter()
-    r = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.environ.get(
-        "PYTHONPATH", str(Path(__file__).resolve().parent.parent))})
+    r = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", str(Path(__file__).resolve().parent.parent))},
+    )
     return round(time.perf_counter() - t, 3), r.returncode
 
 
@@ -163,23 +177,37 @@ async def main(a: argparse.Namespace) -> dict:
     ec2 = FakeEc2(clock)
     await ec2.launch(LaunchSpec("seed", a.nodes, Market.SPOT, pools[:1]))
     cfg = FleetdConfig(
-        fleet=FleetConfig(name="week", min_nodes=a.nodes, max_nodes=a.nodes, state_dir=state_dir,
-                          reconcile_interval_s=a.interval),
-        capacity=CapacityConfig(instance_types=tuple(sorted({p.instance_type for p in pools})),
-                                zones=("us-east-1a", "us-east-1b")),
+        fleet=FleetConfig(
+            name="week", min_nodes=a.nodes, max_nodes=a.nodes, state_dir=state_dir, reconcile_interval_s=a.interval
+        ),
+        capacity=CapacityConfig(
+            instance_types=tuple(sorted({p.instance_type for p in pools})), zones=("us-east-1a", "us-east-1b")
+        ),
         budget=BudgetConfig(total_usd=1e9, max_usd_per_hour=1e6),
     )
     conf = work / "fleetd.toml"
-    conf.write_text(f'[fleet]\nname = "week"\nmin_nodes = {a.nodes}\nmax_nodes = {a.nodes}\n'
-                    f'state_dir = "{state_dir}"\n[budget]\ntotal_usd = 1000000000.0\nmax_usd_per_hour = 1000000.0\n')
+    conf.write_text(
+        f'[fleet]\nname = "week"\nmin_nodes = {a.nodes}\nmax_nodes = {a.nodes}\n'
+        f'state_dir = "{state_dir}"\n[budget]\ntotal_usd = 1000000000.0\nmax_usd_per_hour = 1000000.0\n'
+    )
     registry = NodeRegistry(clock=clock)
     agents = Agents(registry, clock)
     state = await StateStore.open(state_dir)
     ledger = await LedgerStore.open(state_dir / DB_NAME)
-    r = Reconciler(cfg, ec2=ec2, prices=book, state=state, pools=pools,
-                   hardware={p.instance_type: book.hardware(p.instance_type) for p in pools}, planner=plan,
-                   clock=clock, observer=registry, signals=TrainingSignals(registry, 1), commander=agents,
-                   ledger=ledger)
+    r = Reconciler(
+        cfg,
+        ec2=ec2,
+        prices=book,
+        state=state,
+        pools=pools,
+        hardware={p.instance_type: book.hardware(p.instance_type) for p in pools},
+        planner=plan,
+        clock=clock,
+        observer=registry,
+        signals=TrainingSignals(registry, 1),
+        commander=agents,
+        ledger=ledger,
+    )
     publisher = PassPublisher(cfg, FleetMetrics("week"))
     rng = random.Random(a.seed)
     start = t[0]
@@ -203,8 +231,11 @@ async def main(a: argparse.Namespace) -> dict:
             candidates = [i for i in live if i not in reclaim]
             if candidates:
                 iid = rng.choice(candidates)
-                registry.apply(InterruptionNotice(iid, "terminate", t[0] + 120.0, "imds", received_at=t[0],
-                                                  dedup_key=f"notice-{iid}"))
+                registry.apply(
+                    InterruptionNotice(
+                        iid, "terminate", t[0] + 120.0, "imds", received_at=t[0], dedup_key=f"notice-{iid}"
+                    )
+                )
                 reclaim[iid] = t[0] + 120.0
                 notices += 1
             next_notice += notice_every
@@ -221,20 +252,32 @@ async def main(a: argparse.Namespace) -> dict:
         if t[0] >= start + (len(days) + 1) * DAY:
             await publisher.publish(report, r)
             gc.collect()
-            status_s, status_rc = timed([sys.executable, "-m", "fleetd.cli", "status", "--state-dir",
-                                         str(state_dir), "--json"])
-            report_s, report_rc = timed([sys.executable, "-m", "fleetd.cli", "report", "--config", str(conf),
-                                         "--json", "--at", str(t[0])])
+            status_s, status_rc = timed(
+                [sys.executable, "-m", "fleetd.cli", "status", "--state-dir", str(state_dir), "--json"]
+            )
+            report_s, report_rc = timed(
+                [sys.executable, "-m", "fleetd.cli", "report", "--config", str(conf), "--json", "--at", str(t[0])]
+            )
             table_rows = rows(state_dir)
             launched = table_rows["instances"]  # every instance fleetd recorded (the fake cloud forgets)
-            day = {"day": len(days) + 1, "db_mib": round(db_bytes(state_dir) / 2**20, 2),
-                   "db_main_mib": round((state_dir / DB_NAME).stat().st_size / 2**20, 2), "rows": table_rows,
-                   "rss_mib": rss_mib(), "sqlite_mib": sqlite_mib(), "launched_total": launched,
-                   "notices_total": notices,
-                   "registry_nodes": len(registry.records()),
-                   "status_s": status_s, "status_rc": status_rc, "report_s": report_s, "report_rc": report_rc,
-                   "pass_p50_s": round(sorted(pass_s)[len(pass_s) // 2], 4),
-                   "pass_max_s": round(max(pass_s), 4), "loadavg": [round(x, 2) for x in os.getloadavg()]}
+            day = {
+                "day": len(days) + 1,
+                "db_mib": round(db_bytes(state_dir) / 2**20, 2),
+                "db_main_mib": round((state_dir / DB_NAME).stat().st_size / 2**20, 2),
+                "rows": table_rows,
+                "rss_mib": rss_mib(),
+                "sqlite_mib": sqlite_mib(),
+                "launched_total": launched,
+                "notices_total": notices,
+                "registry_nodes": len(registry.records()),
+                "status_s": status_s,
+                "status_rc": status_rc,
+                "report_s": report_s,
+                "report_rc": report_rc,
+                "pass_p50_s": round(sorted(pass_s)[len(pass_s) // 2], 4),
+                "pass_max_s": round(max(pass_s), 4),
+                "loadavg": [round(x, 2) for x in os.getloadavg()],
+            }
             pass_s.clear()
             if a.trace_memory:
                 day["traced_mib"] = round(tracemalloc.get_traced_memory()[0] / 2**20, 2)
@@ -248,19 +291,32 @@ async def main(a: argparse.Namespace) -> dict:
     first, last = days[0], days[-1]
     per_day = lambda k: round((last[k] - first[k]) / max(1, len(days) - 1), 3)  # noqa: E731
     return {
-        "days": a.days, "nodes": a.nodes, "interval_s": a.interval,
-        "launches": days[-1]["launched_total"] - a.nodes, "notices": notices, "drains": agents.drains,
-        "db_mib_end": last["db_mib"], "db_mib_per_day": per_day("db_mib"),
+        "days": a.days,
+        "nodes": a.nodes,
+        "interval_s": a.interval,
+        "launches": days[-1]["launched_total"] - a.nodes,
+        "notices": notices,
+        "drains": agents.drains,
+        "db_mib_end": last["db_mib"],
+        "db_mib_per_day": per_day("db_mib"),
         "ledger_rows_end": last["rows"].get("ledger_events"),
-        "rss_mib_day1": first["rss_mib"], "rss_mib_end": last["rss_mib"], "rss_mib_per_day": per_day("rss_mib"),
-        "sqlite_mib_day1": first["sqlite_mib"], "sqlite_mib_end": last["sqlite_mib"],
+        "rss_mib_day1": first["rss_mib"],
+        "rss_mib_end": last["rss_mib"],
+        "rss_mib_per_day": per_day("rss_mib"),
+        "sqlite_mib_day1": first["sqlite_mib"],
+        "sqlite_mib_end": last["sqlite_mib"],
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "status_s_day1": first["status_s"], "status_s_end": last["status_s"],
-        "report_s_day1": first["report_s"], "report_s_end": last["report_s"],
+        "status_s_day1": first["status_s"],
+        "status_s_end": last["status_s"],
+        "report_s_day1": first["report_s"],
+        "report_s_end": last["report_s"],
         "commands_ok": all(d["status_rc"] == 0 and d["report_rc"] == 0 for d in days),
         "wall_s": round(time.monotonic() - wall0, 1),
-        "loadavg_start": [round(x, 2) for x in load0], "loadavg_end": [round(x, 2) for x in os.getloadavg()],
-        "memory_growth_top": growth, "per_day": days, "state_dir": str(state_dir),
+        "loadavg_start": [round(x, 2) for x in load0],
+        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+        "memory_growth_top": growth,
+        "per_day": days,
+        "state_dir": str(state_dir),
     }
 
 
@@ -271,12 +327,19 @@ if __name__ == "__main__":
     ap.add_argument("--interval", type=float, default=60.0, help="virtual seconds per reconcile pass")
     ap.add_argument("--notices-per-day", type=float, default=300.0)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--trace-memory", type=int, default=0, metavar="FRAMES",
-                    help="trace Python allocations (tracemalloc, this many frames) and list what grew after day 1")
+    ap.add_argument(
+        "--trace-memory",
+        type=int,
+        default=0,
+        metavar="FRAMES",
+        help="trace Python allocations (tracemalloc, this many frames) and list what grew after day 1",
+    )
     args = ap.parse_args()
     out = asyncio.run(main(args))
-    print(f"{out['days']} simulated days, {out['nodes']} nodes: {out['launches']} launches, {out['notices']} notices; "
-          f"DB {out['db_mib_end']} MiB (+{out['db_mib_per_day']}/day), RSS {out['rss_mib_day1']} -> {out['rss_mib_end']} "
-          f"MiB; report {out['report_s_day1']} -> {out['report_s_end']} s, status {out['status_s_day1']} -> "
-          f"{out['status_s_end']} s (load {out['loadavg_start']} -> {out['loadavg_end']})")
+    print(
+        f"{out['days']} simulated days, {out['nodes']} nodes: {out['launches']} launches, {out['notices']} notices; "
+        f"DB {out['db_mib_end']} MiB (+{out['db_mib_per_day']}/day), RSS {out['rss_mib_day1']} -> {out['rss_mib_end']} "
+        f"MiB; report {out['report_s_day1']} -> {out['report_s_end']} s, status {out['status_s_day1']} -> "
+        f"{out['status_s_end']} s (load {out['loadavg_start']} -> {out['loadavg_end']})"
+    )
     print(json.dumps(out))

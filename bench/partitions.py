@@ -39,9 +39,22 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="fleetd-bench-partitions-"))
     out = work / "result.json"
     res = run_in_private_netns(
-        [sys.executable, "-m", "tests.harness.partitions", "--phases", args.phases, "--nodes", str(args.nodes),
-         "--workdir", str(work / "run"), "--out", str(out)],
-        capture_output=True, text=True, timeout=1800,
+        [
+            sys.executable,
+            "-m",
+            "tests.harness.partitions",
+            "--phases",
+            args.phases,
+            "--nodes",
+            str(args.nodes),
+            "--workdir",
+            str(work / "run"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
     )
     if res.returncode != 0 or not out.exists():
         print(res.stdout[-3000:], res.stderr[-3000:], file=sys.stderr)
@@ -50,24 +63,47 @@ def main() -> int:
     r = json.loads(out.read_text())
     for ph in r.get("phases", []):
         where = "rank-0 node" if ph["was_rank0"] else "other node"
-        line = (f"{ph['kind']:>6} cut {ph['cut_s']:>6.1f} s on the {where}: re-forms {ph['reforms']}, "
-                f"terminated {len(ph['terminated'])}, longest step pause {ph['longest_step_pause_s']} s")
+        line = (
+            f"{ph['kind']:>6} cut {ph['cut_s']:>6.1f} s on the {where}: re-forms {ph['reforms']}, "
+            f"terminated {len(ph['terminated'])}, longest step pause {ph['longest_step_pause_s']} s"
+        )
         if ph["kind"] == "both":
-            line += (f", terminated after {ph['terminated_after_s']} s, survivors training again after "
-                     f"{ph['survivors_training_after_s']} s")
+            line += (
+                f", terminated after {ph['terminated_after_s']} s, survivors training again after "
+                f"{ph['survivors_training_after_s']} s"
+            )
         print(line)
-    print(f"healthy heartbeat gaps: {r.get('healthy_heartbeat_gaps')}; healthy step gap max "
-          f"{r.get('healthy_step_max_gap_s')} s")
+    print(
+        f"healthy heartbeat gaps: {r.get('healthy_heartbeat_gaps')}; healthy step gap max "
+        f"{r.get('healthy_step_max_gap_s')} s"
+    )
     summary = {
         "bench": "partitions",
         "nodes": r.get("nodes"),
-        "phases": [{k: ph[k] for k in ("kind", "cut_s", "was_rank0", "reforms", "terminated",
-                                        "longest_step_pause_s", "steering_tolerated_stale",
-                                        "broker_timed_out_clients")}
-                   | ({"terminated_after_s": ph["terminated_after_s"],
-                       "survivors_training_after_s": ph["survivors_training_after_s"]}
-                      if ph["kind"] == "both" else {})
-                   for ph in r.get("phases", [])],
+        "phases": [
+            {
+                k: ph[k]
+                for k in (
+                    "kind",
+                    "cut_s",
+                    "was_rank0",
+                    "reforms",
+                    "terminated",
+                    "longest_step_pause_s",
+                    "steering_tolerated_stale",
+                    "broker_timed_out_clients",
+                )
+            }
+            | (
+                {
+                    "terminated_after_s": ph["terminated_after_s"],
+                    "survivors_training_after_s": ph["survivors_training_after_s"],
+                }
+                if ph["kind"] == "both"
+                else {}
+            )
+            for ph in r.get("phases", [])
+        ],
         "healthy_heartbeat_gaps": r.get("healthy_heartbeat_gaps"),
         "healthy_step_max_gap_s": r.get("healthy_step_max_gap_s"),
         "error": r.get("error"),

@@ -62,8 +62,16 @@ def _first_step_at(cluster: LocalCluster, world: int, since: float, nodes: set[s
 
 
 async def steered(workdir: Path, endpoint: str, cycles: int) -> dict:
-    cluster = LocalCluster(workdir, run_id="bench", min_nodes=1, max_nodes=8, ckpt_interval=50,
-                           train_args=TRAIN_ARGS, s3_bucket=BUCKET, s3_endpoint=endpoint)
+    cluster = LocalCluster(
+        workdir,
+        run_id="bench",
+        min_nodes=1,
+        max_nodes=8,
+        ckpt_interval=50,
+        train_args=TRAIN_ARGS,
+        s3_bucket=BUCKET,
+        s3_endpoint=endpoint,
+    )
     cfg = CheckpointConfig(bucket=BUCKET, prefix=cluster.s3_prefix, local_dir=workdir / "agent")
     aws = AwsConfig(region="us-east-1", endpoint_url=endpoint)
     out: dict = {"notice_s": [], "steps_lost": [], "join_s": [], "join_steps_lost": [], "phases": []}
@@ -82,8 +90,13 @@ async def steered(workdir: Path, endpoint: str, cycles: int) -> dict:
             for _ in range(cycles):
                 await asyncio.sleep(2.0)
                 leaving = live[-1]
-                flow = EmergencyFlow(link, leaving, cluster.nodes[leaving], cluster.spec(leaving).ckpt_dir,
-                                     uploader=CheckpointStoreUploader(store, writer=leaving))
+                flow = EmergencyFlow(
+                    link,
+                    leaving,
+                    cluster.nodes[leaving],
+                    cluster.spec(leaving).ckpt_dir,
+                    uploader=CheckpointStoreUploader(store, writer=leaving),
+                )
                 t_notice = time.time()
                 outcome = await flow.run(reason="spot notice (bench)")
                 cluster.nodes.pop(leaving)
@@ -105,7 +118,8 @@ async def steered(workdir: Path, endpoint: str, cycles: int) -> dict:
                 first = _first_step_at(cluster, len(live), t_join, set(live))
                 out["join_s"].append(round(t_done - t_join, 3))
                 out["join_steps_lost"].append(
-                    _last_before(cluster, len(live) - 1, first) - _resumed(cluster, len(live), t_join))
+                    _last_before(cluster, len(live) - 1, first) - _resumed(cluster, len(live), t_join)
+                )
 
             for how in ("frozen", "killed"):
                 await asyncio.sleep(2.0)
@@ -115,16 +129,24 @@ async def steered(workdir: Path, endpoint: str, cycles: int) -> dict:
                 t_done = await asyncio.to_thread(cluster.events.wait_training, len(live), t_loss, 120, set(live))
                 first = _first_step_at(cluster, len(live), t_loss, set(live))
                 out[f"{how}_s"] = round(t_done - t_loss, 3)
-                out[f"{how}_steps_lost"] = (
-                    _last_before(cluster, len(live) + 1, first) - _resumed(cluster, len(live), t_loss))
+                out[f"{how}_steps_lost"] = _last_before(cluster, len(live) + 1, first) - _resumed(
+                    cluster, len(live), t_loss
+                )
     finally:
         await asyncio.to_thread(cluster.close)
     return out
 
 
 def default(workdir: Path, hang_limit_s: float) -> dict:
-    cluster = LocalCluster(workdir, run_id="bench-default", min_nodes=1, max_nodes=8, ckpt_interval=50,
-                           train_args=TRAIN_ARGS, steered=False)
+    cluster = LocalCluster(
+        workdir,
+        run_id="bench-default",
+        min_nodes=1,
+        max_nodes=8,
+        ckpt_interval=50,
+        train_args=TRAIN_ARGS,
+        steered=False,
+    )
     out: dict = {}
     try:
         cluster.start_host()  # the store still lives outside the nodes; no steering process
@@ -168,11 +190,21 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cycles", type=int, default=2, help="notice+join cycles in the steered run")
     p.add_argument("--skip-default", action="store_true", help="skip the plain-torchrun comparison")
-    p.add_argument("--hang-limit-s", type=float, default=60.0,
-                   help="how long to wait for plain torchrun's survivors of a frozen peer")
+    p.add_argument(
+        "--hang-limit-s",
+        type=float,
+        default=60.0,
+        help="how long to wait for plain torchrun's survivors of a frozen peer",
+    )
     args = p.parse_args()
-    os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
-                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"})
+    os.environ.update(
+        {
+            "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+    )
     from moto.server import ThreadedMotoServer
 
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -200,7 +232,9 @@ def main() -> int:
     print(f"{'steps lost per killed node':38} {s['killed_steps_lost']:>12} {'-':>18}")
     print(f"samples: notice {s['notice_s']}  join {s['join_s']}")
     for i, ph in enumerate(s["phases"]):
-        print(f"notice {i + 1}: emergency path phases (s since notice) {ph['emergency']}, shard durable={ph['durable']}")
+        print(
+            f"notice {i + 1}: emergency path phases (s since notice) {ph['emergency']}, shard durable={ph['durable']}"
+        )
     result = {
         "notice_to_training_s": med(s["notice_s"]),
         "steps_lost": max(s["steps_lost"]),

@@ -37,14 +37,22 @@ async def main(nodes: int, passes: int, gc_pacing: bool = True) -> dict:
         await ec2.launch(LaunchSpec(f"seed-{n}", share, Market.SPOT, (pool,)))
     cfg = FleetdConfig(
         fleet=FleetConfig(name="bench", min_nodes=nodes, max_nodes=nodes, state_dir=Path(tempfile.mkdtemp())),
-        capacity=CapacityConfig(instance_types=tuple(sorted({p.instance_type for p in pools})),
-                                zones=("us-east-1a", "us-east-1b")),
+        capacity=CapacityConfig(
+            instance_types=tuple(sorted({p.instance_type for p in pools})), zones=("us-east-1a", "us-east-1b")
+        ),
         budget=BudgetConfig(total_usd=1e9, max_usd_per_hour=1e6),
     )
     state = await StateStore.open(cfg.fleet.state_dir)
-    r = Reconciler(cfg, ec2=ec2, prices=book, state=state, pools=pools,
-                   hardware={p.instance_type: book.hardware(p.instance_type) for p in pools},
-                   planner=plan, clock=lambda: clock_t[0])
+    r = Reconciler(
+        cfg,
+        ec2=ec2,
+        prices=book,
+        state=state,
+        pools=pools,
+        hardware={p.instance_type: book.hardware(p.instance_type) for p in pools},
+        planner=plan,
+        clock=lambda: clock_t[0],
+    )
     times = []
     pacing = GcPacing(clock=lambda: clock_t[0])  # as the daemon: full collections between passes
     if gc_pacing:
@@ -79,10 +87,15 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", type=int, default=2000)
     ap.add_argument("--passes", type=int, default=50)
-    ap.add_argument("--no-gc-pacing", action="store_true",
-                    help="leave full garbage collections to CPython (they then run inside passes)")
+    ap.add_argument(
+        "--no-gc-pacing",
+        action="store_true",
+        help="leave full garbage collections to CPython (they then run inside passes)",
+    )
     a = ap.parse_args()
     result = asyncio.run(main(a.nodes, a.passes, gc_pacing=not a.no_gc_pacing))
-    print(f"reconcile pass with {result['nodes']} nodes: p50 {result['p50_s'] * 1000:.0f} ms, "
-          f"p99 {result['p99_s'] * 1000:.0f} ms (first pass, adopting all: {result['first_pass_s'] * 1000:.0f} ms)")
+    print(
+        f"reconcile pass with {result['nodes']} nodes: p50 {result['p50_s'] * 1000:.0f} ms, "
+        f"p99 {result['p99_s'] * 1000:.0f} ms (first pass, adopting all: {result['first_pass_s'] * 1000:.0f} ms)"
+    )
     print(json.dumps(result))

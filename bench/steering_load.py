@@ -98,28 +98,53 @@ def member_proc(port: int, first: int, count: int, stop_file: Path, leavers: int
         s = decode(raw)
         rejoining = bool(s is not None and (s.has_marker or (not s.complete and live - set(s.participants))))
         if s is not None and s.complete and s.has_marker and live & set(s.participants):
+
             def rejoin(s: RendezvousState, live: set = live, now: float = now) -> RendezvousState | None:
                 if s.complete and s.has_marker:
                     # torch's exit op empties the complete round: round+1, the survivors join it.
-                    return replace(s, round=s.round + 1, complete=False, deadline=None,
-                                   participants={n: 0 for n in live},
-                                   wait_list=frozenset(w for w in s.wait_list if w.addr == MARKER_ADDR),
-                                   last_heartbeats={**{n: t for n, t in s.last_heartbeats.items() if n.addr == MARKER_ADDR},
-                                                    **{n: now for n in live}})
+                    return replace(
+                        s,
+                        round=s.round + 1,
+                        complete=False,
+                        deadline=None,
+                        participants={n: 0 for n in live},
+                        wait_list=frozenset(w for w in s.wait_list if w.addr == MARKER_ADDR),
+                        last_heartbeats={
+                            **{n: t for n, t in s.last_heartbeats.items() if n.addr == MARKER_ADDR},
+                            **{n: now for n in live},
+                        },
+                    )
                 if not s.complete and not live <= set(s.participants):
-                    return replace(s, participants={**s.participants, **{n: 0 for n in live}},
-                                   last_heartbeats={**s.last_heartbeats, **{n: now for n in live}})
+                    return replace(
+                        s,
+                        participants={**s.participants, **{n: 0 for n in live}},
+                        last_heartbeats={**s.last_heartbeats, **{n: now for n in live}},
+                    )
                 return None
+
             cas(store, rejoin)
         elif s is not None and not s.complete and live - set(s.participants) and s.round > 0:
-            cas(store, lambda s, live=live, now=now: replace(s, participants={**s.participants, **{n: 0 for n in live}},
-                                         last_heartbeats={**s.last_heartbeats, **{n: now for n in live}})
-                if not s.complete and not live <= set(s.participants) else None)
+            cas(
+                store,
+                lambda s, live=live, now=now: (
+                    replace(
+                        s,
+                        participants={**s.participants, **{n: 0 for n in live}},
+                        last_heartbeats={**s.last_heartbeats, **{n: now for n in live}},
+                    )
+                    if not s.complete and not live <= set(s.participants)
+                    else None
+                ),
+            )
         if beat_due:
             present = live & (set(s.participants) if s is not None else set())
             if present:
-                cas(store, lambda s, present=present, now=now: replace(s, last_heartbeats={**s.last_heartbeats,
-                                                                  **{n: now for n in present if n in s.participants}}))
+                cas(
+                    store,
+                    lambda s, present=present, now=now: replace(
+                        s, last_heartbeats={**s.last_heartbeats, **{n: now for n in present if n in s.participants}}
+                    ),
+                )
                 (stop_file.parent / f"ready-{first}").write_text("1")
             next_beat = time.monotonic() + 2.0
         time.sleep(0.05)
@@ -152,9 +177,17 @@ async def run(a: argparse.Namespace) -> dict:
     stop_file = work / "stop"
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    host = subprocess.Popen([sys.executable, "-c", "import sys; from fleetd.rendezvous.host import HostSpec, "
-                             f"run_until_signalled as r; sys.exit(r(HostSpec('127.0.0.1', {port})))"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=(work / "host.log").open("w"))
+    host = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from fleetd.rendezvous.host import HostSpec, "
+            f"run_until_signalled as r; sys.exit(r(HostSpec('127.0.0.1', {port})))",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=(work / "host.log").open("w"),
+    )
     procs: list[subprocess.Popen] = []
     load_start = os.getloadavg()
     try:
@@ -162,8 +195,12 @@ async def run(a: argparse.Namespace) -> dict:
         store = connect(port)
         now = datetime.now(UTC)
         members = [NodeId(addr(k), 1000 + k, 0) for k in range(a.members)]
-        formed = RendezvousState(round=1, complete=True, participants={n: r for r, n in enumerate(sorted(members))},
-                                 last_heartbeats={n: now for n in members})
+        formed = RendezvousState(
+            round=1,
+            complete=True,
+            participants={n: r for r, n in enumerate(sorted(members))},
+            last_heartbeats={n: now for n in members},
+        )
         blob = encode(formed)
         store.set(keys.torch_state_key(RUN_ID), blob)
         t = time.perf_counter()
@@ -175,10 +212,27 @@ async def run(a: argparse.Namespace) -> dict:
         for p in range(a.procs):
             first = p * share
             count = max(0, min(share, a.members - first))
-            procs.append(subprocess.Popen([sys.executable, __file__, "--member-proc", "--port", str(port),
-                                           "--first", str(first), "--count", str(count), "--stop", str(stop_file),
-                                           "--leaves", str(a.leaves)],
-                                          env=env, stderr=(work / f"members-{p}.log").open("w")))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--member-proc",
+                        "--port",
+                        str(port),
+                        "--first",
+                        str(first),
+                        "--count",
+                        str(count),
+                        "--stop",
+                        str(stop_file),
+                        "--leaves",
+                        str(a.leaves),
+                    ],
+                    env=env,
+                    stderr=(work / f"members-{p}.log").open("w"),
+                )
+            )
         client = RendezvousClient("127.0.0.1", port, RUN_ID)
         await client.connect()
         counting = CountingStore(client._store)
@@ -217,15 +271,19 @@ async def run(a: argparse.Namespace) -> dict:
             round0 = decode(store.get(keys.torch_state_key(RUN_ID))).round
             t0 = time.time()
             store.set(keys.noticed_key(RUN_ID, leaver.addr), keys.Noticed(reason="bench").to_bytes())
-            store.set(keys.drain_ready_key(RUN_ID, leaver.addr),
-                      keys.DrainReady(step=1, durable=True).to_bytes())
+            store.set(keys.drain_ready_key(RUN_ID, leaver.addr), keys.DrainReady(step=1, durable=True).to_bytes())
             size -= 1
             done_at = None
             deadline = time.monotonic() + a.timeout_s
             while time.monotonic() < deadline:
                 s = decode(store.get(keys.torch_state_key(RUN_ID)))
-                if (s is not None and s.complete and s.round > round0 and len(s.participants) == size
-                        and leaver not in s.participants):
+                if (
+                    s is not None
+                    and s.complete
+                    and s.round > round0
+                    and len(s.participants) == size
+                    and leaver not in s.participants
+                ):
                     done_at = time.time()
                     break
                 await asyncio.sleep(0.01)
@@ -285,9 +343,11 @@ def main() -> None:
         member_proc(a.port, a.first, a.count, a.stop, a.leaves)
         return
     r = asyncio.run(run(a))
-    print(f"{r['members']} members: leave -> round complete p50 {r['leave_to_round_p50_s']} s, max "
-          f"{r['leave_to_round_s']} s; steering pass p50 {r['steer_pass_p50_s']} s, "
-          f"{r['store_ops_per_pass_p50']} store ops per pass (load {r['loadavg_start']} -> {r['loadavg_end']})")
+    print(
+        f"{r['members']} members: leave -> round complete p50 {r['leave_to_round_p50_s']} s, max "
+        f"{r['leave_to_round_s']} s; steering pass p50 {r['steer_pass_p50_s']} s, "
+        f"{r['store_ops_per_pass_p50']} store ops per pass (load {r['loadavg_start']} -> {r['loadavg_end']})"
+    )
     print(json.dumps(r))
 
 

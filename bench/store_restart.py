@@ -54,8 +54,9 @@ async def _ignore(*_: object) -> None:
     return None
 
 
-async def trial(cluster: LocalCluster, nodes: list[str], hooks: dict[str, ElasticHooks], down_s: float,
-                settle_s: float) -> dict:
+async def trial(
+    cluster: LocalCluster, nodes: list[str], hooks: dict[str, ElasticHooks], down_s: float, settle_s: float
+) -> dict:
     world = len(nodes)
     await asyncio.sleep(settle_s)
     starts_before = {a: h.starts for a, h in hooks.items()}
@@ -95,17 +96,25 @@ async def main_async(args: argparse.Namespace) -> dict:
     work = Path(tempfile.mkdtemp(prefix="bench-store-"))
     nodes = [f"127.0.0.{2 + i}" for i in range(args.nodes)]
     env = {"FLEETD_STORE_OUTAGE_S": str(args.outage_bound)} if args.outage_bound is not None else {}
-    cluster = LocalCluster(work, run_id="bench", min_nodes=1, max_nodes=len(nodes) + 1, train_args=TRAIN_ARGS,
-                           extra_env=env)
+    cluster = LocalCluster(
+        work, run_id="bench", min_nodes=1, max_nodes=len(nodes) + 1, train_args=TRAIN_ARGS, extra_env=env
+    )
     rows: list[dict] = []
     rng = random.Random(args.seed)
     try:
         with cluster:
             await asyncio.to_thread(cluster.start_host)
             cluster.start_steering()
-            hooks = {a: ElasticHooks(spec=cluster.spec(a), instance_id=f"i-{a}", publish_event=_ignore,
-                                     set_state=_ignore, log_path=work / "nodes" / a / "torchrun.log")
-                     for a in nodes}
+            hooks = {
+                a: ElasticHooks(
+                    spec=cluster.spec(a),
+                    instance_id=f"i-{a}",
+                    publish_event=_ignore,
+                    set_state=_ignore,
+                    log_path=work / "nodes" / a / "torchrun.log",
+                )
+                for a in nodes
+            }
             runs = [asyncio.create_task(h.run()) for h in hooks.values()]
             try:
                 t0 = time.time()
@@ -134,8 +143,11 @@ async def main_async(args: argparse.Namespace) -> dict:
         "trials": len(rows),
         "down_s": args.down_s,
         "outage_bound_s": args.outage_bound,
-        "store_back_to_training_s": {"p50": statistics.median(back) if back else None,
-                                     "max": max(back) if back else None, "all": back},
+        "store_back_to_training_s": {
+            "p50": statistics.median(back) if back else None,
+            "max": max(back) if back else None,
+            "all": back,
+        },
         "store_back_to_reattached_s": [r["store_back_to_reattached_s"] for r in rows],
         "longest_no_step_s": [r["longest_no_step_s"] for r in rows],
         "store_down_s": [r["store_down_s"] for r in rows],
@@ -155,8 +167,12 @@ def main() -> None:
     p.add_argument("--down-s", type=float, default=1.0, help="seconds the host stays dead (systemd RestartSec)")
     p.add_argument("--seed", type=int, default=14)
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
-    p.add_argument("--outage-bound", type=float, default=None,
-                   help="FLEETD_STORE_OUTAGE_S for torchrun (default: its own, 120 s); 0.5 = the old restart path")
+    p.add_argument(
+        "--outage-bound",
+        type=float,
+        default=None,
+        help="FLEETD_STORE_OUTAGE_S for torchrun (default: its own, 120 s); 0.5 = the old restart path",
+    )
     result = asyncio.run(main_async(p.parse_args()))
     b = result["store_back_to_training_s"]
     print(f"{'store back -> training (s)':<28} p50 {b['p50']}  max {b['max']}  (target {TARGET_S:g})")

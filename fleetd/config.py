@@ -214,9 +214,13 @@ class StallConfig(Group):
     def settings(self):  # noqa: ANN201 - fleetd.policy.stall.StallSettings
         from fleetd.policy.stall import StallSettings
 
-        return StallSettings(stall_after_s=self.stall_after_s, escalate_after_s=self.escalate_after_s,
-                             replace_nodes=self.replace_nodes, telemetry_fresh_s=self.telemetry_fresh_s,
-                             reforming_max_s=self.reforming_max_s)
+        return StallSettings(
+            stall_after_s=self.stall_after_s,
+            escalate_after_s=self.escalate_after_s,
+            replace_nodes=self.replace_nodes,
+            telemetry_fresh_s=self.telemetry_fresh_s,
+            reforming_max_s=self.reforming_max_s,
+        )
 
 
 class LossConfig(Group):
@@ -262,6 +266,7 @@ class EnrolConfig(Group):
     cert_lifetime_s: Annotated[float, Field(ge=60)] = 3600.0
     # First enrolment only this long after the instance's pendingTime (a replayed document is old).
     max_document_age_s: Annotated[float, Field(gt=0)] = 900.0
+
 
 class HaConfig(Group):
     """High availability (DESIGN.md, "High availability"): several `fleetd run` on different

@@ -105,14 +105,26 @@ async def run_daemon(
             pricing = None
             if cfg.capacity.price_book is None and cfg.capacity.on_demand_prices == "price-list":
                 pricing = await clients.enter_async_context(
-                    session.create_client("pricing", **pricing_client_kwargs(cfg)))
-            built = await _build_until_ready(ctx, lambda: build_reconciler(
-                cfg, client, planner=planner, clock=clock, dry_run=dry_run, signals=plugins.signals,
-                observer=plugins.observer, commander=plugins.commander, ledger=plugins.ledger,
-                pricing_client=pricing, listing_process=True,
-                state=plugins.ha.state if plugins.ha is not None else plugins.state,
-                fence=plugins.ha.election.generation if plugins.ha is not None else None,
-            ))
+                    session.create_client("pricing", **pricing_client_kwargs(cfg))
+                )
+            built = await _build_until_ready(
+                ctx,
+                lambda: build_reconciler(
+                    cfg,
+                    client,
+                    planner=planner,
+                    clock=clock,
+                    dry_run=dry_run,
+                    signals=plugins.signals,
+                    observer=plugins.observer,
+                    commander=plugins.commander,
+                    ledger=plugins.ledger,
+                    pricing_client=pricing,
+                    listing_process=True,
+                    state=plugins.ha.state if plugins.ha is not None else plugins.state,
+                    fence=plugins.ha.election.generation if plugins.ha is not None else None,
+                ),
+            )
             if built is None:
                 return 0  # asked to stop before the first pass could start
             ctx.reconciler = built.reconciler
@@ -139,8 +151,14 @@ async def _build_until_ready(ctx: DaemonContext, build: Callable[[], Awaitable[B
             return await build()
         except AwsError as exc:
             if (exc.operation, exc.code) != last:
-                log.error("startup_blocked", operation=exc.operation, code=exc.code, kind=exc.kind,
-                          error=exc.message, retry_in_s=delay)
+                log.error(
+                    "startup_blocked",
+                    operation=exc.operation,
+                    code=exc.code,
+                    kind=exc.kind,
+                    error=exc.message,
+                    retry_in_s=delay,
+                )
                 last = (exc.operation, exc.code)
         await wait_set(ctx.stopping, delay)
         delay = min(delay * 2, STARTUP_RETRY_MAX_S)
@@ -175,6 +193,7 @@ async def _supervise(
     if ha is None:
         components += plugins.leader_components
     else:
+
         async def standby_step() -> None:
             await ha.refresh()  # warm: the shared state as of one lease step ago
             heartbeat.beat()  # a standby is healthy while its lease steps run
@@ -209,8 +228,12 @@ async def _supervise(
                 for component in (*extra, *components):
                     tg.create_task(component(ctx), name=getattr(component, "__name__", "component"))
                 notifier.ready("reconciling")
-                log.info("daemon_started", fleet=ctx.cfg.fleet.name, components=len(components),
-                         ha=ha.election.holder if ha is not None else None)
+                log.info(
+                    "daemon_started",
+                    fleet=ctx.cfg.fleet.name,
+                    components=len(components),
+                    ha=ha.election.holder if ha is not None else None,
+                )
                 await ctx.stopping.wait()
                 raise _Stop
         except* _Stop:

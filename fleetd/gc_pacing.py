@@ -21,8 +21,11 @@ from prometheus_client import Histogram
 FULL_EVERY_S = 60.0
 NEVER = 1 << 30  # generation-1 collections before an automatic full one
 
-FULL_SECONDS = Histogram("fleetd_gc_full_seconds", "Full garbage collections, run between passes",
-                         buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0))
+FULL_SECONDS = Histogram(
+    "fleetd_gc_full_seconds",
+    "Full garbage collections, run between passes",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+)
 
 
 # The thresholds before the first install, and how many pacers are installed: several daemons

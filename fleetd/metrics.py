@@ -41,48 +41,63 @@ RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10
 
 
 class FleetMetrics:
-    def __init__(self, fleet: str, registry: CollectorRegistry | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, fleet: str, registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
         self.registry = registry or CollectorRegistry()
         self._clock = clock
         self._durable_at: float | None = None
         r = self.registry
-        self.nodes = Gauge("fleetd_nodes", "Nodes by planner state, market and pool",
-                           ["state", "market", "pool"], registry=r)
+        self.nodes = Gauge(
+            "fleetd_nodes", "Nodes by planner state, market and pool", ["state", "market", "pool"], registry=r
+        )
         self.target_nodes = Gauge("fleetd_target_nodes", "Node count the planner aims for", registry=r)
         self.spent = Gauge("fleetd_budget_spent_usd", "Spend so far (USD)", registry=r)
         self.budget_total = Gauge("fleetd_budget_total_usd", "Configured hard budget cap (USD)", registry=r)
         self.budget_left = Gauge("fleetd_budget_left_usd", "Budget left before the hard cap (USD)", registry=r)
         self.burn_rate = Gauge("fleetd_burn_rate_usd_per_hour", "Current spend rate (USD/h)", registry=r)
-        self.forecast = Gauge("fleetd_budget_forecast_usd", "Forecast spend at the planning horizon (USD)",
-                              registry=r)
-        self.budget_level = Gauge("fleetd_budget_level", "1 for the current graded budget response",
-                                  ["level"], registry=r)
-        self.notices = Counter("fleetd_spot_notices", "Spot interruption notices (one per instance) by pool",
-                               ["pool"], registry=r)
-        self.rebalances = Counter("fleetd_rebalance_recommendations",
-                                  "Rebalance recommendations (one per instance) by pool", ["pool"], registry=r)
-        self.capacity_errors = Counter("fleetd_capacity_errors",
-                                       "Insufficient-capacity errors from EC2 by pool", ["pool"], registry=r)
+        self.forecast = Gauge("fleetd_budget_forecast_usd", "Forecast spend at the planning horizon (USD)", registry=r)
+        self.budget_level = Gauge(
+            "fleetd_budget_level", "1 for the current graded budget response", ["level"], registry=r
+        )
+        self.notices = Counter(
+            "fleetd_spot_notices", "Spot interruption notices (one per instance) by pool", ["pool"], registry=r
+        )
+        self.rebalances = Counter(
+            "fleetd_rebalance_recommendations",
+            "Rebalance recommendations (one per instance) by pool",
+            ["pool"],
+            registry=r,
+        )
+        self.capacity_errors = Counter(
+            "fleetd_capacity_errors", "Insufficient-capacity errors from EC2 by pool", ["pool"], registry=r
+        )
         self.rdzv_round = Gauge("fleetd_rendezvous_round", "Current torchrun rendezvous round", registry=r)
-        self.world_size = Gauge("fleetd_rendezvous_world_size", "Nodes in the current rendezvous round",
-                                registry=r)
-        self.reconcile_duration = Histogram("fleetd_reconcile_duration_seconds", "One observe-plan-act pass",
-                                            buckets=RECONCILE_BUCKETS, registry=r)
-        self.checkpoint_step = Gauge("fleetd_checkpoint_durable_step", "Step of the newest durable checkpoint",
-                                     registry=r)
-        self.checkpoint_age = Gauge("fleetd_checkpoint_durable_age_seconds",
-                                    "Age of the newest durable checkpoint (NaN: none yet)", registry=r)
+        self.world_size = Gauge("fleetd_rendezvous_world_size", "Nodes in the current rendezvous round", registry=r)
+        self.reconcile_duration = Histogram(
+            "fleetd_reconcile_duration_seconds", "One observe-plan-act pass", buckets=RECONCILE_BUCKETS, registry=r
+        )
+        self.checkpoint_step = Gauge(
+            "fleetd_checkpoint_durable_step", "Step of the newest durable checkpoint", registry=r
+        )
+        self.checkpoint_age = Gauge(
+            "fleetd_checkpoint_durable_age_seconds", "Age of the newest durable checkpoint (NaN: none yet)", registry=r
+        )
         # Computed at scrape time, so the age keeps growing even if the loop stalls.
         self.checkpoint_age.set_function(self._checkpoint_age)
         # Stalled-job detection (fleetd/stall_watch.py): billed nodes, no step.
-        self.stalled = Gauge("fleetd_job_stalled", "1 while the job is stalled (no step, nodes billed), by cause",
-                             ["cause"], registry=r)
-        self.stalled_for = Gauge("fleetd_job_stalled_seconds", "Seconds since the last step of the current stall "
-                                 "(0: not stalled)", registry=r)
+        self.stalled = Gauge(
+            "fleetd_job_stalled", "1 while the job is stalled (no step, nodes billed), by cause", ["cause"], registry=r
+        )
+        self.stalled_for = Gauge(
+            "fleetd_job_stalled_seconds",
+            "Seconds since the last step of the current stall (0: not stalled)",
+            registry=r,
+        )
         self.stalls = Gauge("fleetd_job_stalls", "Stalls detected so far (across daemon restarts)", registry=r)
-        self.stalled_node_seconds = Gauge("fleetd_stalled_node_seconds",
-                                          "Billed node-seconds without a step, all stalls so far", registry=r)
+        self.stalled_node_seconds = Gauge(
+            "fleetd_stalled_node_seconds", "Billed node-seconds without a step, all stalls so far", registry=r
+        )
         Gauge("fleetd_info", "Constant 1, labelled with the fleet", ["fleet"], registry=r).labels(fleet).set(1)
 
     # -- per pass ------------------------------------------------------------------------------
@@ -107,8 +122,9 @@ class FleetMetrics:
         for (state, market, pool), count in counts.items():
             self.nodes.labels(state, market, pool).set(count)
 
-    def set_budget(self, *, total_usd: float, spent_usd: float, burn_usd_per_hour: float,
-                   forecast_usd: float, level: str) -> None:
+    def set_budget(
+        self, *, total_usd: float, spent_usd: float, burn_usd_per_hour: float, forecast_usd: float, level: str
+    ) -> None:
         self.budget_total.set(total_usd)
         self.spent.set(spent_usd)
         self.budget_left.set(max(total_usd - spent_usd, 0.0))
@@ -132,8 +148,13 @@ class FleetMetrics:
             self.target_nodes.set(snap.target_nodes)
         if snap.budget is not None:
             b = snap.budget
-            self.set_budget(total_usd=b.total_usd, spent_usd=b.spent_usd, burn_usd_per_hour=b.burn_usd_per_hour,
-                            forecast_usd=b.forecast_usd, level=b.level)
+            self.set_budget(
+                total_usd=b.total_usd,
+                spent_usd=b.spent_usd,
+                burn_usd_per_hour=b.burn_usd_per_hour,
+                forecast_usd=b.forecast_usd,
+                level=b.level,
+            )
         if snap.rendezvous is not None:
             self.set_rendezvous(snap.rendezvous.round, snap.rendezvous.world_size)
         if snap.checkpoint is not None:
@@ -189,8 +210,9 @@ class MetricsServer:
     ``.port`` is the bound one once started. ``also``: more registries to serve (e.g. the default
     one, where the reconcile loop's own counters live)."""
 
-    def __init__(self, metrics: FleetMetrics, host: str = "127.0.0.1", port: int = 9464,
-                 also: Sequence[CollectorRegistry] = ()) -> None:
+    def __init__(
+        self, metrics: FleetMetrics, host: str = "127.0.0.1", port: int = 9464, also: Sequence[CollectorRegistry] = ()
+    ) -> None:
         self.metrics = metrics
         self.host = host
         self.port = port

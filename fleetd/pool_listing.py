@@ -50,8 +50,7 @@ class PoolListing:
         return {"pool": self.pool, **asdict(self), "on_demand_usd_per_gpu_hour": self.on_demand_usd_per_gpu_hour}
 
 
-def types_for(catalog: Catalog, region: str, instance_types: Sequence[str] = (),
-              gpu: Any = None) -> list[str]:
+def types_for(catalog: Catalog, region: str, instance_types: Sequence[str] = (), gpu: Any = None) -> list[str]:
     """The config's explicit types; or the catalog's types in ``region`` meeting ``gpu``
     (count, models, min memory: the daemon's rule in fleetd/adapters/ec2.py); or, with neither,
     every type sold in the region."""
@@ -112,34 +111,43 @@ def list_pools(
             od_source = None
             if od is not None:
                 od_source = (
-                    f"{catalog.label}: {catalog.licensed_source(region)}" if verified else
-                    f"{catalog.label}: UNVERIFIED (from a table with no license); the daemon treats it as "
+                    f"{catalog.label}: {catalog.licensed_source(region)}"
+                    if verified
+                    else f"{catalog.label}: UNVERIFIED (from a table with no license); the daemon treats it as "
                     "unknown until the Price List API answers"
                 )
         reason = None
         if spec is None:
-            reason = ("not in the bundled GPU catalog: no hardware facts or on-demand price known offline"
-                      " (the daemon asks DescribeInstanceTypes and the Price List API)")
+            reason = (
+                "not in the bundled GPU catalog: no hardware facts or on-demand price known offline"
+                " (the daemon asks DescribeInstanceTypes and the Price List API)"
+            )
         elif od is None:
-            asked = "the Price List API and the bundled GPU catalog list" if on_demand else "the bundled GPU catalog lists"
-            reason = (f"no on-demand price for {itype} in {region} ({asked} none): not sold there, or only"
-                      " through Capacity Blocks")
+            asked = (
+                "the Price List API and the bundled GPU catalog list" if on_demand else "the bundled GPU catalog lists"
+            )
+            reason = (
+                f"no on-demand price for {itype} in {region} ({asked} none): not sold there, or only"
+                " through Capacity Blocks"
+            )
         elif not spec.whole_gpus or not configured:
             reason = _general_reason(catalog, spec)
         for zone in zones:
-            rows.append(PoolListing(
-                instance_type=itype,
-                zone=zone,
-                gpus=spec.gpus if spec else None,
-                gpu_model=spec.gpu_model if spec else None,
-                gpu_memory_gib=spec.gpu_memory_gib if spec else None,
-                vcpu=spec.vcpu if spec else None,
-                memory_gib=spec.memory_gib if spec else None,
-                relative_throughput=model.relative_throughput if model else None,
-                on_demand_usd_per_hour=od,
-                on_demand_source=od_source,
-                spot_usd_per_hour=spot.get(PoolId(itype, zone)) if zone else None,
-                excluded=reason,
-                on_demand_verified=verified if od is not None else False,
-            ))
+            rows.append(
+                PoolListing(
+                    instance_type=itype,
+                    zone=zone,
+                    gpus=spec.gpus if spec else None,
+                    gpu_model=spec.gpu_model if spec else None,
+                    gpu_memory_gib=spec.gpu_memory_gib if spec else None,
+                    vcpu=spec.vcpu if spec else None,
+                    memory_gib=spec.memory_gib if spec else None,
+                    relative_throughput=model.relative_throughput if model else None,
+                    on_demand_usd_per_hour=od,
+                    on_demand_source=od_source,
+                    spot_usd_per_hour=spot.get(PoolId(itype, zone)) if zone else None,
+                    excluded=reason,
+                    on_demand_verified=verified if od is not None else False,
+                )
+            )
     return rows

@@ -37,8 +37,15 @@ class RendezvousWatcher:
     """The job's rendezvous round and size, read from the store as a plain client every few
     seconds (read-only: it never writes the state). Call the instance for the latest view."""
 
-    def __init__(self, host: str, port: int, run_id: str, *, interval_s: float = 2.0,
-                 client_factory: Callable[..., Any] | None = None) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        run_id: str,
+        *,
+        interval_s: float = 2.0,
+        client_factory: Callable[..., Any] | None = None,
+    ) -> None:
         from fleetd.rendezvous.client import RendezvousClient
 
         self.interval_s = interval_s
@@ -59,8 +66,9 @@ class RendezvousWatcher:
                     client = await self._connect()
                 snap = await client.observe()
                 state = snap.state
-                self.latest = None if state is None else (
-                    state.round, sum(1 for n in state.participants if not n.is_marker))
+                self.latest = (
+                    None if state is None else (state.round, sum(1 for n in state.participants if not n.is_marker))
+                )
                 reported = False
             except (RendezvousUnavailable, RendezvousStateError, RuntimeError) as exc:
                 # The host may simply not be up yet: say so once per outage, keep trying.
@@ -155,11 +163,19 @@ async def _nodes(report: Any, reconciler: Any) -> list[Node]:
         return list(observation.nodes)
     nodes = []
     for row in await reconciler.state.instances():  # open rows, ec2_state as of this pass
-        node = reconciler.observer.observe(Node(
-            instance_id=row.instance_id, pool=row.pool, market=row.market, price_per_hour=row.price_per_hour,
-            launched_at=row.launched_at, ec2_state=row.ec2_state, notice_at=row.notice_at,
-            max_price_per_hour=row.max_price_per_hour, drain_started_at=row.drain_started_at,
-        ))
+        node = reconciler.observer.observe(
+            Node(
+                instance_id=row.instance_id,
+                pool=row.pool,
+                market=row.market,
+                price_per_hour=row.price_per_hour,
+                launched_at=row.launched_at,
+                ec2_state=row.ec2_state,
+                notice_at=row.notice_at,
+                max_price_per_hour=row.max_price_per_hour,
+                drain_started_at=row.drain_started_at,
+            )
+        )
         nodes.append(replace(node, phase=_phase(node)))
     return nodes
 
@@ -176,8 +192,9 @@ def _phase(node: Node) -> NodePhase:
     return NodePhase.PENDING
 
 
-def status_component(*, watch_rendezvous: bool = True, port: int | None = None,
-                     on_listening: Callable[[int], None] | None = None) -> Callable[[Any], Any]:
+def status_component(
+    *, watch_rendezvous: bool = True, port: int | None = None, on_listening: Callable[[int], None] | None = None
+) -> Callable[[Any], Any]:
     """The daemon component: serve /metrics on ``metrics.host:metrics.port`` (``port`` overrides,
     0 = any free port, reported through ``on_listening``), watch the rendezvous round, and publish
     every pass."""
@@ -191,8 +208,7 @@ def status_component(*, watch_rendezvous: bool = True, port: int | None = None,
             watcher = RendezvousWatcher(r.host, r.port, r.run_id)
         publisher = PassPublisher(cfg, metrics, watcher)
         publisher.stall = getattr(ctx, "stall", None)
-        server = MetricsServer(metrics, cfg.metrics.host, cfg.metrics.port if port is None else port,
-                               also=(REGISTRY,))
+        server = MetricsServer(metrics, cfg.metrics.host, cfg.metrics.port if port is None else port, also=(REGISTRY,))
         try:
             await server.start()
         except OSError as exc:

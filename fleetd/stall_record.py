@@ -64,8 +64,12 @@ class StallView(_Frozen):
 
 def episode_view(e: Episode) -> StallEpisodeView:
     return StallEpisodeView(
-        since=e.since, detected_at=e.detected_at, cause=str(e.cause), billed_nodes=e.billed_nodes,
-        node_seconds=round(e.node_seconds, 3), actions=tuple(f"{k} at {at:.3f}" for k, at in e.actions),
+        since=e.since,
+        detected_at=e.detected_at,
+        cause=str(e.cause),
+        billed_nodes=e.billed_nodes,
+        node_seconds=round(e.node_seconds, 3),
+        actions=tuple(f"{k} at {at:.3f}" for k, at in e.actions),
         ended_at=e.ended_at,
     )
 
@@ -78,7 +82,9 @@ def view(tracker: StallTracker, *, before: StallView | None = None, stall_after_
     prior_count = before.stalls if before is not None else 0
     prior_ns = before.stalled_node_seconds if before is not None else 0.0
     return StallView(
-        stalled=current is not None, current=current, episodes=ended,
+        stalled=current is not None,
+        current=current,
+        episodes=ended,
         stalls=prior_count + len(tracker.history) + (1 if current else 0),
         stalled_node_seconds=round(prior_ns + tracker.stalled_node_seconds, 3),
         stall_after_s=stall_after_s,
@@ -115,5 +121,9 @@ def closed_before(record: StallView | None) -> StallView | None:
     stalls, node_s = record.stalls, record.stalled_node_seconds
     if record.current is not None:
         stalls, node_s = stalls - 1, node_s - record.current.node_seconds
-    return StallView(episodes=record.episodes, stalls=max(0, stalls), stalled_node_seconds=max(0.0, node_s),
-                     stall_after_s=record.stall_after_s)
+    return StallView(
+        episodes=record.episodes,
+        stalls=max(0, stalls),
+        stalled_node_seconds=max(0.0, node_s),
+        stall_after_s=record.stall_after_s,
+    )

@@ -72,25 +72,33 @@ class StallWatcher:
         report = getattr(ctx, "last_report", None)
         observation = getattr(report, "observation", None)
         nodes: list[NodeProgress] = []
-        for n in (observation.nodes if observation is not None else ()):
+        for n in observation.nodes if observation is not None else ():
             rec = self.registry.record(n.instance_id)
             status = rec.status if rec is not None else None
             tel = rec.telemetry if rec is not None else None
             running = None if status is None or status.state == "offline" else status.state == "training"
-            nodes.append(NodeProgress(
-                instance_id=n.instance_id,
-                billed=n.ec2_state in BILLED_EC2_STATES and not n.leaving,
-                trainer_running=running,
-                step=tel.step if tel is not None else n.step,
-                telemetry_at=rec.telemetry_at if rec is not None else None,
-            ))
+            nodes.append(
+                NodeProgress(
+                    instance_id=n.instance_id,
+                    billed=n.ec2_state in BILLED_EC2_STATES and not n.leaving,
+                    trainer_running=running,
+                    step=tel.step if tel is not None else n.step,
+                    telemetry_at=rec.telemetry_at if rec is not None else None,
+                )
+            )
         restarted_at = self.steerer.store_restarted_at if self.steerer is not None else None
         changed_at = getattr(self.steerer, "rendezvous_changed_at", None)
         forming = bool(getattr(self.steerer, "rendezvous_forming", False))
         stopping = observation is not None and observation.stop_issued_at is not None
-        return StallObservation(now=now, nodes=tuple(nodes), store_reachable=store_reachable,
-                                store_restarted_at=restarted_at, training_expected=not stopping,
-                                rendezvous_changed_at=changed_at, rendezvous_forming=forming)
+        return StallObservation(
+            now=now,
+            nodes=tuple(nodes),
+            store_reachable=store_reachable,
+            store_restarted_at=restarted_at,
+            training_expected=not stopping,
+            rendezvous_changed_at=changed_at,
+            rendezvous_forming=forming,
+        )
 
     async def tick(self, ctx: Any) -> StallDecision:
         reachable = None if self.store_addr is None else await port_answers(*self.store_addr, PROBE_TIMEOUT_S)
@@ -100,30 +108,49 @@ class StallWatcher:
         self.tracker = decision.tracker
         ep = decision.tracker.episode
         if decision.detected and ep is not None:
-            log.error("job_stalled", cause=str(ep.cause), no_step_for_s=round(now - ep.since, 1),
-                      billed_nodes=ep.billed_nodes, step=self.tracker.best_step,
-                      bound_s=self.settings.stall_after_s,
-                      action=str(decision.actions[0].kind) if decision.actions else "wait")
+            log.error(
+                "job_stalled",
+                cause=str(ep.cause),
+                no_step_for_s=round(now - ep.since, 1),
+                billed_nodes=ep.billed_nodes,
+                step=self.tracker.best_step,
+                bound_s=self.settings.stall_after_s,
+                action=str(decision.actions[0].kind) if decision.actions else "wait",
+            )
         elif decision.cause_changed and ep is not None:
             log.warning("job_stall_cause", cause=str(ep.cause), no_step_for_s=round(now - ep.since, 1))
         if decision.ended is not None:
             e = decision.ended
-            log.warning("job_stall_ended", cause=str(e.cause), stalled_s=round(e.duration_s or 0, 1),
-                        recovery_s=round(e.recovery_s or 0, 1), node_seconds=round(e.node_seconds, 1),
-                        actions=[str(k) for k, _ in e.actions], step=self.tracker.best_step)
+            log.warning(
+                "job_stall_ended",
+                cause=str(e.cause),
+                stalled_s=round(e.duration_s or 0, 1),
+                recovery_s=round(e.recovery_s or 0, 1),
+                node_seconds=round(e.node_seconds, 1),
+                actions=[str(k) for k, _ in e.actions],
+                step=self.tracker.best_step,
+            )
         for action in decision.actions:
             await self.apply(ctx, action)
         latest = view(self.tracker, before=self.before, stall_after_s=self.settings.stall_after_s)
-        changed = self.latest is None or latest.model_dump(exclude={"current"}) != self.latest.model_dump(
-            exclude={"current"}) or latest.stalled
+        changed = (
+            self.latest is None
+            or latest.model_dump(exclude={"current"}) != self.latest.model_dump(exclude={"current"})
+            or latest.stalled
+        )
         self.latest = latest
         if changed and self.state_dir is not None:
             await asyncio.to_thread(write_stalls, self.state_dir, latest)
         return decision
 
     async def apply(self, ctx: Any, action: RecoveryAction) -> None:
-        log.warning("stall_recovery", action=str(action.kind), nodes=list(action.instance_ids), reason=action.reason,
-                    dry_run=self.dry_run)
+        log.warning(
+            "stall_recovery",
+            action=str(action.kind),
+            nodes=list(action.instance_ids),
+            reason=action.reason,
+            dry_run=self.dry_run,
+        )
         if self.dry_run:
             return
         try:

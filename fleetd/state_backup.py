@@ -132,8 +132,13 @@ async def restore_if_missing(cfg: Any, s3: Any) -> bool:
     except (sqlite3.DatabaseError, FileExistsError) as exc:
         log.error("state_db_restore_refused", key=key, error=str(exc))
         return False
-    log.warning("state_db_restored", path=str(path), source=f"s3://{bucket}/{key}", bytes=len(data),
-                last_modified=str(resp.get("LastModified")))
+    log.warning(
+        "state_db_restored",
+        path=str(path),
+        source=f"s3://{bucket}/{key}",
+        bytes=len(data),
+        last_modified=str(resp.get("LastModified")),
+    )
     return True
 
 
@@ -157,8 +162,9 @@ class StateBackup:
             if digest == self.last_digest:
                 return False
             data = await asyncio.to_thread(dest.read_bytes)
-        await self.s3.put_object(Bucket=self.cfg.checkpoints.bucket, Key=backup_key(self.cfg), Body=data,
-                                 ChecksumAlgorithm="SHA256")
+        await self.s3.put_object(
+            Bucket=self.cfg.checkpoints.bucket, Key=backup_key(self.cfg), Body=data, ChecksumAlgorithm="SHA256"
+        )
         self.last_digest, self.uploads = digest, self.uploads + 1
         log.info("state_db_backed_up", key=backup_key(self.cfg), bytes=len(data))
         return True

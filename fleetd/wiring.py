@@ -48,11 +48,19 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
 
             private = DynamoStateStore(ha.state.table, ha.election, persist=False)
             intake = build_intake(cfg, wake=ctx.wake_loop)
-            ctx.stall = StallWatcher(cfg.stall.settings(), intake.registry, state_dir=cfg.fleet.state_dir,
-                                     dry_run=True, store_addr=(store_address(cfg), cfg.rendezvous.port))
-            plugins = Plugins(components=[*intake.components(), status_component(), ctx.stall.run],
-                              observer=intake.registry, signals=TrainingSignals(intake.registry, cfg.job.nproc_per_node),
-                              state=private)
+            ctx.stall = StallWatcher(
+                cfg.stall.settings(),
+                intake.registry,
+                state_dir=cfg.fleet.state_dir,
+                dry_run=True,
+                store_addr=(store_address(cfg), cfg.rendezvous.port),
+            )
+            plugins = Plugins(
+                components=[*intake.components(), status_component(), ctx.stall.run],
+                observer=intake.registry,
+                signals=TrainingSignals(intake.registry, cfg.job.nproc_per_node),
+                state=private,
+            )
             return plugins, ha
         log.info("ha_ready", table=cfg.ha.table, holder=ha.election.holder, lease_s=cfg.ha.lease_s)
     client_id = f"fleetd-{cfg.fleet.name}-{host_id(cfg)}"[:64] if ha is not None else None
@@ -71,19 +79,32 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
         components = [c for c in components if c not in sqs_intake]
     if dry_run:
         # Stalls are still detected and reported; no recovery action is taken.
-        ctx.stall = StallWatcher(cfg.stall.settings(), intake.registry, state_dir=cfg.fleet.state_dir, dry_run=True,
-                                 store_addr=(store_address(cfg), cfg.rendezvous.port))
+        ctx.stall = StallWatcher(
+            cfg.stall.settings(),
+            intake.registry,
+            state_dir=cfg.fleet.state_dir,
+            dry_run=True,
+            store_addr=(store_address(cfg), cfg.rendezvous.port),
+        )
         components.append(ctx.stall.run)
         return Plugins(components=components, observer=intake.registry, signals=signals), None
 
     ledger: Any = ha.ledger if ha is not None else await LedgerStore.open(cfg.fleet.state_dir / DB_NAME)
     client = RendezvousClient(store_address(cfg), cfg.rendezvous.port, cfg.rendezvous.run_id)
-    steerer = Steerer(client, SteerSettings(min_nodes=1, max_nodes=cfg.fleet.max_nodes,
-                                            dead_after_s=cfg.loss.dead_after_s,
-                                            hang_after_s=cfg.loss.hang_after_s),
-                      on_heartbeat=intake.registry.note_store_heartbeat, known_addr=intake.registry.knows_addr)
-    commander = TrainingCommander(client, intake.mqtt.send_command, intake.registry, signals,
-                                  close_rendezvous=steerer.close_rendezvous)
+    steerer = Steerer(
+        client,
+        SteerSettings(
+            min_nodes=1,
+            max_nodes=cfg.fleet.max_nodes,
+            dead_after_s=cfg.loss.dead_after_s,
+            hang_after_s=cfg.loss.hang_after_s,
+        ),
+        on_heartbeat=intake.registry.note_store_heartbeat,
+        known_addr=intake.registry.knows_addr,
+    )
+    commander = TrainingCommander(
+        client, intake.mqtt.send_command, intake.registry, signals, close_rendezvous=steerer.close_rendezvous
+    )
     steerer.on_leave = commander.tell_leave
 
     async def steering(ctx: DaemonContext) -> None:
@@ -91,9 +112,14 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
         # answers and rides through its outages (Steerer.run), never failing on it.
         await steerer.run(ctx.stopping)
 
-    ctx.stall = StallWatcher(cfg.stall.settings(), intake.registry, send_command=intake.mqtt.send_command,
-                             steerer=steerer, state_dir=cfg.fleet.state_dir,
-                             store_addr=(store_address(cfg), cfg.rendezvous.port))
+    ctx.stall = StallWatcher(
+        cfg.stall.settings(),
+        intake.registry,
+        send_command=intake.mqtt.send_command,
+        steerer=steerer,
+        state_dir=cfg.fleet.state_dir,
+        store_addr=(store_address(cfg), cfg.rendezvous.port),
+    )
     leader_only = [steering, commander.run, ctx.stall.run, *(sqs_intake if ha is not None else [])]
     if ha is not None:
         from fleetd.ha.endpoint import endpoint_publisher
@@ -104,6 +130,13 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
         from fleetd.state_backup import StateBackup
 
         components.append(StateBackup(cfg, cfg.fleet.state_backup_interval_s).run)
-    plugins = Plugins(components=components, leader_components=leader_only,
-                      observer=intake.registry, signals=signals, commander=commander, ledger=ledger, ha=ha)
+    plugins = Plugins(
+        components=components,
+        leader_components=leader_only,
+        observer=intake.registry,
+        signals=signals,
+        commander=commander,
+        ledger=ledger,
+        ha=ha,
+    )
     return plugins, ha if ha is not None else ledger

@@ -44,13 +44,21 @@ def host_dir(root: Path, host: str) -> Path:
 def fleetd_host(config: Path, root: Path, host: str, failpoint: str | None = None) -> subprocess.Popen:
     d = host_dir(root, host)
     d.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "FLEETD_HA__HOST_ID": host,
-           "FLEETD_FLEET__STATE_DIR": str(d / "state")}
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "FLEETD_HA__HOST_ID": host,
+        "FLEETD_FLEET__STATE_DIR": str(d / "state"),
+    }
     env.pop("FLEETD_FAILPOINTS", None)
     if failpoint:
         env["FLEETD_FAILPOINTS"] = failpoint
-    return subprocess.Popen([sys.executable, "-m", "fleetd.cli", "run", "--config", str(config)],
-                            stdout=(d / "fleetd.log").open("a"), stderr=subprocess.STDOUT, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "fleetd.cli", "run", "--config", str(config)],
+        stdout=(d / "fleetd.log").open("a"),
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
 
 
 def log_events(root: Path, host: str, event: str) -> list[dict]:
@@ -111,8 +119,11 @@ async def assert_no_orphan_no_duplicate(cloud: Cloud, fleet: str, max_nodes: int
         by_token[token] = by_token.get(token, 0) + 1
     assert all(n <= asked.get(tok, 0) for tok, n in by_token.items()), (by_token, asked)
     assert not [t for t, r in model.launches.items() if r["status"] == "intent"], "a launch left unresolved"
-    leaving = {i for i, r in model.instances.items() if r["ended_at"] is None
-               and (r["notice_at"] is not None or r["drain_started_at"] is not None)}
+    leaving = {
+        i
+        for i, r in model.instances.items()
+        if r["ended_at"] is None and (r["notice_at"] is not None or r["drain_started_at"] is not None)
+    }
     assert len([i for i in live if i["InstanceId"] not in leaving]) <= max_nodes
 
 

@@ -362,8 +362,11 @@ def _check(result, obs: Observation, cfg: FleetdConfig, now: float, out: Outcome
         if result.spot_short:
             return
         newest_notice = max((n.notice_at for n in obs.nodes if n.notice_at is not None), default=None)
-        if (result.replan_in_s is not None and newest_notice is not None
-                and now - newest_notice < cfg.capacity.notice_coalesce_s + 1e-9):
+        if (
+            result.replan_in_s is not None
+            and newest_notice is not None
+            and now - newest_notice < cfg.capacity.notice_coalesce_s + 1e-9
+        ):
             return  # a wave of notices still coming in: its replacements are bought together
         blocked = {s.pool for s in obs.pool_stats if (s.capacity_error_until or 0) > now}
         blocked |= {n.pool for n in obs.nodes if n.notice_at is not None}
@@ -382,9 +385,7 @@ def _check(result, obs: Observation, cfg: FleetdConfig, now: float, out: Outcome
             + sum(n.worst_case_price_per_hour for n in billed) * window / 3600
             + sum(a.count * a.worst_case_price_per_hour for a in launches) * max(60, window) / 3600
         )
-        worst_one = min(
-            o.on_demand_price for o in obs.offers if o.spot_price == cheapest and o.pool not in blocked
-        )
+        worst_one = min(o.on_demand_price for o in obs.offers if o.spot_price == cheapest and o.pool not in blocked)
         fits_rate = burn + cheapest <= cap + 1e-9
         fits_total = committed + worst_one * max(60, window) / 3600 <= cfg.budget.total_usd + 1e-9
         if fits_rate and fits_total:
@@ -458,6 +459,16 @@ def scenarios(draw, max_passes: int = 40) -> Scenario:
 
 
 __all__ = [
-    "A", "B", "C", "D", "NOW", "config", "offer", "node", "scenarios", "run_scenario", "Scenario",
+    "A",
+    "B",
+    "C",
+    "D",
+    "NOW",
+    "config",
+    "offer",
+    "node",
+    "scenarios",
+    "run_scenario",
+    "Scenario",
     "Outcome",
 ]

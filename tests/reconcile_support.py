@@ -78,8 +78,9 @@ class Cloud:
         cap.update(capacity)
         return FleetdConfig(
             aws=AwsConfig(region="us-east-1", endpoint_url=self.proxy.url),
-            fleet=FleetConfig(name=fleet, min_nodes=nodes, max_nodes=nodes, state_dir=state_dir,
-                              reconcile_interval_s=0.2),
+            fleet=FleetConfig(
+                name=fleet, min_nodes=nodes, max_nodes=nodes, state_dir=state_dir, reconcile_interval_s=0.2
+            ),
             capacity=CapacityConfig(**cap),
             budget=BudgetConfig(total_usd=10_000.0, max_usd_per_hour=100.0),
         )
@@ -136,8 +137,9 @@ async def make_cloud(moto_endpoint: str, session: Any) -> Cloud:
     spot = SpotPriceFake(catalog)
     for pool, price in SPOT.items():
         spot.set(pool, price)
-    proxy = FaultProxy(moto_endpoint, {v: k for k, v in by_zone.items()},
-                       price_list=PriceListFake(catalog), spot_prices=spot).start()
+    proxy = FaultProxy(
+        moto_endpoint, {v: k for k, v in by_zone.items()}, price_list=PriceListFake(catalog), spot_prices=spot
+    ).start()
     return Cloud(moto_endpoint, proxy, session, ami, by_zone)
 
 

@@ -29,20 +29,66 @@ def _openssl(*args: str, cwd: Path) -> None:
 def pki(tmp_path_factory) -> Path:
     """A CA, a server cert for 127.0.0.1, and one client cert, all EC P-256 (fast)."""
     d = tmp_path_factory.mktemp("pki")
-    _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2",
-             "-subj", "/CN=fleetd-test-ca", "-keyout", "ca.key", "-out", "ca.crt", cwd=d)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=fleetd-test-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        cwd=d,
+    )
     for name, ext in (("server", "subjectAltName=IP:127.0.0.1"), ("client", "extendedKeyUsage=clientAuth")):
-        _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-subj",
-                 f"/CN={IID if name == 'client' else '127.0.0.1'}", "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d)
+        _openssl(
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-nodes",
+            "-subj",
+            f"/CN={IID if name == 'client' else '127.0.0.1'}",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+            cwd=d,
+        )
         (d / f"{name}.ext").write_text(ext + "\n")
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-                 "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.crt", cwd=d)
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            f"{name}.ext",
+            "-out",
+            f"{name}.crt",
+            cwd=d,
+        )
     return d
 
 
 def tls_listener(port: int, pki: Path, extra: str) -> str:
-    return (f"listener {port} 127.0.0.1\ncafile {pki}/ca.crt\ncertfile {pki}/server.crt\n"
-            f"keyfile {pki}/server.key\n{extra}")
+    return (
+        f"listener {port} 127.0.0.1\ncafile {pki}/ca.crt\ncertfile {pki}/server.crt\nkeyfile {pki}/server.key\n{extra}"
+    )
 
 
 async def test_agent_with_client_certificate(mosquitto_factory, pki: Path, tmp_path) -> None:
@@ -53,11 +99,23 @@ async def test_agent_with_client_certificate(mosquitto_factory, pki: Path, tmp_p
     ).start()
     url = f"mqtts://127.0.0.1:{port}"
     good = MqttConfig(url=url, ca_file=pki / "ca.crt", cert_file=pki / "client.crt", key_file=pki / "client.key")
-    session = MqttSession(good, fleet=FLEET, instance_id=IID, outbox=Outbox(None),
-                          on_command=lambda m: asyncio.sleep(0), backoff=Backoff(0.1, 0.3))
+    session = MqttSession(
+        good,
+        fleet=FLEET,
+        instance_id=IID,
+        outbox=Outbox(None),
+        on_command=lambda m: asyncio.sleep(0),
+        backoff=Backoff(0.1, 0.3),
+    )
     # Same CA, no client certificate: the broker refuses the TLS handshake.
-    no_cert = MqttSession(MqttConfig(url=url, ca_file=pki / "ca.crt"), fleet=FLEET, instance_id="i-0000000000000c002",
-                          outbox=Outbox(None), on_command=lambda m: asyncio.sleep(0), backoff=Backoff(0.1, 0.3))
+    no_cert = MqttSession(
+        MqttConfig(url=url, ca_file=pki / "ca.crt"),
+        fleet=FLEET,
+        instance_id="i-0000000000000c002",
+        outbox=Outbox(None),
+        on_command=lambda m: asyncio.sleep(0),
+        backoff=Backoff(0.1, 0.3),
+    )
     registry = NodeRegistry()
     intake = MqttIntake(good, FLEET, registry, client_id="ctl-cert")
     async with asyncio.TaskGroup() as tg:
@@ -86,8 +144,9 @@ async def test_controller_with_username_password(mosquitto_factory, pki: Path, t
     ).start()
     base = {"url": f"mqtts://127.0.0.1:{port}", "ca_file": pki / "ca.crt", "username": "fleetd"}
     ok = MqttIntake(MqttConfig(**base, password="s3cret"), FLEET, NodeRegistry(), client_id="ctl-ok")
-    bad = MqttIntake(MqttConfig(**base, password="wrong"), FLEET, NodeRegistry(), client_id="ctl-bad",
-                     backoff_max_s=0.3)
+    bad = MqttIntake(
+        MqttConfig(**base, password="wrong"), FLEET, NodeRegistry(), client_id="ctl-bad", backoff_max_s=0.3
+    )
     async with asyncio.TaskGroup() as tg:
         tasks = [tg.create_task(ok.run()), tg.create_task(bad.run())]
         await asyncio.wait_for(ok.connected.wait(), 10)

@@ -14,16 +14,47 @@ import pytest
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
-KEYS = ("agents", "notices", "drains", "notice_to_drain_p50_s", "notice_to_drain_p99_s", "reconcile_p50_s",
-        "reconcile_p99_s", "controller_cpu_pct", "controller_peak_rss_mib", "broker_cpu_pct", "dropped_valid",
-        "rejected", "sent", "accepted", "loadavg_start", "loadavg_end", "harness_nice", "telemetry_hz_per_agent")
+KEYS = (
+    "agents",
+    "notices",
+    "drains",
+    "notice_to_drain_p50_s",
+    "notice_to_drain_p99_s",
+    "reconcile_p50_s",
+    "reconcile_p99_s",
+    "controller_cpu_pct",
+    "controller_peak_rss_mib",
+    "broker_cpu_pct",
+    "dropped_valid",
+    "rejected",
+    "sent",
+    "accepted",
+    "loadavg_start",
+    "loadavg_end",
+    "harness_nice",
+    "telemetry_hz_per_agent",
+)
 
 
 def test_short_agents_load_run_loses_no_valid_message_and_drains_every_notice() -> None:
     res = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "agents_load.py"), "--agents", "100", "--duration", "20",
-         "--notice-rate", "0.5", "--warmup", "3"],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=ROOT,
+        [
+            sys.executable,
+            str(ROOT / "bench" / "agents_load.py"),
+            "--agents",
+            "100",
+            "--duration",
+            "20",
+            "--notice-rate",
+            "0.5",
+            "--warmup",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        cwd=ROOT,
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     r = json.loads(res.stdout.strip().splitlines()[-1])

@@ -76,8 +76,12 @@ def sigkill(broker: Mosquitto) -> None:
 
 def test_the_broker_list_is_tried_in_turn_and_validated() -> None:
     cfg = MqttConfig(url="mqtts://a.fleet:8883", fallback_urls=("mqtts://b.fleet:8883",))
-    assert [(cfg.broker(n).host, cfg.broker(n).port) for n in range(4)] == \
-        [("a.fleet", 8883), ("b.fleet", 8883), ("a.fleet", 8883), ("b.fleet", 8883)]
+    assert [(cfg.broker(n).host, cfg.broker(n).port) for n in range(4)] == [
+        ("a.fleet", 8883),
+        ("b.fleet", 8883),
+        ("a.fleet", 8883),
+        ("b.fleet", 8883),
+    ]
     assert cfg.broker(0) is cfg and MqttConfig().broker(5) == MqttConfig(), "one broker: always that one"
     with pytest.raises(ValueError, match="fallback_urls"):
         MqttConfig(url="mqtt://a:1883", fallback_urls=("tcp://b:1883",))
@@ -91,8 +95,13 @@ async def test_agent_and_controller_fail_over_between_a_bridged_pair(mosquitto_f
     await bridged(a, b)
 
     registry = NodeRegistry()
-    intake = MqttIntake(MqttConfig(url=b.url, fallback_urls=(a.url,), keepalive_s=5), FLEET, registry,
-                        client_id="fleetd-ctl-a", backoff_max_s=1.0)
+    intake = MqttIntake(
+        MqttConfig(url=b.url, fallback_urls=(a.url,), keepalive_s=5),
+        FLEET,
+        registry,
+        client_id="fleetd-ctl-a",
+        backoff_max_s=1.0,
+    )
     commands: list[LeaveCommand] = []
     endpoints: list[RendezvousEndpoint] = []
 
@@ -102,14 +111,19 @@ async def test_agent_and_controller_fail_over_between_a_bridged_pair(mosquitto_f
     async def on_endpoint(ep: RendezvousEndpoint) -> None:
         endpoints.append(ep)
 
-    session = MqttSession(MqttConfig(url=a.url, fallback_urls=(b.url,), keepalive_s=5), fleet=FLEET,
-                          instance_id=IID, outbox=Outbox(None), on_command=on_command, on_endpoint=on_endpoint,
-                          backoff=Backoff(0.2, 1.0))
+    session = MqttSession(
+        MqttConfig(url=a.url, fallback_urls=(b.url,), keepalive_s=5),
+        fleet=FLEET,
+        instance_id=IID,
+        outbox=Outbox(None),
+        on_command=on_command,
+        on_endpoint=on_endpoint,
+        backoff=Backoff(0.2, 1.0),
+    )
     saved: list[int] = []
 
     def events_seen() -> list[int]:
-        saved.extend(e.message.step for e in registry.drain_training_events()
-                     if isinstance(e.message, CheckpointSaved))
+        saved.extend(e.message.step for e in registry.drain_training_events() if isinstance(e.message, CheckpointSaved))
         return saved
 
     async def round_trip(n: int, what: str) -> None:

@@ -63,8 +63,24 @@ def test_price_provenance_names_a_source_and_license_for_every_licensed_price() 
 
 def test_every_nvidia_family_fleetd_trains_on_is_there() -> None:
     families = {t.split(".")[0] for t in bundled_catalog().types}
-    assert {"p5", "p5en", "p4d", "p4de", "p3", "p3dn", "p2", "g6", "g6e", "g5", "g5g", "g4dn", "g3", "g3s",
-            "gr6", "p6-b200"} <= families
+    assert {
+        "p5",
+        "p5en",
+        "p4d",
+        "p4de",
+        "p3",
+        "p3dn",
+        "p2",
+        "g6",
+        "g6e",
+        "g5",
+        "g5g",
+        "g4dn",
+        "g3",
+        "g3s",
+        "gr6",
+        "p6-b200",
+    } <= families
     assert not families & {"g4ad", "inf1", "inf2", "trn1", "dl1"}  # not CUDA
 
 

@@ -53,8 +53,11 @@ def test_a_short_lived_world_from_an_old_step_costs_nothing_when_the_next_resume
     # One node re-forms alone from an old local step (810) and does one step; the world that then
     # forms resumes from a peer's newer state (1779) and goes on: nothing was done again.
     before = steps(0, 4.5, 1770)  # 1770..1779
-    recs = before + [start(12, 810, pid=2), {"ev": "step", "t": 12.5, "step": 811, "pid": 2},
-                     start(20, 1779, pid=3)] + steps(20.5, 30, 1780, pid=3)
+    recs = (
+        before
+        + [start(12, 810, pid=2), {"ev": "step", "t": 12.5, "step": 811, "pid": 2}, start(20, 1779, pid=3)]
+        + steps(20.5, 30, 1780, pid=3)
+    )
     assert steps_lost(recs, since=11.0, until=30.0) == 0
 
 

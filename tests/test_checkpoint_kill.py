@@ -81,8 +81,17 @@ def uploader_env(endpoint: str, local_dir: Path) -> dict[str, str]:
 
 async def run_uploader(env: dict, *args: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agent.checkpoint_store", "--job", "train", "upload", *args,
-        cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "agent.checkpoint_store",
+        "--job",
+        "train",
+        "upload",
+        *args,
+        cwd=ROOT,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
 
 
@@ -94,8 +103,9 @@ async def test_killed_upload_leaves_latest_and_next_run_aborts_stale_multipart(
     aws = AwsConfig(endpoint_url=moto_endpoint)
     (tmp_path / "s1").mkdir()
     (tmp_path / "s1/model.pt").write_bytes(os.urandom(1000))
-    async with CheckpointStore.connect(cfg, aws, job="train", client_config=aws_client_kwargs["config"],
-                                       tuning=UploadTuning(concurrency=2)) as store:
+    async with CheckpointStore.connect(
+        cfg, aws, job="train", client_config=aws_client_kwargs["config"], tuning=UploadTuning(concurrency=2)
+    ) as store:
         await store.ensure_bucket()
         await store.upload_step(1, [tmp_path / "s1/model.pt"], writer="i-a")
 
@@ -113,7 +123,9 @@ async def test_killed_upload_leaves_latest_and_next_run_aborts_stale_multipart(
                 for _ in range(300):
                     uploads = (await s3.list_multipart_uploads(Bucket=BUCKET)).get("Uploads", [])
                     if uploads:
-                        parts = await s3.list_parts(Bucket=BUCKET, Key=uploads[0]["Key"], UploadId=uploads[0]["UploadId"])
+                        parts = await s3.list_parts(
+                            Bucket=BUCKET, Key=uploads[0]["Key"], UploadId=uploads[0]["UploadId"]
+                        )
                         if parts.get("Parts"):
                             upload = uploads[0]
                             break

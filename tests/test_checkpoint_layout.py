@@ -32,7 +32,11 @@ def entry(name: str, data: bytes = b"x") -> FileEntry:
 
 def receipt(writer: str, files: list[str], writers=("a", "b"), step: int = 7) -> WriterReceipt:
     return WriterReceipt(
-        job="train", step=step, writer=writer, world_size=4, expected_writers=writers,
+        job="train",
+        step=step,
+        writer=writer,
+        world_size=4,
+        expected_writers=writers,
         files=tuple(entry(f) for f in files),
     )
 
@@ -47,13 +51,18 @@ def test_keys_follow_the_documented_layout():
     assert CheckpointLayout("", "train").step_prefix(0) == "train/step-0/"
     assert lay.step_of_prefix("ckpt/runs/train/step-12/") == 12
     assert lay.step_of_key("ckpt/runs/train/step-3/_parts/x.json") == 3
-    for foreign in ("ckpt/runs/train/latest", "ckpt/runs/train/step-01/x", "other/train/step-1/x",
-                    "ckpt/runs/train/step-x/a"):
+    for foreign in (
+        "ckpt/runs/train/latest",
+        "ckpt/runs/train/step-01/x",
+        "other/train/step-1/x",
+        "ckpt/runs/train/step-x/a",
+    ):
         assert lay.step_of_key(foreign) is None
 
 
-@pytest.mark.parametrize("bad", ["../escape", "/abs", "a/../b", "MANIFEST.json", "_parts/x.json", "", "a//b",
-                                 "sp ace", "a\\b"])
+@pytest.mark.parametrize(
+    "bad", ["../escape", "/abs", "a/../b", "MANIFEST.json", "_parts/x.json", "", "a//b", "sp ace", "a\\b"]
+)
 def test_file_names_that_would_escape_or_collide_are_rejected(bad):
     with pytest.raises(ValueError):
         CheckpointLayout("p", "train").file_key(1, bad)
@@ -71,7 +80,9 @@ def test_manifest_round_trips_and_parser_rejects_bad_objects():
         json.dumps({**raw, "surprise": 1}).encode(): "surprise",
         json.dumps({**raw, "files": []}).encode(): "at least one file",
         json.dumps({**raw, "files": [{**raw["files"][0], "name": "../../etc/passwd"}]}).encode(): "forbidden",
-        json.dumps({**raw, "files": [{**raw["files"][0], "checksum": {"algorithm": "sha256", "value": "zz"}}]}).encode(): "hex",
+        json.dumps(
+            {**raw, "files": [{**raw["files"][0], "checksum": {"algorithm": "sha256", "value": "zz"}}]}
+        ).encode(): "hex",
         json.dumps({**raw, "files": [raw["files"][0], raw["files"][0]]}).encode(): "more than once",
     }
     for data, reason in cases.items():
@@ -162,8 +173,15 @@ async def test_free_slots_go_to_the_urgent_then_newest_upload_first():
 
 def test_sharded_parts_complete_a_step_once_they_hold_every_file_its_metadata_names():
     def part(writer: str, files: list[str], step_files=None) -> WriterReceipt:
-        return WriterReceipt(job="train", step=7, writer=writer, world_size=1, expected_writers=(writer,),
-                             files=tuple(entry(f) for f in files), step_files=step_files)
+        return WriterReceipt(
+            job="train",
+            step=7,
+            writer=writer,
+            world_size=1,
+            expected_writers=(writer,),
+            files=tuple(entry(f) for f in files),
+            step_files=step_files,
+        )
 
     names = (".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp")
     meta = part("n0", [".metadata", "__0_0.distcp"], step_files=names)

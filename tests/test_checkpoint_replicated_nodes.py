@@ -57,9 +57,18 @@ async def test_every_nodes_copy_uploaded_and_a_fresh_node_resumes_from_s3(tmp_pa
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1.0)  # differs from the saved state until it is loaded
-    fresh = ElasticCheckpointer(model, opt, ctx=TrainerContext(
-        ckpt_dir=tmp_path / "fresh", s3_bucket=BUCKET, s3_prefix="runs", job="toy",
-        s3_endpoint=aws_client_kwargs["endpoint_url"], s3_region=aws_client_kwargs["region_name"]))
+    fresh = ElasticCheckpointer(
+        model,
+        opt,
+        ctx=TrainerContext(
+            ckpt_dir=tmp_path / "fresh",
+            s3_bucket=BUCKET,
+            s3_prefix="runs",
+            job="toy",
+            s3_endpoint=aws_client_kwargs["endpoint_url"],
+            s3_region=aws_client_kwargs["region_name"],
+        ),
+    )
     assert await asyncio.to_thread(fresh.resume) == STEP  # resume() runs its own event loop
     assert local_ckpt.is_complete(local_ckpt.step_dir(tmp_path / "fresh", STEP), "state_dict")
     saved, _ = _model()
@@ -84,11 +93,18 @@ async def test_a_newer_durable_step_in_s3_beats_a_stale_local_copy(tmp_path: Pat
     with torch.no_grad():
         for p in stale_model.parameters():
             p.mul_(-1.0)  # what it held at step 3
-    ctx = dict(s3_bucket=BUCKET, s3_prefix="runs", job="stale", s3_endpoint=aws_client_kwargs["endpoint_url"],
-               s3_region=aws_client_kwargs["region_name"])
+    ctx = dict(
+        s3_bucket=BUCKET,
+        s3_prefix="runs",
+        job="stale",
+        s3_endpoint=aws_client_kwargs["endpoint_url"],
+        s3_region=aws_client_kwargs["region_name"],
+    )
     ElasticCheckpointer(stale_model, stale_opt, ctx=TrainerContext(ckpt_dir=tmp_path / "dropped", **ctx)).save(3)
     model2, opt2 = _model()
     behind = ElasticCheckpointer(model2, opt2, ctx=TrainerContext(ckpt_dir=tmp_path / "dropped", **ctx))
     assert await asyncio.to_thread(behind.resume) == STEP
     saved, _ = _model()
-    assert all(torch.equal(a, b) for a, b in zip(model2.state_dict().values(), saved.state_dict().values(), strict=True))
+    assert all(
+        torch.equal(a, b) for a, b in zip(model2.state_dict().values(), saved.state_dict().values(), strict=True)
+    )

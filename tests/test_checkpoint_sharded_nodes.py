@@ -34,12 +34,26 @@ def _two_nodes_save_dcp(tmp_path: Path) -> tuple[Path, Path]:
     for rank in (0, 1):
         env = {
             **os.environ,
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "LOCAL_RANK": "0",
-            "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1", "FLEETD_CKPT_DIR": str(tmp_path / f"node{rank}"),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "2",
+            "LOCAL_WORLD_SIZE": "1",
+            "FLEETD_CKPT_DIR": str(tmp_path / f"node{rank}"),
             "FLEETD_CKPT_INTERVAL": str(STEP),
         }
-        cmd = [sys.executable, "-m", "agent.examples.train_toy", "--mode", "dcp", "--steps", str(STEP),
-               "--step-sleep", "0"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "agent.examples.train_toy",
+            "--mode",
+            "dcp",
+            "--steps",
+            str(STEP),
+            "--step-sleep",
+            "0",
+        ]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
     for p in procs:
         _, err = p.communicate(timeout=180)
@@ -66,7 +80,9 @@ async def test_two_nodes_parts_of_a_dcp_step_publish_once_both_are_in(tmp_path, 
 
     files0, step_files0 = local_ckpt.upload_set(dir0)
     files1, step_files1 = local_ckpt.upload_set(dir1)
-    assert step_files1 is None and set(step_files0) == {".metadata"} | {n for n in names0 | names1 if n.endswith(".distcp")}
+    assert step_files1 is None and set(step_files0) == {".metadata"} | {
+        n for n in names0 | names1 if n.endswith(".distcp")
+    }
     assert local_ckpt.MARKER not in {p.name for p in files0 + files1}  # each node's own, stays local
 
     job = "first-meta" if metadata_node_first else "first-part"

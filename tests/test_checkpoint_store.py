@@ -100,7 +100,9 @@ async def test_sharded_checkpoint_from_three_writers_round_trips_verified(open_s
     assert latest is not None and latest.step == 20
 
 
-async def test_corrupted_object_is_detected_and_previous_checkpoint_restored(store, tmp_path, aio_session, aws_client_kwargs):
+async def test_corrupted_object_is_detected_and_previous_checkpoint_restored(
+    store, tmp_path, aio_session, aws_client_kwargs
+):
     step1 = [write(tmp_path / "s1/model.pt", 6 * MiB), write(tmp_path / "s1/optim.pt", 1000)]
     step2 = [write(tmp_path / "s2/model.pt", 6 * MiB), write(tmp_path / "s2/optim.pt", 1000)]
     await store.upload_step(1, step1, writer="w")
@@ -215,7 +217,9 @@ async def test_after_a_notice_the_newest_checkpoint_overtakes_older_uploads(open
         old = asyncio.create_task(upload(1, write(tmp_path / "s1/m.pt", 30 * MiB)))  # 6 parts
         while not await store.bucket.list_multipart_uploads(store.layout.step_prefix(1)):
             await asyncio.sleep(0.01)
-        urgent = await upload(2, write(tmp_path / "s2/m.pt", 6 * MiB), deadline=datetime.now(UTC) + timedelta(minutes=2))
+        urgent = await upload(
+            2, write(tmp_path / "s2/m.pt", 6 * MiB), deadline=datetime.now(UTC) + timedelta(minutes=2)
+        )
         assert urgent.beat_deadline and urgent.complete and finished == [2]
         assert not old.done()  # step 1 still has parts queued behind step 2's
         await old

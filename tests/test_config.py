@@ -65,14 +65,19 @@ def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     e.update(env or {})
     return subprocess.run(
         [sys.executable, "-c", "import sys; from fleetd.cli import main; sys.exit(main())", *args],
-        capture_output=True, text=True, env=e, timeout=60,
+        capture_output=True,
+        text=True,
+        env=e,
+        timeout=60,
     )
 
 
 def _agent_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", "import sys; from agent.cli import main; sys.exit(main())", *args],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -103,9 +108,7 @@ def test_check_valid_prints_effective_config_with_secrets_redacted(tmp_path: Pat
 
 
 def test_check_invalid_names_every_field_and_exits_2(tmp_path: Path) -> None:
-    bad = VALID.replace("total_usd = 250.0", "total_usd = -5").replace(
-        "[fleet]", "[fleet]\nmax_nodez = 3"
-    )
+    bad = VALID.replace("total_usd = 250.0", "total_usd = -5").replace("[fleet]", "[fleet]\nmax_nodez = 3")
     res = _cli("config", "check", "--config", str(_write(tmp_path, bad)))
     assert res.returncode == 2
     assert "budget.total_usd" in res.stderr and "greater than 0" in res.stderr
@@ -138,8 +141,9 @@ def test_check_missing_file(tmp_path: Path) -> None:
 
 
 def test_env_error_is_reported_too(tmp_path: Path) -> None:
-    res = _cli("config", "check", "--config", str(_write(tmp_path, VALID)),
-               env={"FLEETD_BUDGET__MAX_USD_PER_HOUR": "lots"})
+    res = _cli(
+        "config", "check", "--config", str(_write(tmp_path, VALID)), env={"FLEETD_BUDGET__MAX_USD_PER_HOUR": "lots"}
+    )
     assert res.returncode == 2 and "budget.max_usd_per_hour" in res.stderr
 
 

@@ -30,8 +30,9 @@ BUCKET = "deadman"
 JOB = "dm"
 
 
-def agent_config(path: Path, *, imds: str, mqtt: str, rdzv_port: int, s3: str, node_dir: Path, marker: Path,
-                 events: Path) -> None:
+def agent_config(
+    path: Path, *, imds: str, mqtt: str, rdzv_port: int, s3: str, node_dir: Path, marker: Path, events: Path
+) -> None:
     shutdown = [sys.executable, "-c", "import sys, pathlib; pathlib.Path(sys.argv[1]).write_text('off')", str(marker)]
     path.write_text(f"""
 [node]
@@ -82,13 +83,17 @@ def store_for(aws_client_kwargs: dict, local_dir: Path):
 
 
 def last_step(events: Path) -> int:
-    steps = [json.loads(x).get("step", 0) for x in events.read_text().splitlines() if '"ev": "step"' in x] \
-        if events.exists() else []
+    steps = (
+        [json.loads(x).get("step", 0) for x in events.read_text().splitlines() if '"ev": "step"' in x]
+        if events.exists()
+        else []
+    )
     return max(steps, default=0)
 
 
 async def test_agent_cut_from_broker_and_store_checkpoints_to_s3_and_powers_off(
-        tmp_path, mosquitto_factory, aws_client_kwargs, monkeypatch):
+    tmp_path, mosquitto_factory, aws_client_kwargs, monkeypatch
+):
     broker = mosquitto_factory().start()
     cluster = LocalCluster(tmp_path / "control", run_id=JOB, port=free_port())
     node_dir, marker, events = tmp_path / "node", tmp_path / "poweroff", tmp_path / "events.jsonl"
@@ -99,12 +104,23 @@ async def test_agent_cut_from_broker_and_store_checkpoints_to_s3_and_powers_off(
         await asyncio.to_thread(cluster.start_host)
         async with FakeImds(instance_id="i-0000000000000d001") as imds:
             conf = tmp_path / "agent.toml"
-            agent_config(conf, imds=imds.url, mqtt=broker.url, rdzv_port=cluster.port,
-                         s3=aws_client_kwargs["endpoint_url"], node_dir=node_dir, marker=marker, events=events)
+            agent_config(
+                conf,
+                imds=imds.url,
+                mqtt=broker.url,
+                rdzv_port=cluster.port,
+                s3=aws_client_kwargs["endpoint_url"],
+                node_dir=node_dir,
+                marker=marker,
+                events=events,
+            )
             log = open(tmp_path / "agent.log", "w")
-            agent = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--config", str(conf)],
-                                     stdout=log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1", "FLEETD_EVENTS_FILE": str(events)})
+            agent = subprocess.Popen(
+                [sys.executable, "-m", "agent.cli", "run", "--config", str(conf)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", "FLEETD_EVENTS_FILE": str(events)},
+            )
             try:
                 deadline = time.monotonic() + 180
                 while last_step(events) < 20:
@@ -139,9 +155,14 @@ async def test_agent_cut_from_broker_and_store_checkpoints_to_s3_and_powers_off(
     async with store_for(aws_client_kwargs, tmp_path / "restore") as store:
         restored = await store.restore_latest(tmp_path / "restore" / "ckpt")
     assert restored is not None and restored.step == step
-    fresh = LocalCluster(tmp_path / "back", run_id=JOB, s3_bucket=BUCKET,
-                         s3_endpoint=aws_client_kwargs["endpoint_url"], s3_prefix="checkpoints",
-                         train_args=("--steps", "1000000", "--step-sleep", "0.05"))
+    fresh = LocalCluster(
+        tmp_path / "back",
+        run_id=JOB,
+        s3_bucket=BUCKET,
+        s3_endpoint=aws_client_kwargs["endpoint_url"],
+        s3_prefix="checkpoints",
+        train_args=("--steps", "1000000", "--step-sleep", "0.05"),
+    )
     with fresh:
         await asyncio.to_thread(fresh.start_host)
         t0 = time.time()

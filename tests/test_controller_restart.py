@@ -39,8 +39,15 @@ from tests.reconcile_support import ZONES, Cloud
 pytestmark = pytest.mark.slow
 
 
-def fleetd_toml(path: Path, cloud: Cloud, fleet: str, mqtt_url: str, nodes: int, drain_timeout_s: float = 300.0,
-                max_nodes: int | None = None) -> Path:
+def fleetd_toml(
+    path: Path,
+    cloud: Cloud,
+    fleet: str,
+    mqtt_url: str,
+    nodes: int,
+    drain_timeout_s: float = 300.0,
+    max_nodes: int | None = None,
+) -> Path:
     subnets = ", ".join(json.dumps(cloud.subnets[z]) for z in ZONES)
     path.write_text(f"""
 [aws]
@@ -49,7 +56,7 @@ endpoint_url = "{cloud.proxy.url}"
 name = "{fleet}"
 min_nodes = {nodes}
 max_nodes = {max_nodes or nodes + 1}
-state_dir = "{path.parent / 'state'}"
+state_dir = "{path.parent / "state"}"
 reconcile_interval_s = 0.5
 [capacity]
 instance_types = ["g5.xlarge", "g4dn.xlarge"]
@@ -81,8 +88,12 @@ def fleetd_run(config: Path, log: Path, failpoint: str | None = None) -> subproc
     env.pop("FLEETD_FAILPOINTS", None)
     if failpoint:
         env["FLEETD_FAILPOINTS"] = failpoint
-    return subprocess.Popen([sys.executable, "-m", "fleetd.cli", "run", "--config", str(config)],
-                            stdout=log.open("a"), stderr=subprocess.STDOUT, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "fleetd.cli", "run", "--config", str(config)],
+        stdout=log.open("a"),
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
 
 
 class Nodes:
@@ -106,8 +117,12 @@ class Nodes:
             await asyncio.sleep(0.5)
 
     async def _start(self, iid: str, inst: dict) -> None:
-        fake = FakeImds(instance_id=iid, instance_type=inst["InstanceType"],
-                        zone=inst["Placement"]["AvailabilityZone"], lifecycle="spot")
+        fake = FakeImds(
+            instance_id=iid,
+            instance_type=inst["InstanceType"],
+            zone=inst["Placement"]["AvailabilityZone"],
+            lifecycle="spot",
+        )
         url = await fake.start("127.0.0.1", 0)
         self.imds[iid] = fake
         d = self.root / iid
@@ -127,8 +142,11 @@ keepalive_s = 5
 [logging]
 level = "info"
 """)
-        self.agents[iid] = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--config", str(d / "agent.toml")],
-                                            stdout=(d / "agent.log").open("w"), stderr=subprocess.STDOUT)
+        self.agents[iid] = subprocess.Popen(
+            [sys.executable, "-m", "agent.cli", "run", "--config", str(d / "agent.toml")],
+            stdout=(d / "agent.log").open("w"),
+            stderr=subprocess.STDOUT,
+        )
 
     async def close(self) -> None:
         for proc in self.agents.values():
@@ -200,8 +218,14 @@ async def assert_fleet_consistent(cloud: Cloud, fleet: str, state: Path, max_nod
         by_token[token] = by_token.get(token, 0) + 1
     assert all(n <= asked.get(tok, 0) for tok, n in by_token.items()), (by_token, asked)
     assert not db_rows(state, "SELECT token FROM launches WHERE status='intent'"), "a launch left unresolved"
-    leaving = {r[0] for r in db_rows(state, "SELECT instance_id FROM instances WHERE ended_at IS NULL AND"
-                                            " (notice_at IS NOT NULL OR drain_started_at IS NOT NULL)")}
+    leaving = {
+        r[0]
+        for r in db_rows(
+            state,
+            "SELECT instance_id FROM instances WHERE ended_at IS NULL AND"
+            " (notice_at IS NOT NULL OR drain_started_at IS NOT NULL)",
+        )
+    }
     assert len([i for i in live if i["InstanceId"] not in leaving]) <= max_nodes
 
 
@@ -227,13 +251,17 @@ async def stop(proc: subprocess.Popen) -> None:
 
 
 @pytest.mark.parametrize("failpoint", ["notice-received", "drain-sent"])
-async def test_notice_in_flight_survives_a_controller_crash(cloud: Cloud, mosquitto, tmp_path: Path, fleet: str,
-                                                            failpoint: str) -> None:
+async def test_notice_in_flight_survives_a_controller_crash(
+    cloud: Cloud, mosquitto, tmp_path: Path, fleet: str, failpoint: str
+) -> None:
     state = tmp_path / "state"
     config = fleetd_toml(tmp_path / "fleetd.toml", cloud, fleet, mosquitto.url, nodes=2)
     nodes = Nodes(cloud, fleet, mosquitto.url, tmp_path / "nodes")
     commands: list[dict] = []
-    tasks = [asyncio.create_task(nodes.run()), asyncio.create_task(collect_commands(mosquitto.host, mosquitto.port, fleet, commands))]
+    tasks = [
+        asyncio.create_task(nodes.run()),
+        asyncio.create_task(collect_commands(mosquitto.host, mosquitto.port, fleet, commands)),
+    ]
     log = tmp_path / "fleetd.log"
     first = fleetd_run(config, log, failpoint)
     second = None
@@ -243,15 +271,17 @@ async def test_notice_in_flight_survives_a_controller_crash(cloud: Cloud, mosqui
         nodes.imds[victim].schedule_notice(action_in_s=300)
         await first_run_killed(first, log, failpoint)
         if failpoint == "notice-received":
-            assert db_rows(state, "SELECT notice_at FROM instances WHERE instance_id=?", (victim,)) == [(None,)], \
+            assert db_rows(state, "SELECT notice_at FROM instances WHERE instance_id=?", (victim,)) == [(None,)], (
                 "the crash hit before the notice was recorded"
+            )
         else:
             await drain_delivered(commands, victim)
         second = fleetd_run(config, log)
 
         def acted() -> bool:
-            rows = db_rows(state, "SELECT notice_at, drain_started_at, drain_sent_at FROM instances WHERE instance_id=?",
-                           (victim,))
+            rows = db_rows(
+                state, "SELECT notice_at, drain_started_at, drain_sent_at FROM instances WHERE instance_id=?", (victim,)
+            )
             return bool(rows) and all(v is not None for v in rows[0]) and len(running_nodes(state)) >= 2
 
         await wait_for(acted, 90, "the notice recorded, the drain sent, a replacement running")
@@ -273,24 +303,35 @@ async def test_notice_in_flight_survives_a_controller_crash(cloud: Cloud, mosqui
 
 
 @pytest.mark.parametrize("failpoint", ["drain-recorded", "drain-sent", "terminate-recorded"])
-async def test_drain_and_termination_survive_a_controller_crash(cloud: Cloud, mosquitto, tmp_path: Path, fleet: str,
-                                                                failpoint: str) -> None:
+async def test_drain_and_termination_survive_a_controller_crash(
+    cloud: Cloud, mosquitto, tmp_path: Path, fleet: str, failpoint: str
+) -> None:
     """A restart with a smaller fleet (an operator's upgrade with a new config) drains the excess
     node; the controller is killed in the middle of that drain (or of the termination after it)."""
     state = tmp_path / "state"
     log = tmp_path / "fleetd.log"
     nodes = Nodes(cloud, fleet, mosquitto.url, tmp_path / "nodes")
     commands: list[dict] = []
-    tasks = [asyncio.create_task(nodes.run()), asyncio.create_task(collect_commands(mosquitto.host, mosquitto.port, fleet, commands))]
+    tasks = [
+        asyncio.create_task(nodes.run()),
+        asyncio.create_task(collect_commands(mosquitto.host, mosquitto.port, fleet, commands)),
+    ]
     procs: list[subprocess.Popen] = []
     try:
         procs.append(fleetd_run(fleetd_toml(tmp_path / "fleetd.toml", cloud, fleet, mosquitto.url, nodes=2), log))
         await wait_for(lambda: len(running_nodes(state)) == 2, 120, "two running nodes")
         await stop(procs[-1])
         assert procs[-1].returncode == 0
-        smaller = fleetd_toml(tmp_path / "fleetd-1.toml", cloud, fleet, mosquitto.url, nodes=1, max_nodes=1,
-                              # short only where the test wants the termination that follows a drain
-                              drain_timeout_s=4.0 if failpoint == "terminate-recorded" else 300.0)
+        smaller = fleetd_toml(
+            tmp_path / "fleetd-1.toml",
+            cloud,
+            fleet,
+            mosquitto.url,
+            nodes=1,
+            max_nodes=1,
+            # short only where the test wants the termination that follows a drain
+            drain_timeout_s=4.0 if failpoint == "terminate-recorded" else 300.0,
+        )
         procs.append(fleetd_run(smaller, log, failpoint))
         await first_run_killed(procs[-1], log, failpoint)
         [(victim,)] = db_rows(state, "SELECT instance_id FROM instances WHERE drain_started_at IS NOT NULL")
@@ -300,6 +341,7 @@ async def test_drain_and_termination_survive_a_controller_crash(cloud: Cloud, mo
             await drain_delivered(commands, victim)
         procs.append(fleetd_run(smaller, log))
         if failpoint == "terminate-recorded":
+
             async def gone() -> bool:
                 return not any(i["InstanceId"] == victim for i in await cloud.instances(fleet))
 
@@ -307,13 +349,25 @@ async def test_drain_and_termination_survive_a_controller_crash(cloud: Cloud, mo
             while not await gone():
                 assert time.monotonic() < deadline, "the decided termination was never carried out"
                 await asyncio.sleep(0.5)
-            await wait_for(lambda: db_rows(state, "SELECT end_reason FROM instances WHERE instance_id=?", (victim,))
-                           == [("terminated by fleetd",)], 30, "the end recorded as fleetd's own")
+            await wait_for(
+                lambda: (
+                    db_rows(state, "SELECT end_reason FROM instances WHERE instance_id=?", (victim,))
+                    == [("terminated by fleetd",)]
+                ),
+                30,
+                "the end recorded as fleetd's own",
+            )
             [(losses,)] = db_rows(state, "SELECT SUM(losses) FROM pool_stats")
             assert losses == 0, "a termination fleetd decided is not an interruption"
         else:
-            await wait_for(lambda: db_rows(state, "SELECT drain_sent_at FROM instances WHERE instance_id=?",
-                                           (victim,))[0][0] is not None, 60, "the drain marked sent")
+            await wait_for(
+                lambda: (
+                    db_rows(state, "SELECT drain_sent_at FROM instances WHERE instance_id=?", (victim,))[0][0]
+                    is not None
+                ),
+                60,
+                "the drain marked sent",
+            )
             await asyncio.sleep(15)  # past the re-send grace: still one drain
         assert len(drains_for(commands, victim)) == 1, drains_for(commands, victim)
         await assert_fleet_consistent(cloud, fleet, state, max_nodes=1)

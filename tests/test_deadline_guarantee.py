@@ -53,8 +53,13 @@ def deadline_cases(draw, min_slack_d: float, max_slack_d: float | None) -> tuple
     spot = od * draw(st.floats(0.05, 0.95))
     eff = draw(st.floats(0.8, 1.0))
     base = JobSpec(
-        total_steps=1.0, max_nodes=nodes, min_nodes=1, deadline_s=deadline,
-        checkpoint_stall_s=0.0, no_notice_share=0.0, scaling_efficiency_per_doubling=eff,
+        total_steps=1.0,
+        max_nodes=nodes,
+        min_nodes=1,
+        deadline_s=deadline,
+        checkpoint_stall_s=0.0,
+        no_notice_share=0.0,
+        scaling_efficiency_per_doubling=eff,
     )
     job = base.with_(total_steps=work * base.throughput(nodes))
     sc = Scenario(trace, job, "p3.2xlarge", spot, od, changeover_s=d, reform_s=REFORM_S)

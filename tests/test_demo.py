@@ -20,14 +20,24 @@ pytestmark = pytest.mark.slow
 MARKER = "FLEETDEMO_TEST_RUN"
 
 
-def _demo(tmp_path: Path, *args: str, timeout: float = 420,
-          during: Callable[[Path], object] | None = None) -> tuple[subprocess.CompletedProcess, dict, str]:
+def _demo(
+    tmp_path: Path, *args: str, timeout: float = 420, during: Callable[[Path], object] | None = None
+) -> tuple[subprocess.CompletedProcess, dict, str]:
     """Run `fleetd demo`; ``during(workdir)`` runs while it does (its result: ``_demo.during``)."""
     run_id = uuid.uuid4().hex
     report = tmp_path / "report.json"
     env = {**os.environ, MARKER: run_id}  # every descendant inherits it: how strays are found
-    argv = [sys.executable, "-m", "fleetd.cli", "demo", "--workdir", str(tmp_path / "work"), "--report", str(report),
-            *args]
+    argv = [
+        sys.executable,
+        "-m",
+        "fleetd.cli",
+        "demo",
+        "--workdir",
+        str(tmp_path / "work"),
+        "--report",
+        str(report),
+        *args,
+    ]
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
         try:
             _demo.during = during(tmp_path / "work") if during is not None else None  # type: ignore[attr-defined]
@@ -64,8 +74,11 @@ def _wave_story(tmp_path: Path) -> str:
     """Each node's notice flow and the steering's actions: what a failed wave assertion needs."""
     lines = []
     for log in sorted((tmp_path / "work" / "nodes").glob("*/agent.log")):
-        lines += [f"{log.parent.name} {ln[:400]}" for ln in log.read_text(errors="replace").splitlines()
-                  if '"emergency_' in ln]
+        lines += [
+            f"{log.parent.name} {ln[:400]}"
+            for ln in log.read_text(errors="replace").splitlines()
+            if '"emergency_' in ln
+        ]
     fleetd_log = tmp_path / "work" / "fleetd.log"
     if fleetd_log.exists():
         lines += [ln[:300] for ln in fleetd_log.read_text(errors="replace").splitlines() if "rendezvous_steer" in ln]
@@ -86,8 +99,18 @@ def test_short_scenario_end_to_end(tmp_path: Path) -> None:
     for node in (tmp_path / "work" / "nodes").iterdir():
         if (node / "identity" / "node.crt").exists():
             assert f"u'{node.name}'" in broker_log, node.name
-    for key in ("notices", "steps_lost", "replacements", "max_world_size", "final_step", "spend_usd",
-                "budget_usd", "on_demand_equivalent_usd", "resume_latency_s", "checkpoints_durable"):
+    for key in (
+        "notices",
+        "steps_lost",
+        "replacements",
+        "max_world_size",
+        "final_step",
+        "spend_usd",
+        "budget_usd",
+        "on_demand_equivalent_usd",
+        "resume_latency_s",
+        "checkpoints_durable",
+    ):
         assert key in report, key
     assert report["notices"] >= 2
     # One node lost with no notice: the survivors save the step they completed (and re-form
@@ -143,7 +166,10 @@ def test_scaling_scenario_grows_on_measured_gain_and_drains_the_node_not_worth_i
     in fleetd's log and in the report."""
     res, report, run_id = _demo(tmp_path, "--scenario", "scaling", "--duration", "170", timeout=540)
     assert res.returncode == 0, _explain(res, tmp_path)
-    assert len(report["scale_ups"]) >= 1 and len(report["scale_downs"]) >= 1, (report["ledger"], _explain(res, tmp_path))
+    assert len(report["scale_ups"]) >= 1 and len(report["scale_downs"]) >= 1, (
+        report["ledger"],
+        _explain(res, tmp_path),
+    )
     assert all(d["reason"].startswith("scale up") for d in report["scale_ups"])
     down = report["scale_downs"][0]
     assert down["reason"].startswith(f"scale down {down['from']}->{down['to']}: node {down['from']} adds")
@@ -188,7 +214,9 @@ def test_storm_takes_the_whole_fleet_and_resumes_from_the_checkpoint_made_inside
     assert wipe is not None and wipe["nodes"] >= 3, report
     assert wipe["durable_step_before_last_left"] is not None, wipe
     assert wipe["resume_step"] == wipe["durable_step_before_last_left"] == wipe["last_step_before"], (
-        wipe, _wave_story(tmp_path))
+        wipe,
+        _wave_story(tmp_path),
+    )
     assert wipe["steps_lost"] == 0 and report["steps_lost"] == 0, report
     assert report["notices"] == len(report["notice_log"]) >= 6
     assert any(n["replacement"] for n in report["notice_log"])
@@ -201,8 +229,20 @@ def test_sigterm_stops_the_demo_and_everything_it_started(tmp_path: Path) -> Non
     run_id = uuid.uuid4().hex
     env = {**os.environ, MARKER: run_id}
     events = tmp_path / "work" / "trainer-events.jsonl"
-    argv = [sys.executable, "-m", "fleetd.cli", "demo", "--workdir", str(tmp_path / "work"),
-            "--scenario", "calm", "--nodes", "2", "--duration", "300"]
+    argv = [
+        sys.executable,
+        "-m",
+        "fleetd.cli",
+        "demo",
+        "--workdir",
+        str(tmp_path / "work"),
+        "--scenario",
+        "calm",
+        "--nodes",
+        "2",
+        "--duration",
+        "300",
+    ]
     with subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env) as proc:
         try:
             deadline = time.time() + 300

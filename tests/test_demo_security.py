@@ -51,12 +51,21 @@ FLEET = configs.DEMO_FLEET
 
 def test_the_demo_broker_uses_the_deployed_acl_and_security_settings():
     assert FLEET_ACL == (ROOT / "deploy" / "mosquitto" / "acl").read_text()
-    deployed = {ln.split()[0]: ln.split()[1:] for ln in (ROOT / "deploy" / "mosquitto" / "mosquitto.conf")
-                .read_text().splitlines() if ln.strip() and not ln.startswith("#")}
+    deployed = {
+        ln.split()[0]: ln.split()[1:]
+        for ln in (ROOT / "deploy" / "mosquitto" / "mosquitto.conf").read_text().splitlines()
+        if ln.strip() and not ln.startswith("#")
+    }
     demo = mosquitto_config(1883, Path("/tmp/x.log"), pki=_pki_stub(), acl=Path("/tmp/acl"))
     settings = {ln.split()[0]: ln.split()[1:] for ln in demo.splitlines()}
-    for key in ("allow_anonymous", "require_certificate", "use_identity_as_username", "use_username_as_clientid",
-                "tls_version", "per_listener_settings"):
+    for key in (
+        "allow_anonymous",
+        "require_certificate",
+        "use_identity_as_username",
+        "use_username_as_clientid",
+        "tls_version",
+        "per_listener_settings",
+    ):
         assert settings[key] == deployed[key], key
 
 
@@ -65,22 +74,31 @@ def _pki_stub():
 
     class Stub:
         files = CaFiles(Path("/etc/fleetd/ca"))
+
     return Stub()
 
 
 async def _launch(ec2, ami: str) -> dict:
     tags = [{"ResourceType": "instance", "Tags": [{"Key": TAG_FLEET, "Value": FLEET}]}]
-    return (await ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, InstanceType="g5.xlarge",
-                                    TagSpecifications=tags))["Instances"][0]
+    return (
+        await ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, InstanceType="g5.xlarge", TagSpecifications=tags)
+    )["Instances"][0]
 
 
 def _self_signed(directory: Path, cn: str) -> tuple[Path, Path]:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
     now = dt.datetime.now(dt.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(hours=1)).sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(hours=1))
+        .sign(key, hashes.SHA256())
+    )
     crt, kp = directory / f"self-{cn}.crt", directory / f"self-{cn}.key"
     crt.write_bytes(pem(cert))
     kp.write_bytes(key_pem(key))
@@ -108,8 +126,14 @@ async def test_only_enrolled_nodes_speak_and_only_for_themselves(tmp_path, aio_s
     broker, url, kind = await start_broker(tmp_path, pki)
     assert kind == "mosquitto" and url.startswith("mqtts://")
     host, port = "127.0.0.1", int(url.rsplit(":", 1)[1])
-    ep = configs.DemoEndpoints(aws_url=aws_client_kwargs["endpoint_url"], s3_url=aws_client_kwargs["endpoint_url"],
-                               mqtt_url=url, rdzv_port=free_port(), pki=pki, enrol_port=free_port())
+    ep = configs.DemoEndpoints(
+        aws_url=aws_client_kwargs["endpoint_url"],
+        s3_url=aws_client_kwargs["endpoint_url"],
+        mqtt_url=url,
+        rdzv_port=free_port(),
+        pki=pki,
+        enrol_port=free_port(),
+    )
     cfg = fleetd_config.load(configs.fleetd_toml(tmp_path, ep, 2, 5.0, 10.0, "ami-demo"))
     ctx = DaemonContext(cfg)
     registry = NodeRegistry()
@@ -126,8 +150,12 @@ async def test_only_enrolled_nodes_speak_and_only_for_themselves(tmp_path, aio_s
                 from agent.doubles.fake_imds import FakeImds
 
                 iid = inst["InstanceId"]
-                imds = FakeImds(instance_id=iid, zone=inst["Placement"]["AvailabilityZone"], signer=pki.signer,
-                                pending_time=inst["LaunchTime"].timestamp())
+                imds = FakeImds(
+                    instance_id=iid,
+                    zone=inst["Placement"]["AvailabilityZone"],
+                    signer=pki.signer,
+                    pending_time=inst["LaunchTime"].timestamp(),
+                )
                 await imds.start()
                 imdses.append(imds)
                 acfg = agent_config.load(configs.agent_toml(tmp_path, ep, 3, iid, "127.0.0.10", imds.url, steps=10))
@@ -136,15 +164,23 @@ async def test_only_enrolled_nodes_speak_and_only_for_themselves(tmp_path, aio_s
                     await asyncio.wait_for(enrolment.ensure(), 30)
                 received[iid] = []
                 sessions[iid] = MqttSession(
-                    mqtt_with_identity(acfg.mqtt, enrolment.files), fleet=FLEET, instance_id=iid,
-                    outbox=Outbox(None), on_command=lambda m, iid=iid: _append(received[iid], m),
-                    status_fields={"node_addr": f"127.0.0.{10 + len(sessions)}"}, backoff=Backoff(0.1, 0.5))
+                    mqtt_with_identity(acfg.mqtt, enrolment.files),
+                    fleet=FLEET,
+                    instance_id=iid,
+                    outbox=Outbox(None),
+                    on_command=lambda m, iid=iid: _append(received[iid], m),
+                    status_fields={"node_addr": f"127.0.0.{10 + len(sessions)}"},
+                    backoff=Backoff(0.1, 0.5),
+                )
                 tasks.append(tg.create_task(sessions[iid].run()))
             A, B = a["InstanceId"], b["InstanceId"]
             await asyncio.wait_for(intake.connected.wait(), 15)
             for s in sessions.values():
                 await asyncio.wait_for(s.connected.wait(), 15)
-            await _until(lambda: all(registry.record(i) and registry.record(i).status for i in (A, B)), "both nodes' status reached the controller")
+            await _until(
+                lambda: all(registry.record(i) and registry.record(i).status for i in (A, B)),
+                "both nodes' status reached the controller",
+            )
 
             ca = pki.files.ca_cert
             node_a = (sessions[A].cfg.cert_file, sessions[A].cfg.key_file)
@@ -162,20 +198,27 @@ async def test_only_enrolled_nodes_speak_and_only_for_themselves(tmp_path, aio_s
             # 3. node A's genuine certificate, publishing as node B and commanding B. It even asks
             # for B's client id: the broker names the session after the certificate instead
             # (use_username_as_clientid), so B's own session is not taken over.
-            async with aiomqtt.Client(host, port, identifier=f"fleet-agent-{FLEET}-{B}",
-                                      tls_context=_ctx(ca, node_a), timeout=5) as intruder:
+            async with aiomqtt.Client(
+                host, port, identifier=f"fleet-agent-{FLEET}-{B}", tls_context=_ctx(ca, node_a), timeout=5
+            ) as intruder:
                 spoof = CheckpointSaved(instance_id=B, step=999, world_size=1)
                 await intruder.publish(events_b, spoof.to_json(), qos=1)
                 await intruder.publish(node_topic(FLEET, B, "status"), b"offline", qos=1, retain=True)
-                await intruder.publish(node_topic(FLEET, B, "commands"),
-                                       DrainCommand(instance_id=B, reason="forged").to_json(), qos=1)
+                await intruder.publish(
+                    node_topic(FLEET, B, "commands"), DrainCommand(instance_id=B, reason="forged").to_json(), qos=1
+                )
                 # Same connection, after the forgeries: A's own event is accepted, so had the
                 # forgeries been accepted they would have reached the controller before it.
                 own = CheckpointSaved(instance_id=A, step=7, world_size=1)
                 await intruder.publish(node_topic(FLEET, A, "events"), own.to_json(), qos=1)
             delivered = []
-            await _until(lambda: delivered.extend(registry.drain_training_events()) or
-                         any(e.message.instance_id == A for e in delivered), "A's own event")
+            await _until(
+                lambda: (
+                    delivered.extend(registry.drain_training_events())
+                    or any(e.message.instance_id == A for e in delivered)
+                ),
+                "A's own event",
+            )
             assert [e.message.step for e in delivered] == [7], delivered
             # The controller, and only it, commands B.
             await intake.send_command(CheckpointCommand(instance_id=B, reason="genuine"))
@@ -186,8 +229,11 @@ async def test_only_enrolled_nodes_speak_and_only_for_themselves(tmp_path, aio_s
             # The observer identity (the demo's view) reads but cannot command.
             obs = pki.observer(url)
             async with aiomqtt.Client(host, port, identifier="view", tls_context=tls_context(obs), timeout=5) as view:
-                await view.publish(node_topic(FLEET, B, "commands"),
-                                   DrainCommand(instance_id=B, reason="from the view").to_json(), qos=1)
+                await view.publish(
+                    node_topic(FLEET, B, "commands"),
+                    DrainCommand(instance_id=B, reason="from the view").to_json(),
+                    qos=1,
+                )
             await intake.send_command(CheckpointCommand(instance_id=B, reason="marker"))
             await _until(lambda: len(received[B]) >= 2, "B received the marker command")
             assert [m.reason for m in received[B]] == ["genuine", "marker"], received[B]
@@ -273,11 +319,17 @@ def probe_running_demo(workdir: Path, timeout: float = 240.0) -> dict[str, objec
     is one the controller rejects as malformed, and no client id it uses is one the demo uses."""
     from fleetd.identity.ca import CaFiles, LocalCa
 
-    conf = _wait_for(lambda: (workdir / "mosquitto.conf").exists() and (workdir / "mosquitto.conf").read_text(),
-                     "the demo's broker config", timeout)
+    conf = _wait_for(
+        lambda: (workdir / "mosquitto.conf").exists() and (workdir / "mosquitto.conf").read_text(),
+        "the demo's broker config",
+        timeout,
+    )
     port = int(re.search(r"^listener (\d+) 127\.0\.0\.1$", conf, re.M).group(1))  # type: ignore[union-attr]
-    enrolled = _wait_for(lambda: sorted(p.parent.parent.name for p in (workdir / "nodes").glob("*/identity/node.crt")),
-                         "an enrolled node", timeout)
+    enrolled = _wait_for(
+        lambda: sorted(p.parent.parent.name for p in (workdir / "nodes").glob("*/identity/node.crt")),
+        "an enrolled node",
+        timeout,
+    )
     victim = enrolled[0]
     files = CaFiles(workdir / "pki")
     ca = files.ca_cert

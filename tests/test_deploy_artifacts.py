@@ -30,15 +30,18 @@ def fields(model: type[BaseModel], prefix: str = "") -> list[str]:
     for name, info in model.model_fields.items():
         key = info.alias or name
         ann = info.annotation
-        nested = next((a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        nested = next(
+            (a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)), None
+        )
         out += fields(nested, f"{prefix}{key}.") if nested else [f"{prefix}{key}"]
     return out
 
 
 @pytest.mark.parametrize("cli,path", [("fleetd", "examples/fleetd.toml"), ("fleet-agent", "examples/agent.toml")])
 def test_example_configs_pass_config_check(cli, path):
-    result = subprocess.run([str(BIN / cli), "config", "check", "--config", str(DEPLOY / path)],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [str(BIN / cli), "config", "check", "--config", str(DEPLOY / path)], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -74,13 +77,16 @@ def test_example_paths_match_the_units():
     node_policy = (DEPLOY / "iam/node-policy.json").read_text()
     assert f"arn:aws:s3:::{agent_cfg.checkpoints.bucket}/{agent_cfg.checkpoints.prefix}/*" in node_policy
     assert (fleetd_cfg.checkpoints.bucket, fleetd_cfg.checkpoints.prefix) == (
-        agent_cfg.checkpoints.bucket, agent_cfg.checkpoints.prefix)
+        agent_cfg.checkpoints.bucket,
+        agent_cfg.checkpoints.prefix,
+    )
     assert str(RendezvousConfig().port) in (DEPLOY / "FIREWALL.md").read_text()
 
 
 def test_sysusers_creates_the_users_the_units_run_as():
-    users = {line.split()[1] for line in (DEPLOY / "sysusers/fleetd.conf").read_text().splitlines()
-             if line.startswith("u ")}
+    users = {
+        line.split()[1] for line in (DEPLOY / "sysusers/fleetd.conf").read_text().splitlines() if line.startswith("u ")
+    }
     for unit in ("fleetd.service", "fleetd-rendezvous.service", "fleet-agent.service"):
         assert service(unit)["User"] in users
 

@@ -67,8 +67,11 @@ def test_rule_pattern_is_the_one_the_sqs_intake_handles():
     cond3, three, rest = rule["Properties"]["Targets"]["Fn::If"]
     cond2, two, one = rest["Fn::If"]
     assert (cond3, cond2) == (queues["ThirdQueue"]["Condition"], queues["SecondQueue"]["Condition"])
-    for targets, names in ((three, ["EventsQueue", "SecondQueue", "ThirdQueue"]),
-                           (two, ["EventsQueue", "SecondQueue"]), (one, ["EventsQueue"])):
+    for targets, names in (
+        (three, ["EventsQueue", "SecondQueue", "ThirdQueue"]),
+        (two, ["EventsQueue", "SecondQueue"]),
+        (one, ["EventsQueue"]),
+    ):
         assert [t["Arn"] for t in targets] == [{"Fn::GetAtt": [n, "Arn"]} for n in names]
 
 
@@ -101,12 +104,14 @@ def test_deployed_stack_delivers_the_three_ec2_event_types_to_the_intake(moto_en
     assert stack["StackStatus"] == "CREATE_COMPLETE"
     outputs = {o["OutputKey"]: o["OutputValue"] for o in stack["Outputs"]}
     iid = "i-0123456789abcdef0"
-    boto3.client("events", **kwargs).put_events(Entries=[
-        _event(sqs_intake.SPOT_WARNING, {"instance-id": iid, "instance-action": "terminate"}),
-        _event(sqs_intake.REBALANCE, {"instance-id": iid}),
-        _event(sqs_intake.STATE_CHANGE, {"instance-id": iid, "state": "shutting-down"}),
-        _event("EC2 Instance Scheduled Event", {"instance-id": iid}),  # not ours: filtered
-    ])
+    boto3.client("events", **kwargs).put_events(
+        Entries=[
+            _event(sqs_intake.SPOT_WARNING, {"instance-id": iid, "instance-action": "terminate"}),
+            _event(sqs_intake.REBALANCE, {"instance-id": iid}),
+            _event(sqs_intake.STATE_CHANGE, {"instance-id": iid, "state": "shutting-down"}),
+            _event("EC2 Instance Scheduled Event", {"instance-id": iid}),  # not ours: filtered
+        ]
+    )
     sqs = boto3.client("sqs", **kwargs)
     bodies: list[str] = []
     deadline = time.monotonic() + 10
@@ -128,24 +133,29 @@ def test_deployed_stack_gives_two_fleets_every_event_each_on_its_own_queue(moto_
     fleet's consumer can never delete a notice another fleet needs."""
     kwargs = {"endpoint_url": moto_endpoint, "region_name": "us-east-1", "config": NO_RETRIES}
     cfn = boto3.client("cloudformation", **kwargs)
-    cfn.create_stack(StackName="fleetd-events-2", TemplateBody=TEMPLATE.read_text(), Parameters=[
-        {"ParameterKey": "QueueName", "ParameterValue": "fleetd-events-jobA"},
-        {"ParameterKey": "SecondQueueName", "ParameterValue": "fleetd-events-jobB"},
-    ])
+    cfn.create_stack(
+        StackName="fleetd-events-2",
+        TemplateBody=TEMPLATE.read_text(),
+        Parameters=[
+            {"ParameterKey": "QueueName", "ParameterValue": "fleetd-events-jobA"},
+            {"ParameterKey": "SecondQueueName", "ParameterValue": "fleetd-events-jobB"},
+        ],
+    )
     stack = cfn.describe_stacks(StackName="fleetd-events-2")["Stacks"][0]
     assert stack["StackStatus"] == "CREATE_COMPLETE"
     outputs = {o["OutputKey"]: o["OutputValue"] for o in stack["Outputs"]}
     assert "ThirdQueueUrl" not in outputs
     ids = ["i-0a000000000000001", "i-0b000000000000002"]
-    boto3.client("events", **kwargs).put_events(Entries=[
-        _event(sqs_intake.SPOT_WARNING, {"instance-id": iid, "instance-action": "terminate"}) for iid in ids
-    ])
+    boto3.client("events", **kwargs).put_events(
+        Entries=[_event(sqs_intake.SPOT_WARNING, {"instance-id": iid, "instance-action": "terminate"}) for iid in ids]
+    )
     sqs = boto3.client("sqs", **kwargs)
     for key in ("QueueUrl", "SecondQueueUrl"):
         got: list[str] = []
         deadline = time.monotonic() + 10
         while len(got) < 2 and time.monotonic() < deadline:
             resp = sqs.receive_message(QueueUrl=outputs[key], MaxNumberOfMessages=10, WaitTimeSeconds=1)
-            got += [sqs_intake.parse_event(m["Body"], received_at=time.time()).instance_id
-                    for m in resp.get("Messages", [])]
+            got += [
+                sqs_intake.parse_event(m["Body"], received_at=time.time()).instance_id for m in resp.get("Messages", [])
+            ]
         assert sorted(got) == ids, key

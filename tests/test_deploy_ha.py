@@ -29,7 +29,9 @@ async def test_the_deployed_table_serves_the_lease_and_fenced_writes(moto_endpoi
     kwargs = {"endpoint_url": moto_endpoint, "region_name": "us-east-1", "config": NO_RETRIES}
     cfn = boto3.client("cloudformation", **kwargs)
     cfn.create_stack(StackName="fleetd-ha", TemplateBody=TEMPLATE.read_text())
-    outputs = {o["OutputKey"]: o["OutputValue"] for o in cfn.describe_stacks(StackName="fleetd-ha")["Stacks"][0]["Outputs"]}
+    outputs = {
+        o["OutputKey"]: o["OutputValue"] for o in cfn.describe_stacks(StackName="fleetd-ha")["Stacks"][0]["Outputs"]
+    }
     assert outputs["TableName"] == "fleetd-state"
     async with aio_session.create_client("dynamodb", **kwargs) as client:
         table = DynamoTable(client, outputs["TableName"], "f1")

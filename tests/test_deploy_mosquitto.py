@@ -49,9 +49,15 @@ class ThrowawayCA:
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .add_extension(
                 x509.KeyUsage(
-                    digital_signature=True, key_cert_sign=True, crl_sign=True,
-                    content_commitment=False, key_encipherment=False, data_encipherment=False,
-                    key_agreement=False, encipher_only=False, decipher_only=False,
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
                 ),
                 critical=True,
             )
@@ -251,7 +257,8 @@ async def test_connection_without_a_valid_certificate_is_refused(broker, pki, wh
 
 def test_deployed_config_has_no_anonymous_or_plaintext_listener():
     lines = [
-        ln.split() for ln in (DEPLOY / "mosquitto.conf").read_text().splitlines()
+        ln.split()
+        for ln in (DEPLOY / "mosquitto.conf").read_text().splitlines()
         if ln.strip() and not ln.lstrip().startswith("#")
     ]
     settings = {ln[0]: ln[1:] for ln in lines}

@@ -35,17 +35,26 @@ def test_deployed_groups_admit_the_store_broker_and_enrolment_only_from_fleet_no
     ec2 = boto3.client("ec2", **kwargs)
     vpc = ec2.create_vpc(CidrBlock="10.20.0.0/16")["Vpc"]["VpcId"]
     cfn = boto3.client("cloudformation", **kwargs)
-    cfn.create_stack(StackName="fleetd-network", TemplateBody=TEMPLATE.read_text(),
-                     Parameters=[{"ParameterKey": "VpcId", "ParameterValue": vpc}])
+    cfn.create_stack(
+        StackName="fleetd-network",
+        TemplateBody=TEMPLATE.read_text(),
+        Parameters=[{"ParameterKey": "VpcId", "ParameterValue": vpc}],
+    )
     stack = cfn.describe_stacks(StackName="fleetd-network")["Stacks"][0]
     assert stack["StackStatus"] == "CREATE_COMPLETE"
     out = {o["OutputKey"]: o["OutputValue"] for o in stack["Outputs"]}
     nodes, control = out["NodeSecurityGroupId"], out["ControlHostSecurityGroupId"]
     groups = {g["GroupId"]: g for g in ec2.describe_security_groups(GroupIds=[nodes, control])["SecurityGroups"]}
     inbound = {
-        gid: {(p["FromPort"], p["ToPort"], tuple(sorted(x["GroupId"] for x in p["UserIdGroupPairs"])),
-               tuple(r["CidrIp"] for r in p.get("IpRanges", [])))
-              for p in g["IpPermissions"]}
+        gid: {
+            (
+                p["FromPort"],
+                p["ToPort"],
+                tuple(sorted(x["GroupId"] for x in p["UserIdGroupPairs"])),
+                tuple(r["CidrIp"] for r in p.get("IpRanges", [])),
+            )
+            for p in g["IpPermissions"]
+        }
         for gid, g in groups.items()
     }
     assert inbound[control] == {(29400, 29400, (nodes,), ()), (8883, 8883, (nodes,), ()), (8440, 8440, (nodes,), ())}

@@ -33,8 +33,13 @@ B = PoolId("g5.xlarge", "us-east-1b")
 async def adapter(cloud: Cloud, client, tmp_path: Path, fleet: str = "t") -> AioEc2:
     cfg = cloud.config(tmp_path, fleet=fleet)
     template = await ensure_launch_template(client, cfg)
-    return AioEc2(client, fleet=fleet, job="train", template=template,
-                  subnets_by_zone=await subnets_by_zone(client, cfg.capacity.subnet_ids))
+    return AioEc2(
+        client,
+        fleet=fleet,
+        job="train",
+        template=template,
+        subnets_by_zone=await subnets_by_zone(client, cfg.capacity.subnet_ids),
+    )
 
 
 async def test_launch_template_pins_imdsv2_hop_limit_and_agent_user_data(cloud: Cloud, tmp_path: Path) -> None:
@@ -68,7 +73,9 @@ async def test_create_fleet_request_shape_tags_and_pools(cloud: Cloud, tmp_path:
     async with cloud.client() as c:
         ec2 = await adapter(cloud, c, tmp_path)
         token = launch_token("t", 0, 2, Market.SPOT, (A, B))
-        result = await ec2.launch(LaunchSpec(token, 2, Market.SPOT, (A, B), max_price_per_hour=0.5, max_total_price=0.9))
+        result = await ec2.launch(
+            LaunchSpec(token, 2, Market.SPOT, (A, B), max_price_per_hour=0.5, max_total_price=0.9)
+        )
     req = cloud.proxy.calls_of("CreateFleet")[0]
     assert req["Type"] == "instant" and req["ClientToken"] == token and len(token) <= 64
     assert req["SpotOptions.AllocationStrategy"] == "price-capacity-optimized"
@@ -78,8 +85,11 @@ async def test_create_fleet_request_shape_tags_and_pools(cloud: Cloud, tmp_path:
     assert [req[f"LaunchTemplateConfigs.1.Overrides.{n}.InstanceType"] for n in (1, 2)] == ["g4dn.xlarge", "g5.xlarge"]
     assert [req[f"LaunchTemplateConfigs.1.Overrides.{n}.SubnetId"] for n in (1, 2)] == [cloud.subnets[z] for z in ZONES]
     assert req["LaunchTemplateConfigs.1.Overrides.1.MaxPrice"] == "0.5000"
-    tags = {req[k]: req[k.replace(".Key", ".Value")] for k in req
-            if k.startswith("TagSpecification.1.Tag.") and k.endswith(".Key")}
+    tags = {
+        req[k]: req[k.replace(".Key", ".Value")]
+        for k in req
+        if k.startswith("TagSpecification.1.Tag.") and k.endswith(".Key")
+    }
     assert tags == {TAG_FLEET: "t", TAG_JOB: "train", TAG_LAUNCH: token, TAG_MARKET: "spot"}
     assert len(result.instances) == 2 and not result.failures
     live = await cloud.instances()

@@ -41,7 +41,11 @@ def client_error(code: str, status: int = 400, message: str = "m") -> ClientErro
 def test_client_error_codes(code: str, status: int, kind: type) -> None:
     err = translate(client_error(code, status, "why"), "CreateFleet")
     assert type(err) is kind
-    assert (err.operation, err.code.removeprefix("Server."), err.message) == ("CreateFleet", code.removeprefix("Server."), "why")
+    assert (err.operation, err.code.removeprefix("Server."), err.message) == (
+        "CreateFleet",
+        code.removeprefix("Server."),
+        "why",
+    )
 
 
 def test_network_failures_are_transient_and_unknown_exceptions_permanent() -> None:

@@ -22,7 +22,10 @@ from tests.reconcile_support import Cloud
 async def run_instances(cloud: Cloud, fleet: str, count: int) -> None:
     async with cloud.client(direct=True) as c:
         await c.run_instances(
-            ImageId=cloud.ami, MinCount=count, MaxCount=count, InstanceType="g4dn.xlarge",
+            ImageId=cloud.ami,
+            MinCount=count,
+            MaxCount=count,
+            InstanceType="g4dn.xlarge",
             TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": TAG_FLEET, "Value": fleet}]}],
         )
 

@@ -37,8 +37,9 @@ def store_for(aws_client_kwargs: dict, local_dir: Path, job: str):
     return cluster_e2e.store_for(aws_client_kwargs, local_dir, job, bucket=BUCKET)
 
 
-async def wait_training(cluster: LocalCluster, world: int, since: float, nodes: set[str],
-                        timeout: float = 120) -> float:
+async def wait_training(
+    cluster: LocalCluster, world: int, since: float, nodes: set[str], timeout: float = 120
+) -> float:
     return await cluster_e2e.wait_training(cluster, world, since, nodes, timeout)
 
 
@@ -86,8 +87,9 @@ async def test_notice_controller_restart_scale_up_and_rank0_loss(tmp_path, aws_c
 
             # -- 1. spot notice on c: coordinated checkpoint, shard to S3, leave, survivors re-form
             link = await asyncio.to_thread(StoreLink(cluster.host, cluster.port, cluster.run_id).connect)
-            flow = EmergencyFlow(link, c, cluster.nodes[c], cluster.spec(c).ckpt_dir,
-                                 uploader=CheckpointStoreUploader(store, writer=c))
+            flow = EmergencyFlow(
+                link, c, cluster.nodes[c], cluster.spec(c).ckpt_dir, uploader=CheckpointStoreUploader(store, writer=c)
+            )
             t_notice = time.time()
             outcome = await flow.run(reason="spot notice (test)")
             cluster.nodes.pop(c)
@@ -111,8 +113,11 @@ async def test_notice_controller_restart_scale_up_and_rank0_loss(tmp_path, aws_c
             cluster.start_steering()
             log = cluster.workdir / "steering.log"
             for _ in range(200):
-                adopted = [json.loads(line) for line in log.read_text().splitlines()
-                           if '"rendezvous_adopted"' in line] if log.exists() else []
+                adopted = (
+                    [json.loads(line) for line in log.read_text().splitlines() if '"rendezvous_adopted"' in line]
+                    if log.exists()
+                    else []
+                )
                 if len(adopted) >= 2:
                     break
                 await asyncio.sleep(0.1)
@@ -125,8 +130,9 @@ async def test_notice_controller_restart_scale_up_and_rank0_loss(tmp_path, aws_c
             cluster.add_node(d)
             t_joined = await wait_training(cluster, 3, t_join, {a, b, d})
             first_at_3 = min(cluster.events.training_at(3, t_join, {a, b, d}).values())
-            assert resumed_after(cluster, 3, t_join) == {last_step_before(cluster, 2, first_at_3)}, \
+            assert resumed_after(cluster, 3, t_join) == {last_step_before(cluster, 2, first_at_3)}, (
                 "scale-up lost steps"
+            )
             assert t_joined - t_join < 90
 
             # -- 4. the node hosting rank 0 is lost without notice
@@ -144,11 +150,14 @@ async def test_notice_controller_restart_scale_up_and_rank0_loss(tmp_path, aws_c
             # The survivors saved the step they had completed (agent/trainer/salvage.py): at
             # most the step in flight is lost, not everything since the last periodic save.
             # (A step is reported after its update: the saved one may be the unreported next.)
-            last = max(e["step"] for e in cluster.events.of("step", world=3) if e["t"] >= t_join
-                       and e["node"] in survivors)
+            last = max(
+                e["step"] for e in cluster.events.of("step", world=3) if e["t"] >= t_join and e["node"] in survivors
+            )
             assert durable_before <= step and last - 1 <= step <= last + 1, (step, last, durable_before)
-            print(f"rank-0 node lost without notice: resumed at {step}, survivors' last step {last}, "
-                  f"last durable before {durable_before}")
+            print(
+                f"rank-0 node lost without notice: resumed at {step}, survivors' last step {last}, "
+                f"last durable before {durable_before}"
+            )
             assert any(e["step"] == step for e in cluster.events.of("salvaged") if e["t"] >= t_loss)
             for _ in range(50):  # the survivors' copy is (or becomes) the durable one
                 if step in await store.complete_steps():
@@ -167,8 +176,10 @@ async def test_notice_controller_restart_scale_up_and_rank0_loss(tmp_path, aws_c
             assert last - 1 <= resumed_at <= last + 1, (resumed_at, last)
             salvaged = [e for e in cluster.events.of("salvaged", node=survivor) if e["t"] >= t_freeze]
             assert salvaged and salvaged[0]["reason"] == "SIGTERM", "saved by the watcher while hung"
-            print(f"node frozen without notice: training again after {t_back - t_freeze:.1f} s, "
-                  f"resumed at {resumed_at}, survivor's last step {last}")
+            print(
+                f"node frozen without notice: training again after {t_back - t_freeze:.1f} s, "
+                f"resumed at {resumed_at}, survivor's last step {last}"
+            )
         except BaseException:
             print(cluster.logs())  # shown by pytest on failure: every process's log tail
             raise

@@ -43,8 +43,10 @@ class MemoryLink:
         return 1
 
     def acks(self, seq: int) -> list[keys.CheckpointAck]:
-        return [keys.CheckpointAck(seq=seq, step=STEP, rank=r, world_size=len(NODES), node_addr=a)
-                for r, a in enumerate(NODES)]
+        return [
+            keys.CheckpointAck(seq=seq, step=STEP, rank=r, world_size=len(NODES), node_addr=a)
+            for r, a in enumerate(NODES)
+        ]
 
     def mark_drain_ready(self, addr: str, value: keys.DrainReady) -> None:
         self.events.append(("drain_ready", f"durable={value.durable}"))
@@ -83,8 +85,15 @@ def _flow(tmp_path: Path, link: MemoryLink) -> EmergencyFlow:
     step_dir.mkdir(parents=True)
     (step_dir / local_ckpt.PLAIN_FILE).write_bytes(b"weights")
     (step_dir / local_ckpt.MARKER).write_text("{}")
-    flow = EmergencyFlow(link, NODES[0], StubTorchrun(), tmp_path, uploader=SlowUploader(link),  # type: ignore[arg-type]
-                         poll_s=0.01, leave_wait_s=0.05)
+    flow = EmergencyFlow(
+        link,
+        NODES[0],
+        StubTorchrun(),
+        tmp_path,
+        uploader=SlowUploader(link),  # type: ignore[arg-type]
+        poll_s=0.01,
+        leave_wait_s=0.05,
+    )
     return flow
 
 
@@ -140,8 +149,11 @@ async def test_a_later_notice_does_not_wait_for_the_ranks_of_a_node_already_gone
 
 def test_a_silent_rank_on_a_node_still_here_is_waited_for(tmp_path: Path) -> None:
     link = WaveLink(left=set())  # NODES[2] has not answered seq 2 and has not left: wait for it
-    link.acks = lambda seq: [a for a in MemoryLink.acks(link, seq)  # type: ignore[method-assign]
-                             if seq == 1 or a.node_addr != NODES[2]]
+    link.acks = lambda seq: [
+        a
+        for a in MemoryLink.acks(link, seq)  # type: ignore[method-assign]
+        if seq == 1 or a.node_addr != NODES[2]
+    ]
     flow = _flow(tmp_path, link)
     assert not flow._every_remaining_rank_acked(2, link.acks(2))
     link.left.add(NODES[2])

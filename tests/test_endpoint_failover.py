@@ -30,8 +30,13 @@ FLEET = "hafailover"
 
 
 async def test_store_moves_to_a_new_host_and_training_resumes_there(tmp_path, mosquitto):
-    cluster = LocalCluster(tmp_path / "job", run_id="mv", min_nodes=1, max_nodes=2,
-                           train_args=("--steps", "1000000", "--step-sleep", "0.05"))
+    cluster = LocalCluster(
+        tmp_path / "job",
+        run_id="mv",
+        min_nodes=1,
+        max_nodes=2,
+        train_args=("--steps", "1000000", "--step-sleep", "0.05"),
+    )
     a = "127.0.0.2"
     rec = Recorder()
     topic = rendezvous_topic(FLEET)
@@ -40,14 +45,21 @@ async def test_store_moves_to_a_new_host_and_training_resumes_there(tmp_path, mo
         cluster.start_steering()
         old_port = cluster.port
         hooks = hooks_for(cluster, a, rec)
-        session = MqttSession(MqttConfig(url=mosquitto.url, keepalive_s=5), fleet=FLEET, instance_id="i-0000000000000f001",
-                              outbox=Outbox(None), on_command=rec.publish, on_endpoint=hooks.on_endpoint)
+        session = MqttSession(
+            MqttConfig(url=mosquitto.url, keepalive_s=5),
+            fleet=FLEET,
+            instance_id="i-0000000000000f001",
+            outbox=Outbox(None),
+            on_command=rec.publish,
+            on_endpoint=hooks.on_endpoint,
+        )
         tasks = [asyncio.create_task(hooks.run()), asyncio.create_task(session.run())]
         try:
             async with aiomqtt.Client(mosquitto.host, mosquitto.port) as ctl:
                 # The first leader's word: the store torchrun already uses (adopted, no restart).
-                first = RendezvousEndpoint(host=cluster.host, port=old_port, run_id=cluster.run_id,
-                                           leader="ctl-a", generation=1)
+                first = RendezvousEndpoint(
+                    host=cluster.host, port=old_port, run_id=cluster.run_id, leader="ctl-a", generation=1
+                )
                 await ctl.publish(topic, first.to_json(), qos=1, retain=True)
                 t0 = time.time()
                 await asyncio.to_thread(cluster.events.wait_training, 1, t0, 180, {a})
@@ -64,8 +76,9 @@ async def test_store_moves_to_a_new_host_and_training_resumes_there(tmp_path, mo
                 cluster.port = free_port(cluster.host)
                 await asyncio.to_thread(cluster.start_host)
                 cluster.start_steering()
-                moved = RendezvousEndpoint(host=cluster.host, port=cluster.port, run_id=cluster.run_id,
-                                           leader="ctl-b", generation=2)
+                moved = RendezvousEndpoint(
+                    host=cluster.host, port=cluster.port, run_id=cluster.run_id, leader="ctl-b", generation=2
+                )
                 await ctl.publish(topic, moved.to_json(), qos=1, retain=True)
                 t_pub = time.time()
                 step_at_publish = cluster.events.last_step()
@@ -88,8 +101,10 @@ async def test_store_moves_to_a_new_host_and_training_resumes_there(tmp_path, mo
                 before = cluster.events.last_step()
                 await asyncio.sleep(3.0)
                 assert cluster.events.last_step() > before, "training stopped on the new store"
-                print(f"HA_FOLLOW step_at_kill={step_at_kill} step_at_publish={step_at_publish} resumed_from={min(resumed)} "
-                      f"published_to_training_s={t_trained - t_pub:.1f} kill_to_training_s={t_trained - t_kill:.1f}")
+                print(
+                    f"HA_FOLLOW step_at_kill={step_at_kill} step_at_publish={step_at_publish} resumed_from={min(resumed)} "
+                    f"published_to_training_s={t_trained - t_pub:.1f} kill_to_training_s={t_trained - t_kill:.1f}"
+                )
                 await ctl.publish(topic, b"", qos=1, retain=True)
         finally:
             await hooks.stop()
@@ -99,8 +114,9 @@ async def test_store_moves_to_a_new_host_and_training_resumes_there(tmp_path, mo
                 await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def test_folder_mode_follows_the_new_store_and_resumes_from_the_scripts_save(tmp_path, mosquitto,
-                                                                                  aws_client_kwargs):
+async def test_folder_mode_follows_the_new_store_and_resumes_from_the_scripts_save(
+    tmp_path, mosquitto, aws_client_kwargs
+):
     """Folder mode (a script that only saves to a folder when told, SIGUSR1) follows the leader's
     new store too: asked to save first, then torchrun restarted once against the new store, and
     the script resumes from that save in its own folder."""
@@ -114,18 +130,31 @@ async def test_folder_mode_follows_the_new_store_and_resumes_from_the_scripts_sa
 
     script = tmp_path / "save_on_signal.py"
     script.write_text(SAVE_ON_SIGNAL)
-    cluster = LocalCluster(tmp_path / "job", run_id="fmove", min_nodes=1, max_nodes=2,
-                           s3_bucket=BUCKET, s3_endpoint=aws_client_kwargs["endpoint_url"])
+    cluster = LocalCluster(
+        tmp_path / "job",
+        run_id="fmove",
+        min_nodes=1,
+        max_nodes=2,
+        s3_bucket=BUCKET,
+        s3_endpoint=aws_client_kwargs["endpoint_url"],
+    )
     node = Node(cluster, "127.0.0.2", aws_client_kwargs)
-    node.hooks.spec = replace(node.hooks.spec, entrypoint=str(script), args=(str(node.folder / "state.pt"),),
-                              job="fmove")
+    node.hooks.spec = replace(
+        node.hooks.spec, entrypoint=str(script), args=(str(node.folder / "state.pt"),), job="fmove"
+    )
     node.hooks.folder = FolderSettings(node.folder, "SIGUSR1", 0.5)
     hooks = node.hooks
     topic = rendezvous_topic(FLEET)
     cfg = CheckpointConfig(bucket=BUCKET, prefix="checkpoints", local_dir=tmp_path / "check")
     aws = AwsConfig(region=aws_client_kwargs["region_name"], endpoint_url=aws_client_kwargs["endpoint_url"])
-    session = MqttSession(MqttConfig(url=mosquitto.url, keepalive_s=5), fleet=FLEET, instance_id="i-0000000000000f002",
-                          outbox=Outbox(None), on_command=Recorder().publish, on_endpoint=hooks.on_endpoint)
+    session = MqttSession(
+        MqttConfig(url=mosquitto.url, keepalive_s=5),
+        fleet=FLEET,
+        instance_id="i-0000000000000f002",
+        outbox=Outbox(None),
+        on_command=Recorder().publish,
+        on_endpoint=hooks.on_endpoint,
+    )
     tasks: list[asyncio.Task] = []
 
     def starts_at() -> list[int]:
@@ -140,8 +169,9 @@ async def test_folder_mode_follows_the_new_store_and_resumes_from_the_scripts_sa
             await node.start(cluster)
             tasks.append(asyncio.create_task(session.run()))
             async with aiomqtt.Client(mosquitto.host, mosquitto.port) as ctl:
-                first = RendezvousEndpoint(host=cluster.host, port=old_port, run_id=cluster.run_id,
-                                           leader="ctl-a", generation=1)
+                first = RendezvousEndpoint(
+                    host=cluster.host, port=old_port, run_id=cluster.run_id, leader="ctl-a", generation=1
+                )
                 await ctl.publish(topic, first.to_json(), qos=1, retain=True)
                 await wait_until(lambda: "step 20" in node.text(), 180, "training", cluster)
                 await wait_until(lambda: hooks.endpoint is not None, 30, "first endpoint adopted", cluster)
@@ -154,8 +184,9 @@ async def test_folder_mode_follows_the_new_store_and_resumes_from_the_scripts_sa
                 cluster.port = free_port(cluster.host)
                 await asyncio.to_thread(cluster.start_host)
                 cluster.start_steering()
-                moved = RendezvousEndpoint(host=cluster.host, port=cluster.port, run_id=cluster.run_id,
-                                           leader="ctl-b", generation=2)
+                moved = RendezvousEndpoint(
+                    host=cluster.host, port=cluster.port, run_id=cluster.run_id, leader="ctl-b", generation=2
+                )
                 await ctl.publish(topic, moved.to_json(), qos=1, retain=True)
                 await wait_until(lambda: hooks.starts == 2, 120, "torchrun restarted against the new store", cluster)
                 cluster.nodes[node.addr] = hooks.torchrun  # close() ends it whatever happens
@@ -166,8 +197,9 @@ async def test_folder_mode_follows_the_new_store_and_resumes_from_the_scripts_sa
                 # The save asked for before the move is what the script resumes from.
                 assert starts_at()[1] == saved[0] >= step_at_kill, (starts_at(), saved, step_at_kill)
                 offset = len(node.text().encode())
-                await wait_until(lambda: re.search(r"^step \d+$", node.text(offset), re.M), 60,
-                                 "steps on the new store", cluster)
+                await wait_until(
+                    lambda: re.search(r"^step \d+$", node.text(offset), re.M), 60, "steps on the new store", cluster
+                )
 
                 # Redelivered and stale messages restart nothing; the job is still running.
                 await ctl.publish(topic, moved.to_json(), qos=1, retain=True)

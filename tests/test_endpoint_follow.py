@@ -57,9 +57,13 @@ def test_another_runs_store_is_never_followed():
     assert d.action is FollowAction.OTHER_RUN and d.endpoint == current
 
 
-endpoints = st.builds(adv, host=st.sampled_from(["10.0.0.1", "10.0.0.2", "10.0.0.3"]),
-                      port=st.sampled_from([29400, 29401]), generation=st.integers(0, 6),
-                      run_id=st.sampled_from([RUN, RUN, "other"]))
+endpoints = st.builds(
+    adv,
+    host=st.sampled_from(["10.0.0.1", "10.0.0.2", "10.0.0.3"]),
+    port=st.sampled_from([29400, 29401]),
+    generation=st.integers(0, 6),
+    run_id=st.sampled_from([RUN, RUN, "other"]),
+)
 
 
 @given(st.lists(endpoints, max_size=30))
@@ -110,13 +114,22 @@ async def test_agent_receives_the_retained_endpoint_and_rejects_bad_ones(mosquit
     EndpointHooks.instances.clear()
     with tempfile.TemporaryDirectory(prefix="fe-", dir="/tmp") as d:
         state = Path(d)
-        async with FakeImds(instance_id="i-00000000000000e01") as fake, \
-                aiomqtt.Client(mosquitto.host, mosquitto.port) as ctl:
+        async with (
+            FakeImds(instance_id="i-00000000000000e01") as fake,
+            aiomqtt.Client(mosquitto.host, mosquitto.port) as ctl,
+        ):
             # Published before the agent exists: retained, so the agent gets it on connect.
             await ctl.publish(topic, first.to_json(), qos=1, retain=True)
-            cfg = AgentConfig(node=NodeConfig(fleet=FLEET, imds_url=fake.url, state_dir=state,
-                                              trainer_socket=state / "trainer.sock", shutdown_timeout_s=5),
-                              mqtt=MqttConfig(url=mosquitto.url, keepalive_s=5))
+            cfg = AgentConfig(
+                node=NodeConfig(
+                    fleet=FLEET,
+                    imds_url=fake.url,
+                    state_dir=state,
+                    trainer_socket=state / "trainer.sock",
+                    shutdown_timeout_s=5,
+                ),
+                mqtt=MqttConfig(url=mosquitto.url, keepalive_s=5),
+            )
             agent = Agent(cfg, EndpointHooks)
             task = asyncio.create_task(agent.run())
             try:
@@ -124,8 +137,12 @@ async def test_agent_receives_the_retained_endpoint_and_rejects_bad_ones(mosquit
                 hooks = EndpointHooks.instances[-1]
                 bad_version = json.loads(first.to_json())
                 bad_version["schema_version"] = 99
-                for payload in (b"{garbage", json.dumps(bad_version).encode(), b'{"kind": "rendezvous-endpoint"}',
-                                b"x" * 70_000):
+                for payload in (
+                    b"{garbage",
+                    json.dumps(bad_version).encode(),
+                    b'{"kind": "rendezvous-endpoint"}',
+                    b"x" * 70_000,
+                ):
                     await ctl.publish(topic, payload, qos=1)
                 second = adv(host="10.0.0.3", generation=2)
                 await ctl.publish(topic, second.to_json(), qos=1, retain=True)

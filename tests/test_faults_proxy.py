@@ -21,8 +21,13 @@ B = PoolId("g5.xlarge", "us-east-1b")
 
 async def ec2_adapter(cloud: Cloud, client, tmp_path: Path) -> AioEc2:
     cfg = cloud.config(tmp_path)
-    return AioEc2(client, fleet="t", job="train", template=await ensure_launch_template(client, cfg),
-                  subnets_by_zone=await subnets_by_zone(client, cfg.capacity.subnet_ids))
+    return AioEc2(
+        client,
+        fleet="t",
+        job="train",
+        template=await ensure_launch_template(client, cfg),
+        subnets_by_zone=await subnets_by_zone(client, cfg.capacity.subnet_ids),
+    )
 
 
 @pytest.mark.parametrize(
@@ -58,7 +63,10 @@ async def test_per_pool_capacity_errors_come_back_in_the_error_set(cloud: Cloud,
     assert [(f.pool, f.kind, f.code) for f in partial.failures] == [(A, "capacity", "InsufficientInstanceCapacity")]
     assert "g4dn.xlarge capacity in the Availability Zone you requested (us-east-1a)" in partial.failures[0].message
     assert nothing.instances == ()
-    assert [(f.pool, f.code) for f in nothing.failures] == [(A, "InsufficientInstanceCapacity"), (B, "SpotMaxPriceTooLow")]
+    assert [(f.pool, f.code) for f in nothing.failures] == [
+        (A, "InsufficientInstanceCapacity"),
+        (B, "SpotMaxPriceTooLow"),
+    ]
     assert "0.0100" in nothing.failures[1].message  # the bid from the request, as AWS quotes it
     assert len(await cloud.instances()) == 2  # the all-failed request never reached moto
 

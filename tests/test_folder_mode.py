@@ -126,8 +126,9 @@ def test_the_agent_picks_folder_mode_when_the_job_declares_a_folder(tmp_path: Pa
 
     plain = AgentConfig()
     assert default_hooks_factory(plain) == ElasticHooks.from_context
-    folder = AgentConfig(job=JobConfig(checkpoint_dir=tmp_path / "job", checkpoint_signal="SIGUSR1",
-                                       checkpoint_settle_s=3.0))
+    folder = AgentConfig(
+        job=JobConfig(checkpoint_dir=tmp_path / "job", checkpoint_signal="SIGUSR1", checkpoint_settle_s=3.0)
+    )
     assert default_hooks_factory(folder) == FolderHooks.from_context
     assert FolderSettings.from_job(folder.job) == FolderSettings(tmp_path / "job", "SIGUSR1", 3.0)
     assert FolderSettings.from_job(plain.job) is None

@@ -42,9 +42,11 @@ class Node:
         self.log = self.dir / "torchrun.log"
         self.events: list = []
         spec = replace(
-            cluster.spec(addr), entrypoint=str(SCRIPT), module=False, warm_pool=False,
-            args=("100000", str(SAVE_EVERY), "--snapshot_path", str(self.folder / "snapshot.pt"),
-                  "--sleep", "0.03"),
+            cluster.spec(addr),
+            entrypoint=str(SCRIPT),
+            module=False,
+            warm_pool=False,
+            args=("100000", str(SAVE_EVERY), "--snapshot_path", str(self.folder / "snapshot.pt"), "--sleep", "0.03"),
         )
 
         async def publish(event: object) -> None:
@@ -54,10 +56,14 @@ class Node:
             return None
 
         self.hooks = FolderHooks(
-            spec=spec, instance_id=addr, publish_event=publish, set_state=set_state,
+            spec=spec,
+            instance_id=addr,
+            publish_event=publish,
+            set_state=set_state,
             checkpoints=CheckpointConfig(bucket=BUCKET, prefix="checkpoints", local_dir=self.dir / "agent"),
             aws=AwsConfig(region=aws_client_kwargs["region_name"], endpoint_url=aws_client_kwargs["endpoint_url"]),
-            log_path=self.log, folder=FolderSettings(self.folder, "none", 1.0),
+            log_path=self.log,
+            folder=FolderSettings(self.folder, "none", 1.0),
             client_config=aws_client_kwargs["config"],
         )
         self.task: asyncio.Task | None = None
@@ -91,8 +97,14 @@ async def until(cond, timeout: float, what: str, cluster: LocalCluster):  # noqa
 async def test_ddp_tutorial_script_in_folder_mode(tmp_path, aws_client_kwargs):
     from agent.checkpoint_store import CheckpointStore
 
-    cluster = LocalCluster(tmp_path / "job", run_id="folder", min_nodes=1, max_nodes=3,
-                           s3_bucket=BUCKET, s3_endpoint=aws_client_kwargs["endpoint_url"])
+    cluster = LocalCluster(
+        tmp_path / "job",
+        run_id="folder",
+        min_nodes=1,
+        max_nodes=3,
+        s3_bucket=BUCKET,
+        s3_endpoint=aws_client_kwargs["endpoint_url"],
+    )
     a, b, c = (Node(cluster, addr, aws_client_kwargs) for addr in ("127.0.0.2", "127.0.0.3", "127.0.0.4"))
     cfg = CheckpointConfig(bucket=BUCKET, prefix="checkpoints", local_dir=tmp_path / "check")
     aws = AwsConfig(region=aws_client_kwargs["region_name"], endpoint_url=aws_client_kwargs["endpoint_url"])
@@ -109,8 +121,9 @@ async def test_ddp_tutorial_script_in_folder_mode(tmp_path, aws_client_kwargs):
             # -- a notice on b: no signal (the tutorial catches none); b leaves, a goes on alone
             offset = len(a.text().encode())
             t_notice = time.monotonic()
-            await b.hooks.on_notice(Notice(instance_id=b.addr, action="terminate",
-                                           action_time=datetime.now(UTC) + timedelta(seconds=120)))
+            await b.hooks.on_notice(
+                Notice(instance_id=b.addr, action="terminate", action_time=datetime.now(UTC) + timedelta(seconds=120))
+            )
             t_left = time.monotonic()
             resumed = await until(lambda: RESUMED.findall(a.text(offset)), 120, "the survivor resumed", cluster)
             resumed_at = int(resumed[0])
@@ -123,14 +136,20 @@ async def test_ddp_tutorial_script_in_folder_mode(tmp_path, aws_client_kwargs):
             # Epochs 0..last_epoch-1 were complete; the script goes on from resumed_at (it re-runs
             # the epoch it saved after, as the tutorial does): lost = last_epoch - resumed_at
             # completed epochs plus the one in progress, at most save_every completed ones.
-            print(f"folder mode, notice: node left {t_left - t_notice:.1f} s after the notice; survivor was in "
-                  f"epoch {last_epoch}, resumed at epoch {resumed_at}: {lost} completed epoch(s) lost plus "
-                  f"the one in progress (bound: save_every = {SAVE_EVERY} epochs)")
+            print(
+                f"folder mode, notice: node left {t_left - t_notice:.1f} s after the notice; survivor was in "
+                f"epoch {last_epoch}, resumed at epoch {resumed_at}: {lost} completed epoch(s) lost plus "
+                f"the one in progress (bound: save_every = {SAVE_EVERY} epochs)"
+            )
             await b.task
 
             # -- a replacement with an empty disk: the newest durable version is restored first
-            await until(lambda: EPOCH.findall(a.text(offset + 1)) and len(a.uploaded()) >= 3, 120,
-                        "the survivor saved again", cluster)
+            await until(
+                lambda: EPOCH.findall(a.text(offset + 1)) and len(a.uploaded()) >= 3,
+                120,
+                "the survivor saved again",
+                cluster,
+            )
             durable_before = max(await store.complete_steps())
             offset = len(a.text().encode())
             await c.start(cluster)
@@ -138,8 +157,10 @@ async def test_ddp_tutorial_script_in_folder_mode(tmp_path, aws_client_kwargs):
             assert c.hooks.sync is not None and c.hooks.sync.last_version >= durable_before
             c_resumed = await until(lambda: RESUMED.findall(c.text()), 180, "the replacement resumed", cluster)
             a_resumed = await until(lambda: RESUMED.findall(a.text(offset)), 60, "the survivor re-formed", cluster)
-            print(f"folder mode, replacement: restored version {c.hooks.sync.last_version}, resumed at epoch "
-                  f"{c_resumed[0]}; survivor resumed at epoch {a_resumed[0]}")
+            print(
+                f"folder mode, replacement: restored version {c.hooks.sync.last_version}, resumed at epoch "
+                f"{c_resumed[0]}; survivor resumed at epoch {a_resumed[0]}"
+            )
             assert int(c_resumed[0]) >= resumed_at
     except BaseException:
         print(cluster.logs())
@@ -151,7 +172,7 @@ async def test_ddp_tutorial_script_in_folder_mode(tmp_path, aws_client_kwargs):
         await asyncio.to_thread(cluster.close)
 
 
-SAVE_ON_SIGNAL = '''
+SAVE_ON_SIGNAL = """
 import os, signal, sys, time
 import torch, torch.distributed as dist
 
@@ -177,7 +198,7 @@ while True:
         os.replace(path + ".tmp", path)
         print("saved", step, flush=True)
         asked = False
-'''
+"""
 
 
 async def test_notice_signal_gets_the_scripts_save_uploaded_before_the_node_leaves(tmp_path, aws_client_kwargs):
@@ -185,11 +206,18 @@ async def test_notice_signal_gets_the_scripts_save_uploaded_before_the_node_leav
 
     script = tmp_path / "save_on_signal.py"
     script.write_text(SAVE_ON_SIGNAL)
-    cluster = LocalCluster(tmp_path / "job", run_id="signal", min_nodes=1, max_nodes=2,
-                           s3_bucket=BUCKET, s3_endpoint=aws_client_kwargs["endpoint_url"])
+    cluster = LocalCluster(
+        tmp_path / "job",
+        run_id="signal",
+        min_nodes=1,
+        max_nodes=2,
+        s3_bucket=BUCKET,
+        s3_endpoint=aws_client_kwargs["endpoint_url"],
+    )
     node = Node(cluster, "127.0.0.2", aws_client_kwargs)
-    node.hooks.spec = replace(node.hooks.spec, entrypoint=str(script), args=(str(node.folder / "state.pt"),),
-                              job="signal")
+    node.hooks.spec = replace(
+        node.hooks.spec, entrypoint=str(script), args=(str(node.folder / "state.pt"),), job="signal"
+    )
     node.hooks.folder = FolderSettings(node.folder, "SIGUSR1", 0.5)
     cfg = CheckpointConfig(bucket=BUCKET, prefix="checkpoints", local_dir=tmp_path / "check")
     aws = AwsConfig(region=aws_client_kwargs["region_name"], endpoint_url=aws_client_kwargs["endpoint_url"])
@@ -201,16 +229,21 @@ async def test_notice_signal_gets_the_scripts_save_uploaded_before_the_node_leav
             await node.start(cluster)
             await until(lambda: "step 20" in node.text(), 180, "training", cluster)
             assert not await store.complete_steps(), "the script saves only when told"
-            await node.hooks.on_notice(Notice(instance_id=node.addr, action="terminate",
-                                              action_time=datetime.now(UTC) + timedelta(seconds=120)))
+            await node.hooks.on_notice(
+                Notice(
+                    instance_id=node.addr, action="terminate", action_time=datetime.now(UTC) + timedelta(seconds=120)
+                )
+            )
             saved = [int(s) for s in re.findall(r"^saved (\d+)$", node.text(), re.M)]
             assert len(saved) == 1, node.text()[-500:]
             assert await store.complete_steps() == [1], "the save the signal asked for is durable"
             restored = await store.restore_latest(tmp_path / "restored")
             assert torch_load_step(restored.directory / "state.pt") == saved[0]
             last = max(int(s) for s in re.findall(r"^step (\d+)$", node.text(), re.M))
-            print(f"folder mode with SIGUSR1: saved step {saved[0]} (durable before the leave); "
-                  f"the script had reached step {last} when its tree was stopped")
+            print(
+                f"folder mode with SIGUSR1: saved step {saved[0]} (durable before the leave); "
+                f"the script had reached step {last} when its tree was stopped"
+            )
             await node.task
     except BaseException:
         print(cluster.logs())

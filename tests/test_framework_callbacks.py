@@ -49,12 +49,12 @@ def test_callback_resumes_where_the_job_left_off(job, tmp_path, monkeypatch) -> 
     (sched,) = state["stateful"].values()
     assert sched["last_epoch"] == 25
 
-    second = run_example(module, ["--steps", "40", *args], tmp_path, monkeypatch)[len(first):]
+    second = run_example(module, ["--steps", "40", *args], tmp_path, monkeypatch)[len(first) :]
     assert [e["from_step"] for e in second if e["ev"] == "resumed"] == [25]
     assert [e["step"] for e in second if e["ev"] == "step"] == list(range(26, 41)), "max_steps counts the whole job"
     assert local_ckpt.load_plain(tmp_path / "ckpt", 40)["stateful"][next(iter(state["stateful"]))]["last_epoch"] == 40
 
-    third = run_example(module, ["--steps", "40", *args], tmp_path, monkeypatch)[len(first) + len(second):]
+    third = run_example(module, ["--steps", "40", *args], tmp_path, monkeypatch)[len(first) + len(second) :]
     assert not [e for e in third if e["ev"] == "step"], "a finished job does not train (or report) again"
     assert local_ckpt.newest_complete(tmp_path / "ckpt", "state_dict") == 40, "nor save a step past the end"
 
@@ -75,8 +75,9 @@ def test_torch_optimizer_unwraps_framework_wrappers() -> None:
 
 @pytest.mark.parametrize("job", sorted(configs.DEMO_JOBS))
 def test_demo_jobs_load_as_agent_config(job, tmp_path) -> None:
-    ep = configs.DemoEndpoints(aws_url="http://127.0.0.1:1", s3_url="http://127.0.0.1:1",
-                               mqtt_url="mqtt://127.0.0.1:1883", rdzv_port=29400)
+    ep = configs.DemoEndpoints(
+        aws_url="http://127.0.0.1:1", s3_url="http://127.0.0.1:1", mqtt_url="mqtt://127.0.0.1:1883", rdzv_port=29400
+    )
     path = configs.agent_toml(tmp_path, ep, 2, "i-1", "127.0.0.2", "http://127.0.0.1:2", steps=100, job=job)
     cfg = load_settings(AgentConfig, path)
     assert cfg.job.entrypoint == configs.DEMO_JOBS[job][0]

@@ -33,8 +33,9 @@ def store_for(aws_client_kwargs: dict, local_dir: Path, job: str):
     return cluster_e2e.store_for(aws_client_kwargs, local_dir, job, bucket=BUCKET)
 
 
-async def wait_training(cluster: LocalCluster, world: int, since: float, nodes: set[str],
-                        timeout: float = 180) -> float:
+async def wait_training(
+    cluster: LocalCluster, world: int, since: float, nodes: set[str], timeout: float = 180
+) -> float:
     return await cluster_e2e.wait_training(cluster, world, since, nodes, timeout)
 
 
@@ -50,8 +51,16 @@ JOBS = {  # entrypoint, args, what the warm pool imports once
 async def test_framework_notice_and_replacement_lose_no_steps(job, tmp_path, aws_client_kwargs):
     entrypoint, args, preload = JOBS[job]
     cluster = LocalCluster(
-        tmp_path / "job", run_id=f"fw-{job}", min_nodes=1, max_nodes=3, entrypoint=entrypoint,
-        train_args=args, ckpt_interval=50, preload=preload, s3_bucket=BUCKET, s3_endpoint=aws_client_kwargs["endpoint_url"],
+        tmp_path / "job",
+        run_id=f"fw-{job}",
+        min_nodes=1,
+        max_nodes=3,
+        entrypoint=entrypoint,
+        train_args=args,
+        ckpt_interval=50,
+        preload=preload,
+        s3_bucket=BUCKET,
+        s3_endpoint=aws_client_kwargs["endpoint_url"],
     )
     a, b, c = "127.0.0.2", "127.0.0.3", "127.0.0.4"
     async with store_for(aws_client_kwargs, tmp_path / "agent", cluster.run_id) as store:
@@ -68,8 +77,9 @@ async def test_framework_notice_and_replacement_lose_no_steps(job, tmp_path, aws
 
             # -- a spot notice on b: agreed step, b's copy durable in S3, b leaves, a goes on alone
             link = await asyncio.to_thread(StoreLink(cluster.host, cluster.port, cluster.run_id).connect)
-            flow = EmergencyFlow(link, b, cluster.nodes[b], cluster.spec(b).ckpt_dir,
-                                 uploader=CheckpointStoreUploader(store, writer=b))
+            flow = EmergencyFlow(
+                link, b, cluster.nodes[b], cluster.spec(b).ckpt_dir, uploader=CheckpointStoreUploader(store, writer=b)
+            )
             t_notice = time.time()
             outcome = await flow.run(reason="spot notice (test)")
             cluster.nodes.pop(b)
@@ -90,8 +100,9 @@ async def test_framework_notice_and_replacement_lose_no_steps(job, tmp_path, aws
             first_at_2 = min(cluster.events.training_at(2, t_join, {a, c}).values())
             before = last_step_before(cluster, 1, first_at_2)
             assert resumed_after(cluster, 2, t_join) == {before}, "the join lost steps"
-            assert any(e["t"] >= t_join for e in cluster.events.of("state_from_peer", node=c)), \
+            assert any(e["t"] >= t_join for e in cluster.events.of("state_from_peer", node=c)), (
                 "the newcomer's state came from its peer"
+            )
             print(f"{job}: replacement joined: resumed at {before} = survivor's last step, steps lost 0")
 
             # -- the replacement is lost silently: the survivor salvages the step it completed
@@ -105,8 +116,11 @@ async def test_framework_notice_and_replacement_lose_no_steps(job, tmp_path, aws
             # The watcher saves the step completed, or finds it already on disk: the periodic
             # checkpoint (every 50 steps) of the very step the hang followed (a few % of runs).
             salvaged = [e for e in cluster.events.of("salvaged", node=a) if e["t"] >= t_freeze]
-            salvaged += [e for e in cluster.events.of("salvage_skipped", node=a)
-                         if e["t"] >= t_freeze and "already saved" in e.get("why", "") and e.get("step") == resumed_at]
+            salvaged += [
+                e
+                for e in cluster.events.of("salvage_skipped", node=a)
+                if e["t"] >= t_freeze and "already saved" in e.get("why", "") and e.get("step") == resumed_at
+            ]
             assert salvaged and salvaged[0]["reason"] == "SIGTERM", "saved by the watcher while hung"
             print(f"{job}: silent loss: resumed at {resumed_at}, survivor's last step {last}")
         except BaseException:

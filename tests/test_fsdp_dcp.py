@@ -18,12 +18,31 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def torchrun(tmp_path: Path, steps: int) -> list[dict]:
-    env = {**os.environ, "FLEETD_CKPT_DIR": str(tmp_path / "ckpt"), "FLEETD_CKPT_INTERVAL": "5",
-           "FLEETD_EVENTS_FILE": str(tmp_path / "events.jsonl"), "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "FLEETD_CKPT_DIR": str(tmp_path / "ckpt"),
+        "FLEETD_CKPT_INTERVAL": "5",
+        "FLEETD_EVENTS_FILE": str(tmp_path / "events.jsonl"),
+        "OMP_NUM_THREADS": "1",
+    }
     subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-         "-m", "agent.examples.train_fsdp", "--steps", str(steps), "--step-sleep", "0"],
-        env=env, check=True, timeout=240, capture_output=True,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            "-m",
+            "agent.examples.train_fsdp",
+            "--steps",
+            str(steps),
+            "--step-sleep",
+            "0",
+        ],
+        env=env,
+        check=True,
+        timeout=240,
+        capture_output=True,
     )
     return [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
 
@@ -35,7 +54,7 @@ def test_fsdp_shards_save_and_resume(tmp_path: Path) -> None:
     assert sorted(p.name for p in step7.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"], "one shard per rank"
     last_loss = {e["rank"]: e["loss"] for e in first if e["ev"] == "step" and e["step"] == 7}
 
-    second = torchrun(tmp_path, 12)[len(first):]
+    second = torchrun(tmp_path, 12)[len(first) :]
     assert sorted(e["from_step"] for e in second if e["ev"] == "resumed") == [7, 7]
     steps = sorted({e["step"] for e in second if e["ev"] == "step"})
     assert steps == list(range(8, 13))

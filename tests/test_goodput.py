@@ -13,8 +13,18 @@ POOL = PoolId("g5.xlarge", "us-east-1a")
 
 
 def _node(iid: str, step: int | None, at: float, *, rate: float = 1.0, util: float | None = None) -> Node:
-    return Node(iid, POOL, Market.SPOT, 1.0, launched_at=0.0, phase=NodePhase.RUNNING, last_seen_at=at,
-                step=step, steps_per_s=rate if step is not None else None, gpu_util_pct=util)
+    return Node(
+        iid,
+        POOL,
+        Market.SPOT,
+        1.0,
+        launched_at=0.0,
+        phase=NodePhase.RUNNING,
+        last_seen_at=at,
+        step=step,
+        steps_per_s=rate if step is not None else None,
+        gpu_util_pct=util,
+    )
 
 
 def _run(tracker: GoodputTracker, passes: list[tuple[float, list[Node]]]) -> list:
@@ -44,16 +54,20 @@ def test_steps_progress_loss_and_recovery_from_reports() -> None:
 
 def test_reporting_skew_is_not_a_loss() -> None:
     t = GoodputTracker(skew_s=5.0)
-    events = _run(t, [(1.0, [_node("a", 100, 1.0), _node("b", 98, 1.0)]),
-                      (2.0, [_node("b", 99, 2.0)])])  # a left; b was one report behind
+    events = _run(
+        t, [(1.0, [_node("a", 100, 1.0), _node("b", 98, 1.0)]), (2.0, [_node("b", 99, 2.0)])]
+    )  # a left; b was one report behind
     assert not [e for e in events if isinstance(e, StepsLost)]
 
 
 def test_idle_gpu_time_from_utilisation_and_from_a_trainer_that_does_not_advance() -> None:
     t = GoodputTracker()
     t.observe([_node("gpu", 5, 0.0, util=3.0), _node("cpu", 5, 0.0)], 0.0)
-    events = t.observe([_node("gpu", 6, 10.0, util=3.0), _node("cpu", 5, 10.0), _node("ok", 6, 10.0, util=90.0)],
-                       10.0, {"g5.xlarge": 4})
+    events = t.observe(
+        [_node("gpu", 6, 10.0, util=3.0), _node("cpu", 5, 10.0), _node("ok", 6, 10.0, util=90.0)],
+        10.0,
+        {"g5.xlarge": 4},
+    )
     idle = {e.instance_id: e.gpu_seconds for e in events if isinstance(e, IdleGpuTime)}
     assert idle == {"gpu": 40.0, "cpu": 40.0}  # 10 s x 4 GPUs each; "ok" is busy (and new)
 

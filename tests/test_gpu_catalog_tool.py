@@ -13,12 +13,14 @@ from fleetd.adapters.pricing_fake import product_entry
 from fleetd.tools.gpu_catalog import build_catalog, model_key
 
 
-def described(itype: str, name: str, count: int, mem_mib: int, vcpu: int, arch: str = "x86_64",
-              maker: str = "NVIDIA") -> dict:
+def described(
+    itype: str, name: str, count: int, mem_mib: int, vcpu: int, arch: str = "x86_64", maker: str = "NVIDIA"
+) -> dict:
     return {
         "InstanceType": itype,
-        "GpuInfo": {"Gpus": [{"Name": name, "Manufacturer": maker, "Count": count,
-                              "MemoryInfo": {"SizeInMiB": mem_mib}}]},
+        "GpuInfo": {
+            "Gpus": [{"Name": name, "Manufacturer": maker, "Count": count, "MemoryInfo": {"SizeInMiB": mem_mib}}]
+        },
         "VCpuInfo": {"DefaultVCpus": vcpu},
         "MemoryInfo": {"SizeInMiB": vcpu * 4096},
         "ProcessorInfo": {"SupportedArchitectures": [arch]},
@@ -42,7 +44,9 @@ def test_build_from_aws_payloads() -> None:
             "g5g.xlarge": described("g5g.xlarge", "T4g", 1, 16384, 4, arch="arm64"),
             "g4ad.xlarge": described("g4ad.xlarge", "Radeon Pro V520", 1, 8192, 4, maker="AMD"),
         },
-        items, previous, dt.date(2026, 12, 1),
+        items,
+        previous,
+        dt.date(2026, 12, 1),
     )
     cat = parse_catalog(doc)
     assert cat.generated_at == "2026-12-01" and doc["rejected_price_entries"] == 1

@@ -45,9 +45,21 @@ def test_the_gpu_check_passes_on_the_cpu_path(tmp_path):
     # lets no update start after it (test_trainer_salvage.py), and the check is back.
     only = ["nvml", "salvage_kill", "salvage_hang", "lightning_sigterm", "hf_sigterm"]
     out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--device", "cpu", "--steps", "150",
-         "--work-dir", str(tmp_path), *(a for name in only for a in ("--only", name))],
-        capture_output=True, text=True, timeout=400, cwd=ROOT,
+        [
+            sys.executable,
+            str(ROOT / "bench" / "gpu_check.py"),
+            "--device",
+            "cpu",
+            "--steps",
+            "150",
+            "--work-dir",
+            str(tmp_path),
+            *(a for name in only for a in ("--only", name)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=ROOT,
     )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["ok"], out.stdout[-3000:] + out.stderr[-3000:]

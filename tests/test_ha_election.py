@@ -19,7 +19,8 @@ TIMING = LeaseTiming.for_lease(6.0)
 
 
 async def test_one_leads_the_other_takes_over_after_a_silent_lease_and_the_old_one_is_fenced(
-        aio_session, aws_client_kwargs) -> None:
+    aio_session, aws_client_kwargs
+) -> None:
     async with aio_session.create_client("dynamodb", **aws_client_kwargs) as client:
         table = DynamoTable(client, "fleetd-state", "f-election")
         await table.ensure()

@@ -19,8 +19,9 @@ def test_round_trip_and_topic() -> None:
         rendezvous_topic("job/A")
 
 
-@pytest.mark.parametrize("change", [{"schema_version": 2}, {"port": 0}, {"extra": 1}, {"kind": "drain"},
-                                    {"host": ""}, {"generation": -1}])
+@pytest.mark.parametrize(
+    "change", [{"schema_version": 2}, {"port": 0}, {"extra": 1}, {"kind": "drain"}, {"host": ""}, {"generation": -1}]
+)
 def test_bad_endpoints_are_refused_with_a_reason(change: dict) -> None:
     raw = json.loads(RendezvousEndpoint(host="h", port=1, run_id="r", leader="a", generation=1).to_json())
     raw.update(change)

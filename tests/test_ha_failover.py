@@ -67,12 +67,15 @@ def stopped(proc: subprocess.Popen) -> bool:
 
 
 async def test_the_standby_takes_over_from_a_killed_leader_with_a_notice_in_flight(
-        cloud: Cloud, mosquitto, tmp_path: Path, fleet: str) -> None:
+    cloud: Cloud, mosquitto, tmp_path: Path, fleet: str
+) -> None:
     config = ha_toml(tmp_path / "fleetd.toml", cloud, fleet, mosquitto.url, nodes=2, lease_s=LEASE_S)
     nodes = Nodes(cloud, fleet, mosquitto.url, tmp_path / "nodes")
     commands: list[dict] = []
-    tasks = [asyncio.create_task(nodes.run()),
-             asyncio.create_task(collect_commands(mosquitto.host, mosquitto.port, fleet, commands))]
+    tasks = [
+        asyncio.create_task(nodes.run()),
+        asyncio.create_task(collect_commands(mosquitto.host, mosquitto.port, fleet, commands)),
+    ]
     a = fleetd_host(config, tmp_path, "a", failpoint="notice-received")
     b = None
     try:
@@ -94,8 +97,10 @@ async def test_the_standby_takes_over_from_a_killed_leader_with_a_notice_in_flig
         async def acted() -> bool:
             m, _ = await shared_state(cloud, fleet)
             r = m.instances.get(victim, {})
-            return all(r.get(k) is not None for k in ("notice_at", "drain_started_at", "drain_sent_at")) \
+            return (
+                all(r.get(k) is not None for k in ("notice_at", "drain_started_at", "drain_sent_at"))
                 and len(running(tmp_path, "b")) >= 2
+            )
 
         await wait_until(acted, 90, "the notice recorded, the drain sent, a replacement running (by b)")
         await asyncio.sleep(12)  # past the drain journal's re-send grace, many passes: still one drain
@@ -116,7 +121,9 @@ async def test_the_standby_takes_over_from_a_killed_leader_with_a_notice_in_flig
         await nodes.close()
 
 
-async def test_a_paused_leader_wakes_up_fenced_and_stands_by(cloud: Cloud, mosquitto, tmp_path: Path, fleet: str) -> None:
+async def test_a_paused_leader_wakes_up_fenced_and_stands_by(
+    cloud: Cloud, mosquitto, tmp_path: Path, fleet: str
+) -> None:
     config = ha_toml(tmp_path / "fleetd.toml", cloud, fleet, mosquitto.url, nodes=2, lease_s=LEASE_S)
     a = fleetd_host(config, tmp_path, "a", failpoint="fenced-write:stop")
     b = None
@@ -135,8 +142,11 @@ async def test_a_paused_leader_wakes_up_fenced_and_stands_by(cloud: Cloud, mosqu
         calls = len(cloud.proxy.calls_of("CreateFleet"))
         os.kill(a.pid, signal.SIGCONT)
         await wait_until(lambda: log_events(tmp_path, "a", "standing_by"), 60, "a to stand by")
-        await wait_until(lambda: log_events(tmp_path, "a", "fenced_write_refused"), 30,
-                         "the store to refuse the write a was sending when it froze")
+        await wait_until(
+            lambda: log_events(tmp_path, "a", "fenced_write_refused"),
+            30,
+            "the store to refuse the write a was sending when it froze",
+        )
         assert log_events(tmp_path, "a", "lease_lost")
         await asyncio.sleep(3 * 0.5 + LEASE_S / 3)  # several passes and lease steps later
         assert a.poll() is None, "the old leader stays up as a standby"
@@ -152,14 +162,16 @@ async def test_a_paused_leader_wakes_up_fenced_and_stands_by(cloud: Cloud, mosqu
         await wait_until(lambda: endpoint_of("a"), 60, "a's endpoint published again")
         model, _ = await shared_state(cloud, fleet)
         assert model.meta["rendezvous_endpoint"]["leader"] == "a"
-        assert model.meta["rendezvous_endpoint"]["generation"] == \
-            max(e["generation"] for e in log_events(tmp_path, "a", "lease_acquired"))
+        assert model.meta["rendezvous_endpoint"]["generation"] == max(
+            e["generation"] for e in log_events(tmp_path, "a", "lease_acquired")
+        )
         await asyncio.sleep(3 * 0.5)  # a few of a's passes
         await assert_no_orphan_no_duplicate(cloud, fleet, max_nodes=2)
         assert len(cloud.proxy.calls_of("CreateFleet")) == calls, "nothing bought twice"
         model, _ = await shared_state(cloud, fleet)
-        assert {r["instance_id"] for r in model.instances.values() if r["ended_at"] is None} == \
-            {i["InstanceId"] for i in await cloud.instances(fleet)}
+        assert {r["instance_id"] for r in model.instances.values() if r["ended_at"] is None} == {
+            i["InstanceId"] for i in await cloud.instances(fleet)
+        }
     finally:
         for p in (a, b):
             if p is not None:
@@ -169,7 +181,8 @@ async def test_a_paused_leader_wakes_up_fenced_and_stands_by(cloud: Cloud, mosqu
 
 
 async def test_a_dry_run_on_any_host_plans_from_the_shared_state_and_changes_nothing(
-        cloud: Cloud, mosquitto, tmp_path: Path, fleet: str) -> None:
+    cloud: Cloud, mosquitto, tmp_path: Path, fleet: str
+) -> None:
     config = ha_toml(tmp_path / "fleetd.toml", cloud, fleet, mosquitto.url, nodes=2, lease_s=LEASE_S)
     a = fleetd_host(config, tmp_path, "a")
     try:
@@ -180,17 +193,24 @@ async def test_a_dry_run_on_any_host_plans_from_the_shared_state_and_changes_not
         env = {**os.environ, "FLEETD_HA__HOST_ID": "dry", "FLEETD_FLEET__STATE_DIR": str(d / "state")}
         env.pop("FLEETD_FAILPOINTS", None)
         out = await asyncio.to_thread(
-            subprocess.run, [sys.executable, "-m", "fleetd.cli", "run", "--dry-run", "--passes", "2", "--config",
-                             str(config)], capture_output=True, text=True, env=env, timeout=180)
+            subprocess.run,
+            [sys.executable, "-m", "fleetd.cli", "run", "--dry-run", "--passes", "2", "--config", str(config)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=180,
+        )
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         assert '"instance_adopted"' not in out.stdout, "the dry run saw the shared state: nothing to adopt"
         assert '"lease_acquired"' not in out.stdout
         assert '"event": "plan_note"' in out.stdout, "the dry run made no pass"
-        assert '"action": "Launch"' not in out.stdout, \
+        assert '"action": "Launch"' not in out.stdout, (
             "with the shared state in view the fleet is complete: a dry run that plans a launch saw nothing"
+        )
         after, _ = await shared_state(cloud, fleet)
-        assert {i: r["ended_at"] for i, r in after.instances.items()} == \
-            {i: r["ended_at"] for i, r in before.instances.items()}
+        assert {i: r["ended_at"] for i, r in after.instances.items()} == {
+            i: r["ended_at"] for i, r in before.instances.items()
+        }
         assert len(cloud.proxy.calls_of("CreateFleet")) == 1
     finally:
         await stop(a)

@@ -67,8 +67,11 @@ class Store:
 
 # Each event: (host, what, delay): a host reads-and-decides ("step"), or pauses for a while
 # (GC, SIGSTOP, a slow network: its write may land late, after the pause).
-events = hs.lists(hs.tuples(hs.integers(0, 2), hs.sampled_from(["step", "step", "step", "pause"]),
-                            hs.floats(0.0, 9.0)), min_size=1, max_size=60)
+events = hs.lists(
+    hs.tuples(hs.integers(0, 2), hs.sampled_from(["step", "step", "step", "pause"]), hs.floats(0.0, 9.0)),
+    min_size=1,
+    max_size=60,
+)
 
 
 @settings(max_examples=300, deadline=None)

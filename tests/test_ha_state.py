@@ -34,7 +34,9 @@ async def test_the_drain_journal_survives_a_reopen(open_state: Opener) -> None:
     await store.close()
 
 
-async def test_the_ledger_in_dynamodb_is_stored_once_per_event_and_survives_a_new_leader(aio_session, aws_client_kwargs) -> None:
+async def test_the_ledger_in_dynamodb_is_stored_once_per_event_and_survives_a_new_leader(
+    aio_session, aws_client_kwargs
+) -> None:
     async with aio_session.create_client("dynamodb", **aws_client_kwargs) as client:
         table = await dynamo_table(client)
         fence = PinnedFence()
@@ -61,8 +63,17 @@ async def test_a_host_whose_lease_was_taken_cannot_write(aio_session, aws_client
         assert await table.put_lease(LeaseRecord("host-b", 2, "v2"), LeaseRecord("host-a", 1, "v1"))
         new = DynamoStateStore(table, PinnedFence("host-b", 2))
         with pytest.raises(LeaseLost):
-            await old.record_intent(token="tok-old", seq=0, now=T0, count=5, market=Market.SPOT, pools=(A,),
-                                    purpose="capacity", max_price_per_hour=0.5, reason="paused leader")
+            await old.record_intent(
+                token="tok-old",
+                seq=0,
+                now=T0,
+                count=5,
+                market=Market.SPOT,
+                pools=(A,),
+                purpose="capacity",
+                max_price_per_hour=0.5,
+                reason="paused leader",
+            )
         assert old.fence.leading is False
         with pytest.raises(LeaseLost):  # and it stays refused before sending anything
             await old.record_notice("i-1", T0 + 1)
@@ -71,7 +82,9 @@ async def test_a_host_whose_lease_was_taken_cannot_write(aio_session, aws_client
         assert await new.record_notice("i-1", T0 + 2) is True
 
 
-async def test_a_write_larger_than_one_transaction_is_split_and_every_part_fenced(aio_session, aws_client_kwargs) -> None:
+async def test_a_write_larger_than_one_transaction_is_split_and_every_part_fenced(
+    aio_session, aws_client_kwargs
+) -> None:
     async with aio_session.create_client("dynamodb", **aws_client_kwargs) as client:
         table = await dynamo_table(client)
         store = DynamoStateStore(table, PinnedFence())
@@ -97,19 +110,36 @@ async def test_fleetd_report_reads_the_shared_ledger(aio_session, aws_client_kwa
     config.write_text(f"""
 [fleet]
 name = "rep"
-state_dir = "{tmp_path / 'nothing-here'}"
+state_dir = "{tmp_path / "nothing-here"}"
 [ha]
 backend = "dynamodb"
 table = "fleetd-state"
-endpoint_url = "{aws_client_kwargs['endpoint_url']}"
+endpoint_url = "{aws_client_kwargs["endpoint_url"]}"
 """)
-    out = subprocess.run([sys.executable, "-m", "fleetd.cli", "report", "--json", "--config", str(config),
-                          "--at", str(LEDGER_T0 + 10_000)], capture_output=True, text=True, env=os.environ, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fleetd.cli",
+            "report",
+            "--json",
+            "--config",
+            str(config),
+            "--at",
+            str(LEDGER_T0 + 10_000),
+        ],
+        capture_output=True,
+        text=True,
+        env=os.environ,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["spend_usd"] == pytest.approx(0.80, abs=1e-6)
 
 
-async def test_a_dry_runs_private_copy_reads_the_shared_state_and_writes_nothing(aio_session, aws_client_kwargs) -> None:
+async def test_a_dry_runs_private_copy_reads_the_shared_state_and_writes_nothing(
+    aio_session, aws_client_kwargs
+) -> None:
     async with aio_session.create_client("dynamodb", **aws_client_kwargs) as client:
         table = await dynamo_table(client)
         await DynamoStateStore(table, PinnedFence()).sync_instances([seen("i-1")], T0)

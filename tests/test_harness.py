@@ -28,7 +28,10 @@ async def test_ec2_and_s3_on_moto_through_aiobotocore(aio_session, aws_client_kw
         images = await ec2.describe_images(Owners=["amazon"])
         ami = images["Images"][0]["ImageId"]
         run = await ec2.run_instances(
-            ImageId=ami, InstanceType="g5.xlarge", MinCount=2, MaxCount=2,
+            ImageId=ami,
+            InstanceType="g5.xlarge",
+            MinCount=2,
+            MaxCount=2,
             TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": "fleetd:fleet", "Value": "h"}]}],
         )
         assert len(run["Instances"]) == 2

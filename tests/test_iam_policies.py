@@ -67,10 +67,7 @@ BUCKET_ACTIONS = {"s3:ListBucket", "s3:ListBucketMultipartUploads", "s3:CreateBu
 # ------------------------------------------------------------------ static call extraction
 def _operations() -> dict[str, dict[str, str]]:
     session = botocore.session.get_session()
-    return {
-        svc: {xform_name(op): op for op in session.get_service_model(svc).operation_names}
-        for svc in SERVICES
-    }
+    return {svc: {xform_name(op): op for op in session.get_service_model(svc).operation_names} for svc in SERVICES}
 
 
 OPERATIONS = _operations()
@@ -87,9 +84,12 @@ def _services_of(tree: ast.AST) -> tuple[str, ...]:
     created = {
         node.args[0].value
         for node in ast.walk(tree)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-        and node.func.attr == "create_client" and node.args
-        and isinstance(node.args[0], ast.Constant) and node.args[0].value in SERVICES
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "create_client"
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and node.args[0].value in SERVICES
     }
     return tuple(sorted(created)) or SERVICES
 
@@ -124,7 +124,8 @@ def _modules_imported(tree: ast.AST) -> set[str]:
 
 def controller_files() -> list[Path]:
     files = [
-        p for p in sorted((ROOT / "fleetd").rglob("*.py"))
+        p
+        for p in sorted((ROOT / "fleetd").rglob("*.py"))
         if not p.relative_to(ROOT).as_posix().startswith(NOT_PRODUCTION)
     ]
     # Agent code the controller imports runs with the controller's role.
@@ -220,8 +221,13 @@ def test_extractor_finds_the_calls_we_know_about():
     """Guards against a vacuous pass: the extractor must see the adapters' known calls."""
     controller = all_calls(controller_files())
     node = all_calls(node_files())
-    for action in ("ec2:CreateFleet", "ec2:TerminateInstances", "ec2:DescribeInstances",
-                   "ec2:DescribeSpotPriceHistory", "sqs:ReceiveMessage"):
+    for action in (
+        "ec2:CreateFleet",
+        "ec2:TerminateInstances",
+        "ec2:DescribeInstances",
+        "ec2:DescribeSpotPriceHistory",
+        "sqs:ReceiveMessage",
+    ):
         assert action in controller, (action, sorted(controller))
     for action in ("s3:PutObject", "s3:GetObject", "s3:CompleteMultipartUpload", "s3:ListObjectsV2"):
         assert action in node, (action, sorted(node))
@@ -292,15 +298,16 @@ def test_launches_are_allowed_only_with_the_fleet_tag_and_terminations_only_of_t
     assert not allowed(policy, "ec2:TerminateInstances", instance, {"aws:ResourceTag/Name": ["db"]})
     # Tags: while creating, or the pool tag on fleet instances; never retagging foreign instances.
     assert allowed(policy, "ec2:CreateTags", instance, {"ec2:CreateAction": ["CreateFleet"]})
-    assert allowed(policy, "ec2:CreateTags", instance,
-                   {f"aws:ResourceTag/{tag}": ["prod"], "aws:TagKeys": [ec2_adapter.TAG_POOL]})
+    assert allowed(
+        policy, "ec2:CreateTags", instance, {f"aws:ResourceTag/{tag}": ["prod"], "aws:TagKeys": [ec2_adapter.TAG_POOL]}
+    )
     assert not allowed(policy, "ec2:CreateTags", instance, {"aws:TagKeys": [tag]})
-    assert not allowed(policy, "ec2:CreateTags", instance,
-                       {f"aws:ResourceTag/{tag}": ["prod"], "aws:TagKeys": [tag]})
+    assert not allowed(policy, "ec2:CreateTags", instance, {f"aws:ResourceTag/{tag}": ["prod"], "aws:TagKeys": [tag]})
     node_role = "arn:aws:iam::123456789012:role/fleetd-node"
     assert allowed(policy, "iam:PassRole", node_role, {"iam:PassedToService": ["ec2.amazonaws.com"]})
-    assert not allowed(policy, "iam:PassRole", "arn:aws:iam::123456789012:role/admin",
-                       {"iam:PassedToService": ["ec2.amazonaws.com"]})
+    assert not allowed(
+        policy, "iam:PassRole", "arn:aws:iam::123456789012:role/admin", {"iam:PassedToService": ["ec2.amazonaws.com"]}
+    )
     assert not allowed(policy, "iam:PassRole", node_role, {"iam:PassedToService": ["lambda.amazonaws.com"]})
 
 
@@ -340,6 +347,7 @@ def test_node_enrolment_needs_no_new_grant_and_nodes_no_ec2_at_all():
     assert identity_files and all(p in controller_files() for p in identity_files)
     assert not all_calls([ROOT / "agent" / "node" / "enrol.py"])
     assert not allowed(load("node-policy.json"), "ec2:DescribeInstances")
+
 
 def test_the_ha_state_calls_are_allowed_on_the_state_table_only():
     """fleetd/ha/table.py's calls (lease, fenced writes, reads) on the fleetd-state table, and no

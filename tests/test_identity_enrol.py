@@ -56,7 +56,8 @@ async def _launch(ec2, *, tagged: bool = True) -> dict:
     if tagged:
         kwargs["TagSpecifications"] = [{"ResourceType": "instance", "Tags": [{"Key": TAG_FLEET, "Value": FLEET}]}]
     return (await ec2.run_instances(ImageId=ami, MinCount=1, MaxCount=1, InstanceType="g5.xlarge", **kwargs))[
-        "Instances"][0]
+        "Instances"
+    ][0]
 
 
 @pytest.fixture
@@ -65,21 +66,37 @@ async def stack(ec2, tmp_path):
     ca = LocalCa.init(tmp_path / "ca")
     clock = Clock()
     lookup = AioEc2(ec2, fleet=FLEET, job="train").fleet_instance_state
-    service = Enrolment(ca, aws.cert.public_key(), lookup,  # type: ignore[arg-type]
-                        EnrolSettings(region="us-east-1", cert_lifetime_s=LIFETIME_S, max_document_age_s=900.0),
-                        BindingStore(tmp_path / "state" / "enrolments.json"), clock=clock)
+    service = Enrolment(
+        ca,
+        aws.cert.public_key(),
+        lookup,  # type: ignore[arg-type]
+        EnrolSettings(region="us-east-1", cert_lifetime_s=LIFETIME_S, max_document_age_s=900.0),
+        BindingStore(tmp_path / "state" / "enrolments.json"),
+        clock=clock,
+    )
     server = EnrolmentServer(service, "127.0.0.1", 0)
     port = await server.start()
-    yield {"aws": aws, "ca": ca, "clock": clock, "service": service, "url": f"http://127.0.0.1:{port}",
-           "tmp": tmp_path, "ec2": ec2}
+    yield {
+        "aws": aws,
+        "ca": ca,
+        "clock": clock,
+        "service": service,
+        "url": f"http://127.0.0.1:{port}",
+        "tmp": tmp_path,
+        "ec2": ec2,
+    }
     await server.stop()
 
 
 def _node(stack, inst: dict, *, signer: IdentitySigner | None = None) -> FakeImds:
     """The instance's metadata service (``async with`` starts it)."""
-    return FakeImds(instance_id=inst["InstanceId"], instance_type=inst["InstanceType"],
-                    zone=inst["Placement"]["AvailabilityZone"], signer=signer or stack["aws"],
-                    pending_time=inst["LaunchTime"].timestamp())
+    return FakeImds(
+        instance_id=inst["InstanceId"],
+        instance_type=inst["InstanceType"],
+        zone=inst["Placement"]["AvailabilityZone"],
+        signer=signer or stack["aws"],
+        pending_time=inst["LaunchTime"].timestamp(),
+    )
 
 
 async def _enrol(stack, imds: FakeImds, directory_name: str = "node") -> NodeEnrolment:
@@ -119,12 +136,22 @@ async def test_forged_documents_get_no_certificate(stack, ec2):
     # A genuine signature over a document edited to name another (fleet) instance.
     victim = await _launch(ec2)
     aws: IdentitySigner = stack["aws"]
-    genuine = IdentitySigner.document(instance_id=inst["InstanceId"], instance_type="g5.xlarge", zone="us-east-1a",
-                                      private_ip="10.0.0.1", pending_time=inst["LaunchTime"].timestamp())
+    genuine = IdentitySigner.document(
+        instance_id=inst["InstanceId"],
+        instance_type="g5.xlarge",
+        zone="us-east-1a",
+        private_ip="10.0.0.1",
+        pending_time=inst["LaunchTime"].timestamp(),
+    )
     edited = genuine.replace(inst["InstanceId"], victim["InstanceId"])
-    status, body = await _post(stack, EnrolRequest(document=edited, signature=aws.sign(genuine),
-                                                   csr_pem=make_csr(ec.generate_private_key(ec.SECP256R1()),
-                                                                    victim["InstanceId"])))
+    status, body = await _post(
+        stack,
+        EnrolRequest(
+            document=edited,
+            signature=aws.sign(genuine),
+            csr_pem=make_csr(ec.generate_private_key(ec.SECP256R1()), victim["InstanceId"]),
+        ),
+    )
     assert status == 403 and "signature does not match" in body["reason"]
     assert stack["service"].issued == 0
 
@@ -187,9 +214,24 @@ def test_ca_init_command_makes_the_files_the_broker_and_controller_use(tmp_path)
     import sys
 
     d = tmp_path / "ca"
-    out = subprocess.run([sys.executable, "-m", "fleetd.cli", "ca", "init", "--dir", str(d),
-                          "--broker-name", "mqtt.fleet.internal", "--broker-name", "10.0.1.10"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fleetd.cli",
+            "ca",
+            "init",
+            "--dir",
+            str(d),
+            "--broker-name",
+            "mqtt.fleet.internal",
+            "--broker-name",
+            "10.0.1.10",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     ca_key = (d / "ca.key").read_bytes()
     for name in ("ca.crt", "server.crt", "server.key", "fleetd-controller.crt", "fleetd-controller.key"):
@@ -202,8 +244,12 @@ def test_ca_init_command_makes_the_files_the_broker_and_controller_use(tmp_path)
     sans = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "mqtt.fleet.internal" in sans.get_values_for_type(x509.DNSName)
     # Run again (renewing the broker's and controller's certificates): the CA itself is kept.
-    subprocess.run([sys.executable, "-m", "fleetd.cli", "ca", "init", "--dir", str(d), "--broker-name", "x"],
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "fleetd.cli", "ca", "init", "--dir", str(d), "--broker-name", "x"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     assert (d / "ca.key").read_bytes() == ca_key
 
 
@@ -214,8 +260,15 @@ def test_judge_pure_rules():
     from fleetd.protocol.enrol import parse_document
 
     now = 1_800_000_000.0
-    doc = parse_document(IdentitySigner.document(instance_id="i-0123456789abcdef0", instance_type="g5.xlarge",
-                                                 zone="us-east-1a", private_ip="10.0.0.1", pending_time=now - 60))
+    doc = parse_document(
+        IdentitySigner.document(
+            instance_id="i-0123456789abcdef0",
+            instance_type="g5.xlarge",
+            zone="us-east-1a",
+            private_ip="10.0.0.1",
+            pending_time=now - 60,
+        )
+    )
     s = EnrolSettings(region="us-east-1", max_document_age_s=900.0)
     assert judge(doc, "running", None, "k1", now, s) is None
     assert "region" in judge(doc, "running", None, "k1", now, EnrolSettings(region="eu-west-1"))
@@ -255,9 +308,17 @@ async def test_a_missing_ca_is_logged_and_the_daemon_component_keeps_running(tmp
     from fleetd.daemon import DaemonContext
     from fleetd.identity.server import enrolment_component
 
-    cfg = FleetdConfig.model_validate({"enrol": {"enabled": True, "ca_dir": str(tmp_path / "none"), "port": 0,
-                                                 "identity_certificate": str(tmp_path / "none.pem")},
-                                       "fleet": {"state_dir": str(tmp_path / "state")}})
+    cfg = FleetdConfig.model_validate(
+        {
+            "enrol": {
+                "enabled": True,
+                "ca_dir": str(tmp_path / "none"),
+                "port": 0,
+                "identity_certificate": str(tmp_path / "none.pem"),
+            },
+            "fleet": {"state_dir": str(tmp_path / "state")},
+        }
+    )
     ctx = DaemonContext(cfg)
     task = asyncio.create_task(enrolment_component(cfg)(ctx))
     await asyncio.sleep(0.5)

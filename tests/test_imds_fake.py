@@ -49,8 +49,17 @@ async def test_scheduled_in_the_future_is_not_visible_yet() -> None:
 async def test_standalone_process_with_control_api() -> None:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agent.doubles.fake_imds", "--port", str(port), "--instance-id", "i-0fedcba987654321f",
-         "--lifecycle", "on-demand"],
+        [
+            sys.executable,
+            "-m",
+            "agent.doubles.fake_imds",
+            "--port",
+            str(port),
+            "--instance-id",
+            "i-0fedcba987654321f",
+            "--lifecycle",
+            "on-demand",
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -68,8 +77,9 @@ async def test_standalone_process_with_control_api() -> None:
             assert await client.rebalance() is not None
             await asyncio.to_thread(control, url, "clear")
             assert await client.instance_action() is None
-        stats = await asyncio.to_thread(lambda: json.loads(
-            __import__("urllib.request").request.urlopen(url + "/_fake/stats", timeout=5).read()))
+        stats = await asyncio.to_thread(
+            lambda: json.loads(__import__("urllib.request").request.urlopen(url + "/_fake/stats", timeout=5).read())
+        )
         assert stats["requests"][INSTANCE_ACTION_PATH] == 3
     finally:
         proc.terminate()

@@ -25,8 +25,9 @@ def _agent_rooms() -> list[str]:
 
 def test_every_agent_module_lives_in_a_room() -> None:
     rooms = _agent_rooms()
-    loose = [m for m in build_graph(["agent"])
-             if m != "agent" and not any(m == r or m.startswith(r + ".") for r in rooms)]
+    loose = [
+        m for m in build_graph(["agent"]) if m != "agent" and not any(m == r or m.startswith(r + ".") for r in rooms)
+    ]
     assert not loose, f"put these in a room (pyproject.toml, the agent's layers contract): {loose}"
 
 

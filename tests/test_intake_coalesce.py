@@ -41,8 +41,14 @@ def test_latest_sample_per_node_wins_and_keeps_its_turn() -> None:
 
 def test_events_keep_their_order_and_are_never_superseded() -> None:
     q = CoalescingQueue(key=key)
-    items = [("event", "a", 1), ("tele", "a", 1), ("event", "a", 2), ("tele", "a", 2), ("event", "a", 2),
-             ("event", "b", 3)]
+    items = [
+        ("event", "a", 1),
+        ("tele", "a", 1),
+        ("event", "a", 2),
+        ("tele", "a", 2),
+        ("event", "a", 2),
+        ("event", "b", 3),
+    ]
     for item in items:
         q.put_nowait(item)
     out = drain(q)
@@ -73,8 +79,9 @@ async def test_a_waiting_getter_is_woken_by_a_put() -> None:
     assert await asyncio.wait_for(getter, 5) == ("tele", "a", 1)
 
 
-items = st.lists(st.tuples(st.sampled_from(["tele", "event"]), st.sampled_from("abcdefgh"), st.integers(0, 10**6)),
-                 max_size=300)
+items = st.lists(
+    st.tuples(st.sampled_from(["tele", "event"]), st.sampled_from("abcdefgh"), st.integers(0, 10**6)), max_size=300
+)
 
 
 @given(items, st.integers(1, 50))

@@ -66,8 +66,13 @@ def broker(mosquitto_factory):
 async def intake(broker):
     """An intake that subscribes to everything under fleetd/ (as if the broker did not filter)."""
     registry = NodeRegistry()
-    intake = MqttIntake(MqttConfig(url=broker.url), FLEET, registry, subscriptions=("fleetd/#",),
-                        client_id=f"fleetd-test-{time.monotonic_ns()}")
+    intake = MqttIntake(
+        MqttConfig(url=broker.url),
+        FLEET,
+        registry,
+        subscriptions=("fleetd/#",),
+        client_id=f"fleetd-test-{time.monotonic_ns()}",
+    )
     task = asyncio.create_task(intake.run())
     await asyncio.wait_for(intake.connected.wait(), 10)
     yield intake
@@ -90,14 +95,18 @@ async def test_valid_messages_reach_the_registry(broker, intake: MqttIntake) -> 
         iid = "i-0123456789abcdef0"
         status = Status(instance_id=iid, state="training", instance_type="g5.xlarge")
         await pub.publish(node_topic(FLEET, iid, "status"), status.to_json(), qos=1, retain=True)
-        await pub.publish(node_topic(FLEET, iid, "telemetry"), Telemetry(instance_id=iid, step=42, steps_per_s=3.5).to_json())
+        await pub.publish(
+            node_topic(FLEET, iid, "telemetry"), Telemetry(instance_id=iid, step=42, steps_per_s=3.5).to_json()
+        )
         n = Notice(instance_id=iid, action="terminate", action_time=datetime.now(UTC) + timedelta(minutes=2))
         for _ in range(3):  # QoS 1 redelivery: same msg_id three times
             await pub.publish(node_topic(FLEET, iid, "events"), n.to_json(), qos=1)
         saved = CheckpointSaved(instance_id=iid, step=40, world_size=2)
         await pub.publish(node_topic(FLEET, iid, "events"), saved.to_json(), qos=1)
         # A command echoed on the fleet's tree is not an event for the controller.
-        await pub.publish(node_topic(FLEET, iid, "commands"), LeaveCommand(instance_id=iid, reason="x").to_json(), qos=1)
+        await pub.publish(
+            node_topic(FLEET, iid, "commands"), LeaveCommand(instance_id=iid, reason="x").to_json(), qos=1
+        )
         await wait_for(lambda: registry.stats.by_type.get("TrainingEvent") == 1)
 
     rec = registry.record(iid)
@@ -120,8 +129,11 @@ async def test_1000_hostile_payloads_each_logged_once_and_intake_survives(broker
             for i, (topic, payload) in enumerate(hostile):
                 await pub.publish(topic, payload, qos=1)
                 if i % 100 == 0:  # valid traffic keeps flowing in between
-                    await pub.publish(node_topic(FLEET, f"i-{i:017x}", "telemetry"),
-                                      Telemetry(instance_id=f"i-{i:017x}").to_json(), qos=1)
+                    await pub.publish(
+                        node_topic(FLEET, f"i-{i:017x}", "telemetry"),
+                        Telemetry(instance_id=f"i-{i:017x}").to_json(),
+                        qos=1,
+                    )
             sentinel = Notice(instance_id=sentinel_id, action="stop", action_time=datetime.now(UTC))
             await pub.publish(node_topic(FLEET, sentinel_id, "events"), sentinel.to_json(), qos=1)
             await wait_for(lambda: intake.registry.record(sentinel_id) is not None, 30)
@@ -201,8 +213,11 @@ async def test_telemetry_that_piles_up_is_coalesced_per_node_and_events_all_arri
             messages.append((node_topic(FLEET, iid, "telemetry"), Telemetry(instance_id=iid, step=step).to_json(), 0))
         if step % 10 == 0:
             iid = nodes[step // 10 % 3]
-            ev = CheckpointSaved(instance_id=iid, step=step, world_size=3) if step < 40 else \
-                Notice(instance_id=iid, action="terminate", action_time=datetime.now(UTC) + timedelta(minutes=2))
+            ev = (
+                CheckpointSaved(instance_id=iid, step=step, world_size=3)
+                if step < 40
+                else Notice(instance_id=iid, action="terminate", action_time=datetime.now(UTC) + timedelta(minutes=2))
+            )
             sent_events.append(ev.msg_id)
             messages.append((node_topic(FLEET, iid, "events"), ev.to_json(), 1))
     applied: list[str] = []
@@ -219,7 +234,9 @@ async def test_telemetry_that_piles_up_is_coalesced_per_node_and_events_all_arri
     publisher.join(30)  # blocks the loop: the intake reads nothing meanwhile
     time.sleep(0.5)  # the broker's deliveries reach the intake's socket
     teles = 40 * len(nodes)
-    await wait_for(lambda: intake.accepted - len(sent_events) + intake.superseded >= teles and len(applied) == len(sent_events))
+    await wait_for(
+        lambda: intake.accepted - len(sent_events) + intake.superseded >= teles and len(applied) == len(sent_events)
+    )
 
     assert applied == sent_events
     assert intake.accepted - len(sent_events) + intake.superseded == teles

@@ -103,8 +103,7 @@ def test_trainer_exited_after_a_drain_marks_the_node_left_for_the_planner() -> N
     (term,) = plan(Observation(nodes=(drained,), target_nodes=0), cfg, 1015.0).actions
     assert isinstance(term, Terminate) and term.instance_id == IID
     assert term.reason == (
-        f"{IID} has left the rendezvous (trainer exited 3 s ago, after its drain): terminating it so "
-        "it stops billing"
+        f"{IID} has left the rendezvous (trainer exited 3 s ago, after its drain): terminating it so it stops billing"
     )
 
 
@@ -124,15 +123,27 @@ def test_one_slow_report_is_not_a_straggler_a_sustained_slowdown_is() -> None:
     from fleetd.policy.model import NodePhase
     from fleetd.policy.scaling import stragglers
 
-    peers = [Node(f"i-{k}", PoolId("g5.xlarge", "us-east-1a"), Market.SPOT, 0.4, launched_at=0.0,
-                  phase=NodePhase.RUNNING, steps_per_s=1.0, steps_per_s_avg=1.0) for k in range(3)]
+    peers = [
+        Node(
+            f"i-{k}",
+            PoolId("g5.xlarge", "us-east-1a"),
+            Market.SPOT,
+            0.4,
+            launched_at=0.0,
+            phase=NodePhase.RUNNING,
+            steps_per_s=1.0,
+            steps_per_s_avg=1.0,
+        )
+        for k in range(3)
+    ]
     clock = [0.0]
     reg = NodeRegistry(clock=lambda: clock[0])
 
     def report(rate: float) -> Node:
         clock[0] += 1.0
-        reg.apply(AgentTelemetry(IID, Telemetry(instance_id=IID, step=int(clock[0]), steps_per_s=rate),
-                                 received_at=clock[0]))
+        reg.apply(
+            AgentTelemetry(IID, Telemetry(instance_id=IID, step=int(clock[0]), steps_per_s=rate), received_at=clock[0])
+        )
         return reg.observe(node(phase=NodePhase.RUNNING))
 
     for _ in range(10):

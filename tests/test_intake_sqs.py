@@ -24,11 +24,14 @@ EVENT_TIME = datetime(2026, 11, 21, 6, 0, 0, tzinfo=UTC)
 @pytest.fixture
 async def eventbridge_queue(aio_session, aws_client_kwargs):
     """An SQS queue fed by an EventBridge rule (source aws.ec2, our three detail types)."""
-    async with aio_session.create_client("sqs", **aws_client_kwargs) as sqs, aio_session.create_client(
-        "events", **aws_client_kwargs
-    ) as events:
+    async with (
+        aio_session.create_client("sqs", **aws_client_kwargs) as sqs,
+        aio_session.create_client("events", **aws_client_kwargs) as events,
+    ):
         queue_url = (await sqs.create_queue(QueueName="fleetd-events"))["QueueUrl"]
-        arn = (await sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"]))["Attributes"]["QueueArn"]
+        arn = (await sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"]))["Attributes"][
+            "QueueArn"
+        ]
         await events.put_rule(Name="fleetd-ec2", EventPattern=json.dumps(EVENT_PATTERN), State="ENABLED")
         await events.put_targets(Rule="fleetd-ec2", Targets=[{"Id": "sqs", "Arn": arn}])
         yield sqs, events, queue_url
@@ -77,7 +80,9 @@ async def test_eventbridge_rule_delivers_three_types_as_internal_events(eventbri
     # The same internal event the MQTT intake makes of an agent's IMDS notice (source aside).
     t = EVENT_TIME.timestamp()
     mqtt_notice = from_message(
-        Notice(instance_id=OURS, action="terminate", action_time=datetime.fromtimestamp(t + 120, UTC), source="eventbridge"),
+        Notice(
+            instance_id=OURS, action="terminate", action_time=datetime.fromtimestamp(t + 120, UTC), source="eventbridge"
+        ),
         time.time(),
     )
     assert by_type[InterruptionNotice] == mqtt_notice
@@ -108,12 +113,29 @@ async def test_duplicate_and_malformed_deliveries(eventbridge_queue) -> None:
     assert len(first) == 1
     # At-least-once delivery: the same EventBridge event again (same id), plus poison messages.
     received_body = json.dumps(
-        {"id": "dup-id", "source": "aws.ec2", "detail-type": SPOT_WARNING, "time": "2026-11-21T06:00:00Z",
-         "detail": {"instance-id": OURS, "instance-action": "stop"}}
+        {
+            "id": "dup-id",
+            "source": "aws.ec2",
+            "detail-type": SPOT_WARNING,
+            "time": "2026-11-21T06:00:00Z",
+            "detail": {"instance-id": OURS, "instance-action": "stop"},
+        }
     )
-    for body in (received_body, received_body, "not json", json.dumps([1, 2]),
-                 json.dumps({"id": "x", "source": "aws.ec2", "detail-type": SPOT_WARNING,
-                             "time": "2026-11-21T06:00:00Z", "detail": {"instance-id": "../../etc"}})):
+    for body in (
+        received_body,
+        received_body,
+        "not json",
+        json.dumps([1, 2]),
+        json.dumps(
+            {
+                "id": "x",
+                "source": "aws.ec2",
+                "detail-type": SPOT_WARNING,
+                "time": "2026-11-21T06:00:00Z",
+                "detail": {"instance-id": "../../etc"},
+            }
+        ),
+    ):
         await sqs.send_message(QueueUrl=queue_url, MessageBody=body)
     with capture_logs() as logs:
         applied = await drain(intake)
@@ -161,9 +183,10 @@ B1, B2, B3 = "i-0b00000000000000b1", "i-0b00000000000000b2", "i-0b00000000000000
 @pytest.fixture
 async def one_rule_two_fleets(aio_session, aws_client_kwargs):
     """One EventBridge rule with one target queue per fleet (what deploy/ sets up)."""
-    async with aio_session.create_client("sqs", **aws_client_kwargs) as sqs, aio_session.create_client(
-        "events", **aws_client_kwargs
-    ) as events:
+    async with (
+        aio_session.create_client("sqs", **aws_client_kwargs) as sqs,
+        aio_session.create_client("events", **aws_client_kwargs) as events,
+    ):
         urls = {}
         await events.put_rule(Name="fleetd-ec2", EventPattern=json.dumps(EVENT_PATTERN), State="ENABLED")
         for fleet in ("jobA", "jobB"):
@@ -183,12 +206,15 @@ async def test_two_fleets_on_one_rule_each_get_every_notice_for_their_own_nodes(
         registry = NodeRegistry()
         for iid in nodes:
             registry.track(iid)
-        fleets[name] = (registry, SqsIntake(sqs, urls[name], registry, wait_s=0, clock=clock,
-                                            unknown_grace_s=60.0, unknown_retry_s=0))
+        fleets[name] = (
+            registry,
+            SqsIntake(sqs, urls[name], registry, wait_s=0, clock=clock, unknown_grace_s=60.0, unknown_retry_s=0),
+        )
     # A correlated wave: every node of both fleets noticed at once, plus B3, which fleet B has just
     # launched and not yet tracked (its first reconcile pass after CreateFleet has not run).
-    wave = [ec2_event(SPOT_WARNING, {"instance-id": iid, "instance-action": "terminate"})
-            for iid in (A1, B1, A2, B2, B3)]
+    wave = [
+        ec2_event(SPOT_WARNING, {"instance-id": iid, "instance-action": "terminate"}) for iid in (A1, B1, A2, B2, B3)
+    ]
     wave.append(ec2_event(REBALANCE, {"instance-id": A2}))
     assert (await events.put_events(Entries=wave))["FailedEntryCount"] == 0
 

@@ -21,7 +21,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_training_resumes_on_the_standbys_store_after_the_leader_host_is_killed(tmp_path: Path) -> None:
     res = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "leader_host_kill.py"), "--quick", "--workdir", str(tmp_path / "work")],
-        capture_output=True, text=True, timeout=840, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=840,
+        cwd=ROOT,
         env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)},
     )
     out = res.stdout.strip().splitlines()

@@ -112,12 +112,8 @@ async def test_unreadable_rows_are_skipped_not_fatal(tmp_path) -> None:
     await store.append(*FIRST_HALF)
     await store.close()
     with sqlite3.connect(db) as conn:
-        conn.execute(
-            "INSERT INTO ledger_events(at, kind, payload) VALUES (?, ?, ?)", (T0, "from-the-future", "{}")
-        )
-        conn.execute(
-            "INSERT INTO ledger_events(at, kind, payload) VALUES (?, ?, ?)", (T0, "instance-started", "[1]")
-        )
+        conn.execute("INSERT INTO ledger_events(at, kind, payload) VALUES (?, ?, ?)", (T0, "from-the-future", "{}"))
+        conn.execute("INSERT INTO ledger_events(at, kind, payload) VALUES (?, ?, ?)", (T0, "instance-started", "[1]"))
     store = await LedgerStore.open(db)
     events = await store.events()
     await store.close()
@@ -125,10 +121,14 @@ async def test_unreadable_rows_are_skipped_not_fatal(tmp_path) -> None:
 
 
 def test_pool_history_counts_node_hours_notices_and_losses() -> None:
-    events = FIRST_HALF + SECOND_HALF + [
-        Interruption(T0 + 3500, "i-1", A, "notice"),
-        Interruption(T0 + 3600, "i-3", A, "loss"),
-    ]
+    events = (
+        FIRST_HALF
+        + SECOND_HALF
+        + [
+            Interruption(T0 + 3500, "i-1", A, "notice"),
+            Interruption(T0 + 3600, "i-3", A, "loss"),
+        ]
+    )
     stats = pool_history(events, now=T0 + 9999, priors={A: 0.01})
     assert stats[A].node_hours == pytest.approx(1.0 + 0.25)
     assert (stats[A].notices, stats[A].losses, stats[A].last_notice_at) == (1, 1, T0 + 3500)
@@ -168,8 +168,9 @@ def _naive_usd(start: float, end: float, initial: float, changes: list[tuple[flo
 @settings(max_examples=300, deadline=None, database=None)
 @given(
     changes=st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 500)), max_size=12),
-    windows=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 5_000), st.integers(1, 500)),
-                     min_size=1, max_size=4),
+    windows=st.lists(
+        st.tuples(st.integers(0, 10_000), st.integers(0, 5_000), st.integers(1, 500)), min_size=1, max_size=4
+    ),
 )
 def test_fast_accrual_matches_a_step_by_step_walk(changes, windows) -> None:
     events: list = [PriceChanged(float(t), A, Market.SPOT, p / 100) for t, p in changes]
@@ -206,8 +207,10 @@ def test_a_node_whose_end_was_not_seen_is_billed_until_last_seen_however_late_th
     assert summarize(events, T0 + 3600).spend_usd == pytest.approx(0.36)
 
 
-@given(st.integers(min_value=0, max_value=len(FIRST_HALF + SECOND_HALF)),
-       st.floats(min_value=T0 - 100, max_value=T0 + 10_000))
+@given(
+    st.integers(min_value=0, max_value=len(FIRST_HALF + SECOND_HALF)),
+    st.floats(min_value=T0 - 100, max_value=T0 + 10_000),
+)
 def test_spend_basis_equals_the_full_recomputation_at_any_time(prefix, now) -> None:
     """The daemon's cached spend (ended part kept, running part accrued) is the same number."""
     from fleetd.policy.ledger import spend_basis

@@ -59,11 +59,14 @@ def a_week(passes: int, interval: float, seed: int = 1) -> list:
             events.append(ledger.InstanceStarted(now, iid, POOL, Market.SPOT, 0.4, 1.0, event_id=f"start:{iid}"))
         if len(live) > 4 and rng.random() < 0.05:
             iid = live.pop(0)
-            events += [ledger.Interruption(now, iid, POOL, "notice", event_id=f"notice:{iid}"),
-                       ledger.InstanceStopped(now + 60, iid, event_id=f"stop:{iid}")]
+            events += [
+                ledger.Interruption(now, iid, POOL, "notice", event_id=f"notice:{iid}"),
+                ledger.InstanceStopped(now + 60, iid, event_id=f"stop:{iid}"),
+            ]
         if rng.random() < 0.01:
-            events.append(ledger.PriceChanged(now, POOL, Market.SPOT, round(rng.uniform(0.3, 0.5), 4),
-                                              event_id=f"price:{k}"))
+            events.append(
+                ledger.PriceChanged(now, POOL, Market.SPOT, round(rng.uniform(0.3, 0.5), 4), event_id=f"price:{k}")
+            )
         if rng.random() < 0.01 and step > 50:
             events.append(ledger.StepsLost(now, step, step - 30, event_id=f"lost:{k}"))
             step -= 30
@@ -87,7 +90,8 @@ def test_compaction_keeps_the_report_and_drops_the_per_pass_rows() -> None:
     rolled = [e for e in after if isinstance(e, ledger.BillsRolledUp)]
     assert len(rolled) == 1 and rolled[0].instances > 10
     assert ledger.spend_basis(after).at(now) == ledger.spend_basis(events).at(now) or close(
-        ledger.spend_basis(after).at(now), ledger.spend_basis(events).at(now))
+        ledger.spend_basis(after).at(now), ledger.spend_basis(events).at(now)
+    )
     # Compacting again changes nothing; the newest six hours are untouched.
     assert compact(after, before=now - 6 * 3600).empty
     recent = [e for e in events if e.at >= now - 6 * 3600]

@@ -19,9 +19,22 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.timeout(400)
 def test_two_simulated_days_replace_every_reclaimed_node_and_trace_what_grew() -> None:
     res = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "long_run.py"), "--days", "2", "--nodes", "8",
-         "--notices-per-day", "100", "--trace-memory", "4"],
-        capture_output=True, text=True, timeout=380, cwd=ROOT,
+        [
+            sys.executable,
+            str(ROOT / "bench" / "long_run.py"),
+            "--days",
+            "2",
+            "--nodes",
+            "8",
+            "--notices-per-day",
+            "100",
+            "--trace-memory",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=380,
+        cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

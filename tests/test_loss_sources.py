@@ -108,8 +108,14 @@ def test_lost_iff_two_sources(present):
 def test_registry_maps_store_heartbeats_to_the_instance_by_its_address():
     reg = NodeRegistry(clock=lambda: NOW)
     reg.note_store_heartbeat("10.0.0.5", NOW - 3)  # unknown address: ignored
-    reg.apply(AgentStatus(instance_id="i-0123456789abcdef0", received_at=NOW - 10, dedup_key="s1",
-                          status=Status(instance_id="i-0123456789abcdef0", state="ready", node_addr="10.0.0.5")))
+    reg.apply(
+        AgentStatus(
+            instance_id="i-0123456789abcdef0",
+            received_at=NOW - 10,
+            dedup_key="s1",
+            status=Status(instance_id="i-0123456789abcdef0", state="ready", node_addr="10.0.0.5"),
+        )
+    )
     reg.note_store_heartbeat("10.0.0.5", NOW - 2)
     reg.note_store_heartbeat("10.0.0.5", NOW - 4)  # older news never moves it back
     assert reg.record("i-0123456789abcdef0").store_seen_at == NOW - 2

@@ -106,9 +106,16 @@ def test_other_registries_are_served_alongside_without_duplicate_names():
 def test_observe_snapshot_matches_the_snapshot():
     budget = BudgetStatus(level=BudgetLevel.NORMAL, spent_usd=10, burn_usd_per_hour=2, forecast_usd=30)
     snap = build_snapshot(
-        now=2000.0, fleet="prod", reconcile_interval_s=10, target_nodes=3,
+        now=2000.0,
+        fleet="prod",
+        reconcile_interval_s=10,
+        target_nodes=3,
         nodes=[node("i-1", A), node("i-2", B), node("i-9", B, phase=NodePhase.TERMINATED, ec2_state="terminated")],
-        budget=budget, budget_total_usd=50, budget_max_usd_per_hour=5, rendezvous=(4, 2), checkpoint=(120, 1990.0),
+        budget=budget,
+        budget_total_usd=50,
+        budget_max_usd_per_hour=5,
+        rendezvous=(4, 2),
+        checkpoint=(120, 1990.0),
     )
     m = FleetMetrics("prod", clock=lambda: 2005.0)
     m.observe_snapshot(snap)

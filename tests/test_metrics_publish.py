@@ -41,8 +41,17 @@ class Observer:
 
 
 def row(iid: str, state: str = "running"):
-    return SimpleNamespace(instance_id=iid, pool=A, market=Market.SPOT, price_per_hour=0.4, launched_at=10.0,
-                           ec2_state=state, notice_at=None, max_price_per_hour=None, drain_started_at=None)
+    return SimpleNamespace(
+        instance_id=iid,
+        pool=A,
+        market=Market.SPOT,
+        price_per_hour=0.4,
+        launched_at=10.0,
+        ec2_state=state,
+        notice_at=None,
+        max_price_per_hour=None,
+        drain_started_at=None,
+    )
 
 
 def stats(notices: int, capacity_errors: int):
@@ -52,7 +61,8 @@ def stats(notices: int, capacity_errors: int):
 def values(metrics: FleetMetrics) -> dict:
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
-        for fam in text_string_to_metric_families(metrics.render().decode()) for s in fam.samples
+        for fam in text_string_to_metric_families(metrics.render().decode())
+        for s in fam.samples
     }
 
 

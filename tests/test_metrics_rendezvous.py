@@ -29,7 +29,8 @@ async def test_watcher_follows_the_round_and_counts_nodes_not_markers():
         store = await asyncio.to_thread(open_server, "127.0.0.1", port)
         node = lambda addr: codec.NodeId(addr, 100, 0)  # noqa: E731
         state = codec.RendezvousState(
-            round=3, complete=True,
+            round=3,
+            complete=True,
             participants={node("10.0.0.1"): 0, node("10.0.0.2"): 1},
             wait_list=frozenset({codec.NodeId(codec.MARKER_ADDR, 1, 0)}),
         )

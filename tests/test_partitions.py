@@ -30,9 +30,22 @@ def played(tmp_path_factory):
     work = tmp_path_factory.mktemp("partitions")
     out = work / "result.json"
     res = run_in_private_netns(
-        [sys.executable, "-m", "tests.harness.partitions", "--phases", "broker:60,store:3@rank0,both",
-         "--nodes", "3", "--workdir", str(work / "run"), "--out", str(out)],
-        capture_output=True, text=True, timeout=880,
+        [
+            sys.executable,
+            "-m",
+            "tests.harness.partitions",
+            "--phases",
+            "broker:60,store:3@rank0,both",
+            "--nodes",
+            "3",
+            "--workdir",
+            str(work / "run"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=880,
     )
     assert res.returncode == 0 and out.exists(), res.stdout[-4000:] + res.stderr[-4000:]
     result = json.loads(out.read_text())

@@ -30,8 +30,9 @@ LIMITS = UrgentLimits(max_share=0.5)
 
 
 def step(seen, planned, started=None, busy=0.0, now=100.0):
-    return urgent_step(notices_seen=seen, notices_planned=planned, full_started_at=started,
-                       urgent_busy_s=busy, now=now, limits=LIMITS)
+    return urgent_step(
+        notices_seen=seen, notices_planned=planned, full_started_at=started, urgent_busy_s=busy, now=now, limits=LIMITS
+    )
 
 
 def test_no_new_notice_no_urgent_pass() -> None:
@@ -104,9 +105,18 @@ async def reconciler_on(ec2, tmp_path: Path, nodes: int, planner):
     )
     registry, commander = NodeRegistry(clock=ec2.clock), Commander()
     state = await StateStore.open(tmp_path)
-    r = Reconciler(cfg, ec2=ec2, prices=BOOK, state=state, pools=(A, B),
-                   hardware={t: BOOK.hardware(t) for t in ("g4dn.xlarge", "g5.xlarge")}, planner=planner,
-                   clock=ec2.clock, observer=registry, commander=commander)
+    r = Reconciler(
+        cfg,
+        ec2=ec2,
+        prices=BOOK,
+        state=state,
+        pools=(A, B),
+        hardware={t: BOOK.hardware(t) for t in ("g4dn.xlarge", "g5.xlarge")},
+        planner=planner,
+        clock=ec2.clock,
+        observer=registry,
+        commander=commander,
+    )
     return r, registry, commander, state
 
 
@@ -135,8 +145,9 @@ async def test_loop_folds_notices_into_one_urgent_pass_and_holds_urgent_passes_t
     ids = sorted(i.instance_id for i in ec2.live())
 
     def notice(k: int) -> None:
-        registry.apply(InterruptionNotice(ids[k], "terminate", clock() + 120, "imds", received_at=clock(),
-                                          dedup_key=f"n{k}"))
+        registry.apply(
+            InterruptionNotice(ids[k], "terminate", clock() + 120, "imds", received_at=clock(), dedup_key=f"n{k}")
+        )
         wake.set()
 
     loop = asyncio.create_task(r.run(wake, on_pass=passes.append))
@@ -201,8 +212,9 @@ async def test_wake_ups_without_notices_do_not_run_full_passes_back_to_back(tmp_
                 wake.set()  # a status: news, not a notice
                 await asyncio.sleep(0.02)
             sent = time.monotonic()
-            registry.apply(InterruptionNotice(ids[k], "terminate", clock() + 120, "imds", received_at=clock(),
-                                              dedup_key=f"n{k}"))
+            registry.apply(
+                InterruptionNotice(ids[k], "terminate", clock() + 120, "imds", received_at=clock(), dedup_key=f"n{k}")
+            )
             wake.set()
             while len(commander.drained) <= k:
                 await asyncio.sleep(0.005)
@@ -242,8 +254,9 @@ async def test_a_notice_that_arrived_during_an_urgent_pass_does_not_wait_for_the
     ids = sorted(i.instance_id for i in ec2.live())
 
     def notice(k: int) -> None:
-        registry.apply(InterruptionNotice(ids[k], "terminate", clock() + 120, "imds", received_at=clock(),
-                                          dedup_key=f"n{k}"))
+        registry.apply(
+            InterruptionNotice(ids[k], "terminate", clock() + 120, "imds", received_at=clock(), dedup_key=f"n{k}")
+        )
         wake.set()
 
     loop = asyncio.create_task(r.run(wake, on_pass=passes.append))

@@ -93,9 +93,20 @@ def test_simulate_plots_nodes_spend_and_progress_per_policy(tmp_path, capsys):
 def test_fleetd_plan_json_for_a_deadline_job(capsys):
     rc = main(
         [
-            "plan", "--work-node-hours", "20", "--deadline-h", "24", "--offsets", "12",
-            "--pools", "p3.2xlarge@us-east-1a,g4dn.xlarge@us-east-1a:0.5",
-            "--trace-for", "p3.2xlarge@us-east-1a=p3", "--checkpoint-gb", "4", "--json",
+            "plan",
+            "--work-node-hours",
+            "20",
+            "--deadline-h",
+            "24",
+            "--offsets",
+            "12",
+            "--pools",
+            "p3.2xlarge@us-east-1a,g4dn.xlarge@us-east-1a:0.5",
+            "--trace-for",
+            "p3.2xlarge@us-east-1a=p3",
+            "--checkpoint-gb",
+            "4",
+            "--json",
         ]
     )
     assert rc == 0

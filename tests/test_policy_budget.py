@@ -36,9 +36,7 @@ OFFERS = (offer(A, 5.0, od=6.0), offer(B, 5.0, od=6.0))
 
 
 def observe(spent: float, **kw) -> Observation:
-    base = dict(
-        nodes=TWO, offers=OFFERS, spent_usd=spent, target_nodes=2, last_scaling_at=NOW - 10
-    )
+    base = dict(nodes=TWO, offers=OFFERS, spent_usd=spent, target_nodes=2, last_scaling_at=NOW - 10)
     return Observation(**{**base, **kw})
 
 
@@ -71,10 +69,7 @@ def observe(spent: float, **kw) -> Observation:
 def test_graded_responses(spent, level, expected, reason) -> None:
     result = plan(observe(spent), CFG, NOW)
     assert result.budget.level is level
-    got = [
-        (type(a).__name__, getattr(a, "code", "") or getattr(a, "instance_id", ""))
-        for a in result.actions
-    ]
+    got = [(type(a).__name__, getattr(a, "code", "") or getattr(a, "instance_id", "")) for a in result.actions]
     assert got == expected
     texts = [a.reason for a in result.actions] + list(result.notes)
     assert any(reason in t for t in texts), texts
@@ -102,8 +97,13 @@ def test_forbid_on_demand_blocks_the_fallback() -> None:
     blocked = tuple(PoolStats(p, capacity_error_until=NOW + 300) for p in (A, B))
     cfg = config(budget=CFG.budget.model_dump(), capacity={"spot_wait_s": 60.0}, fleet=CFG.fleet.model_dump())
     result = plan(
-        observe(86.0, nodes=TWO[:1], pool_stats=blocked, spot_unavailable_since=NOW - 3600,
-                budget_level=BudgetLevel.FORBID_ON_DEMAND),
+        observe(
+            86.0,
+            nodes=TWO[:1],
+            pool_stats=blocked,
+            spot_unavailable_since=NOW - 3600,
+            budget_level=BudgetLevel.FORBID_ON_DEMAND,
+        ),
         cfg,
         NOW,
     )
@@ -136,8 +136,13 @@ def test_gate_cuts_a_launch_to_the_burn_cap() -> None:
 def test_gate_refuses_a_launch_that_could_cross_total_usd() -> None:
     # 1 node at $6/h worst case over 190 s = $0.32 committed; a launch commits another $0.32.
     # (A short forecast horizon keeps the level below shrink, so the target stays at 2.)
-    budget = {**CFG.budget.model_dump(), "forecast_horizon_s": 60.0, "warn_at": 0.99,
-              "forbid_on_demand_at": 0.99, "shrink_at": 1.0}
+    budget = {
+        **CFG.budget.model_dump(),
+        "forecast_horizon_s": 60.0,
+        "warn_at": 0.99,
+        "forbid_on_demand_at": 0.99,
+        "shrink_at": 1.0,
+    }
     cfg = config(budget=budget, fleet=CFG.fleet.model_dump())
     result = plan(observe(99.5, nodes=TWO[:1], target_nodes=2), cfg, NOW)
     assert result.budget.level is BudgetLevel.FORBID_ON_DEMAND

@@ -19,8 +19,13 @@ H = 3600.0
 def inputs(done_h: float, now_h: float, d_h: float, full_on_spot: bool = False, rate: float | None = 1.0):
     # 6 h of work (1 step/s) due 9 h after the start at 0.
     return DeadlineInputs(
-        deadline_at=9 * H, started_at=0.0, total_steps=6 * H, done_steps=done_h * H,
-        steps_per_s=rate, changeover_s=d_h * H, full_on_spot=full_on_spot,
+        deadline_at=9 * H,
+        started_at=0.0,
+        total_steps=6 * H,
+        done_steps=done_h * H,
+        steps_per_s=rate,
+        changeover_s=d_h * H,
+        full_on_spot=full_on_spot,
     ), now_h * H
 
 
@@ -97,17 +102,21 @@ def deadline_cfg(nodes: int, due_h: float, total_steps: int, d_s: float = 720.0,
     return config(
         fleet={"min_nodes": 1, "max_nodes": nodes},
         capacity={"on_demand": on_demand},
-        job={"deadline": datetime.fromtimestamp(NOW + due_h * H, UTC), "total_steps": total_steps,
-             "changeover_s": d_s},
+        job={"deadline": datetime.fromtimestamp(NOW + due_h * H, UTC), "total_steps": total_steps, "changeover_s": d_s},
     )
 
 
 def _obs(running: int, target: int, step: int, started_h: float, rate: float, stats=NO_SPOT, since=None):
     nodes = tuple(node(f"i-{i}", step=step) for i in range(running))
     return Observation(
-        nodes=nodes, offers=(offer(A, 0.4), offer(B, 0.4)), pool_stats=stats, target_nodes=target,
-        last_scaling_at=NOW, throughput_by_nodes=MappingProxyType({running: rate} if running else {}),
-        job_started_at=NOW - started_h * H, spot_unavailable_since=since,
+        nodes=nodes,
+        offers=(offer(A, 0.4), offer(B, 0.4)),
+        pool_stats=stats,
+        target_nodes=target,
+        last_scaling_at=NOW,
+        throughput_by_nodes=MappingProxyType({running: rate} if running else {}),
+        job_started_at=NOW - started_h * H,
+        spot_unavailable_since=since,
     )
 
 
@@ -115,8 +124,9 @@ def test_single_node_behind_the_line_buys_on_demand_at_once_without_spot_wait() 
     # 6 h of work due 9 h after the start; 3 h in, 1 h done; the spot node was lost.
     cfg = deadline_cfg(1, due_h=6, total_steps=6 * 3600)
     obs = _obs(0, 1, 0, started_h=3, rate=1.0)
-    obs = Observation(**{**{f: getattr(obs, f) for f in obs.__dataclass_fields__},
-                         "last_durable_checkpoint_step": 3600})
+    obs = Observation(
+        **{**{f: getattr(obs, f) for f in obs.__dataclass_fields__}, "last_durable_checkpoint_step": 3600}
+    )
     result = plan(obs, cfg, NOW)
     (launch,) = result.of_type(Launch)
     assert launch.market is Market.ON_DEMAND and launch.purpose is LaunchPurpose.ON_DEMAND_FALLBACK
@@ -125,7 +135,9 @@ def test_single_node_behind_the_line_buys_on_demand_at_once_without_spot_wait() 
 
 
 def _durable(obs: Observation, step: int) -> Observation:
-    return Observation(**{**{f: getattr(obs, f) for f in obs.__dataclass_fields__}, "last_durable_checkpoint_step": step})
+    return Observation(
+        **{**{f: getattr(obs, f) for f in obs.__dataclass_fields__}, "last_durable_checkpoint_step": step}
+    )
 
 
 def test_behind_the_line_an_old_capacity_error_is_tried_again_before_paying_on_demand() -> None:
@@ -147,8 +159,9 @@ def test_inside_the_safety_net_no_probe_on_demand_at_once() -> None:
     cfg = deadline_cfg(1, due_h=5.2, total_steps=6 * 3600)
     aged = tuple(PoolStats(p, capacity_error_until=NOW + 1) for p in (A, B))  # 599 s old
     obs = _durable(_obs(0, 1, 0, started_h=3, rate=1.0, stats=aged), 3600)
-    obs = Observation(**{**{f: getattr(obs, f) for f in obs.__dataclass_fields__},
-                         "throughput_by_nodes": MappingProxyType({1: 1.0})})  # measured before the loss
+    obs = Observation(
+        **{**{f: getattr(obs, f) for f in obs.__dataclass_fields__}, "throughput_by_nodes": MappingProxyType({1: 1.0})}
+    )  # measured before the loss
     result = plan(obs, cfg, NOW)
     assert result.deadline is not None and result.deadline.safety_net and not result.deadline.spot_allowed
     (launch,) = result.of_type(Launch)
@@ -166,8 +179,9 @@ def test_the_probe_age_is_capped_at_the_ttl_and_configurable() -> None:
 def test_single_node_ahead_waits_for_spot_and_no_deadline_never_buys_on_demand() -> None:
     cfg = deadline_cfg(1, due_h=6, total_steps=6 * 3600)
     obs = _obs(0, 1, 0, started_h=3, rate=1.0)
-    obs = Observation(**{**{f: getattr(obs, f) for f in obs.__dataclass_fields__},
-                         "last_durable_checkpoint_step": 3 * 3600})
+    obs = Observation(
+        **{**{f: getattr(obs, f) for f in obs.__dataclass_fields__}, "last_durable_checkpoint_step": 3 * 3600}
+    )
     result = plan(obs, cfg, NOW)
     assert result.of_type(Launch) == ()
     assert any("spot only" in n for n in result.notes)
@@ -200,12 +214,20 @@ def test_never_means_never_even_for_a_deadline() -> None:
 @pytest.mark.parametrize(
     ("nodes", "slack_h", "swap"), [(1, 0.55, False), (1, 0.7, True), (4, 0.7, True), (4, 0.55, False), (4, 0.3, False)]
 )
-def test_inside_the_safety_net_a_make_before_break_swap_needs_slack_for_losing_every_spot_node(nodes, slack_h, swap) -> None:
+def test_inside_the_safety_net_a_make_before_break_swap_needs_slack_for_losing_every_spot_node(
+    nodes, slack_h, swap
+) -> None:
     # d = 0.5 h: the safety net is below 1 h of slack; a swap needs d + d / 4 of it, for a fleet
     # too (a reclaim wave can take every spot node at once: the fleet stops for d).
     i = DeadlineInputs(
-        deadline_at=10 * H, started_at=0.0, total_steps=(10 - 4 - slack_h) * H, done_steps=0.0,
-        steps_per_s=1.0, changeover_s=0.5 * H, full_on_spot=False, nodes=nodes,
+        deadline_at=10 * H,
+        started_at=0.0,
+        total_steps=(10 - 4 - slack_h) * H,
+        done_steps=0.0,
+        steps_per_s=1.0,
+        changeover_s=0.5 * H,
+        full_on_spot=False,
+        nodes=nodes,
     )
     call = decide(i, 4 * H)
     assert call.safety_net and not call.spot_allowed
@@ -220,8 +242,12 @@ def test_planner_swaps_on_demand_for_spot_inside_the_safety_net_only_when_the_sl
         cfg = deadline_cfg(4, due_h=left_h, total_steps=total, d_s=0.5 * H)
         nodes = tuple(node(f"od-{i}", market=Market.ON_DEMAND, price=1.0, step=1000) for i in range(4))
         obs = Observation(
-            nodes=nodes, offers=(offer(A, 0.4),), target_nodes=4, last_scaling_at=NOW,
-            throughput_by_nodes=MappingProxyType({4: 4.0}), job_started_at=NOW - 6 * H,
+            nodes=nodes,
+            offers=(offer(A, 0.4),),
+            target_nodes=4,
+            last_scaling_at=NOW,
+            throughput_by_nodes=MappingProxyType({4: 4.0}),
+            job_started_at=NOW - 6 * H,
         )
         return plan(obs, cfg, NOW)
 
@@ -252,8 +278,12 @@ def test_before_any_measurement_the_operators_throughput_estimate_sets_the_safet
     # on-demand now. Without it, only the line decides (behind it: on-demand too, but spot stays
     # allowed and no safety net can start before a measurement).
     def cfg(sps):
-        job = {"deadline": datetime.fromtimestamp(NOW + 6.2 * H, UTC), "total_steps": 6 * 3600,
-               "changeover_s": 720.0, **({"steps_per_s": sps} if sps else {})}
+        job = {
+            "deadline": datetime.fromtimestamp(NOW + 6.2 * H, UTC),
+            "total_steps": 6 * 3600,
+            "changeover_s": 720.0,
+            **({"steps_per_s": sps} if sps else {}),
+        }
         return config(fleet={"min_nodes": 1, "max_nodes": 1}, capacity={"on_demand": "deadline"}, job=job)
 
     obs = _obs(0, 1, 0, started_h=1, rate=1.0)
@@ -267,8 +297,16 @@ def test_while_the_first_nodes_boot_the_rule_does_not_wake_the_planner_at_once()
     # Zero slack while the first node boots: time left and work left (with the boot) shrink
     # together, so the safety net's crossing never comes by waiting (it made the simulator pass
     # every millisecond); the boot's end wakes the planner instead.
-    i = DeadlineInputs(deadline_at=27000.0, started_at=0.0, total_steps=21600.0, done_steps=0.0,
-                       steps_per_s=1.0, changeover_s=1800.0, full_on_spot=False, pending_s=1797.0)
+    i = DeadlineInputs(
+        deadline_at=27000.0,
+        started_at=0.0,
+        total_steps=21600.0,
+        done_steps=0.0,
+        steps_per_s=1.0,
+        changeover_s=1800.0,
+        full_on_spot=False,
+        pending_s=1797.0,
+    )
     call = decide(i, 3.0)
     assert not call.safety_net
     assert all(t > 3.0 + 60 for t in call.wake_at)
@@ -277,11 +315,16 @@ def test_while_the_first_nodes_boot_the_rule_does_not_wake_the_planner_at_once()
 def _ahead_fleet(nodes: int, od: int = 1):
     """A job far ahead of its line with ``od`` of its nodes on on-demand, spot offered."""
     members = tuple(node(f"od-{i}", market=Market.ON_DEMAND, price=1.0, step=5 * 3600) for i in range(od)) + tuple(
-        node(f"sp-{i}", step=5 * 3600) for i in range(nodes - od))
+        node(f"sp-{i}", step=5 * 3600) for i in range(nodes - od)
+    )
     cfg = deadline_cfg(nodes, due_h=6, total_steps=6 * 3600 * nodes)
     obs = Observation(
-        nodes=members, offers=(offer(A, 0.4), offer(B, 0.4)), target_nodes=nodes, last_scaling_at=NOW - 3600,
-        throughput_by_nodes=MappingProxyType({nodes: float(nodes)}), job_started_at=NOW - 3 * H,
+        nodes=members,
+        offers=(offer(A, 0.4), offer(B, 0.4)),
+        target_nodes=nodes,
+        last_scaling_at=NOW - 3600,
+        throughput_by_nodes=MappingProxyType({nodes: float(nodes)}),
+        job_started_at=NOW - 3 * H,
         last_durable_checkpoint_step=5 * 3600 * nodes,
     )
     return plan(obs, cfg, NOW)
@@ -308,8 +351,15 @@ def test_ahead_one_node_idles_its_on_demand_node_and_a_fleet_keeps_what_holds_th
 def test_the_on_demand_kept_ahead_of_the_line_holds_the_pace_in_whole_nodes() -> None:
     from fleetd.policy.deadline import on_demand_to_keep
 
-    base = dict(deadline_at=9 * H, started_at=0.0, total_steps=6 * H * 4, done_steps=0.0,
-                changeover_s=0.2 * H, full_on_spot=False, nodes=4)
+    base = dict(
+        deadline_at=9 * H,
+        started_at=0.0,
+        total_steps=6 * H * 4,
+        done_steps=0.0,
+        changeover_s=0.2 * H,
+        full_on_spot=False,
+        nodes=4,
+    )
     # Line pace 2.67 nodes' worth at 1 step/s per node: 2 whole nodes; 1 on spot -> keep 1 of 3
     # (the remaining 0.67 node cycles as UP's one node does).
     assert on_demand_to_keep(DeadlineInputs(**base, steps_per_s=4.0, on_demand_nodes=3, spot_training=1)) == 1
@@ -324,13 +374,22 @@ def test_the_on_demand_kept_ahead_of_the_line_holds_the_pace_in_whole_nodes() ->
     assert on_demand_to_keep(DeadlineInputs(**one, steps_per_s=1.0, on_demand_nodes=1)) == 0
 
 
-@pytest.mark.parametrize(("nodes", "stall_s", "swap"), [(4, 0.0, True), (4, 5.0, False), (1, 5.0, True), (8, 2.0, True), (8, 3.0, False)])
+@pytest.mark.parametrize(
+    ("nodes", "stall_s", "swap"), [(4, 0.0, True), (4, 5.0, False), (1, 5.0, True), (8, 2.0, True), (8, 3.0, False)]
+)
 def test_a_safety_net_swap_keeps_slack_for_the_re_forms_it_and_the_losses_after_it_cause(nodes, stall_s, swap) -> None:
     # d = 0.2 h: d + d/4 = 900 s; slack 940 s. The stall budget is 2 (N + 1) membership stalls:
     # 4 nodes at 5 s: 50 s (no swap); 1 node: 20 s (swap); 8 nodes at 2 s: 36 s (swap), at 3 s: 54 s.
     i = DeadlineInputs(
-        deadline_at=10 * H, started_at=0.0, total_steps=6 * H - 940.0, done_steps=0.0,
-        steps_per_s=1.0, changeover_s=0.2 * H, full_on_spot=False, nodes=nodes, membership_stall_s=stall_s,
+        deadline_at=10 * H,
+        started_at=0.0,
+        total_steps=6 * H - 940.0,
+        done_steps=0.0,
+        steps_per_s=1.0,
+        changeover_s=0.2 * H,
+        full_on_spot=False,
+        nodes=nodes,
+        membership_stall_s=stall_s,
     )
     call = decide(i, 4 * H)
     assert call.safety_net
@@ -354,15 +413,31 @@ def test_outside_the_net_on_demand_goes_back_to_spot_make_before_break_once_spot
     assert call.swap_to_spot and "back to spot make-before-break" in call.reason, branch
     # Outside the net (slack 4,000 s >= 2d = 3,600 s) but not 2d after the swap's own join and
     # drain (2 re-forms of 5 min): on-demand stays.
-    tight = DeadlineInputs(deadline_at=9 * H, started_at=0.0, total_steps=21_200.0, done_steps=3_600.0,
-                           steps_per_s=1.0, changeover_s=0.5 * H, full_on_spot=False, nodes=1,
-                           on_demand_nodes=1, membership_stall_s=300.0)
+    tight = DeadlineInputs(
+        deadline_at=9 * H,
+        started_at=0.0,
+        total_steps=21_200.0,
+        done_steps=3_600.0,
+        steps_per_s=1.0,
+        changeover_s=0.5 * H,
+        full_on_spot=False,
+        nodes=1,
+        on_demand_nodes=1,
+        membership_stall_s=300.0,
+    )
     tight_call = decide(tight, 3 * H)
     assert not tight_call.safety_net and tight_call.on_demand_now and not tight_call.swap_to_spot
     # A fleet keeps its own rule outside the net (on_demand_keep; swapping every on-demand node
     # into a pool between reclaim waves cost 4 and 8 nodes up to 9 % more per useful step).
-    fleet = DeadlineInputs(**{**{f: getattr(i, f) for f in i.__slots__}, "nodes": 4, "steps_per_s": 4.0,
-                              "total_steps": 4 * i.total_steps, "done_steps": 4 * i.done_steps})
+    fleet = DeadlineInputs(
+        **{
+            **{f: getattr(i, f) for f in i.__slots__},
+            "nodes": 4,
+            "steps_per_s": 4.0,
+            "total_steps": 4 * i.total_steps,
+            "done_steps": 4 * i.done_steps,
+        }
+    )
     assert not decide(fleet, now).safety_net and not decide(fleet, now).swap_to_spot
 
 
@@ -372,8 +447,12 @@ def test_planner_behind_the_line_moves_its_on_demand_node_back_to_spot_keeping_i
     cfg = deadline_cfg(1, due_h=6, total_steps=6 * 3600, d_s=0.2 * H)
     od = node("od-1", market=Market.ON_DEMAND, price=1.0, step=3600)
     obs = Observation(
-        nodes=(od,), offers=(offer(A, 0.4), offer(B, 0.4)), target_nodes=1, last_scaling_at=NOW,
-        throughput_by_nodes=MappingProxyType({1: 1.0}), job_started_at=NOW - 3 * H,
+        nodes=(od,),
+        offers=(offer(A, 0.4), offer(B, 0.4)),
+        target_nodes=1,
+        last_scaling_at=NOW,
+        throughput_by_nodes=MappingProxyType({1: 1.0}),
+        job_started_at=NOW - 3 * H,
     )
     result = plan(obs, cfg, NOW)
     assert result.deadline is not None and result.deadline.on_demand_now and result.deadline.swap_to_spot
@@ -381,7 +460,7 @@ def test_planner_behind_the_line_moves_its_on_demand_node_back_to_spot_keeping_i
     assert launch.market is Market.SPOT and launch.purpose is LaunchPurpose.RETURN_TO_SPOT
     assert not [a for a in result.actions if getattr(a, "instance_id", None) == "od-1"], "make-before-break"
     # With spot refused (a fresh capacity error) nothing changes: the on-demand node trains on.
-    held = plan(Observation(**{**{f: getattr(obs, f) for f in obs.__dataclass_fields__}, "pool_stats": NO_SPOT}),
-                cfg, NOW)
+    held = plan(
+        Observation(**{**{f: getattr(obs, f) for f in obs.__dataclass_fields__}, "pool_stats": NO_SPOT}), cfg, NOW
+    )
     assert held.of_type(Launch) == () and not [a for a in held.actions if getattr(a, "instance_id", None) == "od-1"]
-

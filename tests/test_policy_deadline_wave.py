@@ -18,8 +18,9 @@ def _lost_in_a_wave(slack_s: float) -> tuple[Observation, object]:
     cfg = deadline_cfg(1, due_h=(5 * H + slack_s) / H, total_steps=6 * 3600)
     wave = tuple(PoolStats(p, notices=1, last_notice_at=NOW - 30) for p in (A, B))
     obs = _durable(_obs(0, 1, 0, started_h=3, rate=1.0, stats=wave), 3600)
-    obs = Observation(**{**{f: getattr(obs, f) for f in obs.__dataclass_fields__},
-                         "throughput_by_nodes": MappingProxyType({1: 1.0})})
+    obs = Observation(
+        **{**{f: getattr(obs, f) for f in obs.__dataclass_fields__}, "throughput_by_nodes": MappingProxyType({1: 1.0})}
+    )
     return obs, cfg
 
 

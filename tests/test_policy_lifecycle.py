@@ -89,14 +89,13 @@ def test_broken_boot_is_replaced_only_while_other_nodes_report() -> None:
     result = plan(obs, cfg, NOW)
     (term,) = result.of_type(Terminate)
     assert term.instance_id == "i-9"
-    assert term.reason == (
-        "i-9 never reported in 901 s (boot_timeout_s 900) while other nodes do: broken boot"
-    )
+    assert term.reason == ("i-9 never reported in 901 s (boot_timeout_s 900) while other nodes do: broken boot")
     assert [a.count for a in result.of_type(Launch)] == [1]
     # Nobody reports (broker or intake down): replacing nodes would not help.
     silent = node("i-1", seen=None, phase=NodePhase.PENDING, launched_at=NOW - 5000)
-    quiet = plan(Observation(nodes=(silent, stuck), offers=(offer(A, 0.4),), target_nodes=2,
-                             last_scaling_at=NOW), cfg, NOW)
+    quiet = plan(
+        Observation(nodes=(silent, stuck), offers=(offer(A, 0.4),), target_nodes=2, last_scaling_at=NOW), cfg, NOW
+    )
     assert quiet.actions == ()
 
 

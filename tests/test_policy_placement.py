@@ -117,9 +117,7 @@ def test_launch_carries_bid_budget_price_and_ranked_pools() -> None:
 # ------------------------------------------------------------------------- on-demand fallback
 # Fresh capacity errors (10 s old at the default 600 s TTL): too young for a probe of spot.
 NO_SPOT = tuple(PoolStats(p, capacity_error_until=NOW + 590) for p in (A, B))
-FALLBACK_CFG = config(
-    fleet={"min_nodes": 1, "max_nodes": 1}, capacity={"spot_wait_s": 600.0, "on_demand": "hold_size"}
-)
+FALLBACK_CFG = config(fleet={"min_nodes": 1, "max_nodes": 1}, capacity={"spot_wait_s": 600.0, "on_demand": "hold_size"})
 
 
 @pytest.mark.parametrize(
@@ -151,8 +149,11 @@ FALLBACK_CFG = config(
         (
             "on-demand not affordable",
             NOW - 700,
-            config(fleet={"min_nodes": 1, "max_nodes": 1}, capacity={"spot_wait_s": 600.0, "on_demand": "hold_size"},
-                   budget={"max_usd_per_hour": 0.9}),
+            config(
+                fleet={"min_nodes": 1, "max_nodes": 1},
+                capacity={"spot_wait_s": 600.0, "on_demand": "hold_size"},
+                budget={"max_usd_per_hour": 0.9},
+            ),
             False,
             "cannot buy 1 on-demand node(s) (on-demand-fallback): not even one fits the budget",
         ),
@@ -160,7 +161,9 @@ FALLBACK_CFG = config(
 )
 def test_on_demand_fallback(case, since, cfg, launch, reason) -> None:
     obs = Observation(
-        offers=(offer(A, 0.4), offer(B, 0.4)), pool_stats=NO_SPOT, target_nodes=1,
+        offers=(offer(A, 0.4), offer(B, 0.4)),
+        pool_stats=NO_SPOT,
+        target_nodes=1,
         spot_unavailable_since=since,
     )
     result = plan(obs, cfg, NOW)
@@ -202,8 +205,12 @@ def test_back_to_spot_waits_for_the_spot_node_to_join() -> None:
 def test_back_to_spot_asks_for_a_checkpoint_then_drains_after_it_is_durable() -> None:
     spot = node("i-spot", running_since=NOW - 40)
     before = Observation(
-        nodes=(_od(), spot), offers=(offer(A, 0.4),), target_nodes=1, last_scaling_at=NOW,
-        last_durable_checkpoint_step=900, last_durable_checkpoint_at=NOW - 100,
+        nodes=(_od(), spot),
+        offers=(offer(A, 0.4),),
+        target_nodes=1,
+        last_scaling_at=NOW,
+        last_durable_checkpoint_step=900,
+        last_durable_checkpoint_at=NOW - 100,
     )
     first = plan(before, config(fleet={"max_nodes": 1}), NOW)
     (ckpt,) = first.actions
@@ -213,8 +220,12 @@ def test_back_to_spot_asks_for_a_checkpoint_then_drains_after_it_is_durable() ->
         "durable since the spot node joined"
     )
     after = Observation(
-        nodes=(_od(), spot), offers=(offer(A, 0.4),), target_nodes=1, last_scaling_at=NOW,
-        last_durable_checkpoint_step=1000, last_durable_checkpoint_at=NOW - 5,
+        nodes=(_od(), spot),
+        offers=(offer(A, 0.4),),
+        target_nodes=1,
+        last_scaling_at=NOW,
+        last_durable_checkpoint_step=1000,
+        last_durable_checkpoint_at=NOW - 5,
         last_checkpoint_request_at=NOW - 30,
     )
     (drain,) = plan(after, config(fleet={"max_nodes": 1}), NOW).actions
@@ -229,8 +240,11 @@ def test_back_to_spot_asks_for_a_checkpoint_then_drains_after_it_is_durable() ->
 def test_spot_advisor_snapshot_gives_priors_per_pool() -> None:
     rows = load_spot_advisor(ADVISOR_CSV)
     assert len(rows) == 540
-    pools = [A.__class__("g4dn.2xlarge", "af-south-1a"), A.__class__("g4dn.12xlarge", "af-south-1b"),
-             A.__class__("nope.xlarge", "us-east-1a")]
+    pools = [
+        A.__class__("g4dn.2xlarge", "af-south-1a"),
+        A.__class__("g4dn.12xlarge", "af-south-1b"),
+        A.__class__("nope.xlarge", "us-east-1a"),
+    ]
     priors = priors_for_pools(rows, pools)
     assert priors == {pools[0]: prior_rate_for_bucket(4), pools[1]: prior_rate_for_bucket(0)}
     assert prior_rate_for_bucket(4) == pytest.approx(0.25 / 730)
@@ -249,9 +263,7 @@ def test_spot_advisor_bad_file_is_a_clear_error(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ back to spot, in one batch
 def _ods(n: int) -> tuple:
-    return tuple(
-        node(f"i-od{i}", B, market=Market.ON_DEMAND, price=1.0 + i / 100, seen=NOW - 1) for i in range(n)
-    )
+    return tuple(node(f"i-od{i}", B, market=Market.ON_DEMAND, price=1.0 + i / 100, seen=NOW - 1) for i in range(n))
 
 
 def test_back_to_spot_buys_every_replacement_in_one_launch() -> None:
@@ -263,8 +275,12 @@ def test_back_to_spot_buys_every_replacement_in_one_launch() -> None:
     # Some replacements already bought: only the rest.
     spot = node("i-spot0", running_since=NOW - 40)
     obs = Observation(
-        nodes=_ods(3) + (spot,), offers=(offer(A, 0.4),), target_nodes=3, last_scaling_at=NOW,
-        last_durable_checkpoint_at=NOW - 100, last_checkpoint_request_at=NOW - 10,
+        nodes=_ods(3) + (spot,),
+        offers=(offer(A, 0.4),),
+        target_nodes=3,
+        last_scaling_at=NOW,
+        last_durable_checkpoint_at=NOW - 100,
+        last_checkpoint_request_at=NOW - 10,
     )
     (launch,) = plan(obs, config(fleet={"max_nodes": 3}), NOW).of_type(Launch)
     assert launch.purpose is LaunchPurpose.RETURN_TO_SPOT and launch.count == 2
@@ -273,8 +289,12 @@ def test_back_to_spot_buys_every_replacement_in_one_launch() -> None:
 def test_back_to_spot_drains_every_replaced_on_demand_node_in_one_pass() -> None:
     spots = tuple(node(f"i-spot{i}", running_since=NOW - 40) for i in range(3))
     obs = Observation(
-        nodes=_ods(3) + spots, offers=(offer(A, 0.4),), target_nodes=3, last_scaling_at=NOW,
-        last_durable_checkpoint_step=1000, last_durable_checkpoint_at=NOW - 5,
+        nodes=_ods(3) + spots,
+        offers=(offer(A, 0.4),),
+        target_nodes=3,
+        last_scaling_at=NOW,
+        last_durable_checkpoint_step=1000,
+        last_durable_checkpoint_at=NOW - 5,
     )
     result = plan(obs, config(fleet={"max_nodes": 3}), NOW)
     drains = result.of_type(Drain)
@@ -286,12 +306,11 @@ def test_back_to_spot_drains_every_replaced_on_demand_node_in_one_pass() -> None
     assert result.of_type(Launch) == ()  # the spot nodes now count: nothing more to buy
 
 
-
-
 # ------------------------------------------------ cost per useful GPU-hour (issue 15, part 2)
 def _hw(pool, spot, od, gpus, rel, model):
-    return PoolOffer(pool=pool, gpus=gpus, spot_price=spot, on_demand_price=od, gpu_model=model,
-                     relative_throughput=rel)
+    return PoolOffer(
+        pool=pool, gpus=gpus, spot_price=spot, on_demand_price=od, gpu_model=model, relative_throughput=rel
+    )
 
 
 def test_an_h100_pool_beats_a_t4_pool_per_useful_gpu_hour_at_realistic_prices() -> None:

@@ -12,8 +12,11 @@ from tests.policy_fixtures import NOW, A, B, C, config, node, offer
 
 CFG = config(
     fleet={"min_nodes": 1, "max_nodes": 4},
-    rebalance={"max_checkpoint_age_s": 600.0, "max_recommendation_replacements_per_hour": 2,
-               "checkpoint_retry_s": 120.0},
+    rebalance={
+        "max_checkpoint_age_s": 600.0,
+        "max_recommendation_replacements_per_hour": 2,
+        "checkpoint_retry_s": 120.0,
+    },
     budget={"total_usd": 100.0, "max_usd_per_hour": 20.0},
 )
 OFFERS = (offer(A, 0.40), offer(B, 0.42), offer(C, 0.45))
@@ -23,8 +26,12 @@ HEALTHY = node("i-2", B)
 
 def observe(nodes=(AT_RISK, HEALTHY), **kw) -> Observation:
     base = dict(
-        nodes=nodes, offers=OFFERS, target_nodes=2, last_scaling_at=NOW - 10,
-        last_durable_checkpoint_step=500, last_durable_checkpoint_at=NOW - 900,
+        nodes=nodes,
+        offers=OFFERS,
+        target_nodes=2,
+        last_scaling_at=NOW - 10,
+        last_durable_checkpoint_step=500,
+        last_durable_checkpoint_at=NOW - 900,
     )
     return Observation(**{**base, **kw})
 
@@ -37,9 +44,7 @@ def test_recommendation_prebuys_elsewhere_and_checkpoints_but_never_drains() -> 
     assert A not in launch.pools  # not where the risk is
     assert launch.reason.startswith("rebalance-prebuy: buy 1 spot node(s)")
     (ckpt,) = result.of_type(RequestCheckpoint)
-    assert ckpt.reason == (
-        "rebalance recommendation: last durable checkpoint 900 s old > max_checkpoint_age_s 600"
-    )
+    assert ckpt.reason == ("rebalance recommendation: last durable checkpoint 900 s old > max_checkpoint_age_s 600")
     assert "rebalance recommendation for i-1: at risk, kept training until a real notice" in result.notes
 
 
@@ -105,8 +110,7 @@ def test_real_notice_drains_before_the_deadline_and_replaces_elsewhere() -> None
     (drain,) = result.of_type(Drain)
     assert drain.instance_id == "i-1" and drain.deadline == NOW + 115
     assert drain.reason == (
-        "interruption notice for i-1 (g5.xlarge@us-east-1a) 5 s ago, 115 s before AWS acts: "
-        "checkpoint, upload, leave"
+        "interruption notice for i-1 (g5.xlarge@us-east-1a) 5 s ago, 115 s before AWS acts: checkpoint, upload, leave"
     )
     (launch,) = result.of_type(Launch)
     assert launch.purpose is LaunchPurpose.CAPACITY and launch.count == 1 and A not in launch.pools
@@ -136,8 +140,11 @@ def test_advice_with_no_notice_expires_and_releases_the_node_it_prebought() -> N
     (drain,) = result.of_type(Drain)
     assert drain.instance_id == "i-3"  # the extra node, not the once-risky one
     assert "pre-bought for a rebalance recommendation that expired" in drain.reason
-    assert any(f"expired: no notice within recommendation_expiry_s={WINDOW:.0f}" in n
-               and "releasing the extra node it caused (i-3)" in n for n in result.notes)
+    assert any(
+        f"expired: no notice within recommendation_expiry_s={WINDOW:.0f}" in n
+        and "releasing the extra node it caused (i-3)" in n
+        for n in result.notes
+    )
     assert result.of_type(Launch) == ()  # no new pre-buy for expired advice
 
 
@@ -177,8 +184,11 @@ def test_the_prebought_node_stays_when_it_replaces_the_risky_one() -> None:
 
 def test_expiry_unfreezes_utilization_scaling() -> None:
     """Scaling judges only a fleet at its target: with the extra node it never could."""
-    cfg = config(fleet={"min_nodes": 1, "max_nodes": 4}, budget={"total_usd": 100.0, "max_usd_per_hour": 20.0},
-                 scaling={"cooldown_s": 0.0})
+    cfg = config(
+        fleet={"min_nodes": 1, "max_nodes": 4},
+        budget={"total_usd": 100.0, "max_usd_per_hour": 20.0},
+        scaling={"cooldown_s": 0.0},
+    )
     idle = dict(util=5.0)
     frozen = plan(observe(nodes=(at_risk_since(60, **idle), node("i-2", B, **idle), PREBOUGHT)), cfg, NOW)
     assert any("judging scale only once the fleet is at its target" in n for n in frozen.notes)
@@ -200,10 +210,12 @@ def test_a_wave_of_notices_is_bought_back_in_one_launch_once_it_settles() -> Non
     quiet = cfg.capacity.notice_coalesce_s
 
     def wave(first_ago: float, second_ago: float | None) -> Observation:
-        nodes = [node("i-1", A, notice_at=NOW - first_ago, notice_deadline=NOW + 100),
-                 node("i-3", B), node("i-4", C)]
-        nodes.append(node("i-2", A, notice_at=NOW - second_ago, notice_deadline=NOW + 100)
-                     if second_ago is not None else node("i-2", A))
+        nodes = [node("i-1", A, notice_at=NOW - first_ago, notice_deadline=NOW + 100), node("i-3", B), node("i-4", C)]
+        nodes.append(
+            node("i-2", A, notice_at=NOW - second_ago, notice_deadline=NOW + 100)
+            if second_ago is not None
+            else node("i-2", A)
+        )
         return observe(nodes=tuple(nodes), target_nodes=4)
 
     # The first notice of the wave: drain it at once, but do not buy yet.

@@ -181,7 +181,10 @@ def test_cool_down_never_delays_replacing_a_lost_node() -> None:
 def test_a_straggler_is_drained_and_replaced() -> None:
     nodes = (node("i-0", sps=1.0), node("i-1", B, sps=0.3), node("i-2", sps=1.1))
     obs = Observation(
-        nodes=nodes, offers=OFFERS, target_nodes=3, last_scaling_at=NOW - 10,
+        nodes=nodes,
+        offers=OFFERS,
+        target_nodes=3,
+        last_scaling_at=NOW - 10,
         throughput_by_nodes={3: 2.4},
     )
     result = plan(obs, CFG, NOW)
@@ -206,7 +209,10 @@ def test_no_straggler_verdict_while_a_new_node_is_settling() -> None:
     newcomer = node("i-3", sps=1.0, launched_at=NOW - 30)
     nodes = (node("i-0", sps=1.0), node("i-1", B, sps=0.3), node("i-2", sps=1.1), newcomer)
     obs = Observation(
-        nodes=nodes, offers=OFFERS, target_nodes=4, last_scaling_at=NOW - 10,
+        nodes=nodes,
+        offers=OFFERS,
+        target_nodes=4,
+        last_scaling_at=NOW - 10,
         throughput_by_nodes={4: 3.0},
     )
     result = plan(obs, CFG, NOW)

@@ -21,8 +21,14 @@ S = StallSettings(stall_after_s=60.0, escalate_after_s=30.0, telemetry_fresh_s=1
 IDS = ("i-a", "i-b", "i-c")
 
 
-def nodes(step: int | None, *, running: bool | None = True, at: float | None = 0.0, billed: bool = True,
-          ids: tuple[str, ...] = IDS) -> tuple[NodeProgress, ...]:
+def nodes(
+    step: int | None,
+    *,
+    running: bool | None = True,
+    at: float | None = 0.0,
+    billed: bool = True,
+    ids: tuple[str, ...] = IDS,
+) -> tuple[NodeProgress, ...]:
     return tuple(NodeProgress(i, billed, running, step, at) for i in ids)
 
 
@@ -54,8 +60,10 @@ def test_a_job_that_never_trained_is_left_to_the_boot_timeout():
 
 def test_store_unreachable_is_detected_once_and_waits_without_touching_nodes():
     ticks = [StallObservation(0, nodes(100))]
-    ticks += [StallObservation(float(now), nodes(100, running=False, at=float(now)), store_reachable=False)
-              for now in range(5, 400, 5)]
+    ticks += [
+        StallObservation(float(now), nodes(100, running=False, at=float(now)), store_reachable=False)
+        for now in range(5, 400, 5)
+    ]
     t, out = run(ticks)
     detected = [d for d in out if d.detected]
     assert len(detected) == 1 and detected[0].cause is StallCause.STORE_UNREACHABLE
@@ -81,8 +89,10 @@ def test_store_restart_gives_trainers_time_then_ends_with_the_recovery_time():
 
 def test_trainers_exited_climbs_the_ladder_once_per_rung():
     ticks = [StallObservation(0, nodes(5))]
-    ticks += [StallObservation(float(now), nodes(5, running=False, at=float(now)), store_reachable=True)
-              for now in range(10, 400, 10)]
+    ticks += [
+        StallObservation(float(now), nodes(5, running=False, at=float(now)), store_reachable=True)
+        for now in range(10, 400, 10)
+    ]
     t, out = run(ticks)
     acted = [(d.tracker.episode.actions[-1][1], a.kind, a.instance_ids) for d in out for a in d.actions]
     assert acted == [
@@ -125,8 +135,11 @@ def test_a_rollback_counts_as_progress():
 
 
 def test_nothing_billed_or_job_stopping_ends_the_stall():
-    ticks = [StallObservation(0, nodes(5)), StallObservation(61, nodes(5, running=False)),
-             StallObservation(70, nodes(5, running=False), training_expected=False)]
+    ticks = [
+        StallObservation(0, nodes(5)),
+        StallObservation(61, nodes(5, running=False)),
+        StallObservation(70, nodes(5, running=False), training_expected=False),
+    ]
     t, out = run(ticks)
     assert out[1].stalled and not out[2].stalled and t.episode is None and len(t.history) == 1
 
@@ -151,8 +164,10 @@ def test_a_job_re_forming_after_a_change_is_not_stalled():
     """A node joined at 50 s: the round re-forms and its workers restart; on a loaded machine the
     first step of the new round comes late. Not "all ranks hung": the clock starts at the change."""
     ticks = [StallObservation(0, nodes(10))]
-    ticks += [StallObservation(float(now), nodes(10, at=float(now)), rendezvous_changed_at=50.0,
-                               rendezvous_forming=now < 80) for now in range(5, 110, 5)]
+    ticks += [
+        StallObservation(float(now), nodes(10, at=float(now)), rendezvous_changed_at=50.0, rendezvous_forming=now < 80)
+        for now in range(5, 110, 5)
+    ]
     ticks.append(StallObservation(110, nodes(11, at=110), rendezvous_changed_at=50.0))
     _, out = run(ticks)
     assert not any(d.stalled for d in out)
@@ -161,16 +176,19 @@ def test_a_job_re_forming_after_a_change_is_not_stalled():
 
 def test_a_round_still_forming_is_not_stalled_however_long_the_change_was_ago():
     ticks = [StallObservation(0, nodes(10))]
-    ticks += [StallObservation(float(now), nodes(10, at=float(now)), rendezvous_changed_at=5.0, rendezvous_forming=True)
-              for now in range(5, 300, 5)]
+    ticks += [
+        StallObservation(float(now), nodes(10, at=float(now)), rendezvous_changed_at=5.0, rendezvous_forming=True)
+        for now in range(5, 300, 5)
+    ]
     _, out = run(ticks)
     assert not any(d.stalled for d in out)
 
 
 def test_a_formed_round_without_a_step_is_a_stall_one_bound_after_it_formed():
     ticks = [StallObservation(0, nodes(10))]
-    ticks += [StallObservation(float(now), nodes(10, at=float(now)), rendezvous_changed_at=40.0)
-              for now in range(5, 200, 5)]
+    ticks += [
+        StallObservation(float(now), nodes(10, at=float(now)), rendezvous_changed_at=40.0) for now in range(5, 200, 5)
+    ]
     _, out = run(ticks)
     first = next(i for i, d in enumerate(out) if d.stalled)
     assert ticks[first].now > 40.0 + S.stall_after_s and ticks[first - 1].now <= 40.0 + S.stall_after_s
@@ -182,8 +200,12 @@ def test_a_formed_round_without_a_step_is_a_stall_one_bound_after_it_formed():
 def test_a_rendezvous_that_keeps_re_forming_without_a_step_is_a_stall_after_reforming_max():
     s = replace(S, reforming_max_s=200.0)
     ticks = [StallObservation(0, nodes(10))]
-    ticks += [StallObservation(float(now), nodes(10, at=float(now)), rendezvous_changed_at=float(now - now % 20),
-                               rendezvous_forming=True) for now in range(5, 400, 5)]
+    ticks += [
+        StallObservation(
+            float(now), nodes(10, at=float(now)), rendezvous_changed_at=float(now - now % 20), rendezvous_forming=True
+        )
+        for now in range(5, 400, 5)
+    ]
     _, out = run(ticks, settings=s)
     first = next(i for i, d in enumerate(out) if d.stalled)
     assert 200.0 < ticks[first].now <= 205.0
@@ -193,8 +215,10 @@ def test_a_rendezvous_that_keeps_re_forming_without_a_step_is_a_stall_after_refo
 def test_re_forming_during_a_stall_waits_instead_of_escalating():
     """A recovery poke makes the rendezvous re-form: the next rung waits while it does."""
     ticks = [StallObservation(0, nodes(5)), StallObservation(61, nodes(5, at=61))]
-    ticks += [StallObservation(float(now), nodes(5, at=float(now)), rendezvous_changed_at=62.0, rendezvous_forming=True)
-              for now in range(65, 200, 5)]
+    ticks += [
+        StallObservation(float(now), nodes(5, at=float(now)), rendezvous_changed_at=62.0, rendezvous_forming=True)
+        for now in range(65, 200, 5)
+    ]
     _, out = run(ticks)
     assert out[1].detected and out[1].actions[0].kind is Recovery.REFORM
     assert {d.cause for d in out[2:]} == {StallCause.REFORMING}

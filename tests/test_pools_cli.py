@@ -13,19 +13,27 @@ from fleetd.adapters.catalog import bundled_catalog
 from tests.reconcile_support import SPOT, ZONES, Cloud
 
 OFFLINE_ENV = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | {
-    "AWS_EC2_METADATA_DISABLED": "true", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
     "AWS_CONFIG_FILE": "/nonexistent",
 }
 
 
 def pools(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fleetd.cli", "pools", *args], capture_output=True, text=True,
-                          timeout=120, env=env or OFFLINE_ENV)
+    return subprocess.run(
+        [sys.executable, "-m", "fleetd.cli", "pools", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env or OFFLINE_ENV,
+    )
 
 
 def test_every_gpu_type_of_a_region_offline() -> None:
-    for region, must in (("eu-west-1", {"p4d.24xlarge", "p3.2xlarge", "g5.xlarge", "g4dn.xlarge"}),
-                         ("us-west-2", {"p5.48xlarge", "p4d.24xlarge", "g6e.xlarge", "g5.xlarge", "g4dn.xlarge"})):
+    for region, must in (
+        ("eu-west-1", {"p4d.24xlarge", "p3.2xlarge", "g5.xlarge", "g4dn.xlarge"}),
+        ("us-west-2", {"p5.48xlarge", "p4d.24xlarge", "g6e.xlarge", "g5.xlarge", "g4dn.xlarge"}),
+    ):
         out = pools("--region", region, "--json")
         assert out.returncode == 0, out.stderr
         report = json.loads(out.stdout)
@@ -48,8 +56,10 @@ def test_table_names_exclusions() -> None:
 
 def test_a_configs_pools_with_reasons(tmp_path: Path) -> None:
     cfg = tmp_path / "fleetd.toml"
-    cfg.write_text('[aws]\nregion = "eu-west-1"\n[capacity]\nzones = ["eu-west-1a", "eu-west-1b"]\n'
-                   'instance_types = ["g5.xlarge", "g6e.xlarge"]\n')
+    cfg.write_text(
+        '[aws]\nregion = "eu-west-1"\n[capacity]\nzones = ["eu-west-1a", "eu-west-1b"]\n'
+        'instance_types = ["g5.xlarge", "g6e.xlarge"]\n'
+    )
     report = json.loads(pools("--config", str(cfg), "--json").stdout)
     rows = {p["pool"]: p for p in report["pools"]}
     assert set(rows) == {f"{t}@eu-west-1{z}" for t in ("g5.xlarge", "g6e.xlarge") for z in "ab"}
@@ -77,8 +87,10 @@ async def test_live_uses_the_price_apis(cloud: Cloud, tmp_path: Path) -> None:
     import asyncio
 
     cfg = tmp_path / "fleetd.toml"
-    cfg.write_text(f'[aws]\nregion = "us-east-1"\nendpoint_url = "{cloud.proxy.url}"\n[capacity]\n'
-                   f'zones = {json.dumps(list(ZONES))}\ninstance_types = ["g5.xlarge", "g4dn.xlarge"]\n')
+    cfg.write_text(
+        f'[aws]\nregion = "us-east-1"\nendpoint_url = "{cloud.proxy.url}"\n[capacity]\n'
+        f'zones = {json.dumps(list(ZONES))}\ninstance_types = ["g5.xlarge", "g4dn.xlarge"]\n'
+    )
     env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
     out = await asyncio.to_thread(pools, "--config", str(cfg), "--live", "--json", env=env)
     assert out.returncode == 0, out.stderr

@@ -44,8 +44,10 @@ def test_a_real_shaped_entry_parses_from_its_json_string() -> None:
         (lambda d: json.dumps([d]), "not an object"),
         (lambda d: json.dumps({**d, "product": {"sku": "X"}}), "product.attributes"),
         (lambda d: json.dumps(_set(d, ["product", "attributes", "operatingSystem"], "Windows")), "operatingSystem"),
-        (lambda d: json.dumps(_set(d, ["product", "attributes", "capacitystatus"], "UnusedCapacityReservation")),
-         "capacitystatus"),
+        (
+            lambda d: json.dumps(_set(d, ["product", "attributes", "capacitystatus"], "UnusedCapacityReservation")),
+            "capacitystatus",
+        ),
         (lambda d: json.dumps({**d, "terms": {"Reserved": {}}}), "terms.OnDemand"),
         (lambda d: json.dumps(_price(d, "0.0000000000")), "not a price"),
         (lambda d: json.dumps(_price(d, "NaN")), "not a price"),
@@ -89,8 +91,14 @@ def _two_dimensions(d: dict) -> dict:
 
 def test_request_filters_are_the_price_list_terms() -> None:
     got = {f["Field"]: f["Value"] for f in filters_for("p4d.24xlarge", "eu-west-1")}
-    assert got == {"instanceType": "p4d.24xlarge", "regionCode": "eu-west-1", "operatingSystem": "Linux",
-                   "tenancy": "Shared", "preInstalledSw": "NA", "capacitystatus": "Used"}
+    assert got == {
+        "instanceType": "p4d.24xlarge",
+        "regionCode": "eu-west-1",
+        "operatingSystem": "Linux",
+        "tenancy": "Shared",
+        "preInstalledSw": "NA",
+        "capacitystatus": "Used",
+    }
     assert all(f["Type"] == "TERM_MATCH" for f in filters_for("g5.xlarge", "us-east-1"))
 
 
@@ -98,8 +106,11 @@ def test_the_fake_pages_with_next_token_like_aws() -> None:
     fake = PriceListFake(bundled_catalog(), page_size=10)
     seen, token = [], None
     while True:
-        req = {"ServiceCode": "AmazonEC2", "Filters": [{"Type": "TERM_MATCH", "Field": "regionCode",
-                                                        "Value": "us-west-2"}], "MaxResults": 10}
+        req = {
+            "ServiceCode": "AmazonEC2",
+            "Filters": [{"Type": "TERM_MATCH", "Field": "regionCode", "Value": "us-west-2"}],
+            "MaxResults": 10,
+        }
         if token:
             req["NextToken"] = token
         status, body = fake.get_products(req)
@@ -170,7 +181,10 @@ async def test_api_down_falls_back_to_the_catalog_and_says_so(cloud: Cloud) -> N
 async def test_a_type_the_api_does_not_list_falls_back_per_type(cloud: Cloud) -> None:
     catalog = bundled_catalog()
     cloud.proxy.price_list.catalog = type(catalog)(
-        catalog.generated_at, catalog.prices_as_of, catalog.sources, catalog.models,
+        catalog.generated_at,
+        catalog.prices_as_of,
+        catalog.sources,
+        catalog.models,
         {t: s for t, s in catalog.types.items() if t != "g4dn.xlarge"},
     )
     async with cloud.pricing_client() as client:

@@ -44,7 +44,7 @@ async def test_time_series_csv_gives_price_in_force_and_trend(tmp_path: Path) ->
         "g5.xlarge,us-east-1b,1.006,0.30,0,1,A10G,24\n"
     )
     book = FilePriceBook.load(path, trend_window_s=3 * 3600)
-    early = (await book.prices([A, B], now=100.0))
+    early = await book.prices([A, B], now=100.0)
     assert early[A].spot == 0.40 and early[B].spot == 0.30 and early[A].on_demand == 1.006
     late = (await book.prices([A], now=7300.0))[A]
     assert late.spot == 0.52
@@ -55,8 +55,20 @@ async def test_time_series_csv_gives_price_in_force_and_trend(tmp_path: Path) ->
 
 async def test_json_series_and_set_spot(tmp_path: Path) -> None:
     path = tmp_path / "book.json"
-    path.write_text(json.dumps({"pools": [
-        {"instance_type": "g5.xlarge", "zone": "us-east-1a", "on_demand": 1.0, "spot": [[0, 0.3], [600, 0.35]]}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "pools": [
+                    {
+                        "instance_type": "g5.xlarge",
+                        "zone": "us-east-1a",
+                        "on_demand": 1.0,
+                        "spot": [[0, 0.3], [600, 0.35]],
+                    }
+                ]
+            }
+        )
+    )
     book = FilePriceBook.load(path)
     assert (await book.prices([A], 599.0))[A].spot == 0.3
     book.set_spot(A, 1200.0, 0.9)
@@ -69,7 +81,11 @@ async def test_json_series_and_set_spot(tmp_path: Path) -> None:
         ("bad.json", "{not json", "not JSON"),
         ("nopools.json", json.dumps({"prices": []}), "'pools' list"),
         ("missing.json", json.dumps({"pools": [{"zone": "us-east-1a", "spot": 0.1}]}), "entry 1"),
-        ("negative.json", json.dumps({"pools": [{"instance_type": "g5.xlarge", "zone": "a", "spot": -1}]}), "must be >= 0"),
+        (
+            "negative.json",
+            json.dumps({"pools": [{"instance_type": "g5.xlarge", "zone": "a", "spot": -1}]}),
+            "must be >= 0",
+        ),
         ("nan.csv", "instance_type,zone,on_demand,spot\ng5.xlarge,us-east-1a,nan,0.1\n", "entry 1"),
     ],
 )

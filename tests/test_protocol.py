@@ -50,7 +50,12 @@ EXAMPLES = [
     Rebalance(instance_id=IID, notice_time=T),
     CheckpointSaved(instance_id=IID, step=1200, world_size=3, nbytes=1 << 20, duration_s=0.4),
     CheckpointUploaded(
-        instance_id=IID, step=1200, files=2, nbytes=1 << 20, s3_prefix="ckpt/train/step-1200", duration_s=1.5,
+        instance_id=IID,
+        step=1200,
+        files=2,
+        nbytes=1 << 20,
+        s3_prefix="ckpt/train/step-1200",
+        duration_s=1.5,
         beat_deadline=True,
     ),
     TrainerExited(instance_id=IID, exit_code=0, reason="leave", last_step=1200),

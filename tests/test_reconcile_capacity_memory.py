@@ -44,15 +44,27 @@ class ScriptedPlans:
 
 
 def launch(market: Market, pools: tuple[PoolId, ...]) -> Launch:
-    return Launch(reason="test: need a node", count=1, market=market, pools=pools,
-                  max_price_per_hour=0.5 if market is Market.SPOT else None, budgeted_price_per_hour=0.4)
+    return Launch(
+        reason="test: need a node",
+        count=1,
+        market=market,
+        pools=pools,
+        max_price_per_hour=0.5 if market is Market.SPOT else None,
+        budgeted_price_per_hour=0.4,
+    )
 
 
 async def make(tmp_path: Path, planner, ec2: FakeEc2, clock: FakeClock) -> Reconciler:
     cfg = FleetdConfig(fleet=FleetConfig(name="t", state_dir=tmp_path, reconcile_interval_s=10.0))
     return Reconciler(
-        cfg, ec2=ec2, prices=BOOK, state=await StateStore.open(tmp_path), pools=(A, B),
-        hardware={t: BOOK.hardware(t) for t in ("g4dn.xlarge", "g5.xlarge")}, planner=planner, clock=clock,
+        cfg,
+        ec2=ec2,
+        prices=BOOK,
+        state=await StateStore.open(tmp_path),
+        pools=(A, B),
+        hardware={t: BOOK.hardware(t) for t in ("g4dn.xlarge", "g5.xlarge")},
+        planner=planner,
+        clock=clock,
     )
 
 
@@ -89,9 +101,11 @@ async def test_a_spot_retry_that_fails_keeps_the_shortage_start(tmp_path: Path) 
     # ends the shortage.
     clock = FakeClock(T0)
     ec2 = FakeEc2(clock, no_capacity={A: "InsufficientInstanceCapacity"})
-    plans = [Plan(target_nodes=1, spot_short=True),
-             Plan(actions=(launch(Market.SPOT, (A,)),), target_nodes=1),
-             Plan(actions=(launch(Market.SPOT, (A,)),), target_nodes=1)]
+    plans = [
+        Plan(target_nodes=1, spot_short=True),
+        Plan(actions=(launch(Market.SPOT, (A,)),), target_nodes=1),
+        Plan(actions=(launch(Market.SPOT, (A,)),), target_nodes=1),
+    ]
     r = await make(tmp_path, ScriptedPlans(lambda i, obs: plans[i]), ec2, clock)
 
     await r.run_pass()
@@ -113,8 +127,13 @@ async def test_a_spot_retry_that_fails_keeps_the_shortage_start(tmp_path: Path) 
 async def test_an_on_demand_capacity_error_does_not_block_spot_and_the_reverse(tmp_path: Path) -> None:
     clock = FakeClock(T0)
     ec2 = FakeEc2(clock, no_capacity={A: "InsufficientInstanceCapacity"})
-    plans = [Plan(actions=(launch(Market.ON_DEMAND, (A,)),)), Plan(), Plan(actions=(launch(Market.SPOT, (A,)),)),
-             Plan(actions=(launch(Market.SPOT, (B,)),)), Plan()]
+    plans = [
+        Plan(actions=(launch(Market.ON_DEMAND, (A,)),)),
+        Plan(),
+        Plan(actions=(launch(Market.SPOT, (A,)),)),
+        Plan(actions=(launch(Market.SPOT, (B,)),)),
+        Plan(),
+    ]
     planner = ScriptedPlans(lambda i, obs: plans[i])
     r = await make(tmp_path, planner, ec2, clock)
     ttl = r.cfg.capacity.capacity_error_ttl_s
@@ -159,12 +178,16 @@ async def test_an_on_demand_capacity_error_does_not_block_spot_and_the_reverse(t
 async def test_an_existing_state_db_gains_the_on_demand_column(tmp_path: Path) -> None:
     # A pool_stats table as released before the on-demand TTL existed, with history in it.
     with sqlite3.connect(tmp_path / "fleetd.db") as db:
-        db.execute("CREATE TABLE pool_stats (pool TEXT PRIMARY KEY, node_seconds REAL NOT NULL DEFAULT 0,"
-                   " notices INTEGER NOT NULL DEFAULT 0, losses INTEGER NOT NULL DEFAULT 0,"
-                   " capacity_errors INTEGER NOT NULL DEFAULT 0, capacity_error_until REAL,"
-                   " last_error_code TEXT, last_notice_at REAL)")
-        db.execute("INSERT INTO pool_stats (pool, node_seconds, notices, capacity_error_until)"
-                   " VALUES (?, 7200, 2, ?)", (str(A), T0 + 60))
+        db.execute(
+            "CREATE TABLE pool_stats (pool TEXT PRIMARY KEY, node_seconds REAL NOT NULL DEFAULT 0,"
+            " notices INTEGER NOT NULL DEFAULT 0, losses INTEGER NOT NULL DEFAULT 0,"
+            " capacity_errors INTEGER NOT NULL DEFAULT 0, capacity_error_until REAL,"
+            " last_error_code TEXT, last_notice_at REAL)"
+        )
+        db.execute(
+            "INSERT INTO pool_stats (pool, node_seconds, notices, capacity_error_until) VALUES (?, 7200, 2, ?)",
+            (str(A), T0 + 60),
+        )
     db.close()
     for _ in range(2):  # the second open finds the column there already
         store = await StateStore.open(tmp_path)

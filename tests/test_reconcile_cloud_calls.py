@@ -61,9 +61,16 @@ async def setup(tmp_path: Path, nodes: int, seed: int):
         budget=BudgetConfig(total_usd=1e6, max_usd_per_hour=1e4),
     )
     state = await StateStore.open(tmp_path)
-    r = Reconciler(cfg, ec2=ec2, prices=BOOK, state=state, pools=(A, B),
-                   hardware={t: BOOK.hardware(t) for t in ("g4dn.xlarge", "g5.xlarge")}, planner=plan,
-                   clock=clock)
+    r = Reconciler(
+        cfg,
+        ec2=ec2,
+        prices=BOOK,
+        state=state,
+        pools=(A, B),
+        hardware={t: BOOK.hardware(t) for t in ("g4dn.xlarge", "g5.xlarge")},
+        planner=plan,
+        clock=clock,
+    )
     return r, ec2, state, clock
 
 
@@ -96,8 +103,11 @@ async def test_passes_go_on_while_a_launch_is_held_and_nothing_is_bought_twice(t
         await until(lambda: len(ec2.live()) == 4)
         # Its answer is recorded (the intent settled, the instance known with its launch cap) and
         # the pass it woke sees a full fleet: nothing more is bought.
-        await until(lambda: any(rep.plan is not None and not rep.plan.actions and len(rep.live_instances) == 4
-                                for rep in reports))
+        await until(
+            lambda: any(
+                rep.plan is not None and not rep.plan.actions and len(rep.live_instances) == 4 for rep in reports
+            )
+        )
         launches = await state.launches()
         assert [row.status for row in launches] == [st.LAUNCHED]
         rows = {row.instance_id: row for row in await state.instances()}
@@ -173,6 +183,7 @@ async def test_a_bounded_run_ends_with_its_calls_made(tmp_path: Path):
 
 # -- the two lanes (CloudCalls alone: jobs are plain coroutines) --------------------------------
 
+
 async def _lanes_until(cond, what: str) -> None:
     for _ in range(500):
         if cond():
@@ -181,8 +192,15 @@ async def _lanes_until(cond, what: str) -> None:
     raise AssertionError(f"not reached: {what}")
 
 
-def _job(name: str, log: list[str], gate: asyncio.Event | None = None, *, launch: bool = False,
-         fail: Exception | None = None, ids: frozenset[str] = frozenset()) -> Job:
+def _job(
+    name: str,
+    log: list[str],
+    gate: asyncio.Event | None = None,
+    *,
+    launch: bool = False,
+    fail: Exception | None = None,
+    ids: frozenset[str] = frozenset(),
+) -> Job:
     async def call() -> None:
         log.append(f"start {name}")
         if gate is not None:

@@ -46,7 +46,10 @@ async def test_fleet_of_three_converges_is_repaired_and_scales_down(cloud: Cloud
         assert len(live) == 3
         tags = [{t["Key"]: t["Value"] for t in i["Tags"]} for i in live]
         assert all(t[TAG_FLEET] == "t" and t[TAG_JOB] == "train" and t[TAG_LAUNCH].startswith("fleetd-") for t in tags)
-        assert all(t[TAG_POOL] == f"{i['InstanceType']}@{i['Placement']['AvailabilityZone']}" for t, i in zip(tags, live, strict=True))
+        assert all(
+            t[TAG_POOL] == f"{i['InstanceType']}@{i['Placement']['AvailabilityZone']}"
+            for t, i in zip(tags, live, strict=True)
+        )
         launches = actions(reports, Launch)
         assert [o.status for o in launches] == ["done"]  # one CreateFleet bought all three
         launch = launches[0].action
@@ -54,7 +57,9 @@ async def test_fleet_of_three_converges_is_repaired_and_scales_down(cloud: Cloud
         # Pools are every configured (type, zone); the launch ranks them, lowest expected cost
         # first, diversified over pools near the best score, and sends them all as overrides of one
         # CreateFleet.
-        assert set(r.pools) == {PoolId(t, z) for t in ("g5.xlarge", "g4dn.xlarge") for z in ("us-east-1a", "us-east-1b")}
+        assert set(r.pools) == {
+            PoolId(t, z) for t in ("g5.xlarge", "g4dn.xlarge") for z in ("us-east-1a", "us-east-1b")
+        }
         assert launch.pools[0] == BEST
         # One synchronous job trains in one zone: pools elsewhere carry the cross-AZ penalty, which
         # puts them beyond diversify_within of the best, so the launch stays in the best pool's zone.
@@ -64,8 +69,10 @@ async def test_fleet_of_three_converges_is_repaired_and_scales_down(cloud: Cloud
         assert request["Type"] == "instant"
         assert request["SpotOptions.AllocationStrategy"] == "price-capacity-optimized"
         overrides = [
-            PoolId(request[f"LaunchTemplateConfigs.1.Overrides.{n}.InstanceType"],
-                   {v: k for k, v in cloud.subnets.items()}[request[f"LaunchTemplateConfigs.1.Overrides.{n}.SubnetId"]])
+            PoolId(
+                request[f"LaunchTemplateConfigs.1.Overrides.{n}.InstanceType"],
+                {v: k for k, v in cloud.subnets.items()}[request[f"LaunchTemplateConfigs.1.Overrides.{n}.SubnetId"]],
+            )
             for n in range(1, len(launch.pools) + 1)
         ]
         assert overrides == list(launch.pools)

@@ -150,6 +150,7 @@ async def test_sigkill_between_launch_and_record_then_restarted_daemon_adopts(cl
     # down cleanly on SIGTERM.
     second = fleetd_run(config, tmp_path / "second.log")
     try:
+
         async def adopted() -> bool:
             return "launch_adopted" in log_events(tmp_path / "second.log")
 

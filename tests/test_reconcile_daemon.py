@@ -84,7 +84,9 @@ async def test_dry_run_plans_and_logs_without_side_effects(cloud: Cloud, tmp_pat
     proc = await asyncio.to_thread(
         subprocess.run,
         [sys.executable, "-m", "fleetd.cli", "run", "--config", str(config), "--dry-run", "--passes", "2"],
-        stdout=log.open("w"), stderr=subprocess.STDOUT, timeout=60,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        timeout=60,
     )
     assert proc.returncode == 0, log.read_text()
     assert "action" in log_events(log) and '"outcome": "dry-run"' in log.read_text()
@@ -97,8 +99,11 @@ async def test_bad_config_is_one_clear_error(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[fleet]\nmin_nodes = 5\nmax_nodes = 2\n[capacity]\ninstance_types = ['g5.xlarge']\n")
     proc = await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-m", "fleetd.cli", "run", "--config", str(bad)],
-        capture_output=True, text=True, timeout=60,
+        subprocess.run,
+        [sys.executable, "-m", "fleetd.cli", "run", "--config", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 2 and "min_nodes" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -135,14 +140,22 @@ async def test_daemon_prices_pools_on_the_production_path_and_status_shows_them(
     from tests.reconcile_support import SPOT
 
     cfg = daemon_config(cloud, tmp_path)
-    cfg = cfg.model_copy(update={"capacity": cfg.capacity.model_copy(
-        update={"instance_types": ("g5.xlarge", "g4dn.xlarge", "p5e.48xlarge")})})
+    cfg = cfg.model_copy(
+        update={
+            "capacity": cfg.capacity.model_copy(update={"instance_types": ("g5.xlarge", "g4dn.xlarge", "p5e.48xlarge")})
+        }
+    )
     assert cfg.capacity.price_book is None and cfg.capacity.on_demand_prices == "price-list"
     ctx = DaemonContext(cfg)
-    daemon = asyncio.create_task(run_daemon(
-        cfg, planner=plan, ctx=ctx, session=cloud.session,
-        plugins=Plugins(components=[status_component(watch_rendezvous=False, port=0)]),
-    ))
+    daemon = asyncio.create_task(
+        run_daemon(
+            cfg,
+            planner=plan,
+            ctx=ctx,
+            session=cloud.session,
+            plugins=Plugins(components=[status_component(watch_rendezvous=False, port=0)]),
+        )
+    )
     snap = None
     try:
         for _ in range(600):

@@ -43,19 +43,41 @@ class Scripted:
 
 
 def launch(count: int = 2, pools=(A, B)) -> Launch:
-    return Launch(reason="test: need nodes", count=count, market=Market.SPOT, pools=pools,
-                  max_price_per_hour=0.5, budgeted_price_per_hour=0.4)
+    return Launch(
+        reason="test: need nodes",
+        count=count,
+        market=Market.SPOT,
+        pools=pools,
+        max_price_per_hour=0.5,
+        budgeted_price_per_hour=0.4,
+    )
 
 
-async def make(tmp_path: Path, planner, *, dry_run: bool = False, ledger=None, observer=None,
-               ec2: FakeEc2 | None = None, clock: FakeClock | None = None) -> Reconciler:
+async def make(
+    tmp_path: Path,
+    planner,
+    *,
+    dry_run: bool = False,
+    ledger=None,
+    observer=None,
+    ec2: FakeEc2 | None = None,
+    clock: FakeClock | None = None,
+) -> Reconciler:
     clock = clock or FakeClock(T0)
     cfg = FleetdConfig(fleet=FleetConfig(name="t", state_dir=tmp_path, reconcile_interval_s=10.0))
     state = await (StateStore.open_snapshot if dry_run else StateStore.open)(tmp_path)
     return Reconciler(
-        cfg, ec2=ec2 or FakeEc2(clock), prices=BOOK, state=state, pools=(A, B),
-        hardware={t: BOOK.hardware(t) for t in ("g4dn.xlarge", "g5.xlarge")}, planner=planner, clock=clock,
-        dry_run=dry_run, ledger=ledger, observer=observer,
+        cfg,
+        ec2=ec2 or FakeEc2(clock),
+        prices=BOOK,
+        state=state,
+        pools=(A, B),
+        hardware={t: BOOK.hardware(t) for t in ("g4dn.xlarge", "g5.xlarge")},
+        planner=planner,
+        clock=clock,
+        dry_run=dry_run,
+        ledger=ledger,
+        observer=observer,
     )
 
 
@@ -93,8 +115,10 @@ async def test_permanent_error_is_held_logged_once_and_counted(tmp_path: Path) -
     assert [rep.outcomes[0].status for rep in reports] == ["held", "held", "held"]
     assert ec2.count("CreateFleet") == 1  # not retried every pass
     assert [e["event"] for e in logs].count("aws_permanent_error") == 1
-    assert metric("fleetd_aws_errors_total", operation="CreateFleet", kind="permanent",
-                  code="UnauthorizedOperation") == before + 1
+    assert (
+        metric("fleetd_aws_errors_total", operation="CreateFleet", kind="permanent", code="UnauthorizedOperation")
+        == before + 1
+    )
     assert [row.status for row in await r.state.launches()] == [st.FAILED]
     await r.state.close()
 
@@ -172,8 +196,12 @@ async def test_terminate_only_reaches_fleet_instances(tmp_path: Path) -> None:
     await r.run_pass()
     mine = ec2.live()[0].instance_id
     ec2.foreign.add("i-someone-else")
-    r.planner = Scripted(lambda obs: [Terminate(reason="scale down", instance_id=mine),
-                                      Terminate(reason="bogus", instance_id="i-someone-else")])
+    r.planner = Scripted(
+        lambda obs: [
+            Terminate(reason="scale down", instance_id=mine),
+            Terminate(reason="bogus", instance_id="i-someone-else"),
+        ]
+    )
     report = await r.run_pass()
     assert [(o.action.instance_id, o.status) for o in report.outcomes] == [(mine, "done"), ("i-someone-else", "failed")]
     r.planner = Scripted(lambda obs: [])
@@ -213,8 +241,14 @@ async def test_notices_and_losses_feed_pool_stats_and_the_ledger(tmp_path: Path)
     ec2 = FakeEc2(clock)
     observer = NoticeObserver()
     ledger = await LedgerStore.open(tmp_path / "fleetd.db")
-    r = await make(tmp_path, Scripted(lambda obs: [launch()] if not obs.nodes else []), ec2=ec2, clock=clock,
-                   ledger=ledger, observer=observer)
+    r = await make(
+        tmp_path,
+        Scripted(lambda obs: [launch()] if not obs.nodes else []),
+        ec2=ec2,
+        clock=clock,
+        ledger=ledger,
+        observer=observer,
+    )
     await r.run_pass()
     a, b = (i.instance_id for i in ec2.live())
     assert observer.tracked == set()  # tracked once EC2 shows them
@@ -242,8 +276,9 @@ async def test_notices_and_losses_feed_pool_stats_and_the_ledger(tmp_path: Path)
     await r.state.close()
     r2 = await make(tmp_path, Scripted(lambda obs: []), ec2=ec2, clock=clock, ledger=ledger)
     await r2.run_pass()
-    assert len([e for e in await ledger.events() if type(e).__name__ != "PriceChanged"]) == \
-        len([e for e in (await ledger.events())[:count] if type(e).__name__ != "PriceChanged"])
+    assert len([e for e in await ledger.events() if type(e).__name__ != "PriceChanged"]) == len(
+        [e for e in (await ledger.events())[:count] if type(e).__name__ != "PriceChanged"]
+    )
     assert await ledger.spent_usd(clock()) == pytest.approx(spent)
     await r2.state.close()
     await ledger.close()

@@ -29,13 +29,13 @@ async def test_rebalance_with_no_notice_releases_the_extra_node_after_the_window
     # the first launches and the pre-buy in real time, as a real recommendation is.
     clock = FakeClock(time.time() - 600.0)
     base = cloud.config(tmp_path, nodes=2, boot_timeout_s=7200.0)  # nodes here run no agent
-    cfg = base.model_copy(update={"rebalance": base.rebalance.model_copy(
-        update={"recommendation_expiry_s": WINDOW_S})})
+    cfg = base.model_copy(update={"rebalance": base.rebalance.model_copy(update={"recommendation_expiry_s": WINDOW_S})})
     registry = NodeRegistry(clock=clock)
     async with cloud.client() as client:
         built = await build_reconciler(cfg, client, planner=plan, clock=clock, observer=registry)
         r = built.reconciler
         try:
+
             async def passes(n: int) -> list:
                 out = []
                 for _ in range(n):
@@ -53,12 +53,23 @@ async def test_rebalance_with_no_notice_releases_the_extra_node_after_the_window
             # AWS advises a rebalance for one node (as the EventBridge intake delivers it).
             await asyncio.sleep(1.1)
             clock.advance(time.time() - clock())
-            registry.apply(RebalanceRecommended(risky_id, notice_time=clock(), source="eventbridge",
-                                                received_at=clock(), dedup_key="eventbridge:reb-1"))
+            registry.apply(
+                RebalanceRecommended(
+                    risky_id,
+                    notice_time=clock(),
+                    source="eventbridge",
+                    received_at=clock(),
+                    dedup_key="eventbridge:reb-1",
+                )
+            )
             await asyncio.sleep(1.1)
             reports = await passes(3)
-            prebuys = [o for rep in reports for o in rep.outcomes
-                       if isinstance(o.action, Launch) and o.action.purpose is LaunchPurpose.REBALANCE_PREBUY]
+            prebuys = [
+                o
+                for rep in reports
+                for o in rep.outcomes
+                if isinstance(o.action, Launch) and o.action.purpose is LaunchPurpose.REBALANCE_PREBUY
+            ]
             assert [o.status for o in prebuys] == ["done"] and prebuys[0].action.count == 1
             assert risky_pool not in prebuys[0].action.pools  # bought away from the risk
             live = await cloud.instances()

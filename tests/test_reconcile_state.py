@@ -16,13 +16,24 @@ A = PoolId("g4dn.xlarge", "us-east-1a")
 T0 = 1_800_000_000.0
 
 
-def seen(iid: str, state: str = "running", launched_at: float = T0, token: str | None = "tok", reason: str = "") -> SeenInstance:
+def seen(
+    iid: str, state: str = "running", launched_at: float = T0, token: str | None = "tok", reason: str = ""
+) -> SeenInstance:
     return SeenInstance(iid, A, Market.SPOT, state, launched_at, token, 0.25, reason)
 
 
 async def intent(store, token: str, now: float = T0) -> None:
-    await store.record_intent(token=token, seq=0, now=now, count=2, market=Market.SPOT, pools=(A,),
-                              purpose="capacity", max_price_per_hour=0.5, reason="test")
+    await store.record_intent(
+        token=token,
+        seq=0,
+        now=now,
+        count=2,
+        market=Market.SPOT,
+        pools=(A,),
+        purpose="capacity",
+        max_price_per_hour=0.5,
+        reason="test",
+    )
 
 
 async def test_intents_survive_reopen_and_a_new_plan_supersedes_an_open_one(open_state: Opener) -> None:
@@ -48,8 +59,9 @@ async def test_sync_adopts_accrues_and_closes(open_state: Opener) -> None:
     assert report.adopted == ("i-1", "i-2")  # unknown running instances: adopted, hours since launch
     await store.sync_instances([seen("i-1"), seen("i-2")], T0 + 1800)
     await store.mark_terminate_requested(["i-2"], T0 + 1800)
-    report = await store.sync_instances([seen("i-1", "terminated", reason="Server.SpotInstanceTermination"),
-                                         seen("i-2", "shutting-down")], T0 + 3600)
+    report = await store.sync_instances(
+        [seen("i-1", "terminated", reason="Server.SpotInstanceTermination"), seen("i-2", "shutting-down")], T0 + 3600
+    )
     assert dict(report.ended) == {"i-1": "lost (Server.SpotInstanceTermination)", "i-2": "terminated by fleetd"}
     (stats,) = await store.pool_stats()
     assert stats.node_hours == pytest.approx(2.0 + 1.0)  # i-1: 2 h (adopted 1 h old), i-2: 1 h
@@ -80,7 +92,10 @@ async def test_capacity_ttl_only_extends(open_state: Opener) -> None:
     await store.mark_pool_unavailable(A, T0 + 300, "SpotMaxPriceTooLow")
     (stats,) = await store.pool_stats()
     assert (stats.capacity_error_until, stats.capacity_errors, stats.last_error_code) == (
-        T0 + 600, 2, "SpotMaxPriceTooLow")
+        T0 + 600,
+        2,
+        "SpotMaxPriceTooLow",
+    )
     await store.close()
 
 
@@ -227,7 +242,9 @@ async def test_a_pass_that_only_moves_its_bookkeeping_keeps_the_rows_it_read(tmp
     reads: list[str] = []
     try:
         assert store._db is not None
-        store._db.set_trace_callback(lambda sql: reads.append(sql) if sql.startswith("SELECT instance_id, pool") else None)
+        store._db.set_trace_callback(
+            lambda sql: reads.append(sql) if sql.startswith("SELECT instance_id, pool") else None
+        )
         await store.sync_instances([seen("i-1", "pending"), seen("i-2")], T0)
         rows = await store.instances()
         n = len(reads)

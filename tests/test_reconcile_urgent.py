@@ -69,9 +69,18 @@ async def setup(tmp_path: Path, nodes: int = 4):
     registry = NodeRegistry(clock=clock)
     commander = Commander()
     state = await StateStore.open(tmp_path)
-    r = Reconciler(cfg, ec2=ec2, prices=BOOK, state=state, pools=(A, B),
-                   hardware={t: BOOK.hardware(t) for t in ("g4dn.xlarge", "g5.xlarge")}, planner=plan,
-                   clock=clock, observer=registry, commander=commander)
+    r = Reconciler(
+        cfg,
+        ec2=ec2,
+        prices=BOOK,
+        state=state,
+        pools=(A, B),
+        hardware={t: BOOK.hardware(t) for t in ("g4dn.xlarge", "g5.xlarge")},
+        planner=plan,
+        clock=clock,
+        observer=registry,
+        commander=commander,
+    )
     return r, ec2, registry, commander, clock, state
 
 
@@ -83,8 +92,9 @@ async def test_a_notice_during_a_held_launch_is_drained_before_the_launch_return
         # The fleet is one short: the first pass buys, and EC2 holds the CreateFleet open.
         await asyncio.wait_for(ec2.entered.wait(), 10)
         noticed = sorted(i.instance_id for i in ec2.live())[0]
-        registry.apply(InterruptionNotice(noticed, "terminate", clock() + 120, "imds", received_at=clock(),
-                                          dedup_key="n1"))
+        registry.apply(
+            InterruptionNotice(noticed, "terminate", clock() + 120, "imds", received_at=clock(), dedup_key="n1")
+        )
         wake.set()
         for _ in range(200):
             if commander.drained:
@@ -173,9 +183,18 @@ async def test_a_notice_that_wakes_an_idle_loop_is_drained_before_the_next_obser
     )
     registry, commander = NodeRegistry(clock=clock), Commander()
     state = await StateStore.open(tmp_path)
-    r = Reconciler(cfg, ec2=ec2, prices=BOOK, state=state, pools=(A, B),
-                   hardware={t: BOOK.hardware(t) for t in ("g4dn.xlarge", "g5.xlarge")}, planner=plan,
-                   clock=clock, observer=registry, commander=commander)
+    r = Reconciler(
+        cfg,
+        ec2=ec2,
+        prices=BOOK,
+        state=state,
+        pools=(A, B),
+        hardware={t: BOOK.hardware(t) for t in ("g4dn.xlarge", "g5.xlarge")},
+        planner=plan,
+        clock=clock,
+        observer=registry,
+        commander=commander,
+    )
     wake = asyncio.Event()
     passes: list = []
     loop = asyncio.create_task(r.run(wake, on_pass=passes.append))
@@ -186,8 +205,9 @@ async def test_a_notice_that_wakes_an_idle_loop_is_drained_before_the_next_obser
             await asyncio.sleep(0.01)
         ec2.hold = True  # from now on an observation waits on EC2
         noticed = sorted(i.instance_id for i in ec2.live())[0]
-        registry.apply(InterruptionNotice(noticed, "terminate", clock() + 120, "imds", received_at=clock(),
-                                          dedup_key="n1"))
+        registry.apply(
+            InterruptionNotice(noticed, "terminate", clock() + 120, "imds", received_at=clock(), dedup_key="n1")
+        )
         wake.set()
         await asyncio.wait_for(ec2.listing.wait(), 10)  # the full pass after it is observing
         assert commander.drained == [noticed]  # drained before that observation returned

@@ -14,8 +14,9 @@ MEMBERS = frozenset({A.addr, B.addr, C.addr})
 
 
 def joining(*nodes: NodeId, deadline: datetime | None) -> RendezvousState:
-    return RendezvousState(round=0, deadline=deadline, participants={n: 0 for n in nodes},
-                           last_heartbeats={n: NOW for n in nodes})
+    return RendezvousState(
+        round=0, deadline=deadline, participants={n: 0 for n in nodes}, last_heartbeats={n: NOW for n in nodes}
+    )
 
 
 def obs(state: RendezvousState, **kw) -> decide.Observation:  # noqa: ANN003
@@ -38,8 +39,10 @@ def test_all_back_completes_at_once_without_a_hold():
 
 def test_hold_ends_at_its_bound_and_never_without_one():
     s = joining(A, B, deadline=NOW + timedelta(seconds=0.5))
-    assert not any(isinstance(a, decide.HoldRound)
-                   for a in decide.plan(obs(s, awaited=MEMBERS, awaited_until=NOW - timedelta(seconds=1))))
+    assert not any(
+        isinstance(a, decide.HoldRound)
+        for a in decide.plan(obs(s, awaited=MEMBERS, awaited_until=NOW - timedelta(seconds=1)))
+    )
     assert not any(isinstance(a, decide.HoldRound) for a in decide.plan(obs(s)))  # no store restart: as before
 
 
@@ -49,13 +52,19 @@ def test_hold_never_moves_the_deadline_past_its_bound_or_back():
     (hold,) = [a for a in decide.plan(obs(s, awaited=MEMBERS, awaited_until=bound)) if isinstance(a, decide.HoldRound)]
     assert hold.until == bound
     later = joining(A, deadline=NOW + timedelta(seconds=1.9))
-    assert not any(isinstance(a, decide.HoldRound)
-                   for a in decide.plan(obs(later, awaited=MEMBERS, awaited_until=NOW + timedelta(seconds=30))))
+    assert not any(
+        isinstance(a, decide.HoldRound)
+        for a in decide.plan(obs(later, awaited=MEMBERS, awaited_until=NOW + timedelta(seconds=30)))
+    )
 
 
 def test_a_late_heartbeat_during_the_hold_is_not_a_lost_node():
-    s = RendezvousState(round=0, deadline=NOW + timedelta(seconds=0.5), participants={A: 0, B: 0},
-                        last_heartbeats={A: NOW, B: NOW - timedelta(seconds=20)})
+    s = RendezvousState(
+        round=0,
+        deadline=NOW + timedelta(seconds=0.5),
+        participants={A: 0, B: 0},
+        last_heartbeats={A: NOW, B: NOW - timedelta(seconds=20)},
+    )
     held = decide.plan(obs(s, awaited=MEMBERS, awaited_until=NOW + timedelta(seconds=30)))
     assert not any(isinstance(a, decide.RemoveNodes) for a in held)
     after = decide.plan(obs(s, awaited=MEMBERS, awaited_until=NOW - timedelta(seconds=1)))

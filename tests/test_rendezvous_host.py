@@ -30,8 +30,12 @@ RUN = "hosttest"
 def start_host(tmp_path: Path, port: int) -> subprocess.Popen:
     cfg = tmp_path / "fleetd.toml"
     cfg.write_text(f'[rendezvous]\nhost = "127.0.0.1"\nport = {port}\nrun_id = "{RUN}"\n')
-    proc = subprocess.Popen([sys.executable, "-m", "fleetd.cli", "rendezvous", "--config", str(cfg)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleetd.cli", "rendezvous", "--config", str(cfg)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     wait_port("127.0.0.1", port, 30)
     return proc
 
@@ -48,8 +52,15 @@ def host(tmp_path):
 
 def handler(port: int, addr: str, last_call: int = 30, max_nodes: int = 3):
     params = RendezvousParameters(
-        backend="c10d", endpoint=f"127.0.0.1:{port}", run_id=RUN, min_nodes=1, max_nodes=max_nodes,
-        local_addr=addr, is_host="false", last_call_timeout=str(last_call), keep_alive_interval="1",
+        backend="c10d",
+        endpoint=f"127.0.0.1:{port}",
+        run_id=RUN,
+        min_nodes=1,
+        max_nodes=max_nodes,
+        local_addr=addr,
+        is_host="false",
+        last_call_timeout=str(last_call),
+        keep_alive_interval="1",
     )
     backend, store = create_backend(params)
     return create_handler(store, backend, params)
@@ -83,8 +94,12 @@ def test_host_serves_until_sigterm_and_exits_cleanly(host):
 def test_bad_config_is_reported_not_a_traceback(tmp_path):
     cfg = tmp_path / "bad.toml"
     cfg.write_text("[rendezvous]\nport = 0\n")
-    out = subprocess.run([sys.executable, "-m", "fleetd.cli", "rendezvous", "--config", str(cfg)],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "fleetd.cli", "rendezvous", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2
     assert "rendezvous.port" in out.stderr and "Traceback" not in out.stderr
 
@@ -168,4 +183,3 @@ async def test_host_gone_is_an_unavailable_error(host):
     with pytest.raises(RendezvousUnavailable):
         for _ in range(3):
             await client.observe()
-

@@ -53,8 +53,11 @@ def complete_round(*nodes: NodeId, rnd: int = 3) -> RendezvousState:
 # ---------------------------------------------------------------------- codec
 def test_decodes_what_torch_writes():
     t = torch_state(
-        round=4, complete=True, closed=False,
-        participants={desc(A): 0, desc(B): 1}, wait_list={desc(C)},
+        round=4,
+        complete=True,
+        closed=False,
+        participants={desc(A): 0, desc(B): 1},
+        wait_list={desc(C)},
         last_heartbeats={desc(A): NOW, desc(B): NOW, desc(C): NOW},
     )
     s = decode(raw(t))
@@ -86,7 +89,9 @@ def test_refuses_to_unpickle_anything_but_torchs_classes():
         decode(base64.b64encode(pickle.dumps(Evil())))
 
 
-@pytest.mark.parametrize("value", [b"not base64!!", base64.b64encode(b"not a pickle"), base64.b64encode(pickle.dumps(42))])
+@pytest.mark.parametrize(
+    "value", [b"not base64!!", base64.b64encode(b"not a pickle"), base64.b64encode(pickle.dumps(42))]
+)
 def test_corrupt_state_is_a_clear_error(value):
     with pytest.raises(RendezvousStateError):
         decode(value)
@@ -174,22 +179,42 @@ def test_a_wave_of_notices_re_forms_the_survivors_once():
     s = complete_round(A, B, C)  # 127.0.0.2-4
     first, second = "127.0.0.3", "127.0.0.4"
     told = {first: NOW - timedelta(seconds=0.5)}
-    waiting = obs(s.without_addrs({first}), members=s.participant_addrs, told_leave=told,
-                  left=frozenset({first}), noticed=frozenset({first, second}))
+    waiting = obs(
+        s.without_addrs({first}),
+        members=s.participant_addrs,
+        told_leave=told,
+        left=frozenset({first}),
+        noticed=frozenset({first, second}),
+    )
     assert decide.plan(waiting) == ()
     # The second is drain-ready: removed and told, still no poke while it stops its tree.
-    ready = obs(s.without_addrs({first}), members=s.participant_addrs, told_leave=told,
-                left=frozenset({first}), noticed=frozenset({first, second}), drain_ready=frozenset({second}))
+    ready = obs(
+        s.without_addrs({first}),
+        members=s.participant_addrs,
+        told_leave=told,
+        left=frozenset({first}),
+        noticed=frozenset({first, second}),
+        drain_ready=frozenset({second}),
+    )
     assert kinds(decide.plan(ready)) == ["RemoveNodes", "TellLeave"]
     both = {first: NOW - timedelta(seconds=0.8), second: NOW - timedelta(seconds=0.2)}
-    gone = obs(s.without_addrs({first, second}), members=s.participant_addrs - {first, second},
-               told_leave=both, left=frozenset(both), noticed=frozenset(both))
+    gone = obs(
+        s.without_addrs({first, second}),
+        members=s.participant_addrs - {first, second},
+        told_leave=both,
+        left=frozenset(both),
+        noticed=frozenset(both),
+    )
     acts = decide.plan(gone)
     assert kinds(acts) == ["PokeSurvivors"] and acts[0].finished == set(both)
     # A noticed member that never gets ready does not hold the survivors past the bound.
-    late = obs(s.without_addrs({first}), members=s.participant_addrs,
-               told_leave={first: NOW - timedelta(seconds=4)}, left=frozenset({first}),
-               noticed=frozenset({first, second}))
+    late = obs(
+        s.without_addrs({first}),
+        members=s.participant_addrs,
+        told_leave={first: NOW - timedelta(seconds=4)},
+        left=frozenset({first}),
+        noticed=frozenset({first, second}),
+    )
     assert kinds(decide.plan(late)) == ["PokeSurvivors"]
 
 
@@ -201,17 +226,23 @@ def test_a_whole_fleet_wave_re_forms_nobody_while_the_rest_are_leaving_too():
     told = {first: NOW - timedelta(seconds=4)}  # past the coalesce bound: the others are slow
     rest = s.without_addrs({first})
     everyone = frozenset({"127.0.0.2", "127.0.0.3", "127.0.0.4"})
-    acts = decide.plan(obs(rest, members=s.participant_addrs, told_leave=told, left=frozenset({first}),
-                           noticed=everyone))
+    acts = decide.plan(
+        obs(rest, members=s.participant_addrs, told_leave=told, left=frozenset({first}), noticed=everyone)
+    )
     assert kinds(acts) == ["FinishLeaves"] and acts[0].finished == {first}
     assert "leaving too" in acts[0].reason
     # A replacement already waiting is not leaving: the round re-forms, it keeps the new steps.
     newcomer = NodeId("127.0.0.9", 900, 0)
-    waiting = RendezvousState(round=rest.round, complete=True, participants=dict(rest.participants),
-                              wait_list=frozenset({newcomer}),
-                              last_heartbeats={**rest.last_heartbeats, newcomer: NOW})
-    acts = decide.plan(obs(waiting, members=s.participant_addrs, told_leave=told, left=frozenset({first}),
-                           noticed=everyone))
+    waiting = RendezvousState(
+        round=rest.round,
+        complete=True,
+        participants=dict(rest.participants),
+        wait_list=frozenset({newcomer}),
+        last_heartbeats={**rest.last_heartbeats, newcomer: NOW},
+    )
+    acts = decide.plan(
+        obs(waiting, members=s.participant_addrs, told_leave=told, left=frozenset({first}), noticed=everyone)
+    )
     assert kinds(acts) == ["PokeSurvivors"]
 
 
@@ -221,18 +252,21 @@ def test_a_leaver_that_never_confirms_is_given_up_on_after_the_timeout():
 
 
 def test_round_completes_as_soon_as_the_expected_nodes_joined():
-    forming = RendezvousState(round=4, participants={A: 0}, deadline=NOW + timedelta(seconds=30),
-                              last_heartbeats={A: NOW})
+    forming = RendezvousState(
+        round=4, participants={A: 0}, deadline=NOW + timedelta(seconds=30), last_heartbeats={A: NOW}
+    )
     members = frozenset({"127.0.0.2", "127.0.0.3"})
     assert decide.plan(obs(forming, members=members)) == ()
-    forming = RendezvousState(round=4, participants={A: 0, B: 0}, deadline=NOW + timedelta(seconds=30),
-                              last_heartbeats={A: NOW, B: NOW})
+    forming = RendezvousState(
+        round=4, participants={A: 0, B: 0}, deadline=NOW + timedelta(seconds=30), last_heartbeats={A: NOW, B: NOW}
+    )
     assert kinds(decide.plan(obs(forming, members=members))) == ["CompleteRound"]
 
 
 def test_newcomer_in_wait_list_is_expected_too():
-    forming = RendezvousState(round=4, participants={A: 0, B: 0}, wait_list=frozenset({C}),
-                              last_heartbeats={A: NOW, B: NOW, C: NOW})
+    forming = RendezvousState(
+        round=4, participants={A: 0, B: 0}, wait_list=frozenset({C}), last_heartbeats={A: NOW, B: NOW, C: NOW}
+    )
     o = obs(forming, members=frozenset({"127.0.0.2", "127.0.0.3"}))
     assert decide.expected_members(o) == {"127.0.0.2", "127.0.0.3", "127.0.0.4"}
     assert decide.plan(o) == ()
@@ -252,8 +286,9 @@ def test_silent_nodes_are_removed_and_not_waited_for():
     assert kinds(acts) == ["RemoveNodes", "PokeSurvivors"] and acts[0].addrs == {"127.0.0.3"}
     assert acts[1].finished == frozenset() and "127.0.0.3 lost" in acts[1].reason
     # A silent newcomer that never trained with anyone hangs nobody: removed, nobody poked.
-    waiting = RendezvousState(round=3, complete=True, participants={A: 0}, wait_list=frozenset({B}),
-                              last_heartbeats={A: NOW, B: old})
+    waiting = RendezvousState(
+        round=3, complete=True, participants={A: 0}, wait_list=frozenset({B}), last_heartbeats={A: NOW, B: old}
+    )
     assert kinds(decide.plan(obs(waiting))) == ["RemoveNodes"]
     # Every member silent: nobody left to poke.
     alone = RendezvousState(round=3, complete=True, participants={B: 0}, last_heartbeats={B: old})

@@ -35,9 +35,7 @@ def config_with_ledger(tmp_path: Path) -> Path:
 
 def _report(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETD_")}
-    return subprocess.run(
-        [str(FLEETD), "report", *args], capture_output=True, text=True, timeout=60, env=env
-    )
+    return subprocess.run([str(FLEETD), "report", *args], capture_output=True, text=True, timeout=60, env=env)
 
 
 def test_json_report_has_the_promised_fields(config_with_ledger: Path) -> None:
@@ -94,8 +92,9 @@ def test_plot_draws_a_png_and_the_report_lists_scaling_decisions(tmp_path: Path)
 
     async def populate() -> None:
         store = await LedgerStore.open(state / "fleetd.db")
-        await store.append(*FIRST_HALF, *SECOND_HALF, *GOODPUT,
-                           TargetChanged(T0 + 2600, 1, 2, "scale up 1->2: exploring"))
+        await store.append(
+            *FIRST_HALF, *SECOND_HALF, *GOODPUT, TargetChanged(T0 + 2600, 1, 2, "scale up 1->2: exploring")
+        )
         await store.close()
 
     asyncio.run(populate())

@@ -68,15 +68,17 @@ async def node_double(iid: str, url: str, job: Job, stop: asyncio.Event) -> None
                 if isinstance(cmd, DrainCommand):
                     job.drains[iid] = cmd.reason
                     job.members.discard(iid)  # checkpointed and out of the job: say so
-                    await client.publish(topic("status"), Status(instance_id=iid, state="leaving").to_json(),
-                                         qos=1, retain=True)
+                    await client.publish(
+                        topic("status"), Status(instance_id=iid, state="leaving").to_json(), qos=1, retain=True
+                    )
                     return
 
         listener = asyncio.create_task(commands())
         try:
             while not stop.is_set() and iid in job.members:
-                tel = Telemetry(instance_id=iid, step=int(job.step), steps_per_s=job.rate,
-                                world_size=len(job.members), cpu_pct=20.0)
+                tel = Telemetry(
+                    instance_id=iid, step=int(job.step), steps_per_s=job.rate, world_size=len(job.members), cpu_pct=20.0
+                )
                 await client.publish(topic("telemetry"), tel.to_json(), qos=CHANNEL_QOS["telemetry"])
                 await asyncio.sleep(0.5)
         finally:
@@ -101,15 +103,17 @@ async def nodes_for_ec2(cloud: Cloud, url: str, job: Job, stop: asyncio.Event) -
 
 def config(cloud: Cloud, tmp_path: Path, broker: Mosquitto, *, total_usd: float) -> FleetdConfig:
     cfg = cloud.config(tmp_path / "state", fleet=FLEET)
-    return cfg.model_copy(update={
-        "aws": AwsConfig(endpoint_url=cloud.proxy.url),
-        "fleet": cfg.fleet.model_copy(update={"min_nodes": 1, "max_nodes": 3, "reconcile_interval_s": 0.5}),
-        "scaling": cfg.scaling.model_copy(update={"initial_nodes": 1, "cooldown_s": 1.0}),
-        "budget": cfg.budget.model_copy(update={"total_usd": total_usd}),
-        "mqtt": cfg.mqtt.model_copy(update={"url": broker.url}),
-        "rendezvous": cfg.rendezvous.model_copy(update={"port": free_port()}),
-        "metrics": cfg.metrics.model_copy(update={"port": 0}),
-    })
+    return cfg.model_copy(
+        update={
+            "aws": AwsConfig(endpoint_url=cloud.proxy.url),
+            "fleet": cfg.fleet.model_copy(update={"min_nodes": 1, "max_nodes": 3, "reconcile_interval_s": 0.5}),
+            "scaling": cfg.scaling.model_copy(update={"initial_nodes": 1, "cooldown_s": 1.0}),
+            "budget": cfg.budget.model_copy(update={"total_usd": total_usd}),
+            "mqtt": cfg.mqtt.model_copy(update={"url": broker.url}),
+            "rendezvous": cfg.rendezvous.model_copy(update={"port": free_port()}),
+            "metrics": cfg.metrics.model_copy(update={"port": 0}),
+        }
+    )
 
 
 async def run_until(cfg: FleetdConfig, cloud: Cloud, broker: Mosquitto, job: Job, done, timeout: float) -> list:
@@ -142,8 +146,9 @@ async def test_grows_while_the_gain_is_worth_its_price_and_drains_the_node_that_
 ) -> None:
     cfg = config(cloud, tmp_path, mosquitto, total_usd=1000.0)
     job = Job()
-    events = await run_until(cfg, cloud, mosquitto, job,
-                             lambda ev, ctx: any(d.target < d.previous for d in decisions(ev)), timeout=240)
+    events = await run_until(
+        cfg, cloud, mosquitto, job, lambda ev, ctx: any(d.target < d.previous for d in decisions(ev)), timeout=240
+    )
     moves = [(d.previous, d.target) for d in decisions(events)]
     assert moves[:3] == [(1, 2), (2, 3), (3, 2)], [d.reason for d in decisions(events)]
     up1, up2, down = decisions(events)[:3]

@@ -30,8 +30,9 @@ class Clock:
         return self.t
 
 
-def _report(reg: NodeRegistry, clock: Clock, iid: str, step: int, world: int, util: float | None = None,
-            cpu: float = 10.0) -> None:
+def _report(
+    reg: NodeRegistry, clock: Clock, iid: str, step: int, world: int, util: float | None = None, cpu: float = 10.0
+) -> None:
     gpus = (GpuSample(index=0, util_pct=util, mem_used_mib=1, mem_total_mib=2),) if util is not None else ()
     tel = Telemetry(instance_id=iid, step=step, steps_per_s=99.0, world_size=world, gpus=gpus, cpu_pct=cpu)
     reg.apply(AgentTelemetry(iid, tel, received_at=clock.t))
@@ -62,8 +63,9 @@ def test_cpu_nodes_scale_on_throughput_alone() -> None:
         return tuple(node(f"i-{k}", (A, B)[k % 2], util=None) for k in range(n))
 
     def obs(n: int, rates: dict) -> Observation:
-        return Observation(nodes=fleet(n), offers=OFFERS, throughput_by_nodes=rates, target_nodes=n,
-                           last_scaling_at=NOW - 100)
+        return Observation(
+            nodes=fleet(n), offers=OFFERS, throughput_by_nodes=rates, target_nodes=n, last_scaling_at=NOW - 100
+        )
 
     up = plan(obs(1, {1: 2.5}), CFG, NOW)
     assert up.target_nodes == 2 and [a.count for a in up.of_type(Launch)] == [1]

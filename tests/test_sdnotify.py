@@ -144,9 +144,7 @@ def test_daemon_sends_ready_then_watchdog_pings_then_stopping_on_sigterm(tmp_pat
 
 
 def test_pings_stop_while_the_main_loop_is_stuck(tmp_path, notify_socket):
-    proc = start_daemon(
-        tmp_path, notify_socket.path, STALL_AFTER_S="0.5", MAX_SILENCE_S="0.5"
-    )
+    proc = start_daemon(tmp_path, notify_socket.path, STALL_AFTER_S="0.5", MAX_SILENCE_S="0.5")
     try:
         notify_socket.collect_until(lambda m: m.get("READY") == "1", timeout=30)
         ready_at = notify_socket.messages[-1][0]
@@ -191,9 +189,7 @@ def test_environment_is_unset_for_children_and_watchdog_pid_respected():
     env = {"NOTIFY_SOCKET": "/run/x", "WATCHDOG_USEC": "30000000", "WATCHDOG_PID": str(os.getpid())}
     n = Notifier.from_environment(env)
     assert env == {} and n.watchdog_interval_s == 15.0
-    other = Notifier.from_environment(
-        {"NOTIFY_SOCKET": "/run/x", "WATCHDOG_USEC": "30000000", "WATCHDOG_PID": "1"}
-    )
+    other = Notifier.from_environment({"NOTIFY_SOCKET": "/run/x", "WATCHDOG_USEC": "30000000", "WATCHDOG_PID": "1"})
     assert other.watchdog_interval_s is None  # meant for another process
     bad = Notifier.from_environment({"NOTIFY_SOCKET": "/run/x", "WATCHDOG_USEC": "soon"})
     assert bad.enabled and bad.watchdog_interval_s is None
@@ -250,7 +246,7 @@ def _fleetd_config(cloud, tmp_path: Path) -> Path:
         f'[fleet]\nname = "t"\nmin_nodes = 1\nmax_nodes = 1\nstate_dir = "{tmp_path / "state"}"\n'
         "reconcile_interval_s = 0.5\n"
         f'[capacity]\ninstance_types = [{types}]\nzones = [{zones}]\nami_id = "{cloud.ami}"\n'
-        f'subnet_ids = [{subnets}]\n'
+        f"subnet_ids = [{subnets}]\n"
         "[logging]\njson = true\n"
     )
     return path
@@ -263,8 +259,12 @@ def test_fleetd_run_notifies_ready_watchdog_and_stopping(cloud, tmp_path, notify
     env = {**os.environ, "NOTIFY_SOCKET": notify_socket.path, "WATCHDOG_USEC": "1000000"}
     env.pop("WATCHDOG_PID", None)
     log = (tmp_path / "fleetd.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "fleetd.cli", "run", "--config", str(config)],
-                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleetd.cli", "run", "--config", str(config)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         notify_socket.collect_until(lambda m: m.get("READY") == "1", timeout=60)
         pings = 0
@@ -294,8 +294,12 @@ def test_fleetd_rendezvous_notifies_ready_watchdog_and_stopping(tmp_path, notify
     config.write_text(f'[rendezvous]\nhost = "127.0.0.1"\nport = {free_port()}\n[logging]\njson = true\n')
     env = {**os.environ, "NOTIFY_SOCKET": notify_socket.path, "WATCHDOG_USEC": "20000000"}
     log = (tmp_path / "rendezvous.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "fleetd.cli", "rendezvous", "--config", str(config)],
-                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleetd.cli", "rendezvous", "--config", str(config)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         notify_socket.collect_until(lambda m: m.get("READY") == "1", timeout=60)
         notify_socket.collect_until(lambda m: m.get("WATCHDOG") == "1", timeout=30)

@@ -23,8 +23,12 @@ async def test_agent_notifies_ready_watchdog_and_stopping(mosquitto, tmp_path, n
     async with FakeImds(instance_id="i-0000000000000c001") as fake:
         write_config(config, fake.url, mosquitto.url, tmp_path / "state")
         env = {**os.environ, "NOTIFY_SOCKET": notify_socket.path, "WATCHDOG_USEC": "1000000", "PYTHONUNBUFFERED": "1"}
-        proc = subprocess.Popen([sys.executable, "-m", "agent.cli", "run", "--config", str(config)], env=env,
-                                stdout=(tmp_path / "agent.log").open("w"), stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agent.cli", "run", "--config", str(config)],
+            env=env,
+            stdout=(tmp_path / "agent.log").open("w"),
+            stderr=subprocess.STDOUT,
+        )
         try:
             await asyncio.to_thread(notify_socket.collect_until, lambda m: m.get("READY") == "1", 60)
             pings = 0

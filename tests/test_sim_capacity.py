@@ -55,14 +55,28 @@ def _first_spot(name: str, signal: str, ttl_s: float | None = None, nodes: int =
     )
     base = None
     if ttl_s is not None:
-        base = FleetdConfig(fleet=FleetConfig(), capacity=CapacityConfig(instance_types=("p3.2xlarge",), capacity_error_ttl_s=ttl_s))
+        base = FleetdConfig(
+            fleet=FleetConfig(), capacity=CapacityConfig(instance_types=("p3.2xlarge",), capacity_error_ttl_s=ttl_s)
+        )
     sc = Scenario(
-        trace, job, "p3.2xlarge", 0.612, 3.06, changeover_s=60.0, capacity_signal=signal, base_config=base,
+        trace,
+        job,
+        "p3.2xlarge",
+        0.612,
+        3.06,
+        changeover_s=60.0,
+        capacity_signal=signal,
+        base_config=base,
         periodic_checkpoint_s=1800.0,
     )
     world = _Recording(
-        trace, job, sc.spot_price, sc.on_demand_price, horizon_s=sc.horizon_s(),
-        capacity_retry_s=sc.capacity_retry_s(), capacity_signal=signal,
+        trace,
+        job,
+        sc.spot_price,
+        sc.on_demand_price,
+        horizon_s=sc.horizon_s(),
+        capacity_retry_s=sc.capacity_retry_s(),
+        capacity_signal=signal,
     )
     world.run(sc.make_policy(name))
     assert world.spot_bought_at, f"{name} never bought spot"

@@ -57,8 +57,9 @@ def test_the_fleet_uniform_progress_baseline_buys_on_demand_when_it_finds_no_spo
     from fleetd.sim.traces import Trace, TraceEvent
 
     trace = Trace("late-spot", (TraceEvent(300.0, "add", "n1"), TraceEvent(300.0, "add", "n2")), 12 * 3600.0)
-    base = JobSpec(total_steps=1.0, max_nodes=2, min_nodes=1, deadline_s=9 * 3600, checkpoint_stall_s=0.0,
-                   no_notice_share=0.0)
+    base = JobSpec(
+        total_steps=1.0, max_nodes=2, min_nodes=1, deadline_s=9 * 3600, checkpoint_stall_s=0.0, no_notice_share=0.0
+    )
     job = base.with_(total_steps=6 * 3600 * base.throughput(2))
     run = Scenario(trace, job, "g4dn.xlarge", 0.2, 0.5, changeover_s=720.0).run("uniform-progress")
     first = run.actions[0]

@@ -44,8 +44,9 @@ def _run(
         capacity=CapacityConfig(instance_types=("g4dn.xlarge",), on_demand="never"),
         budget=BudgetConfig(total_usd=10_000.0, max_usd_per_hour=100.0),
     )
-    job = JobSpec(total_steps=1e9, max_nodes=4, checkpoint_stall_s=STALL, checkpoint_gb=10.0,
-                  no_notice_share=no_notice_share)
+    job = JobSpec(
+        total_steps=1e9, max_nodes=4, checkpoint_stall_s=STALL, checkpoint_gb=10.0, no_notice_share=no_notice_share
+    )
     world = World(trace, job, 0.2, 0.5, seed=1)
     policy = FleetdPolicy(cfg, POOL, reform_s=REFORM, leaving_signal=leaving_signal, salvage_loss_s=salvage_loss_s)
     world.run(policy)

@@ -153,8 +153,13 @@ def test_simulator_and_reconcile_loop_take_the_same_actions(tmp_path: Path, no_n
     cfg = FleetdConfig(
         fleet=FleetConfig(name="parity", min_nodes=1, max_nodes=3, state_dir=tmp_path, reconcile_interval_s=10.0),
         capacity=CapacityConfig(
-            instance_types=("g4dn.xlarge",), zones=("us-east-1a", "us-east-1b"), spot_wait_s=300.0, on_demand="hold_size", cross_az_penalty=0.0,
-            capacity_error_ttl_s=240.0, interrupting_window_s=300.0,
+            instance_types=("g4dn.xlarge",),
+            zones=("us-east-1a", "us-east-1b"),
+            spot_wait_s=300.0,
+            on_demand="hold_size",
+            cross_az_penalty=0.0,
+            capacity_error_ttl_s=240.0,
+            interrupting_window_s=300.0,
         ),
         budget=BudgetConfig(total_usd=10_000.0, max_usd_per_hour=100.0),
     )

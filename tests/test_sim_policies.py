@@ -78,8 +78,24 @@ def test_simulate_json_trace_with_value_meaning(tmp_path, capsys):
     trace = tmp_path / "avail.json"
     # 1 = preempted: available for 30 h, then 6 h gone, then back.
     trace.write_text(json.dumps({"metadata": {"gap_seconds": 3600}, "data": [0] * 30 + [1] * 6 + [0] * 60}))
-    args = ["simulate", "--trace", str(trace), "--trace-values", "preempted", "--max-nodes", "1",
-            "--deadline-h", "40", "--work-node-hours", "32", "--spot-price", "1", "--on-demand-price", "3", "--json"]
+    args = [
+        "simulate",
+        "--trace",
+        str(trace),
+        "--trace-values",
+        "preempted",
+        "--max-nodes",
+        "1",
+        "--deadline-h",
+        "40",
+        "--work-node-hours",
+        "32",
+        "--spot-price",
+        "1",
+        "--on-demand-price",
+        "3",
+        "--json",
+    ]
     assert main(args) == 0
     res = {r["policy"]: r for r in json.loads(capsys.readouterr().out)}
     assert set(res) == {"on-demand", "greedy", "uniform-progress", "fleetd"}

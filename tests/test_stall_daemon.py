@@ -75,8 +75,9 @@ class FakeNodes:
             for i, iid in enumerate(self.ids):
                 status = Status(instance_id=iid, state=self.state, node_addr=f"127.0.0.{20 + i}")
                 await self.client.publish(node_topic("t", iid, "status"), status.to_json(), qos=1, retain=True)
-                tel = Telemetry(instance_id=iid, step=self.step, steps_per_s=2.0 if self.moving else 0.0,
-                                world_size=len(self.ids))
+                tel = Telemetry(
+                    instance_id=iid, step=self.step, steps_per_s=2.0 if self.moving else 0.0, world_size=len(self.ids)
+                )
                 await self.client.publish(node_topic("t", iid, "telemetry"), tel.to_json(), qos=0)
             await asyncio.sleep(0.5)
 
@@ -97,19 +98,29 @@ def status_json(state: Path) -> dict | None:
 
 
 async def test_trainers_exited_is_a_stall_with_one_log_line_a_status_line_a_metric_and_a_restart(
-        cloud: Cloud, mosquitto, tmp_path: Path):
+    cloud: Cloud, mosquitto, tmp_path: Path
+):
     rdzv_port, metrics_port = free_port(), free_port()
     conf = config(cloud, tmp_path, mosquitto.url, rdzv_port, metrics_port)
     log_path, rdzv_log = tmp_path / "fleetd.log", tmp_path / "rendezvous.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(rdzv_log, "w") as rl, open(log_path, "w") as fl:
-        rdzv = subprocess.Popen([sys.executable, "-m", "fleetd.cli", "rendezvous", "--config", str(conf)],
-                                stdout=rl, stderr=subprocess.STDOUT, env=env)
-        fleetd = subprocess.Popen([sys.executable, "-m", "fleetd.cli", "run", "--config", str(conf)],
-                                  stdout=fl, stderr=subprocess.STDOUT, env=env)
+        rdzv = subprocess.Popen(
+            [sys.executable, "-m", "fleetd.cli", "rendezvous", "--config", str(conf)],
+            stdout=rl,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        fleetd = subprocess.Popen(
+            [sys.executable, "-m", "fleetd.cli", "run", "--config", str(conf)],
+            stdout=fl,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
     state = tmp_path / "state"
     nodes_task = None
     try:
+
         async def two_nodes():
             assert fleetd.poll() is None, log_path.read_text()
             ids = [i["InstanceId"] for i in await cloud.instances()]
@@ -120,9 +131,14 @@ async def test_trainers_exited_is_a_stall_with_one_log_line_a_status_line_a_metr
             await client.subscribe(fleet_filter("t", "commands"), qos=1)
             nodes = FakeNodes(client, sorted(ids))
             nodes_task = asyncio.create_task(nodes.run())
-            await until(lambda: asyncio.to_thread(lambda: (s := status_json(state)) and s["stall"] is not None
-                                                  and any(n["step"] for n in s["nodes"])),
-                        90, "status shows steps and a stall view", log_path)
+            await until(
+                lambda: asyncio.to_thread(
+                    lambda: (s := status_json(state)) and s["stall"] is not None and any(n["step"] for n in s["nodes"])
+                ),
+                90,
+                "status shows steps and a stall view",
+                log_path,
+            )
             assert status_json(state)["stall"]["stalled"] is False
 
             # -- every trainer exits: the steps freeze, the agents say "ready"
@@ -139,8 +155,12 @@ async def test_trainers_exited_is_a_stall_with_one_log_line_a_status_line_a_metr
                             return
 
             await asyncio.wait_for(commands(), 60)
-            s = await until(lambda: asyncio.to_thread(lambda: (x := status_json(state)) and x["stall"]["stalled"] and x),
-                            30, "status shows the stall", log_path)
+            s = await until(
+                lambda: asyncio.to_thread(lambda: (x := status_json(state)) and x["stall"]["stalled"] and x),
+                30,
+                "status shows the stall",
+                log_path,
+            )
             cur = s["stall"]["current"]
             assert cur["cause"] == "trainers exited" and cur["billed_nodes"] == 2
             # The stall starts at the last progress fleetd saw: a sample with a moving step may have
@@ -154,9 +174,14 @@ async def test_trainers_exited_is_a_stall_with_one_log_line_a_status_line_a_metr
 
             # -- training comes back: the stall ends with its duration and recovery time
             nodes.moving, nodes.state = True, "training"
-            s = await until(lambda: asyncio.to_thread(lambda: (x := status_json(state)) and not x["stall"]["stalled"]
-                                                      and x["stall"]["stalls"] == 1 and x),
-                            30, "the stall ended", log_path)
+            s = await until(
+                lambda: asyncio.to_thread(
+                    lambda: (x := status_json(state)) and not x["stall"]["stalled"] and x["stall"]["stalls"] == 1 and x
+                ),
+                30,
+                "the stall ended",
+                log_path,
+            )
             last = s["stall"]["last"]
             assert last["duration_s"] > 4.0 and last["recovery_s"] > 0
             assert s["stall"]["stalled_node_seconds"] >= 2 * last["duration_s"] - 2.0

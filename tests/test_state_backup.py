@@ -21,11 +21,13 @@ T0 = 1_800_000_000.0
 
 
 def config(tmp: Path, endpoint: str, interval_s: float = 300.0) -> FleetdConfig:
-    return FleetdConfig.model_validate({
-        "fleet": {"name": "f1", "state_dir": str(tmp), "state_backup_interval_s": interval_s},
-        "checkpoints": {"bucket": "ckpt", "prefix": "checkpoints"},
-        "aws": {"endpoint_url": endpoint, "region": "us-east-1"},
-    })
+    return FleetdConfig.model_validate(
+        {
+            "fleet": {"name": "f1", "state_dir": str(tmp), "state_backup_interval_s": interval_s},
+            "checkpoints": {"bucket": "ckpt", "prefix": "checkpoints"},
+            "aws": {"endpoint_url": endpoint, "region": "us-east-1"},
+        }
+    )
 
 
 class Ctx:

@@ -18,18 +18,23 @@ from fleetd.reconcile.state import SCHEMA, StateStore
 
 # The tables as the first releases created them: no version, and pool_stats without the column
 # that was later added ad hoc at open.
-VERSION_0 = SCHEMA.replace(",\n    on_demand_capacity_error_until REAL  -- on-demand capacity error TTL (a separate shortage)", "")
+VERSION_0 = SCHEMA.replace(
+    ",\n    on_demand_capacity_error_until REAL  -- on-demand capacity error TTL (a separate shortage)", ""
+)
 
 
 def make_version_0(db: Path) -> None:
     assert "on_demand_capacity_error_until" not in VERSION_0
     conn = sqlite3.connect(db)
     conn.executescript(VERSION_0)
-    conn.execute("INSERT INTO pool_stats (pool, notices, capacity_error_until) VALUES ('g5.xlarge@us-east-1a', 2, 99.0)")
+    conn.execute(
+        "INSERT INTO pool_stats (pool, notices, capacity_error_until) VALUES ('g5.xlarge@us-east-1a', 2, 99.0)"
+    )
     conn.execute(
         "INSERT INTO instances (instance_id, pool, market, price_per_hour, launched_at, ec2_state, first_seen_at,"
         " last_seen_at, accounted_until, drain_started_at) VALUES"
-        " ('i-1', 'g5.xlarge@us-east-1a', 'spot', 0.5, 10.0, 'running', 10.0, 10.0, 10.0, 20.0)")
+        " ('i-1', 'g5.xlarge@us-east-1a', 'spot', 0.5, 10.0, 'running', 10.0, 10.0, 10.0, 20.0)"
+    )
     conn.execute("INSERT INTO meta (key, value) VALUES ('target_nodes', '3')")
     conn.commit()
     conn.close()
@@ -50,7 +55,8 @@ async def test_unversioned_db_is_migrated_with_its_rows(tmp_path: Path) -> None:
     try:
         stats = await store.pool_stats()
         assert [(str(s.pool), s.notices, s.capacity_error_until, s.on_demand_capacity_error_until) for s in stats] == [
-            ("g5.xlarge@us-east-1a", 2, 99.0, None)]
+            ("g5.xlarge@us-east-1a", 2, 99.0, None)
+        ]
         [row] = await store.instances()
         assert row.instance_id == "i-1" and row.drain_started_at == 20.0
         # A drain an older build recorded was recorded after it was sent: never sent again.
@@ -132,8 +138,12 @@ port = 0
 json = true
 """
     )
-    res = subprocess.run([sys.executable, "-m", "fleetd.cli", "run", "--config", str(config)],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "fleetd.cli", "run", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2, res.stderr
     assert "Traceback" not in res.stderr and "Traceback" not in res.stdout
     lines = [line for line in res.stderr.splitlines() if line.strip()]

@@ -28,16 +28,37 @@ def fleetd(*args: str) -> subprocess.CompletedProcess:
 
 def sample_snapshot(now: float, **overrides):
     nodes = [
-        Node("i-0aaa", A, Market.SPOT, 0.41, now - 600, phase=NodePhase.RUNNING, gpu_util_pct=87.0,
-             steps_per_s=2.5, step=1200),
+        Node(
+            "i-0aaa",
+            A,
+            Market.SPOT,
+            0.41,
+            now - 600,
+            phase=NodePhase.RUNNING,
+            gpu_util_pct=87.0,
+            steps_per_s=2.5,
+            step=1200,
+        ),
         Node("i-0bbb", B, Market.ON_DEMAND, 1.01, now - 300, phase=NodePhase.DRAINING, notice_at=now - 5),
         Node("i-0ccc", A, Market.SPOT, 0.40, now - 900, phase=NodePhase.TERMINATED, ec2_state="terminated"),
     ]
     kwargs = dict(
-        now=now, fleet="prod", reconcile_interval_s=10.0, nodes=nodes, target_nodes=2,
-        budget=BudgetStatus(level=BudgetLevel.WARN, spent_usd=85.0, burn_usd_per_hour=1.42, forecast_usd=92.0,
-                            reason="forecast above warn_at"),
-        budget_total_usd=100.0, budget_max_usd_per_hour=5.0, rendezvous=(6, 2), checkpoint=(1100, now - 40),
+        now=now,
+        fleet="prod",
+        reconcile_interval_s=10.0,
+        nodes=nodes,
+        target_nodes=2,
+        budget=BudgetStatus(
+            level=BudgetLevel.WARN,
+            spent_usd=85.0,
+            burn_usd_per_hour=1.42,
+            forecast_usd=92.0,
+            reason="forecast above warn_at",
+        ),
+        budget_total_usd=100.0,
+        budget_max_usd_per_hour=5.0,
+        rendezvous=(6, 2),
+        checkpoint=(1100, now - 40),
         node_checkpoints={"i-0aaa": (1100, now - 42)},
     )
     kwargs.update(overrides)
@@ -161,10 +182,16 @@ def test_readers_never_see_a_partial_snapshot(tmp_path):
 
 def test_gpu_idle_and_input_bound_nodes_are_named_with_the_reason(tmp_path):
     now = time.time()
-    flags = {"i-0aaa": "input-bound: GPU 12% while the host CPU is at 97% (data loading or preprocessing keeps the GPUs waiting)"}
+    flags = {
+        "i-0aaa": "input-bound: GPU 12% while the host CPU is at 97% (data loading or preprocessing keeps the GPUs waiting)"
+    }
     write_snapshot(tmp_path, sample_snapshot(now, flags=flags))
     result = fleetd("status", "--state-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert f"i-0aaa: {flags['i-0aaa']}" in result.stdout
     report = json.loads(fleetd("status", "--state-dir", str(tmp_path), "--json").stdout)
-    assert {n["instance_id"]: n["flag"] for n in report["nodes"]} == {"i-0aaa": flags["i-0aaa"], "i-0bbb": None, "i-0ccc": None}
+    assert {n["instance_id"]: n["flag"] for n in report["nodes"]} == {
+        "i-0aaa": flags["i-0aaa"],
+        "i-0bbb": None,
+        "i-0ccc": None,
+    }

@@ -36,8 +36,11 @@ def scrape_samples(text: str) -> dict[tuple[str, tuple], float]:
 
 async def fleetd_status(state_dir: Path) -> dict:
     result = await asyncio.to_thread(
-        subprocess.run, [FLEETD, "status", "--state-dir", str(state_dir), "--json"],
-        capture_output=True, text=True, timeout=60,
+        subprocess.run,
+        [FLEETD, "status", "--state-dir", str(state_dir), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
@@ -47,19 +50,28 @@ async def test_metrics_and_status_agree_with_ec2_while_fleetd_runs(cloud: Cloud,
     # The rendezvous host (its own process in production) with a round torchrun would have formed.
     rdzv = RendezvousConfig(host="127.0.0.1", port=free_port(), run_id="e2e")
     store = await asyncio.to_thread(open_server, rdzv.host, rdzv.port)
-    formed = codec.RendezvousState(round=2, complete=True,
-                                   participants={codec.NodeId(f"10.0.0.{i}", 7, 0): i for i in range(3)})
+    formed = codec.RendezvousState(
+        round=2, complete=True, participants={codec.NodeId(f"10.0.0.{i}", 7, 0): i for i in range(3)}
+    )
     await asyncio.to_thread(store.set, keys.torch_state_key(rdzv.run_id), codec.encode(formed))
     cfg = cloud.config(tmp_path / "state", nodes=3)
-    cfg = cfg.model_copy(update={
-        "aws": AwsConfig(region="us-east-1", endpoint_url=cloud.proxy.url), "rendezvous": rdzv,
-    })
+    cfg = cfg.model_copy(
+        update={
+            "aws": AwsConfig(region="us-east-1", endpoint_url=cloud.proxy.url),
+            "rendezvous": rdzv,
+        }
+    )
     ports: list[int] = []
     ctx = DaemonContext(cfg)
-    daemon = asyncio.create_task(run_daemon(
-        cfg, planner=plan, ctx=ctx, session=cloud.session,
-        plugins=Plugins(components=[status_component(port=0, on_listening=ports.append)]),
-    ))
+    daemon = asyncio.create_task(
+        run_daemon(
+            cfg,
+            planner=plan,
+            ctx=ctx,
+            session=cloud.session,
+            plugins=Plugins(components=[status_component(port=0, on_listening=ports.append)]),
+        )
+    )
     try:
         deadline = time.monotonic() + 120  # generous: a loaded 2-core CI box
         status: dict = {}

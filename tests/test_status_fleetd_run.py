@@ -46,15 +46,23 @@ def scrape(port: int) -> str:
 async def test_fleetd_run_serves_metrics_and_status_matches_ec2(cloud: Cloud, tmp_path: Path):
     port = free_port()
     log = (tmp_path / "fleetd.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "fleetd.cli", "run", "--config", str(config(cloud, tmp_path, port))],
-                            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleetd.cli", "run", "--config", str(config(cloud, tmp_path, port))],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         deadline = time.monotonic() + 120
         status: dict = {}
         while time.monotonic() < deadline:
             assert proc.poll() is None, (tmp_path / "fleetd.log").read_text()
-            r = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "fleetd.cli", "status", "--state-dir",
-                                                         str(tmp_path / "state"), "--json"], capture_output=True, text=True)
+            r = await asyncio.to_thread(
+                subprocess.run,
+                [sys.executable, "-m", "fleetd.cli", "status", "--state-dir", str(tmp_path / "state"), "--json"],
+                capture_output=True,
+                text=True,
+            )
             if r.returncode == 0:
                 status = json.loads(r.stdout)
                 # The first pass publishes what it observed before it launched; wait for a pass

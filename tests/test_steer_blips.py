@@ -24,9 +24,13 @@ def formed(b_beat: datetime, *, drop_b: bool = False) -> RendezvousState:
 
 def observe(state: RendezvousState, progress_at: datetime | None, b_beat: datetime) -> decide.Observation:
     return decide.Observation(
-        state=state, now=NOW, members=frozenset({A.addr, B.addr, C.addr}),
+        state=state,
+        now=NOW,
+        members=frozenset({A.addr, B.addr, C.addr}),
         heartbeats={A.addr: NOW, B.addr: b_beat, C.addr: NOW},
-        dead_after=DEAD, hang_after=HANG, progress_at=progress_at,
+        dead_after=DEAD,
+        hang_after=HANG,
+        progress_at=progress_at,
     )
 
 
@@ -63,10 +67,18 @@ def test_without_a_progress_counter_a_stale_heartbeat_alone_decides():
 
 def test_stale_newcomer_is_removed_whatever_the_progress():
     old = NOW - timedelta(seconds=7)
-    s = RendezvousState(round=3, complete=True, participants={A: 0}, wait_list=frozenset({B}),
-                        last_heartbeats={A: NOW, B: old})
-    o = decide.Observation(state=s, now=NOW, members=frozenset({A.addr}), heartbeats={A.addr: NOW, B.addr: old},
-                           dead_after=DEAD, hang_after=HANG, progress_at=NOW)
+    s = RendezvousState(
+        round=3, complete=True, participants={A: 0}, wait_list=frozenset({B}), last_heartbeats={A: NOW, B: old}
+    )
+    o = decide.Observation(
+        state=s,
+        now=NOW,
+        members=frozenset({A.addr}),
+        heartbeats={A.addr: NOW, B.addr: old},
+        dead_after=DEAD,
+        hang_after=HANG,
+        progress_at=NOW,
+    )
     assert kinds(decide.plan(o)) == ["RemoveNodes"]
 
 
@@ -85,10 +97,17 @@ def test_a_member_between_rounds_is_waited_for_the_longer_grace():
     forming = RendezvousState(round=4, participants={A: 0}, last_heartbeats={A: NOW})
 
     def plan_with(b_age: float):
-        return decide.plan(decide.Observation(
-            state=forming, now=NOW, members=frozenset({A.addr, B.addr}),
-            heartbeats={A.addr: NOW, B.addr: NOW - timedelta(seconds=b_age)},
-            dead_after=DEAD, hang_after=HANG, progress_at=NOW - timedelta(seconds=b_age)))
+        return decide.plan(
+            decide.Observation(
+                state=forming,
+                now=NOW,
+                members=frozenset({A.addr, B.addr}),
+                heartbeats={A.addr: NOW, B.addr: NOW - timedelta(seconds=b_age)},
+                dead_after=DEAD,
+                hang_after=HANG,
+                progress_at=NOW - timedelta(seconds=b_age),
+            )
+        )
 
     assert kinds(plan_with(8)) == []  # past dead_after, inside hang_after: still expected
     assert kinds(plan_with(11)) == ["CompleteRound"]

@@ -40,8 +40,11 @@ class Recorder:
 
 def hooks_for(cluster: LocalCluster, addr: str, rec: Recorder) -> ElasticHooks:
     return ElasticHooks(
-        spec=cluster.spec(addr), instance_id=f"i-{addr.replace('.', '')}", publish_event=rec.publish,
-        set_state=rec.set_state, log_path=cluster.workdir / "nodes" / addr / "torchrun.log",
+        spec=cluster.spec(addr),
+        instance_id=f"i-{addr.replace('.', '')}",
+        publish_event=rec.publish,
+        set_state=rec.set_state,
+        log_path=cluster.workdir / "nodes" / addr / "torchrun.log",
     )
 
 
@@ -77,8 +80,13 @@ async def test_store_killed_and_restarted_training_rides_through(tmp_path):
     the round is written back to the new store (steering sees its members again). (A node joining
     soon after is not asserted here: in LocalCluster, dead_after 3 s, it formed late or in two
     steps in 5 of 11 trials; DESIGN.md "Failure model")."""
-    cluster = LocalCluster(tmp_path / "job", run_id="rs", min_nodes=1, max_nodes=3,
-                           train_args=("--steps", "1000000", "--step-sleep", "0.05"))
+    cluster = LocalCluster(
+        tmp_path / "job",
+        run_id="rs",
+        min_nodes=1,
+        max_nodes=3,
+        train_args=("--steps", "1000000", "--step-sleep", "0.05"),
+    )
     a, b = "127.0.0.2", "127.0.0.3"
     recs = {x: Recorder() for x in (a, b)}
     with cluster:
@@ -100,13 +108,18 @@ async def test_store_killed_and_restarted_training_rides_through(tmp_path):
             assert during, "training stopped while the store was down"
             await asyncio.to_thread(cluster.start_host)
             t_back = time.time()
-            await wait_until(lambda: len(cluster.events.of("store_generation", generation=1)) >= 1, 60,
-                             "rank 0 reached the new store", cluster)
+            await wait_until(
+                lambda: len(cluster.events.of("store_generation", generation=1)) >= 1,
+                60,
+                "rank 0 reached the new store",
+                cluster,
+            )
             await wait_until(lambda: cluster.events.last_step() > step_at_kill + 20, 60, "training on", cluster)
 
             # no torchrun ended: nothing was restarted, nothing rolled back, one world throughout
-            assert all(h.starts == 1 and h.last_exit_cause is None for h in hooks.values()), \
-                {x: (h.starts, h.last_exit_cause) for x, h in hooks.items()}
+            assert all(h.starts == 1 and h.last_exit_cause is None for h in hooks.values()), {
+                x: (h.starts, h.last_exit_cause) for x, h in hooks.items()
+            }
             assert not [e for r in recs.values() for e in r.events if e.kind == "trainer-exited"]
             after = [e for e in cluster.events.of("step") if e["t"] > t_kill]
             assert {e["world"] for e in after} == {2}, sorted({e["world"] for e in after})
@@ -116,8 +129,13 @@ async def test_store_killed_and_restarted_training_rides_through(tmp_path):
             def adopted_again() -> list[dict]:
                 lines = steering_lines(cluster)
                 restarted = [x for x in lines if x.get("event") == "rendezvous_store_restarted"]
-                return [x for x in lines if restarted and x.get("event") == "rendezvous_adopted"
-                        and x["timestamp"] > restarted[0]["timestamp"]]
+                return [
+                    x
+                    for x in lines
+                    if restarted
+                    and x.get("event") == "rendezvous_adopted"
+                    and x["timestamp"] > restarted[0]["timestamp"]
+                ]
 
             await wait_until(lambda: bool(adopted_again()), 60, "steering adopted the new store's round", cluster)
             lines = steering_lines(cluster)
@@ -145,9 +163,14 @@ async def test_store_down_past_the_outage_bound_agents_restart_torchrun_and_resu
     """Down longer than torchrun rides through (FLEETD_STORE_OUTAGE_S, 2 s here): every torchrun
     ends, each agent says the store went away, waits for it, starts torchrun again, and the job
     resumes from the newest step a node saved on the way out (not 0)."""
-    cluster = LocalCluster(tmp_path / "job", run_id="rl", min_nodes=1, max_nodes=3,
-                           train_args=("--steps", "1000000", "--step-sleep", "0.05"),
-                           extra_env={"FLEETD_STORE_OUTAGE_S": "2"})
+    cluster = LocalCluster(
+        tmp_path / "job",
+        run_id="rl",
+        min_nodes=1,
+        max_nodes=3,
+        train_args=("--steps", "1000000", "--step-sleep", "0.05"),
+        extra_env={"FLEETD_STORE_OUTAGE_S": "2"},
+    )
     a, b = "127.0.0.2", "127.0.0.3"
     recs = {a: Recorder(), b: Recorder()}
     with cluster:
@@ -162,8 +185,12 @@ async def test_store_down_past_the_outage_bound_agents_restart_torchrun_and_resu
 
             kill_host(cluster)
             t_kill = time.time()
-            await wait_until(lambda: all(h.last_exit_cause is not None for h in hooks.values()), 90,
-                             "both torchruns exited once the outage outlasted the bound", cluster)
+            await wait_until(
+                lambda: all(h.last_exit_cause is not None for h in hooks.values()),
+                90,
+                "both torchruns exited once the outage outlasted the bound",
+                cluster,
+            )
             assert {h.last_exit_cause for h in hooks.values()} == {ExitCause.STORE_LOST}
             exits = [e for r in recs.values() for e in r.events if e.kind == "trainer-exited"]
             assert {e.reason for e in exits} == {"store-lost"}, exits
@@ -192,8 +219,12 @@ async def test_store_down_past_the_outage_bound_agents_restart_torchrun_and_resu
 async def test_training_failure_with_store_alive_is_not_restarted(tmp_path):
     """A trainer that fails on its own (the store fine) is reported as a failure and waits for
     fleetd's restart-trainer command: no crash loop."""
-    cluster = LocalCluster(tmp_path / "job", run_id="rf", min_nodes=1, max_nodes=2,
-                           )
+    cluster = LocalCluster(
+        tmp_path / "job",
+        run_id="rf",
+        min_nodes=1,
+        max_nodes=2,
+    )
     a = "127.0.0.2"
     rec = Recorder()
     with cluster:
@@ -203,9 +234,13 @@ async def test_training_failure_with_store_alive_is_not_restarted(tmp_path):
 
         from fleetd.protocol.messages import RestartTrainerCommand
 
-        h = ElasticHooks(spec=replace(spec, entrypoint="agent.no_such_module", max_restarts=0, warm_pool=False),
-                         instance_id="i-a", publish_event=rec.publish, set_state=rec.set_state,
-                         log_path=cluster.workdir / "torchrun.log")
+        h = ElasticHooks(
+            spec=replace(spec, entrypoint="agent.no_such_module", max_restarts=0, warm_pool=False),
+            instance_id="i-a",
+            publish_event=rec.publish,
+            set_state=rec.set_state,
+            log_path=cluster.workdir / "torchrun.log",
+        )
         run = asyncio.create_task(h.run())
         try:
             await wait_until(lambda: h.last_exit_cause is not None, 120, "torchrun failed", cluster)

@@ -23,12 +23,14 @@ from agent.supervise.torchrun import TorchrunProcess
 
 
 def test_command_carries_the_job_spec_and_tuned_rendezvous(tmp_path):
-    cfg = AgentConfig.model_validate({
-        "node": {"min_nodes": 2, "max_nodes": 6, "trainer_socket": str(tmp_path / "t.sock")},
-        "rendezvous": {"host": "10.0.0.5", "port": 29411, "run_id": "llm", "last_call_timeout_s": 1.5},
-        "job": {"entrypoint": "my.train", "args": ["--lr", "3e-4"], "nproc_per_node": 4, "name": "llm"},
-        "checkpoints": {"local_dir": str(tmp_path / "ckpt"), "interval_steps": 50, "bucket": "b"},
-    })
+    cfg = AgentConfig.model_validate(
+        {
+            "node": {"min_nodes": 2, "max_nodes": 6, "trainer_socket": str(tmp_path / "t.sock")},
+            "rendezvous": {"host": "10.0.0.5", "port": 29411, "run_id": "llm", "last_call_timeout_s": 1.5},
+            "job": {"entrypoint": "my.train", "args": ["--lr", "3e-4"], "nproc_per_node": 4, "name": "llm"},
+            "checkpoints": {"local_dir": str(tmp_path / "ckpt"), "interval_steps": 50, "bucket": "b"},
+        }
+    )
     spec = LaunchSpec.from_config(cfg, node_addr="10.0.1.7")
     cmd = build_command(spec)
     assert "--nnodes=2:6" in cmd and "--nproc-per-node=4" in cmd
@@ -61,8 +63,12 @@ def _write_module(pkg_dir: Path, name: str, body: str) -> str:
 def pool(tmp_path):
     sock = str(tmp_path / "pool.sock")
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.Popen([sys.executable, "-m", "agent.supervise.warm_pool", "--socket", sock, "--preload", "json"],
-                            env=env, start_new_session=True, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent.supervise.warm_pool", "--socket", sock, "--preload", "json"],
+        env=env,
+        start_new_session=True,
+        stderr=subprocess.PIPE,
+    )
     for _ in range(200):
         if os.path.exists(sock):
             break
@@ -73,17 +79,25 @@ def pool(tmp_path):
 
 
 def launch(sock: str, env: dict, *argv: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "agent.supervise.warm_launch", *argv],
-                            env={**env, "FLEETD_WARM_POOL": sock}, stdout=subprocess.PIPE, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "agent.supervise.warm_launch", *argv],
+        env={**env, "FLEETD_WARM_POOL": sock},
+        stdout=subprocess.PIPE,
+        **kw,
+    )
 
 
 def test_warm_worker_gets_argv_env_stdio_and_exit_code(tmp_path, pool):
     sock, env = pool
-    mod = _write_module(tmp_path / "wp_mods", "echo", """
+    mod = _write_module(
+        tmp_path / "wp_mods",
+        "echo",
+        """
         import os, sys
         print("argv", sys.argv[1:], "env", os.environ.get("WHO"), "main", __name__, flush=True)
         sys.exit(7)
-    """)
+    """,
+    )
     proc = launch(sock, {**env, "WHO": "rank3"}, mod, "--x", "1")
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 7
@@ -92,12 +106,16 @@ def test_warm_worker_gets_argv_env_stdio_and_exit_code(tmp_path, pool):
 
 def test_signals_reach_the_warm_worker_and_it_dies_with_its_launcher(tmp_path, pool):
     sock, env = pool
-    mod = _write_module(tmp_path / "wp_mods", "sleeper", """
+    mod = _write_module(
+        tmp_path / "wp_mods",
+        "sleeper",
+        """
         import os, signal, sys, time
         signal.signal(signal.SIGTERM, lambda *_: (print("term", flush=True), sys.exit(3)))
         print(os.getpid(), flush=True)
         time.sleep(60)
-    """)
+    """,
+    )
     proc = launch(sock, env, mod)
     worker = int(proc.stdout.readline())
     assert worker != proc.pid and psutil.pid_exists(worker)
@@ -133,14 +151,19 @@ def test_a_whole_tree_sigterm_leaves_a_warm_worker_time_to_save(tmp_path, pool):
     marker = tmp_path / "saved"
     proc = launch(sock, env, mod, str(marker))
     int(proc.stdout.readline())
-    pool_pid = next(p.pid for p in psutil.process_iter(["cmdline"])
-                    if sock in (p.info["cmdline"] or []) and "agent.supervise.warm_pool" in p.info["cmdline"])
+    pool_pid = next(
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if sock in (p.info["cmdline"] or []) and "agent.supervise.warm_pool" in p.info["cmdline"]
+    )
     tree = process_tree(proc.pid) + process_tree(pool_pid)
     kill_tree(tree, signal.SIGTERM)
     proc.communicate(timeout=30)
     assert marker.read_text() == "saved"
     assert proc.returncode == 3, "the launcher got the worker's own exit status"
-    assert psutil.wait_procs([psutil.Process(pool_pid)], timeout=10)[1] == [], "the stopped pool exits after its children"
+    assert psutil.wait_procs([psutil.Process(pool_pid)], timeout=10)[1] == [], (
+        "the stopped pool exits after its children"
+    )
 
 
 def test_wait_returns_only_once_a_stopped_tree_is_gone(tmp_path):
@@ -151,16 +174,19 @@ def test_wait_returns_only_once_a_stopped_tree_is_gone(tmp_path):
     child.write_text(textwrap.dedent(SLOW_SAVER))
     marker = tmp_path / "saved"
     launcher = tmp_path / "launcher.py"
-    launcher.write_text(textwrap.dedent(f"""
+    launcher.write_text(
+        textwrap.dedent(f"""
         import subprocess, sys, time
         c = subprocess.Popen([sys.executable, {str(child)!r}, {str(marker)!r}], start_new_session=True,
                              stdout=subprocess.PIPE)
         c.stdout.readline()
         print("ready", flush=True)
         time.sleep(60)
-    """))
-    spec = LaunchSpec(entrypoint=str(launcher), module=False, warm_pool=False, rdzv_poll_s=None,
-                      ckpt_dir=tmp_path / "ckpt")
+    """)
+    )
+    spec = LaunchSpec(
+        entrypoint=str(launcher), module=False, warm_pool=False, rdzv_poll_s=None, ckpt_dir=tmp_path / "ckpt"
+    )
     proc = TorchrunProcess(spec)
     proc.proc = subprocess.Popen([sys.executable, str(launcher)], start_new_session=True, stdout=subprocess.PIPE)
     assert proc.proc.stdout.readline().strip() == b"ready"
@@ -176,31 +202,44 @@ def test_wait_returns_only_once_a_stopped_tree_is_gone(tmp_path):
 def test_without_a_pool_the_launcher_starts_a_cold_worker(tmp_path):
     mod = _write_module(tmp_path / "wp_mods", "cold", "print('cold ok')\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "FLEETD_WARM_WAIT_S": "0.1"}
-    out = subprocess.run([sys.executable, "-m", "agent.supervise.warm_launch", mod],
-                         env={**env, "FLEETD_WARM_POOL": str(tmp_path / "absent.sock")},
-                         capture_output=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "agent.supervise.warm_launch", mod],
+        env={**env, "FLEETD_WARM_POOL": str(tmp_path / "absent.sock")},
+        capture_output=True,
+        timeout=60,
+    )
     assert out.returncode == 0 and out.stdout.strip() == b"cold ok"
 
 
 def test_pool_warm_up_starts_no_threads(tmp_path):
-    code = ("import os, threading; from agent.supervise.warm_pool import warm_torch_lazily_imported_parts as w; "
-            "import torch; w(); print(threading.active_count(), len(os.listdir('/proc/self/task')))")
+    code = (
+        "import os, threading; from agent.supervise.warm_pool import warm_torch_lazily_imported_parts as w; "
+        "import torch; w(); print(threading.active_count(), len(os.listdir('/proc/self/task')))"
+    )
     # the supervisor starts the pool with OPENBLAS_NUM_THREADS=1 (numpy's BLAS pool is a thread)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OPENBLAS_NUM_THREADS": "1"},
+    )
     assert out.stdout.split() == ["1", "1"], out.stderr
 
 
 def test_stop_kills_the_whole_tree_including_new_sessions(tmp_path):
     # torchrun-like: a parent whose child starts its own session (as torch's workers do).
     script = tmp_path / "tree.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import subprocess, sys, time
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
         time.sleep(60)
-    """))
-    spec = LaunchSpec(entrypoint=str(script), module=False, warm_pool=False, rdzv_poll_s=None,
-                      ckpt_dir=tmp_path / "ckpt")
+    """)
+    )
+    spec = LaunchSpec(
+        entrypoint=str(script), module=False, warm_pool=False, rdzv_poll_s=None, ckpt_dir=tmp_path / "ckpt"
+    )
     proc = TorchrunProcess(spec)
     proc.proc = subprocess.Popen([sys.executable, str(script)], start_new_session=True)
     for _ in range(100):
@@ -234,8 +273,13 @@ async def _hooks_beside_a_store(tmp_path, run_id: str, instance_id: str):
     cluster = LocalCluster(tmp_path / "job", run_id=run_id, train_args=("--steps", "100000"))
     try:
         await asyncio.to_thread(cluster.start_host)
-        hooks = ElasticHooks(spec=cluster.spec("127.0.0.2"), instance_id=instance_id, publish_event=publish,
-                             set_state=set_state, log_path=tmp_path / "torchrun.log")
+        hooks = ElasticHooks(
+            spec=cluster.spec("127.0.0.2"),
+            instance_id=instance_id,
+            publish_event=publish,
+            set_state=set_state,
+            log_path=tmp_path / "torchrun.log",
+        )
         yield hooks, cluster, events, states
     finally:
         await asyncio.to_thread(cluster.close)
@@ -276,7 +320,9 @@ async def test_a_node_noticed_before_torchrun_starts_never_trains_and_says_it_is
     from fleetd.protocol.messages import Notice
 
     async with _hooks_beside_a_store(tmp_path, "early", "i-early") as (hooks, _, events, states):
-        notice = Notice(instance_id="i-early", action="terminate", action_time=datetime.now(UTC) + timedelta(seconds=120))
+        notice = Notice(
+            instance_id="i-early", action="terminate", action_time=datetime.now(UTC) + timedelta(seconds=120)
+        )
         if when == "before run":
             await hooks.on_notice(notice)
             runner = asyncio.create_task(hooks.run())

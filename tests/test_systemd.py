@@ -72,7 +72,9 @@ def local_units(tmp_path: Path) -> list[Path]:
 def verify(paths: list[Path]) -> subprocess.CompletedProcess:
     return subprocess.run(
         [systemd_analyze(), "verify", "--man=no", *map(str, paths)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -91,16 +93,23 @@ def test_verify_would_catch_a_typo_and_a_missing_binary(local_units, tmp_path):
     assert verify([missing]).returncode != 0
 
 
-@pytest.mark.parametrize("name,max_exposure", [
-    ("fleetd.service", 2.0), ("fleetd-rendezvous.service", 2.0), ("fleet-agent.service", 4.0),
-])
+@pytest.mark.parametrize(
+    "name,max_exposure",
+    [
+        ("fleetd.service", 2.0),
+        ("fleetd-rendezvous.service", 2.0),
+        ("fleet-agent.service", 4.0),
+    ],
+)
 def test_hardening_exposure_score(local_units, name, max_exposure):
     """systemd's own scoring (0 = locked down, 10 = unprotected). The agent is looser on purpose:
     torchrun and the trainer run in its sandbox and need the GPUs, JIT and NCCL syscalls."""
     path = next(p for p in local_units if p.name == name)
     result = subprocess.run(
         [systemd_analyze(), "security", "--offline=true", f"--threshold={int(max_exposure * 10)}", str(path)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     overall = result.stdout.strip().splitlines()[-1]
     assert result.returncode == 0, overall
@@ -119,8 +128,11 @@ def test_notify_watchdog_restart_and_dedicated_user(name):
     assert s["User"] not in ("root", "") and s["User"] == s["Group"]
     assert s["StateDirectory"]
     for key, value in {
-        "NoNewPrivileges": "yes", "ProtectSystem": "strict", "PrivateTmp": "yes",
-        "CapabilityBoundingSet": "", "RestrictSUIDSGID": "yes",
+        "NoNewPrivileges": "yes",
+        "ProtectSystem": "strict",
+        "PrivateTmp": "yes",
+        "CapabilityBoundingSet": "",
+        "RestrictSUIDSGID": "yes",
     }.items():
         assert s[key] == value, (name, key)
     assert s["ProtectHome"] in ("yes", "read-only")
@@ -130,9 +142,7 @@ def test_exec_start_runs_existing_subcommands_with_the_default_configs():
     argv = {name: shlex.split(service(name)["ExecStart"]) for name in UNITS}
     assert argv["fleetd.service"] == [PROD_BIN + "fleetd", "run", "--config", "/etc/fleetd/fleetd.toml"]
     assert argv["fleetd-rendezvous.service"][:2] == [PROD_BIN + "fleetd", "rendezvous"]
-    assert argv["fleet-agent.service"] == [
-        PROD_BIN + "fleet-agent", "run", "--config", "/etc/fleetd/agent.toml"
-    ]
+    assert argv["fleet-agent.service"] == [PROD_BIN + "fleet-agent", "run", "--config", "/etc/fleetd/agent.toml"]
     assert {"run", "rendezvous"} <= set(COMMANDS)
     help_text = subprocess.run(
         [VENV_BIN + "fleet-agent", "run", "--help"], capture_output=True, text=True, timeout=60
@@ -204,15 +214,21 @@ def test_template_hardening_matches_the_single_fleet_units(instance_units, name,
     path = next(p for p in instance_units if p.name == name.replace("@.", "@jobA."))
     result = subprocess.run(
         [systemd_analyze(), "security", "--offline=true", f"--threshold={int(max_exposure * 10)}", str(path)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     overall = result.stdout.strip().splitlines()[-1]
     assert result.returncode == 0, overall
 
 
-@pytest.mark.parametrize("template,single", [
-    ("fleetd@.service", "fleetd.service"), ("fleetd-rendezvous@.service", "fleetd-rendezvous.service"),
-])
+@pytest.mark.parametrize(
+    "template,single",
+    [
+        ("fleetd@.service", "fleetd.service"),
+        ("fleetd-rendezvous@.service", "fleetd-rendezvous.service"),
+    ],
+)
 def test_a_template_is_its_single_unit_with_one_config_and_state_dir_per_fleet(template, single):
     t, s = service(template), service(single)
     # Same daemon, same sandbox and restart policy: only what names the fleet differs.

@@ -35,8 +35,10 @@ def test_sample_has_cpu_memory_and_trainer_progress() -> None:
     assert 0 <= t.cpu_pct <= 100 and 0 < t.mem_used_pct <= 100
     assert (t.step, t.steps_per_s, t.world_size) == (7, 2.5, 3)
     assert t.gpu_util_pct is None
-    gpus = (GpuSample(index=0, util_pct=50, mem_used_mib=1, mem_total_mib=2),
-            GpuSample(index=1, util_pct=100, mem_used_mib=1, mem_total_mib=2))
+    gpus = (
+        GpuSample(index=0, util_pct=50, mem_used_mib=1, mem_total_mib=2),
+        GpuSample(index=1, util_pct=100, mem_used_mib=1, mem_total_mib=2),
+    )
     assert sample_telemetry("i-0123456789abcdef0", gpus, TrainerProgress()).gpu_util_pct == 75
 
 

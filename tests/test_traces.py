@@ -33,7 +33,11 @@ def _doc(data, gap=60):
 def test_bamboo_csv_live_count_follows_adds_and_removes():
     text = "0,add,node1\n0,add,node2\n60000,add,node3\n120000,remove,node1\n180000,remove,node3\n"
     tr = read_bamboo_csv(text, "t")
-    assert [(e.t, e.kind, e.node) for e in tr.events][:3] == [(0.0, ADD, "node1"), (0.0, ADD, "node2"), (60.0, ADD, "node3")]
+    assert [(e.t, e.kind, e.node) for e in tr.events][:3] == [
+        (0.0, ADD, "node1"),
+        (0.0, ADD, "node2"),
+        (60.0, ADD, "node3"),
+    ]
     assert tr.duration_s == 180.0
     assert [tr.live_at(t) for t in (0, 59, 60, 119, 120, 180)] == [2, 2, 3, 3, 2, 1]
     assert tr.max_live == 3

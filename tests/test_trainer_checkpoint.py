@@ -92,15 +92,23 @@ def test_fresh_start_without_any_checkpoint(tmp_path):
 # ---------------------------------------------------------------------- the request handshake
 @pytest.fixture
 def store():
-    server = TCPStore("127.0.0.1", 0, is_master=True, multi_tenant=True, wait_for_workers=False,
-                      timeout=timedelta(seconds=10))
+    server = TCPStore(
+        "127.0.0.1", 0, is_master=True, multi_tenant=True, wait_for_workers=False, timeout=timedelta(seconds=10)
+    )
     yield server
     del server
 
 
 def _ctx(store, tmp_path: Path, **kw) -> TrainerContext:
-    return TrainerContext(store_host="127.0.0.1", store_port=store.port, run_id="t", node_addr="127.0.0.2",
-                          ckpt_dir=tmp_path, events_file=tmp_path / "events.jsonl", **kw)
+    return TrainerContext(
+        store_host="127.0.0.1",
+        store_port=store.port,
+        run_id="t",
+        node_addr="127.0.0.2",
+        ckpt_dir=tmp_path,
+        events_file=tmp_path / "events.jsonl",
+        **kw,
+    )
 
 
 def test_request_is_saved_at_the_current_step_and_acknowledged(store, tmp_path):
@@ -180,8 +188,9 @@ def test_a_request_made_while_workers_restart_is_answered(store, tmp_path):
 def test_a_stale_unanswered_request_is_not_replayed(store, tmp_path):
     link = StoreLink("127.0.0.1", store.port, "t").connect()
     seq = link.request_checkpoint("old", hold=True)
-    old = keys.CheckpointRequest(seq=seq, reason="old", hold=True,
-                                 requested_at=datetime.now(UTC) - timedelta(seconds=60))
+    old = keys.CheckpointRequest(
+        seq=seq, reason="old", hold=True, requested_at=datetime.now(UTC) - timedelta(seconds=60)
+    )
     store.set(keys.request_key("t", seq), old.to_bytes())
     model, opt = _model()
     ckpt = ElasticCheckpointer(model, opt, ctx=_ctx(store, tmp_path, hold_timeout_s=5))
@@ -206,14 +215,36 @@ def test_sharded_dcp_checkpoint_across_two_ranks_resumes(tmp_path):
     import subprocess
     import sys
 
-    env = {**__import__("os").environ, "FLEETD_CKPT_DIR": str(tmp_path / "ckpt"), "FLEETD_CKPT_INTERVAL": "4",
-           "FLEETD_EVENTS_FILE": str(tmp_path / "ev.jsonl")}
+    env = {
+        **__import__("os").environ,
+        "FLEETD_CKPT_DIR": str(tmp_path / "ckpt"),
+        "FLEETD_CKPT_INTERVAL": "4",
+        "FLEETD_EVENTS_FILE": str(tmp_path / "ev.jsonl"),
+    }
 
     def run(steps: int) -> None:
         out = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-             "-m", "agent.examples.train_toy", "--mode", "dcp", "--steps", str(steps), "--step-sleep", "0"],
-            env=env, capture_output=True, text=True, timeout=180, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node=2",
+                "-m",
+                "agent.examples.train_toy",
+                "--mode",
+                "dcp",
+                "--steps",
+                str(steps),
+                "--step-sleep",
+                "0",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            start_new_session=True,
+        )
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
 
     run(9)
@@ -237,8 +268,9 @@ def test_progress_and_saves_are_reported_on_the_trainer_channel(tmp_path):
     sock.settimeout(5)
     try:
         model, opt = _model()
-        ckpt = ElasticCheckpointer(model, opt, ctx=TrainerContext(ckpt_dir=tmp_path / "c", trainer_socket=path,
-                                                                  ckpt_interval=2))
+        ckpt = ElasticCheckpointer(
+            model, opt, ctx=TrainerContext(ckpt_dir=tmp_path / "c", trainer_socket=path, ckpt_interval=2)
+        )
         ckpt.step_done(1)
         ckpt.step_done(2)
         reports = [parse_report(sock.recv(4096)), parse_report(sock.recv(4096))]

@@ -110,7 +110,11 @@ async def test_the_reconcile_loop_stops_when_cancelled_as_it_is_woken(tmp_path: 
 
 
 def test_fleetd_and_the_agent_do_not_use_asyncio_wait_for() -> None:
-    uses = [f"{p.relative_to(ROOT)}:{n}" for pkg in ("fleetd", "agent") for p in sorted((ROOT / pkg).rglob("*.py"))
-            for n, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"\bwait_for\(", line)
-            and not line.lstrip().startswith("#") and p.name != "waits.py"]
+    uses = [
+        f"{p.relative_to(ROOT)}:{n}"
+        for pkg in ("fleetd", "agent")
+        for p in sorted((ROOT / pkg).rglob("*.py"))
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if re.search(r"\bwait_for\(", line) and not line.lstrip().startswith("#") and p.name != "waits.py"
+    ]
     assert not uses, "use fleetd.protocol.waits (wait_for loses cancellations on 3.11):\n" + "\n".join(uses)

@@ -24,8 +24,11 @@ from fleetd.protocol.settings import ConfigError, load_settings
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m agent.checkpoint_store", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m agent.checkpoint_store",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--config", type=Path, default=None, help="agent TOML config (default: env only)")
     p.add_argument("--job", required=True)
     p.add_argument("--create-bucket", action="store_true", help="create the bucket if missing")
@@ -33,8 +36,12 @@ def _parser() -> argparse.ArgumentParser:
     up = sub.add_parser("upload", help="upload this writer's files of one step and publish it")
     up.add_argument("--step", type=int, required=True)
     up.add_argument("--writer", required=True)
-    up.add_argument("--expected-writer", action="append", default=None,
-                    help="every writer of this step (repeat); default: only --writer")
+    up.add_argument(
+        "--expected-writer",
+        action="append",
+        default=None,
+        help="every writer of this step (repeat); default: only --writer",
+    )
     up.add_argument("--root", type=Path, default=None, help="name files relative to this directory")
     up.add_argument("files", type=Path, nargs="+")
     rs = sub.add_parser("restore", help="restore the newest complete, verified checkpoint")
@@ -49,18 +56,31 @@ async def _run(args: argparse.Namespace, cfg: AgentConfig) -> dict:
             await store.ensure_bucket()
         if args.cmd == "upload":
             r = await store.upload_step(
-                args.step, args.files, writer=args.writer,
-                expected_writers=args.expected_writer, root=args.root,
+                args.step,
+                args.files,
+                writer=args.writer,
+                expected_writers=args.expected_writer,
+                root=args.root,
             )
-            return {"step": r.step, "complete": r.complete, "published": r.published,
-                    "nbytes": r.nbytes, "duration_s": round(r.duration_s, 3),
-                    "latest_step": r.latest_step, "deleted_steps": list(r.deleted_steps)}
+            return {
+                "step": r.step,
+                "complete": r.complete,
+                "published": r.published,
+                "nbytes": r.nbytes,
+                "duration_s": round(r.duration_s, 3),
+                "latest_step": r.latest_step,
+                "deleted_steps": list(r.deleted_steps),
+            }
         if args.cmd == "restore":
             restored = await store.restore_latest(args.dest)
             if restored is None:
                 return {"step": None}
-            return {"step": restored.step, "directory": str(restored.directory),
-                    "nbytes": restored.nbytes, "skipped": [list(s) for s in restored.skipped]}
+            return {
+                "step": restored.step,
+                "directory": str(restored.directory),
+                "nbytes": restored.nbytes,
+                "skipped": [list(s) for s in restored.skipped],
+            }
         return {"complete_steps": await store.complete_steps()}
 
 

@@ -160,9 +160,7 @@ class Restorer:
             finally:
                 await asyncio.to_thread(sink.close)
         if sink.size != entry.size:
-            raise CheckpointCorrupt(
-                f"step {step}: {entry.name} has {sink.size} bytes, manifest says {entry.size}"
-            )
+            raise CheckpointCorrupt(f"step {step}: {entry.name} has {sink.size} bytes, manifest says {entry.size}")
         if sink.digest.checksum() != entry.checksum:
             raise CheckpointCorrupt(
                 f"step {step}: {entry.name} {entry.checksum.algorithm} mismatch (bytes changed after upload)"

@@ -231,9 +231,7 @@ class S3Bucket:
         for i in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
             batch = [{"Key": k} for k in keys[i : i + 1000]]
             with _translated("DeleteObjects", batch[0]["Key"]):
-                resp = await self._client.delete_objects(
-                    Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True}
-                )
+                resp = await self._client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
             if resp.get("Errors"):
                 first = resp["Errors"][0]
                 raise StoreError(f"DeleteObjects {first.get('Key')}: {first.get('Code')} {first.get('Message')}")
@@ -241,9 +239,7 @@ class S3Bucket:
     # ------------------------------------------------------------------ multipart
     async def create_multipart(self, key: str) -> str:
         with _translated("CreateMultipartUpload", key):
-            resp = await self._client.create_multipart_upload(
-                Bucket=self.bucket, Key=key, ChecksumAlgorithm="CRC32"
-            )
+            resp = await self._client.create_multipart_upload(Bucket=self.bucket, Key=key, ChecksumAlgorithm="CRC32")
         return resp["UploadId"]
 
     async def upload_part(
@@ -269,10 +265,7 @@ class S3Bucket:
                 Key=key,
                 UploadId=upload_id,
                 MultipartUpload={
-                    "Parts": [
-                        {"PartNumber": p.number, "ETag": p.etag, "ChecksumCRC32": p.crc32_b64}
-                        for p in ordered
-                    ]
+                    "Parts": [{"PartNumber": p.number, "ETag": p.etag, "ChecksumCRC32": p.crc32_b64} for p in ordered]
                 },
             )
         return resp.get("ETag", "")
@@ -289,4 +282,3 @@ class S3Bucket:
                 for u in page.get("Uploads", []):
                     out.append(MultipartInfo(u["Key"], u["UploadId"], u.get("Initiated")))
         return out
-

@@ -182,9 +182,7 @@ class CheckpointStore:
         try:
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(clean_up())
-                upload = tg.create_task(
-                    self.uploader.upload_files(step, named, priority(step, deadline is not None))
-                )
+                upload = tg.create_task(self.uploader.upload_files(step, named, priority(step, deadline is not None)))
         except BaseExceptionGroup as eg:
             raise first_error(eg) from eg
         entries = upload.result()

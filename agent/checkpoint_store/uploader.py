@@ -131,9 +131,7 @@ class Uploader:
     async def _in_pool(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
-    async def upload_files(
-        self, step: int, files: list[tuple[str, Path]], prio: tuple[int, int]
-    ) -> list[FileEntry]:
+    async def upload_files(self, step: int, files: list[tuple[str, Path]], prio: tuple[int, int]) -> list[FileEntry]:
         """Upload (name, local path) pairs to step-N/<name>; the FileEntry of each, same order."""
         results: list[FileEntry | None] = [None] * len(files)
 
@@ -164,9 +162,7 @@ class Uploader:
             raise StoreError(f"{path} changed while it was uploaded; not publishing it")
         return FileEntry(name=name, size=size, checksum=checksum)
 
-    async def _multipart(
-        self, key: str, path: Path, size: int, part_size: int, prio: tuple[int, int]
-    ) -> Checksum:
+    async def _multipart(self, key: str, path: Path, size: int, part_size: int, prio: tuple[int, int]) -> Checksum:
         self._creating.add(key)
         try:
             upload_id = await self._bucket.create_multipart(key)

@@ -35,10 +35,16 @@ class IdentitySigner:
         key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, name)])
         now = dt.datetime.now(dt.UTC)
-        cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
-                .public_key(key.public_key()).serial_number(x509.random_serial_number())
-                .not_valid_before(now - dt.timedelta(days=1)).not_valid_after(now + dt.timedelta(days=365))
-                .sign(key, hashes.SHA256()))
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(days=1))
+            .not_valid_after(now + dt.timedelta(days=365))
+            .sign(key, hashes.SHA256())
+        )
         return cls(key, cert)
 
     def write_certificate(self, path: Path) -> Path:
@@ -51,9 +57,17 @@ class IdentitySigner:
         return base64.b64encode(sig).decode()
 
     @staticmethod
-    def document(*, instance_id: str, instance_type: str, zone: str, private_ip: str, pending_time: float,
-                 region: str | None = None, account_id: str = "123456789012",
-                 image_id: str = "ami-0123456789abcdef0") -> str:
+    def document(
+        *,
+        instance_id: str,
+        instance_type: str,
+        zone: str,
+        private_ip: str,
+        pending_time: float,
+        region: str | None = None,
+        account_id: str = "123456789012",
+        image_id: str = "ami-0123456789abcdef0",
+    ) -> str:
         body = {
             "accountId": account_id,
             "architecture": "x86_64",

@@ -243,8 +243,13 @@ class FakeImds:
         if self.pending_time is None:
             self.pending_time = time.time()
         # Static for the instance's life, like the real one (which is why replays must be handled).
-        doc = IdentitySigner.document(instance_id=self.instance_id, instance_type=self.instance_type,
-                                      zone=self.zone, private_ip=self.local_ipv4, pending_time=self.pending_time)
+        doc = IdentitySigner.document(
+            instance_id=self.instance_id,
+            instance_type=self.instance_type,
+            zone=self.zone,
+            private_ip=self.local_ipv4,
+            pending_time=self.pending_time,
+        )
         return doc if path == DOCUMENT_PATH else self.signer.sign(doc)
 
     async def _control(self, request: web.Request) -> web.Response:

@@ -100,8 +100,9 @@ def load_train_objs():
 
 
 def prepare_dataloader(dataset: Dataset, batch_size: int):
-    return DataLoader(dataset, batch_size=batch_size, pin_memory=False, shuffle=False,
-                      sampler=DistributedSampler(dataset))
+    return DataLoader(
+        dataset, batch_size=batch_size, pin_memory=False, shuffle=False, sampler=DistributedSampler(dataset)
+    )
 
 
 def main(save_every: int, total_epochs: int, batch_size: int, snapshot_path: str, sleep: float):

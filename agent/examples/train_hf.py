@@ -22,8 +22,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=1000, help="max_steps of the job")
     p.add_argument("--global-batch", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=16)
-    p.add_argument("--step-sleep", type=float, default=0.05,
-                   help="extra seconds per step, standing in for real work (keeps CPU use low)")
+    p.add_argument(
+        "--step-sleep",
+        type=float,
+        default=0.05,
+        help="extra seconds per step, standing in for real work (keeps CPU use low)",
+    )
     p.add_argument("--output-dir", default=None, help="the Trainer's output_dir (default: a temporary one)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: one GPU per rank (NCCL)")
@@ -42,8 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)  # many ranks share few cores
     world = int(os.environ.get("WORLD_SIZE", 1))
     torch.manual_seed(args.seed)
-    config = GPT2Config(vocab_size=64, n_positions=args.seq_len, n_embd=32, n_layer=2, n_head=2,
-                        bos_token_id=0, eos_token_id=0)
+    config = GPT2Config(
+        vocab_size=64, n_positions=args.seq_len, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0
+    )
     model = GPT2LMHeadModel(config)
 
     # Synthetic data: counting sequences modulo the vocabulary, from random starts (learnable).

@@ -21,8 +21,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=1000, help="max_steps of the job")
     p.add_argument("--global-batch", type=int, default=64)
     p.add_argument("--dim", type=int, default=32)
-    p.add_argument("--step-sleep", type=float, default=0.05,
-                   help="extra seconds per step, standing in for real work (keeps CPU use low)")
+    p.add_argument(
+        "--step-sleep",
+        type=float,
+        default=0.05,
+        help="extra seconds per step, standing in for real work (keeps CPU use low)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: one GPU per rank")
     return p.parse_args(argv)

@@ -22,14 +22,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dim", type=int, default=32)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--step-sleep", type=float, default=0.05,
-                   help="extra seconds per step, standing in for real work (keeps CPU use low)")
+    p.add_argument(
+        "--step-sleep",
+        type=float,
+        default=0.05,
+        help="extra seconds per step, standing in for real work (keeps CPU use low)",
+    )
     p.add_argument("--mode", choices=("state_dict", "dcp"), default="state_dict")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
-                   help="auto: gloo on CPU; on CUDA nccl, or gloo when the node's ranks outnumber its GPUs "
-                        "(NCCL refuses two ranks on one GPU)")
+    p.add_argument(
+        "--backend",
+        choices=("auto", "gloo", "nccl"),
+        default="auto",
+        help="auto: gloo on CPU; on CUDA nccl, or gloo when the node's ranks outnumber its GPUs "
+        "(NCCL refuses two ranks on one GPU)",
+    )
     return p.parse_args(argv)
 
 
@@ -62,9 +70,17 @@ def main(argv: list[str] | None = None) -> int:
     step = ckpt.resume()
     ids = [device.index] if device.type == "cuda" else None
     ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids) if dist.is_initialized() else model
-    ckpt.emit("start", from_step=step, restart_count=ctx.restart_count, t_main=t_main, t_group=t_group,
-              cpu_group=cpu_group, cpu=time.process_time(), device=str(device),
-              backend=dist.get_backend() if dist.is_initialized() else None)
+    ckpt.emit(
+        "start",
+        from_step=step,
+        restart_count=ctx.restart_count,
+        t_main=t_main,
+        t_group=t_group,
+        cpu_group=cpu_group,
+        cpu=time.process_time(),
+        device=str(device),
+        backend=dist.get_backend() if dist.is_initialized() else None,
+    )
 
     # Optional scaling curve (fleetd demo --scenario scaling): one step's work of work_s seconds
     # is shared by up to saturate_at nodes, so the job's steps/s grows with each node up to that

@@ -54,17 +54,26 @@ class ControllerWatch:
             now = self.clock()
             if broker or store:
                 if down_logged:
-                    log.warning("controller_reachable_again", broker=broker, store=store,
-                                after_s=round(now - self.last_contact, 1))
+                    log.warning(
+                        "controller_reachable_again",
+                        broker=broker,
+                        store=store,
+                        after_s=round(now - self.last_contact, 1),
+                    )
                 self.last_contact, down_logged = now, False
                 continue
             if not down_logged:
-                log.warning("controller_unreachable", bound_s=self.bound_s,
-                            why="neither the MQTT broker nor the rendezvous store answers")
+                log.warning(
+                    "controller_unreachable",
+                    bound_s=self.bound_s,
+                    why="neither the MQTT broker nor the rendezvous store answers",
+                )
                 down_logged = True
             if controller_lost(self.last_contact, now, self.bound_s):
-                reason = (f"control host unreachable for {now - self.last_contact:.0f} s "
-                          f"(> node.controller_lost_after_s = {self.bound_s:g}): broker and store both down")
+                reason = (
+                    f"control host unreachable for {now - self.last_contact:.0f} s "
+                    f"(> node.controller_lost_after_s = {self.bound_s:g}): broker and store both down"
+                )
                 log.error("controller_lost", reason=reason)
                 await self.on_lost(reason)
                 return

@@ -82,8 +82,7 @@ def _write(path: Path, data: bytes, mode: int) -> None:
 def mqtt_with_identity(mqtt: MqttConfig, files: IdentityFiles) -> MqttConfig:
     """The broker connection with the enrolled certificate. The broker's CA comes from our own
     config when given (pinned, e.g. baked into the image: it is public), else from enrolment."""
-    return mqtt.model_copy(update={"cert_file": files.cert, "key_file": files.key,
-                                   "ca_file": mqtt.ca_file or files.ca})
+    return mqtt.model_copy(update={"cert_file": files.cert, "key_file": files.key, "ca_file": mqtt.ca_file or files.ca})
 
 
 def load_or_make_key(path: Path) -> ec.EllipticCurvePrivateKey:
@@ -93,21 +92,27 @@ def load_or_make_key(path: Path) -> ec.EllipticCurvePrivateKey:
             return key
         log.warning("node_key_replaced", path=str(path), why="not an EC key")
     key = ec.generate_private_key(ec.SECP256R1())
-    _write(path, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                   serialization.NoEncryption()), 0o600)
+    _write(
+        path,
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()),
+        0o600,
+    )
     return key
 
 
 def make_csr(key: ec.EllipticCurvePrivateKey, instance_id: str) -> str:
-    csr = (x509.CertificateSigningRequestBuilder()
-           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, instance_id)]))
-           .sign(key, hashes.SHA256()))
+    csr = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, instance_id)]))
+        .sign(key, hashes.SHA256())
+    )
     return csr.public_bytes(serialization.Encoding.PEM).decode()
 
 
 class NodeEnrolment:
-    def __init__(self, enrol_url: str, imds: ImdsClient, instance_id: str, directory: Path, *,
-                 timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, enrol_url: str, imds: ImdsClient, instance_id: str, directory: Path, *, timeout_s: float = 10.0
+    ) -> None:
         self.url = enrol_url.rstrip("/") + ENROL_PATH
         self.imds = imds
         self.instance_id = instance_id
@@ -128,8 +133,9 @@ class NodeEnrolment:
         try:
             # The controller is inside the VPC: never through an HTTP proxy from the environment.
             async with aiohttp.ClientSession(timeout=self.timeout, trust_env=False) as http:
-                async with http.post(self.url, data=req.to_json(),
-                                     headers={"Content-Type": "application/json"}) as resp:
+                async with http.post(
+                    self.url, data=req.to_json(), headers={"Content-Type": "application/json"}
+                ) as resp:
                     body = await resp.content.read(64 * 1024)
                     status = resp.status
         except (aiohttp.ClientError, TimeoutError) as exc:

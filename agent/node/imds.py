@@ -154,9 +154,7 @@ class ImdsClient:
         for attempt in (1, 2):
             token = await self._get_token()
             try:
-                async with self._session.get(
-                    self.base_url + path, headers={TOKEN_HEADER: token}
-                ) as resp:
+                async with self._session.get(self.base_url + path, headers={TOKEN_HEADER: token}) as resp:
                     body = await resp.content.read(MAX_BODY_BYTES + 1)
                     status = resp.status
             except (TimeoutError, aiohttp.ClientError) as exc:
@@ -226,9 +224,7 @@ def _short(body: str, limit: int = 120) -> str:
     return repr(body[:limit]) + ("..." if len(body) > limit else "")
 
 
-async def read_identity(
-    client: ImdsClient, *, retry_s: float = 1.0, max_retry_s: float = 10.0
-) -> Identity:
+async def read_identity(client: ImdsClient, *, retry_s: float = 1.0, max_retry_s: float = 10.0) -> Identity:
     """Read the identity, retrying (with backoff) until IMDS gives a usable answer.
 
     The agent cannot name itself on MQTT without its instance id, so there is nothing better to do

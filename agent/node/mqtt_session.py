@@ -161,14 +161,23 @@ class MqttSession:
                         await client.subscribe(self.rendezvous_topic, qos=1)
                     await self._publish_status(client, self.state)
                     self.connected.set()
-                    log.info("mqtt_connected", broker=f"{broker.host}:{broker.port}", connects=self.connects, queued_events=len(self.outbox))
+                    log.info(
+                        "mqtt_connected",
+                        broker=f"{broker.host}:{broker.port}",
+                        connects=self.connects,
+                        queued_events=len(self.outbox),
+                    )
                     async with asyncio.TaskGroup() as tg:
                         tg.create_task(self._pump_events(client))
                         tg.create_task(self._receive_commands(client))
             except* (aiomqtt.MqttError, TimeoutError) as group:
                 attempt += 1
-                log.warning("mqtt_disconnected", broker=f"{broker.host}:{broker.port}",
-                            error="; ".join(str(e) for e in group.exceptions), next_broker=self.cfg.broker(attempt).url)
+                log.warning(
+                    "mqtt_disconnected",
+                    broker=f"{broker.host}:{broker.port}",
+                    error="; ".join(str(e) for e in group.exceptions),
+                    next_broker=self.cfg.broker(attempt).url,
+                )
             finally:
                 self._client = None
                 self.connected.clear()
@@ -201,8 +210,13 @@ class MqttSession:
         except ProtocolError as exc:
             log.warning("mqtt_endpoint_rejected", topic=topic, error=str(exc))
             return
-        log.info("mqtt_endpoint", host=endpoint.host, port=endpoint.port, generation=endpoint.generation,
-                 leader=endpoint.leader)
+        log.info(
+            "mqtt_endpoint",
+            host=endpoint.host,
+            port=endpoint.port,
+            generation=endpoint.generation,
+            leader=endpoint.leader,
+        )
         await self.on_endpoint(endpoint)
 
     async def _handle_command(self, topic: str, payload: Any) -> None:

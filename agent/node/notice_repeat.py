@@ -21,8 +21,9 @@ from fleetd.protocol.waits import wait_set
 REPEAT_S = 10.0
 
 
-async def repeat_notice(publish: Callable[[Notice], Awaitable[None]], notice: Notice, stop: asyncio.Event,
-                        every_s: float = REPEAT_S) -> None:
+async def repeat_notice(
+    publish: Callable[[Notice], Awaitable[None]], notice: Notice, stop: asyncio.Event, every_s: float = REPEAT_S
+) -> None:
     while not stop.is_set():
         if await wait_set(stop, every_s):
             return

@@ -73,9 +73,7 @@ class Outbox:
         self._trim()
         self._update_events()
         if self.journal is not None:
-            line = json.dumps(
-                {"op": "put", "id": item.msg_id, "topic": item.topic, "payload": item.payload.decode()}
-            )
+            line = json.dumps({"op": "put", "id": item.msg_id, "topic": item.topic, "payload": item.payload.decode()})
             await self._write(_append, self.journal, line)
 
     async def ack(self, msg_id: str) -> None:

@@ -77,9 +77,7 @@ def _clamp_pct(value: float) -> float:
     return float(min(max(value, 0.0), 100.0))
 
 
-def sample_telemetry(
-    instance_id: str, gpus: tuple[GpuSample, ...], trainer: TrainerProgress
-) -> Telemetry:
+def sample_telemetry(instance_id: str, gpus: tuple[GpuSample, ...], trainer: TrainerProgress) -> Telemetry:
     # cpu_percent(interval=None) compares with the previous call: non-blocking, ~1 s window here.
     return Telemetry(
         instance_id=instance_id,

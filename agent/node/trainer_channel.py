@@ -110,8 +110,13 @@ class TrainerChannel:
         # A rate derived across a gap would average in the time no trainer ran (a restarted
         # torchrun's first report after a store outage) and make a healthy node look like a
         # straggler: derive one only between reports close together.
-        if (rate is None and prev.step is not None and prev.reported_at is not None and report.step >= prev.step
-                and now - prev.reported_at <= DERIVED_RATE_MAX_GAP_S):
+        if (
+            rate is None
+            and prev.step is not None
+            and prev.reported_at is not None
+            and report.step >= prev.step
+            and now - prev.reported_at <= DERIVED_RATE_MAX_GAP_S
+        ):
             elapsed = now - prev.reported_at
             rate = (report.step - prev.step) / elapsed if elapsed > 0 else prev.steps_per_s
         return TrainerProgress(

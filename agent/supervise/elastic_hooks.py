@@ -123,8 +123,9 @@ class ElasticHooks:
                     # box), which used to be spent after the notice, eating the checkpoint's share
                     # of it: import it in the background, once torchrun's own start-up (which
                     # imports torch in every worker) is past.
-                    self._preload = asyncio.create_task(_preload_store_client_later(PRELOAD_AFTER_S),
-                                                        name="preload-torch")
+                    self._preload = asyncio.create_task(
+                        _preload_store_client_later(PRELOAD_AFTER_S), name="preload-torch"
+                    )
                 exit_ = await self.torchrun.wait()
                 if self.restart_requested.is_set() and not (self.draining or self.stopping):
                     log.warning("trainer_restarting", why=self._restart_why)
@@ -144,12 +145,20 @@ class ElasticHooks:
                     # trainer exited, so say so only once the upload is done: when every node was
                     # noticed there are no survivors, and the upload in flight is the job's only copy.
                     await self._drained.wait()
-                log.warning("trainer_exited", cause=str(cause), exit_code=exit_.exit_code, ran_s=round(ran_s, 1),
-                            starts=self.starts)
-                await self.publish_event(TrainerExited(
-                    instance_id=self.instance_id, exit_code=exit_.exit_code,
-                    reason=str(cause) if cause is ExitCause.STORE_LOST else exit_.reason,
-                ))
+                log.warning(
+                    "trainer_exited",
+                    cause=str(cause),
+                    exit_code=exit_.exit_code,
+                    ran_s=round(ran_s, 1),
+                    starts=self.starts,
+                )
+                await self.publish_event(
+                    TrainerExited(
+                        instance_id=self.instance_id,
+                        exit_code=exit_.exit_code,
+                        reason=str(cause) if cause is ExitCause.STORE_LOST else exit_.reason,
+                    )
+                )
                 if cause in (ExitCause.STOPPED, ExitCause.FINISHED):
                     return
                 await self.set_state("ready")
@@ -203,16 +212,26 @@ class ElasticHooks:
         decision = follow(current, advertised, self.spec.run_id)
         self.endpoint = decision.endpoint
         if decision.action is not FollowAction.RESTART:
-            log.info("rendezvous_endpoint_seen", action=str(decision.action), host=advertised.host,
-                     port=advertised.port, generation=advertised.generation, run_id=advertised.run_id)
+            log.info(
+                "rendezvous_endpoint_seen",
+                action=str(decision.action),
+                host=advertised.host,
+                port=advertised.port,
+                generation=advertised.generation,
+                run_id=advertised.run_id,
+            )
             return
         old = f"{self.spec.rdzv_host}:{self.spec.rdzv_port}"
         # Decided and recorded before any await: a second delivery of the same message is STALE.
-        self.spec = dataclasses.replace(self.spec, rdzv_host=decision.endpoint.host,
-                                        rdzv_port=decision.endpoint.port)
+        self.spec = dataclasses.replace(self.spec, rdzv_host=decision.endpoint.host, rdzv_port=decision.endpoint.port)
         self.endpoint_restarts += 1
-        log.warning("rendezvous_endpoint_moved", old=old, new=f"{decision.endpoint.host}:{decision.endpoint.port}",
-                    generation=advertised.generation, leader=advertised.leader)
+        log.warning(
+            "rendezvous_endpoint_moved",
+            old=old,
+            new=f"{decision.endpoint.host}:{decision.endpoint.port}",
+            generation=advertised.generation,
+            leader=advertised.leader,
+        )
         if self.draining or self.stopping:
             return
         self._restart_why = "the leader advertised a new rendezvous store"
@@ -256,11 +275,15 @@ class ElasticHooks:
 
             async def body(store: Any) -> EmergencyOutcome:
                 log.info("drain_prepare", phase="checkpoint_store", after_s=round(time.monotonic() - t0, 3))
+
                 async def uploaded(result: Any) -> None:
                     await self.publish_event(result.to_event(self.instance_id))
 
-                uploader = (CheckpointStoreUploader(store, self.instance_id, on_uploaded=uploaded)
-                            if store is not None else None)
+                uploader = (
+                    CheckpointStoreUploader(store, self.instance_id, on_uploaded=uploaded)
+                    if store is not None
+                    else None
+                )
                 self.flow = EmergencyFlow(link, self.spec.node_addr, self.torchrun, self.spec.ckpt_dir, uploader)
                 return await self.flow.run(deadline=deadline, reason=reason)
 
@@ -289,7 +312,11 @@ class ElasticHooks:
         async def body(store: Any) -> None:
             files, step_files = await asyncio.to_thread(local_ckpt.upload_set, Path(report.path))
             result = await store.upload_step(
-                report.step, files, writer=self.instance_id, root=Path(report.path), step_files=step_files,
+                report.step,
+                files,
+                writer=self.instance_id,
+                root=Path(report.path),
+                step_files=step_files,
             )
             await self.publish_event(result.to_event(self.instance_id))
 
@@ -331,8 +358,9 @@ class ElasticHooks:
                 return None
             directory = local_ckpt.step_dir(root, step)
             files, step_files = await asyncio.to_thread(local_ckpt.upload_set, directory)
-            result = await store.upload_step(step, files, writer=self.instance_id, root=directory,
-                                             step_files=step_files)
+            result = await store.upload_step(
+                step, files, writer=self.instance_id, root=directory, step_files=step_files
+            )
             await self.publish_event(result.to_event(self.instance_id))  # queued in the outbox
             log.warning("controller_lost_checkpoint_durable", step=step, complete=result.complete)
             return step

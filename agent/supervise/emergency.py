@@ -61,8 +61,13 @@ class CheckpointStoreUploader:
         files, step_files = await asyncio.to_thread(local_ckpt.upload_set, directory)
         # Raises on failure; returning means this node's receipt is written (its shard is safe).
         result = await self.store.upload_step(
-            step, files, writer=self.writer, expected_writers=self.expected_writers,
-            deadline=deadline, root=directory, step_files=step_files,
+            step,
+            files,
+            writer=self.writer,
+            expected_writers=self.expected_writers,
+            deadline=deadline,
+            root=directory,
+            step_files=step_files,
         )
         if self.on_uploaded is not None:
             await self.on_uploaded(result)
@@ -112,8 +117,9 @@ class EmergencyFlow:
                 # First say a notice is under way, so that fleetd re-forms the survivors once for
                 # the whole wave rather than once per leaver (DESIGN.md "A wave of notices").
                 await self._store(self.link.mark_noticed, self.node_addr, keys.Noticed(reason=reason[:200]))
-                seq = await self._store(self.link.request_checkpoint, reason, hold=True,
-                                        leaving=(self.node_addr,), by=self.node_addr)
+                seq = await self._store(
+                    self.link.request_checkpoint, reason, hold=True, leaving=(self.node_addr,), by=self.node_addr
+                )
                 mark("requested")
                 step = await self._wait_saved(seq, until=t0 + budget * 0.5)
                 mark("saved")
@@ -131,8 +137,9 @@ class EmergencyFlow:
                 # node as soon as it has left, so a copy still uploading then would die with it.
                 if not self._replicated(step) or not await self._store(self._a_survivor_holds, seq, step):
                     durable, detail = await upload
-            await self._store(self.link.mark_drain_ready, self.node_addr,
-                              keys.DrainReady(step=step, durable=durable, detail=detail))
+            await self._store(
+                self.link.mark_drain_ready, self.node_addr, keys.DrainReady(step=step, durable=durable, detail=detail)
+            )
             mark("drain_ready")
             # fleetd answers within a pass when it is up; without it, do not hold the survivors
             # for the whole notice (they re-form by themselves once this node is gone).
@@ -145,13 +152,16 @@ class EmergencyFlow:
         unsaved = member is not None and step is None
         # No step acknowledged (the world was re-forming all along): SIGTERM, so that a worker
         # saves the step it completed on the way out (agent/trainer/salvage.py), not SIGKILL.
-        exit_ = await self.stop_tree(salvage_s=min(SALVAGE_S, max(0.0, t0 + budget * 0.7 - time.monotonic()))
-                                     if unsaved else 0.0)
+        exit_ = await self.stop_tree(
+            salvage_s=min(SALVAGE_S, max(0.0, t0 + budget * 0.7 - time.monotonic())) if unsaved else 0.0
+        )
         mark("stopped")
         if unsaved and self.uploader is not None:
             step, durable, detail = await self._upload_newest_local(deadline, t0 + budget * 0.95, mark, detail)
         try:
-            await self._store(self.link.mark_left, self.node_addr, keys.Left(exit_code=exit_.exit_code if exit_ else None))
+            await self._store(
+                self.link.mark_left, self.node_addr, keys.Left(exit_code=exit_.exit_code if exit_ else None)
+            )
         except StoreLinkError as exc:
             log.warning("emergency_left_unreported", error=str(exc))
         if upload is not None:
@@ -186,8 +196,9 @@ class EmergencyFlow:
     def _replicated(self, step: int) -> bool:
         return local_ckpt.is_complete(local_ckpt.step_dir(self.ckpt_dir, step), "state_dict")
 
-    async def _upload(self, step: int, deadline: datetime | None, until: float,
-                      mark: Callable[[str], None]) -> tuple[bool, str]:
+    async def _upload(
+        self, step: int, deadline: datetime | None, until: float, mark: Callable[[str], None]
+    ) -> tuple[bool, str]:
         assert self.uploader is not None
         try:
             durable = await within(
@@ -229,8 +240,9 @@ class EmergencyFlow:
         self.torchrun.kill()
         return await self.torchrun.wait()
 
-    async def _upload_newest_local(self, deadline: datetime | None, until: float,
-                                   mark: Callable[[str], None], detail: str) -> tuple[int | None, bool, str]:
+    async def _upload_newest_local(
+        self, deadline: datetime | None, until: float, mark: Callable[[str], None], detail: str
+    ) -> tuple[int | None, bool, str]:
         """No coordinated step: make this node's newest complete local step durable instead (the
         newest any rank saved here: periodic, an earlier request's, or salvaged just now). S3's
         ``latest`` only moves forward, so an older step than the durable one changes nothing."""

@@ -83,11 +83,19 @@ class FolderHooks(ElasticHooks):
             if self.checkpoints is not None:
                 from agent.checkpoint_store.store import CheckpointStore
 
-                store = await stack.enter_async_context(CheckpointStore.connect(
-                    self.checkpoints, self.aws, job=self.spec.job, client_config=self.client_config))
+                store = await stack.enter_async_context(
+                    CheckpointStore.connect(
+                        self.checkpoints, self.aws, job=self.spec.job, client_config=self.client_config
+                    )
+                )
             self.sync = FolderSync(
-                self.folder.folder, self.spec.ckpt_dir / "folder-staging", store, self.instance_id,
-                settle_s=self.folder.settle_s, job_pids=self._job_pids, on_uploaded=self._uploaded,
+                self.folder.folder,
+                self.spec.ckpt_dir / "folder-staging",
+                store,
+                self.instance_id,
+                settle_s=self.folder.settle_s,
+                job_pids=self._job_pids,
+                on_uploaded=self._uploaded,
             )
             if store is not None:
                 await self.sync.restore()
@@ -98,8 +106,11 @@ class FolderHooks(ElasticHooks):
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(self._connect_link())
                 syncing = tg.create_task(self.sync.run()) if store is not None else None
-                refresh = tg.create_task(self.sync.refresh_until_started(self._workers_started)) \
-                    if store is not None else None
+                refresh = (
+                    tg.create_task(self.sync.refresh_until_started(self._workers_started))
+                    if store is not None
+                    else None
+                )
                 exit_ = await self._supervise()
                 for task in (syncing, refresh):
                     if task is not None:
@@ -120,7 +131,9 @@ class FolderHooks(ElasticHooks):
             exit_ = await self.torchrun.wait()
             if not self.restart_requested.is_set() or self.draining or self.stopping:
                 return exit_
-            log.warning("trainer_restarting", why=self._restart_why, rdzv=f"{self.spec.rdzv_host}:{self.spec.rdzv_port}")
+            log.warning(
+                "trainer_restarting", why=self._restart_why, rdzv=f"{self.spec.rdzv_host}:{self.spec.rdzv_port}"
+            )
             self._restart_why = "fleetd asked (restart-trainer)"
             self.restart_requested.clear()
             self.torchrun = TorchrunProcess(self.spec, log_path=self.log_path).start()
@@ -134,8 +147,9 @@ class FolderHooks(ElasticHooks):
         if self.folder is not None and self.folder.signal != "none" and self.sync is not None:
             t0 = time.monotonic()
             version, detail = await self._signal_and_wait(t0, until=t0 + MOVE_SAVE_WAIT_S)
-            log.info("folder_saved_before_move", version=version, detail=detail,
-                     seconds=round(time.monotonic() - t0, 3))
+            log.info(
+                "folder_saved_before_move", version=version, detail=detail, seconds=round(time.monotonic() - t0, 3)
+            )
         await super()._stop_to_move()
 
     async def _final_version(self) -> None:
@@ -190,13 +204,20 @@ class FolderHooks(ElasticHooks):
         await self.set_state("draining")
         t0 = time.monotonic()
         budget = _seconds_until(deadline, default=110.0)
-        log.warning("folder_drain_started", reason=reason, budget_s=round(budget, 1),
-                    signal=self.folder.signal if self.folder else "none")
+        log.warning(
+            "folder_drain_started",
+            reason=reason,
+            budget_s=round(budget, 1),
+            signal=self.folder.signal if self.folder else "none",
+        )
         version, detail = await self._signal_and_wait(t0, until=t0 + budget * 0.8)
         link = self._store_link or await asyncio.to_thread(self._link().connect)
         try:
-            await asyncio.to_thread(link.mark_drain_ready, self.spec.node_addr,
-                                    keys.DrainReady(step=version, durable=version is not None, detail=detail))
+            await asyncio.to_thread(
+                link.mark_drain_ready,
+                self.spec.node_addr,
+                keys.DrainReady(step=version, durable=version is not None, detail=detail),
+            )
             until = t0 + min(budget, LEAVE_WAIT_S)
             while time.monotonic() < until and not self.leave_event.is_set():
                 if await asyncio.to_thread(link.leave_requested, self.spec.node_addr) is not None:
@@ -207,10 +228,10 @@ class FolderHooks(ElasticHooks):
             if self.torchrun.running:
                 self.torchrun.kill()
                 exit_ = await self.torchrun.wait()
-            await asyncio.to_thread(link.mark_left, self.spec.node_addr,
-                                    keys.Left(exit_code=exit_.exit_code if exit_ else None))
-        log.warning("folder_drain_done", version=version, detail=detail,
-                    seconds=round(time.monotonic() - t0, 3))
+            await asyncio.to_thread(
+                link.mark_left, self.spec.node_addr, keys.Left(exit_code=exit_.exit_code if exit_ else None)
+            )
+        log.warning("folder_drain_done", version=version, detail=detail, seconds=round(time.monotonic() - t0, 3))
         await self.set_state("leaving")
 
     async def _signal_and_wait(self, t0: float, until: float) -> tuple[int | None, str]:
@@ -242,4 +263,3 @@ def _seconds_until(deadline: datetime | None, default: float) -> float:
     if deadline is None:
         return default
     return max(1.0, (deadline - datetime.now(UTC)).total_seconds() - 5.0)
-

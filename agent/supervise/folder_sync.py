@@ -120,8 +120,11 @@ class FolderSync:
         await asyncio.to_thread(shutil.rmtree, stage, True)
         copied = await asyncio.to_thread(_copy_version, self.folder, stage, version)
         # Still the same after the copy, and nobody writing: the copy is that version, whole.
-        if not copied or await asyncio.to_thread(scan, self.folder) != dict(version) or \
-                await asyncio.to_thread(open_for_writing, self.job_pids(), self.folder) & set(version):
+        if (
+            not copied
+            or await asyncio.to_thread(scan, self.folder) != dict(version)
+            or await asyncio.to_thread(open_for_writing, self.job_pids(), self.folder) & set(version)
+        ):
             log.info("folder_changed_while_copied", folder=str(self.folder))
             return None
         number = max([self.last_version, *await self.store.complete_steps()]) + 1
@@ -136,8 +139,9 @@ class FolderSync:
         self.last_version = number
         self.uploaded_at[number] = changed_at
         self.watch.uploaded(version)
-        log.info("folder_version_uploaded", version=number, files=len(files), nbytes=result.nbytes,
-                 complete=result.complete)
+        log.info(
+            "folder_version_uploaded", version=number, files=len(files), nbytes=result.nbytes, complete=result.complete
+        )
         if self.on_uploaded is not None:
             await self.on_uploaded(result)
         return number

@@ -73,7 +73,7 @@ def open_for_writing(pids: Iterable[int], root: Path) -> set[str]:
         for f in files:
             mode = getattr(f, "mode", "w")  # unknown mode: assume it writes
             if f.path.startswith(base) and any(m in mode for m in _WRITE_MODES):
-                out.add(f.path[len(base):].replace(os.sep, "/"))
+                out.add(f.path[len(base) :].replace(os.sep, "/"))
     return out
 
 

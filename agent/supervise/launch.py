@@ -190,4 +190,3 @@ def build_env(spec: LaunchSpec, base: Mapping[str, str] | None = None) -> dict[s
         env["FLEETD_RDZV_POLL_S"] = str(spec.rdzv_poll_s)
     env.update(dict(spec.extra_env))
     return env
-

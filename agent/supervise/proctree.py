@@ -42,4 +42,3 @@ def kill_tree(procs: list[psutil.Process], sig: int = signal.SIGKILL) -> None:
             p.send_signal(sig)
         except psutil.Error:
             pass
-

@@ -66,10 +66,18 @@ def install(outage_s: float | None = None) -> bool:
         from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
         from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 
-        backend_cls, holder_cls, handler_cls = cb.C10dRendezvousBackend, dr._BackendRendezvousStateHolder, \
-            dr.DynamicRendezvousHandler
-        for owner, name in ((backend_cls, "_call_store"), (holder_cls, "sync"), (handler_cls, "num_nodes_waiting"),
-                            (handler_cls, "__init__"), (handler_cls, "_keep_alive")):
+        backend_cls, holder_cls, handler_cls = (
+            cb.C10dRendezvousBackend,
+            dr._BackendRendezvousStateHolder,
+            dr.DynamicRendezvousHandler,
+        )
+        for owner, name in (
+            (backend_cls, "_call_store"),
+            (holder_cls, "sync"),
+            (handler_cls, "num_nodes_waiting"),
+            (handler_cls, "__init__"),
+            (handler_cls, "_keep_alive"),
+        ):
             if not callable(getattr(owner, name, None)):
                 raise AttributeError(f"{owner.__name__}.{name} is gone")
         if not hasattr(backend_cls, "_NULL_SENTINEL"):
@@ -97,8 +105,9 @@ def install(outage_s: float | None = None) -> bool:
             return False
         link.tried_at = now
         try:
-            store = TCPStore(link.host, link.port, is_master=False, multi_tenant=True,
-                             timeout=timedelta(seconds=CONNECT_TIMEOUT_S))
+            store = TCPStore(
+                link.host, link.port, is_master=False, multi_tenant=True, timeout=timedelta(seconds=CONNECT_TIMEOUT_S)
+            )
             store.set_timeout(link.read_timeout)
             # A new store lacks the key torch's reads block on: seed its "no state" value. An
             # existing value (the store only blipped, or a peer got here first) is kept.

@@ -75,7 +75,11 @@ class TorchrunProcess:
         # intra-op threads are unaffected: they start lazily in each worker).
         pool_env = {**env, "OPENBLAS_NUM_THREADS": env.get("OPENBLAS_NUM_THREADS", "1")}
         self.pool = subprocess.Popen(
-            cmd, env=pool_env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            cmd,
+            env=pool_env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         env["FLEETD_WARM_POOL"] = sock
@@ -127,8 +131,13 @@ class TorchrunProcess:
             if out is not subprocess.DEVNULL:
                 out.close()
         self.started_at = time.monotonic()
-        log.info("torchrun_started", pid=self.proc.pid, node_addr=self.spec.node_addr,
-                 nnodes=f"{self.spec.min_nodes}:{self.spec.max_nodes}", entrypoint=self.spec.entrypoint)
+        log.info(
+            "torchrun_started",
+            pid=self.proc.pid,
+            node_addr=self.spec.node_addr,
+            nnodes=f"{self.spec.min_nodes}:{self.spec.max_nodes}",
+            entrypoint=self.spec.entrypoint,
+        )
         return self
 
     def kill(self) -> None:

@@ -59,8 +59,12 @@ def _job_running(link, node_addr: str) -> bool:  # noqa: ANN001
         return False
     # torchrun itself unpickles this value a moment later; this reads it the same way.
     state = pickle.loads(base64.b64decode(raw))
-    return bool(state.complete and state.participants and not state.closed
-                and all(n.addr != node_addr for n in state.participants))
+    return bool(
+        state.complete
+        and state.participants
+        and not state.closed
+        and all(n.addr != node_addr for n in state.participants)
+    )
 
 
 def checkpoint_before_join(timeout_s: float) -> int | None:

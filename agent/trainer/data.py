@@ -36,5 +36,7 @@ def step_indices(step: int, global_batch: int, dataset_len: int, seed: int = 0) 
     return order[offset * global_batch : (offset + 1) * global_batch]
 
 
-def rank_indices(step: int, global_batch: int, dataset_len: int, rank: int, world_size: int, seed: int = 0) -> list[int]:
+def rank_indices(
+    step: int, global_batch: int, dataset_len: int, rank: int, world_size: int, seed: int = 0
+) -> list[int]:
     return step_indices(step, global_batch, dataset_len, seed)[rank_slice(global_batch, rank, world_size)]

@@ -245,8 +245,7 @@ class ElasticCheckpointer(ResumeSteps):
         for s in range(self.handled_seq + 1, seq + 1):
             self._ack(s, step)
         self.handled_seq = seq
-        self.emit("checkpoint_request", seq=seq, step=step, hold=hold,
-                  reasons=[r.reason for r in requests])
+        self.emit("checkpoint_request", seq=seq, step=step, hold=hold, reasons=[r.reason for r in requests])
         if hold:
             self._hold(step, leaving=tuple(a for r in requests for a in r.leaving))
 
@@ -371,4 +370,3 @@ def _moot(request: Any, link: Any) -> bool:
     if age > PENDING_REQUEST_MAX_AGE_S:
         return True
     return bool(request.leaving) and all(link.has_left(a) for a in request.leaving)
-

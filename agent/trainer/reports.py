@@ -24,8 +24,15 @@ class TrainerReports:
         """Append one JSON line to the events file; a cheap no-op without one."""
         if self.ctx.events_file is None:
             return
-        rec = {"ev": event, "t": time.time(), "rank": self.ctx.rank, "world": self.ctx.world_size,
-               "node": self.ctx.node_addr, "pid": os.getpid(), **fields}
+        rec = {
+            "ev": event,
+            "t": time.time(),
+            "rank": self.ctx.rank,
+            "world": self.ctx.world_size,
+            "node": self.ctx.node_addr,
+            "pid": os.getpid(),
+            **fields,
+        }
         line = (json.dumps(rec) + "\n").encode()
         fd = os.open(self.ctx.events_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
@@ -64,5 +71,7 @@ class TrainerReports:
         self._progress_at, self._progress_step = now, step
         from fleetd.protocol.trainer import Progress, send_report
 
-        send_report(self.ctx.trainer_socket, Progress(rank=self.ctx.rank, step=step, steps_per_s=rate,
-                                                      world_size=self.ctx.world_size))
+        send_report(
+            self.ctx.trainer_socket,
+            Progress(rank=self.ctx.rank, step=step, steps_per_s=rate, world_size=self.ctx.world_size),
+        )

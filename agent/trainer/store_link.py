@@ -35,9 +35,7 @@ class StoreLink:
         from torch.distributed import TCPStore
 
         try:
-            self._store = TCPStore(
-                self.host, self.port, is_master=False, multi_tenant=True, timeout=self._timeout
-            )
+            self._store = TCPStore(self.host, self.port, is_master=False, multi_tenant=True, timeout=self._timeout)
         except (RuntimeError, ValueError, TimeoutError, OSError) as exc:
             raise StoreLinkError(f"rendezvous store {self.host}:{self.port} unreachable: {exc}") from None
         return self
@@ -53,8 +51,9 @@ class StoreLink:
         from torch.distributed import TCPStore
 
         try:
-            store = TCPStore(self.host, self.port, is_master=False, multi_tenant=True,
-                             timeout=timedelta(seconds=timeout_s))
+            store = TCPStore(
+                self.host, self.port, is_master=False, multi_tenant=True, timeout=timedelta(seconds=timeout_s)
+            )
             store.set_timeout(self._timeout)
         except (RuntimeError, ValueError, TimeoutError, OSError) as exc:
             raise StoreLinkError(f"rendezvous store {self.host}:{self.port} unreachable: {exc}") from None

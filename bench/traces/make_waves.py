@@ -60,8 +60,10 @@ def main() -> None:
     lines = [f"{round(e.t * 1000)},{e.kind},{e.node}" for e in trace.events]
     OUT.write_text("\n".join(lines) + "\n")
     print({k: round(v, 3) for k, v in cal.items()}, f"interruptions/h {rate:.3f}")
-    print(f"{OUT.name}: {len(trace.events)} events, mean live {trace.mean_live():.2f} of {POOL_NODES}, "
-          f"removals/h {trace.removals() / (trace.duration_s / 3600):.2f}")
+    print(
+        f"{OUT.name}: {len(trace.events)} events, mean live {trace.mean_live():.2f} of {POOL_NODES}, "
+        f"removals/h {trace.removals() / (trace.duration_s / 3600):.2f}"
+    )
 
 
 if __name__ == "__main__":

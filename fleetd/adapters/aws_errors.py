@@ -38,9 +38,7 @@ THROTTLE_CODES = frozenset(
     {"RequestLimitExceeded", "Throttling", "ThrottlingException", "RequestThrottled", "SlowDown"}
 )
 
-TRANSIENT_CODES = frozenset(
-    {"InternalError", "InternalFailure", "ServiceUnavailable", "Unavailable", "RequestTimeout"}
-)
+TRANSIENT_CODES = frozenset({"InternalError", "InternalFailure", "ServiceUnavailable", "Unavailable", "RequestTimeout"})
 
 
 class AwsError(Exception):

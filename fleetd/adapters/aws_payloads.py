@@ -53,8 +53,9 @@ def json_response(status: int, body: dict) -> web.Response:
     headers = {"x-amzn-RequestId": str(uuid.uuid4())}
     if status >= 400:
         headers["x-amzn-ErrorType"] = str(body.get("__type", ""))
-    return web.Response(text=json.dumps(body), status=status, headers=headers,
-                        content_type="application/x-amz-json-1.1")
+    return web.Response(
+        text=json.dumps(body), status=status, headers=headers, content_type="application/x-amz-json-1.1"
+    )
 
 
 def fleet_overrides(params: Mapping[str, str]) -> list[dict[str, str]]:
@@ -63,7 +64,7 @@ def fleet_overrides(params: Mapping[str, str]) -> list[dict[str, str]]:
     found: dict[int, dict[str, str]] = {}
     for key, value in params.items():
         if key.startswith(prefix):
-            n, _, field_name = key[len(prefix):].partition(".")
+            n, _, field_name = key[len(prefix) :].partition(".")
             found.setdefault(int(n), {})[field_name] = value
     return [found[n] for n in sorted(found)]
 

@@ -146,9 +146,7 @@ class AioEc2:
         return await self._describe([{"Name": f"tag:{TAG_FLEET}", "Values": [self.fleet]}])
 
     async def _describe(self, filters: list[dict[str, Any]], instance_ids: Sequence[str] = ()) -> list[Ec2Instance]:
-        params: dict[str, Any] = {
-            "Filters": [*filters, {"Name": "instance-state-name", "Values": list(ALL_STATES)}]
-        }
+        params: dict[str, Any] = {"Filters": [*filters, {"Name": "instance-state-name", "Values": list(ALL_STATES)}]}
         if instance_ids:
             # A filter, not InstanceIds=: an unknown id must mean "not ours", not an error.
             params["Filters"].append({"Name": "instance-id", "Values": list(instance_ids)})
@@ -172,7 +170,8 @@ class AioEc2:
             launch_token=tags.get(TAG_LAUNCH),
             state_reason=(item.get("StateReason") or {}).get("Code", ""),
             ended_at=transition_time(item.get("StateTransitionReason") or "")
-            if item.get("State", {}).get("Name") in ("shutting-down", "terminated") else None,
+            if item.get("State", {}).get("Name") in ("shutting-down", "terminated")
+            else None,
         )
 
     async def fleet_instance_state(self, instance_id: str) -> str | None:
@@ -229,9 +228,7 @@ class AioEc2:
             "ClientToken": spec.token,
             "TargetCapacitySpecification": target,
             ("SpotOptions" if spot else "OnDemandOptions"): options,
-            "LaunchTemplateConfigs": [
-                {"LaunchTemplateSpecification": self.template.spec(), "Overrides": overrides}
-            ],
+            "LaunchTemplateConfigs": [{"LaunchTemplateSpecification": self.template.spec(), "Overrides": overrides}],
             "TagSpecifications": [
                 {"ResourceType": "instance", "Tags": tags},
                 {"ResourceType": "fleet", "Tags": tags[:3]},
@@ -327,9 +324,15 @@ class AioEc2:
         out: list[Ec2Instance] = []
         try:
             async with aws_call("DescribeInstances"):
-                async for page in self._client.get_paginator("describe_instances").paginate(InstanceIds=list(instance_ids)):
-                    out += [self._instance(i) for r in page.get("Reservations", []) for i in r.get("Instances", [])
-                            if _tags(i).get(TAG_FLEET) == self.fleet]
+                async for page in self._client.get_paginator("describe_instances").paginate(
+                    InstanceIds=list(instance_ids)
+                ):
+                    out += [
+                        self._instance(i)
+                        for r in page.get("Reservations", [])
+                        for i in r.get("Instances", [])
+                        if _tags(i).get(TAG_FLEET) == self.fleet
+                    ]
             return out
         except AwsError as exc:
             if not exc.code.startswith("InvalidInstanceID"):

@@ -43,7 +43,9 @@ class FakeEc2:
         if mine:
             return LaunchResult(spec.token, tuple(mine), already_launched=True)
         failures = tuple(
-            PoolFailure(p, "capacity", self.no_capacity[p], "no capacity (fake)") for p in spec.pools if p in self.no_capacity
+            PoolFailure(p, "capacity", self.no_capacity[p], "no capacity (fake)")
+            for p in spec.pools
+            if p in self.no_capacity
         )
         open_pools = [p for p in spec.pools if p not in self.no_capacity]
         launched: list[Ec2Instance] = []

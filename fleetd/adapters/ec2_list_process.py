@@ -55,8 +55,11 @@ class ProcessLister:
                 conn.send("list")
                 if not conn.poll(LIST_TIMEOUT_S):
                     self._stop_child()
-                    raise TransientAwsError("DescribeInstances", "ListerTimeout",
-                                            f"no answer from the listing process in {LIST_TIMEOUT_S:.0f} s")
+                    raise TransientAwsError(
+                        "DescribeInstances",
+                        "ListerTimeout",
+                        f"no answer from the listing process in {LIST_TIMEOUT_S:.0f} s",
+                    )
                 kind, payload = conn.recv()
             except (EOFError, OSError, BrokenPipeError) as exc:
                 self._stop_child()  # it died: the next call starts a new one

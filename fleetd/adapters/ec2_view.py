@@ -200,16 +200,24 @@ class Ec2View:
         for iid, (_, wall) in self._terminated.items():
             inst = out.get(iid)
             if inst is not None and inst.live:
-                out[iid] = dataclasses.replace(inst, state="shutting-down", ended_at=wall,
-                                               state_reason=inst.state_reason or "Client.UserInitiatedShutdown")
+                out[iid] = dataclasses.replace(
+                    inst,
+                    state="shutting-down",
+                    ended_at=wall,
+                    state_reason=inst.state_reason or "Client.UserInitiatedShutdown",
+                )
         return list(out.values())
 
 
 def blocking_lister(adapter: AioEc2, client: Any) -> Callable[[], list[Ec2Instance]]:
     """``adapter.list_instances`` over a *synchronous* botocore client, to run in a worker thread:
     same filters, same conversion, same error translation."""
-    params = {"Filters": [{"Name": f"tag:{TAG_FLEET}", "Values": [adapter.fleet]},
-                          {"Name": "instance-state-name", "Values": list(ALL_STATES)}]}
+    params = {
+        "Filters": [
+            {"Name": f"tag:{TAG_FLEET}", "Values": [adapter.fleet]},
+            {"Name": "instance-state-name", "Values": list(ALL_STATES)},
+        ]
+    }
 
     def run() -> list[Ec2Instance]:
         out = []

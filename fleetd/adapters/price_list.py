@@ -153,30 +153,37 @@ class OnDemandPrices:
         paginator = self._client.get_paginator("get_products")
         found: dict[float, str] = {}
         async with aws_call("GetProducts"):
-            pages = [page async for page in paginator.paginate(
-            ServiceCode=SERVICE_CODE,
-            Filters=filters_for(instance_type, self.region),
-            FormatVersion="aws_v1",
-            PaginationConfig={"PageSize": self.page_size},
-            )]
+            pages = [
+                page
+                async for page in paginator.paginate(
+                    ServiceCode=SERVICE_CODE,
+                    Filters=filters_for(instance_type, self.region),
+                    FormatVersion="aws_v1",
+                    PaginationConfig={"PageSize": self.page_size},
+                )
+            ]
         for page in pages:
             for item in page.get("PriceList", []):
                 try:
                     entry = parse_entry(item)
                 except PriceListEntryError as exc:
-                    log.warning("price_list_entry_rejected", instance_type=instance_type,
-                                region=self.region, error=str(exc))
+                    log.warning(
+                        "price_list_entry_rejected", instance_type=instance_type, region=self.region, error=str(exc)
+                    )
                     continue
                 if entry.instance_type != instance_type or entry.region != self.region:
-                    log.warning("price_list_entry_rejected", instance_type=instance_type, region=self.region,
-                                error=f"answer is for {entry.instance_type} in {entry.region}")
+                    log.warning(
+                        "price_list_entry_rejected",
+                        instance_type=instance_type,
+                        region=self.region,
+                        error=f"answer is for {entry.instance_type} in {entry.region}",
+                    )
                     continue
                 found[entry.usd_per_hour] = entry.sku
         if len(found) > 1:
             # Two list prices for one type: bid against the lower, and say so (the filters
             # should make this impossible; AWS adding an attribute could break that).
-            log.warning("price_list_ambiguous", instance_type=instance_type, region=self.region,
-                        prices=sorted(found))
+            log.warning("price_list_ambiguous", instance_type=instance_type, region=self.region, prices=sorted(found))
         return min(found) if found else None
 
     async def refresh(self, types: Sequence[str], now: float) -> None:
@@ -206,8 +213,13 @@ class OnDemandPrices:
         unverified = [t for t in unpriced if self.catalog.listed_on_demand(t, self.region)[0] is not None]
         api = sorted(t for t, s in sources.items() if s == PRICE_LIST_SOURCE)
         if error is not None:
-            log.warning("on_demand_prices_fallback", region=self.region, source=self.catalog.label,
-                        error=error, retry_in_s=RETRY_AFTER_FAILURE_S)
+            log.warning(
+                "on_demand_prices_fallback",
+                region=self.region,
+                source=self.catalog.label,
+                error=error,
+                retry_in_s=RETRY_AFTER_FAILURE_S,
+            )
         log.info(
             "on_demand_prices",
             region=self.region,

@@ -33,9 +33,14 @@ SERVICE_CODE = "AmazonEC2"
 
 # The Price List's "location" is a display name beside "regionCode" (a few; others fall back to the code).
 LOCATIONS = {
-    "us-east-1": "US East (N. Virginia)", "us-east-2": "US East (Ohio)", "us-west-1": "US West (N. California)",
-    "us-west-2": "US West (Oregon)", "eu-west-1": "EU (Ireland)", "eu-west-2": "EU (London)",
-    "eu-central-1": "EU (Frankfurt)", "ap-northeast-1": "Asia Pacific (Tokyo)",
+    "us-east-1": "US East (N. Virginia)",
+    "us-east-2": "US East (Ohio)",
+    "us-west-1": "US West (N. California)",
+    "us-west-2": "US West (Oregon)",
+    "eu-west-1": "EU (Ireland)",
+    "eu-west-2": "EU (London)",
+    "eu-central-1": "EU (Frankfurt)",
+    "ap-northeast-1": "Asia Pacific (Tokyo)",
 }
 ON_DEMAND_OFFER = "JRTCKXETXF"  # AWS's on-demand offer term code
 HOURLY_RATE = "6YS6EN2CT7"  # the rate code of an hourly price dimension
@@ -51,8 +56,17 @@ RESERVED_TERMS = (
 )
 
 
-def product_entry(instance_type: str, region: str, usd: float, *, vcpu: int = 0, memory_gib: float = 0.0,
-                  gpus: float = 0, gpu_memory_gib: float = 0.0, **overrides: str) -> dict[str, Any]:
+def product_entry(
+    instance_type: str,
+    region: str,
+    usd: float,
+    *,
+    vcpu: int = 0,
+    memory_gib: float = 0.0,
+    gpus: float = 0,
+    gpu_memory_gib: float = 0.0,
+    **overrides: str,
+) -> dict[str, Any]:
     """One AmazonEC2 product as GetProducts returns it (before JSON-encoding): the structure of
     recorded real answers (tests/data/price_list_recorded_shape.json; tests/test_price_list.py
     compares the two key by key)."""
@@ -99,16 +113,20 @@ def product_entry(instance_type: str, region: str, usd: float, *, vcpu: int = 0,
 
     def dim(code: str, rate: str, unit: str, value: float, description: str) -> dict[str, Any]:
         ranged = {"endRange": "Inf"} if unit == "Hrs" else {}
-        out = {"unit": unit, **ranged, "description": description, "appliesTo": [],
-               "rateCode": f"{sku}.{code}.{rate}"}
+        out = {"unit": unit, **ranged, "description": description, "appliesTo": [], "rateCode": f"{sku}.{code}.{rate}"}
         if unit == "Hrs":
             out["beginRange"] = "0"
         out["pricePerUnit"] = {"USD": f"{value:.10f}" if unit == "Hrs" else f"{value:g}"}
         return out
 
     def term(code: str, dims: dict[str, Any], attributes: dict[str, str]) -> dict[str, Any]:
-        return {"priceDimensions": dims, "sku": sku, "effectiveDate": PUBLICATION_DATE,
-                "offerTermCode": code, "termAttributes": attributes}
+        return {
+            "priceDimensions": dims,
+            "sku": sku,
+            "effectiveDate": PUBLICATION_DATE,
+            "offerTermCode": code,
+            "termAttributes": attributes,
+        }
 
     reserved = {}
     for code, lease, klass, option, hourly, upfront_h in RESERVED_TERMS:
@@ -117,13 +135,15 @@ def product_entry(instance_type: str, region: str, usd: float, *, vcpu: int = 0,
         if hourly is not None:
             dims[f"{sku}.{code}.{HOURLY_RATE}"] = dim(code, HOURLY_RATE, "Hrs", round(usd * hourly, 4), what)
         if upfront_h is not None:
-            dims[f"{sku}.{code}.{UPFRONT_RATE}"] = dim(code, UPFRONT_RATE, "Quantity", round(usd * upfront_h),
-                                                       "Upfront Fee")
+            dims[f"{sku}.{code}.{UPFRONT_RATE}"] = dim(
+                code, UPFRONT_RATE, "Quantity", round(usd * upfront_h), "Upfront Fee"
+            )
         reserved[f"{sku}.{code}"] = term(
             code, dims, {"LeaseContractLength": lease, "OfferingClass": klass, "PurchaseOption": option}
         )
-    on_demand_dim = dim(ON_DEMAND_OFFER, HOURLY_RATE, "Hrs", usd,
-                        f"${usd:.4f} per On Demand Linux {instance_type} Instance Hour")
+    on_demand_dim = dim(
+        ON_DEMAND_OFFER, HOURLY_RATE, "Hrs", usd, f"${usd:.4f} per On Demand Linux {instance_type} Instance Hour"
+    )
     return {
         "product": {"productFamily": "Compute Instance", "attributes": attrs, "sku": sku},
         "serviceCode": SERVICE_CODE,
@@ -155,8 +175,17 @@ class PriceListFake:
         out = []
         for itype, spec in self.catalog.types.items():
             for region, usd in spec.on_demand.items():
-                out.append(product_entry(itype, region, usd, vcpu=spec.vcpu, memory_gib=spec.memory_gib,
-                                         gpus=spec.gpus, gpu_memory_gib=spec.gpu_memory_gib))
+                out.append(
+                    product_entry(
+                        itype,
+                        region,
+                        usd,
+                        vcpu=spec.vcpu,
+                        memory_gib=spec.memory_gib,
+                        gpus=spec.gpus,
+                        gpu_memory_gib=spec.gpu_memory_gib,
+                    )
+                )
         return out
 
     def get_products(self, request: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -170,12 +199,15 @@ class PriceListFake:
             if f.get("Type") != "TERM_MATCH":
                 return 400, {"__type": "InvalidParameterException", "Message": f"unsupported filter {f}"}
             wanted[f["Field"]] = f["Value"]
-        items = [json.dumps(e) for e in self.entries()
-                 if all(e["product"]["attributes"].get(k) == v for k, v in wanted.items())]
+        items = [
+            json.dumps(e)
+            for e in self.entries()
+            if all(e["product"]["attributes"].get(k) == v for k, v in wanted.items())
+        ]
         items += list(self.extra)
         size = min(int(request.get("MaxResults") or self.page_size), self.page_size)
         start = int(request["NextToken"]) if request.get("NextToken") else 0
-        body: dict[str, Any] = {"FormatVersion": "aws_v1", "PriceList": items[start:start + size]}
+        body: dict[str, Any] = {"FormatVersion": "aws_v1", "PriceList": items[start : start + size]}
         if start + size < len(items):
             body["NextToken"] = str(start + size)
         return 200, body
@@ -233,7 +265,7 @@ class SpotPriceFake:
         # Paginated like EC2: MaxResults items per page, an opaque NextToken for the rest.
         size = max(1, int(params.get("MaxResults") or 1000))
         start = int(params["NextToken"]) if params.get("NextToken", "").isdigit() else 0
-        page = items[start:start + size]
+        page = items[start : start + size]
         token = str(start + size) if start + size < len(items) else ""
         return (
             f'<?xml version="1.0" encoding="UTF-8"?>\n<DescribeSpotPriceHistoryResponse xmlns="{EC2_NS}">'

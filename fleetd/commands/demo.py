@@ -11,23 +11,42 @@ DEFAULT_DURATION_S = 150.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nodes", type=int, default=None,
-                   help="nodes to keep training (default 3, or what the scenario is written for)")
-    p.add_argument("--duration", type=float, default=None, metavar="S",
-                   help="seconds of training after the first step (default 150, or what the scenario "
-                   "needs; set-up adds ~30)")
+    p.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help="nodes to keep training (default 3, or what the scenario is written for)",
+    )
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds of training after the first step (default 150, or what the scenario needs; set-up adds ~30)",
+    )
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--scenario", default=None, metavar="NAME",
-                   help="scenario: default, short, storm, calm (interruptions) or scaling (grow and shrink on measured throughput per dollar); default: default")
+    g.add_argument(
+        "--scenario",
+        default=None,
+        metavar="NAME",
+        help="scenario: default, short, storm, calm (interruptions) or scaling (grow and shrink on measured throughput per dollar); default: default",
+    )
     g.add_argument("--trace", type=Path, metavar="PATH", help="inject notices from a spot trace's removals")
-    p.add_argument("--job", choices=("toy", "hf", "lightning"), default="toy",
-                   help="the training job: toy (a plain loop with ElasticCheckpointer), hf (a Hugging Face "
-                        "Trainer with fleetd's callback), lightning (a Lightning Trainer with it); default toy")
+    p.add_argument(
+        "--job",
+        choices=("toy", "hf", "lightning"),
+        default="toy",
+        help="the training job: toy (a plain loop with ElasticCheckpointer), hf (a Hugging Face "
+        "Trainer with fleetd's callback), lightning (a Lightning Trainer with it); default toy",
+    )
     p.add_argument("--budget", type=float, default=5.0, metavar="USD", help="budget.total_usd (default 5)")
     p.add_argument("--report", type=Path, metavar="FILE", help="also write the final report as JSON")
-    p.add_argument("--insecure", action="store_true",
-                   help="DEBUGGING ONLY: plaintext, anonymous MQTT with no ACL and no node certificates "
-                        "(default: TLS, a certificate per node from enrolment, the fleet ACL)")
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="DEBUGGING ONLY: plaintext, anonymous MQTT with no ACL and no node certificates "
+        "(default: TLS, a certificate per node from enrolment, the fleet ACL)",
+    )
     p.add_argument("--workdir", type=Path, metavar="DIR", help="keep configs and logs here (default: a temp dir)")
 
 
@@ -53,11 +72,21 @@ def run(args: argparse.Namespace) -> int:
     # The live view owns the terminal; the demo's own log lines go to stderr.
     configure_logging("warning" if sys.stdout.isatty() else "info", json=not sys.stderr.isatty(), stream=sys.stderr)
     if args.insecure:
-        print("WARNING: --insecure: the demo's MQTT is plaintext and anonymous, with no ACL. Any local "
-              "process can publish for any node or send any agent a drain/shutdown command. "
-              "Use it for debugging only.", file=sys.stderr)
-    opts = DemoOptions(nodes=nodes, duration_s=duration, scenario=scenario,
-                       budget_usd=args.budget, workdir=args.workdir, job=args.job, insecure=args.insecure)
+        print(
+            "WARNING: --insecure: the demo's MQTT is plaintext and anonymous, with no ACL. Any local "
+            "process can publish for any node or send any agent a drain/shutdown command. "
+            "Use it for debugging only.",
+            file=sys.stderr,
+        )
+    opts = DemoOptions(
+        nodes=nodes,
+        duration_s=duration,
+        scenario=scenario,
+        budget_usd=args.budget,
+        workdir=args.workdir,
+        job=args.job,
+        insecure=args.insecure,
+    )
     try:
         report = asyncio.run(run_demo(opts))
     except (asyncio.CancelledError, KeyboardInterrupt):

@@ -12,7 +12,9 @@ from fleetd.sim import defaults as d
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--work-node-hours", type=float, required=True, help="work at one node's pace (GPU-hours on 1-GPU nodes)")
+    p.add_argument(
+        "--work-node-hours", type=float, required=True, help="work at one node's pace (GPU-hours on 1-GPU nodes)"
+    )
     p.add_argument("--deadline-h", type=float, help="deadline from the start, hours")
     p.add_argument("--budget-usd", type=float, default=1e9, help="budget.total_usd")
     p.add_argument("--nodes", type=int, default=1, help="nodes the job trains on (max_nodes)")
@@ -66,11 +68,15 @@ def run(args: argparse.Namespace) -> int:
         reports = []
         # Pools differ in speed: simulate each with its own throughput, the same work.
         for pool, speed in pools:
-            spot, od = d.prices_for(pool.instance_type) if pool.instance_type in d.ON_DEMAND_USD_PER_HOUR else (None, None)
+            spot, od = (
+                d.prices_for(pool.instance_type) if pool.instance_type in d.ON_DEMAND_USD_PER_HOUR else (None, None)
+            )
             if pool.instance_type in spot_over:
                 spot = float(spot_over[pool.instance_type])
             if spot is None or od is None:
-                raise ValueError(f"no price for {pool.instance_type}; known: {', '.join(sorted(d.ON_DEMAND_USD_PER_HOUR))}")
+                raise ValueError(
+                    f"no price for {pool.instance_type}; known: {', '.join(sorted(d.ON_DEMAND_USD_PER_HOUR))}"
+                )
             job = JobSpec(
                 total_steps=args.work_node_hours * 3600.0,
                 steps_per_node_s=speed,
@@ -84,7 +90,14 @@ def run(args: argparse.Namespace) -> int:
             placeholder = traces.get(pool) or load_trace("p3")
             base = Scenario(placeholder, job, pool.instance_type, spot, od, budget_usd=args.budget_usd)
             reports.append(
-                plan_job(base, [(pool, spot, od)], traces, args.offsets, args.seed, checkpoint_stall_s=args.checkpoint_stall_s)
+                plan_job(
+                    base,
+                    [(pool, spot, od)],
+                    traces,
+                    args.offsets,
+                    args.seed,
+                    checkpoint_stall_s=args.checkpoint_stall_s,
+                )
             )
     except (TraceError, ValueError) as exc:
         print(f"fleetd plan: {exc}", file=sys.stderr)
@@ -135,7 +148,16 @@ def _merge(reports, args) -> dict:
 
 
 def _table(m: dict) -> str:
-    cols = ("pool", "interr./node-h", "E[cost] $", "p90 cost $", "on-demand $", "finish h (p50/p90)", "miss risk", "on-demand share")
+    cols = (
+        "pool",
+        "interr./node-h",
+        "E[cost] $",
+        "p90 cost $",
+        "on-demand $",
+        "finish h (p50/p90)",
+        "miss risk",
+        "on-demand share",
+    )
     rows = [
         (
             p["pool"],

@@ -18,12 +18,19 @@ from typing import Any
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--region", metavar="R", help="AWS region (default: aws.region of --config)")
-    p.add_argument("--config", type=Path, metavar="PATH",
-                   help="list this config's pools (capacity.instance_types or capacity.gpu x zones); "
-                        "without it: every GPU instance type sold in the region")
+    p.add_argument(
+        "--config",
+        type=Path,
+        metavar="PATH",
+        help="list this config's pools (capacity.instance_types or capacity.gpu x zones); "
+        "without it: every GPU instance type sold in the region",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--live", action="store_true",
-                   help="ask AWS (Price List API, spot price history) instead of the bundled catalog alone")
+    p.add_argument(
+        "--live",
+        action="store_true",
+        help="ask AWS (Price List API, spot price history) instead of the bundled catalog alone",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,10 +79,14 @@ def run(args: argparse.Namespace) -> int:
             return 1
         source = "live: Price List API (catalog for what it does not price), DescribeSpotPriceHistory"
     rows = list_pools(
-        catalog, region,
+        catalog,
+        region,
         instance_types=cap.instance_types if cap else (),
         gpu=cap.gpu if cap else None,
-        zones=zones, on_demand=on_demand, spot=spot, configured=cfg is not None,
+        zones=zones,
+        on_demand=on_demand,
+        spot=spot,
+        configured=cfg is not None,
     )
     report = {
         "region": region,
@@ -83,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         "source": source,
         "catalog": {"prices_as_of": catalog.prices_as_of, "generated_at": catalog.generated_at},
         "relative_throughput_note": "training throughput of one GPU relative to one A10G; approximate "
-                                    "(see gpu_models.*.basis in fleetd/data/gpu_catalog.json)",
+        "(see gpu_models.*.basis in fleetd/data/gpu_catalog.json)",
         "pools": [r.as_dict() for r in rows],
         "offered": sum(1 for r in rows if r.excluded is None),
         "unverified_prices": sum(1 for r in rows if r.on_demand_usd_per_hour is not None and not r.on_demand_verified),
@@ -111,8 +122,10 @@ async def _live(cfg: Any, catalog: Any, region: str, types: list[str], zones: li
     if cfg.aws.endpoint_url:
         ec2_kwargs["endpoint_url"] = cfg.aws.endpoint_url
     now = time.time()
-    async with session.create_client("pricing", **pricing_client_kwargs(cfg)) as pricing, \
-            session.create_client("ec2", **ec2_kwargs) as ec2:
+    async with (
+        session.create_client("pricing", **pricing_client_kwargs(cfg)) as pricing,
+        session.create_client("ec2", **ec2_kwargs) as ec2,
+    ):
         zones = zones or list(await default_zones(ec2, ()))
         od = OnDemandPrices(region, catalog, client=pricing)
         await od.refresh(types, now)
@@ -126,16 +139,26 @@ def _fmt(value: Any, spec: str = "") -> str:
 
 
 def render(report: dict[str, Any]) -> str:
-    lines = [f"{report['region']}: {report['offered']} pool(s) offered, {report['excluded']} excluded;"
-             f" prices: {report['source']}"]
+    lines = [
+        f"{report['region']}: {report['offered']} pool(s) offered, {report['excluded']} excluded;"
+        f" prices: {report['source']}"
+    ]
     cols = ("POOL", "GPUS", "MODEL", "GPU GiB", "$/H OD", "$/GPU-H OD", "$/H SPOT", "REL TPUT")
     rows = [cols]
     for p in report["pools"]:
         if p["excluded"] is None:
-            rows.append((p["pool"], _fmt(p["gpus"], "g"), _fmt(p["gpu_model"]), _fmt(p["gpu_memory_gib"], "g"),
-                         _fmt(p["on_demand_usd_per_hour"], ".4f") + ("" if p["on_demand_verified"] else "?"),
-                         _fmt(p["on_demand_usd_per_gpu_hour"], ".4f") + ("" if p["on_demand_verified"] else "?"),
-                         _fmt(p["spot_usd_per_hour"], ".4f"), _fmt(p["relative_throughput"], "g")))
+            rows.append(
+                (
+                    p["pool"],
+                    _fmt(p["gpus"], "g"),
+                    _fmt(p["gpu_model"]),
+                    _fmt(p["gpu_memory_gib"], "g"),
+                    _fmt(p["on_demand_usd_per_hour"], ".4f") + ("" if p["on_demand_verified"] else "?"),
+                    _fmt(p["on_demand_usd_per_gpu_hour"], ".4f") + ("" if p["on_demand_verified"] else "?"),
+                    _fmt(p["spot_usd_per_hour"], ".4f"),
+                    _fmt(p["relative_throughput"], "g"),
+                )
+            )
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(cols))]
     lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     excluded = [p for p in report["pools"] if p["excluded"] is not None]
@@ -143,7 +166,9 @@ def render(report: dict[str, Any]) -> str:
         lines.append("excluded:")
         lines += [f"  {p['pool']}: {p['excluded']}" for p in excluded]
     if any(p["on_demand_usd_per_hour"] is not None and not p["on_demand_verified"] for p in report["pools"]):
-        lines.append("?: the bundled catalog's price with no licensed source behind it (fleetd/data/README.md);"
-                     " the daemon treats it as unknown until the Price List API answers")
+        lines.append(
+            "?: the bundled catalog's price with no licensed source behind it (fleetd/data/README.md);"
+            " the daemon treats it as unknown until the Price List API answers"
+        )
     lines.append(f"relative throughput: {report['relative_throughput_note']}")
     return "\n".join(lines)

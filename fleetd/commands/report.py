@@ -29,8 +29,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="EPOCH_S",
         help="accrue running instances up to this time (default: now)",
     )
-    p.add_argument("--plot", type=Path, default=None, metavar="FILE.png",
-                   help="also draw spend, nodes by market and progress over time (needs matplotlib)")
+    p.add_argument(
+        "--plot",
+        type=Path,
+        default=None,
+        metavar="FILE.png",
+        help="also draw spend, nodes by market and progress over time (needs matplotlib)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -197,10 +202,13 @@ def render_table(data: dict) -> str:
     unseen = data.get("instances_end_unseen") or []
     if unseen:
         last = max(u["billed_until"] for u in unseen)
-        lines += ["", f"{len(unseen)} node(s) whose end fleetd has not seen (it stopped first, or has not "
-                      f"looked since) are billed only up to when it last saw them alive, or their 60 s minimum (the latest "
-                      f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(last))} UTC): "
-                      + ", ".join(u["instance_id"] for u in unseen)]
+        lines += [
+            "",
+            f"{len(unseen)} node(s) whose end fleetd has not seen (it stopped first, or has not "
+            f"looked since) are billed only up to when it last saw them alive, or their 60 s minimum (the latest "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(last))} UTC): "
+            + ", ".join(u["instance_id"] for u in unseen),
+        ]
     decisions = data.get("scaling_decisions") or []
     lines += ["", f"scaling decisions: {len(decisions) or 'none'}"]
     for d in decisions:

@@ -36,8 +36,14 @@ def plot(events: Sequence[LedgerEvent], now: float, observed_until: Mapping[str,
     for lost in tl.losses:
         x = (lost.at - t0) / 60.0
         axes[2].axvline(x, color="tab:red", linewidth=1)
-        axes[2].annotate(f"-{lost.from_step - lost.to_step} steps", (x, lost.to_step), textcoords="offset points",
-                         xytext=(2, 2), fontsize=7, color="tab:red")
+        axes[2].annotate(
+            f"-{lost.from_step - lost.to_step} steps",
+            (x, lost.to_step),
+            textcoords="offset points",
+            xytext=(2, 2),
+            fontsize=7,
+            color="tab:red",
+        )
     axes[2].set_ylabel("training step")
     axes[2].legend(loc="upper left")
     axes[2].set_xlabel("minutes since the first launch")
@@ -45,8 +51,9 @@ def plot(events: Sequence[LedgerEvent], now: float, observed_until: Mapping[str,
         x = (d.at - t0) / 60.0
         for ax in axes:
             ax.axvline(x, color="grey", linestyle=":", linewidth=1)
-        axes[1].annotate(f"{d.previous}->{d.target}", (x, 0), textcoords="offset points", xytext=(2, 2),
-                         fontsize=7, color="grey")
+        axes[1].annotate(
+            f"{d.previous}->{d.target}", (x, 0), textcoords="offset points", xytext=(2, 2), fontsize=7, color="grey"
+        )
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)

@@ -11,12 +11,12 @@ from fleetd.config import DEFAULT_PATH
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_argument(p, DEFAULT_PATH)
-    p.add_argument('--dry-run', action='store_true', help='plan and log actions without side effects')
+    p.add_argument("--dry-run", action="store_true", help="plan and log actions without side effects")
     p.add_argument(
-        '--passes',
+        "--passes",
         type=int,
-        metavar='N',
-        help='stop after N reconcile passes (default: run until SIGTERM/SIGINT)',
+        metavar="N",
+        help="stop after N reconcile passes (default: run until SIGTERM/SIGINT)",
     )
 
 
@@ -53,8 +53,9 @@ def run(args: argparse.Namespace) -> int:
             await restore_at_start(cfg)  # before anything opens the DB
         plugins, ledger = await production_plugins(cfg, ctx, dry_run=args.dry_run)
         try:
-            return await run_daemon(cfg, planner=plan, plugins=plugins, dry_run=args.dry_run,
-                                    passes=args.passes, ctx=ctx)
+            return await run_daemon(
+                cfg, planner=plan, plugins=plugins, dry_run=args.dry_run, passes=args.passes, ctx=ctx
+            )
         finally:
             if ledger is not None:
                 await ledger.close()

@@ -45,8 +45,7 @@ def run(args: argparse.Namespace) -> int:
     unknown = [n for n in names if n not in Scenario.all_names()]
     if unknown:
         print(
-            f"fleetd simulate: unknown policy {unknown[0]!r}; choose from all, "
-            + ", ".join(Scenario.all_names()),
+            f"fleetd simulate: unknown policy {unknown[0]!r}; choose from all, " + ", ".join(Scenario.all_names()),
             file=sys.stderr,
         )
         return 2
@@ -73,7 +72,18 @@ def render_table(scenario, results, source_rows) -> str:
         f"${scenario.on_demand_price:.3f}/h; work {job.total_steps:,.0f} steps"
         + (f", deadline {job.deadline_s / 3600:g} h" if job.deadline_s else "")
     )
-    cols = ("policy", "cost $", "on-demand $", "saved", "$/1k steps", "effective", "steps lost", "progress", "done h", "deadline")
+    cols = (
+        "policy",
+        "cost $",
+        "on-demand $",
+        "saved",
+        "$/1k steps",
+        "effective",
+        "steps lost",
+        "progress",
+        "done h",
+        "deadline",
+    )
     rows = []
     for r in results:
         j = r.to_json()

@@ -30,7 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_config_argument(p, DEFAULT_PATH)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument(
-        "--state-dir", type=Path, metavar="DIR",
+        "--state-dir",
+        type=Path,
+        metavar="DIR",
         help="read this state directory instead of fleet.state_dir from the config",
     )
 
@@ -66,8 +68,9 @@ def _where(args: argparse.Namespace) -> tuple[Path, str | None, float | None]:
 
 
 # ------------------------------------------------------------------ reading
-def collect(state_dir: Path, *, now: float, fleet: str | None = None,
-            reconcile_interval_s: float | None = None) -> dict[str, Any] | None:
+def collect(
+    state_dir: Path, *, now: float, fleet: str | None = None, reconcile_interval_s: float | None = None
+) -> dict[str, Any] | None:
     """The status as plain JSON-able data; None when the daemon has left no state at all."""
     from fleetd.snapshot import read_snapshot
 
@@ -93,20 +96,33 @@ def collect(state_dir: Path, *, now: float, fleet: str | None = None,
             "stall": _stall(snap.stall, now),
         }
         if snap.checkpoint is not None:
-            report["checkpoint"] = {**snap.checkpoint.model_dump(),
-                                    "age_s": round(max(now - snap.checkpoint.durable_at, 0.0), 1)}
+            report["checkpoint"] = {
+                **snap.checkpoint.model_dump(),
+                "age_s": round(max(now - snap.checkpoint.durable_at, 0.0), 1),
+            }
         if snap.budget is not None:
             b = snap.budget
-            report["budget"] = {**b.model_dump(), "left_usd": round(b.left_usd, 4),
-                                "hours_to_cap": None if b.hours_to_cap is None else round(b.hours_to_cap, 2)}
+            report["budget"] = {
+                **b.model_dump(),
+                "left_usd": round(b.left_usd, 4),
+                "hours_to_cap": None if b.hours_to_cap is None else round(b.hours_to_cap, 2),
+            }
     else:
         db = Path(state_dir) / "fleetd.db"
         if not db.exists():
             return None
         report = {
-            "source": "database", "fleet": fleet, "as_of": None, "age_s": None, "stale": None,
-            "reconcile_interval_s": reconcile_interval_s, "target_nodes": None,
-            "nodes": _nodes_from_db(db), "rendezvous": None, "checkpoint": None, "budget": None,
+            "source": "database",
+            "fleet": fleet,
+            "as_of": None,
+            "age_s": None,
+            "stale": None,
+            "reconcile_interval_s": reconcile_interval_s,
+            "target_nodes": None,
+            "nodes": _nodes_from_db(db),
+            "rendezvous": None,
+            "checkpoint": None,
+            "budget": None,
             "pools": None,  # unknown without a snapshot
             "stall": None,
         }
@@ -124,9 +140,15 @@ def _stall(stall: Any, now: float) -> dict[str, Any] | None:
     cur = stall.current
     out["stalled_for_s"] = round(max(now - cur.since, 0.0), 1) if cur is not None else None
     last = stall.episodes[-1] if stall.episodes else None
-    out["last"] = None if last is None else {
-        **last.model_dump(), "duration_s": last.duration_s and round(last.duration_s, 1),
-        "recovery_s": last.recovery_s and round(last.recovery_s, 1)}
+    out["last"] = (
+        None
+        if last is None
+        else {
+            **last.model_dump(),
+            "duration_s": last.duration_s and round(last.duration_s, 1),
+            "recovery_s": last.recovery_s and round(last.recovery_s, 1),
+        }
+    )
     return out
 
 
@@ -137,14 +159,18 @@ def _stall_lines(s: dict[str, Any] | None) -> list[str]:
     cur = s["current"]
     if cur is not None:
         acts = ", ".join(cur["actions"]) or "none yet"
-        lines.append(f"STALLED: no step for {s['stalled_for_s']:.0f} s ({cur['cause']}), "
-                     f"{cur['billed_nodes']} node(s) billed; recovery: {acts}")
+        lines.append(
+            f"STALLED: no step for {s['stalled_for_s']:.0f} s ({cur['cause']}), "
+            f"{cur['billed_nodes']} node(s) billed; recovery: {acts}"
+        )
     if s["stalls"]:
-        line = (f"stalls: {s['stalls']} so far, {s['stalled_node_seconds'] / 3600:.2f} node-h billed without a step")
+        line = f"stalls: {s['stalls']} so far, {s['stalled_node_seconds'] / 3600:.2f} node-h billed without a step"
         last = s["last"]
         if last is not None and last["duration_s"] is not None:
-            line += (f"; last: {last['cause']}, no step for {last['duration_s']:.0f} s,"
-                     f" training {last['recovery_s']:.0f} s after detection")
+            line += (
+                f"; last: {last['cause']}, no step for {last['duration_s']:.0f} s,"
+                f" training {last['recovery_s']:.0f} s after detection"
+            )
         lines.append(line)
     elif cur is None:
         lines.append(f"stalls: none (a stall is {s['stall_after_s']:g} s without a step while billed)")
@@ -162,10 +188,21 @@ def _nodes_from_db(db: Path) -> list[dict[str, Any]]:
     finally:
         conn.close()
     return [
-        {"instance_id": r[0], "pool": r[1], "market": r[2], "price_per_hour": r[3],
-         "state": "unknown", "ec2_state": r[4], "launched_at": r[5], "notice_at": r[6],
-         "gpu_util_pct": None, "steps_per_s": None, "step": None,
-         "last_checkpoint_step": None, "last_checkpoint_at": None}
+        {
+            "instance_id": r[0],
+            "pool": r[1],
+            "market": r[2],
+            "price_per_hour": r[3],
+            "state": "unknown",
+            "ec2_state": r[4],
+            "launched_at": r[5],
+            "notice_at": r[6],
+            "gpu_util_pct": None,
+            "steps_per_s": None,
+            "step": None,
+            "last_checkpoint_step": None,
+            "last_checkpoint_at": None,
+        }
         for r in rows
     ]
 
@@ -203,11 +240,20 @@ def render(report: dict[str, Any]) -> str:
     columns = ("INSTANCE", "POOL", "MARKET", "$/H", "STATE", "EC2", "GPU%", "STEP/S", "STEP", "LAST CKPT")
     rows = [columns]
     for n in report["nodes"]:
-        rows.append((
-            n["instance_id"], n["pool"], n["market"], _fmt(n["price_per_hour"], ".4f"), n["state"],
-            n["ec2_state"], _fmt(n["gpu_util_pct"], ".0f"), _fmt(n["steps_per_s"], ".2f"),
-            _fmt(n["step"]), _fmt(n["last_checkpoint_step"]),
-        ))
+        rows.append(
+            (
+                n["instance_id"],
+                n["pool"],
+                n["market"],
+                _fmt(n["price_per_hour"], ".4f"),
+                n["state"],
+                n["ec2_state"],
+                _fmt(n["gpu_util_pct"], ".0f"),
+                _fmt(n["steps_per_s"], ".2f"),
+                _fmt(n["step"]),
+                _fmt(n["last_checkpoint_step"]),
+            )
+        )
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(columns))]
     lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     pools = report.get("pools")
@@ -221,12 +267,16 @@ def render(report: dict[str, Any]) -> str:
     for n in flagged:
         lines.append(f"{n['instance_id']}: {n['flag']}")
     rdzv = report["rendezvous"]
-    lines.append(f"rendezvous: round {rdzv['round']}, world size {rdzv['world_size']}" if rdzv
-                 else "rendezvous: unknown")
+    lines.append(
+        f"rendezvous: round {rdzv['round']}, world size {rdzv['world_size']}" if rdzv else "rendezvous: unknown"
+    )
     lines += _stall_lines(report.get("stall"))
     ckpt = report["checkpoint"]
-    lines.append(f"durable checkpoint: step {ckpt['step']}, {ckpt['age_s']:.0f} s old" if ckpt
-                 else "durable checkpoint: none yet")
+    lines.append(
+        f"durable checkpoint: step {ckpt['step']}, {ckpt['age_s']:.0f} s old"
+        if ckpt
+        else "durable checkpoint: none yet"
+    )
     b = report["budget"]
     if b is None:
         lines.append("budget: unknown")

@@ -77,8 +77,9 @@ def secure_listener(port: int, pki: DemoPki, acl: Path, host: str = "127.0.0.1")
     ]
 
 
-def mosquitto_config(port: int, log: Path, host: str = "127.0.0.1", pki: DemoPki | None = None,
-                     acl: Path | None = None) -> str:
+def mosquitto_config(
+    port: int, log: Path, host: str = "127.0.0.1", pki: DemoPki | None = None, acl: Path | None = None
+) -> str:
     if pki is not None:
         assert acl is not None
         lines = secure_listener(port, pki, acl, host)
@@ -114,8 +115,10 @@ async def start_broker(workdir: Path, pki: DemoPki | None = None) -> tuple[Child
     port = free_port()
     exe = find_mosquitto()
     if pki is not None and exe is None:
-        raise BrokerUnavailable("the secure demo broker needs mosquitto (apt install mosquitto); "
-                                "or run with --insecure (plaintext, anonymous MQTT)")
+        raise BrokerUnavailable(
+            "the secure demo broker needs mosquitto (apt install mosquitto); "
+            "or run with --insecure (plaintext, anonymous MQTT)"
+        )
     if exe is not None:
         conf = workdir / "mosquitto.conf"
         acl = None

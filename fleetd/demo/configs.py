@@ -87,9 +87,17 @@ class DemoEndpoints:
     enrol_port: int = 0
 
 
-def fleetd_toml(workdir: Path, ep: DemoEndpoints, nodes: int, budget_usd: float, max_usd_per_hour: float,
-                ami_id: str, shape: FleetShape | None = None,
-                overrides: dict[str, dict[str, object]] | None = None, job: str = "toy") -> Path:
+def fleetd_toml(
+    workdir: Path,
+    ep: DemoEndpoints,
+    nodes: int,
+    budget_usd: float,
+    max_usd_per_hour: float,
+    ami_id: str,
+    shape: FleetShape | None = None,
+    overrides: dict[str, dict[str, object]] | None = None,
+    job: str = "toy",
+) -> Path:
     """``overrides``: extra settings merged into the groups (the partition tests use it)."""
     path = workdir / "fleetd.toml"
     if shape is None:
@@ -100,35 +108,61 @@ def fleetd_toml(workdir: Path, ep: DemoEndpoints, nodes: int, budget_usd: float,
     else:
         lo, hi = shape.min_nodes, shape.max_nodes
         scaling = {"initial_nodes": shape.initial_nodes, "cooldown_s": shape.cooldown_s}
-    groups = _merge({
-        "aws": {"region": "us-east-1", "endpoint_url": ep.aws_url},
-        "fleet": {"name": DEMO_FLEET, "min_nodes": lo, "max_nodes": hi,
-                  "state_dir": workdir / "state", "reconcile_interval_s": 2.0},
-        "capacity": {"instance_types": list(DEMO_TYPES), "zones": list(DEMO_ZONES),
-                     "spot_wait_s": 20.0, "capacity_error_ttl_s": 60.0,
-                     "ami_id": ami_id},
-        # A short stop reserve: the demo's checkpoint is small and its nodes are local.
-        "scaling": scaling,
-        "budget": {"total_usd": budget_usd, "max_usd_per_hour": max_usd_per_hour, "stop_reserve_s": 30.0},
-        "mqtt": ep.pki.controller_mqtt(ep.mqtt_url) if ep.pki is not None else {"url": ep.mqtt_url},
-        **({} if ep.pki is None else {"enrol": {
-            "enabled": True, "host": "127.0.0.1", "port": ep.enrol_port, "ca_dir": ep.pki.files.directory,
-            "identity_certificate": ep.pki.identity_certificate}}),
-        "rendezvous": {"host": "127.0.0.1", "port": ep.rdzv_port, "run_id": "demo"},
-        # The scaling story has no silent loss to detect fast, and its joins restart workers on
-        # a busy two-core host: a longer heartbeat timeout keeps a slow beat from reading as a loss.
-        **({} if shape is None else {"loss": {"dead_after_s": 20.0}}),
-        "checkpoints": {"bucket": DEMO_BUCKET, "prefix": "checkpoints", "keep": 3, "interval_steps": 50},
-        "job": job_group(job),
-        "metrics": {"port": 0},
-        # Compressed like the demo's notices: a stall is 20 s without a step (production: 180 s).
-        # No node replacement: the demo's nodes are local processes on one box, and a fresh node
-        # re-imports torch there (on an overloaded box that deepens the stall it should cure).
-        # A rendezvous forming a round is not stalled for up to 120 s after the last step.
-        "stall": {"stall_after_s": 20.0, "escalate_after_s": 60.0, "replace_nodes": False,
-                  "reforming_max_s": 120.0},
-        "logging": {"level": "info", "json": True},
-    }, overrides or {})
+    groups = _merge(
+        {
+            "aws": {"region": "us-east-1", "endpoint_url": ep.aws_url},
+            "fleet": {
+                "name": DEMO_FLEET,
+                "min_nodes": lo,
+                "max_nodes": hi,
+                "state_dir": workdir / "state",
+                "reconcile_interval_s": 2.0,
+            },
+            "capacity": {
+                "instance_types": list(DEMO_TYPES),
+                "zones": list(DEMO_ZONES),
+                "spot_wait_s": 20.0,
+                "capacity_error_ttl_s": 60.0,
+                "ami_id": ami_id,
+            },
+            # A short stop reserve: the demo's checkpoint is small and its nodes are local.
+            "scaling": scaling,
+            "budget": {"total_usd": budget_usd, "max_usd_per_hour": max_usd_per_hour, "stop_reserve_s": 30.0},
+            "mqtt": ep.pki.controller_mqtt(ep.mqtt_url) if ep.pki is not None else {"url": ep.mqtt_url},
+            **(
+                {}
+                if ep.pki is None
+                else {
+                    "enrol": {
+                        "enabled": True,
+                        "host": "127.0.0.1",
+                        "port": ep.enrol_port,
+                        "ca_dir": ep.pki.files.directory,
+                        "identity_certificate": ep.pki.identity_certificate,
+                    }
+                }
+            ),
+            "rendezvous": {"host": "127.0.0.1", "port": ep.rdzv_port, "run_id": "demo"},
+            # The scaling story has no silent loss to detect fast, and its joins restart workers on
+            # a busy two-core host: a longer heartbeat timeout keeps a slow beat from reading as a loss.
+            **({} if shape is None else {"loss": {"dead_after_s": 20.0}}),
+            "checkpoints": {"bucket": DEMO_BUCKET, "prefix": "checkpoints", "keep": 3, "interval_steps": 50},
+            "job": job_group(job),
+            "metrics": {"port": 0},
+            # Compressed like the demo's notices: a stall is 20 s without a step (production: 180 s).
+            # No node replacement: the demo's nodes are local processes on one box, and a fresh node
+            # re-imports torch there (on an overloaded box that deepens the stall it should cure).
+            # A rendezvous forming a round is not stalled for up to 120 s after the last step.
+            "stall": {
+                "stall_after_s": 20.0,
+                "escalate_after_s": 60.0,
+                "replace_nodes": False,
+                "reforming_max_s": 120.0,
+            },
+            "logging": {"level": "info", "json": True},
+        },
+        overrides or {},
+    )
     path.write_text(to_toml(groups))
     return path
 
@@ -137,8 +171,17 @@ def _merge(groups: dict[str, dict[str, object]], extra: dict[str, dict[str, obje
     return {**groups, **{name: {**groups.get(name, {}), **values} for name, values in extra.items()}}
 
 
-def agent_toml(workdir: Path, ep: DemoEndpoints, max_nodes: int, instance_id: str, addr: str, imds_url: str,
-               steps: int, control_addr: str = "127.0.0.1", job: str = "toy") -> Path:
+def agent_toml(
+    workdir: Path,
+    ep: DemoEndpoints,
+    max_nodes: int,
+    instance_id: str,
+    addr: str,
+    imds_url: str,
+    steps: int,
+    control_addr: str = "127.0.0.1",
+    job: str = "toy",
+) -> Path:
     """``control_addr``: where this node reaches the broker and the rendezvous store. The
     partition tests give each node an address of its own for it (tests/harness/netfault.py)."""
     node_dir = workdir / "nodes" / instance_id
@@ -151,17 +194,34 @@ def agent_toml(workdir: Path, ep: DemoEndpoints, max_nodes: int, instance_id: st
         # node's own certificate comes from enrolment, over the controller's loopback address.
         mqtt["ca_file"] = ep.pki.files.ca_cert
         enrol_url = f"http://127.0.0.1:{ep.enrol_port}"
-    path.write_text(to_toml({
-        "node": {"fleet": DEMO_FLEET, "imds_url": imds_url, "node_addr": addr, "state_dir": node_dir,
-                 "enrol_url": enrol_url,
-                 "trainer_socket": node_dir / "trainer.sock", "min_nodes": 1, "max_nodes": max_nodes,
-                 "shutdown_timeout_s": 20.0, "controller_lost_after_s": 90.0,
-                 "shutdown_command": poweroff_command(workdir, instance_id)},
-        "aws": {"region": "us-east-1", "endpoint_url": ep.s3_url},
-        "mqtt": mqtt,
-        "rendezvous": {"host": control_addr, "port": ep.rdzv_port, "run_id": "demo"},
-        "checkpoints": {"bucket": DEMO_BUCKET, "prefix": "checkpoints", "keep": 3, "interval_steps": 50,
-                        "local_dir": node_dir / "checkpoints"},
-        "job": job_group(job, steps),
-    }))
+    path.write_text(
+        to_toml(
+            {
+                "node": {
+                    "fleet": DEMO_FLEET,
+                    "imds_url": imds_url,
+                    "node_addr": addr,
+                    "state_dir": node_dir,
+                    "enrol_url": enrol_url,
+                    "trainer_socket": node_dir / "trainer.sock",
+                    "min_nodes": 1,
+                    "max_nodes": max_nodes,
+                    "shutdown_timeout_s": 20.0,
+                    "controller_lost_after_s": 90.0,
+                    "shutdown_command": poweroff_command(workdir, instance_id),
+                },
+                "aws": {"region": "us-east-1", "endpoint_url": ep.s3_url},
+                "mqtt": mqtt,
+                "rendezvous": {"host": control_addr, "port": ep.rdzv_port, "run_id": "demo"},
+                "checkpoints": {
+                    "bucket": DEMO_BUCKET,
+                    "prefix": "checkpoints",
+                    "keep": 3,
+                    "interval_steps": 50,
+                    "local_dir": node_dir / "checkpoints",
+                },
+                "job": job_group(job, steps),
+            }
+        )
+    )
     return path

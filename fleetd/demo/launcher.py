@@ -53,8 +53,12 @@ def poweroff_marker(workdir: Path, instance_id: str) -> Path:
 def poweroff_command(workdir: Path, instance_id: str) -> list[str]:
     """The demo node's ``node.shutdown_command``: leave a marker the launcher turns into an EC2
     termination (a real node runs ``systemctl poweroff``)."""
-    return [sys.executable, "-c", "import sys, pathlib, time; pathlib.Path(sys.argv[1]).write_text(str(time.time()))",
-            str(poweroff_marker(workdir, instance_id))]
+    return [
+        sys.executable,
+        "-c",
+        "import sys, pathlib, time; pathlib.Path(sys.argv[1]).write_text(str(time.time()))",
+        str(poweroff_marker(workdir, instance_id)),
+    ]
 
 
 @dataclass
@@ -118,8 +122,9 @@ class Launcher:
             self.workdir / "nodes" / iid / "agent.log",
             env=self.env,
         )
-        log.info("node_started", instance_id=iid, addr=addr, pool=f"{inst['InstanceType']}@{imds.zone}",
-                 lifecycle=lifecycle)
+        log.info(
+            "node_started", instance_id=iid, addr=addr, pool=f"{inst['InstanceType']}@{imds.zone}", lifecycle=lifecycle
+        )
         return LocalNode(iid, inst["InstanceType"], imds.zone, lifecycle, addr, imds, agent, now)
 
     async def _stop(self, node: LocalNode, now: float, reason: str) -> None:

@@ -78,8 +78,15 @@ def _replacements(run: Any) -> list[Any]:
     """Live spot nodes bought after training began and not noticed yet, newest first."""
     began = run.training_since_loop if run.training_since_loop is not None else float("inf")
     noticed = _noticed(run)
-    return sorted((n for n in run.launcher.live() if n.lifecycle == "spot" and n.started_at > began
-                   and n.instance_id not in noticed), key=lambda n: n.started_at, reverse=True)
+    return sorted(
+        (
+            n
+            for n in run.launcher.live()
+            if n.lifecycle == "spot" and n.started_at > began and n.instance_id not in noticed
+        ),
+        key=lambda n: n.started_at,
+        reverse=True,
+    )
 
 
 async def _wait_for_replacement(run: Any) -> None:
@@ -121,8 +128,10 @@ async def _apply(run: Any, step: Step, proxy: FaultProxy) -> str | None:
         if step.pick == "replacement":
             spot = _replacements(run)
         else:
-            spot = sorted((n for n in launcher.live() if n.lifecycle == "spot" and n.instance_id not in noticed),
-                          key=lambda n: n.started_at)
+            spot = sorted(
+                (n for n in launcher.live() if n.lifecycle == "spot" and n.instance_id not in noticed),
+                key=lambda n: n.started_at,
+            )
         if len(spot) <= step.target:
             log.warning("demo_step_skipped", step=step.kind, why="no live spot node to target")
             return None

@@ -20,13 +20,19 @@ class Child:
         self.log = log
 
     @classmethod
-    async def start(cls, name: str, argv: list[str], log: Path, env: dict[str, str] | None = None,
-                    cwd: Path | None = None) -> Child:
+    async def start(
+        cls, name: str, argv: list[str], log: Path, env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> Child:
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:  # the child keeps its own copy of the descriptor
             proc = await asyncio.create_subprocess_exec(
-                *argv, stdout=out, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
-                env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
+                *argv,
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+                stdin=asyncio.subprocess.DEVNULL,
+                env={**os.environ, **(env or {})},
+                cwd=cwd,
+                start_new_session=True,
             )
         return cls(name, proc, log)
 
@@ -67,8 +73,9 @@ class Supervised:
     runs ``fleetd rendezvous`` this way (systemd/fleetd-rendezvous.service in production), so a
     store that dies comes back and the job's recovery path can be seen working."""
 
-    def __init__(self, name: str, argv: list[str], log: Path, *, restart_s: float = 1.0,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, name: str, argv: list[str], log: Path, *, restart_s: float = 1.0, env: dict[str, str] | None = None
+    ) -> None:
         self.name, self.argv, self.log, self.restart_s, self.env = name, argv, log, restart_s, env
         self.child: Child | None = None
         self.restarts: list[tuple[float, int | None]] = []  # (wall time restarted, exit status)

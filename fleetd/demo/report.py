@@ -20,8 +20,15 @@ from fleetd.demo.progress import Progress
 
 async def _fleetd_report(workdir: Path) -> dict:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "fleetd.cli", "report", "--json", "--config", str(workdir / "fleetd.toml"),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "fleetd.cli",
+        "report",
+        "--json",
+        "--config",
+        str(workdir / "fleetd.toml"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     out, err = await proc.communicate()
     if proc.returncode != 0:
@@ -64,12 +71,14 @@ def _notice_log(run: Any, began_wall: float | None) -> list[dict]:
         if kind != "notice":
             continue
         node = nodes.get(iid)
-        out.append({
-            "instance_id": iid,
-            "at_s": round(at - began_wall, 3) if began_wall is not None else None,
-            "replacement": bool(node is not None and node.started_at > began),
-            "seen_by_fleet": iid in seen,
-        })
+        out.append(
+            {
+                "instance_id": iid,
+                "at_s": round(at - began_wall, 3) if began_wall is not None else None,
+                "replacement": bool(node is not None and node.started_at > began),
+                "seen_by_fleet": iid in seen,
+            }
+        )
     return out
 
 
@@ -84,13 +93,19 @@ def _whole_fleet(run: Any, progress: Progress) -> dict | None:
     wave_ids = {iid for at, kind, iid in run.injected if kind == "notice" and at >= wave_wall}
     stops = [n.stopped_at for iid, n in run.launcher.nodes.items() if iid in wave_ids]
     if not wave_ids or any(t is None for t in stops):
-        return {"nodes": len(wave_ids), "last_left_s": None, "durable_step_before_last_left": None,
-                "resume_step": None, "steps_lost": None}
+        return {
+            "nodes": len(wave_ids),
+            "last_left_s": None,
+            "durable_step_before_last_left": None,
+            "resume_step": None,
+            "steps_lost": None,
+        }
     last_left = max(stops)
     last_left_wall = last_left - offset
     durable_before = [step for step, at in run.view.durable_at.items() if at <= last_left_wall]
-    last_step = max((r["step"] for r in progress.records if r["ev"] == "step" and r["t"] <= last_left_wall),
-                    default=None)
+    last_step = max(
+        (r["step"] for r in progress.records if r["ev"] == "step" and r["t"] <= last_left_wall), default=None
+    )
     resumed = [r for r in progress.records if r["ev"] == "start" and r["t"] > last_left_wall]
     resume_step = int(resumed[0].get("from_step", 0)) if resumed else None
     return {
@@ -100,8 +115,7 @@ def _whole_fleet(run: Any, progress: Progress) -> dict | None:
         "last_step_before": last_step,
         "durable_step_before_last_left": max(durable_before) if durable_before else None,
         "resume_step": resume_step,
-        "steps_lost": (max(0, last_step - resume_step)
-                       if last_step is not None and resume_step is not None else None),
+        "steps_lost": (max(0, last_step - resume_step) if last_step is not None and resume_step is not None else None),
     }
 
 
@@ -118,16 +132,18 @@ async def build_report(run: Any, events_file: Path, ec2: Any, session: Any, aws:
     pauses = []
     for r in restarts:
         back = progress.training_again_at(r.at, r.world)
-        last_before = max((rec["t"] for rec in progress.records if rec["ev"] == "step" and rec["t"] < r.at),
-                          default=None)
+        last_before = max(
+            (rec["t"] for rec in progress.records if rec["ev"] == "step" and rec["t"] < r.at), default=None
+        )
         if back is not None and last_before is not None:
             pauses.append(round(back - last_before, 2))
     injected = [kind for _, kind, _ in run.injected]
     from fleetd.demo.stalls import stall_report
 
     sup = getattr(run, "rendezvous", None)
-    stall = stall_report(progress, run.workdir, sup.restarts if sup is not None else [],
-                         billed_nodes=run.opts.nodes, since=None)  # every step is after training began
+    stall = stall_report(
+        progress, run.workdir, sup.restarts if sup is not None else [], billed_nodes=run.opts.nodes, since=None
+    )  # every step is after training began
     notice_log = _notice_log(run, run.training_since)
     return {
         "scenario": run.opts.scenario.name if run.opts.scenario else "calm",
@@ -184,17 +200,29 @@ def _stalls(stall: dict | None) -> str:
     parts = []
     for g in stall["measured"]:
         back = g["store_back_to_training_s"]
-        parts.append(f"{g['no_step_s']:.0f} s" + (f" (training {back:.1f} s after the store was back)" if back is not None else ""))
+        parts.append(
+            f"{g['no_step_s']:.0f} s"
+            + (f" (training {back:.1f} s after the store was back)" if back is not None else "")
+        )
     return "; ".join(parts) + f"; {stall['stalled_node_seconds_measured']:.0f} node-s billed"
 
 
 def render(report: dict) -> str:
     rows = [
-        ("notices (injected / seen)", f"{report['notices']} / {report['notices_seen_by_fleet']}"
-                                      f" ({report.get('notice_messages', 0)} notice messages, repeats included)"),
-        ("notices per node", "; ".join(
-            f"{n['instance_id']} @{n['at_s']}s{' (replacement)' if n['replacement'] else ''}"
-            f"{'' if n['seen_by_fleet'] else ' NOT SEEN'}" for n in report.get("notice_log", [])) or "-"),
+        (
+            "notices (injected / seen)",
+            f"{report['notices']} / {report['notices_seen_by_fleet']}"
+            f" ({report.get('notice_messages', 0)} notice messages, repeats included)",
+        ),
+        (
+            "notices per node",
+            "; ".join(
+                f"{n['instance_id']} @{n['at_s']}s{' (replacement)' if n['replacement'] else ''}"
+                f"{'' if n['seen_by_fleet'] else ' NOT SEEN'}"
+                for n in report.get("notice_log", [])
+            )
+            or "-",
+        ),
         ("losses without notice", report.get("losses_without_notice", 0)),
         ("steps lost", _steps_lost(report)),
         ("stalls (no step >= 10 s)", _stalls(report.get("stall"))),
@@ -206,15 +234,21 @@ def render(report: dict) -> str:
         ("scale-ups / scale-downs", f"{len(report.get('scale_ups') or [])} / {len(report.get('scale_downs') or [])}"),
         ("spend", f"${report['spend_usd']:.4f}" if report["spend_usd"] is not None else "unknown"),
         ("budget", f"${report['budget_usd']:.2f}"),
-        ("on-demand equivalent", f"${report['on_demand_equivalent_usd']:.4f}"
-         if report["on_demand_equivalent_usd"] is not None else "unknown"),
+        (
+            "on-demand equivalent",
+            f"${report['on_demand_equivalent_usd']:.4f}"
+            if report["on_demand_equivalent_usd"] is not None
+            else "unknown",
+        ),
         ("savings", f"{report['savings_pct']:.1f} %" if report["savings_pct"] is not None else "unknown"),
     ]
     wipe = report.get("whole_fleet_notice")
     if wipe:
         rows += [
-            ("whole fleet noticed", f"{wipe['nodes']} nodes at {wipe.get('noticed_at_s')} s, last gone at "
-                                    f"{wipe['last_left_s']} s"),
+            (
+                "whole fleet noticed",
+                f"{wipe['nodes']} nodes at {wipe.get('noticed_at_s')} s, last gone at {wipe['last_left_s']} s",
+            ),
             ("durable before last left", wipe["durable_step_before_last_left"]),
             ("resumed from step", wipe["resume_step"]),
             ("steps lost (whole fleet)", wipe["steps_lost"]),

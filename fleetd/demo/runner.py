@@ -125,14 +125,23 @@ async def run_demo(opts: DemoOptions) -> dict:
         proxy = FaultProxy(moto_url, price_list=price_list, spot_prices=spot_prices).start()
         pki = None
         if opts.insecure:
-            log.warning("demo_insecure", why="--insecure: plaintext, anonymous MQTT with no ACL; any local "
-                        "process can publish for any node or command any agent. For debugging only.")
+            log.warning(
+                "demo_insecure",
+                why="--insecure: plaintext, anonymous MQTT with no ACL; any local "
+                "process can publish for any node or command any agent. For debugging only.",
+            )
         else:
             pki = await asyncio.to_thread(DemoPki.create, workdir)
         broker, mqtt_url, broker_kind = await start_broker(workdir, pki)
         run.children.append(broker)
-        ep = configs.DemoEndpoints(aws_url=proxy.url, s3_url=moto_url, mqtt_url=mqtt_url, rdzv_port=free_port(),
-                                   pki=pki, enrol_port=free_port() if pki is not None else 0)
+        ep = configs.DemoEndpoints(
+            aws_url=proxy.url,
+            s3_url=moto_url,
+            mqtt_url=mqtt_url,
+            rdzv_port=free_port(),
+            pki=pki,
+            enrol_port=free_port() if pki is not None else 0,
+        )
         aws = {"endpoint_url": moto_url, "region_name": "us-east-1"}
         async with session.create_client("s3", **aws) as s3:
             await s3.create_bucket(Bucket=configs.DEMO_BUCKET)
@@ -140,11 +149,13 @@ async def run_demo(opts: DemoOptions) -> dict:
             ami = (await ec2.describe_images(Owners=["amazon"]))["Images"][0]["ImageId"]
         shape = opts.scenario.fleet if opts.scenario is not None else None
         max_nodes = shape.max_nodes if shape is not None else opts.nodes + 1
-        fleetd_conf = configs.fleetd_toml(workdir, ep, opts.nodes, opts.budget_usd, opts.max_usd_per_hour, ami, shape,
-                                          job=opts.job)
+        fleetd_conf = configs.fleetd_toml(
+            workdir, ep, opts.nodes, opts.budget_usd, opts.max_usd_per_hour, ami, shape, job=opts.job
+        )
         cli = [sys.executable, "-m", "fleetd.cli"]
-        run.rendezvous = Supervised("rendezvous", [*cli, "rendezvous", "--config", str(fleetd_conf)],
-                                    workdir / "rendezvous.log")
+        run.rendezvous = Supervised(
+            "rendezvous", [*cli, "rendezvous", "--config", str(fleetd_conf)], workdir / "rendezvous.log"
+        )
         await run.rendezvous.start()
         run.children.append(run.rendezvous)  # type: ignore[arg-type]  # stops like a Child
         await wait_port("127.0.0.1", ep.rdzv_port, timeout=30)
@@ -156,15 +167,15 @@ async def run_demo(opts: DemoOptions) -> dict:
             async def describe() -> list[dict]:
                 out = []
                 pages = ec2.get_paginator("describe_instances").paginate(
-                    Filters=[{"Name": "tag:fleetd:fleet", "Values": [configs.DEMO_FLEET]}])
+                    Filters=[{"Name": "tag:fleetd:fleet", "Values": [configs.DEMO_FLEET]}]
+                )
                 async for page in pages:
                     for res in page["Reservations"]:
                         out += res["Instances"]
                 return out
 
             def agent_conf(iid: str, addr: str, imds_url: str) -> Path:
-                return configs.agent_toml(workdir, ep, max_nodes, iid, addr, imds_url, steps=opts.steps,
-                                          job=opts.job)
+                return configs.agent_toml(workdir, ep, max_nodes, iid, addr, imds_url, steps=opts.steps, job=opts.job)
 
             env = {"FLEETD_EVENTS_FILE": str(events_file), **(shape.trainer_env() if shape else {})}
 
@@ -173,15 +184,23 @@ async def run_demo(opts: DemoOptions) -> dict:
                 # turns an instance-initiated shutdown into a termination.
                 await ec2.terminate_instances(InstanceIds=[iid])
 
-            run.launcher = Launcher(workdir, describe, agent_conf, env=env, terminate=terminate,
-                                    identity_signer=pki.signer if pki is not None else None)
+            run.launcher = Launcher(
+                workdir,
+                describe,
+                agent_conf,
+                env=env,
+                terminate=terminate,
+                identity_signer=pki.signer if pki is not None else None,
+            )
             run.view = WireView(configs.DEMO_FLEET)
             try:
                 async with asyncio.TaskGroup() as tg:
                     tasks = [
                         tg.create_task(run.launcher.run(), name="launcher"),
-                        tg.create_task(run.view.run(pki.observer(mqtt_url) if pki is not None
-                                                    else MqttConfig(url=mqtt_url)), name="view"),
+                        tg.create_task(
+                            run.view.run(pki.observer(mqtt_url) if pki is not None else MqttConfig(url=mqtt_url)),
+                            name="view",
+                        ),
                         tg.create_task(play_scenario(run, ec2, proxy, events_file), name="scenario"),
                         tg.create_task(render_loop(run, events_file), name="render"),
                         tg.create_task(run.rendezvous.watch(), name="rendezvous-supervisor"),

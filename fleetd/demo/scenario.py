@@ -143,14 +143,15 @@ def from_trace(path: Path, duration_s: float, max_notices: int = 8) -> Scenario:
     start, usable = 0.15 * duration_s, 0.55 * duration_s
     scale = 1.0 if span <= usable else usable / span
     steps = tuple(
-        Step(start + scale * (ev.t - first), "notice", 0,
-             pick="replacement" if ev.node in added_later else "oldest")
+        Step(start + scale * (ev.t - first), "notice", 0, pick="replacement" if ev.node in added_later else "oldest")
         for ev in removals
     )
     instants = len({ev.t for ev in removals})
-    return Scenario(f"trace:{path.name}", steps,
-                    description=f"{len(steps)} removals at {instants} instants of {path}, "
-                    f"time x{scale:.2f}")
+    return Scenario(
+        f"trace:{path.name}",
+        steps,
+        description=f"{len(steps)} removals at {instants} instants of {path}, time x{scale:.2f}",
+    )
 
 
 def resolve(name: str | None, trace: Path | None, duration_s: float) -> Scenario:

@@ -43,13 +43,21 @@ def measured_gaps(progress: Progress, since: float | None, gap_s: float = GAP_S)
     gaps = []
     for prev, nxt in pairwise(steps):
         if nxt["t"] - prev["t"] > gap_s:
-            gaps.append({"last_step_at": prev["t"], "last_step": prev["step"], "next_step_at": nxt["t"],
-                         "next_step": nxt["step"], "no_step_s": round(nxt["t"] - prev["t"], 2)})
+            gaps.append(
+                {
+                    "last_step_at": prev["t"],
+                    "last_step": prev["step"],
+                    "next_step_at": nxt["t"],
+                    "next_step": nxt["step"],
+                    "no_step_s": round(nxt["t"] - prev["t"], 2),
+                }
+            )
     return gaps
 
 
-def stall_report(progress: Progress, workdir: Path, restarts: list[tuple[float, int | None]],
-                 billed_nodes: int, since: float | None) -> dict[str, Any]:
+def stall_report(
+    progress: Progress, workdir: Path, restarts: list[tuple[float, int | None]], billed_nodes: int, since: float | None
+) -> dict[str, Any]:
     from fleetd.stall_record import read_stalls
 
     ready = host_ready_times(workdir / "rendezvous.log")

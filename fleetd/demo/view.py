@@ -29,14 +29,18 @@ def render(run: Any, progress: Progress) -> str:
     view, launcher = run.view, run.launcher
     now = time.time()
     elapsed = now - run.started_at
-    lines = [f"fleetd demo · {run.opts.scenario.name if run.opts.scenario else 'calm'} · "
-             f"{elapsed:5.0f} s · step {progress.final_step} · world {_world(progress)}"]
+    lines = [
+        f"fleetd demo · {run.opts.scenario.name if run.opts.scenario else 'calm'} · "
+        f"{elapsed:5.0f} s · step {progress.final_step} · world {_world(progress)}"
+    ]
     snap = status_snapshot(run.workdir)
     if snap is not None and snap.budget is not None:
         b = snap.budget
         filled = int(20 * min(1.0, b.spent_usd / b.total_usd)) if b.total_usd else 0
-        lines.append(f"budget [{'#' * filled}{'.' * (20 - filled)}] ${b.spent_usd:.4f} of ${b.total_usd:.2f}"
-                     f"  forecast ${b.forecast_usd:.4f} ({b.level})")
+        lines.append(
+            f"budget [{'#' * filled}{'.' * (20 - filled)}] ${b.spent_usd:.4f} of ${b.total_usd:.2f}"
+            f"  forecast ${b.forecast_usd:.4f} ({b.level})"
+        )
     if snap is not None and snap.rendezvous is not None:
         lines.append(f"rendezvous round {snap.rendezvous.round}, world size {snap.rendezvous.world_size}")
     lines.append(f"{'instance':<22}{'pool':<24}{'market':<10}{'state':<10}{'step':>8}{'steps/s':>9}")
@@ -45,12 +49,18 @@ def render(run: Any, progress: Progress) -> str:
         state = "gone" if node.stopped_at else (view.status.get(node.instance_id, "booting") if view else "?")
         sps = f"{tel.steps_per_s:.1f}" if tel and tel.steps_per_s is not None else "-"
         step = str(tel.step) if tel and tel.step is not None else "-"
-        lines.append(f"{node.instance_id:<22}{node.instance_type + '@' + node.zone:<24}{node.lifecycle:<10}"
-                     f"{state:<10}{step:>8}{sps:>9}")
+        lines.append(
+            f"{node.instance_id:<22}{node.instance_type + '@' + node.zone:<24}{node.lifecycle:<10}"
+            f"{state:<10}{step:>8}{sps:>9}"
+        )
     lines.append("events:")
-    recent = sorted([(t, f"{kind:<15} {target}") for t, kind, target in run.injected]
-                    + [(time.time() - (asyncio.get_running_loop().time() - t), f"{kind:<15} {iid} {detail}")
-                       for t, iid, kind, detail in (view.events if view else [])])[-8:]
+    recent = sorted(
+        [(t, f"{kind:<15} {target}") for t, kind, target in run.injected]
+        + [
+            (time.time() - (asyncio.get_running_loop().time() - t), f"{kind:<15} {iid} {detail}")
+            for t, iid, kind, detail in (view.events if view else [])
+        ]
+    )[-8:]
     lines += [f"  {t - run.started_at:6.1f}s  {text}" for t, text in recent]
     return "\n".join(lines)
 

@@ -22,8 +22,9 @@ def host_id(cfg: FleetdConfig) -> str:
 
 def dynamodb_client_config(lease_s: float) -> Config:
     # A lease step must end well inside the lease: few retries, short timeouts.
-    return Config(retries={"mode": "standard", "total_max_attempts": 3}, connect_timeout=2,
-                  read_timeout=max(2.0, lease_s / 3.0))
+    return Config(
+        retries={"mode": "standard", "total_max_attempts": 3}, connect_timeout=2, read_timeout=max(2.0, lease_s / 3.0)
+    )
 
 
 @dataclass
@@ -50,9 +51,14 @@ async def open_ha(cfg: FleetdConfig) -> HaParts:
         session.set_config_variable("profile", cfg.aws.profile)
     stack = contextlib.AsyncExitStack()
     try:
-        client = await stack.enter_async_context(session.create_client(
-            "dynamodb", region_name=cfg.aws.region, endpoint_url=cfg.ha.endpoint_url or cfg.aws.endpoint_url,
-            config=dynamodb_client_config(cfg.ha.lease_s)))
+        client = await stack.enter_async_context(
+            session.create_client(
+                "dynamodb",
+                region_name=cfg.aws.region,
+                endpoint_url=cfg.ha.endpoint_url or cfg.aws.endpoint_url,
+                config=dynamodb_client_config(cfg.ha.lease_s),
+            )
+        )
         table = DynamoTable(client, cfg.ha.table, cfg.fleet.name)
         if cfg.ha.create_table:
             await table.ensure()

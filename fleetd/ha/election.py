@@ -23,8 +23,9 @@ log = get_logger(__name__)
 
 
 class Election:
-    def __init__(self, table: DynamoTable, holder: str, timing: lease.LeaseTiming,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, table: DynamoTable, holder: str, timing: lease.LeaseTiming, clock: Callable[[], float] = time.monotonic
+    ):
         self.table, self.holder, self.timing, self.clock = table, holder, timing, clock
         self.state = lease.LeaseState()
         self._changed = asyncio.Event()  # set on every change of leadership
@@ -86,8 +87,7 @@ class Election:
         if why is not None:
             self._lost_log(held_before, why)
         if ok and decision.step is lease.Step.ACQUIRE:
-            log.warning("lease_acquired", holder=self.holder, generation=decision.write.generation,
-                        why=decision.reason)
+            log.warning("lease_acquired", holder=self.holder, generation=decision.write.generation, why=decision.reason)
             self._changed.set()
 
     async def run(self, stopping: asyncio.Event) -> None:
@@ -103,8 +103,11 @@ class Election:
                 self._lose("lease expired before a renewal succeeded")
             now = self.clock()
             standby = not self.leads()
-            if standby and self.on_standby is not None and (
-                    refreshed_at is None or now - refreshed_at >= self.timing.renew_every_s):
+            if (
+                standby
+                and self.on_standby is not None
+                and (refreshed_at is None or now - refreshed_at >= self.timing.renew_every_s)
+            ):
                 refreshed_at = now  # the whole state is read once per renewal period, not per poll
                 try:
                     await self.on_standby()
@@ -135,6 +138,11 @@ class Election:
     def _lost_log(self, held: int | None, why: str) -> None:
         if held is None:
             return
-        log.warning("lease_lost", holder=self.holder, generation=held, why=why,
-                    then="standing by: no launch, termination or state write from this host")
+        log.warning(
+            "lease_lost",
+            holder=self.holder,
+            generation=held,
+            why=why,
+            then="standing by: no launch, termination or state write from this host",
+        )
         self._changed.set()

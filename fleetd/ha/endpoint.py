@@ -26,12 +26,21 @@ log = get_logger(__name__)
 RETRY_S = 1.0
 
 
-def endpoint_publisher(cfg: FleetdConfig, holder: str, election: Election, state: StateBackend,
-                       publish: Callable[[str, bytes], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
+def endpoint_publisher(
+    cfg: FleetdConfig,
+    holder: str,
+    election: Election,
+    state: StateBackend,
+    publish: Callable[[str, bytes], Awaitable[None]],
+) -> Callable[[Any], Awaitable[None]]:
     async def publish_rendezvous_endpoint(ctx: Any) -> None:
-        endpoint = RendezvousEndpoint(host=cfg.ha.advertise_host or holder, port=cfg.rendezvous.port,
-                                      run_id=cfg.rendezvous.run_id, leader=holder,
-                                      generation=election.generation())
+        endpoint = RendezvousEndpoint(
+            host=cfg.ha.advertise_host or holder,
+            port=cfg.rendezvous.port,
+            run_id=cfg.rendezvous.run_id,
+            leader=holder,
+            generation=election.generation(),
+        )
         await state.set_meta("rendezvous_endpoint", endpoint.model_dump(mode="json"))
         topic = rendezvous_topic(cfg.fleet.name)
         while True:
@@ -42,7 +51,12 @@ def endpoint_publisher(cfg: FleetdConfig, holder: str, election: Election, state
             except BusUnavailable as exc:
                 log.warning("rendezvous_endpoint_not_published", error=str(exc), retry_in_s=RETRY_S)
                 await asyncio.sleep(RETRY_S)
-        log.info("rendezvous_endpoint_published", topic=topic, host=endpoint.host, port=endpoint.port,
-                 generation=endpoint.generation)
+        log.info(
+            "rendezvous_endpoint_published",
+            topic=topic,
+            host=endpoint.host,
+            port=endpoint.port,
+            generation=endpoint.generation,
+        )
 
     return publish_rendezvous_endpoint

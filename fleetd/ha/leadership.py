@@ -53,8 +53,13 @@ async def lead(
         if distrust is not None:
             distrust()  # the last leader's launches are in EC2, not in this host's listing
         ctx.reconciler = current
-        log.warning("leading", holder=election.holder, generation=generation,
-                    why="this host holds the lease: it reconciles, steers and commands")
+        log.warning(
+            "leading",
+            holder=election.holder,
+            generation=generation,
+            why="this host holds the lease: it reconciles, steers and commands",
+        )
+
         async def reconcile(loop: Any = current) -> None:
             await loop.run(ctx.wake, passes=passes, on_pass=on_pass)
             raise _Finished
@@ -67,8 +72,12 @@ async def lead(
                     tg.create_task(component(ctx), name=getattr(component, "__name__", "leader-component"))
                 tg.create_task(election.wait_lost(generation), name="lease-watch")
         except* LeaseLost:
-            log.warning("standing_by", holder=election.holder, generation=generation,
-                        why="lease lost: reconcile loop and leader components stopped")
+            log.warning(
+                "standing_by",
+                holder=election.holder,
+                generation=generation,
+                why="lease lost: reconcile loop and leader components stopped",
+            )
         except* _Finished:
             finished = True
         if finished:

@@ -58,11 +58,19 @@ def _log_late_answer(call: asyncio.Future[Any], generation: int, rows: int) -> N
         return
     exc = call.exception()
     if exc is None:
-        log.info("fenced_write_landed", generation=generation, rows=rows,
-                 why="sent while this host still held the lease; its caller has stopped since")
+        log.info(
+            "fenced_write_landed",
+            generation=generation,
+            rows=rows,
+            why="sent while this host still held the lease; its caller has stopped since",
+        )
     elif _fence_refused(exc):
-        log.warning("fenced_write_refused", generation=generation, rows=rows,
-                    why="the lease item no longer names this host at this generation")
+        log.warning(
+            "fenced_write_refused",
+            generation=generation,
+            rows=rows,
+            why="the lease item no longer names this host at this generation",
+        )
     else:
         log.warning("fenced_write_failed", generation=generation, rows=rows, error=str(exc))
 
@@ -86,10 +94,14 @@ class DynamoTable:
                 raise
         async with aws_call("CreateTable"):
             await self.client.create_table(
-                TableName=self.name, BillingMode="PAY_PER_REQUEST",
+                TableName=self.name,
+                BillingMode="PAY_PER_REQUEST",
                 KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}, {"AttributeName": "sk", "KeyType": "RANGE"}],
-                AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"},
-                                      {"AttributeName": "sk", "AttributeType": "S"}])
+                AttributeDefinitions=[
+                    {"AttributeName": "pk", "AttributeType": "S"},
+                    {"AttributeName": "sk", "AttributeType": "S"},
+                ],
+            )
             waiter = self.client.get_waiter("table_exists")
             await waiter.wait(TableName=self.name, WaiterConfig={"Delay": 1, "MaxAttempts": 60})
 
@@ -97,8 +109,12 @@ class DynamoTable:
     async def query(self, kind: str) -> dict[str, Any]:
         """Every row of one kind: sort key -> decoded value (strongly consistent reads)."""
         out: dict[str, Any] = {}
-        kwargs: dict[str, Any] = dict(TableName=self.name, ConsistentRead=True, KeyConditionExpression="pk = :p",
-                                      ExpressionAttributeValues={":p": {"S": self.pk(kind)}})
+        kwargs: dict[str, Any] = dict(
+            TableName=self.name,
+            ConsistentRead=True,
+            KeyConditionExpression="pk = :p",
+            ExpressionAttributeValues={":p": {"S": self.pk(kind)}},
+        )
         while True:
             async with aws_call("Query"):
                 page = await self.client.query(**kwargs)
@@ -115,13 +131,27 @@ class DynamoTable:
             # The HA tests pause (SIGSTOP) a leader here, after its own lease check and before
             # the store sees its write: it wakes after another host took over, and is refused.
             failpoint("fenced-write")
-            check = {"ConditionCheck": {
-                "TableName": self.name, "Key": self._lease_key(),
-                "ConditionExpression": "holder = :h AND gen = :g",
-                "ExpressionAttributeValues": {":h": {"S": fence.holder}, ":g": {"N": str(generation)}}}}
-            puts = [{"Put": {"TableName": self.name, "Item": {
-                "pk": {"S": self.pk(kind)}, "sk": {"S": key}, "v": {"S": json.dumps(value, sort_keys=True)}}}}
-                for kind, key, value in rows[start:start + MAX_PUTS]]
+            check = {
+                "ConditionCheck": {
+                    "TableName": self.name,
+                    "Key": self._lease_key(),
+                    "ConditionExpression": "holder = :h AND gen = :g",
+                    "ExpressionAttributeValues": {":h": {"S": fence.holder}, ":g": {"N": str(generation)}},
+                }
+            }
+            puts = [
+                {
+                    "Put": {
+                        "TableName": self.name,
+                        "Item": {
+                            "pk": {"S": self.pk(kind)},
+                            "sk": {"S": key},
+                            "v": {"S": json.dumps(value, sort_keys=True)},
+                        },
+                    }
+                }
+                for kind, key, value in rows[start : start + MAX_PUTS]
+            ]
             call = asyncio.ensure_future(self.client.transact_write_items(TransactItems=[check, *puts]))
             try:
                 # Shielded: a write on the wire cannot be called back by cancelling this side (the
@@ -133,8 +163,12 @@ class DynamoTable:
                 raise
             except ClientError as exc:
                 if _fence_refused(exc):
-                    log.warning("fenced_write_refused", generation=generation, rows=len(puts),
-                                why="the lease item no longer names this host at this generation")
+                    log.warning(
+                        "fenced_write_refused",
+                        generation=generation,
+                        rows=len(puts),
+                        why="the lease item no longer names this host at this generation",
+                    )
                     fence.refused("a fenced write was refused")
                     raise LeaseLost("fenced write refused") from None
                 raise translate(exc, "TransactWriteItems") from exc
@@ -158,11 +192,20 @@ class DynamoTable:
         if expect is None:
             cond: dict[str, Any] = {"ConditionExpression": "attribute_not_exists(pk)"}
         else:
-            cond = {"ConditionExpression": "holder = :h AND gen = :g AND ver = :v",
-                    "ExpressionAttributeValues": {":h": {"S": expect.holder}, ":g": {"N": str(expect.generation)},
-                                                  ":v": {"S": expect.version}}}
-        item = {**self._lease_key(), "holder": {"S": write.holder}, "gen": {"N": str(write.generation)},
-                "ver": {"S": write.version}}
+            cond = {
+                "ConditionExpression": "holder = :h AND gen = :g AND ver = :v",
+                "ExpressionAttributeValues": {
+                    ":h": {"S": expect.holder},
+                    ":g": {"N": str(expect.generation)},
+                    ":v": {"S": expect.version},
+                },
+            }
+        item = {
+            **self._lease_key(),
+            "holder": {"S": write.holder},
+            "gen": {"N": str(write.generation)},
+            "ver": {"S": write.version},
+        }
         try:
             await self.client.put_item(TableName=self.name, Item=item, **cond)
         except ClientError as exc:

@@ -31,8 +31,9 @@ BACKDATE = dt.timedelta(minutes=5)  # tolerate a node clock a little behind the 
 class CertificateAuthority(Protocol):
     def ca_pem(self) -> bytes: ...
 
-    async def issue_client(self, common_name: str, public_key: ec.EllipticCurvePublicKey,
-                           lifetime: dt.timedelta, now: dt.datetime) -> x509.Certificate: ...
+    async def issue_client(
+        self, common_name: str, public_key: ec.EllipticCurvePublicKey, lifetime: dt.timedelta, now: dt.datetime
+    ) -> x509.Certificate: ...
 
 
 def pem(cert: x509.Certificate) -> bytes:
@@ -40,8 +41,9 @@ def pem(cert: x509.Certificate) -> bytes:
 
 
 def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def _name(cn: str) -> x509.Name:
@@ -90,9 +92,15 @@ class LocalCa:
         return cls(cert, key)
 
     @classmethod
-    def init(cls, directory: Path, *, server_names: tuple[str, ...] = ("localhost", "127.0.0.1"),
-             clients: tuple[str, ...] = (CONTROLLER_CN,), lifetime: dt.timedelta = dt.timedelta(days=30),
-             now: dt.datetime | None = None) -> LocalCa:
+    def init(
+        cls,
+        directory: Path,
+        *,
+        server_names: tuple[str, ...] = ("localhost", "127.0.0.1"),
+        clients: tuple[str, ...] = (CONTROLLER_CN,),
+        lifetime: dt.timedelta = dt.timedelta(days=30),
+        now: dt.datetime | None = None,
+    ) -> LocalCa:
         """Create the CA once; (re)issue the server and the named client certificates."""
         now = now or dt.datetime.now(dt.UTC)
         files = CaFiles(directory)
@@ -101,14 +109,28 @@ class LocalCa:
         else:
             key = ec.generate_private_key(ec.SECP256R1())
             cert = (
-                x509.CertificateBuilder().subject_name(_name("fleetd-ca")).issuer_name(_name("fleetd-ca"))
-                .public_key(key.public_key()).serial_number(x509.random_serial_number())
-                .not_valid_before(now - BACKDATE).not_valid_after(now + dt.timedelta(days=3650))
+                x509.CertificateBuilder()
+                .subject_name(_name("fleetd-ca"))
+                .issuer_name(_name("fleetd-ca"))
+                .public_key(key.public_key())
+                .serial_number(x509.random_serial_number())
+                .not_valid_before(now - BACKDATE)
+                .not_valid_after(now + dt.timedelta(days=3650))
                 .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-                .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                             content_commitment=False, key_encipherment=False,
-                                             data_encipherment=False, key_agreement=False,
-                                             encipher_only=False, decipher_only=False), critical=True)
+                .add_extension(
+                    x509.KeyUsage(
+                        digital_signature=True,
+                        key_cert_sign=True,
+                        crl_sign=True,
+                        content_commitment=False,
+                        key_encipherment=False,
+                        data_encipherment=False,
+                        key_agreement=False,
+                        encipher_only=False,
+                        decipher_only=False,
+                    ),
+                    critical=True,
+                )
                 .sign(key, hashes.SHA256())
             )
             write_atomically(files.ca_key, key_pem(key), mode=0o600)
@@ -128,23 +150,36 @@ class LocalCa:
     def ca_pem(self) -> bytes:
         return pem(self.cert)
 
-    async def issue_client(self, common_name: str, public_key: ec.EllipticCurvePublicKey,
-                           lifetime: dt.timedelta, now: dt.datetime) -> x509.Certificate:
+    async def issue_client(
+        self, common_name: str, public_key: ec.EllipticCurvePublicKey, lifetime: dt.timedelta, now: dt.datetime
+    ) -> x509.Certificate:
         return self.sign(common_name, public_key, lifetime, now)
 
-    def sign(self, common_name: str, public_key, lifetime: dt.timedelta, now: dt.datetime, *,
-             server_names: tuple[str, ...] = ()) -> x509.Certificate:
+    def sign(
+        self,
+        common_name: str,
+        public_key,
+        lifetime: dt.timedelta,
+        now: dt.datetime,
+        *,
+        server_names: tuple[str, ...] = (),
+    ) -> x509.Certificate:
         usage = ExtendedKeyUsageOID.SERVER_AUTH if server_names else ExtendedKeyUsageOID.CLIENT_AUTH
         builder = (
-            x509.CertificateBuilder().subject_name(_name(common_name)).issuer_name(self.cert.subject)
-            .public_key(public_key).serial_number(x509.random_serial_number())
-            .not_valid_before(now - BACKDATE).not_valid_after(now + lifetime)
+            x509.CertificateBuilder()
+            .subject_name(_name(common_name))
+            .issuer_name(self.cert.subject)
+            .public_key(public_key)
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - BACKDATE)
+            .not_valid_after(now + lifetime)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
         )
         if server_names:
-            builder = builder.add_extension(x509.SubjectAlternativeName([_san(n) for n in server_names]),
-                                            critical=False)
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName([_san(n) for n in server_names]), critical=False
+            )
         return builder.sign(self._key, hashes.SHA256())
 
 

@@ -36,8 +36,14 @@ class Binding:
     not_after: float  # epoch seconds
 
 
-def judge(doc: IdentityDocument, ec2_state: str | None, binding: Binding | None, key_fingerprint: str,
-          now: float, s: EnrolSettings) -> str | None:
+def judge(
+    doc: IdentityDocument,
+    ec2_state: str | None,
+    binding: Binding | None,
+    key_fingerprint: str,
+    now: float,
+    s: EnrolSettings,
+) -> str | None:
     """None: issue a certificate; otherwise the reason it is refused (logged and returned)."""
     if doc.region != s.region:
         return f"document is for region {doc.region}, this fleet runs in {s.region}"
@@ -53,6 +59,8 @@ def judge(doc: IdentityDocument, ec2_state: str | None, binding: Binding | None,
     if age < -CLOCK_SKEW_S:
         return f"document pendingTime is {-age:.0f} s in the future"
     if age > s.max_document_age_s:
-        return (f"document is {age:.0f} s old (pendingTime), over the {s.max_document_age_s:.0f} s allowed "
-                f"for a first enrolment: a replayed document earns nothing")
+        return (
+            f"document is {age:.0f} s old (pendingTime), over the {s.max_document_age_s:.0f} s allowed "
+            f"for a first enrolment: a replayed document earns nothing"
+        )
     return None

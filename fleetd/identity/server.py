@@ -20,8 +20,9 @@ log = get_logger(__name__)
 
 
 def _refusal(status: int, reason: str) -> web.Response:
-    return web.Response(status=status, body=EnrolRefusal(reason=reason[:500]).to_json(),
-                        content_type="application/json")
+    return web.Response(
+        status=status, body=EnrolRefusal(reason=reason[:500]).to_json(), content_type="application/json"
+    )
 
 
 def app(enrolment: Enrolment) -> web.Application:
@@ -99,14 +100,19 @@ def enrolment_component(cfg: Any) -> Any:
         except (OSError, ValueError) as exc:
             # Budget and interruption handling must not stop for this: the daemon runs on, and
             # says loudly why no node can get a certificate.
-            log.error("enrolment_unavailable", error=str(exc), ca_dir=str(e.ca_dir),
-                      identity_certificate=str(e.identity_certificate),
-                      why="nodes cannot get MQTT certificates until this is fixed (fleetd ca init)")
+            log.error(
+                "enrolment_unavailable",
+                error=str(exc),
+                ca_dir=str(e.ca_dir),
+                identity_certificate=str(e.identity_certificate),
+                why="nodes cannot get MQTT certificates until this is fixed (fleetd ca init)",
+            )
             await ctx.stopping.wait()
             return
         bindings = await asyncio.to_thread(BindingStore, cfg.fleet.state_dir / "enrolments.json")
-        settings = EnrolSettings(region=cfg.aws.region, cert_lifetime_s=e.cert_lifetime_s,
-                                 max_document_age_s=e.max_document_age_s)
+        settings = EnrolSettings(
+            region=cfg.aws.region, cert_lifetime_s=e.cert_lifetime_s, max_document_age_s=e.max_document_age_s
+        )
         session = get_session()
         if cfg.aws.profile:
             session.set_config_variable("profile", cfg.aws.profile)

@@ -44,8 +44,15 @@ def key_fingerprint(key: ec.EllipticCurvePublicKey) -> str:
 
 
 class Enrolment:
-    def __init__(self, ca: CertificateAuthority, signer: rsa.RSAPublicKey, lookup: FleetLookup,
-                 settings: EnrolSettings, bindings: BindingStore, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        ca: CertificateAuthority,
+        signer: rsa.RSAPublicKey,
+        lookup: FleetLookup,
+        settings: EnrolSettings,
+        bindings: BindingStore,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.ca = ca
         self.signer = signer
         self.lookup = lookup
@@ -91,8 +98,14 @@ class Enrolment:
             lifetime = timedelta(seconds=self.settings.cert_lifetime_s)
             cert = await self.ca.issue_client(doc.instance_id, key, lifetime, datetime.fromtimestamp(now, UTC))
             not_after = cert.not_valid_after_utc
-            await asyncio.to_thread(self.bindings.put, doc.instance_id, Binding(fingerprint, not_after.timestamp()), now)
+            await asyncio.to_thread(
+                self.bindings.put, doc.instance_id, Binding(fingerprint, not_after.timestamp()), now
+            )
         self.issued += 1
-        log.info("node_certificate_issued", instance_id=doc.instance_id, not_after=not_after.isoformat(),
-                 serial=format(cert.serial_number, "x"))
+        log.info(
+            "node_certificate_issued",
+            instance_id=doc.instance_id,
+            not_after=not_after.isoformat(),
+            serial=format(cert.serial_number, "x"),
+        )
         return EnrolResponse(cert_pem=pem(cert).decode(), ca_pem=self.ca.ca_pem().decode(), not_after=not_after)

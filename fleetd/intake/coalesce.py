@@ -32,8 +32,9 @@ class CoalescingQueue(asyncio.Queue, Generic[T]):  # type: ignore[type-arg]
     """``key(item)``: None for an event (kept, in order), else the key under which only the
     latest item waits. ``on_superseded(old)`` is called for each item replaced by a newer one."""
 
-    def __init__(self, maxsize: int = 0, *, key: Callable[[T], Hashable | None],
-                 on_superseded: Callable[[T], None] | None = None) -> None:
+    def __init__(
+        self, maxsize: int = 0, *, key: Callable[[T], Hashable | None], on_superseded: Callable[[T], None] | None = None
+    ) -> None:
         self._key = key
         self._on_superseded = on_superseded
         self.superseded = 0

@@ -96,7 +96,9 @@ def from_message(msg: Message, received_at: float) -> IntakeEvent | None:
     """Translate one validated agent message into an intake event (None: not for the controller)."""
     common = {"instance_id": msg.instance_id, "received_at": received_at, "dedup_key": msg.msg_id}
     if isinstance(msg, Notice):
-        return InterruptionNotice(action=msg.action, action_time=msg.action_time.timestamp(), source=msg.source, **common)
+        return InterruptionNotice(
+            action=msg.action, action_time=msg.action_time.timestamp(), source=msg.source, **common
+        )
     if isinstance(msg, Rebalance):
         return RebalanceRecommended(notice_time=msg.notice_time.timestamp(), source=msg.source, **common)
     if isinstance(msg, Status):

@@ -166,8 +166,10 @@ class MqttIntake:
             broker = self.cfg.broker(attempt)
             try:
                 async with aiomqtt.Client(
-                    identifier=self.client_id, clean_session=False, queue_type=self._new_inbox,  # type: ignore[arg-type]
-                    **client_kwargs(broker, timeout_s=PUBLISH_TIMEOUT_S)
+                    identifier=self.client_id,
+                    clean_session=False,
+                    queue_type=self._new_inbox,  # type: ignore[arg-type]
+                    **client_kwargs(broker, timeout_s=PUBLISH_TIMEOUT_S),
                 ) as client:
                     _read_in_bursts(client)
                     for sub in self.unsubscribe:
@@ -178,7 +180,11 @@ class MqttIntake:
                     self.connects += 1
                     self.connected.set()
                     delay = self.backoff_initial_s
-                    log.info("intake_mqtt_connected", broker=f"{broker.host}:{broker.port}", subscriptions=list(self.subscriptions))
+                    log.info(
+                        "intake_mqtt_connected",
+                        broker=f"{broker.host}:{broker.port}",
+                        subscriptions=list(self.subscriptions),
+                    )
                     inbox = self._inbox
                     assert inbox is not None
                     async for message in client.messages:
@@ -191,8 +197,13 @@ class MqttIntake:
                             self.handle(str(message.topic), message.payload, retained=message.retain)
             except aiomqtt.MqttError as exc:
                 attempt += 1
-                log.warning("intake_mqtt_disconnected", broker=f"{broker.host}:{broker.port}", error=str(exc),
-                            retry_in_s=round(delay, 2), next_broker=self.cfg.broker(attempt).url)
+                log.warning(
+                    "intake_mqtt_disconnected",
+                    broker=f"{broker.host}:{broker.port}",
+                    error=str(exc),
+                    retry_in_s=round(delay, 2),
+                    next_broker=self.cfg.broker(attempt).url,
+                )
             finally:
                 self._client = None
                 self.connected.clear()

@@ -188,7 +188,9 @@ class NodeRegistry:
         if rec is None:
             return node
         tele = rec.telemetry
-        fresh = tele is not None and rec.telemetry_at is not None and self.clock() - rec.telemetry_at <= TELEMETRY_FRESH_S
+        fresh = (
+            tele is not None and rec.telemetry_at is not None and self.clock() - rec.telemetry_at <= TELEMETRY_FRESH_S
+        )
         ec2_state = node.ec2_state
         if rec.ec2_state is not None and _EC2_STATE_RANK.get(rec.ec2_state, 0) > _EC2_STATE_RANK.get(ec2_state, 0):
             ec2_state = rec.ec2_state  # the event is news DescribeInstances may not show yet
@@ -202,7 +204,8 @@ class NodeRegistry:
             notice_deadline=node.notice_deadline if node.notice_deadline is not None else rec.notice_deadline,
             rebalance_at=node.rebalance_at if node.rebalance_at is not None else rec.rebalance_at,
             left_at=_latest(node.left_at, rec.left_at),
-            gpu_util_pct=(rec.gpu_util_avg if rec.gpu_util_avg is not None else tele.gpu_util_pct) if fresh
+            gpu_util_pct=(rec.gpu_util_avg if rec.gpu_util_avg is not None else tele.gpu_util_pct)
+            if fresh
             else node.gpu_util_pct,
             cpu_pct=rec.cpu_avg if fresh and rec.cpu_avg is not None else node.cpu_pct,
             steps_per_s=tele.steps_per_s if fresh and tele.steps_per_s is not None else node.steps_per_s,
@@ -241,17 +244,20 @@ def _merge(rec: NodeRecord, event: IntakeEvent, at: float) -> NodeRecord:
     replace = dataclasses.replace
     if isinstance(event, AgentTelemetry):
         tel = event.telemetry
-        return _fast_replace(rec, telemetry=tel, telemetry_at=at, last_seen_at=at,
-                       gpu_util_avg=_smooth(rec.gpu_util_avg, tel.gpu_util_pct),
-                       cpu_avg=_smooth(rec.cpu_avg, tel.cpu_pct),
-                       steps_avg=_smooth(rec.steps_avg, tel.steps_per_s))
+        return _fast_replace(
+            rec,
+            telemetry=tel,
+            telemetry_at=at,
+            last_seen_at=at,
+            gpu_util_avg=_smooth(rec.gpu_util_avg, tel.gpu_util_pct),
+            cpu_avg=_smooth(rec.cpu_avg, tel.cpu_pct),
+            steps_avg=_smooth(rec.steps_avg, tel.steps_per_s),
+        )
     if isinstance(event, AgentStatus):
         if event.status.state == "offline":
             return replace(rec, status=event.status, status_at=at, agent_offline_at=at, last_event=event)
         left_at = _latest(rec.left_at, at) if event.status.state == "leaving" else rec.left_at
-        return replace(
-            rec, status=event.status, status_at=at, last_seen_at=at, left_at=left_at, last_event=event
-        )
+        return replace(rec, status=event.status, status_at=at, last_seen_at=at, left_at=left_at, last_event=event)
     if isinstance(event, InterruptionNotice):
         seen_by_agent = event.source == "imds"
         return replace(
@@ -279,7 +285,10 @@ def _merge(rec: NodeRecord, event: IntakeEvent, at: float) -> NodeRecord:
     if isinstance(event, TrainingEvent):
         if isinstance(event.message, TrainerExited):
             return replace(
-                rec, last_seen_at=at, left_at=_latest(rec.left_at, at), exit_reason=event.message.reason,
+                rec,
+                last_seen_at=at,
+                left_at=_latest(rec.left_at, at),
+                exit_reason=event.message.reason,
                 last_event=event,
             )
         return replace(rec, last_seen_at=at, last_event=event)

@@ -30,8 +30,7 @@ SMOOTHING = 0.5  # weight of this epoch's rate against earlier epochs at the sam
 class TrainingSignals:
     """The reconcile loop's SignalSource, fed by the node registry (in memory, no I/O)."""
 
-    def __init__(self, registry: NodeRegistry, nproc_per_node: int = 1,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, registry: NodeRegistry, nproc_per_node: int = 1, clock: Callable[[], float] = time.time) -> None:
         self.registry = registry
         self.nproc_per_node = max(1, nproc_per_node)
         self.clock = clock
@@ -65,8 +64,13 @@ class TrainingSignals:
         by_world: dict[int, list[int]] = {}
         for rec in self.registry.records():
             tel = rec.telemetry
-            if (tel is None or rec.telemetry_at is None or now - rec.telemetry_at > FRESH_S
-                    or tel.step is None or not tel.world_size):
+            if (
+                tel is None
+                or rec.telemetry_at is None
+                or now - rec.telemetry_at > FRESH_S
+                or tel.step is None
+                or not tel.world_size
+            ):
                 continue
             by_world.setdefault(tel.world_size, []).append(tel.step)
         if not by_world:

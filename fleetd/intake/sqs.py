@@ -144,7 +144,9 @@ class SqsIntake:
         """One long poll; returns the events applied (duplicates and foreign events excluded)."""
         async with aws_call("ReceiveMessage"):
             resp = await self.sqs.receive_message(
-                QueueUrl=self.queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=self.wait_s,
+                QueueUrl=self.queue_url,
+                MaxNumberOfMessages=10,
+                WaitTimeSeconds=self.wait_s,
                 AttributeNames=["SentTimestamp"],
             )
         messages = resp.get("Messages", [])
@@ -156,8 +158,9 @@ class SqsIntake:
             if event is not None:
                 applied.append(event)
             if keep:
-                later.append({"Id": str(i), "ReceiptHandle": message["ReceiptHandle"],
-                              "VisibilityTimeout": self.unknown_retry_s})
+                later.append(
+                    {"Id": str(i), "ReceiptHandle": message["ReceiptHandle"], "VisibilityTimeout": self.unknown_retry_s}
+                )
             else:
                 done.append({"Id": str(i), "ReceiptHandle": message["ReceiptHandle"]})
         if later:
@@ -182,7 +185,9 @@ class SqsIntake:
             event = parse_event(body, now)
         except ProtocolError as exc:
             self.rejected += 1
-            log.warning("intake_sqs_rejected", message_id=message.get("MessageId"), reason=str(exc)[:300], nbytes=len(body))
+            log.warning(
+                "intake_sqs_rejected", message_id=message.get("MessageId"), reason=str(exc)[:300], nbytes=len(body)
+            )
             return None, False
         if event is None:
             return None, False
@@ -190,8 +195,13 @@ class SqsIntake:
             age = _age_s(message, now)
             if age is not None and age < self.unknown_grace_s:
                 self.deferred += 1
-                log.info("intake_sqs_unknown_deferred", instance_id=event.instance_id,
-                         type=type(event).__name__, age_s=round(age, 1), retry_in_s=self.unknown_retry_s)
+                log.info(
+                    "intake_sqs_unknown_deferred",
+                    instance_id=event.instance_id,
+                    type=type(event).__name__,
+                    age_s=round(age, 1),
+                    retry_in_s=self.unknown_retry_s,
+                )
                 return None, True
             self.not_ours += 1
             log.info("intake_sqs_not_ours", instance_id=event.instance_id, type=type(event).__name__)
@@ -212,8 +222,15 @@ def _age_s(message: dict[str, Any], now: float) -> float | None:
         return None
 
 
-async def run(aws: Any, queue_url: str, registry: NodeRegistry, *, wait_s: int = 20,
-              unknown_grace_s: float = 180.0, unknown_retry_s: int = 10) -> None:
+async def run(
+    aws: Any,
+    queue_url: str,
+    registry: NodeRegistry,
+    *,
+    wait_s: int = 20,
+    unknown_grace_s: float = 180.0,
+    unknown_retry_s: int = 10,
+) -> None:
     """TaskGroup component for fleetd's daemon: consume ``queue_url`` until cancelled.
 
     ``aws`` is the AwsConfig (region, endpoint_url, profile).
@@ -222,5 +239,6 @@ async def run(aws: Any, queue_url: str, registry: NodeRegistry, *, wait_s: int =
 
     session = AioSession(profile=aws.profile) if aws.profile else AioSession()
     async with session.create_client("sqs", region_name=aws.region, endpoint_url=aws.endpoint_url) as sqs:
-        await SqsIntake(sqs, queue_url, registry, wait_s=wait_s, unknown_grace_s=unknown_grace_s,
-                        unknown_retry_s=unknown_retry_s).run()
+        await SqsIntake(
+            sqs, queue_url, registry, wait_s=wait_s, unknown_grace_s=unknown_grace_s, unknown_retry_s=unknown_retry_s
+        ).run()

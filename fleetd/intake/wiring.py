@@ -56,8 +56,13 @@ class Intake:
     async def _run_sqs(self, ctx: Any) -> None:
         assert self.cfg.events.sqs_queue_url is not None
         ev = self.cfg.events
-        await sqs.run(self.cfg.aws, ev.sqs_queue_url, self.registry,
-                      unknown_grace_s=ev.unknown_instance_grace_s, unknown_retry_s=ev.unknown_retry_s)
+        await sqs.run(
+            self.cfg.aws,
+            ev.sqs_queue_url,
+            self.registry,
+            unknown_grace_s=ev.unknown_instance_grace_s,
+            unknown_retry_s=ev.unknown_retry_s,
+        )
 
 
 def build_intake(cfg: FleetdConfig, wake: Callable[[], None] | None = None, client_id: str | None = None) -> Intake:
@@ -66,10 +71,17 @@ def build_intake(cfg: FleetdConfig, wake: Callable[[], None] | None = None, clie
     registry = NodeRegistry(wake=wake)
     fleet = cfg.fleet.name
     telemetry = fleet_filter(fleet, "telemetry")
-    main = MqttIntake(cfg.mqtt, fleet, registry, subscriptions=(fleet_filter(fleet, "status"), fleet_filter(fleet, "events")),
-                      unsubscribe=(telemetry,), client_id=client_id)  # an older build's session may hold it
+    main = MqttIntake(
+        cfg.mqtt,
+        fleet,
+        registry,
+        subscriptions=(fleet_filter(fleet, "status"), fleet_filter(fleet, "events")),
+        unsubscribe=(telemetry,),
+        client_id=client_id,
+    )  # an older build's session may hold it
     # Its own connection (and, with several control hosts, its own id per host: one id on two
     # hosts would have the broker kick each off in turn).
     tele_id = f"{client_id}-telemetry"[:64] if client_id else f"fleetd-{fleet}-telemetry"
-    return Intake(cfg, registry, main, MqttIntake(cfg.mqtt, fleet, registry, subscriptions=(telemetry,),
-                                                  client_id=tele_id))
+    return Intake(
+        cfg, registry, main, MqttIntake(cfg.mqtt, fleet, registry, subscriptions=(telemetry,), client_id=tele_id)
+    )

@@ -62,20 +62,14 @@ class BudgetView:
         )
 
 
-def assess(
-    spent_usd: float, billed: list[Node], kept: list[Node], cfg: FleetdConfig
-) -> BudgetView:
+def assess(spent_usd: float, billed: list[Node], kept: list[Node], cfg: FleetdConfig) -> BudgetView:
     """Graded level. ``billed``: every node still costing money; ``kept``: those not leaving."""
     b = cfg.budget
     burn = burn_usd_per_hour(kept)
     forecast = spent_usd + burn * b.forecast_horizon_s / 3600.0
     committed = spent_usd + node_commitment_usd(billed, commit_window_s(cfg))
     share = forecast / b.total_usd
-    runway = (
-        f"; the budget lasts {max(0.0, b.total_usd - spent_usd) / burn:.1f} h at this burn"
-        if burn > 0
-        else ""
-    )
+    runway = f"; the budget lasts {max(0.0, b.total_usd - spent_usd) / burn:.1f} h at this burn" if burn > 0 else ""
     money = (
         f"spent ${spent_usd:.2f} of ${b.total_usd:.2f}; burn ${burn:.2f}/h; "
         f"forecast ${forecast:.2f} ({share:.0%}) over the next {b.forecast_horizon_s / 3600:g} h"
@@ -125,8 +119,7 @@ class Headroom:
     def after(self, launch: Launch) -> Headroom:
         return Headroom(
             self.usd_per_hour - launch.count * launch.budgeted_price_per_hour,
-            self.usd
-            - launch_commitment_usd(launch.count, launch.worst_case_price_per_hour, self.window_s),
+            self.usd - launch_commitment_usd(launch.count, launch.worst_case_price_per_hour, self.window_s),
             self.window_s,
         )
 
@@ -137,9 +130,7 @@ class Headroom:
         )
 
 
-def headroom(
-    spent_usd: float, billed: list[Node], kept: list[Node], cfg: FleetdConfig
-) -> Headroom:
+def headroom(spent_usd: float, billed: list[Node], kept: list[Node], cfg: FleetdConfig) -> Headroom:
     window = commit_window_s(cfg)
     return Headroom(
         usd_per_hour=cfg.budget.max_usd_per_hour - burn_usd_per_hour(kept),

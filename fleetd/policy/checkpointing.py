@@ -71,7 +71,9 @@ def periodic_checkpoint(
         return None, ""
     if last_request_at is not None and now - last_request_at < min(retry_s, c.interval_s):
         return None, f"periodic checkpoint requested {now - last_request_at:.0f} s ago, waiting for it"
-    age = "none is durable yet" if last_durable_at is None else (
-        f"the last durable one is {now - last_durable_at:.0f} s old"
+    age = (
+        "none is durable yet"
+        if last_durable_at is None
+        else (f"the last durable one is {now - last_durable_at:.0f} s old")
     )
     return RequestCheckpoint(reason=f"periodic checkpoint: {c.why}; {age}"), ""

@@ -146,7 +146,10 @@ def decide(i: DeadlineInputs, now: float) -> DeadlineCall:
     if work_left_s is not None and not i.full_on_spot and time_left < work_left_s + 2 * d:
         swap = swap_fits
         return DeadlineCall(
-            True, False, False, True,
+            True,
+            False,
+            False,
+            True,
             f"deadline safety net: {time_left / 3600:.2f} h left < {work_left_s / 3600:.2f} h of work + "
             f"2 x changeover {d:.0f} s ({progress}): finishing on on-demand"
             + (" (swapping to spot make-before-break while the slack allows)" if swap else ""),
@@ -165,7 +168,10 @@ def decide(i: DeadlineInputs, now: float) -> DeadlineCall:
     swap = swap_fits and i.nodes <= 1 and slack is not None and slack >= 2 * d + 2 * i.membership_stall_s
     if i.done_steps < line - 1e-9:
         return DeadlineCall(
-            True, True, False, False,
+            True,
+            True,
+            False,
+            False,
             f"deadline: behind the uniform-progress line ({progress}): on-demand for any shortfall"
             + ("; back to spot make-before-break once spot is offered" if swap and i.on_demand_nodes else ""),
             wake,
@@ -177,15 +183,19 @@ def decide(i: DeadlineInputs, now: float) -> DeadlineCall:
     margin = hysteresis_s(i)
     ahead_2d = i.done_steps >= expected_steps(i, now + margin) - 1e-9
     share = f" x {min(i.on_demand_nodes, i.nodes)}/{i.nodes} on-demand nodes" if i.nodes > 1 else ""
-    why = (f"2 x changeover{share} ahead" if ahead_2d
-           else f"ahead, within 2 x changeover{share} (on-demand stays)")
+    why = f"2 x changeover{share} ahead" if ahead_2d else f"ahead, within 2 x changeover{share} (on-demand stays)"
     keep = on_demand_to_keep(i) if ahead_2d else 0
     if keep:
         why += f"; keeping {keep} on-demand node(s) to hold the line's pace with {i.spot_training} on spot"
     if not ahead_2d and swap and i.on_demand_nodes:
         why += "; back to spot make-before-break once spot is offered"
     return DeadlineCall(
-        False, True, ahead_2d, False, f"deadline: {why} of the uniform-progress line ({progress}): spot only", wake,
+        False,
+        True,
+        ahead_2d,
+        False,
+        f"deadline: {why} of the uniform-progress line ({progress}): spot only",
+        wake,
         on_demand_keep=keep,
         swap_to_spot=swap and not ahead_2d,
         slack_s=slack,

@@ -73,7 +73,8 @@ class GoodputTracker:
         events: list[LedgerEvent] = []
         live = [n for n in nodes if n.ec2_state in LIVE]
         fresh = [
-            n for n in live
+            n
+            for n in live
             if n.step is not None and n.last_seen_at is not None and now - n.last_seen_at <= self.fresh_s
         ]
         step = max((n.step for n in fresh), default=None)  # synchronous job: every rank is within a step
@@ -82,8 +83,11 @@ class GoodputTracker:
         if step is not None:
             slack = math.ceil(rate * self.skew_s)
             if self.current is not None and step < self.current - slack:
-                events.append(StepsLost(at=now, from_step=self.current, to_step=step,
-                                        event_id=f"lost:{self.current}:{step}:{now:.3f}"))
+                events.append(
+                    StepsLost(
+                        at=now, from_step=self.current, to_step=step, event_id=f"lost:{self.current}:{step}:{now:.3f}"
+                    )
+                )
                 self.unconfirmed_loss = min(self.unconfirmed_loss + self.current - step, self.highest - step)
             elif self.current is not None and step > self.current and self.unconfirmed_loss:
                 events += self._regained(step, rate, slack, now)
@@ -94,8 +98,7 @@ class GoodputTracker:
             self.current = step
         if progressed:
             if self.last_progress_at is not None and now - self.last_progress_at > self.stall_after_s:
-                events.append(RecoveryTime(at=now, seconds=now - self.last_progress_at,
-                                           event_id=f"recovery:{now:.3f}"))
+                events.append(RecoveryTime(at=now, seconds=now - self.last_progress_at, event_id=f"recovery:{now:.3f}"))
             self.last_progress_at = now
         elif self.last_progress_at is None and live:
             self.last_progress_at = now  # the first billed pass: a stall is measured from here
@@ -136,7 +139,13 @@ class GoodputTracker:
                 idle = n.step is None or previous is None or n.step <= previous
             if idle:
                 gpus = max(1, gpus_of.get(n.pool.instance_type, 0))
-                out.append(IdleGpuTime(at=now, instance_id=n.instance_id, gpu_seconds=span * gpus,
-                                       event_id=f"idle:{n.instance_id}:{now:.3f}"))
+                out.append(
+                    IdleGpuTime(
+                        at=now,
+                        instance_id=n.instance_id,
+                        gpu_seconds=span * gpus,
+                        event_id=f"idle:{n.instance_id}:{now:.3f}",
+                    )
+                )
         self._node_step = steps
         return out

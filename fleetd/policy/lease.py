@@ -92,23 +92,36 @@ def decide(me: str, state: LeaseState, now: float, timing: LeaseTiming, new_vers
     if rec is None:
         return Decision(Step.ACQUIRE, "no lease record yet", expect=None, write=LeaseRecord(me, 1, new_version))
     if not rec.holder:
-        return Decision(Step.ACQUIRE, "the last leader released the lease", expect=rec,
-                        write=LeaseRecord(me, rec.generation + 1, new_version))
+        return Decision(
+            Step.ACQUIRE,
+            "the last leader released the lease",
+            expect=rec,
+            write=LeaseRecord(me, rec.generation + 1, new_version),
+        )
     unchanged_for = now - (state.seen_since if state.seen_since is not None else now)
     if unchanged_for >= timing.lease_s:
-        return Decision(Step.ACQUIRE, f"{rec.holder} has not renewed for {unchanged_for:.1f} s",
-                        expect=rec, write=LeaseRecord(me, rec.generation + 1, new_version))
+        return Decision(
+            Step.ACQUIRE,
+            f"{rec.holder} has not renewed for {unchanged_for:.1f} s",
+            expect=rec,
+            write=LeaseRecord(me, rec.generation + 1, new_version),
+        )
     return Decision(Step.WAIT, f"{rec.holder} leads (generation {rec.generation})")
 
 
-def after_write(state: LeaseState, decision: Decision, ok: bool, started_at: float, timing: LeaseTiming) -> tuple[LeaseState, str | None]:
+def after_write(
+    state: LeaseState, decision: Decision, ok: bool, started_at: float, timing: LeaseTiming
+) -> tuple[LeaseState, str | None]:
     """Fold the conditional write's result in; ``started_at``: when the write was sent (the
     lease is counted from then, never from the reply). Returns (state, why it lost the lease)."""
     assert decision.write is not None
     if ok:
-        return LeaseState(seen=decision.write, seen_since=started_at, held=decision.write.generation,
-                          valid_until=started_at + timing.lease_s - timing.guard_s), None
+        return LeaseState(
+            seen=decision.write,
+            seen_since=started_at,
+            held=decision.write.generation,
+            valid_until=started_at + timing.lease_s - timing.guard_s,
+        ), None
     # Refused: somebody else wrote first. Forget the record so the next read restarts the watch.
     lost = "a renewal was refused: another host took the lease" if state.held is not None else None
     return LeaseState(), lost
-

@@ -39,8 +39,6 @@ from fleetd.policy.observation import PoolStats
 MINIMUM_CHARGE_S = 60.0
 
 
-
-
 @dataclass(frozen=True, slots=True)
 class InstanceBill:
     instance_id: str
@@ -88,18 +86,19 @@ class LedgerSummary:
             "steps_lost": self.steps_lost,
             "recovery_s": round(self.recovery_s, 3),
             "idle_gpu_s": round(self.idle_gpu_s, 3),
-            "usd_per_1k_steps": None
-            if self.usd_per_1k_steps is None
-            else round(self.usd_per_1k_steps, 6),
+            "usd_per_1k_steps": None if self.usd_per_1k_steps is None else round(self.usd_per_1k_steps, 6),
             "instances": len(self.instances) + self.rolled_up_instances,
             # Nodes whose end fleetd never saw (it stopped first): billed up to their last sighting.
             "instances_end_unseen": [
-                {"instance_id": b.instance_id, "pool": str(b.pool), "billed_until": round(b.started_at + b.billed_seconds, 3)}
+                {
+                    "instance_id": b.instance_id,
+                    "pool": str(b.pool),
+                    "billed_until": round(b.started_at + b.billed_seconds, 3),
+                }
                 for b in self.end_unseen
             ],
             "scaling_decisions": [
-                {"at": round(t.at, 3), "from": t.previous, "to": t.target, "reason": t.reason}
-                for t in self.scaling
+                {"at": round(t.at, 3), "from": t.previous, "to": t.target, "reason": t.reason} for t in self.scaling
             ],
         }
 
@@ -173,9 +172,7 @@ def bills(
                 end, unseen = max(seen, s.at), True
         end = max(end, s.at + MINIMUM_CHARGE_S)
         usd = paths.get((s.pool, s.market), _NO_CHANGES).integrate(s.at, end, s.price_per_hour)
-        od = paths.get((s.pool, Market.ON_DEMAND), _NO_CHANGES).integrate(
-            s.at, end, s.on_demand_price_per_hour
-        )
+        od = paths.get((s.pool, Market.ON_DEMAND), _NO_CHANGES).integrate(s.at, end, s.on_demand_price_per_hour)
         out.append(InstanceBill(iid, s.pool, s.market, s.at, stopped, end - s.at, usd, od, unseen))
     return out
 
@@ -193,14 +190,13 @@ def _starts(ordered: Iterable[LedgerEvent]) -> dict[str, InstanceStarted]:
     for iid, p in placed.items():
         s = starts.get(iid)
         if s is not None and s.pool != p.pool:
-            starts[iid] = replace(s, pool=p.pool, price_per_hour=p.price_per_hour,
-                                  on_demand_price_per_hour=p.on_demand_price_per_hour)
+            starts[iid] = replace(
+                s, pool=p.pool, price_per_hour=p.price_per_hour, on_demand_price_per_hour=p.on_demand_price_per_hour
+            )
     return starts
 
 
-def spend_usd(
-    events: Iterable[LedgerEvent], now: float, observed_until: Mapping[str, float] | None = None
-) -> float:
+def spend_usd(events: Iterable[LedgerEvent], now: float, observed_until: Mapping[str, float] | None = None) -> float:
     return sum(b.usd for b in bills(events, now, observed_until))
 
 

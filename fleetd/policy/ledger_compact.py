@@ -66,9 +66,12 @@ def compact(events: Iterable[LedgerEvent], before: float, step_every_s: float = 
     for e in events:
         if isinstance(e, PER_INSTANCE):
             rows.setdefault(e.instance_id, []).append(e)
-    ended = sorted(iid for iid in stopped
-                   if all(r.at < before and r.event_id for r in rows[iid])
-                   and any(isinstance(r, InstanceStarted) for r in rows[iid]))
+    ended = sorted(
+        iid
+        for iid in stopped
+        if all(r.at < before and r.event_id for r in rows[iid])
+        and any(isinstance(r, InstanceStarted) for r in rows[iid])
+    )
     if ended:
         wanted = set(ended)
         done = [b for b in bills(events, before) if b.instance_id in wanted]
@@ -80,15 +83,21 @@ def compact(events: Iterable[LedgerEvent], before: float, step_every_s: float = 
         gone = [r for iid in ended for r in rows[iid]]
         drop += gone
         at = max(r.at for r in gone)
-        add.append(BillsRolledUp(
-            at=at, instances=len(done), billed_seconds=sum(b.billed_seconds for b in done),
-            usd=sum(b.usd for b in done), on_demand_usd=sum(b.on_demand_equivalent_usd for b in done),
-            usd_by_market=by_market, usd_by_pool=by_pool,
-            idle_gpu_s=sum(r.gpu_seconds for r in gone if isinstance(r, IdleGpuTime)),
-            notices=sum(1 for r in gone if isinstance(r, Interruption) and r.kind == "notice"),
-            losses=sum(1 for r in gone if isinstance(r, Interruption) and r.kind == "loss"),
-            event_id=f"rollup:{at:.3f}:{len(done)}:{ended[0]}",
-        ))
+        add.append(
+            BillsRolledUp(
+                at=at,
+                instances=len(done),
+                billed_seconds=sum(b.billed_seconds for b in done),
+                usd=sum(b.usd for b in done),
+                on_demand_usd=sum(b.on_demand_equivalent_usd for b in done),
+                usd_by_market=by_market,
+                usd_by_pool=by_pool,
+                idle_gpu_s=sum(r.gpu_seconds for r in gone if isinstance(r, IdleGpuTime)),
+                notices=sum(1 for r in gone if isinstance(r, Interruption) and r.kind == "notice"),
+                losses=sum(1 for r in gone if isinstance(r, Interruption) and r.kind == "loss"),
+                event_id=f"rollup:{at:.3f}:{len(done)}:{ended[0]}",
+            )
+        )
     rolled = set(ended)
     best_step: dict[int, StepReached] = {}
     steps: list[StepReached] = []
@@ -114,6 +123,9 @@ def compact(events: Iterable[LedgerEvent], before: float, step_every_s: float = 
         for r in sorted(mine, key=lambda r: r.at):  # a fixed order: the same sum on every host
             total += r.gpu_seconds
         drop += mine
-        add.append(IdleGpuTime(at=last.at, instance_id=iid, gpu_seconds=total,
-                               event_id=f"idle-rollup:{iid}:{last.at:.3f}:{len(mine)}"))
+        add.append(
+            IdleGpuTime(
+                at=last.at, instance_id=iid, gpu_seconds=total, event_id=f"idle-rollup:{iid}:{last.at:.3f}:{len(mine)}"
+            )
+        )
     return Compaction(tuple(drop), tuple(add))

@@ -30,7 +30,9 @@ class Timeline:
 
 
 def timeline(
-    events: Iterable[LedgerEvent], now: float, observed_until: Mapping[str, float] | None = None,
+    events: Iterable[LedgerEvent],
+    now: float,
+    observed_until: Mapping[str, float] | None = None,
     points: int = 200,
 ) -> Timeline:
     events = sorted(events, key=lambda e: e.at)
@@ -52,15 +54,25 @@ def timeline(
     progress = sorted((e.at, e.step) for e in events if isinstance(e, StepReached))
     for t in times:
         known = [e for e in events if e.at <= t]
-        spend.append(sum(b.usd for b in bills(known, t, {k: min(v, t) for k, v in observed_until.items()}))
-                     + sum(e.usd for e in known if isinstance(e, BillsRolledUp)))  # compacted: at its time
+        spend.append(
+            sum(b.usd for b in bills(known, t, {k: min(v, t) for k, v in observed_until.items()}))
+            + sum(e.usd for e in known if isinstance(e, BillsRolledUp))
+        )  # compacted: at its time
         for m in markets:
-            nodes[m].append(sum(
-                1 for s in starts
-                if s.market.value == m and s.at <= t < min(stops.get(s.instance_id, float("inf")),
-                                                           end_of.get(s.instance_id, float("inf")))
-            ))
+            nodes[m].append(
+                sum(
+                    1
+                    for s in starts
+                    if s.market.value == m
+                    and s.at <= t < min(stops.get(s.instance_id, float("inf")), end_of.get(s.instance_id, float("inf")))
+                )
+            )
         step_at.append(max((st for at, st in progress if at <= t), default=0))
-    return Timeline(times, tuple(spend), {m: tuple(v) for m, v in nodes.items()}, tuple(step_at),
-                    tuple(e for e in events if isinstance(e, StepsLost)),
-                    tuple(e for e in events if isinstance(e, TargetChanged)))
+    return Timeline(
+        times,
+        tuple(spend),
+        {m: tuple(v) for m, v in nodes.items()},
+        tuple(step_at),
+        tuple(e for e in events if isinstance(e, StepsLost)),
+        tuple(e for e in events if isinstance(e, TargetChanged)),
+    )

@@ -75,12 +75,10 @@ def broker_silent(node: Node, now: float, silence_s: float) -> bool:
 
 def store_silent(node: Node, now: float, store_silence_s: float | None) -> bool:
     # Only a node the store has heard from: one still booting or joining is not silent.
-    return (store_silence_s is not None and node.store_seen_at is not None
-            and now - node.store_seen_at > store_silence_s)
+    return store_silence_s is not None and node.store_seen_at is not None and now - node.store_seen_at > store_silence_s
 
 
-def signals_for(node: Node, now: float, silence_s: float,
-                store_silence_s: float | None = None) -> tuple[Signal, ...]:
+def signals_for(node: Node, now: float, silence_s: float, store_silence_s: float | None = None) -> tuple[Signal, ...]:
     found: list[Signal] = []
     if node.notice_at is not None and (node.notice_deadline is None or now >= node.notice_deadline):
         # Before its deadline a notice says the node *will* go, not that it has: the node's own
@@ -91,9 +89,7 @@ def signals_for(node: Node, now: float, silence_s: float,
         found.append(Signal.NOTICE)
     if broker_silent(node, now, silence_s):
         found.append(Signal.SILENCE)
-    if node.agent_offline_at is not None and (
-        node.last_seen_at is None or node.agent_offline_at >= node.last_seen_at
-    ):
+    if node.agent_offline_at is not None and (node.last_seen_at is None or node.agent_offline_at >= node.last_seen_at):
         found.append(Signal.LAST_WILL)
     if node.ec2_state in STATE_CHANGE_EC2_STATES:
         found.append(Signal.STATE_CHANGE)
@@ -102,8 +98,9 @@ def signals_for(node: Node, now: float, silence_s: float,
     return tuple(found)
 
 
-def assess(node: Node, now: float, silence_s: float, store_silence_s: float | None = None,
-           control_host_reachable: bool = True) -> Verdict:
+def assess(
+    node: Node, now: float, silence_s: float, store_silence_s: float | None = None, control_host_reachable: bool = True
+) -> Verdict:
     """Apply the rule to one node (``now`` and the thresholds in seconds).
 
     ``control_host_reachable``: some other node is heard on both the broker and the store, so
@@ -111,9 +108,7 @@ def assess(node: Node, now: float, silence_s: float, store_silence_s: float | No
     if node.phase is NodePhase.TERMINATED:
         return Verdict(node, True, (), f"{node.instance_id} is already terminated")
     if node.ec2_state in TERMINAL_EC2_STATES:
-        return Verdict(
-            node, True, (), f"{node.instance_id} is lost: EC2 reports it {node.ec2_state}"
-        )
+        return Verdict(node, True, (), f"{node.instance_id} is lost: EC2 reports it {node.ec2_state}")
     signals = signals_for(node, now, silence_s, store_silence_s)
     sources = {SOURCE[s] for s in signals}
     if not control_host_reachable and sources >= {Source.BROKER, Source.STORE}:
@@ -123,8 +118,12 @@ def assess(node: Node, now: float, silence_s: float, store_silence_s: float | No
     names = " + ".join(s.value for s in signals)
     if len(sources) >= 2:
         count = "two signals" if len(signals) == 2 else f"{len(signals)} signals"
-        return Verdict(node, True, signals,
-                       f"{node.instance_id} is lost: {count} ({names}) from {len(sources)} independent sources")
+        return Verdict(
+            node,
+            True,
+            signals,
+            f"{node.instance_id} is lost: {count} ({names}) from {len(sources)} independent sources",
+        )
     if signals:
         source = next(iter(sources))
         return Verdict(
@@ -137,13 +136,17 @@ def assess(node: Node, now: float, silence_s: float, store_silence_s: float | No
     return Verdict(node, False, (), f"{node.instance_id} is healthy")
 
 
-def control_host_reachable(nodes: tuple[Node, ...], now: float, silence_s: float,
-                           store_silence_s: float | None) -> dict[str, bool]:
+def control_host_reachable(
+    nodes: tuple[Node, ...], now: float, silence_s: float, store_silence_s: float | None
+) -> dict[str, bool]:
     """Per node: is some *other* node heard on both the broker and the store right now?"""
     witnesses = [
-        n.instance_id for n in nodes
-        if n.last_seen_at is not None and n.store_seen_at is not None
-        and not broker_silent(n, now, silence_s) and not store_silent(n, now, store_silence_s)
+        n.instance_id
+        for n in nodes
+        if n.last_seen_at is not None
+        and n.store_seen_at is not None
+        and not broker_silent(n, now, silence_s)
+        and not store_silent(n, now, store_silence_s)
     ]
     return {n.instance_id: any(w != n.instance_id for w in witnesses) for n in nodes}
 

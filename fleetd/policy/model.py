@@ -123,8 +123,10 @@ def _node_with_source() -> str:
     # One line per field, written out (as dataclasses writes __init__): a loop over the field
     # names with getattr costs twice as much per node.
     lines = [f"    _set(new, {k!r}, changes[{k!r}] if {k!r} in changes else node.{k})\n" for k in _NODE_FIELDS]
-    return ("def node_with(node, _new=object.__new__, _set=object.__setattr__, **changes):\n"
-            "    new = _new(Node)\n" + "".join(lines) + "    return new\n")
+    return (
+        "def node_with(node, _new=object.__new__, _set=object.__setattr__, **changes):\n"
+        "    new = _new(Node)\n" + "".join(lines) + "    return new\n"
+    )
 
 
 _ns: dict[str, object] = {"Node": Node}

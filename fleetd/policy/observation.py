@@ -88,6 +88,4 @@ def spot_shortage_over(plan: Plan) -> bool:
     decides by its outcome instead (success clears, total failure keeps it), so a pool whose
     capacity-error TTL ran out does not restart the on-demand fallback's wait each time it is
     retried in vain. Without this, a stale value makes the NEXT shortage skip spot_wait_s."""
-    return not plan.spot_short and not any(
-        isinstance(a, Launch) and a.market is Market.SPOT for a in plan.actions
-    )
+    return not plan.spot_short and not any(isinstance(a, Launch) and a.market is Market.SPOT for a in plan.actions)

@@ -55,9 +55,7 @@ def region_of_zone(zone: str) -> str:
     return re.sub(r"[a-z]+$", "", zone)
 
 
-def priors_for_pools(
-    rows: Iterable[AdvisorRow], pools: Iterable[PoolId]
-) -> dict[PoolId, float]:
+def priors_for_pools(rows: Iterable[AdvisorRow], pools: Iterable[PoolId]) -> dict[PoolId, float]:
     """Prior interruptions per node-hour for every pool the table knows (by region and type)."""
     table = {(r.region, r.instance_type): r.bucket_index for r in rows}
     out: dict[PoolId, float] = {}
@@ -81,10 +79,7 @@ def interruption_rate(stats: PoolStats | None, cfg: CapacityConfig) -> tuple[flo
         return rate, f"{events} interruptions in {stats.node_hours:.1f} node-h"
     weight = cfg.prior_weight_node_hours
     rate = (events + prior * weight) / (stats.node_hours + weight)
-    return rate, (
-        f"{events} interruptions in {stats.node_hours:.1f} node-h blended with prior "
-        f"{prior:.4f}/h"
-    )
+    return rate, (f"{events} interruptions in {stats.node_hours:.1f} node-h blended with prior {prior:.4f}/h")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,11 +97,7 @@ class RankedPool:
 
 
 def is_interrupting_now(stats: PoolStats | None, now: float, window_s: float) -> bool:
-    return (
-        stats is not None
-        and stats.last_notice_at is not None
-        and now - stats.last_notice_at <= window_s
-    )
+    return stats is not None and stats.last_notice_at is not None and now - stats.last_notice_at <= window_s
 
 
 def rank_pools(
@@ -216,10 +207,7 @@ def _excluded(offer: PoolOffer, cfg: CapacityConfig, market: Market) -> str:
     if offer.spot_price >= offer.on_demand_price:
         return f"spot ${offer.spot_price:.3f}/h is not below on-demand ${offer.on_demand_price:.3f}/h"
     if cfg.max_spot_price_per_hour is not None and offer.spot_price > cfg.max_spot_price_per_hour:
-        return (
-            f"spot ${offer.spot_price:.3f}/h above max_spot_price_per_hour "
-            f"${cfg.max_spot_price_per_hour:.3f}/h"
-        )
+        return f"spot ${offer.spot_price:.3f}/h above max_spot_price_per_hour ${cfg.max_spot_price_per_hour:.3f}/h"
     return ""
 
 
@@ -231,7 +219,8 @@ def _cross_az(ranked: list[RankedPool], cfg: CapacityConfig, fleet_zone: str | N
     zone = fleet_zone or min(ranked, key=lambda r: (r.score, r.price_per_hour, str(r.pool))).pool.zone
     factor = 1.0 + cfg.cross_az_penalty
     return [
-        r if r.pool.zone == zone
+        r
+        if r.pool.zone == zone
         else replace(
             r,
             score=r.score * factor,

@@ -85,9 +85,7 @@ def plan(obs: Observation, cfg: FleetdConfig, now: float) -> Plan:
     if need and not spot_ranked:
         spot_ranked = wave_pools_to_buy_now(p, need)
     if need:
-        headroom, spot_short = buy(
-            p, need, LaunchPurpose.CAPACITY, spot_ranked, spot_skipped, headroom, view.level
-        )
+        headroom, spot_short = buy(p, need, LaunchPurpose.CAPACITY, spot_ranked, spot_skipped, headroom, view.level)
     if risk.prebuy:
         pools = [r for r in spot_ranked if r.pool not in risk.avoid]
         if pools:

@@ -72,8 +72,7 @@ class RiskPlan:
 def expired_recommendations(kept: list[Node], now: float, expiry_s: float) -> tuple[Node, ...]:
     """Nodes whose rebalance recommendation saw no notice within ``expiry_s``."""
     return tuple(
-        n for n in kept
-        if n.rebalance_at is not None and n.notice_at is None and now - n.rebalance_at >= expiry_s
+        n for n in kept if n.rebalance_at is not None and n.notice_at is None and now - n.rebalance_at >= expiry_s
     )
 
 
@@ -89,14 +88,21 @@ def prebought_for(expired: tuple[Node, ...], kept: list[Node]) -> frozenset[str]
     for node in sorted(expired, key=lambda n: (n.rebalance_at or 0.0, n.instance_id)):
         assert node.rebalance_at is not None
         later = [
-            n for n in kept
-            if n.instance_id not in risky and n.instance_id not in taken
-            and n.market is Market.SPOT and n.launched_at >= node.rebalance_at
+            n
+            for n in kept
+            if n.instance_id not in risky
+            and n.instance_id not in taken
+            and n.market is Market.SPOT
+            and n.launched_at >= node.rebalance_at
             and n.launch_purpose in (None, LaunchPurpose.REBALANCE_PREBUY)
         ]
         if later:
-            taken.add(max(later, key=lambda n: (n.launch_purpose is LaunchPurpose.REBALANCE_PREBUY,
-                                                n.launched_at, n.instance_id)).instance_id)
+            taken.add(
+                max(
+                    later,
+                    key=lambda n: (n.launch_purpose is LaunchPurpose.REBALANCE_PREBUY, n.launched_at, n.instance_id),
+                ).instance_id
+            )
     return frozenset(taken)
 
 
@@ -112,15 +118,16 @@ def plan_risk(
     window = cfg.rebalance.recommendation_expiry_s
     expired = expired_recommendations(kept, now, window)
     gone = {n.instance_id for n in expired}
-    at_risk = tuple(
-        n for n in kept if n.rebalance_at is not None and n.notice_at is None and n.instance_id not in gone
-    )
+    at_risk = tuple(n for n in kept if n.rebalance_at is not None and n.notice_at is None and n.instance_id not in gone)
     release = prebought_for(expired, kept) if len(kept) > target else frozenset()
     expiry_notes: tuple[str, ...] = ()
     if expired:
         ids = ", ".join(n.instance_id for n in expired)
-        what = (f"releasing the extra node it caused ({', '.join(sorted(release))})" if release
-                else "no extra node of its to release")
+        what = (
+            f"releasing the extra node it caused ({', '.join(sorted(release))})"
+            if release
+            else "no extra node of its to release"
+        )
         expiry_notes = (
             f"rebalance recommendation for {ids} expired: no notice within "
             f"recommendation_expiry_s={window:.0f}; {what}; scaling judged again at the target",
@@ -147,12 +154,16 @@ def plan_risk(
             prebuy = min(uncovered, churn_left)
             if prebuy < uncovered:
                 notes.append(
-                    f"pre-buying {prebuy} of {uncovered}: churn cap "
-                    f"max_recommendation_replacements_per_hour={cap}"
+                    f"pre-buying {prebuy} of {uncovered}: churn cap max_recommendation_replacements_per_hour={cap}"
                 )
     return RiskPlan(
-        at_risk, covered, prebuy, frozenset(n.pool for n in at_risk), expiry_notes + tuple(notes),
-        expired, release,
+        at_risk,
+        covered,
+        prebuy,
+        frozenset(n.pool for n in at_risk),
+        expiry_notes + tuple(notes),
+        expired,
+        release,
     )
 
 
@@ -172,11 +183,10 @@ def checkpoint_if_stale(
             f"(<= max_checkpoint_age_s {max_age_s:.0f}), no checkpoint needed"
         )
     if last_request_at is not None and now - last_request_at < retry_s:
-        return None, (
-            f"{why}: checkpoint requested {now - last_request_at:.0f} s ago, waiting for it"
-        )
-    age = "no durable checkpoint yet" if last_durable_at is None else (
-        f"last durable checkpoint {now - last_durable_at:.0f} s old > max_checkpoint_age_s "
-        f"{max_age_s:.0f}"
+        return None, (f"{why}: checkpoint requested {now - last_request_at:.0f} s ago, waiting for it")
+    age = (
+        "no durable checkpoint yet"
+        if last_durable_at is None
+        else (f"last durable checkpoint {now - last_durable_at:.0f} s old > max_checkpoint_age_s {max_age_s:.0f}")
     )
     return RequestCheckpoint(reason=f"{why}: {age}"), ""

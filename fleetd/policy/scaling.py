@@ -78,17 +78,13 @@ def decide_target(
         return TargetDecision(start, f"starting with {start} nodes (initial target)")
     if not lo <= previous <= hi:
         bounded = min(max(previous, lo), hi)
-        return TargetDecision(
-            bounded, f"target {previous} is outside [min_nodes={lo}, max_nodes={hi}]: now {bounded}"
-        )
+        return TargetDecision(bounded, f"target {previous} is outside [min_nodes={lo}, max_nodes={hi}]: now {bounded}")
 
     if budget_level is BudgetLevel.SHRINK:
         if previous <= lo:
             return TargetDecision(previous, f"budget says shrink, but already at min_nodes={lo}")
         if any_leaving:
-            return TargetDecision(
-                previous, "budget says shrink: waiting for the node already leaving first"
-            )
+            return TargetDecision(previous, "budget says shrink: waiting for the node already leaving first")
         return TargetDecision(
             previous - 1,
             f"budget forecast past shrink_at: shrinking from {previous} to {previous - 1} "
@@ -155,9 +151,7 @@ def decide_target(
     if up_blocked_by_budget:
         return TargetDecision(previous, f"holding at {previous}: {up_blocked_by_budget}")
     if here is None:
-        return TargetDecision(
-            previous, f"holding at {previous}: no throughput measured at {n} nodes yet"
-        )
+        return TargetDecision(previous, f"holding at {previous}: no throughput measured at {n} nodes yet")
     price = next_node_price if next_node_price is not None else avg_price
     above = throughput_by_nodes.get(n + 1)
     if above is not None:
@@ -165,8 +159,11 @@ def decide_target(
     elif below is not None:
         gain, source = here - below, f"assumed equal to node {n}'s measured gain"
     else:
-        why = (f"GPUs busy ({util:.0f}% >= {sc.scale_up_util_pct:.0f}%)" if util is not None
-               else f"{here:.3f} steps/s measured at {n} nodes, no GPU telemetry")
+        why = (
+            f"GPUs busy ({util:.0f}% >= {sc.scale_up_util_pct:.0f}%)"
+            if util is not None
+            else f"{here:.3f} steps/s measured at {n} nodes, no GPU telemetry"
+        )
         return TargetDecision(
             previous + 1,
             f"scale up {previous}->{previous + 1}: {why} and no measurement beyond {n} nodes yet: exploring",
@@ -200,12 +197,16 @@ def node_flag(node: Node, cfg: FleetdConfig) -> str | None:
     sc = cfg.scaling
     if util < sc.scale_down_util_pct:
         if cpu is not None and cpu >= INPUT_BOUND_CPU_PCT:
-            return (f"input-bound: GPU {util:.0f}% while the host CPU is at {cpu:.0f}% "
-                    "(data loading or preprocessing keeps the GPUs waiting)")
+            return (
+                f"input-bound: GPU {util:.0f}% while the host CPU is at {cpu:.0f}% "
+                "(data loading or preprocessing keeps the GPUs waiting)"
+            )
         return f"gpu-idle: GPU {util:.0f}% < scale_down_util_pct {sc.scale_down_util_pct:.0f}%"
     if util < sc.scale_up_util_pct and cpu is not None and cpu >= INPUT_BOUND_CPU_PCT:
-        return (f"input-bound: GPU {util:.0f}% (< scale_up_util_pct {sc.scale_up_util_pct:.0f}%) while "
-                f"the host CPU is at {cpu:.0f}%")
+        return (
+            f"input-bound: GPU {util:.0f}% (< scale_up_util_pct {sc.scale_up_util_pct:.0f}%) while "
+            f"the host CPU is at {cpu:.0f}%"
+        )
     return None
 
 
@@ -230,9 +231,7 @@ def stragglers(
     slow = [
         x
         for x in training
-        if x.phase is NodePhase.RUNNING
-        and (r := rate[x.instance_id]) is not None
-        and r < ratio * median
+        if x.phase is NodePhase.RUNNING and (r := rate[x.instance_id]) is not None and r < ratio * median
     ]
     slow.sort(key=lambda x: (rate[x.instance_id], x.instance_id))
     return [

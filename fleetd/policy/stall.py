@@ -195,8 +195,9 @@ def _next_action(ep: Episode, obs: StallObservation, s: StallSettings) -> Recove
         else:
             ids = ()
         idle = obs.now - ep.since
-        return RecoveryAction(kind, ids, f"no step for {idle:.0f} s with {len(billed)} node(s) billed "
-                                         f"({ep.cause}): {kind}")
+        return RecoveryAction(
+            kind, ids, f"no step for {idle:.0f} s with {len(billed)} node(s) billed ({ep.cause}): {kind}"
+        )
     return None
 
 
@@ -217,7 +218,7 @@ def assess(tracker: StallTracker, obs: StallObservation, settings: StallSettings
         if t.episode is not None:
             ended = _accrue(t.episode, obs)
             ended = replace(ended, ended_at=obs.now)
-            t = replace(t, episode=None, history=(*t.history, ended)[-s.max_history:])
+            t = replace(t, episode=None, history=(*t.history, ended)[-s.max_history :])
             return StallDecision(t, False, ended.cause, ended=ended)
         return StallDecision(t, False)
 
@@ -226,8 +227,12 @@ def assess(tracker: StallTracker, obs: StallObservation, settings: StallSettings
         ep = _accrue(t.episode, obs)
         if billed == 0 or not obs.training_expected:
             # Nothing billed (or the job is being stopped): the stall ends without a step.
-            t = replace(t, episode=None, history=(*t.history, replace(ep, ended_at=obs.now))[-s.max_history:],
-                        advanced_at=obs.now)
+            t = replace(
+                t,
+                episode=None,
+                history=(*t.history, replace(ep, ended_at=obs.now))[-s.max_history :],
+                advanced_at=obs.now,
+            )
             return StallDecision(t, False, ep.cause, notes=("stall over: no node billed or the job stops",))
         cause = _cause(obs, ep.since, s)
         changed = cause is not ep.cause
@@ -244,8 +249,14 @@ def assess(tracker: StallTracker, obs: StallObservation, settings: StallSettings
     if idle <= s.stall_after_s or _reforming(obs, t.advanced_at, s):
         return StallDecision(t, False)
     cause = _cause(obs, t.advanced_at, s)
-    ep = Episode(since=t.advanced_at, detected_at=obs.now, cause=cause, billed_nodes=billed,
-                 node_seconds=idle * billed, accounted_to=obs.now)
+    ep = Episode(
+        since=t.advanced_at,
+        detected_at=obs.now,
+        cause=cause,
+        billed_nodes=billed,
+        node_seconds=idle * billed,
+        accounted_to=obs.now,
+    )
     action = _next_action(ep, obs, s)
     if action is not None:
         ep = replace(ep, actions=((action.kind, obs.now),))

@@ -202,9 +202,7 @@ def shard_receipts_complete(receipts: Iterable[WriterReceipt]) -> list[WriterRec
     return [r for r in receipts if any(f.name in wanted for f in r.files)]
 
 
-def merge_receipts(
-    receipts: Iterable[WriterReceipt], *, job: str, step: int, merged_by: str
-) -> Manifest:
+def merge_receipts(receipts: Iterable[WriterReceipt], *, job: str, step: int, merged_by: str) -> Manifest:
     """The manifest of step N from every expected writer's receipt; ProtocolError if any is missing
     or they disagree (another step, another world size, two writers claiming the same file)."""
     by_writer = {r.writer: r for r in receipts}

@@ -38,11 +38,7 @@ def configure_logging(level: str = "info", *, json: bool | None = None, stream: 
     )
     # Library loggers go through the same renderer so journald sees one format.
     handler = logging.StreamHandler(stream)
-    handler.setFormatter(
-        structlog.stdlib.ProcessorFormatter(
-            processor=renderer, foreign_pre_chain=shared[1:]
-        )
-    )
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(processor=renderer, foreign_pre_chain=shared[1:]))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(max(lvl, logging.INFO) if lvl < logging.INFO else lvl)

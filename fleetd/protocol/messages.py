@@ -206,15 +206,24 @@ Command: TypeAlias = Annotated[
     Field(discriminator="kind"),
 ]
 Message: TypeAlias = Annotated[
-    Status | Telemetry | Notice | Rebalance | CheckpointSaved | CheckpointUploaded | TrainerExited | CheckpointCommand | DrainCommand | LeaveCommand | ShutdownCommand | RestartTrainerCommand,
+    Status
+    | Telemetry
+    | Notice
+    | Rebalance
+    | CheckpointSaved
+    | CheckpointUploaded
+    | TrainerExited
+    | CheckpointCommand
+    | DrainCommand
+    | LeaveCommand
+    | ShutdownCommand
+    | RestartTrainerCommand,
     Field(discriminator="kind"),
 ]
 
 _MESSAGE_ADAPTER: TypeAdapter[Message] = TypeAdapter(Message)
 # Every kind, read off the union itself so the two can never disagree.
-MESSAGE_KINDS: frozenset[str] = frozenset(
-    m.model_fields["kind"].default for m in get_args(get_args(Message)[0])
-)
+MESSAGE_KINDS: frozenset[str] = frozenset(m.model_fields["kind"].default for m in get_args(get_args(Message)[0]))
 
 
 def describe_validation_error(err: ValidationError) -> str:
@@ -225,9 +234,11 @@ def describe_validation_error(err: ValidationError) -> str:
         if e["type"] == "extra_forbidden":
             msg = "unknown field"
         elif e["type"] == "union_tag_invalid":
-            msg = f"unknown kind {e.get('input', {}).get('kind')!r}" if isinstance(
-                e.get("input"), dict
-            ) else "unknown kind"
+            msg = (
+                f"unknown kind {e.get('input', {}).get('kind')!r}"
+                if isinstance(e.get("input"), dict)
+                else "unknown kind"
+            )
         elif e["type"] == "union_tag_not_found":
             msg = "missing 'kind'"
         else:
@@ -272,4 +283,3 @@ def parse_endpoint(payload: bytes | str) -> RendezvousEndpoint:
         return RendezvousEndpoint.model_validate_json(payload)
     except ValidationError as err:
         raise ProtocolError(describe_validation_error(err)) from None
-

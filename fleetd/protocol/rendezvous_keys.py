@@ -190,9 +190,9 @@ def parse_value(model: type[V], raw: bytes | str) -> V:
     try:
         value = model.model_validate_json(raw)
     except ValidationError as err:
-        raise ProtocolError(f"bad {model.__name__} in the rendezvous store: {err.errors(include_url=False)[:3]}") from None
-    if value.schema_version > SCHEMA_VERSION:
         raise ProtocolError(
-            f"{model.__name__} schema_version {value.schema_version} is newer than this build"
-        )
+            f"bad {model.__name__} in the rendezvous store: {err.errors(include_url=False)[:3]}"
+        ) from None
+    if value.schema_version > SCHEMA_VERSION:
+        raise ProtocolError(f"{model.__name__} schema_version {value.schema_version} is newer than this build")
     return value

@@ -59,9 +59,7 @@ class Notifier:
         self._sock: socket.socket | None = None
 
     @classmethod
-    def from_environment(
-        cls, environ: MutableMapping[str, str] | None = None, *, unset: bool = True
-    ) -> Notifier:
+    def from_environment(cls, environ: MutableMapping[str, str] | None = None, *, unset: bool = True) -> Notifier:
         """Read ``NOTIFY_SOCKET``/``WATCHDOG_USEC``/``WATCHDOG_PID`` and, by default, remove them
         from the environment (like ``sd_notify(unset_environment=1)``) so child processes do not
         inherit them."""
@@ -193,9 +191,7 @@ class Heartbeat:
         return self.silence_s <= self.max_silence_s
 
 
-async def watchdog(
-    notifier: Notifier, heartbeat: Heartbeat, *, interval_s: float | None = None
-) -> None:
+async def watchdog(notifier: Notifier, heartbeat: Heartbeat, *, interval_s: float | None = None) -> None:
     """Ping ``WATCHDOG=1`` every ``interval_s`` (default: half of ``WatchdogSec``) while the
     heartbeat is fresh. Returns at once when systemd configured no watchdog; otherwise runs until
     cancelled (run it in the daemon's TaskGroup and cancel it at shutdown)."""

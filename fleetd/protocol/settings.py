@@ -150,9 +150,7 @@ _CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("conf
 class FileSettings(BaseSettings):
     """BaseSettings whose sources are: environment, then the TOML file named at load time."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="FLEETD_", env_nested_delimiter="__", extra="forbid", frozen=True
-    )
+    model_config = SettingsConfigDict(env_prefix="FLEETD_", env_nested_delimiter="__", extra="forbid", frozen=True)
 
     @classmethod
     def settings_customise_sources(

@@ -24,9 +24,7 @@ _LEVEL = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
 CHANNEL_KINDS: dict[str, frozenset[str]] = {
     "status": frozenset({"status"}),
     "telemetry": frozenset({"telemetry"}),
-    "events": frozenset(
-        {"notice", "rebalance", "checkpoint-saved", "checkpoint-uploaded", "trainer-exited"}
-    ),
+    "events": frozenset({"notice", "rebalance", "checkpoint-saved", "checkpoint-uploaded", "trainer-exited"}),
     "commands": frozenset({"checkpoint", "drain", "leave", "shutdown", "restart-trainer"}),
 }
 
@@ -87,7 +85,5 @@ def decode(topic: str, payload: bytes | str, *, fleet: str | None = None) -> tup
     if msg.kind not in CHANNEL_KINDS[where.channel]:
         raise ProtocolError(f"kind {msg.kind!r} does not belong on channel {where.channel!r}")
     if msg.instance_id != where.instance_id:
-        raise ProtocolError(
-            f"payload instance_id {msg.instance_id!r} does not match topic {where.instance_id!r}"
-        )
+        raise ProtocolError(f"payload instance_id {msg.instance_id!r} does not match topic {where.instance_id!r}")
     return where, msg

@@ -68,8 +68,7 @@ def parse_report(data: bytes) -> TrainerReport:
         return _ADAPTER.validate_json(data)
     except ValidationError as err:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '<report>'}: {e['msg']}"
-            for e in err.errors(include_url=False)
+            f"{'.'.join(str(p) for p in e['loc']) or '<report>'}: {e['msg']}" for e in err.errors(include_url=False)
         )
         raise ProtocolError(f"bad trainer report: {problems}") from None
 

@@ -46,8 +46,6 @@ def ec2_client_kwargs(cfg: FleetdConfig) -> dict[str, Any]:
     return kwargs
 
 
-
-
 @dataclass
 class Built:
     reconciler: Reconciler
@@ -81,17 +79,23 @@ def price_source(
     catalog = catalog or bundled_catalog()
     use_api = cfg.capacity.on_demand_prices == "price-list" and pricing_client is not None
     if not use_api:
-        log.info("on_demand_prices_from_catalog", catalog=catalog.label,
-                 why="capacity.on_demand_prices = catalog" if pricing_client is not None else "no Price List client")
+        log.info(
+            "on_demand_prices_from_catalog",
+            catalog=catalog.label,
+            why="capacity.on_demand_prices = catalog" if pricing_client is not None else "no Price List client",
+        )
     on_demand = OnDemandPrices(
-        cfg.aws.region, catalog, client=pricing_client if use_api else None,
+        cfg.aws.region,
+        catalog,
+        client=pricing_client if use_api else None,
         refresh_s=cfg.capacity.price_refresh_s,
     )
     return Ec2SpotPriceSource(client, on_demand=on_demand), None
 
 
-def hardware_for(types: Any, described: dict[str, Hardware], book: FilePriceBook | None,
-                 catalog: Catalog) -> dict[str, Hardware]:
+def hardware_for(
+    types: Any, described: dict[str, Hardware], book: FilePriceBook | None, catalog: Catalog
+) -> dict[str, Hardware]:
     """Per type: DescribeInstanceTypes' facts, else the file book's, else the catalog's; the
     relative throughput always from the catalog (DescribeInstanceTypes has none)."""
     out: dict[str, Hardware] = {}
@@ -106,8 +110,9 @@ def hardware_for(types: Any, described: dict[str, Hardware], book: FilePriceBook
             continue
         throughput = catalog.throughput_of(itype, hw.gpu_model)
         if throughput is None:
-            log.warning("gpu_throughput_unknown", instance_type=itype, gpu_model=hw.gpu_model,
-                        assumed=hw.relative_throughput)
+            log.warning(
+                "gpu_throughput_unknown", instance_type=itype, gpu_model=hw.gpu_model, assumed=hw.relative_throughput
+            )
         else:
             hw = replace(hw, relative_throughput=throughput)
         out[itype] = hw
@@ -172,12 +177,25 @@ async def build_reconciler(
     priors = priors_for_pools(load_spot_advisor(cap.spot_advisor_csv), pools) if cap.spot_advisor_csv else {}
     if state is None:
         state = await (StateStore.open_snapshot if dry_run else StateStore.open)(cfg.fleet.state_dir)
-    log.info("reconciler_ready", fleet=cfg.fleet.name, pools=[str(p) for p in pools], dry_run=dry_run,
-             priors=len(priors))
+    log.info(
+        "reconciler_ready", fleet=cfg.fleet.name, pools=[str(p) for p in pools], dry_run=dry_run, priors=len(priors)
+    )
     reconciler = Reconciler(
-        cfg, ec2=ec2, prices=prices, state=state, pools=pools, hardware=hardware, planner=planner,
-        clock=clock, signals=signals, observer=observer, commander=commander, spend=spend, priors=priors, dry_run=dry_run,
-        ledger=ledger, fence=fence,
+        cfg,
+        ec2=ec2,
+        prices=prices,
+        state=state,
+        pools=pools,
+        hardware=hardware,
+        planner=planner,
+        clock=clock,
+        signals=signals,
+        observer=observer,
+        commander=commander,
+        spend=spend,
+        priors=priors,
+        dry_run=dry_run,
+        ledger=ledger,
+        fence=fence,
     )
     return Built(reconciler, state, ec2)
-

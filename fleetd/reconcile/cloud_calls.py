@@ -129,17 +129,29 @@ class CloudCalls:
                     q.clear()
                 self._error = exc
                 self._failed_at = time.monotonic()
-                log.warning("cloud_call_failed", job=job.name, kind=exc.kind, code=exc.code,
-                            operation=exc.operation, error=exc.message, dropped=dropped or None)
+                log.warning(
+                    "cloud_call_failed",
+                    job=job.name,
+                    kind=exc.kind,
+                    code=exc.code,
+                    operation=exc.operation,
+                    error=exc.message,
+                    dropped=dropped or None,
+                )
             except Exception as exc:  # a bug in one job's follow-up must not end the worker
                 log.error("cloud_call_crashed", job=job.name, error=repr(exc))
             finally:
                 del self._current[lane]
             took = time.monotonic() - started
             self.seconds = [*self.seconds[-99:], took]
-            log.info("cloud_call_done", job=job.name, seconds=round(took, 4),
-                     queued_s=round(started - job.submitted, 4), instances=len(job.instance_ids) or None,
-                     lane=lane)
+            log.info(
+                "cloud_call_done",
+                job=job.name,
+                seconds=round(took, 4),
+                queued_s=round(started - job.submitted, 4),
+                instances=len(job.instance_ids) or None,
+                lane=lane,
+            )
             if lane == "terminate":
                 self._terminated.set()
             if not self._jobs():
@@ -149,8 +161,9 @@ class CloudCalls:
     async def _after_earlier_terminations(self, job: Job) -> bool:
         """Wait for the terminations submitted before this launch; False (the launch dropped) if
         a call failed meanwhile: it was planned from a view older than that failure."""
-        while any(j.submitted <= job.submitted for j in [*self._current.values(), *self._queues["terminate"]]
-                  if not j.launch):
+        while any(
+            j.submitted <= job.submitted for j in [*self._current.values(), *self._queues["terminate"]] if not j.launch
+        ):
             self._terminated.clear()
             await self._terminated.wait()
         if self._failed_at >= job.submitted:

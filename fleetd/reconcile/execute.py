@@ -89,8 +89,9 @@ class ActionExecutor:
         self._logged_permanent: set[tuple[str, str]] = set()
         self._started_at: float | None = None  # the first pass's time (the drain re-send grace)
 
-    async def act(self, plan: Plan, obs: Observation, now: float,
-                  urgent_only: bool = False) -> tuple[list[Outcome], AwsError | None]:
+    async def act(
+        self, plan: Plan, obs: Observation, now: float, urgent_only: bool = False
+    ) -> tuple[list[Outcome], AwsError | None]:
         """``urgent_only``: drains and checkpoint requests only (the cloud-call task was just
         throttled or failed: no EC2 call this pass, as when the call failed inside it)."""
         outcomes: list[Outcome] = []
@@ -155,8 +156,7 @@ class ActionExecutor:
             elif isinstance(action, Drain):
                 # Recorded first: from here on the node counts as draining, so no pass (of this
                 # process or the next) plans it again; the journal sends it if this send is lost.
-                record = await journal.record_drain(self.state, action.instance_id, now, action.deadline,
-                                                    action.reason)
+                record = await journal.record_drain(self.state, action.instance_id, now, action.deadline, action.reason)
                 failpoint("drain-recorded")
                 if record.sent_at is not None:
                     # The urgent pass (loop.py) and a pass planned just before it both drained it.
@@ -184,8 +184,7 @@ class ActionExecutor:
         handed to the broker): where a slow notice path shows first (bench/agents_load.py)."""
         node = next((n for n in obs.nodes if n.instance_id == instance_id), None) if obs is not None else None
         if node is not None and node.notice_at is not None:
-            log.info("notice_drained", instance_id=instance_id,
-                     since_notice_s=round(self._clock() - node.notice_at, 4))
+            log.info("notice_drained", instance_id=instance_id, since_notice_s=round(self._clock() - node.notice_at, 4))
 
     async def _terminate(self, actions: list[Terminate], now: float) -> list[Outcome]:
         if self._blocked_until.get("Terminate", 0.0) > now:
@@ -198,8 +197,9 @@ class ActionExecutor:
         await self.state.mark_terminate_requested(ids, now)
         failpoint("terminate-recorded")
         if self.calls is not None:
-            self.calls.submit(Job(f"terminate {len(ids)}", lambda: self._terminate_call(actions),
-                                  instance_ids=frozenset(ids)))
+            self.calls.submit(
+                Job(f"terminate {len(ids)}", lambda: self._terminate_call(actions), instance_ids=frozenset(ids))
+            )
             return [self._record(Outcome(a, "started", "TerminateInstances in its own task")) for a in actions]
         return await self._terminate_call(actions)
 
@@ -212,16 +212,22 @@ class ActionExecutor:
         except PermanentAwsError as exc:
             return [self._record(self._hold(a, exc, self._clock())) for a in actions]
         return [
-            self._record(Outcome(a, "done" if a.instance_id in done else "failed",
-                                 "" if a.instance_id in done else "not a fleet instance (refused)",
-                                 (a.instance_id,) if a.instance_id in done else ()))
+            self._record(
+                Outcome(
+                    a,
+                    "done" if a.instance_id in done else "failed",
+                    "" if a.instance_id in done else "not a fleet instance (refused)",
+                    (a.instance_id,) if a.instance_id in done else (),
+                )
+            )
             for a in actions
         ]
 
     async def _send_drain(self, record: journal.DrainRecord, now: float) -> None:
         self._fence()
-        await self.commander.drain(record.instance_id, record.deadline, record.reason,
-                                   msg_id=journal.drain_msg_id(record))
+        await self.commander.drain(
+            record.instance_id, record.deadline, record.reason, msg_id=journal.drain_msg_id(record)
+        )
         failpoint("drain-sent")
         await journal.mark_drain_sent(self.state, record.instance_id, now)
 
@@ -237,25 +243,40 @@ class ActionExecutor:
             said = self.commander.node_state(rec.instance_id)
             if said in ("draining", "leaving"):
                 await journal.mark_drain_sent(self.state, rec.instance_id, now)
-                log.info("drain_confirmed", instance_id=rec.instance_id, agent_state=said,
-                         why="the agent is draining: the recorded drain is not sent again")
+                log.info(
+                    "drain_confirmed",
+                    instance_id=rec.instance_id,
+                    agent_state=said,
+                    why="the agent is draining: the recorded drain is not sent again",
+                )
             elif now - max(rec.started_at, self._started_at) >= DRAIN_RESEND_GRACE_S:
                 try:
                     await self._send_drain(rec, now)
-                    log.warning("drain_resent", instance_id=rec.instance_id, recorded_s_ago=round(now - rec.started_at, 1),
-                                why="recorded, never confirmed sent (a crash or the broker was down)")
+                    log.warning(
+                        "drain_resent",
+                        instance_id=rec.instance_id,
+                        recorded_s_ago=round(now - rec.started_at, 1),
+                        why="recorded, never confirmed sent (a crash or the broker was down)",
+                    )
                 except NotDelivered as exc:
                     log.warning("drain_resend_failed", instance_id=rec.instance_id, error=str(exc))
-        overdue = [i for i in await journal.unfinished_terminations(self.state, now - TERMINATE_RESEND_AFTER_S)
-                   if i in live and i not in terminating
-                   and (self.calls is None or not self.calls.terminating(i))]
+        overdue = [
+            i
+            for i in await journal.unfinished_terminations(self.state, now - TERMINATE_RESEND_AFTER_S)
+            if i in live and i not in terminating and (self.calls is None or not self.calls.terminating(i))
+        ]
         if not overdue:
             return []
         log.warning("terminate_resent", instances=overdue, why="asked for and still running")
         again = [Terminate(reason="finishing a termination fleetd already decided", instance_id=i) for i in overdue]
         if self.calls is not None:
-            self.calls.submit(Job(f"terminate again {len(overdue)}", lambda: self._terminate_call(again),
-                                  instance_ids=frozenset(overdue)))
+            self.calls.submit(
+                Job(
+                    f"terminate again {len(overdue)}",
+                    lambda: self._terminate_call(again),
+                    instance_ids=frozenset(overdue),
+                )
+            )
             return [self._record(Outcome(a, "started", "TerminateInstances in its own task")) for a in again]
         return await self._terminate_call(again)
 
@@ -277,13 +298,19 @@ class ActionExecutor:
         )
         self._fence()
         await self.state.record_intent(
-            token=token, seq=seq, now=now, count=action.count, market=action.market, pools=action.pools,
-            purpose=str(action.purpose), max_price_per_hour=spec.max_price_per_hour, reason=action.reason,
+            token=token,
+            seq=seq,
+            now=now,
+            count=action.count,
+            market=action.market,
+            pools=action.pools,
+            purpose=str(action.purpose),
+            max_price_per_hour=spec.max_price_per_hour,
+            reason=action.reason,
         )
         failpoint("launch-recorded")
         if self.calls is not None:
-            self.calls.submit(Job(f"launch {token}", lambda: self._launch_call(action, spec), launch=True,
-                                  token=token))
+            self.calls.submit(Job(f"launch {token}", lambda: self._launch_call(action, spec), launch=True, token=token))
             return Outcome(action, "started", "CreateFleet in its own task")
         return await self._launch_call(action, spec, now)
 
@@ -313,15 +340,27 @@ class ActionExecutor:
         key = (exc.operation, exc.code)
         if key not in self._logged_permanent:
             self._logged_permanent.add(key)
-            log.error("aws_permanent_error", operation=exc.operation, code=exc.code, error=exc.message,
-                      action=kind, held_for_s=PERMANENT_HOLD_S,
-                      hint="fix the permission/config named above; fleetd retries after the hold")
+            log.error(
+                "aws_permanent_error",
+                operation=exc.operation,
+                code=exc.code,
+                error=exc.message,
+                action=kind,
+                held_for_s=PERMANENT_HOLD_S,
+                hint="fix the permission/config named above; fleetd retries after the hold",
+            )
         return Outcome(action, "held", f"{exc.code}: {exc.message}")
 
     def _record(self, outcome: Outcome) -> Outcome:
         a = outcome.action
         ACTIONS.labels(type(a).__name__, outcome.status).inc()
-        log.info("action", action=type(a).__name__, outcome=outcome.status, reason=a.reason,
-                 detail=outcome.detail or None, instances=list(outcome.instance_ids) or None,
-                 dry_run=self.dry_run or None)
+        log.info(
+            "action",
+            action=type(a).__name__,
+            outcome=outcome.status,
+            reason=a.reason,
+            detail=outcome.detail or None,
+            instances=list(outcome.instance_ids) or None,
+            dry_run=self.dry_run or None,
+        )
         return outcome

@@ -23,12 +23,12 @@ from __future__ import annotations
 from fleetd.reconcile.state_port import StateBackend
 from fleetd.reconcile.state_rows import DrainRecord
 
-__all__ = ["DrainRecord", "drain_msg_id", "mark_drain_sent", "record_drain", "unfinished_terminations",
-           "unsent_drains"]
+__all__ = ["DrainRecord", "drain_msg_id", "mark_drain_sent", "record_drain", "unfinished_terminations", "unsent_drains"]
 
 
-async def record_drain(state: StateBackend, instance_id: str, now: float, deadline: float | None,
-                       reason: str) -> DrainRecord:
+async def record_drain(
+    state: StateBackend, instance_id: str, now: float, deadline: float | None, reason: str
+) -> DrainRecord:
     """Write the drain before it is sent; a drain already recorded for the node is kept as it was."""
     return await state.record_drain(instance_id, now, deadline, reason)
 

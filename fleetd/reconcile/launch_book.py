@@ -28,8 +28,9 @@ class LaunchBook:
     ledger: LedgerFeed | None
     capacity_error_ttl_s: float  # how long a refused pool is left out (capacity.capacity_error_ttl_s)
 
-    async def answer(self, action: Launch, spec: LaunchSpec, result: LaunchResult | None,
-                     exc: AwsError | None, now: float) -> Outcome:
+    async def answer(
+        self, action: Launch, spec: LaunchSpec, result: LaunchResult | None, exc: AwsError | None, now: float
+    ) -> Outcome:
         if isinstance(exc, CapacityUnavailable):
             # A call-level capacity error does not say which pool: all of them were refused.
             for pool in action.pools:
@@ -53,8 +54,15 @@ class LaunchBook:
         prices = await self.prices.prices(sorted({i.pool for i in result.instances}), now)
         await self.state.record_launched(
             [
-                st.SeenInstance(i.instance_id, i.pool, i.market, i.state, i.launched_at or now, spec.token,
-                                price_of(i.market, prices.get(i.pool)) or action.budgeted_price_per_hour)
+                st.SeenInstance(
+                    i.instance_id,
+                    i.pool,
+                    i.market,
+                    i.state,
+                    i.launched_at or now,
+                    spec.token,
+                    price_of(i.market, prices.get(i.pool)) or action.budgeted_price_per_hour,
+                )
                 for i in result.instances
             ],
             spec.max_price_per_hour,
@@ -73,9 +81,16 @@ class LaunchBook:
         detail = "; ".join(f"{f.pool}: {f.code}" for f in result.failures)
         await self.state.settle_launch(spec.token, status, ids, now, detail)
         await self._spot_outcome(action, got_any=bool(ids), now=now)
-        log.info("launched", token=spec.token, requested=action.count, got=len(ids), instances=list(ids),
-                 pools=sorted({str(i.pool) for i in result.instances}), failures=detail or None,
-                 already_launched=result.already_launched)
+        log.info(
+            "launched",
+            token=spec.token,
+            requested=action.count,
+            got=len(ids),
+            instances=list(ids),
+            pools=sorted({str(i.pool) for i in result.instances}),
+            failures=detail or None,
+            already_launched=result.already_launched,
+        )
         if len(ids) >= action.count:
             return Outcome(action, "done", instance_ids=ids)
         return Outcome(action, "partial" if ids else "failed", detail, ids)
@@ -85,8 +100,14 @@ class LaunchBook:
         run out independently)."""
         until = now + self.capacity_error_ttl_s
         await self.state.mark_pool_unavailable(pool, until, code, market)
-        log.warning("pool_unavailable", pool=str(pool), market=str(market), code=code, until=until,
-                    ttl_s=self.capacity_error_ttl_s)
+        log.warning(
+            "pool_unavailable",
+            pool=str(pool),
+            market=str(market),
+            code=code,
+            until=until,
+            ttl_s=self.capacity_error_ttl_s,
+        )
 
     async def _spot_outcome(self, action: Launch, *, got_any: bool, now: float) -> None:
         if action.market is not Market.SPOT:

@@ -37,16 +37,25 @@ class LedgerFeed:
         self._pool_of: dict[str, PoolId] = {}  # the pool last recorded for each open instance
         self._compacted_at: float | None = None
 
-    async def feed(self, state: StateBackend, now: float, prices: Mapping[PoolId, PoolPrice],
-                   sync: st.SyncReport, notices: Sequence[str]) -> None:
+    async def feed(
+        self,
+        state: StateBackend,
+        now: float,
+        prices: Mapping[PoolId, PoolPrice],
+        sync: st.SyncReport,
+        notices: Sequence[str],
+    ) -> None:
         events: list = []
         resync_pass = not self._resynced
         if resync_pass:
             # Instances that ended before the compaction horizon are not re-sent: compaction
             # may have rolled their rows up (their event_ids are gone, so a re-send would
             # count them twice). A crash loses at most the last pass's events, never older.
-            rows = [r for r in await state.instances(open_only=False)
-                    if r.ended_at is None or r.ended_at >= now - COMPACT_AFTER_S]
+            rows = [
+                r
+                for r in await state.instances(open_only=False)
+                if r.ended_at is None or r.ended_at >= now - COMPACT_AFTER_S
+            ]
             started = list(rows)
             stopped = [r for r in rows if r.ended_at is not None]
             noticed = [r for r in rows if r.notice_at is not None]
@@ -72,19 +81,44 @@ class LedgerFeed:
         for r in stopped:
             self._pool_of.pop(r.instance_id, None)
         for r in stopped:
-            events.append(ledger.InstanceStopped(at=r.ended_at or now, instance_id=r.instance_id,
-                                                 event_id=f"stop:{r.instance_id}"))
+            events.append(
+                ledger.InstanceStopped(
+                    at=r.ended_at or now, instance_id=r.instance_id, event_id=f"stop:{r.instance_id}"
+                )
+            )
             if (r.end_reason or "").startswith("lost"):
-                events.append(ledger.Interruption(at=r.ended_at or now, instance_id=r.instance_id, pool=r.pool,
-                                                  kind="loss", event_id=f"loss:{r.instance_id}"))
-        events += [ledger.Interruption(at=r.notice_at or now, instance_id=r.instance_id, pool=r.pool,
-                                       kind="notice", event_id=f"notice:{r.instance_id}") for r in noticed]
+                events.append(
+                    ledger.Interruption(
+                        at=r.ended_at or now,
+                        instance_id=r.instance_id,
+                        pool=r.pool,
+                        kind="loss",
+                        event_id=f"loss:{r.instance_id}",
+                    )
+                )
+        events += [
+            ledger.Interruption(
+                at=r.notice_at or now,
+                instance_id=r.instance_id,
+                pool=r.pool,
+                kind="notice",
+                event_id=f"notice:{r.instance_id}",
+            )
+            for r in noticed
+        ]
         for key in sorted({(r.pool, r.market) for r in rows if r.open}):
             price = price_of(key[1], prices.get(key[0]))
             if price and self._last_price.get(key) != price:
                 self._last_price[key] = price
-                events.append(ledger.PriceChanged(at=now, pool=key[0], market=key[1], price_per_hour=price,
-                                                  event_id=f"price:{key[0]}:{key[1]}:{now:.3f}"))
+                events.append(
+                    ledger.PriceChanged(
+                        at=now,
+                        pool=key[0],
+                        market=key[1],
+                        price_per_hour=price,
+                        event_id=f"price:{key[0]}:{key[1]}:{now:.3f}",
+                    )
+                )
         if events:
             await self.sink.append(*events)
 
@@ -110,11 +144,15 @@ class LedgerFeed:
             log.info("ledger_compacted", dropped=dropped, added=added, older_than_s=COMPACT_AFTER_S)
 
     async def target_changed(self, now: float, previous: int, target: int, reason: str) -> None:
-        await self.sink.append(ledger.TargetChanged(at=now, previous=previous, target=target, reason=reason,
-                                                    event_id=f"target:{now:.3f}:{target}"))
+        await self.sink.append(
+            ledger.TargetChanged(
+                at=now, previous=previous, target=target, reason=reason, event_id=f"target:{now:.3f}:{target}"
+            )
+        )
 
-    async def started(self, rows: Sequence[st.InstanceRow], ids: Sequence[str],
-                      prices: Mapping[PoolId, PoolPrice]) -> None:
+    async def started(
+        self, rows: Sequence[st.InstanceRow], ids: Sequence[str], prices: Mapping[PoolId, PoolPrice]
+    ) -> None:
         wanted = set(ids)
         events = [self._start(r, prices.get(r.pool)) for r in rows if r.instance_id in wanted]
         for r in rows:
@@ -126,14 +164,24 @@ class LedgerFeed:
     @staticmethod
     def _placed(r: st.InstanceRow, price: PoolPrice | None) -> object:
         on_demand = price.on_demand if price and price.on_demand else r.price_per_hour
-        return ledger.InstancePlaced(at=r.launched_at, instance_id=r.instance_id, pool=r.pool,
-                                     price_per_hour=price_of(r.market, price) or r.price_per_hour,
-                                     on_demand_price_per_hour=on_demand,
-                                     event_id=f"placed:{r.instance_id}:{r.pool}")
+        return ledger.InstancePlaced(
+            at=r.launched_at,
+            instance_id=r.instance_id,
+            pool=r.pool,
+            price_per_hour=price_of(r.market, price) or r.price_per_hour,
+            on_demand_price_per_hour=on_demand,
+            event_id=f"placed:{r.instance_id}:{r.pool}",
+        )
 
     @staticmethod
     def _start(r: st.InstanceRow, price: PoolPrice | None) -> object:
         on_demand = price.on_demand if price and price.on_demand else r.price_per_hour
-        return ledger.InstanceStarted(at=r.launched_at, instance_id=r.instance_id, pool=r.pool, market=r.market,
-                                      price_per_hour=r.price_per_hour, on_demand_price_per_hour=on_demand,
-                                      event_id=f"start:{r.instance_id}")
+        return ledger.InstanceStarted(
+            at=r.launched_at,
+            instance_id=r.instance_id,
+            pool=r.pool,
+            market=r.market,
+            price_per_hour=r.price_per_hour,
+            on_demand_price_per_hour=on_demand,
+            event_id=f"start:{r.instance_id}",
+        )

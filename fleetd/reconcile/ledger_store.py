@@ -126,8 +126,7 @@ class LedgerStore:
                     self._conn.execute("BEGIN")
                     for event, row in zip(events, rows, strict=True):
                         cur = self._conn.execute(
-                            "INSERT OR IGNORE INTO ledger_events(at, kind, event_id, payload) "
-                            "VALUES (?, ?, ?, ?)",
+                            "INSERT OR IGNORE INTO ledger_events(at, kind, event_id, payload) VALUES (?, ?, ?, ?)",
                             row,
                         )
                         if cur.rowcount == 1:  # 0: this event_id is already stored
@@ -148,9 +147,7 @@ class LedgerStore:
 
     def _read_all(self) -> list[LedgerEvent]:
         try:
-            rows = self._conn.execute(
-                "SELECT seq, kind, payload FROM ledger_events ORDER BY seq"
-            ).fetchall()
+            rows = self._conn.execute("SELECT seq, kind, payload FROM ledger_events ORDER BY seq").fetchall()
         except sqlite3.Error as exc:
             raise LedgerStoreError(f"cannot read ledger {self._path}: {exc}") from exc
         out: list[LedgerEvent] = []
@@ -178,10 +175,12 @@ class LedgerStore:
             try:
                 with self._conn:
                     self._conn.execute("BEGIN")
-                    self._conn.executemany("DELETE FROM ledger_events WHERE event_id=?",
-                                           [(e.event_id,) for e in plan.drop])
-                    self._conn.executemany("INSERT OR IGNORE INTO ledger_events(at, kind, event_id, payload)"
-                                           " VALUES (?, ?, ?, ?)", rows)
+                    self._conn.executemany(
+                        "DELETE FROM ledger_events WHERE event_id=?", [(e.event_id,) for e in plan.drop]
+                    )
+                    self._conn.executemany(
+                        "INSERT OR IGNORE INTO ledger_events(at, kind, event_id, payload) VALUES (?, ?, ?, ?)", rows
+                    )
             except sqlite3.Error as exc:
                 raise LedgerStoreError(f"cannot compact ledger {self._path}: {exc}") from exc
             dropped = {id(e) for e in plan.drop}

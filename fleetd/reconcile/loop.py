@@ -55,8 +55,18 @@ from fleetd.reconcile.state_port import StateBackend
 
 # Outcome, LedgerFeed and the action counters moved out with their code; importable from here still.
 __all__ = [
-    "ACTIONS", "AWS_ERRORS", "MAX_BACKOFF_S", "NODES", "PASSES", "PASS_SECONDS", "PERMANENT_HOLD_S",
-    "LedgerFeed", "Outcome", "PassReport", "Planner", "Reconciler",
+    "ACTIONS",
+    "AWS_ERRORS",
+    "MAX_BACKOFF_S",
+    "NODES",
+    "PASSES",
+    "PASS_SECONDS",
+    "PERMANENT_HOLD_S",
+    "LedgerFeed",
+    "Outcome",
+    "PassReport",
+    "Planner",
+    "Reconciler",
 ]
 
 log = get_logger(__name__)
@@ -106,9 +116,23 @@ class Reconciler:
         fence: Callable[[], object] | None = None,
     ):
         # Everything a successor (a fresh loop after an HA takeover) is built from.
-        self._inputs = dict(ec2=ec2, prices=prices, state=state, pools=pools, hardware=hardware, planner=planner,
-                            clock=clock, signals=signals, observer=observer, commander=commander, spend=spend,
-                            priors=priors, dry_run=dry_run, ledger=ledger, fence=fence)
+        self._inputs = dict(
+            ec2=ec2,
+            prices=prices,
+            state=state,
+            pools=pools,
+            hardware=hardware,
+            planner=planner,
+            clock=clock,
+            signals=signals,
+            observer=observer,
+            commander=commander,
+            spend=spend,
+            priors=priors,
+            dry_run=dry_run,
+            ledger=ledger,
+            fence=fence,
+        )
         self.cfg = cfg
         self.ec2 = ec2
         self.prices = prices
@@ -134,13 +158,27 @@ class Reconciler:
         feed = LedgerFeed(ledger, stall_after_s) if ledger is not None and not dry_run else None
         self._feed = feed
         self._observation = ObservationBuilder(
-            ec2=ec2, prices=prices, state=state, pools=self.pools, hardware=self.hardware,
-            signals=self.signals, observer=self.observer, spend=self.spend, priors=self.priors,
+            ec2=ec2,
+            prices=prices,
+            state=state,
+            pools=self.pools,
+            hardware=self.hardware,
+            signals=self.signals,
+            observer=self.observer,
+            spend=self.spend,
+            priors=self.priors,
             ledger_feed=feed,
         )
         self._executor = ActionExecutor(
-            cfg, ec2=ec2, prices=prices, state=state, commander=self.commander, dry_run=dry_run,
-            ledger_feed=feed, fence=fence, clock=clock,
+            cfg,
+            ec2=ec2,
+            prices=prices,
+            state=state,
+            commander=self.commander,
+            dry_run=dry_run,
+            ledger_feed=feed,
+            fence=fence,
+            clock=clock,
         )
 
     def successor(self) -> Reconciler:
@@ -194,11 +232,19 @@ class Reconciler:
         # ec2_s is what it awaited EC2 for (0 while the loop runs: the calls have their own task,
         # whose jobs log cloud_call_done).
         waited = getattr(self.ec2, "waited_s", None)
-        log.info("pass_done", seconds=round(took, 4), nodes=len(obs.nodes), actions=len(plan.actions),
-                 error=error.code if error else None,
-                 ec2_s=round(waited - waited0, 4) if waited is not None and waited0 is not None else None,
-                 parts={**self._observation.last_parts, "plan": round(planned - observed, 4),
-                        "act": round(time.perf_counter() - planned, 4)})
+        log.info(
+            "pass_done",
+            seconds=round(took, 4),
+            nodes=len(obs.nodes),
+            actions=len(plan.actions),
+            error=error.code if error else None,
+            ec2_s=round(waited - waited0, 4) if waited is not None and waited0 is not None else None,
+            parts={
+                **self._observation.last_parts,
+                "plan": round(planned - observed, 4),
+                "act": round(time.perf_counter() - planned, 4),
+            },
+        )
         return PassReport(now, plan, tuple(outcomes), tuple(i.instance_id for i in live), error, obs)
 
     async def run_urgent_pass(self) -> tuple[Outcome, ...]:
@@ -226,6 +272,7 @@ class Reconciler:
     def pool_rows(self) -> tuple[PoolRow, ...]:
         """Every configured pool: its offer, or why it is excluded (as of the last pass)."""
         return self._observation.pool_rows
+
     async def terminate(self, instance_ids: Sequence[str], reason: str, now: float) -> None:
         """Terminate nodes outside a pass (the stall watcher's last resort), through the same
         executor a pass uses: recorded as ours before the call, ledger fed, dry-run respected.
@@ -242,8 +289,7 @@ class Reconciler:
     async def _remember(self, obs: Observation, plan: Plan, now: float) -> None:
         """Pass back what the stateless planner asked the caller to keep (observation.py)."""
         if plan.target_nodes is not None and plan.target_nodes != obs.target_nodes:
-            log.info("target_changed", previous=obs.target_nodes, target=plan.target_nodes,
-                     reason=plan.target_reason)
+            log.info("target_changed", previous=obs.target_nodes, target=plan.target_nodes, reason=plan.target_reason)
             if not self.dry_run:
                 await self.state.set_meta("target_nodes", plan.target_nodes)
                 await self.state.set_meta("last_scaling_at", now)
@@ -261,8 +307,11 @@ class Reconciler:
             # The shortage ended without a spot launch succeeding (the need went away, nodes came
             # back): forget it, or the next shortage would skip capacity.spot_wait_s.
             await self.state.set_meta("spot_unavailable_since", None)
-            log.info("spot_available_again", unavailable_for_s=now - obs.spot_unavailable_since,
-                     why="no spot shortage in the plan")
+            log.info(
+                "spot_available_again",
+                unavailable_for_s=now - obs.spot_unavailable_since,
+                why="no spot shortage in the plan",
+            )
 
     # -- act ------------------------------------------------------------------------------------
     async def act(self, plan: Plan, obs: Observation, now: float) -> tuple[list[Outcome], AwsError | None]:
@@ -301,8 +350,9 @@ class Reconciler:
                 self._observation.in_flight = set
                 worker.cancel()
 
-    async def _passes(self, wake: asyncio.Event, passes: int | None,
-                      on_pass: Callable[[PassReport], None] | None) -> None:
+    async def _passes(
+        self, wake: asyncio.Event, passes: int | None, on_pass: Callable[[PassReport], None] | None
+    ) -> None:
         done = 0
         while passes is None or done < passes:
             # Cleared before the pass: a wake-up that arrives during it starts the next one at once.
@@ -364,14 +414,22 @@ class Reconciler:
                     wake.clear()
                     woken = True
                 now = time.monotonic()
-                step = urgent_step(notices_seen=getattr(self.observer, "notices_seen", None),
-                                   notices_planned=self._notices_planned, full_started_at=started,
-                                   urgent_busy_s=busy, now=now, limits=self.urgent_limits)
+                step = urgent_step(
+                    notices_seen=getattr(self.observer, "notices_seen", None),
+                    notices_planned=self._notices_planned,
+                    full_started_at=started,
+                    urgent_busy_s=busy,
+                    now=now,
+                    limits=self.urgent_limits,
+                )
                 deferred = step == "defer"
                 if deferred:
                     # The full pass gets the loop until the urgent share is back under the limit.
-                    log.info("urgent_pass_deferred", urgent_busy_s=round(busy, 3),
-                             full_pass_running_s=round(now - started, 3))
+                    log.info(
+                        "urgent_pass_deferred",
+                        urgent_busy_s=round(busy, 3),
+                        full_pass_running_s=round(now - started, 3),
+                    )
                     await asyncio.wait({task}, timeout=max(0.01, resume_at(started, busy, self.urgent_limits) - now))
                     if task.done():
                         return task.result()

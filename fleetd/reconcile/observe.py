@@ -87,9 +87,7 @@ class ObservationBuilder:
         prices = await self.prices.prices(watched, now)
         mark("ec2_prices")
         await self._resolve_open_launches(instances, now)
-        sync = await self.state.sync_instances(
-            [self._seen(i, prices.get(i.pool)) for i in instances], now
-        )
+        sync = await self.state.sync_instances([self._seen(i, prices.get(i.pool)) for i in instances], now)
         for iid in sync.adopted:
             log.info("instance_adopted", instance_id=iid)
         for iid, reason in sync.ended:
@@ -164,8 +162,11 @@ class ObservationBuilder:
         for node in news:
             row = rows.get(node.instance_id)
             if row is not None:
-                node = node_with(node, drain_started_at=row.drain_started_at,
-                                 notice_at=node.notice_at if node.notice_at is not None else row.notice_at)
+                node = node_with(
+                    node,
+                    drain_started_at=row.drain_started_at,
+                    notice_at=node.notice_at if node.notice_at is not None else row.notice_at,
+                )
             folded[node.instance_id] = self._with_phase(self.observer.observe(node))
         return replace(last, nodes=tuple(folded.get(n.instance_id, n) for n in last.nodes))
 
@@ -273,8 +274,9 @@ def _has_news(node: Node, rec: object) -> bool:
     """The registry knows of a notice or a rebalance recommendation ``node`` does not show yet."""
     if rec is None:
         return False
-    return ((getattr(rec, "notice_at", None) is not None and node.notice_at is None)
-            or (getattr(rec, "rebalance_at", None) is not None and node.rebalance_at is None))
+    return (getattr(rec, "notice_at", None) is not None and node.notice_at is None) or (
+        getattr(rec, "rebalance_at", None) is not None and node.rebalance_at is None
+    )
 
 
 class _Marks:

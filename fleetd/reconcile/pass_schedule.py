@@ -40,8 +40,15 @@ class UrgentLimits:
     max_share: float = 0.5  # of a running full pass's time, what urgent passes beside it may take
 
 
-def urgent_step(*, notices_seen: int | None, notices_planned: int | None, full_started_at: float | None,
-                urgent_busy_s: float, now: float, limits: UrgentLimits = UrgentLimits()) -> Step:
+def urgent_step(
+    *,
+    notices_seen: int | None,
+    notices_planned: int | None,
+    full_started_at: float | None,
+    urgent_busy_s: float,
+    now: float,
+    limits: UrgentLimits = UrgentLimits(),
+) -> Step:
     """``notices_seen``: the registry's count of notices (None: an observer that does not count,
     every wake-up is news); ``notices_planned``: that count as of the last plan;
     ``full_started_at``: when the running full pass started (None: none runs);
@@ -65,8 +72,9 @@ class FullPassLimits:
     max_share: float = 0.5  # of the loop's time, what full passes started by wake-ups may take
 
 
-def woken_full_pass_at(last_started: float | None, last_ended: float | None,
-                       limits: FullPassLimits = FullPassLimits()) -> float:
+def woken_full_pass_at(
+    last_started: float | None, last_ended: float | None, limits: FullPassLimits = FullPassLimits()
+) -> float:
     """When a full pass that a wake-up asked for may start (same clock as the arguments): the
     last full pass's duration x (1 - share) / share after it ended; at once if none ran yet."""
     if last_started is None or last_ended is None:

@@ -43,15 +43,19 @@ def pool_rows(
         od = price.on_demand if price else None
         reason = None
         if hw is None:
-            reason = (f"no hardware facts for {pool.instance_type} (neither DescribeInstanceTypes nor the "
-                      "GPU catalog describe it)")
+            reason = (
+                f"no hardware facts for {pool.instance_type} (neither DescribeInstanceTypes nor the "
+                "GPU catalog describe it)"
+            )
         elif hw.gpus < 1:
             reason = f"{pool.instance_type} has no whole GPU"
         elif od is None:
-            reason = (f"no on-demand price for {pool.instance_type} in {region_of(pool.zone)}: the Price List "
-                      "API has not priced it and the bundled GPU catalog has no licensed price for it there "
-                      "(an unverified static number is unknown until the API answers): it cannot be "
-                      "budgeted or bid on")
+            reason = (
+                f"no on-demand price for {pool.instance_type} in {region_of(pool.zone)}: the Price List "
+                "API has not priced it and the bundled GPU catalog has no licensed price for it there "
+                "(an unverified static number is unknown until the API answers): it cannot be "
+                "budgeted or bid on"
+            )
         if reason is not None:
             rows.append(PoolRow(pool, None, reason, spot, od))
             continue

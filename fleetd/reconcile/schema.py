@@ -56,8 +56,10 @@ def _to_1(db: sqlite3.Connection) -> None:
 def _to_2(db: sqlite3.Connection) -> None:
     _add_columns(db, "instances", (("drain_deadline", "REAL"), ("drain_reason", "TEXT"), ("drain_sent_at", "REAL")))
     # A drain recorded by an older build was recorded after it was sent: it counts as sent.
-    db.execute("UPDATE instances SET drain_sent_at=drain_started_at WHERE drain_started_at IS NOT NULL"
-               " AND drain_sent_at IS NULL")
+    db.execute(
+        "UPDATE instances SET drain_sent_at=drain_started_at WHERE drain_started_at IS NOT NULL"
+        " AND drain_sent_at IS NULL"
+    )
 
 
 # MIGRATIONS[n] takes a version-n DB to version n+1.

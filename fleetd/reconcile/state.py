@@ -125,6 +125,7 @@ class StateStore:
         """``fn(db, *args)`` in one transaction in a worker thread; ``then(db, result)`` after it
         under the same lock, with ``_version`` already counting fn's changes (a read to cache).
         ``unseen(result)``: True when fn changed only columns no cached read shows."""
+
         def call() -> Any:
             with self._lock:
                 assert self._db is not None, "StateStore is closed"
@@ -176,13 +177,25 @@ class StateStore:
             db.execute(
                 "INSERT OR IGNORE INTO launches (token, seq, planned_at, count, market, pools, purpose,"
                 " max_price_per_hour, reason, status) VALUES (?,?,?,?,?,?,?,?,?,?)",
-                (token, seq, now, count, str(market), json.dumps([str(p) for p in pools]), purpose,
-                 max_price_per_hour, reason, OPEN),
+                (
+                    token,
+                    seq,
+                    now,
+                    count,
+                    str(market),
+                    json.dumps([str(p) for p in pools]),
+                    purpose,
+                    max_price_per_hour,
+                    reason,
+                    OPEN,
+                ),
             )
 
         await self._run(tx)
 
-    async def settle_launch(self, token: str, status: str, instance_ids: Iterable[str], now: float, detail: str = "") -> None:
+    async def settle_launch(
+        self, token: str, status: str, instance_ids: Iterable[str], now: float, detail: str = ""
+    ) -> None:
         await self._run(
             lambda db: db.execute(
                 "UPDATE launches SET status=?, instance_ids=?, settled_at=?, detail=? WHERE token=?",
@@ -194,13 +207,26 @@ class StateStore:
         return await self._select_launches(" WHERE status=?" if status else "", (status,) if status else ())
 
     async def _select_launches(self, where: str, args: tuple) -> list[LaunchRow]:
-        sql = ("SELECT token, seq, planned_at, count, market, pools, purpose, max_price_per_hour, status,"
-               f" instance_ids, settled_at FROM launches{where} ORDER BY seq, planned_at")
+        sql = (
+            "SELECT token, seq, planned_at, count, market, pools, purpose, max_price_per_hour, status,"
+            f" instance_ids, settled_at FROM launches{where} ORDER BY seq, planned_at"
+        )
 
         def q(db: sqlite3.Connection) -> list[LaunchRow]:
             return [
-                LaunchRow(r[0], r[1], r[2], r[3], Market(r[4]), tuple(PoolId.parse(p) for p in json.loads(r[5])),
-                          r[6], r[7], r[8], tuple(json.loads(r[9])), r[10])
+                LaunchRow(
+                    r[0],
+                    r[1],
+                    r[2],
+                    r[3],
+                    Market(r[4]),
+                    tuple(PoolId.parse(p) for p in json.loads(r[5])),
+                    r[6],
+                    r[7],
+                    r[8],
+                    tuple(json.loads(r[9])),
+                    r[10],
+                )
                 for r in db.execute(sql, args)
             ]
 
@@ -231,8 +257,19 @@ class StateStore:
                     "INSERT OR IGNORE INTO instances (instance_id, pool, market, price_per_hour,"
                     " max_price_per_hour, launched_at, launch_token, ec2_state, first_seen_at,"
                     " last_seen_at, accounted_until) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                    (s.instance_id, str(s.pool), str(s.market), s.price_per_hour, max_price_per_hour,
-                     s.launched_at or now, s.launch_token, s.ec2_state, now, now, s.launched_at or now),
+                    (
+                        s.instance_id,
+                        str(s.pool),
+                        str(s.market),
+                        s.price_per_hour,
+                        max_price_per_hour,
+                        s.launched_at or now,
+                        s.launch_token,
+                        s.ec2_state,
+                        now,
+                        now,
+                        s.launched_at or now,
+                    ),
                 )
 
         await self._run(tx)
@@ -242,8 +279,12 @@ class StateStore:
         node-hours per pool, and close instances that ended (counting losses). The open rows
         are read again in the same hop (the pass reads them next)."""
         report, _ = await self._run(
-            sync_instances_tx, seen, now, unseen=lambda r: not r[1],
-            then=lambda db, r: self._read_instances(db, _OPEN, ()) if r[1] else None)
+            sync_instances_tx,
+            seen,
+            now,
+            unseen=lambda r: not r[1],
+            then=lambda db, r: self._read_instances(db, _OPEN, ()) if r[1] else None,
+        )
         return report
 
     _INSTANCE_COLUMNS = (
@@ -267,16 +308,21 @@ class StateStore:
     def _read_instances(self, db: sqlite3.Connection, where: str, args: tuple) -> list[InstanceRow]:
         sql = f"SELECT {self._INSTANCE_COLUMNS} FROM instances{where} ORDER BY instance_id"
         pools: dict[str, PoolId] = {}
-        rows = [InstanceRow(r[0], pools.get(r[1]) or pools.setdefault(r[1], PoolId.parse(r[1])),
-                            _MARKETS[r[2]], *r[3:]) for r in db.execute(sql, args)]
+        rows = [
+            InstanceRow(r[0], pools.get(r[1]) or pools.setdefault(r[1], PoolId.parse(r[1])), _MARKETS[r[2]], *r[3:])
+            for r in db.execute(sql, args)
+        ]
         if not args:  # under the store's lock: no write since the rows were read
             self._rows_cache[where] = (self._version, tuple(rows))
         return rows
 
     async def mark_terminate_requested(self, instance_ids: Sequence[str], now: float) -> None:
-        await self._run(lambda db: db.executemany(
-            "UPDATE instances SET terminate_requested_at=COALESCE(terminate_requested_at, ?) WHERE instance_id=?",
-            [(now, i) for i in instance_ids]))
+        await self._run(
+            lambda db: db.executemany(
+                "UPDATE instances SET terminate_requested_at=COALESCE(terminate_requested_at, ?) WHERE instance_id=?",
+                [(now, i) for i in instance_ids],
+            )
+        )
 
     async def record_notice(self, instance_id: str, at: float) -> bool:
         """Count an interruption notice once per instance; True when it was new."""
@@ -287,8 +333,11 @@ class StateStore:
                 return False
             db.execute("UPDATE instances SET notice_at=? WHERE instance_id=?", (at, instance_id))
             ensure_pool(db, row[0])
-            db.execute("UPDATE pool_stats SET notices=notices+1, last_notice_at=MAX(COALESCE(last_notice_at,0),?)"
-                       " WHERE pool=?", (at, row[0]))
+            db.execute(
+                "UPDATE pool_stats SET notices=notices+1, last_notice_at=MAX(COALESCE(last_notice_at,0),?)"
+                " WHERE pool=?",
+                (at, row[0]),
+            )
             return True
 
         return await self._run(tx)
@@ -298,8 +347,11 @@ class StateStore:
         return await self._run(state_sql.record_drain, instance_id, now, deadline, reason)
 
     async def mark_drain_sent(self, instance_id: str, now: float) -> None:
-        await self._run(lambda db: db.execute(
-            "UPDATE instances SET drain_sent_at=COALESCE(drain_sent_at, ?) WHERE instance_id=?", (now, instance_id)))
+        await self._run(
+            lambda db: db.execute(
+                "UPDATE instances SET drain_sent_at=COALESCE(drain_sent_at, ?) WHERE instance_id=?", (now, instance_id)
+            )
+        )
 
     async def unsent_drains(self) -> list[DrainRecord]:
         return await self._run(state_sql.unsent_drains)
@@ -318,15 +370,18 @@ class StateStore:
             db.execute(
                 "UPDATE pool_stats SET capacity_errors=capacity_errors+1, last_error_code=?,"
                 f" {column}=MAX(COALESCE({column}, 0), ?) WHERE pool=?",
-                (code, until, str(pool)))
+                (code, until, str(pool)),
+            )
 
         await self._run(tx)
 
     async def pool_stats(self) -> list[PoolStatsRow]:
         def q(db: sqlite3.Connection) -> list[PoolStatsRow]:
-            rows = db.execute("SELECT pool, node_seconds, notices, losses, capacity_errors, capacity_error_until,"
-                              " last_error_code, last_notice_at, on_demand_capacity_error_until"
-                              " FROM pool_stats ORDER BY pool")
+            rows = db.execute(
+                "SELECT pool, node_seconds, notices, losses, capacity_errors, capacity_error_until,"
+                " last_error_code, last_notice_at, on_demand_capacity_error_until"
+                " FROM pool_stats ORDER BY pool"
+            )
             return [PoolStatsRow(PoolId.parse(r[0]), r[1] / 3600.0, *r[2:]) for r in rows]
 
         return await self._run(q)
@@ -358,8 +413,11 @@ class StateStore:
 
     async def set_meta(self, key: str, value: Any) -> None:
         raw = json.dumps(value)
-        await self._run(lambda db: db.execute(
-            "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-            (key, raw)))
+        await self._run(
+            lambda db: db.execute(
+                "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                (key, raw),
+            )
+        )
         if self._meta is not None:
             self._meta[key] = raw

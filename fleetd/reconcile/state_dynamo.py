@@ -75,7 +75,9 @@ class DynamoStateStore:
     async def record_intent(self, **kwargs: Any) -> None:
         await self._mutate(StateModel.record_intent, **kwargs)
 
-    async def settle_launch(self, token: str, status: str, instance_ids: Iterable[str], now: float, detail: str = "") -> None:
+    async def settle_launch(
+        self, token: str, status: str, instance_ids: Iterable[str], now: float, detail: str = ""
+    ) -> None:
         await self._mutate(StateModel.settle_launch, token, status, list(instance_ids), now, detail)
 
     async def launches(self, status: str | None = None) -> list[LaunchRow]:
@@ -187,8 +189,13 @@ class DynamoLedger:
             rows = []
             for i, e in enumerate(new):
                 kind, payload = encode(e)
-                rows.append((LEDGER, f"{self._next + i:012d}",
-                             {"kind": kind, "payload": payload, "event_id": e.event_id or None, "at": e.at}))
+                rows.append(
+                    (
+                        LEDGER,
+                        f"{self._next + i:012d}",
+                        {"kind": kind, "payload": payload, "event_id": e.event_id or None, "at": e.at},
+                    )
+                )
             try:
                 if rows:
                     await self.table.write(rows, self.fence)

@@ -31,11 +31,27 @@ Row = dict[str, Any]
 
 
 def _instance(s: SeenInstance, now: float, max_price: float | None, accounted_until: float) -> Row:
-    return dict(instance_id=s.instance_id, pool=str(s.pool), market=str(s.market), price_per_hour=s.price_per_hour,
-                max_price_per_hour=max_price, launched_at=s.launched_at or now, launch_token=s.launch_token,
-                ec2_state=s.ec2_state, first_seen_at=now, last_seen_at=now, accounted_until=accounted_until,
-                notice_at=None, drain_started_at=None, terminate_requested_at=None, ended_at=None, end_reason=None,
-                drain_deadline=None, drain_reason=None, drain_sent_at=None)
+    return dict(
+        instance_id=s.instance_id,
+        pool=str(s.pool),
+        market=str(s.market),
+        price_per_hour=s.price_per_hour,
+        max_price_per_hour=max_price,
+        launched_at=s.launched_at or now,
+        launch_token=s.launch_token,
+        ec2_state=s.ec2_state,
+        first_seen_at=now,
+        last_seen_at=now,
+        accounted_until=accounted_until,
+        notice_at=None,
+        drain_started_at=None,
+        terminate_requested_at=None,
+        ended_at=None,
+        end_reason=None,
+        drain_deadline=None,
+        drain_reason=None,
+        drain_sent_at=None,
+    )
 
 
 class StateModel:
@@ -54,17 +70,39 @@ class StateModel:
     def settled_launch_count(self) -> int:
         return sum(1 for r in self.launches.values() if r["status"] != OPEN)
 
-    def record_intent(self, *, token: str, seq: int, now: float, count: int, market: Market,
-                      pools: Sequence[PoolId], purpose: str, max_price_per_hour: float | None, reason: str) -> None:
+    def record_intent(
+        self,
+        *,
+        token: str,
+        seq: int,
+        now: float,
+        count: int,
+        market: Market,
+        pools: Sequence[PoolId],
+        purpose: str,
+        max_price_per_hour: float | None,
+        reason: str,
+    ) -> None:
         for t, r in self.launches.items():
             if r["status"] == OPEN and t != token:
                 r.update(status=ABANDONED, settled_at=now, detail="superseded by a new plan")
                 self.dirty.add((LAUNCH, t))
         if token not in self.launches:
-            self.launches[token] = dict(token=token, seq=seq, planned_at=now, count=count, market=str(market),
-                                        pools=[str(p) for p in pools], purpose=purpose,
-                                        max_price_per_hour=max_price_per_hour, reason=reason, status=OPEN,
-                                        instance_ids=[], settled_at=None, detail="")
+            self.launches[token] = dict(
+                token=token,
+                seq=seq,
+                planned_at=now,
+                count=count,
+                market=str(market),
+                pools=[str(p) for p in pools],
+                purpose=purpose,
+                max_price_per_hour=max_price_per_hour,
+                reason=reason,
+                status=OPEN,
+                instance_ids=[],
+                settled_at=None,
+                detail="",
+            )
             self.dirty.add((LAUNCH, token))
 
     def settle_launch(self, token: str, status: str, instance_ids: Iterable[str], now: float, detail: str = "") -> None:
@@ -77,18 +115,41 @@ class StateModel:
         return self._launch_rows(lambda r: status is None or r["status"] == status)
 
     def unresolved_launches(self, since: float) -> list[LaunchRow]:
-        return self._launch_rows(lambda r: r["status"] == OPEN or (
-            r["status"] == ABANDONED and not r["instance_ids"] and (r["settled_at"] or 0) >= since))
+        return self._launch_rows(
+            lambda r: (
+                r["status"] == OPEN
+                or (r["status"] == ABANDONED and not r["instance_ids"] and (r["settled_at"] or 0) >= since)
+            )
+        )
 
     def launches_since(self, purpose: str, since: float) -> int:
-        return sum(1 for r in self.launches.values() if r["purpose"] == purpose and r["status"] == LAUNCHED
-                   and r["settled_at"] is not None and r["settled_at"] >= since)
+        return sum(
+            1
+            for r in self.launches.values()
+            if r["purpose"] == purpose
+            and r["status"] == LAUNCHED
+            and r["settled_at"] is not None
+            and r["settled_at"] >= since
+        )
 
     def _launch_rows(self, keep: Any) -> list[LaunchRow]:
         rows = sorted((r for r in self.launches.values() if keep(r)), key=lambda r: (r["seq"], r["planned_at"]))
-        return [LaunchRow(r["token"], r["seq"], r["planned_at"], r["count"], Market(r["market"]),
-                          tuple(PoolId.parse(p) for p in r["pools"]), r["purpose"], r["max_price_per_hour"],
-                          r["status"], tuple(r["instance_ids"]), r["settled_at"]) for r in rows]
+        return [
+            LaunchRow(
+                r["token"],
+                r["seq"],
+                r["planned_at"],
+                r["count"],
+                Market(r["market"]),
+                tuple(PoolId.parse(p) for p in r["pools"]),
+                r["purpose"],
+                r["max_price_per_hour"],
+                r["status"],
+                tuple(r["instance_ids"]),
+                r["settled_at"],
+            )
+            for r in rows
+        ]
 
     # -- instances ------------------------------------------------------------------------------
     def record_launched(self, seen: Sequence[SeenInstance], max_price_per_hour: float | None, now: float) -> None:
@@ -129,11 +190,26 @@ class StateModel:
 
     def instance_rows(self, open_only: bool = True, ids: Sequence[str] | None = None) -> list[InstanceRow]:
         rows = [self.instances[i] for i in sorted(self.instances if ids is None else set(ids) & self.instances.keys())]
-        return [InstanceRow(r["instance_id"], PoolId.parse(r["pool"]), Market(r["market"]), r["price_per_hour"],
-                            r["max_price_per_hour"], r["launched_at"], r["launch_token"], r["ec2_state"],
-                            r["first_seen_at"], r["notice_at"], r["drain_started_at"], r["terminate_requested_at"],
-                            r["ended_at"], r["end_reason"])
-                for r in rows if not open_only or r["ended_at"] is None]
+        return [
+            InstanceRow(
+                r["instance_id"],
+                PoolId.parse(r["pool"]),
+                Market(r["market"]),
+                r["price_per_hour"],
+                r["max_price_per_hour"],
+                r["launched_at"],
+                r["launch_token"],
+                r["ec2_state"],
+                r["first_seen_at"],
+                r["notice_at"],
+                r["drain_started_at"],
+                r["terminate_requested_at"],
+                r["ended_at"],
+                r["end_reason"],
+            )
+            for r in rows
+            if not open_only or r["ended_at"] is None
+        ]
 
     def mark_terminate_requested(self, instance_ids: Sequence[str], now: float) -> None:
         for i in instance_ids:
@@ -170,14 +246,24 @@ class StateModel:
             self.dirty.add((INSTANCE, instance_id))
 
     def unsent_drains(self) -> list[DrainRecord]:
-        return [_drain(r) for _, r in sorted(self.instances.items())
-                if r["drain_started_at"] is not None and r["drain_sent_at"] is None and r["ended_at"] is None
-                and r["terminate_requested_at"] is None]
+        return [
+            _drain(r)
+            for _, r in sorted(self.instances.items())
+            if r["drain_started_at"] is not None
+            and r["drain_sent_at"] is None
+            and r["ended_at"] is None
+            and r["terminate_requested_at"] is None
+        ]
 
     def unfinished_terminations(self, before: float) -> list[str]:
-        return [i for i, r in sorted(self.instances.items())
-                if r["terminate_requested_at"] is not None and r["terminate_requested_at"] < before
-                and r["ended_at"] is None and r["ec2_state"] in ("pending", "running")]
+        return [
+            i
+            for i, r in sorted(self.instances.items())
+            if r["terminate_requested_at"] is not None
+            and r["terminate_requested_at"] < before
+            and r["ended_at"] is None
+            and r["ec2_state"] in ("pending", "running")
+        ]
 
     # -- pools ----------------------------------------------------------------------------------
     def mark_pool_unavailable(self, pool: PoolId, until: float, code: str, market: Market = Market.SPOT) -> None:
@@ -188,14 +274,28 @@ class StateModel:
         p[column] = max(p[column] or 0, until)
 
     def pool_rows(self) -> list[PoolStatsRow]:
-        return [PoolStatsRow(PoolId.parse(k), p["node_seconds"] / 3600.0, p["notices"], p["losses"],
-                             p["capacity_errors"], p["capacity_error_until"], p["last_error_code"],
-                             p["last_notice_at"], p["on_demand_capacity_error_until"])
-                for k, p in sorted(self.pools.items())]
+        return [
+            PoolStatsRow(
+                PoolId.parse(k),
+                p["node_seconds"] / 3600.0,
+                p["notices"],
+                p["losses"],
+                p["capacity_errors"],
+                p["capacity_error_until"],
+                p["last_error_code"],
+                p["last_notice_at"],
+                p["on_demand_capacity_error_until"],
+            )
+            for k, p in sorted(self.pools.items())
+        ]
 
     def spend_estimate(self, now: float) -> float:
-        return sum(r["price_per_hour"] * max(60.0, (r["ended_at"] if r["ended_at"] is not None else now)
-                                             - r["launched_at"]) / 3600.0 for r in self.instances.values())
+        return sum(
+            r["price_per_hour"]
+            * max(60.0, (r["ended_at"] if r["ended_at"] is not None else now) - r["launched_at"])
+            / 3600.0
+            for r in self.instances.values()
+        )
 
     def set_meta(self, key: str, value: Any) -> None:
         self.meta[key] = value
@@ -205,9 +305,16 @@ class StateModel:
     def _pool(self, pool: str) -> Row:
         p = self.pools.get(pool)
         if p is None:
-            p = self.pools[pool] = dict(node_seconds=0.0, notices=0, losses=0, capacity_errors=0,
-                                        capacity_error_until=None, last_error_code=None, last_notice_at=None,
-                                        on_demand_capacity_error_until=None)
+            p = self.pools[pool] = dict(
+                node_seconds=0.0,
+                notices=0,
+                losses=0,
+                capacity_errors=0,
+                capacity_error_until=None,
+                last_error_code=None,
+                last_notice_at=None,
+                on_demand_capacity_error_until=None,
+            )
         self.dirty.add((POOL, pool))
         return p
 
@@ -231,5 +338,6 @@ class StateModel:
 
 
 def _drain(r: Row) -> DrainRecord:
-    return DrainRecord(r["instance_id"], r["drain_started_at"], r["drain_deadline"], r["drain_reason"] or "",
-                       r["drain_sent_at"])
+    return DrainRecord(
+        r["instance_id"], r["drain_started_at"], r["drain_deadline"], r["drain_reason"] or "", r["drain_sent_at"]
+    )

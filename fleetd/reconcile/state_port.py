@@ -21,12 +21,23 @@ class StateBackend(Protocol):
     # -- launches (intents written before CreateFleet, keyed by their client token) -------------
     async def settled_launch_count(self) -> int: ...
 
-    async def record_intent(self, *, token: str, seq: int, now: float, count: int, market: Market,
-                            pools: Sequence[PoolId], purpose: str, max_price_per_hour: float | None,
-                            reason: str) -> None: ...
+    async def record_intent(
+        self,
+        *,
+        token: str,
+        seq: int,
+        now: float,
+        count: int,
+        market: Market,
+        pools: Sequence[PoolId],
+        purpose: str,
+        max_price_per_hour: float | None,
+        reason: str,
+    ) -> None: ...
 
-    async def settle_launch(self, token: str, status: str, instance_ids: Iterable[str], now: float,
-                            detail: str = "") -> None: ...
+    async def settle_launch(
+        self, token: str, status: str, instance_ids: Iterable[str], now: float, detail: str = ""
+    ) -> None: ...
 
     async def launches(self, status: str | None = None) -> list[LaunchRow]: ...
 
@@ -35,8 +46,9 @@ class StateBackend(Protocol):
     async def launches_since(self, purpose: str, since: float) -> int: ...
 
     # -- instances ------------------------------------------------------------------------------
-    async def record_launched(self, seen: Sequence[SeenInstance], max_price_per_hour: float | None,
-                              now: float) -> None: ...
+    async def record_launched(
+        self, seen: Sequence[SeenInstance], max_price_per_hour: float | None, now: float
+    ) -> None: ...
 
     async def sync_instances(self, seen: Sequence[SeenInstance], now: float) -> SyncReport: ...
 
@@ -58,8 +70,9 @@ class StateBackend(Protocol):
     async def unfinished_terminations(self, before: float) -> list[str]: ...
 
     # -- pools, meta ----------------------------------------------------------------------------
-    async def mark_pool_unavailable(self, pool: PoolId, until: float, code: str,
-                                    market: Market = Market.SPOT) -> None: ...
+    async def mark_pool_unavailable(
+        self, pool: PoolId, until: float, code: str, market: Market = Market.SPOT
+    ) -> None: ...
 
     async def pool_stats(self) -> list[PoolStatsRow]: ...
 

@@ -73,8 +73,15 @@ def accrue(db: sqlite3.Connection, instance_id: str, pool: str, accounted_until:
         db.execute("UPDATE instances SET accounted_until=? WHERE instance_id=?", (now, instance_id))
 
 
-def close_instance(db: sqlite3.Connection, instance_id: str, now: float, terminate_requested_at: float | None,
-           notice_at: float | None, pool: str, state_reason: str) -> str:
+def close_instance(
+    db: sqlite3.Connection,
+    instance_id: str,
+    now: float,
+    terminate_requested_at: float | None,
+    notice_at: float | None,
+    pool: str,
+    state_reason: str,
+) -> str:
     """End an instance's record. Ended without fleetd asking and without a notice: a loss."""
     if terminate_requested_at is not None:
         reason = "terminated by fleetd"
@@ -84,8 +91,10 @@ def close_instance(db: sqlite3.Connection, instance_id: str, now: float, termina
         reason = f"lost ({state_reason or 'no notice'})"
         ensure_pool(db, pool)
         db.execute("UPDATE pool_stats SET losses=losses+1 WHERE pool=?", (pool,))
-    db.execute("UPDATE instances SET ended_at=?, end_reason=?, ec2_state='terminated' WHERE instance_id=?",
-               (now, reason, instance_id))
+    db.execute(
+        "UPDATE instances SET ended_at=?, end_reason=?, ec2_state='terminated' WHERE instance_id=?",
+        (now, reason, instance_id),
+    )
     return reason
 
 
@@ -104,28 +113,38 @@ def observed_until(db: sqlite3.Connection) -> dict[str, float]:
 _DRAIN_COLUMNS = "instance_id, drain_started_at, drain_deadline, COALESCE(drain_reason, ''), drain_sent_at"
 
 
-def record_drain(db: sqlite3.Connection, instance_id: str, now: float, deadline: float | None,
-                 reason: str) -> DrainRecord:
+def record_drain(
+    db: sqlite3.Connection, instance_id: str, now: float, deadline: float | None, reason: str
+) -> DrainRecord:
     db.execute(
         "UPDATE instances SET drain_deadline=CASE WHEN drain_started_at IS NULL THEN ? ELSE drain_deadline END,"
         " drain_reason=CASE WHEN drain_started_at IS NULL THEN ? ELSE drain_reason END,"
         " drain_started_at=COALESCE(drain_started_at, ?) WHERE instance_id=?",
-        (deadline, reason, now, instance_id))
+        (deadline, reason, now, instance_id),
+    )
     r = db.execute(f"SELECT {_DRAIN_COLUMNS} FROM instances WHERE instance_id=?", (instance_id,)).fetchone()
-    return DrainRecord(*r) if r is not None and r[1] is not None else DrainRecord(instance_id, now, deadline, reason, None)
+    return (
+        DrainRecord(*r) if r is not None and r[1] is not None else DrainRecord(instance_id, now, deadline, reason, None)
+    )
 
 
 def unsent_drains(db: sqlite3.Connection) -> list[DrainRecord]:
     rows = db.execute(
         f"SELECT {_DRAIN_COLUMNS} FROM instances WHERE drain_started_at IS NOT NULL AND drain_sent_at IS NULL"
-        " AND ended_at IS NULL AND terminate_requested_at IS NULL ORDER BY instance_id")
+        " AND ended_at IS NULL AND terminate_requested_at IS NULL ORDER BY instance_id"
+    )
     return [DrainRecord(*r) for r in rows]
 
 
 def unfinished_terminations(db: sqlite3.Connection, before: float) -> list[str]:
-    return [r[0] for r in db.execute(
-        "SELECT instance_id FROM instances WHERE terminate_requested_at IS NOT NULL AND terminate_requested_at < ?"
-        " AND ended_at IS NULL AND ec2_state IN ('pending', 'running') ORDER BY instance_id", (before,))]
+    return [
+        r[0]
+        for r in db.execute(
+            "SELECT instance_id FROM instances WHERE terminate_requested_at IS NOT NULL AND terminate_requested_at < ?"
+            " AND ended_at IS NULL AND ec2_state IN ('pending', 'running') ORDER BY instance_id",
+            (before,),
+        )
+    ]
 
 
 def sync_instances_tx(db: sqlite3.Connection, seen: Sequence[SeenInstance], now: float) -> tuple[SyncReport, bool]:
@@ -133,9 +152,13 @@ def sync_instances_tx(db: sqlite3.Connection, seen: Sequence[SeenInstance], now:
     whether a column an InstanceRow shows changed (an instance adopted or ended, EC2's state,
     launch time or pool of a live one): the pass's own bookkeeping (last seen, accounted until),
     written for every live instance every pass, is not such a change."""
-    known = {r[0]: r for r in db.execute(
-        "SELECT instance_id, accounted_until, terminate_requested_at, notice_at, pool, last_seen_at,"
-        " ec2_state, launched_at FROM instances WHERE ended_at IS NULL")}
+    known = {
+        r[0]: r
+        for r in db.execute(
+            "SELECT instance_id, accounted_until, terminate_requested_at, notice_at, pool, last_seen_at,"
+            " ec2_state, launched_at FROM instances WHERE ended_at IS NULL"
+        )
+    }
     adopted, ended = [], []
     seen_ids = set()
     changed: list[tuple[object, ...]] = []
@@ -152,8 +175,18 @@ def sync_instances_tx(db: sqlite3.Connection, seen: Sequence[SeenInstance], now:
                 "INSERT INTO instances (instance_id, pool, market, price_per_hour, launched_at,"
                 " launch_token, ec2_state, first_seen_at, last_seen_at, accounted_until)"
                 " VALUES (?,?,?,?,?,?,?,?,?,?)",
-                (s.instance_id, str(s.pool), str(s.market), s.price_per_hour, s.launched_at,
-                 s.launch_token, s.ec2_state, now, now, max(s.launched_at, 0.0) or now),
+                (
+                    s.instance_id,
+                    str(s.pool),
+                    str(s.market),
+                    s.price_per_hour,
+                    s.launched_at,
+                    s.launch_token,
+                    s.ec2_state,
+                    now,
+                    now,
+                    max(s.launched_at, 0.0) or now,
+                ),
             )
             adopted.append(s.instance_id)
             continue
@@ -176,8 +209,11 @@ def sync_instances_tx(db: sqlite3.Connection, seen: Sequence[SeenInstance], now:
             if ec2_says != (row[6], row[7], row[4]):
                 changed.append((*ec2_says, s.instance_id))
     db.executemany("UPDATE instances SET ec2_state=?, launched_at=?, pool=? WHERE instance_id=?", changed)
-    db.execute("UPDATE instances SET last_seen_at=?, accounted_until=MAX(accounted_until, ?)"
-               " WHERE instance_id IN (SELECT value FROM json_each(?))", (now, now, json.dumps(live)))
+    db.execute(
+        "UPDATE instances SET last_seen_at=?, accounted_until=MAX(accounted_until, ?)"
+        " WHERE instance_id IN (SELECT value FROM json_each(?))",
+        (now, now, json.dumps(live)),
+    )
     for pool, secs in node_seconds.items():
         ensure_pool(db, pool)
         db.execute("UPDATE pool_stats SET node_seconds=node_seconds+? WHERE pool=?", (secs, pool))

@@ -59,9 +59,7 @@ class RendezvousClient:
         try:
             self._store = await asyncio.to_thread(_open)
         except (RuntimeError, ValueError, TimeoutError, OSError) as exc:
-            raise RendezvousUnavailable(
-                f"rendezvous store {self.host}:{self.port} unreachable: {exc}"
-            ) from None
+            raise RendezvousUnavailable(f"rendezvous store {self.host}:{self.port} unreachable: {exc}") from None
         return self
 
     async def close(self) -> None:
@@ -108,8 +106,9 @@ class RendezvousClient:
             return Snapshot(None, None)
         return Snapshot(codec.decode(raw), raw)
 
-    async def observe_with(self, extra_keys: list[str], *, key_count: bool = False
-                           ) -> tuple[Snapshot, dict[str, bytes | None]]:
+    async def observe_with(
+        self, extra_keys: list[str], *, key_count: bool = False
+    ) -> tuple[Snapshot, dict[str, bytes | None]]:
         """The state plus a batch of other keys, in one hop to the store thread (the steering
         loop runs this many times a second; one thread hop per key would cost real CPU).
         ``key_count``: also the store's number of keys (under ``KEY_COUNT``), read first."""

@@ -133,8 +133,9 @@ def expected_members(obs: Observation) -> frozenset[str] | None:
     # it gets the longer of the two thresholds. A silent node still in the state gets dead_after.
     in_state = {n.addr for n in s.last_heartbeats}
     grace = max(obs.dead_after, obs.hang_after)
-    stale |= {a for a in obs.members if a in obs.heartbeats and a not in in_state
-              and obs.now - obs.heartbeats[a] > grace}
+    stale |= {
+        a for a in obs.members if a in obs.heartbeats and a not in in_state and obs.now - obs.heartbeats[a] > grace
+    }
     if _holding(obs):
         stale -= obs.awaited
     waiting = {n.addr for n in s.waiting}
@@ -181,16 +182,23 @@ def plan(obs: Observation) -> tuple[SteerAction, ...]:
         stale_members -= obs.awaited
     if stale_members and not job_hung(obs):
         # One connection's silence while the job advances: a blip, not a loss (module docstring).
-        actions.append(TolerateStale(
-            f"{', '.join(sorted(stale_members))}: no heartbeat for over {obs.dead_after.total_seconds():g} s "
-            "but training advances; kept", stale_members))
+        actions.append(
+            TolerateStale(
+                f"{', '.join(sorted(stale_members))}: no heartbeat for over {obs.dead_after.total_seconds():g} s "
+                "but training advances; kept",
+                stale_members,
+            )
+        )
         stale -= stale_members
         stale_members = frozenset()
     if stale:
         actions.append(RemoveNodes(f"no heartbeat for over {obs.dead_after.total_seconds():g} s", stale))
     if stale_members and s.complete and s.participant_addrs - stale_members and not s.has_marker:
-        why = "" if obs.progress_at is None else (
-            f" and no progress for {(obs.now - obs.progress_at).total_seconds():.0f} s")
+        why = (
+            ""
+            if obs.progress_at is None
+            else (f" and no progress for {(obs.now - obs.progress_at).total_seconds():.0f} s")
+        )
         actions.append(
             PokeSurvivors(f"{', '.join(sorted(stale_members))} lost{why}: survivors re-form now", frozenset())
         )
@@ -201,15 +209,14 @@ def plan(obs: Observation) -> tuple[SteerAction, ...]:
         actions.append(TellLeave(f"{addr} removed from the rendezvous; stop its process tree", addr))
 
     if obs.told_leave:
-        done = frozenset(
-            a for a, told in obs.told_leave.items() if a in obs.left or obs.now - told > obs.left_timeout
-        )
+        done = frozenset(a for a, told in obs.told_leave.items() if a in obs.left or obs.now - told > obs.left_timeout)
         if done == frozenset(obs.told_leave) and not (done & present):
             members_left = done if obs.member_leaves is None else done & obs.member_leaves
             coming = wave_still_coming(obs, present)
             if not members_left:
-                actions.append(FinishLeaves(
-                    f"{', '.join(sorted(done))} left before training in the round: no re-form", done))
+                actions.append(
+                    FinishLeaves(f"{', '.join(sorted(done))} left before training in the round: no re-form", done)
+                )
             elif obs.drain_ready - frozenset(obs.told_leave):
                 pass  # more leavers are told this very pass: they join this re-form
             elif coming and obs.now - min(obs.told_leave.values()) < obs.coalesce:
@@ -217,12 +224,13 @@ def plan(obs: Observation) -> tuple[SteerAction, ...]:
             elif present and not (present - obs.noticed):
                 # Everyone still here is leaving too (a whole-fleet wave): a re-form would train
                 # steps that die with them while their agents upload the held step.
-                actions.append(FinishLeaves(
-                    f"{', '.join(sorted(done))} left; every remaining node is leaving too: no re-form", done))
-            elif s.complete and s.participants and not s.has_marker:
                 actions.append(
-                    PokeSurvivors(f"{', '.join(sorted(done))} left: survivors re-form now", done)
+                    FinishLeaves(
+                        f"{', '.join(sorted(done))} left; every remaining node is leaving too: no re-form", done
+                    )
                 )
+            elif s.complete and s.participants and not s.has_marker:
+                actions.append(PokeSurvivors(f"{', '.join(sorted(done))} left: survivors re-form now", done))
             else:
                 actions.append(FinishLeaves("survivors are already re-forming", done))
 
@@ -230,19 +238,16 @@ def plan(obs: Observation) -> tuple[SteerAction, ...]:
         missing = obs.awaited - s.participant_addrs
         until = min(obs.now + HOLD_STEP, obs.awaited_until)
         if missing and s.participants and (s.deadline is None or s.deadline < min(until, obs.now + HOLD_STEP / 2)):
-            actions.append(HoldRound(f"round {s.round} held for {', '.join(sorted(missing))} "
-                                     "(restarting after the store restart)", until))
+            actions.append(
+                HoldRound(
+                    f"round {s.round} held for {', '.join(sorted(missing))} (restarting after the store restart)", until
+                )
+            )
 
     if not s.complete:
         expected = expected_members(obs)
-        if (
-            expected
-            and obs.min_nodes <= len(expected) <= obs.max_nodes
-            and expected <= s.participant_addrs
-        ):
-            actions.append(
-                CompleteRound(f"all {len(expected)} expected nodes joined round {s.round}")
-            )
+        if expected and obs.min_nodes <= len(expected) <= obs.max_nodes and expected <= s.participant_addrs:
+            actions.append(CompleteRound(f"all {len(expected)} expected nodes joined round {s.round}"))
     elif s.has_marker and any(n.local_id < s.round for n in s.wait_list if n.addr == MARKER_ADDR):
         actions.append(DropMarkers(f"round {s.round} formed after the poke"))
     return tuple(actions)

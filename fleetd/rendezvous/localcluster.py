@@ -101,8 +101,12 @@ class LocalCluster:
         out = open(self.workdir / log_name, "ab")  # noqa: SIM115
         try:
             return subprocess.Popen(
-                args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, env={**os.environ, **(env or {})},
+                args,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, **(env or {})},
             )
         finally:
             out.close()
@@ -111,7 +115,7 @@ class LocalCluster:
         cfg = self.workdir / "fleetd.toml"
         cfg.write_text(
             f'[rendezvous]\nhost = "{self.host}"\nport = {self.port}\nrun_id = "{self.run_id}"\n'
-            '[logging]\njson = true\n'
+            "[logging]\njson = true\n"
         )
         self.rdzv_host_proc = self._spawn(
             [sys.executable, "-m", "fleetd.cli", "rendezvous", "--config", str(cfg)], "rendezvous-host.log"
@@ -130,9 +134,23 @@ class LocalCluster:
 
     def start_steering(self) -> None:
         self.steering_proc = self._spawn(
-            [sys.executable, "-m", "fleetd.rendezvous.steering", "--host", self.host, "--port", str(self.port),
-             "--run-id", self.run_id, "--min-nodes", str(self.min_nodes), "--max-nodes", str(self.max_nodes),
-             "--dead-after-s", "3"],
+            [
+                sys.executable,
+                "-m",
+                "fleetd.rendezvous.steering",
+                "--host",
+                self.host,
+                "--port",
+                str(self.port),
+                "--run-id",
+                self.run_id,
+                "--min-nodes",
+                str(self.min_nodes),
+                "--max-nodes",
+                str(self.max_nodes),
+                "--dead-after-s",
+                "3",
+            ],
             "steering.log",
         )
 
@@ -164,9 +182,14 @@ class LocalCluster:
         if not self.steered:
             # torchrun as people run it: default timeouts and polling, no fleetd steering.
             # (max_restarts stays high: with torchrun's default of 0 a lost peer ends the job.)
-            common.update(last_call_timeout_s=30, keep_alive_s=5, keep_alive_max_attempt=3, close_timeout_s=30,
-                          rdzv_poll_s=None,
-                          warm_pool=False)
+            common.update(
+                last_call_timeout_s=30,
+                keep_alive_s=5,
+                keep_alive_max_attempt=3,
+                close_timeout_s=30,
+                rdzv_poll_s=None,
+                warm_pool=False,
+            )
         return LaunchSpec(**common)
 
     def add_node(self, addr: str) -> TorchrunProcess:

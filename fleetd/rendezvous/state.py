@@ -90,9 +90,7 @@ class RendezvousState:
 
     def stale(self, now: datetime, older_than: timedelta) -> frozenset[NodeId]:
         """Real nodes whose last heartbeat is older than ``older_than``."""
-        return frozenset(
-            n for n, t in self.last_heartbeats.items() if not n.is_marker and now - t > older_than
-        )
+        return frozenset(n for n, t in self.last_heartbeats.items() if not n.is_marker and now - t > older_than)
 
     # ------------------------------------------------------------------ transforms (pure)
     def without_addrs(self, addrs: frozenset[str] | set[str], min_nodes: int = 1) -> RendezvousState:
@@ -146,9 +144,7 @@ class RendezvousState:
         return replace(self, closed=True)
 
     def _all_nodes(self) -> set[NodeId]:
-        return set(self.participants) | set(self.wait_list) | set(self.redundancy_list) | set(
-            self.last_heartbeats
-        )
+        return set(self.participants) | set(self.wait_list) | set(self.redundancy_list) | set(self.last_heartbeats)
 
 
 # ---------------------------------------------------------------------- codec

@@ -110,12 +110,16 @@ class Steerer:
         # members (bench/steering_load.py: 0.17 s passes). Agents only ever *create* those keys,
         # so they are re-read when the store's key count moved, and every full_scan_s anyway.
         snap, raw = await self.client.observe_with(
-            [keys.HOST_INCARNATION_KEY, *left_keys.values(), pulse_key], key_count=True)
+            [keys.HOST_INCARNATION_KEY, *left_keys.values(), pulse_key], key_count=True
+        )
         count = raw.pop(KEY_COUNT, None)
         scan_keys = [*ready_keys.values(), *noticed_keys.values()]
-        if (count != self._key_count or self._scanned_at is None
-                or (now - self._scanned_at).total_seconds() >= self.settings.full_scan_s
-                or not set(scan_keys) <= set(self._scanned)):
+        if (
+            count != self._key_count
+            or self._scanned_at is None
+            or (now - self._scanned_at).total_seconds() >= self.settings.full_scan_s
+            or not set(scan_keys) <= set(self._scanned)
+        ):
             self._scanned = await self.client.read_keys(scan_keys)
             self._key_count, self._scanned_at = count, now
         raw.update({k: self._scanned.get(k) for k in scan_keys})
@@ -153,8 +157,10 @@ class Steerer:
                     if self.on_heartbeat is not None:
                         self.on_heartbeat(node.addr, now.timestamp())
         st = self.settings
-        if self.awaited and ((s is not None and s.complete and self.awaited <= s.participant_addrs)
-                             or (self.awaited_until is not None and now >= self.awaited_until)):
+        if self.awaited and (
+            (s is not None and s.complete and self.awaited <= s.participant_addrs)
+            or (self.awaited_until is not None and now >= self.awaited_until)
+        ):
             self.awaited, self.awaited_until = frozenset(), None  # all back, or given up on
         return decide.Observation(
             state=s,
@@ -182,8 +188,11 @@ class Steerer:
             return frozenset()
         unknown = frozenset(a for a in candidates if a not in self.told_leave and not self.known_addr(a))
         for addr in sorted(unknown - self.ignored_addrs):
-            log.warning("rendezvous_keys_ignored", addr=addr,
-                        why="no node of this fleet announced this address; its store keys are not read")
+            log.warning(
+                "rendezvous_keys_ignored",
+                addr=addr,
+                why="no node of this fleet announced this address; its store keys are not read",
+            )
         self.ignored_addrs = unknown
         return unknown
 
@@ -202,10 +211,14 @@ class Steerer:
         self.incarnation = value
         self.store_restarts += 1
         self.store_restarted_at = now.timestamp()
-        log.warning("rendezvous_store_restarted", restarts=self.store_restarts, members=sorted(self.members or ()),
-                    leaving=sorted(self.told_leave),
-                    why="the rendezvous host restarted: the store is empty; the nodes write their round back "
-                        "(agent/supervise/store_ride.py), or restart torchrun if it was down too long")
+        log.warning(
+            "rendezvous_store_restarted",
+            restarts=self.store_restarts,
+            members=sorted(self.members or ()),
+            leaving=sorted(self.told_leave),
+            why="the rendezvous host restarted: the store is empty; the nodes write their round back "
+            "(agent/supervise/store_ride.py), or restart torchrun if it was down too long",
+        )
         self.members_round, self.last_state, self.adopted = None, None, False
         self.heartbeats.clear()
         # Everything else read from the old store is void too, as for a steering that just
@@ -296,8 +309,11 @@ class Steerer:
                     log.info("rendezvous_round_completed", round=done.round, ranks=done.ranks_by_addr())
             case decide.HoldRound(until=until):
                 await self.client.update(
-                    lambda s: replace(s, deadline=until)
-                    if not s.complete and (s.deadline is None or s.deadline < until) else None
+                    lambda s: (
+                        replace(s, deadline=until)
+                        if not s.complete and (s.deadline is None or s.deadline < until)
+                        else None
+                    )
                 )
             case decide.DropMarkers():
                 await self.client.update(lambda s: s.without_markers() if s.has_marker else None)
@@ -338,8 +354,11 @@ class Steerer:
             except RendezvousUnavailable as exc:
                 if down_since is None:
                     down_since = time.monotonic()
-                    log.warning("rendezvous_unreachable", error=str(exc).splitlines()[0][:200],
-                                why="steering waits for the store; training does not need it meanwhile")
+                    log.warning(
+                        "rendezvous_unreachable",
+                        error=str(exc).splitlines()[0][:200],
+                        why="steering waits for the store; training does not need it meanwhile",
+                    )
                 await self._reconnect_when_answering(stop)
                 continue
             except RendezvousError as exc:
@@ -360,16 +379,18 @@ class Steerer:
 OUTAGE_PROBE_S = 0.5
 
 
-
-
 async def _main(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     client = RendezvousClient(args.host, args.port, args.run_id)  # connected by run()
-    settings = SteerSettings(min_nodes=args.min_nodes, max_nodes=args.max_nodes, dead_after_s=args.dead_after_s,
-                             hang_after_s=args.hang_after_s)
+    settings = SteerSettings(
+        min_nodes=args.min_nodes,
+        max_nodes=args.max_nodes,
+        dead_after_s=args.dead_after_s,
+        hang_after_s=args.hang_after_s,
+    )
     await Steerer(client, settings).run(stop)
     return 0
 

@@ -34,7 +34,12 @@ def sweep(
     """Every deadline policy on ``trace`` started at each offset, all with changeover ``d`` and
     the same capacity discovery (fleetd/sim/engine.py)."""
     sc = Scenario(
-        trace, job, instance_type, spot_price, on_demand_price, changeover_s=changeover_s,
+        trace,
+        job,
+        instance_type,
+        spot_price,
+        on_demand_price,
+        changeover_s=changeover_s,
         capacity_signal=capacity_signal,
     )
     runs: dict[str, list[SimResult]] = {}

@@ -23,17 +23,16 @@ class Sourced:
 # --- rendezvous and recovery (DESIGN.md "Rendezvous facts measured here") -----------------
 FLEETD_REFORM_S = Sourced(
     5.0,
-    "DESIGN.md: controller-steered leave/join, 4-6 s measured to every rank training again "
-    "(midpoint)",
+    "DESIGN.md: controller-steered leave/join, 4-6 s measured to every rank training again (midpoint)",
 )
-TORCHRUN_REFORM_S = Sourced(
-    40.0, "DESIGN.md: torchrun defaults, 35-45 s to re-form per join or leave (midpoint)"
-)
+TORCHRUN_REFORM_S = Sourced(40.0, "DESIGN.md: torchrun defaults, 35-45 s to re-form per join or leave (midpoint)")
 # A node lost with no notice: fleetd learns of it from two signals (lifecycle.py's rule): the
 # agent's last will arrives after MQTT keep-alive x 1.5, and the EC2 state change soon after.
 FLEETD_LOSS_DETECT_S = Sourced(
     22.5, "MQTT keep-alive 15 s (protocol/settings.py) x 1.5 until the broker sends the last will"
 )
+
+
 # The survivors' hang after a loss without notice is not the planner's detection: fleetd's
 # rendezvous steering removes a rank whose rendezvous heartbeat is older than loss.dead_after_s
 # once the job has also made no progress for loss.hang_after_s, and pokes the survivors into a
@@ -62,6 +61,8 @@ SALVAGE_STEP_LOSS_S = Sourced(
     "survivors save the step they completed (agent/trainer/salvage.py, 0-1 steps lost measured "
     "in tests/test_elastic_e2e.py). Sharded state (--sharded-state) cannot be saved this way",
 )
+
+
 # Capacity is discovered by trying, by every policy alike (fleetd/sim/engine.py): after a spot
 # attempt that came back short the next one comes this much later. It is the daemon's own wait
 # after a capacity error (the planner skips the pool until the TTL ends), taken from its config
@@ -115,9 +116,7 @@ PERIODIC_CHECKPOINT_S = Sourced(
     1800.0,
     "assumption: a common periodic checkpoint cadence (every 30 min) for jobs without fleetd",
 )
-FLEETD_MAX_CHECKPOINT_AGE_S = Sourced(
-    600.0, "fleetd config rebalance.max_checkpoint_age_s default (fleetd/config.py)"
-)
+FLEETD_MAX_CHECKPOINT_AGE_S = Sourced(600.0, "fleetd config rebalance.max_checkpoint_age_s default (fleetd/config.py)")
 SCALING_EFFICIENCY_PER_DOUBLING = Sourced(
     0.95,
     "assumption: data-parallel training keeps 95 % of per-node throughput per doubling of nodes",
@@ -180,8 +179,7 @@ def prices_for(instance_type: str) -> tuple[float, float]:
     except KeyError:
         known = ", ".join(sorted(ON_DEMAND_USD_PER_HOUR))
         raise ValueError(
-            f"no default price for {instance_type}; pass --spot-price and --on-demand-price "
-            f"(known: {known})"
+            f"no default price for {instance_type}; pass --spot-price and --on-demand-price (known: {known})"
         ) from None
     return round(od * (1 - saving / 100.0), 4), od
 

@@ -43,6 +43,7 @@ PROBE = "probe"  # capacity is found by trying; a short attempt is retried (modu
 INSTANT = "instant"  # the oracle: on_capacity the instant the trace adds capacity
 CAPACITY_SIGNALS = (PROBE, INSTANT)
 
+
 class Policy(Protocol):
     name: str
 
@@ -260,9 +261,7 @@ class World(TrainingBooks):
 
     def _sample(self) -> None:
         self.advance()
-        self.timeline.append(
-            Sample(self.now, len(self.held), self.spent_usd(), self.progress / self.job.total_steps)
-        )
+        self.timeline.append(Sample(self.now, len(self.held), self.spent_usd(), self.progress / self.job.total_steps))
         if self.done_at is None:
             self.queue.at(self.now + self._sample_every, self._sample, POLICY)
 
@@ -304,9 +303,7 @@ class World(TrainingBooks):
             for node in list(self.held.values()):
                 self.release(node)
         if self._sample_every > 0:
-            self.timeline.append(
-                Sample(self.now, 0, self.spent_usd(), self.progress / self.job.total_steps)
-            )
+            self.timeline.append(Sample(self.now, 0, self.spent_usd(), self.progress / self.job.total_steps))
         return self._result(policy.name)
 
     def _notice_trace(self, trace_node: str, removal_at: float) -> None:

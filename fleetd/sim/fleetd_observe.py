@@ -15,10 +15,15 @@ from fleetd.sim.engine import ON_DEMAND, SimNode, World
 
 
 class ObserveMixin:
-
     # What a node's agent reports (the MQTT intake's part of the daemon's Node).
     TELEMETRY_FIELDS = (
-        "last_seen_at", "notice_at", "notice_deadline", "gpu_util_pct", "steps_per_s", "step", "running_since",
+        "last_seen_at",
+        "notice_at",
+        "notice_deadline",
+        "gpu_util_pct",
+        "steps_per_s",
+        "step",
+        "running_since",
         "left_at",
     )
 
@@ -97,9 +102,7 @@ class ObserveMixin:
                 spot_price=world.spot_price,
                 on_demand_price=world.on_demand_price,
             ),
-            PoolOffer(
-                pool=self.od_pool, gpus=self.gpus, spot_price=None, on_demand_price=world.on_demand_price
-            ),
+            PoolOffer(pool=self.od_pool, gpus=self.gpus, spot_price=None, on_demand_price=world.on_demand_price),
         )
         kwargs = {}
         if self.budget_level is not None:

@@ -45,9 +45,7 @@ class JobSpec:
             raise ValueError("deadline must be positive")
 
     @classmethod
-    def from_gpu_hours(
-        cls, gpu_hours: float, gpus_per_node: int = 1, steps_per_node_s: float = 1.0, **kw
-    ) -> JobSpec:
+    def from_gpu_hours(cls, gpu_hours: float, gpus_per_node: int = 1, steps_per_node_s: float = 1.0, **kw) -> JobSpec:
         node_seconds = gpu_hours * 3600.0 / gpus_per_node
         return cls(total_steps=node_seconds * steps_per_node_s, steps_per_node_s=steps_per_node_s, **kw)
 

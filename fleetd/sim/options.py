@@ -24,8 +24,7 @@ def add_trace_arguments(p: argparse.ArgumentParser) -> None:
         "--trace-values",
         choices=[m.value for m in ValueMeaning],
         default=ValueMeaning.AVAILABLE.value,
-        help="meaning of the values of a per-tick JSON trace: 0/1 availability (default), "
-        "node count, or 1 = preempted",
+        help="meaning of the values of a per-tick JSON trace: 0/1 availability (default), node count, or 1 = preempted",
     )
     p.add_argument("--start-offset-h", type=float, default=0.0, help="start the job this far into the trace")
 
@@ -224,11 +223,18 @@ def sources(scenario: Scenario) -> list[tuple[str, str]]:
         ),
         (f"drained shard upload {d.UPLOAD_GB_PER_S.value:g} GB/s", d.UPLOAD_GB_PER_S.source),
         (f"full restart {scenario.restart_recovery_s:g} s", d.CHECKPOINT_RESTART_RECOVERY_S.source),
-        (f"scaling efficiency {job.scaling_efficiency_per_doubling:g}/doubling", d.SCALING_EFFICIENCY_PER_DOUBLING.source),
+        (
+            f"scaling efficiency {job.scaling_efficiency_per_doubling:g}/doubling",
+            d.SCALING_EFFICIENCY_PER_DOUBLING.source,
+        ),
         ("billing", d.MIN_CHARGE_S.source),
         (
             f"capacity discovery, every policy: {scenario.capacity_signal}"
-            + (f", retry {scenario.capacity_retry_s():g} s after a short spot attempt" if scenario.capacity_signal == "probe" else ""),
+            + (
+                f", retry {scenario.capacity_retry_s():g} s after a short spot attempt"
+                if scenario.capacity_signal == "probe"
+                else ""
+            ),
             d.CAPACITY_RETRY_S.source
             if scenario.capacity_signal == "probe"
             else "--capacity-signal instant: told the instant the trace adds capacity (an oracle)",

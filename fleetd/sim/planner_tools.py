@@ -79,9 +79,7 @@ def require_matplotlib():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise RuntimeError(
-            "--plot needs matplotlib: pip install 'fleetd[plot]' (or pip install matplotlib)"
-        ) from None
+        raise RuntimeError("--plot needs matplotlib: pip install 'fleetd[plot]' (or pip install matplotlib)") from None
     return plt
 
 

@@ -90,9 +90,7 @@ class Scenario:
                     update={"total_usd": self.budget_usd, "max_usd_per_hour": self.max_usd_per_hour}
                 ),
                 # The operator tells fleetd the job's save time (Young/Daly's delta).
-                "rebalance": base.rebalance.model_copy(
-                    update={"checkpoint_stall_s": self.job.checkpoint_stall_s}
-                ),
+                "rebalance": base.rebalance.model_copy(update={"checkpoint_stall_s": self.job.checkpoint_stall_s}),
             }
         )
 

@@ -168,9 +168,7 @@ def read_bamboo_csv(text: str, name: str = "trace", pool: str = "trace") -> Trac
     return Trace(name, checked, checked[-1].t, TraceFormat.BAMBOO_CSV.value)
 
 
-def series_to_trace(
-    counts: Sequence[int], gap_s: float, name: str = "trace", pool: str = "trace"
-) -> Trace:
+def series_to_trace(counts: Sequence[int], gap_s: float, name: str = "trace", pool: str = "trace") -> Trace:
     """A per-tick node count as add/remove events (the newest node is removed first)."""
     events: list[TraceEvent] = []
     live: list[str] = []
@@ -271,9 +269,7 @@ class SyntheticPool:
     pool_wide_share: float = 0.9
 
 
-def synthetic_trace(
-    pools: Iterable[SyntheticPool], duration_s: float, seed: int = 0, name: str = "synthetic"
-) -> Trace:
+def synthetic_trace(pools: Iterable[SyntheticPool], duration_s: float, seed: int = 0, name: str = "synthetic") -> Trace:
     rng = random.Random(seed)
     events: list[TraceEvent] = []
     for pool in pools:

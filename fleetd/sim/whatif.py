@@ -115,9 +115,7 @@ def _pct(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def forecast_pool(
-    base: Scenario, pool: PoolId, trace: Trace, rate: float, offsets: int, seed: int
-) -> PoolForecast:
+def forecast_pool(base: Scenario, pool: PoolId, trace: Trace, rate: float, offsets: int, seed: int) -> PoolForecast:
     job = base.job
     horizon = (3 * job.deadline_s) if job.deadline_s else None
     span = trace.duration_s - (horizon or 0.0)
@@ -151,9 +149,7 @@ def forecast_pool(
     )
 
 
-def synthetic_pool_trace(
-    pool: PoolId, nodes: int, rate_per_node_hour: float, duration_s: float, seed: int
-) -> Trace:
+def synthetic_pool_trace(pool: PoolId, nodes: int, rate_per_node_hour: float, duration_s: float, seed: int) -> Trace:
     """Pool-wide reclaim waves at the pool's per-node rate (all nodes go together 90 % of the
     time, matching real traces), capacity back after ~1 h."""
     spec = SyntheticPool(str(pool.zone), nodes, rate_per_node_hour, DEFAULT_MEAN_OUTAGE_S, 0.9)
@@ -215,10 +211,7 @@ def plan_job(
     interval_without = young_daly_interval_s(stall, mtbf_all)
     max_age = base.fleetd_config().rebalance.max_checkpoint_age_s
     if interval > max_age:
-        notes.append(
-            f"Young/Daly interval ({interval:.0f} s) capped at rebalance.max_checkpoint_age_s "
-            f"{max_age:.0f} s"
-        )
+        notes.append(f"Young/Daly interval ({interval:.0f} s) capped at rebalance.max_checkpoint_age_s {max_age:.0f} s")
         interval = max_age
     finish = [f.median_finish_h for f in chosen if f.median_finish_h is not None]
     run_s = (statistics.fmean(finish) if finish else run_h) * 3600.0

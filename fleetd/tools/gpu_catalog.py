@@ -93,16 +93,32 @@ def build_catalog(
         "price_unit": previous.get("price_unit", ""),
         "scope": previous.get("scope", ""),
         "sources": [
-            {"what": "on-demand prices", "from": "AWS Price List API (pricing:GetProducts, AmazonEC2, "
-             + ", ".join(f"{k}={v}" for k, v in FIXED_FILTERS.items()) + ")", "license": "AWS public list prices"},
-            {"what": "hardware", "from": "ec2:DescribeInstanceTypes in every enabled commercial region",
-             "license": "facts"},
+            {
+                "what": "on-demand prices",
+                "from": "AWS Price List API (pricing:GetProducts, AmazonEC2, "
+                + ", ".join(f"{k}={v}" for k, v in FIXED_FILTERS.items())
+                + ")",
+                "license": "AWS public list prices",
+            },
+            {
+                "what": "hardware",
+                "from": "ec2:DescribeInstanceTypes in every enabled commercial region",
+                "license": "facts",
+            },
             *[s for s in previous.get("sources", []) if s.get("what") == "relative_throughput per GPU model"],
         ],
-        "price_provenance": {"licensed": {r: {
-            "source": f"AWS Price List API (pricing:GetProducts), fetched {today.isoformat()}",
-            "license": "AWS's own public list prices, fetched by the operator"} for r in regions}},
-        "regenerate": previous.get("regenerate", "python -m fleetd.tools.gpu_catalog --out fleetd/data/gpu_catalog.json"),
+        "price_provenance": {
+            "licensed": {
+                r: {
+                    "source": f"AWS Price List API (pricing:GetProducts), fetched {today.isoformat()}",
+                    "license": "AWS's own public list prices, fetched by the operator",
+                }
+                for r in regions
+            }
+        },
+        "regenerate": previous.get(
+            "regenerate", "python -m fleetd.tools.gpu_catalog --out fleetd/data/gpu_catalog.json"
+        ),
         "omitted": previous.get("omitted", {}),
         "rejected_price_entries": rejected,
         "gpu_models": models,

@@ -18,7 +18,9 @@ def store_for(aws_client_kwargs: dict, local_dir: Path, job: str, *, bucket: str
     return CheckpointStore.connect(cfg, aws, job=job, client_config=aws_client_kwargs["config"])
 
 
-async def wait_training(cluster: LocalCluster, world: int, since: float, nodes: set[str], timeout: float = 120) -> float:
+async def wait_training(
+    cluster: LocalCluster, world: int, since: float, nodes: set[str], timeout: float = 120
+) -> float:
     try:
         return await asyncio.to_thread(cluster.events.wait_training, world, since, timeout, nodes)
     except TimeoutError:

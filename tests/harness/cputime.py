@@ -31,10 +31,16 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     outcomes = item.stash.setdefault(OUTCOMES, [])
     yield
     own1, kids1 = _cpu()
-    rec = {"id": item.nodeid, "outcome": "/".join(outcomes), "wall_s": round(time.monotonic() - wall0, 2),
-           "cpu_own_s": round(own1 - own0, 2), "cpu_children_s": round(kids1 - kids0, 2),
-           "load_start": round(load0, 2), "load_end": round(os.getloadavg()[0], 2),
-           "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}
+    rec = {
+        "id": item.nodeid,
+        "outcome": "/".join(outcomes),
+        "wall_s": round(time.monotonic() - wall0, 2),
+        "cpu_own_s": round(own1 - own0, 2),
+        "cpu_children_s": round(kids1 - kids0, 2),
+        "load_start": round(load0, 2),
+        "load_end": round(os.getloadavg()[0], 2),
+        "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+    }
     with open(os.environ.get("CPUTIME_OUT", "cputime.jsonl"), "a") as f:
         f.write(json.dumps(rec) + "\n")
 

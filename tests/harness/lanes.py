@@ -43,6 +43,7 @@ def group_of(nodeid: str) -> str | None:
 def longest_first(items: list[pytest.Item]) -> None:
     """Orders the work longest first: the lanes, the other slow tests, then the rest, so that the
     many short tests fill in at the end and no lane starts late. Stable: a module keeps its order."""
+
     def rank(item: pytest.Item) -> int:
         if (group_of(item.nodeid) or "").startswith("e2e-"):
             return 0

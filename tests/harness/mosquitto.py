@@ -15,9 +15,7 @@ from fleetd.demo.broker import find_mosquitto as _find
 from fleetd.demo.broker import mosquitto_config
 from tests.harness.ports import free_port, wait_port
 
-INSTALL_HINT = (
-    "mosquitto is not installed: run `make test` (it installs it) or `apt-get install -y mosquitto`"
-)
+INSTALL_HINT = "mosquitto is not installed: run `make test` (it installs it) or `apt-get install -y mosquitto`"
 
 
 def find_mosquitto() -> str:

@@ -107,8 +107,11 @@ class NetFaults:
 
     def _iptables(self, op: str, rule: list[str]) -> None:
         chain, *match = rule
-        subprocess.run([self.exe, "-w", op, chain, *match, "-m", "comment", "--comment", COMMENT, "-j", "DROP"],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [self.exe, "-w", op, chain, *match, "-m", "comment", "--comment", COMMENT, "-j", "DROP"],
+            check=True,
+            capture_output=True,
+        )
 
     def start(self, alias: str, ports: Iterable[int]) -> Cut:
         cut = Cut(alias, tuple(ports))
@@ -142,8 +145,9 @@ class NetFaults:
         return c
 
     def _counted(self, cut: Cut | None = None) -> int:
-        out = subprocess.run([self.exe, "-w", "-L", "OUTPUT", "-v", "-n", "-x"], check=True,
-                             capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [self.exe, "-w", "-L", "OUTPUT", "-v", "-n", "-x"], check=True, capture_output=True, text=True
+        ).stdout
         total = 0
         for line in out.splitlines():
             if COMMENT in line and (cut is None or cut.alias in line.split()):

@@ -84,9 +84,14 @@ class HeartbeatWatch:
     def healthy_gaps(self, since: float, cuts: list[tuple[str, float, float]]) -> list[float]:
         """Gaps after ``since`` (training at full size), longest first, leaving out a cut node's
         own gaps during its cut and the settling after it."""
-        return sorted((round(b - a, 2) for addr, a, b in self.gaps
-                       if a >= since and not any(addr == c and a < w1 + SETTLE_S and b > w0 for c, w0, w1 in cuts)),
-                      reverse=True)
+        return sorted(
+            (
+                round(b - a, 2)
+                for addr, a, b in self.gaps
+                if a >= since and not any(addr == c and a < w1 + SETTLE_S and b > w0 for c, w0, w1 in cuts)
+            ),
+            reverse=True,
+        )
 
 
 class Stack:
@@ -115,12 +120,15 @@ class Stack:
 
         conf = self.workdir / "mosquitto.conf"
         root = "user root\n" if os.geteuid() == 0 else ""
-        conf.write_text(f"listener {self.mqtt_port}\nallow_anonymous true\npersistence false\n"
-                        f"log_dest file {self.workdir / 'mosquitto.log'}\nlog_type all\n{root}")
+        conf.write_text(
+            f"listener {self.mqtt_port}\nallow_anonymous true\npersistence false\n"
+            f"log_dest file {self.workdir / 'mosquitto.log'}\nlog_type all\n{root}"
+        )
         await self._start("mosquitto", [find_mosquitto() or "mosquitto", "-c", str(conf)])
         await wait_port_async("127.0.0.1", self.mqtt_port, timeout=30)
-        ep = configs.DemoEndpoints(aws_url=moto, s3_url=moto, mqtt_url=f"mqtt://127.0.0.1:{self.mqtt_port}",
-                                   rdzv_port=self.rdzv_port)
+        ep = configs.DemoEndpoints(
+            aws_url=moto, s3_url=moto, mqtt_url=f"mqtt://127.0.0.1:{self.mqtt_port}", rdzv_port=self.rdzv_port
+        )
         session = get_session()
         aws = {"endpoint_url": moto, "region_name": "us-east-1"}
         async with session.create_client("s3", **aws) as s3:
@@ -132,19 +140,29 @@ class Stack:
         # (load 20+ while others test) a node that just restarted, or whose rank 0 sat out a store
         # blip, reported 0.5 steps/s against a median of 6 and was replaced mid-scenario. That
         # is the scaling policy's transient (noted for its owners), not the loss rule under test.
-        fleetd_conf = configs.fleetd_toml(self.workdir, ep, self.nodes, 50.0, 50.0, ami,
-                                          overrides={"scaling": {"straggler_ratio": 0.01}})  # > 0: a node at <1 % of the median
+        fleetd_conf = configs.fleetd_toml(
+            self.workdir, ep, self.nodes, 50.0, 50.0, ami, overrides={"scaling": {"straggler_ratio": 0.01}}
+        )  # > 0: a node at <1 % of the median
         cli = [py, "-m", "fleetd.cli"]
         await self._start("rendezvous", [*cli, "rendezvous", "--config", str(fleetd_conf)])
         await wait_port_async("127.0.0.1", self.rdzv_port, timeout=90)
         await self._start("fleetd", [*cli, "run", "--config", str(fleetd_conf)])
 
         def agent_conf(iid: str, addr: str, imds_url: str) -> Path:
-            return configs.agent_toml(self.workdir, ep, self.nodes + 1, iid, addr, imds_url, steps=10_000_000,
-                                      control_addr=control_alias(addr))
+            return configs.agent_toml(
+                self.workdir,
+                ep,
+                self.nodes + 1,
+                iid,
+                addr,
+                imds_url,
+                steps=10_000_000,
+                control_addr=control_alias(addr),
+            )
 
-        self.launcher = Launcher(self.workdir, self.describe, agent_conf,
-                                 env={"FLEETD_EVENTS_FILE": str(self.events.path)})
+        self.launcher = Launcher(
+            self.workdir, self.describe, agent_conf, env={"FLEETD_EVENTS_FILE": str(self.events.path)}
+        )
 
     async def _start(self, name: str, argv: list[str]) -> Child:
         child = await Child.start(name, argv, self.workdir / f"{name}.log")
@@ -154,7 +172,8 @@ class Stack:
     async def describe(self) -> list[dict]:
         out = []
         pages = self.ec2.get_paginator("describe_instances").paginate(
-            Filters=[{"Name": "tag:fleetd:fleet", "Values": [configs.DEMO_FLEET]}])
+            Filters=[{"Name": "tag:fleetd:fleet", "Values": [configs.DEMO_FLEET]}]
+        )
         async for page in pages:
             for res in page["Reservations"]:
                 out += res["Instances"]
@@ -212,24 +231,32 @@ def steps_pause(events: Events, since: float, until: float) -> float:
     return round(max(b - a for a, b in pairwise(ts)), 2)
 
 
-async def run_phase(stack: Stack, faults: NetFaults, phase: Phase, watch: HeartbeatWatch,
-                    windows: list[tuple[float, float]]) -> dict:
+async def run_phase(
+    stack: Stack, faults: NetFaults, phase: Phase, watch: HeartbeatWatch, windows: list[tuple[float, float]]
+) -> dict:
     """Cut one node as ``phase`` says; the facts of its window (cut + SETTLE_S) in a dict."""
     live = stack.live_addrs()
     rank0 = stack.rank0_addr()
     others = sorted(a for a in live if a != rank0)
     addr = rank0 if phase.target == "rank0" and rank0 in live else others[0]
     iid = live[addr]
-    ports = {"broker": [stack.mqtt_port], "store": [stack.rdzv_port],
-             "both": [stack.mqtt_port, stack.rdzv_port]}[phase.kind]
+    ports = {"broker": [stack.mqtt_port], "store": [stack.rdzv_port], "both": [stack.mqtt_port, stack.rdzv_port]}[
+        phase.kind
+    ]
     world = len(live)
     before = await stack.ec2_states()
     dropped0 = faults.dropped_packets()
     tolerated0 = len(stack.log_lines("fleetd", "TolerateStale"))
     timeouts0 = stack.broker_timeouts()
     t_cut = time.time()
-    out: dict = {"kind": phase.kind, "seconds": phase.seconds, "node": addr, "instance_id": iid,
-                 "was_rank0": addr == rank0, "world_before": world}
+    out: dict = {
+        "kind": phase.kind,
+        "seconds": phase.seconds,
+        "node": addr,
+        "instance_id": iid,
+        "was_rank0": addr == rank0,
+        "world_before": world,
+    }
     if phase.seconds is not None:
         await faults.cut_for(control_alias(addr), ports, phase.seconds)
         t_heal = time.time()
@@ -249,9 +276,14 @@ async def run_phase(stack: Stack, faults: NetFaults, phase: Phase, watch: Heartb
 
         done = await wait_for(terminated, 240)
         t_term = time.time() if done else None
-        back = await wait_for(lambda: stack.events.training_at(world - 1, t_cut, survivors)
-                              if len(stack.events.training_at(world - 1, t_cut, survivors)) >= world - 1
-                              else None, 240)
+        back = await wait_for(
+            lambda: (
+                stack.events.training_at(world - 1, t_cut, survivors)
+                if len(stack.events.training_at(world - 1, t_cut, survivors)) >= world - 1
+                else None
+            ),
+            240,
+        )
         t_back = max(back.values()) if back else None
         out["dropped_packets"] = faults.dropped_packets() - dropped0
         faults.heal(cut)
@@ -261,8 +293,11 @@ async def run_phase(stack: Stack, faults: NetFaults, phase: Phase, watch: Heartb
         out["survivors_training_after_s"] = round(t_back - t_cut, 1) if t_back else None
         out["survivors"] = sorted(survivors)
     after = await stack.ec2_states()
-    out["terminated"] = sorted(i for i, s in after.items()
-                               if s in ("shutting-down", "terminated") and before.get(i) not in ("shutting-down", "terminated"))
+    out["terminated"] = sorted(
+        i
+        for i, s in after.items()
+        if s in ("shutting-down", "terminated") and before.get(i) not in ("shutting-down", "terminated")
+    )
     out["reforms"] = len([e for e in stack.events.of("start") if t_cut <= e["t"] <= t_end])
     out["longest_step_pause_s"] = steps_pause(stack.events, t_cut, t_end)
     # The steering said it kept a stale member; the broker dropped a client for silence (its
@@ -297,11 +332,15 @@ async def scenario(workdir: Path, nodes: int, phases: list[Phase]) -> dict:
                         result["phases"].append(await run_phase(stack, faults, phase, watch, windows))
                     cuts = [(ph["node"], a, b) for ph, (a, b) in zip(result["phases"], windows, strict=True)]
                     gaps = watch.healthy_gaps(t0 + result["started_after_s"], cuts)
-                    result["healthy_heartbeat_gaps"] = {"n": len(gaps), "max_s": gaps[0] if gaps else None,
-                                                        "p99_s": gaps[len(gaps) // 100] if gaps else None}
+                    result["healthy_heartbeat_gaps"] = {
+                        "n": len(gaps),
+                        "max_s": gaps[0] if gaps else None,
+                        "p99_s": gaps[len(gaps) // 100] if gaps else None,
+                    }
                     result["healthy_step_max_gap_s"] = max(
                         (steps_pause(stack.events, a, b) for a, b in _healthy(windows, t0 + result["started_after_s"])),
-                        default=None)
+                        default=None,
+                    )
                 for t in tasks:
                     t.cancel()
         finally:

@@ -49,11 +49,13 @@ class FrameworkSession:
         self.step = 0
         self._watcher: TermWatcher | None = None
 
-    def begin(self, model: Any, optimizer: Any, stateful: dict[str, Any] | None = None, *,
-              take_over_sigterm: bool = False) -> int:
+    def begin(
+        self, model: Any, optimizer: Any, stateful: dict[str, Any] | None = None, *, take_over_sigterm: bool = False
+    ) -> int:
         """Call on every rank once the process group exists; returns the step to continue from."""
-        self.ckpt = ElasticCheckpointer(model, torch_optimizer(optimizer), mode=self.mode, ctx=self.ctx,
-                                        stateful=stateful)
+        self.ckpt = ElasticCheckpointer(
+            model, torch_optimizer(optimizer), mode=self.mode, ctx=self.ctx, stateful=stateful
+        )
         self.step = self.ckpt.resume()
         self._watcher = TermWatcher(self.ckpt.salvage_before_exit)
         why_not = self._watcher.arm(take_over=take_over_sigterm)

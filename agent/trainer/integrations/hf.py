@@ -37,8 +37,16 @@ class FleetdCallback(TrainerCallback):
         self.session = FrameworkSession(mode=mode, ctx=ctx)
         self._finished = False
 
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
-                       lr_scheduler: Any = None, **kwargs: Any) -> Any:
+    def on_train_begin(
+        self,
+        args: Any,
+        state: Any,
+        control: Any,
+        model: Any = None,
+        optimizer: Any = None,
+        lr_scheduler: Any = None,
+        **kwargs: Any,
+    ) -> Any:
         stateful = {"lr_scheduler": lr_scheduler} if lr_scheduler is not None else {}
         step = self.session.begin(model, optimizer, stateful)
         if step:

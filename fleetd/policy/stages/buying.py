@@ -76,11 +76,7 @@ def buy(
         p.notes.append('no on-demand (capacity.on_demand = "never"): waiting for spot')
     elif LEVEL_ORDER.index(level) >= LEVEL_ORDER.index(BudgetLevel.FORBID_ON_DEMAND):
         p.notes.append(f"on-demand fallback forbidden at budget level {level.value}: waiting for spot")
-    elif (
-        asked
-        and (wave := _reclaim_wave_ends_in(p)) is not None
-        and _can_wait_for_wave(p, wave, need)
-    ):
+    elif asked and (wave := _reclaim_wave_ends_in(p)) is not None and _can_wait_for_wave(p, wave, need):
         p.notes.append(
             f"{p.deadline.reason}; but a spot pool's reclaim wave ends in {wave:.0f} s and the "  # type: ignore[union-attr]
             "deadline has slack for that and a changeover: waiting for spot rather than paying on-demand"
@@ -94,15 +90,19 @@ def buy(
     elif not asked and (since is None or p.now - since < cap.spot_wait_s):
         waited = 0.0 if since is None else p.now - since
         p.notes.append(
-            f"waiting for spot {waited:.0f} of spot_wait_s {cap.spot_wait_s:.0f} s before "
-            "falling back to on-demand"
+            f"waiting for spot {waited:.0f} of spot_wait_s {cap.spot_wait_s:.0f} s before falling back to on-demand"
         )
     elif (p.deadline is None or p.deadline.spot_allowed) and (probe := _spot_probe(p, need, headroom)):
         headroom = headroom.after(probe)
     else:
         od_ranked, od_skipped = rank_pools(
-            p.obs.offers, p.obs.stats_by_pool(), cap, p.now, Market.ON_DEMAND,
-            reform_cost_h=reform_cost_h(p), fleet_zone=fleet_zone(p),
+            p.obs.offers,
+            p.obs.stats_by_pool(),
+            cap,
+            p.now,
+            Market.ON_DEMAND,
+            reform_cost_h=reform_cost_h(p),
+            fleet_zone=fleet_zone(p),
         )
         if not od_ranked:
             p.notes.append("no on-demand pool available either: " + ("; ".join(od_skipped) or "no offers"))
@@ -116,7 +116,8 @@ def buy(
                 headroom,
                 od_ranked,
                 prefix=(
-                    f"{p.deadline.reason}: " if asked and p.deadline is not None
+                    f"{p.deadline.reason}: "
+                    if asked and p.deadline is not None
                     else f"no spot for {p.now - (since or p.now):.0f} s >= spot_wait_s {cap.spot_wait_s:.0f}: "
                 ),
             )
@@ -136,7 +137,8 @@ def spot_probe_pools(p: PlanPass) -> list[RankedPool]:
     aged = {
         pool: replace(s, capacity_error_until=None)
         for pool, s in stats.items()
-        if s.capacity_error_until is not None and s.capacity_error_until > p.now
+        if s.capacity_error_until is not None
+        and s.capacity_error_until > p.now
         and p.now - (s.capacity_error_until - cap.capacity_error_ttl_s) >= probe_after
     }
     if not aged:
@@ -151,7 +153,13 @@ def _spot_probe(p: PlanPass, need: int, headroom: budget_policy.Headroom) -> Lau
         return None
     cap = p.cfg.capacity
     return _gated_launch(
-        p, need, LaunchPurpose.CAPACITY, Market.SPOT, diversify(ranked, cap), headroom, ranked,
+        p,
+        need,
+        LaunchPurpose.CAPACITY,
+        Market.SPOT,
+        diversify(ranked, cap),
+        headroom,
+        ranked,
         prefix=(
             f"probe before paying on-demand: spot capacity error >= spot_probe_s "
             f"{min(cap.spot_probe_s, cap.capacity_error_ttl_s):.0f} s old, trying spot again: "
@@ -171,11 +179,7 @@ def wave_pools_to_buy_now(p: PlanPass, need: int) -> list[RankedPool]:
     if need <= 0 or dl is None or not dl.spot_allowed or wave is None or _can_wait_for_wave(p, wave, need):
         return []
     stats = p.obs.stats_by_pool()
-    calm = {
-        pool: replace(s, last_notice_at=None)
-        for pool, s in stats.items()
-        if reclaim_wave_left_s(s, p.now) > 0
-    }
+    calm = {pool: replace(s, last_notice_at=None) for pool, s in stats.items() if reclaim_wave_left_s(s, p.now) > 0}
     ranked, _ = spot_pools(p, {**stats, **calm})
     why = (
         f"reclaim wave under way, but waiting {wave:.0f} s for it would carry the deadline job into "
@@ -243,9 +247,7 @@ def _gated_launch(
         return None
     price_now, bid = _prices(pools, market, p.cfg)
     ranking = "; ".join(r.reason for r in pools)
-    cut = (
-        f" (wanted {need}; budget allows {count}: {headroom.explain()})" if count < need else ""
-    )
+    cut = f" (wanted {need}; budget allows {count}: {headroom.explain()})" if count < need else ""
     launch = Launch(
         reason=f"{prefix}{purpose.value}: buy {count} {market.value} node(s){cut}; pools by "
         f"expected cost per useful GPU-hour: {ranking}",

@@ -32,9 +32,7 @@ def deadline_call(p: PlanPass, target: int) -> rule.DeadlineCall | None:
     started = obs.job_started_at
     if started is None:
         started = min((n.launched_at for n in obs.nodes), default=p.now)
-    spot_training = sum(
-        1 for n in p.kept if n.market is Market.SPOT and n.phase is NodePhase.RUNNING
-    )
+    spot_training = sum(1 for n in p.kept if n.market is Market.SPOT and n.phase is NodePhase.RUNNING)
     pending_s = 0.0
     if not any(n.phase is NodePhase.RUNNING for n in p.kept):
         boots = [n.launched_at + job.changeover_s - p.now for n in p.kept if n.phase is NodePhase.PENDING]
@@ -54,9 +52,7 @@ def deadline_call(p: PlanPass, target: int) -> rule.DeadlineCall | None:
         membership_stall_s=p.cfg.rebalance.checkpoint_stall_s + p.cfg.rebalance.reform_s,
     )
     call = rule.decide(inputs, p.now)
-    if call.swap_to_spot and any(
-        n.market is Market.ON_DEMAND and n.phase is not NodePhase.RUNNING for n in p.kept
-    ):
+    if call.swap_to_spot and any(n.market is Market.ON_DEMAND and n.phase is not NodePhase.RUNNING for n in p.kept):
         # Make-before-break needs the on-demand nodes training while the spot node boots.
         call = replace(call, swap_to_spot=False)
     p.notes.append(call.reason)

@@ -34,12 +34,8 @@ def size_fleet(
     extras = max(0, len(p.kept) - target - risk.covered)
     on_demand = [n for n in p.kept if n.market is Market.ON_DEMAND]
     # A deadline keeps its on-demand nodes until the job is well ahead (deadline.py hysteresis).
-    deadline_holds = p.deadline is not None and not (
-        p.deadline.on_demand_not_needed or p.deadline.swap_to_spot
-    )
-    back_to_spot = (
-        bool(on_demand) and spot_available and level is not BudgetLevel.SHRINK and not deadline_holds
-    )
+    deadline_holds = p.deadline is not None and not (p.deadline.on_demand_not_needed or p.deadline.swap_to_spot)
+    back_to_spot = bool(on_demand) and spot_available and level is not BudgetLevel.SHRINK and not deadline_holds
     if on_demand:
         _release_on_demand(p, on_demand, target)
         on_demand = [n for n in p.kept if n.market is Market.ON_DEMAND]
@@ -84,9 +80,7 @@ def _release_on_demand(p: PlanPass, on_demand: list[Node], target: int) -> None:
             )
 
 
-def _removal_order(
-    nodes: list[Node], at_risk: tuple[Node, ...], release: frozenset[str] = frozenset()
-) -> list[Node]:
+def _removal_order(nodes: list[Node], at_risk: tuple[Node, ...], release: frozenset[str] = frozenset()) -> list[Node]:
     """Cheapest to lose first: not yet training, on-demand, pre-bought for an expired
     recommendation, at risk, most expensive, newest."""
     risky = {n.instance_id for n in at_risk}
@@ -109,17 +103,17 @@ def _remove_excess(
 ) -> None:
     for node in _removal_order(p.kept, at_risk, release)[:excess]:
         why = " (pre-bought for a rebalance recommendation that expired)" if node.instance_id in release else ""
-        p.remove(node, f"scaling to {target} nodes: removing {node.instance_id} ({node.market.value} "
-                       f"${node.price_per_hour:.3f}/h, {node.phase.value}){why}")
+        p.remove(
+            node,
+            f"scaling to {target} nodes: removing {node.instance_id} ({node.market.value} "
+            f"${node.price_per_hour:.3f}/h, {node.phase.value}){why}",
+        )
 
 
 def _shed_burn(p: PlanPass) -> None:
     """Prices rose since the last pass: shed the priciest nodes until the burn fits again."""
     cap = p.cfg.budget.max_usd_per_hour
-    while (
-        budget_policy.burn_usd_per_hour(p.kept) > cap + 1e-9
-        and len(p.kept) > p.cfg.fleet.min_nodes
-    ):
+    while budget_policy.burn_usd_per_hour(p.kept) > cap + 1e-9 and len(p.kept) > p.cfg.fleet.min_nodes:
         burn = budget_policy.burn_usd_per_hour(p.kept)
         node = max(p.kept, key=lambda n: (n.price_per_hour, n.instance_id))
         p.remove(
@@ -134,9 +128,7 @@ def _return_to_spot(p: PlanPass, on_demand: list[Node], replacements: int) -> in
     last of them joined is durable, drain as many on-demand nodes as there are spot nodes to
     take their place, priciest first, in this one pass (make-before-break, never mid-step).
     Returns how many were drained."""
-    spot_running = [
-        n for n in p.kept if n.market is Market.SPOT and n.phase is NodePhase.RUNNING
-    ]
+    spot_running = [n for n in p.kept if n.market is Market.SPOT and n.phase is NodePhase.RUNNING]
     spot_pending = [n for n in p.kept if n.market is Market.SPOT and n.phase is NodePhase.PENDING]
     if not spot_running or spot_pending:
         p.notes.append("back to spot: waiting for the new spot node to join training")
@@ -160,7 +152,5 @@ def _return_to_spot(p: PlanPass, on_demand: list[Node], replacements: int) -> in
     if requested is not None and requested >= joined and p.now - requested < p.cfg.rebalance.checkpoint_retry_s:
         p.notes.append(f"{waiting}; checkpoint requested {p.now - requested:.0f} s ago")
         return 0
-    p.request_checkpoint(
-        RequestCheckpoint(reason=f"{waiting}: none is durable since the spot node joined"), ""
-    )
+    p.request_checkpoint(RequestCheckpoint(reason=f"{waiting}: none is durable since the spot node joined"), "")
     return 0

@@ -20,8 +20,7 @@ def finish_stop(p: PlanPass) -> Plan:
             )
     elif p.billed:
         p.notes.append(
-            f"stopping: {len(p.billed)} nodes finishing checkpoint and shutdown "
-            f"({elapsed:.0f} of {reserve:.0f} s)"
+            f"stopping: {len(p.billed)} nodes finishing checkpoint and shutdown ({elapsed:.0f} of {reserve:.0f} s)"
         )
     view = budget_policy.assess(p.obs.spent_usd, p.billed, [], p.cfg)
     return assemble_plan(p, view, target=0)

@@ -60,8 +60,5 @@ def _scale_up_would_warn(p: PlanPass, price: float | None) -> str:
     burn = budget_policy.burn_usd_per_hour(p.kept) + price
     share = (p.obs.spent_usd + burn * b.forecast_horizon_s / 3600.0) / b.total_usd
     if share >= b.warn_at:
-        return (
-            f"one more node (${price:.3f}/h) would bring the forecast to {share:.0%} >= "
-            f"warn_at {b.warn_at:.0%}"
-        )
+        return f"one more node (${price:.3f}/h) would bring the forecast to {share:.0%} >= warn_at {b.warn_at:.0%}"
     return ""
