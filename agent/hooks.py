@@ -20,6 +20,7 @@ from fleetd.protocol.messages import (
     DrainCommand,
     LeaveCommand,
     Message,
+    NodeState,
     Notice,
     Rebalance,
     RendezvousEndpoint,
@@ -38,7 +39,7 @@ class AgentContext:
     config: AgentConfig
     identity: Identity
     publish_event: Callable[[Message], Awaitable[None]]  # QoS 1 via the outbox
-    set_state: Callable[[str], Awaitable[None]]  # retained status: ready/training/draining/leaving
+    set_state: Callable[[NodeState], Awaitable[None]]  # retained status: ready/training/draining/leaving
     trainer_progress: Callable[[], TrainerProgress]
     request_stop: Callable[[], None]  # begin the agent's clean shutdown
 

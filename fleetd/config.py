@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import AwareDatetime, Field, model_validator
 
 from fleetd.protocol.settings import CommonSettings, Group, JobConfig, Name, load_settings
+
+if TYPE_CHECKING:
+    from fleetd.policy.stall import StallSettings
 
 DEFAULT_PATH = Path("/etc/fleetd/fleetd.toml")
 Fraction = Annotated[float, Field(gt=0, le=1)]
@@ -211,7 +214,7 @@ class StallConfig(Group):
     # this long after the last step (fleetd/policy/stall.py).
     reforming_max_s: Annotated[float, Field(gt=0)] = 600.0
 
-    def settings(self):  # noqa: ANN201 - fleetd.policy.stall.StallSettings
+    def settings(self) -> StallSettings:
         from fleetd.policy.stall import StallSettings
 
         return StallSettings(

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +47,7 @@ class DaemonContext:
         self.wake.set()
 
 
-Component = Callable[[DaemonContext], Awaitable[None]]
+Component = Callable[[DaemonContext], Coroutine[Any, Any, None]]
 
 
 @dataclass
@@ -264,7 +264,7 @@ async def _supervise(
     return status
 
 
-def _exit_status(task: asyncio.Task) -> int:
+def _exit_status(task: asyncio.Task[None]) -> int:
     if task.cancelled():
         return 1
     exc = task.exception()

@@ -15,7 +15,8 @@ def free_port(host: str = "127.0.0.1") -> int:
     but harmless for local tools, which fail loudly if it happens)."""
     with socket.socket() as s:
         s.bind((host, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def _try_connect(host: str, port: int) -> bool:

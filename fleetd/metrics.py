@@ -116,7 +116,7 @@ class FleetMetrics:
     def set_nodes(self, nodes: Iterable[Node]) -> None:
         self._set_node_counts(Tally((str(n.phase), str(n.market), str(n.pool)) for n in nodes))
 
-    def _set_node_counts(self, counts: Tally) -> None:
+    def _set_node_counts(self, counts: Tally[tuple[str, str, str]]) -> None:
         # Replace the whole table: a (state, market, pool) that emptied must drop to absent, not linger.
         self.nodes.clear()
         for (state, market, pool), count in counts.items():

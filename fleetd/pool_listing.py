@@ -104,6 +104,7 @@ def list_pools(
         spec = catalog.spec(itype)
         model = catalog.model_of(itype)
         verified = True
+        od: float | None
         if itype in on_demand:
             od, od_source = on_demand[itype]
         else:

@@ -15,7 +15,7 @@ observer, training signals); see ``_nodes``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -49,7 +49,9 @@ class RendezvousWatcher:
         from fleetd.rendezvous.client import RendezvousClient
 
         self.interval_s = interval_s
-        self._connect = lambda: (client_factory or RendezvousClient)(host, port, run_id).connect()
+        self._connect: Callable[[], Awaitable[Any]] = lambda: (client_factory or RendezvousClient)(
+            host, port, run_id
+        ).connect()
         self.latest: tuple[int, int] | None = None
 
     def __call__(self) -> tuple[int, int] | None:
@@ -208,6 +210,7 @@ def status_component(
             watcher = RendezvousWatcher(r.host, r.port, r.run_id)
         publisher = PassPublisher(cfg, metrics, watcher)
         publisher.stall = getattr(ctx, "stall", None)
+        server: MetricsServer | None  # None: /metrics could not be served
         server = MetricsServer(metrics, cfg.metrics.host, cfg.metrics.port if port is None else port, also=(REGISTRY,))
         try:
             await server.start()

@@ -15,6 +15,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from agent.checkpoint_store.errors import StoreError
 from agent.checkpoint_store.store import CheckpointStore
@@ -50,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-async def _run(args: argparse.Namespace, cfg: AgentConfig) -> dict:
+async def _run(args: argparse.Namespace, cfg: AgentConfig) -> dict[str, Any]:
     async with CheckpointStore.connect(cfg.checkpoints, cfg.aws, job=args.job) as store:
         if args.create_bucket:
             await store.ensure_bucket()

@@ -21,7 +21,7 @@ from pathlib import Path
 from agent.checkpoint_store.errors import CheckpointCorrupt, ObjectNotFound, first_error
 from agent.checkpoint_store.publish import Publisher
 from agent.checkpoint_store.s3 import S3Bucket
-from fleetd.protocol.checkpoints import FileEntry, Manifest
+from fleetd.protocol.checkpoints import CheckpointLayout, FileEntry, Manifest
 from fleetd.protocol.digests import Checksum, Digest
 from fleetd.protocol.errors import ProtocolError
 from fleetd.protocol.logs import get_logger
@@ -60,7 +60,7 @@ class _Sink:
 
 
 class Restorer:
-    def __init__(self, bucket: S3Bucket, publisher: Publisher, layout, concurrency: int = 8):
+    def __init__(self, bucket: S3Bucket, publisher: Publisher, layout: CheckpointLayout, concurrency: int = 8):
         self._bucket = bucket
         self._publisher = publisher
         self._layout = layout

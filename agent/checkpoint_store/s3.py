@@ -14,7 +14,7 @@ loop (botocore does that over plain http unless told not to).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, BinaryIO
@@ -60,7 +60,7 @@ class CompletedPart:
 
 
 @contextlib.contextmanager
-def _translated(op: str, key: str = ""):
+def _translated(op: str, key: str = "") -> Iterator[None]:
     where = f"{op} {key}".strip()
     try:
         yield
@@ -105,7 +105,7 @@ class S3Bucket:
         """``config`` (e.g. retries/timeouts) is merged under fleetd's own settings."""
         base = AioConfig()
         if config is not None:
-            base = base.merge(config)
+            base = base.merge(config)  # type: ignore[arg-type]  # takes botocore's Config at runtime; stubs ask for AioConfig
         s3_opts: dict[str, Any] = {"payload_signing_enabled": False}
         if endpoint_url:
             # moto / MinIO / LocalStack endpoints are reached by address: virtual hosts won't resolve.
@@ -175,7 +175,8 @@ class S3Bucket:
             kwargs["IfNoneMatch"] = "*"
         with _translated("PutObject", key):
             resp = await self._client.put_object(**kwargs)
-        return resp["ETag"]
+        etag: str = resp["ETag"]
+        return etag
 
     async def get_bytes(self, key: str) -> tuple[bytes, str]:
         """(body, ETag); ObjectNotFound if absent."""
@@ -240,7 +241,8 @@ class S3Bucket:
     async def create_multipart(self, key: str) -> str:
         with _translated("CreateMultipartUpload", key):
             resp = await self._client.create_multipart_upload(Bucket=self.bucket, Key=key, ChecksumAlgorithm="CRC32")
-        return resp["UploadId"]
+        upload_id: str = resp["UploadId"]
+        return upload_id
 
     async def upload_part(
         self, key: str, upload_id: str, number: int, body: bytes | BinaryIO, crc32_b64: str
@@ -268,7 +270,8 @@ class S3Bucket:
                     "Parts": [{"PartNumber": p.number, "ETag": p.etag, "ChecksumCRC32": p.crc32_b64} for p in ordered]
                 },
             )
-        return resp.get("ETag", "")
+        etag: str = resp.get("ETag", "")
+        return etag
 
     async def abort_multipart(self, key: str, upload_id: str) -> None:
         with _translated("AbortMultipartUpload", key):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -85,7 +85,7 @@ class CheckpointStore:
         keep: int,
         state_dir: Path,
         tuning: UploadTuning | None = None,
-        clock=_utcnow,
+        clock: Callable[[], datetime] = _utcnow,
     ):
         tuning = tuning or UploadTuning()
         self.bucket = bucket
@@ -107,7 +107,7 @@ class CheckpointStore:
         tuning: UploadTuning | None = None,
         state_dir: Path | None = None,
         client_config: Config | None = None,
-        clock=_utcnow,
+        clock: Callable[[], datetime] = _utcnow,
     ) -> AsyncIterator[CheckpointStore]:
         """``state_dir`` (default ``<local_dir>/.store``) holds the open-uploads ledger; it must
         survive agent restarts on the node. ``client_config``: botocore retries/timeouts."""

@@ -27,10 +27,12 @@ import io
 import math
 import os
 import zlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any, TypeVar
 
 from agent.checkpoint_store.errors import ObjectNotFound, StoreError, first_error
 from agent.checkpoint_store.ledger import UploadLedger
@@ -42,6 +44,8 @@ from fleetd.protocol.logs import get_logger
 from fleetd.protocol.waits import within
 
 log = get_logger(__name__)
+
+_T = TypeVar("_T")
 
 MiB = 1 << 20
 S3_MIN_PART = 5 * MiB
@@ -128,7 +132,7 @@ class Uploader:
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
-    async def _in_pool(self, fn, *args):
+    async def _in_pool(self, fn: Callable[..., _T], *args: Any) -> _T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     async def upload_files(self, step: int, files: list[tuple[str, Path]], prio: tuple[int, int]) -> list[FileEntry]:

@@ -76,7 +76,7 @@ class FakeImds:
     timeout_fault_s: float = 5.0  # how long a "timeout" fault stalls (longer than the client waits)
     url: str = ""
     # GET counts per path (only requests that reached a metadata path with a valid token).
-    requests: Counter = field(default_factory=Counter)
+    requests: Counter[str] = field(default_factory=Counter)
     token_requests: int = 0
     rejected_401: int = 0
     _tokens: dict[str, float] = field(default_factory=dict)  # token -> monotonic expiry
@@ -295,7 +295,8 @@ def control(url: str, op: str, **body: Any) -> dict[str, Any]:
         f"{url.rstrip('/')}/_fake/{op}", data=data, method="POST", headers={"Content-Type": "application/json"}
     )
     with urllib.request.urlopen(req, timeout=5) as resp:
-        return json.loads(resp.read())
+        answer: dict[str, Any] = json.loads(resp.read())
+        return answer
 
 
 async def _serve(args: argparse.Namespace) -> None:

@@ -23,25 +23,35 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
+Sample = tuple[torch.Tensor, torch.Tensor]
 
-class MyTrainDataset(Dataset):
-    def __init__(self, size):
+
+class MyTrainDataset(Dataset[Sample]):
+    def __init__(self, size: int) -> None:
         self.size = size
         self.data = [(torch.rand(20), torch.rand(1)) for _ in range(size)]
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self.size
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: int) -> Sample:
         return self.data[index]
 
 
-def ddp_setup():
+def ddp_setup() -> None:
     init_process_group(backend="gloo")
 
 
 class Trainer:
-    def __init__(self, model, train_data, optimizer, save_every, snapshot_path, sleep):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        train_data: DataLoader[Sample],
+        optimizer: torch.optim.Optimizer,
+        save_every: int,
+        snapshot_path: str,
+        sleep: float,
+    ) -> None:
         self.local_rank = int(os.environ["LOCAL_RANK"])
         self.global_rank = int(os.environ["RANK"])
         self.model = model
@@ -56,28 +66,30 @@ class Trainer:
             self._load_snapshot(snapshot_path)
         self.model = DDP(self.model)
 
-    def _load_snapshot(self, snapshot_path):
+    def _load_snapshot(self, snapshot_path: str) -> None:
         snapshot = torch.load(snapshot_path, map_location="cpu")
         self.model.load_state_dict(snapshot["MODEL_STATE"])
         self.epochs_run = snapshot["EPOCHS_RUN"]
         print(f"Resuming training from snapshot at Epoch {self.epochs_run}")
 
-    def _run_batch(self, source, targets):
+    def _run_batch(self, source: torch.Tensor, targets: torch.Tensor) -> None:
         self.optimizer.zero_grad()
         output = self.model(source)
         loss = F.mse_loss(output, targets)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         self.optimizer.step()
         time.sleep(self.sleep)
 
-    def _run_epoch(self, epoch):
+    def _run_epoch(self, epoch: int) -> None:
         b_sz = len(next(iter(self.train_data))[0])
         print(f"[GPU{self.global_rank}] Epoch {epoch} | Batchsize: {b_sz} | Steps: {len(self.train_data)}")
+        assert isinstance(self.train_data.sampler, DistributedSampler)  # prepare_dataloader's
         self.train_data.sampler.set_epoch(epoch)
         for source, targets in self.train_data:
             self._run_batch(source, targets)
 
-    def _save_snapshot(self, epoch):
+    def _save_snapshot(self, epoch: int) -> None:
+        assert isinstance(self.model, DDP)  # wrapped in __init__
         snapshot = {
             "MODEL_STATE": self.model.module.state_dict(),
             "EPOCHS_RUN": epoch,
@@ -85,27 +97,27 @@ class Trainer:
         torch.save(snapshot, self.snapshot_path)
         print(f"Epoch {epoch} | Training snapshot saved at {self.snapshot_path}")
 
-    def train(self, max_epochs: int):
+    def train(self, max_epochs: int) -> None:
         for epoch in range(self.epochs_run, max_epochs):
             self._run_epoch(epoch)
             if self.local_rank == 0 and epoch % self.save_every == 0:
                 self._save_snapshot(epoch)
 
 
-def load_train_objs():
+def load_train_objs() -> tuple[MyTrainDataset, torch.nn.Module, torch.optim.Optimizer]:
     train_set = MyTrainDataset(2048)
     model = torch.nn.Linear(20, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     return train_set, model, optimizer
 
 
-def prepare_dataloader(dataset: Dataset, batch_size: int):
+def prepare_dataloader(dataset: Dataset[Sample], batch_size: int) -> DataLoader[Sample]:
     return DataLoader(
         dataset, batch_size=batch_size, pin_memory=False, shuffle=False, sampler=DistributedSampler(dataset)
     )
 
 
-def main(save_every: int, total_epochs: int, batch_size: int, snapshot_path: str, sleep: float):
+def main(save_every: int, total_epochs: int, batch_size: int, snapshot_path: str, sleep: float) -> None:
     ddp_setup()
     dataset, model, optimizer = load_train_objs()
     train_data = prepare_dataloader(dataset, batch_size)

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         x = torch.randn(16, 32, generator=gen)
         optimizer.zero_grad(set_to_none=True)
         loss = nn.functional.mse_loss(model(x), torch.tanh(x.sum(dim=1, keepdim=True)))
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
         optimizer.step()
         if args.step_sleep:
             time.sleep(args.step_sleep)

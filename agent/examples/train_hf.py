@@ -15,6 +15,7 @@ import argparse
 import os
 import sys
 import time
+from typing import Any
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     dataset = [{"input_ids": s, "labels": s} for s in seqs]
 
     class Pace(TrainerCallback):  # stands in for a bigger model's step time
-        def on_step_end(self, *a, **kw):  # noqa: ANN002, ANN003, ANN202
+        def on_step_end(self, *a: Any, **kw: Any) -> None:
             time.sleep(args.step_sleep)
 
     out = args.output_dir or tempfile.mkdtemp(prefix="fleetd-hf-")

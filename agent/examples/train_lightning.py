@@ -14,6 +14,10 @@ import argparse
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lightning.pytorch.utilities.types import OptimizerLRSchedulerConfig
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -55,13 +59,13 @@ def main(argv: list[str] | None = None) -> int:
             super().__init__()
             self.net = nn.Sequential(nn.Linear(args.dim, 64), nn.Tanh(), nn.Linear(64, 1))
 
-        def training_step(self, batch, batch_idx):  # noqa: ANN001, ANN201
+        def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
             xb, yb = batch
             if args.step_sleep:
                 time.sleep(args.step_sleep)
             return nn.functional.mse_loss(self.net(xb), yb)
 
-        def configure_optimizers(self):  # noqa: ANN201
+        def configure_optimizers(self) -> OptimizerLRSchedulerConfig:
             opt = torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
             sched = torch.optim.lr_scheduler.StepLR(opt, 100, 0.9)
             return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

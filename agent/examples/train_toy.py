@@ -13,6 +13,10 @@ import argparse
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -100,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             weight = loss_weight(args.global_batch, ctx.rank, ctx.world_size)
             optimizer.zero_grad(set_to_none=True)
             loss = nn.functional.mse_loss(ddp(x[idx]), y[idx]) * weight
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]  # torch leaves Tensor.backward unannotated
             optimizer.step()
             if pace_s:
                 time.sleep(max(0.0, pace_s - (time.monotonic() - began)))
@@ -116,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _device(kind: str, local_rank: int):  # noqa: ANN202 - torch is imported late
+def _device(kind: str, local_rank: int) -> torch.device:  # torch is imported late
     import torch
 
     if kind == "cpu":
@@ -128,7 +132,7 @@ def _device(kind: str, local_rank: int):  # noqa: ANN202 - torch is imported lat
     return device
 
 
-def _backend(choice: str, device, local_world_size: int) -> str:  # noqa: ANN001
+def _backend(choice: str, device: torch.device, local_world_size: int) -> str:
     if choice != "auto":
         return choice
     if device.type != "cuda":

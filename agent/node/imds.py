@@ -16,7 +16,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 import aiohttp
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
@@ -285,16 +285,18 @@ class SpotWatcher:
     async def poll_once(self) -> None:
         self.polls += 1
         # Both paths concurrently: one slow path (timeout) must not delay the other.
-        action, rebalance = await asyncio.gather(
+        read_action, read_rebalance = await asyncio.gather(
             self._read("instance-action", self.client.instance_action),
             self._read("rebalance", self.client.rebalance),
         )
-        if action is not _FAILED:
+        if read_action is not _FAILED:
+            action = cast("InstanceAction | None", read_action)  # what instance_action returns
             if action is not None and action != self._last_action:
                 log.warning("imds_instance_action", action=action.action, time=action.time.isoformat())
                 await self.on_signal(SpotSignal(action=action))
             self._last_action = action
-        if rebalance is not _FAILED:
+        if read_rebalance is not _FAILED:
+            rebalance = cast("RebalanceRecommendation | None", read_rebalance)  # what rebalance returns
             if rebalance is not None and rebalance != self._last_rebalance:
                 log.warning("imds_rebalance_recommendation", notice_time=rebalance.notice_time.isoformat())
                 await self.on_signal(SpotSignal(rebalance=rebalance))

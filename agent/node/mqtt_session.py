@@ -27,7 +27,7 @@ import aiomqtt
 from agent.node.outbox import Outbox, OutboxItem
 from fleetd.protocol.errors import ProtocolError
 from fleetd.protocol.logs import get_logger
-from fleetd.protocol.messages import Message, RendezvousEndpoint, Status, Telemetry, parse_endpoint
+from fleetd.protocol.messages import Message, NodeState, RendezvousEndpoint, Status, Telemetry, parse_endpoint
 from fleetd.protocol.mqtt_options import client_kwargs
 from fleetd.protocol.settings import MqttConfig
 from fleetd.protocol.topics import CHANNEL_QOS, decode, node_topic, rendezvous_topic
@@ -78,7 +78,7 @@ class MqttSession:
         self.on_endpoint = on_endpoint
         self.status_fields = dict(status_fields or {})
         self.backoff = backoff or Backoff()
-        self.state = "starting"
+        self.state: NodeState = "starting"
         self.connected = asyncio.Event()
         self.connects = 0
         self._client: aiomqtt.Client | None = None
@@ -100,7 +100,7 @@ class MqttSession:
         with contextlib.suppress(aiomqtt.MqttError):
             await client.publish(self.topic["telemetry"], telemetry.to_json(), qos=CHANNEL_QOS["telemetry"])
 
-    async def set_state(self, state: str) -> None:
+    async def set_state(self, state: NodeState) -> None:
         """Change the retained status (e.g. ready -> training -> draining)."""
         self.state = state
         client = self._client
@@ -130,10 +130,10 @@ class MqttSession:
                     await self._publish_status(client, "offline")
 
     # ------------------------------------------------------------------ connection loop
-    def _status(self, state: str) -> Status:
+    def _status(self, state: NodeState) -> Status:
         return Status(instance_id=self.instance_id, state=state, **self.status_fields)
 
-    async def _publish_status(self, client: aiomqtt.Client, state: str) -> None:
+    async def _publish_status(self, client: aiomqtt.Client, state: NodeState) -> None:
         await client.publish(self.topic["status"], self._status(state).to_json(), qos=1, retain=True)
 
     def _make_client(self, broker: MqttConfig) -> aiomqtt.Client:

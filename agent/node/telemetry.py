@@ -110,7 +110,9 @@ class TelemetryLoop:
         self.samples = 0
 
     async def run(self) -> None:
-        probe = self.probe or await asyncio.to_thread(GpuProbe)
+        probe = self.probe
+        if probe is None:
+            probe = await asyncio.to_thread(GpuProbe)
         psutil.cpu_percent(interval=None)  # prime the CPU counter
         try:
             while True:

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from agent.hooks import AgentContext
 from agent.supervise.emergency import CheckpointStoreUploader, EmergencyFlow, EmergencyOutcome
@@ -32,9 +32,12 @@ from agent.trainer import local_ckpt
 from agent.trainer.store_link import StoreLink
 from fleetd.protocol import rendezvous_keys as keys
 from fleetd.protocol.logs import get_logger
+from fleetd.protocol.messages import NodeState
 from fleetd.protocol.waits import wait_set
 
 log = get_logger(__name__)
+
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -44,7 +47,7 @@ class ElasticHooks:
     spec: LaunchSpec
     instance_id: str
     publish_event: Callable[[Any], Awaitable[None]]
-    set_state: Callable[[str], Awaitable[None]]
+    set_state: Callable[[NodeState], Awaitable[None]]
     checkpoints: Any = None  # fleetd.protocol.settings.CheckpointConfig
     aws: Any = None
     log_path: Path | None = None
@@ -59,7 +62,7 @@ class ElasticHooks:
     _stopped: asyncio.Event = field(default_factory=asyncio.Event)
     starts: int = 0
     last_exit_cause: ExitCause | None = None
-    _preload: asyncio.Task | None = None
+    _preload: asyncio.Task[None] | None = None
     _drained: asyncio.Event = field(default_factory=asyncio.Event)  # the notice path has finished
     # The store torchrun follows; its generation is None until a leader advertised one.
     endpoint: StoreEndpoint | None = None
@@ -245,7 +248,7 @@ class ElasticHooks:
         assert self.torchrun is not None
         await self.torchrun.stop(timeout_s=25.0)
 
-    async def _with_store(self, body: Callable[[Any], Awaitable[Any]]) -> Any:
+    async def _with_store(self, body: Callable[[Any], Awaitable[_T]]) -> _T:
         if self.checkpoints is None:
             return await body(None)
         from agent.checkpoint_store.store import CheckpointStore
@@ -284,6 +287,7 @@ class ElasticHooks:
                     if store is not None
                     else None
                 )
+                assert self.torchrun is not None  # checked before the drain began; never reset
                 self.flow = EmergencyFlow(link, self.spec.node_addr, self.torchrun, self.spec.ckpt_dir, uploader)
                 return await self.flow.run(deadline=deadline, reason=reason)
 

@@ -100,13 +100,16 @@ class EmergencyFlow:
     async def run(self, *, deadline: datetime | None = None, reason: str = "spot notice") -> EmergencyOutcome:
         t0 = time.monotonic()
         marks: dict[str, float] = {}
-        mark = lambda name: marks.__setitem__(name, round(time.monotonic() - t0, 4))  # noqa: E731
+
+        def mark(name: str) -> None:
+            marks[name] = round(time.monotonic() - t0, 4)
+
         budget = _seconds_until(deadline, default=110.0)
         log.warning("emergency_started", node_addr=self.node_addr, reason=reason, budget_s=round(budget, 1))
         step: int | None = None
         durable = False
         detail = ""
-        upload: asyncio.Task | None = None
+        upload: asyncio.Task[tuple[bool, str]] | None = None
         member = None
         try:
             member = await self._store(self.link.member, self.node_addr)
@@ -218,7 +221,8 @@ class EmergencyFlow:
         while time.monotonic() < until:
             acks = await self._store(self.link.acks, seq)
             if acks and await self._store(self._every_remaining_rank_acked, seq, acks):
-                return max(a.step for a in acks)
+                newest: int = max(a.step for a in acks)
+                return newest
             await asyncio.sleep(self.poll_s)
         acks = await self._store(self.link.acks, seq)
         mine = [a.step for a in acks if a.node_addr == self.node_addr]

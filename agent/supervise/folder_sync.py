@@ -72,9 +72,10 @@ class FolderSync:
         await asyncio.to_thread(_replace_contents, restored.directory, self.folder)
         await asyncio.to_thread(shutil.rmtree, tmp, True)
         self.watch.uploaded(await asyncio.to_thread(scan, self.folder))
-        self.last_version = restored.step
-        log.info("folder_restored", version=restored.step, folder=str(self.folder), nbytes=restored.nbytes)
-        return restored.step
+        version: int = restored.step
+        self.last_version = version
+        log.info("folder_restored", version=version, folder=str(self.folder), nbytes=restored.nbytes)
+        return version
 
     async def refresh_until_started(self, started: Callable[[], bool], poll_s: float = 1.0) -> None:
         """A newcomer (restored into an empty folder) takes every newer durable version until its
@@ -127,7 +128,7 @@ class FolderSync:
         ):
             log.info("folder_changed_while_copied", folder=str(self.folder))
             return None
-        number = max([self.last_version, *await self.store.complete_steps()]) + 1
+        number: int = max([self.last_version, *await self.store.complete_steps()]) + 1
         files = [stage / rel for rel in sorted(version)]
         try:
             result = await self.store.upload_step(number, files, writer=self.writer, root=stage)

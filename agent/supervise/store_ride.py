@@ -60,8 +60,12 @@ class _Link:
 
 def install(outage_s: float | None = None) -> bool:
     outage = float(os.environ.get("FLEETD_STORE_OUTAGE_S", DEFAULT_OUTAGE_S)) if outage_s is None else outage_s
+    # torch's private rendezvous classes, patched below: typed as the dynamic objects they are here.
+    backend_cls: Any
+    holder_cls: Any
+    handler_cls: Any
     try:
-        from torch.distributed import TCPStore
+        from torch.distributed import TCPStore  # type: ignore[attr-defined]  # torch re-exports it without `as`/__all__
         from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as cb
         from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
         from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
@@ -96,7 +100,8 @@ def install(outage_s: float | None = None) -> bool:
             store = getattr(backend, "_store", None)
             if not isinstance(store, TCPStore):
                 return None
-            link = backend._fleetd_link = _Link(store.host, store.port, store.timeout)
+            # Store.timeout is a property at runtime; torch's stubs leave it out.
+            link = backend._fleetd_link = _Link(store.host, store.port, store.timeout)  # type: ignore[attr-defined]
         return link
 
     def reconnect(backend: Any, link: _Link) -> bool:
@@ -164,7 +169,8 @@ def install(outage_s: float | None = None) -> bool:
 
     def num_nodes_waiting(self: Any) -> int:
         try:
-            return orig_waiting(self)
+            waiting: int = orig_waiting(self)
+            return waiting
         except RendezvousConnectionError:
             link = getattr(self._state_holder._backend, "_fleetd_link", None)
             if link is None or link.lost_at is None or time.monotonic() - link.lost_at > outage:

@@ -41,8 +41,8 @@ class TorchrunProcess:
     spec: LaunchSpec
     log_path: Path | None = None
     env: Mapping[str, str] | None = None
-    proc: subprocess.Popen | None = None
-    pool: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
+    pool: subprocess.Popen[bytes] | None = None
     pool_socket: str | None = None
     started_at: float | None = None
     _stopping: bool = field(default=False, repr=False)

@@ -21,6 +21,10 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agent.trainer.store_link import StoreLink
 
 
 def _patch(poll_s: float) -> bool:
@@ -34,19 +38,19 @@ def _patch(poll_s: float) -> bool:
         holder_init.__defaults__ = (poll_s,)
         original_delay = utils._delay
 
-        def _delay(seconds):  # noqa: ANN001, ANN202 - same signature as torch's
+        def _delay(seconds: float | tuple[float, float]) -> None:  # same signature as torch's
             if seconds == 1:  # the fixed poll of a waiting join; random skews pass through
                 seconds = poll_s
             return original_delay(seconds)
 
-        dr._delay = _delay
+        dr._delay = _delay  # type: ignore[attr-defined]  # patching torch's private helper
         return True
     except (ImportError, AttributeError) as exc:
         print(f"fleetd: running torchrun unpatched: {exc}", file=sys.stderr)
         return False
 
 
-def _job_running(link, node_addr: str) -> bool:  # noqa: ANN001
+def _job_running(link: StoreLink, node_addr: str) -> bool:
     """Is a round complete with other participants (i.e. are ranks training right now)?"""
     import base64
     import pickle

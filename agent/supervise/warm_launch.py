@@ -13,13 +13,14 @@ import signal
 import socket
 import sys
 import time
+from typing import NoReturn
 
 from agent.supervise.warm_pool import recv_msg, send_msg
 
 ENV_SOCKET = "FLEETD_WARM_POOL"
 
 
-def _cold(argv: list[str]) -> None:
+def _cold(argv: list[str]) -> NoReturn:
     os.execv(sys.executable, [sys.executable, "-u", "-m", *argv])
 
 

@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 import traceback
+from typing import Any
 
 MAX_MSG = 1 << 20
 # How long a stopped pool waits for its children before SIGKILLing them: torchrun's own grace
@@ -40,7 +41,7 @@ MAX_MSG = 1 << 20
 STOP_GRACE_S = 30.0
 
 
-def recv_msg(conn: socket.socket, max_fds: int = 0) -> tuple[dict, list[int]]:
+def recv_msg(conn: socket.socket, max_fds: int = 0) -> tuple[dict[str, Any], list[int]]:
     """One length-prefixed JSON message, with up to ``max_fds`` file descriptors attached."""
     fds = array.array("i")
     data, anc, _, _ = conn.recvmsg(4, socket.CMSG_LEN(max_fds * fds.itemsize) if max_fds else 0)
@@ -61,7 +62,7 @@ def recv_msg(conn: socket.socket, max_fds: int = 0) -> tuple[dict, list[int]]:
     return json.loads(body), list(fds)
 
 
-def send_msg(conn: socket.socket, msg: dict, fds: list[int] | None = None) -> None:
+def send_msg(conn: socket.socket, msg: dict[str, Any], fds: list[int] | None = None) -> None:
     body = json.dumps(msg).encode()
     header = struct.pack("!I", len(body))
     if fds:
@@ -78,7 +79,7 @@ def exit_code(status: int) -> int:
     return os.WEXITSTATUS(status)
 
 
-def _run_worker(conn: socket.socket, request: dict, fds: list[int]) -> None:
+def _run_worker(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
     """In the forked child: become the worker torchrun asked for, then exit."""
     code = 1
     try:
@@ -222,13 +223,13 @@ def serve(socket_path: str, preload: list[str]) -> None:
                 break
             if pid == 0:
                 break
-            conn = children.pop(pid, None)
-            if conn is not None:
+            done = children.pop(pid, None)
+            if done is not None:
                 try:
-                    send_msg(conn, {"exit": exit_code(status)})
+                    send_msg(done, {"exit": exit_code(status)})
                 except OSError:
                     pass
-                conn.close()
+                done.close()
     for pid in list(children):
         try:
             os.killpg(pid, signal.SIGKILL)

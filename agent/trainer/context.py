@@ -59,7 +59,10 @@ class TrainerContext:
         if e.get(ENV_STORE):
             h, _, p = e[ENV_STORE].rpartition(":")
             host, port = h, int(p)
-        opt = lambda k: e.get(k) or None  # noqa: E731
+
+        def opt(k: str) -> str | None:
+            return e.get(k) or None
+
         return cls(
             rank=int(e.get("RANK", 0)),
             world_size=int(e.get("WORLD_SIZE", 1)),

@@ -24,7 +24,8 @@ def rank_slice(global_batch: int, rank: int, world_size: int) -> slice:
 def loss_weight(global_batch: int, rank: int, world_size: int) -> float:
     """Multiply a rank's mean loss by this so DDP's gradient average is the global-batch mean."""
     s = rank_slice(global_batch, rank, world_size)
-    return (s.stop - s.start) * world_size / global_batch
+    weight: float = (s.stop - s.start) * world_size / global_batch
+    return weight
 
 
 def step_indices(step: int, global_batch: int, dataset_len: int, seed: int = 0) -> list[int]:

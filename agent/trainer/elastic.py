@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from types import ModuleType
 from typing import Any
 
 from agent.trainer import local_ckpt, store_view
@@ -71,11 +72,14 @@ class ElasticCheckpointer(ResumeSteps):
         self._pulse_at = 0.0  # monotonic time of rank 0's last progress bump
         self.reports = TrainerReports(self.ctx)
         # Which step the parameters hold, for a save without collectives after a peer's loss.
-        self._guard = UpdateGuard(optimizer) if hasattr(optimizer, "register_step_post_hook") else None
+        self._guard: UpdateGuard | None = (
+            UpdateGuard(optimizer) if hasattr(optimizer, "register_step_post_hook") else None
+        )
         self._save_lock = threading.Lock()  # the main thread's save vs. the SIGTERM watcher's
         if self.ctx.steered:
             from agent.trainer.store_link import StoreLink
 
+            assert self.ctx.store_host is not None and self.ctx.store_port is not None  # steered
             self._link = StoreLink(self.ctx.store_host, self.ctx.store_port, self.ctx.run_id).connect()
             self.handled_seq = self._agree_max(self._already_handled() if self.ctx.rank == 0 else 0)
             if self.ctx.rank == 0:
@@ -113,7 +117,7 @@ class ElasticCheckpointer(ResumeSteps):
         return seq
 
     # ------------------------------------------------------------------ collectives
-    def _dist(self):  # noqa: ANN202
+    def _dist(self) -> ModuleType | None:
         import torch.distributed as dist
 
         return dist if dist.is_available() and dist.is_initialized() else None
@@ -179,13 +183,14 @@ class ElasticCheckpointer(ResumeSteps):
         return saved
 
     def _save_dcp(self, step: int, started: float) -> SavedStep | None:
-        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.filesystem import FileSystemWriter
         from torch.distributed.checkpoint.state_dict import get_state_dict
+        from torch.distributed.checkpoint.state_dict_saver import save
 
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer if self.optimizer is not None else [])
         tmp = local_ckpt.dcp_tmp_dir(self.root, step)
         tmp.mkdir(parents=True, exist_ok=True)
-        dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=dcp.FileSystemWriter(str(tmp)))
+        save({"model": model_sd, "optim": optim_sd}, storage_writer=FileSystemWriter(str(tmp)))
         self._barrier()
         if self.ctx.local_rank != 0:
             return None

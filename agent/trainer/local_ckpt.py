@@ -18,7 +18,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from fleetd.protocol.checkpoints import DCP_METADATA, is_shard_file
 
@@ -62,7 +62,7 @@ def dcp_file_names(directory: Path) -> tuple[str, ...] | None:
     if not (directory / DCP_METADATA).is_file():
         return None
     try:
-        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint.filesystem import FileSystemReader
 
         storage = FileSystemReader(str(directory)).read_metadata().storage_data or {}
     except Exception:  # noqa: BLE001 - an unreadable metadata file means "not usable", not a crash
@@ -70,7 +70,7 @@ def dcp_file_names(directory: Path) -> tuple[str, ...] | None:
     names = {getattr(info, "relative_path", None) for info in storage.values()}
     if not all(isinstance(n, str) and n for n in names):
         return None
-    return tuple(sorted(names | {DCP_METADATA}))
+    return tuple(sorted(cast("set[str]", names) | {DCP_METADATA}))  # every one a str, checked above
 
 
 def upload_set(directory: Path) -> tuple[list[Path], tuple[str, ...] | None]:
@@ -132,7 +132,8 @@ def load_plain(root: Path, step: int) -> dict[str, Any]:
     blob = torch.load(step_dir(root, step) / PLAIN_FILE, map_location="cpu", weights_only=False)
     if blob.get("step") != step:
         raise ValueError(f"{step_dir(root, step)} holds step {blob.get('step')}, not {step}")
-    return blob["state"]
+    state: dict[str, Any] = blob["state"]
+    return state
 
 
 def dcp_tmp_dir(root: Path, step: int) -> Path:

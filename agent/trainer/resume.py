@@ -114,12 +114,13 @@ class ResumeSteps:
         if self.mode == "state_dict":
             self._apply_plain(local_ckpt.load_plain(self.root, step))
             return
-        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.filesystem import FileSystemReader
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        from torch.distributed.checkpoint.state_dict_loader import load
 
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer if self.optimizer is not None else [])
-        sd = {"model": model_sd, "optim": optim_sd}
-        dcp.load(sd, storage_reader=dcp.FileSystemReader(str(local_ckpt.step_dir(self.root, step))))
+        sd: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
+        load(sd, storage_reader=FileSystemReader(str(local_ckpt.step_dir(self.root, step))))
         set_state_dict(
             self.model,
             self.optimizer if self.optimizer is not None else [],
@@ -155,7 +156,8 @@ class ResumeSteps:
 
     def _newest_durable(self) -> int:
         """The step S3's ``latest`` pointer names (NONE: no S3, no pointer, or S3 unreachable)."""
-        if not self.ctx.s3_bucket:
+        bucket = self.ctx.s3_bucket
+        if not bucket:
             return NONE
         import asyncio
 
@@ -163,7 +165,7 @@ class ResumeSteps:
         from fleetd.protocol.settings import AwsConfig, CheckpointConfig
 
         async def fetch() -> int:
-            cfg = CheckpointConfig(bucket=self.ctx.s3_bucket, prefix=self.ctx.s3_prefix, local_dir=self.root)
+            cfg = CheckpointConfig(bucket=bucket, prefix=self.ctx.s3_prefix, local_dir=self.root)
             aws = AwsConfig(region=self.ctx.s3_region, endpoint_url=self.ctx.s3_endpoint)
             async with CheckpointStore.connect(cfg, aws, job=self.ctx.job) as store:
                 pointer, _ = await store.publisher.read_latest()
@@ -177,7 +179,8 @@ class ResumeSteps:
 
     def _restore_from_s3(self) -> int | None:
         """Newest durable checkpoint from S3 into the local directory (agent/checkpoint_store)."""
-        if not self.ctx.s3_bucket:
+        bucket = self.ctx.s3_bucket
+        if not bucket:
             return None
         import asyncio
 
@@ -186,7 +189,7 @@ class ResumeSteps:
         from fleetd.protocol.settings import AwsConfig, CheckpointConfig
 
         async def fetch() -> int | None:
-            cfg = CheckpointConfig(bucket=self.ctx.s3_bucket, prefix=self.ctx.s3_prefix, local_dir=self.root)
+            cfg = CheckpointConfig(bucket=bucket, prefix=self.ctx.s3_prefix, local_dir=self.root)
             aws = AwsConfig(region=self.ctx.s3_region, endpoint_url=self.ctx.s3_endpoint)
             async with CheckpointStore.connect(cfg, aws, job=self.ctx.job) as store:
                 restored = await store.restore_latest(self.root)

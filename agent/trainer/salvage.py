@@ -119,7 +119,7 @@ def _cuda_event_after(optimizer: Any) -> Any:
         return None
     import torch
 
-    event = torch.cuda.Event()
+    event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch leaves Event.__new__ unannotated
     event.record()
     return event
 
@@ -135,7 +135,7 @@ def host_copy(state: Any, ready: Any) -> Any:
         return state
     import torch
 
-    side = torch.cuda.Stream()
+    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]  # torch leaves Stream.__new__ unannotated
     with torch.cuda.stream(side):
         side.wait_event(ready)
         out = _map_tensors(state, lambda t: t.to("cpu") if t.is_cuda else t)

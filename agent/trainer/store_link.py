@@ -32,7 +32,7 @@ class StoreLink:
         self._lock = threading.Lock()
 
     def connect(self) -> StoreLink:
-        from torch.distributed import TCPStore
+        from torch.distributed import TCPStore  # type: ignore[attr-defined]  # torch re-exports TCPStore without `as`/__all__
 
         try:
             self._store = TCPStore(self.host, self.port, is_master=False, multi_tenant=True, timeout=self._timeout)
@@ -48,7 +48,7 @@ class StoreLink:
     def reconnect(self, timeout_s: float) -> StoreLink:
         """Connect again with a short timeout (a training rank retries between steps and must not
         block long on a store that is still down), then use the normal timeout for calls."""
-        from torch.distributed import TCPStore
+        from torch.distributed import TCPStore  # type: ignore[attr-defined]  # torch re-exports TCPStore without `as`/__all__
 
         try:
             store = TCPStore(

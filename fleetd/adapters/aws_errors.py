@@ -52,7 +52,7 @@ class AwsError(Exception):
         self.message = message
         super().__init__(f"{operation}: {code}: {message}")
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[type[AwsError], tuple[str, str, str]]:
         # Picklable with its fields (the EC2 listing process sends its errors back over a pipe).
         return (type(self), (self.operation, self.code, self.message))
 

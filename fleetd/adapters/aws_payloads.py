@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping
+from typing import Any
 from urllib.parse import urlencode
 from xml.sax.saxutils import escape
 
@@ -49,7 +50,7 @@ MESSAGES = {
 }
 
 
-def json_response(status: int, body: dict) -> web.Response:
+def json_response(status: int, body: dict[str, Any]) -> web.Response:
     headers = {"x-amzn-RequestId": str(uuid.uuid4())}
     if status >= 400:
         headers["x-amzn-ErrorType"] = str(body.get("__type", ""))

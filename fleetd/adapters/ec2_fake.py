@@ -24,7 +24,7 @@ class FakeEc2:
     no_capacity: dict[PoolId, str] = field(default_factory=dict)  # pool -> error code
     fail_next: dict[str, list[AwsError]] = field(default_factory=dict)  # operation -> errors to raise
     calls: list[tuple[str, object]] = field(default_factory=list)
-    _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
+    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def _maybe_fail(self, operation: str) -> None:
         queue = self.fail_next.get(operation)

@@ -66,7 +66,8 @@ class ProcessLister:
                 raise TransientAwsError("DescribeInstances", "ListerDied", str(exc) or type(exc).__name__) from None
         if kind == "error":
             raise payload
-        return payload
+        instances: list[Ec2Instance] = payload
+        return instances
 
     def close(self) -> None:
         """Bounded: not behind a listing in flight (it holds the lock for as long as AWS takes).

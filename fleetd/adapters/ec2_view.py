@@ -24,8 +24,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -34,6 +34,8 @@ from fleetd.adapters.ec2 import ALL_STATES, TAG_FLEET, AioEc2, Ec2Api, Ec2Instan
 from fleetd.protocol.logs import get_logger
 
 log = get_logger(__name__)
+
+_T = TypeVar("_T")
 
 
 class Ec2View:
@@ -102,7 +104,7 @@ class Ec2View:
                 await self._waited(self.refresh())
         return self._merged()
 
-    async def _waited(self, call: Any) -> Any:
+    async def _waited(self, call: Awaitable[_T]) -> _T:
         started = time.perf_counter()
         try:
             return await call
@@ -198,13 +200,13 @@ class Ec2View:
         for iid, (inst, _) in self._launched.items():
             out.setdefault(iid, inst)
         for iid, (_, wall) in self._terminated.items():
-            inst = out.get(iid)
-            if inst is not None and inst.live:
+            listed = out.get(iid)
+            if listed is not None and listed.live:
                 out[iid] = dataclasses.replace(
-                    inst,
+                    listed,
                     state="shutting-down",
                     ended_at=wall,
-                    state_reason=inst.state_reason or "Client.UserInitiatedShutdown",
+                    state_reason=listed.state_reason or "Client.UserInitiatedShutdown",
                 )
         return list(out.values())
 
@@ -220,7 +222,7 @@ def blocking_lister(adapter: AioEc2, client: Any) -> Callable[[], list[Ec2Instan
     }
 
     def run() -> list[Ec2Instance]:
-        out = []
+        out: list[Ec2Instance] = []
         try:
             for page in client.get_paginator("describe_instances").paginate(**params):
                 for reservation in page.get("Reservations", []):

@@ -257,7 +257,7 @@ class FaultProxy:
         errors: list[tuple[dict[str, str], str, PoolId]] = []
         if failing:
             keep = [o for o, p in zip(overrides, pools, strict=True) if p not in failing]
-            errors = [(o, failing[p], p) for o, p in zip(overrides, pools, strict=True) if p in failing]  # type: ignore[index]
+            errors = [(o, failing[p], p) for o, p in zip(overrides, pools, strict=True) if p in failing]
             with self._lock:
                 self.injected.extend((operation, code) for _, code, _ in errors)
             log.info("fault_injected", operation=operation, failed_pools=[str(p) for p in failing])

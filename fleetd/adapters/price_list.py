@@ -80,6 +80,7 @@ def parse_entry(item: str | Mapping[str, Any]) -> OnDemandEntry:
     attrs = product.get("attributes") if isinstance(product, Mapping) else None
     if not isinstance(attrs, Mapping):
         raise PriceListEntryError("no product.attributes")
+    assert isinstance(product, Mapping)  # attrs came from it
     itype, region = attrs.get("instanceType"), attrs.get("regionCode")
     if not isinstance(itype, str) or not itype or not isinstance(region, str) or not region:
         raise PriceListEntryError("no instanceType/regionCode")
@@ -107,7 +108,7 @@ def _hourly_prices(itype: str, on_demand: Mapping[str, Any]) -> list[float]:
             if not isinstance(dim, Mapping) or dim.get("unit") not in ("Hrs", "Hours"):
                 continue
             per_unit = dim.get("pricePerUnit")
-            usd = per_unit.get("USD") if isinstance(per_unit, Mapping) else None
+            usd: Any = per_unit.get("USD") if isinstance(per_unit, Mapping) else None
             try:
                 value = float(usd)
             except (TypeError, ValueError):

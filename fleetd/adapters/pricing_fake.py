@@ -113,7 +113,13 @@ def product_entry(
 
     def dim(code: str, rate: str, unit: str, value: float, description: str) -> dict[str, Any]:
         ranged = {"endRange": "Inf"} if unit == "Hrs" else {}
-        out = {"unit": unit, **ranged, "description": description, "appliesTo": [], "rateCode": f"{sku}.{code}.{rate}"}
+        out: dict[str, Any] = {
+            "unit": unit,
+            **ranged,
+            "description": description,
+            "appliesTo": [],
+            "rateCode": f"{sku}.{code}.{rate}",
+        }
         if unit == "Hrs":
             out["beginRange"] = "0"
         out["pricePerUnit"] = {"USD": f"{value:.10f}" if unit == "Hrs" else f"{value:g}"}
@@ -264,9 +270,9 @@ class SpotPriceFake:
                     )
         # Paginated like EC2: MaxResults items per page, an opaque NextToken for the rest.
         size = max(1, int(params.get("MaxResults") or 1000))
-        start = int(params["NextToken"]) if params.get("NextToken", "").isdigit() else 0
-        page = items[start : start + size]
-        token = str(start + size) if start + size < len(items) else ""
+        first = int(params["NextToken"]) if params.get("NextToken", "").isdigit() else 0
+        page = items[first : first + size]
+        token = str(first + size) if first + size < len(items) else ""
         return (
             f'<?xml version="1.0" encoding="UTF-8"?>\n<DescribeSpotPriceHistoryResponse xmlns="{EC2_NS}">'
             f"<requestId>{uuid.uuid4()}</requestId><spotPriceHistorySet>{''.join(page)}</spotPriceHistorySet>"

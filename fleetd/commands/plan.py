@@ -6,9 +6,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from fleetd.sim import defaults as d
+
+if TYPE_CHECKING:
+    from fleetd.policy.model import PoolId
+    from fleetd.sim.whatif import PlanReport
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-def _parse_pools(text: str):
+def _parse_pools(text: str) -> list[tuple[PoolId, float]]:
     from fleetd.policy.model import PoolId
 
     out = []
@@ -110,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _merge(reports, args) -> dict:
+def _merge(reports: Sequence[PlanReport], args: argparse.Namespace) -> dict[str, Any]:
     """One recommendation across pools (each pool was simulated with its own speed)."""
     from fleetd.sim.whatif import MAX_MISS_RISK, MIX_WITHIN
 
@@ -147,7 +153,7 @@ def _merge(reports, args) -> dict:
     }
 
 
-def _table(m: dict) -> str:
+def _table(m: dict[str, Any]) -> str:
     cols = (
         "pool",
         "interr./node-h",

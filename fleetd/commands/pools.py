@@ -13,7 +13,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fleetd.policy.model import PoolId
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     cap = cfg.capacity if cfg is not None else None
     zones = [z for z in (cap.zones if cap else ()) if z.startswith(region)]
-    on_demand = spot = None
+    on_demand: dict[str, tuple[float, str]] | None = None
+    spot: dict[PoolId, float] | None = None
     source = catalog.label
     if args.live:
         from fleetd.adapters.aws_errors import AwsError
@@ -104,7 +108,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _live(cfg: Any, catalog: Any, region: str, types: list[str], zones: list[str]):
+async def _live(
+    cfg: Any, catalog: Any, region: str, types: list[str], zones: list[str]
+) -> tuple[dict[str, tuple[float, str]], dict[PoolId, float], list[str]]:
     import time
 
     from aiobotocore.session import get_session

@@ -13,10 +13,13 @@ import sqlite3
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleetd.commands.common import add_config_argument
 from fleetd.config import DEFAULT_PATH
+
+if TYPE_CHECKING:
+    from fleetd.policy.ledger import LedgerEvent
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -70,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"fleetd report: no ledger at {db} (has fleetd run with this state_dir?)", file=sys.stderr)
         return 1
 
-    async def read():
+    async def read() -> tuple[list[LedgerEvent], dict[str, float]]:
         seen = await asyncio.to_thread(_observed_until, db)
         store = await LedgerStore.open(db)
         try:
@@ -87,13 +90,13 @@ def run(args: argparse.Namespace) -> int:
     return _finish(args, cfg, now, events, seen)
 
 
-def _read_shared(cfg: Any) -> tuple[list, dict[str, float]]:
+def _read_shared(cfg: Any) -> tuple[list[LedgerEvent], dict[str, float]]:
     """HA: the ledger and the instances' last-seen times from the shared table (reads only)."""
     import asyncio
 
     from fleetd.ha.compose import open_ha
 
-    async def read() -> tuple[list, dict[str, float]]:
+    async def read() -> tuple[list[LedgerEvent], dict[str, float]]:
         ha = await open_ha(cfg)
         try:
             await ha.state.refresh()
@@ -104,7 +107,7 @@ def _read_shared(cfg: Any) -> tuple[list, dict[str, float]]:
     return asyncio.run(read())
 
 
-def _finish(args: argparse.Namespace, cfg: Any, now: float, events: list, seen: dict[str, float]) -> int:
+def _finish(args: argparse.Namespace, cfg: Any, now: float, events: list[LedgerEvent], seen: dict[str, float]) -> int:
     from fleetd.policy import ledger
 
     summary = ledger.summarize(events, now, seen)
@@ -136,7 +139,7 @@ def _observed_until(db: Path) -> dict[str, float]:
         conn.close()
 
 
-def stall_summary(state_dir: Path) -> dict:
+def stall_summary(state_dir: Path) -> dict[str, Any]:
     """Billed time without a step, from fleetd's stall watcher (stalls.json). "unknown" when the
     watcher never wrote one: a run nobody watched is not reported as stall-free."""
     from fleetd.protocol.errors import ProtocolError
@@ -158,14 +161,14 @@ def stall_summary(state_dir: Path) -> dict:
     }
 
 
-def _stalled(stall: dict | None) -> str:
+def _stalled(stall: dict[str, Any] | None) -> str:
     if not stall or not stall.get("known"):
         return "unknown (no stall record)"
     text = f"{stall['stalled_node_seconds'] / 3600:.3f} node-h in {stall['stalls']} stall(s)"
     return text + (" (stalled now)" if stall["stalled_now"] else "")
 
 
-def _steps_lost(data: dict) -> str:
+def _steps_lost(data: dict[str, Any]) -> str:
     """A stalled run did not lose "0 steps": its billed time trained nothing. Say so."""
     lost = f"{data['steps_lost']:,}"
     stall = data.get("stall") or {}
@@ -174,7 +177,7 @@ def _steps_lost(data: dict) -> str:
     return lost  # the "stalled node-time" row says whether stalls are known
 
 
-def render_table(data: dict) -> str:
+def render_table(data: dict[str, Any]) -> str:
     def usd(x: float) -> str:
         return f"${x:,.2f}"
 

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from fleetd.commands.common import add_config_argument
 from fleetd.config import DEFAULT_PATH
+
+_T = TypeVar("_T")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -78,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
 THREAD_GRACE_S = 5.0
 
 
-def run_bounded(coro) -> int:
+def run_bounded(coro: Coroutine[Any, Any, _T]) -> _T:
     """asyncio.run without its unbounded wait for the default executor's threads: a worker stuck
     in a blocking call must not keep a stopping daemon alive past systemd's stop timeout."""
     import asyncio

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fleetd.sim.result import SimResult
+    from fleetd.sim.scenario import Scenario
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -63,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def render_table(scenario, results, source_rows) -> str:
+def render_table(scenario: Scenario, results: Sequence[SimResult], source_rows: Sequence[tuple[str, str]]) -> str:
     job = scenario.job
     head = (
         f"trace {scenario.trace.name}: {scenario.trace.duration_s / 3600:.1f} h, "

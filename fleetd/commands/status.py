@@ -16,6 +16,7 @@ import json
 import sqlite3
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -136,7 +137,7 @@ def collect(
 def _stall(stall: Any, now: float) -> dict[str, Any] | None:
     if stall is None:
         return None
-    out = stall.model_dump()
+    out: dict[str, Any] = stall.model_dump()
     cur = stall.current
     out["stalled_for_s"] = round(max(now - cur.since, 0.0), 1) if cur is not None else None
     last = stall.episodes[-1] if stall.episodes else None
@@ -207,7 +208,7 @@ def _nodes_from_db(db: Path) -> list[dict[str, Any]]:
     ]
 
 
-def _tally(values) -> dict[str, int]:
+def _tally(values: Iterable[str]) -> dict[str, int]:
     out: dict[str, int] = {}
     for v in values:
         out[v] = out.get(v, 0) + 1

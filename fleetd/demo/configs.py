@@ -100,6 +100,7 @@ def fleetd_toml(
 ) -> Path:
     """``overrides``: extra settings merged into the groups (the partition tests use it)."""
     path = workdir / "fleetd.toml"
+    scaling: dict[str, object]
     if shape is None:
         # A fixed fleet of --nodes (one more allowed for make-before-break pre-buys). The long
         # cool-down keeps the scaling rule from exploring a bigger fleet inside the demo: the

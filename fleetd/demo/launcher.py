@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -43,7 +44,7 @@ class LocalNode:
 
 
 def _epoch(value: object) -> float | None:
-    return value.timestamp() if hasattr(value, "timestamp") else None  # type: ignore[union-attr]
+    return value.timestamp() if hasattr(value, "timestamp") else None
 
 
 def poweroff_marker(workdir: Path, instance_id: str) -> Path:
@@ -68,7 +69,7 @@ class Launcher:
     InstanceLifecycle (absent for on-demand)."""
 
     workdir: Path
-    describe: Callable[[], asyncio.Future[list[dict]]]
+    describe: Callable[[], Awaitable[Sequence[Mapping[str, Any]]]]
     agent_config: Callable[[str, str, str], Path]  # (instance_id, addr, imds_url) -> agent.toml
     env: dict[str, str] = field(default_factory=dict)  # extra environment for every agent
     # EC2 TerminateInstances for one instance: what AWS does when a spot node powers itself off.
@@ -89,7 +90,7 @@ class Launcher:
                 log.warning("launcher_sync_failed", error=str(exc))
             await asyncio.sleep(self.poll_s)
 
-    async def sync(self, instances: list[dict]) -> None:
+    async def sync(self, instances: Sequence[Mapping[str, Any]]) -> None:
         loop = asyncio.get_running_loop()
         await self._powered_off()
         for inst in instances:
@@ -100,7 +101,7 @@ class Launcher:
             elif state not in ("pending", "running") and node is not None and node.stopped_at is None:
                 await self._stop(node, loop.time(), reason=f"EC2 state {state}")
 
-    async def _start(self, inst: dict, now: float) -> LocalNode:
+    async def _start(self, inst: Mapping[str, Any], now: float) -> LocalNode:
         iid = inst["InstanceId"]
         addr = f"127.0.0.{self._next_octet}"
         self._next_octet += 1

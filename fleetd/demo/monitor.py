@@ -26,7 +26,7 @@ class WireView:
     telemetry: dict[str, Telemetry] = field(default_factory=dict)
     status: dict[str, str] = field(default_factory=dict)
     events: list[tuple[float, str, str, str]] = field(default_factory=list)  # (t, iid, kind, detail)
-    kinds: Counter = field(default_factory=Counter)
+    kinds: Counter[str] = field(default_factory=Counter)
     # step -> when it became durable, by the sender's clock (wall): messages from a node that is
     # being terminated can reach the view after it is gone.
     durable_at: dict[int, float] = field(default_factory=dict)

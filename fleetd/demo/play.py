@@ -147,7 +147,8 @@ async def _apply(run: Any, step: Step, proxy: FaultProxy) -> str | None:
             node.imds.schedule_rebalance()
         run.injected.append((time.time(), step.kind, node.instance_id))
         log.info("demo_injected", kind=step.kind, instance_id=node.instance_id)
-        return node.instance_id
+        injected: str = node.instance_id
+        return injected
     if step.kind == "capacity-error":
         pools = types_by_price()[step.target]
         for pool in pools:

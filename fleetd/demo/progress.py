@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class Restart:
 
 @dataclass(frozen=True)
 class Progress:
-    records: tuple[dict, ...]
+    records: tuple[dict[str, Any], ...]
 
     @classmethod
     def load(cls, path: Path) -> Progress:

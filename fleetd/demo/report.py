@@ -18,7 +18,7 @@ from fleetd.demo import configs
 from fleetd.demo.progress import Progress
 
 
-async def _fleetd_report(workdir: Path) -> dict:
+async def _fleetd_report(workdir: Path) -> dict[str, Any]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -33,7 +33,8 @@ async def _fleetd_report(workdir: Path) -> dict:
     out, err = await proc.communicate()
     if proc.returncode != 0:
         return {"error": err.decode(errors="replace").strip()}
-    return json.loads(out)
+    report: dict[str, Any] = json.loads(out)
+    return report
 
 
 def _status_spend(workdir: Path) -> float | None:
@@ -44,11 +45,11 @@ def _status_spend(workdir: Path) -> float | None:
     return snap.budget.spent_usd if snap is not None and snap.budget is not None else None
 
 
-def _decisions(money: dict, up: bool) -> list[dict]:
+def _decisions(money: dict[str, Any], up: bool) -> list[dict[str, Any]]:
     return [d for d in money.get("scaling_decisions") or [] if (d["to"] > d["from"]) == up and d["to"] != d["from"]]
 
 
-async def _durable_steps(session: Any, aws: dict) -> list[int]:
+async def _durable_steps(session: Any, aws: dict[str, Any]) -> list[int]:
     steps = []
     async with session.create_client("s3", **aws) as s3:
         pages = s3.get_paginator("list_objects_v2").paginate(Bucket=configs.DEMO_BUCKET)
@@ -60,7 +61,7 @@ async def _durable_steps(session: Any, aws: dict) -> list[int]:
     return sorted(steps)
 
 
-def _notice_log(run: Any, began_wall: float | None) -> list[dict]:
+def _notice_log(run: Any, began_wall: float | None) -> list[dict[str, Any]]:
     """Every notice the demo played, one entry each (simultaneous ones included): which node,
     when, whether it was a replacement (bought after training began), whether fleetd saw it."""
     nodes = run.launcher.nodes if run.launcher else {}
@@ -82,7 +83,7 @@ def _notice_log(run: Any, began_wall: float | None) -> list[dict]:
     return out
 
 
-def _whole_fleet(run: Any, progress: Progress) -> dict | None:
+def _whole_fleet(run: Any, progress: Progress) -> dict[str, Any] | None:
     """When every node was noticed at once: the newest checkpoint durable in S3 before the last of
     them was gone, and the step the replacements resumed from."""
     waves = [at for at, kind, _ in run.injected if kind == "notice-all"]
@@ -119,7 +120,7 @@ def _whole_fleet(run: Any, progress: Progress) -> dict | None:
     }
 
 
-async def build_report(run: Any, events_file: Path, ec2: Any, session: Any, aws: dict) -> dict:
+async def build_report(run: Any, events_file: Path, ec2: Any, session: Any, aws: dict[str, Any]) -> dict[str, Any]:
     progress = Progress.load(events_file)
     restarts = progress.restarts()
     money = await _fleetd_report(run.workdir)
@@ -183,7 +184,7 @@ async def build_report(run: Any, events_file: Path, ec2: Any, session: Any, aws:
     }
 
 
-def _steps_lost(report: dict) -> str:
+def _steps_lost(report: dict[str, Any]) -> str:
     """Never "0" for a run that stalled: the stall's steps were not trained either."""
     rolled_back = report["steps_lost"]
     gaps = (report.get("stall") or {}).get("measured") or []
@@ -194,7 +195,7 @@ def _steps_lost(report: dict) -> str:
     return f"{rolled_back} rolled back + {extra} not trained while stalled"
 
 
-def _stalls(stall: dict | None) -> str:
+def _stalls(stall: dict[str, Any] | None) -> str:
     if not stall or not stall.get("measured"):
         return "none"
     parts = []
@@ -207,7 +208,7 @@ def _stalls(stall: dict | None) -> str:
     return "; ".join(parts) + f"; {stall['stalled_node_seconds_measured']:.0f} node-s billed"
 
 
-def render(report: dict) -> str:
+def render(report: dict[str, Any]) -> str:
     rows = [
         (
             "notices (injected / seen)",

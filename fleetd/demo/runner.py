@@ -18,8 +18,10 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from fleetd.demo import configs
 from fleetd.demo.broker import start_broker
@@ -93,7 +95,7 @@ async def _stop_all(run: DemoRun) -> None:
         await child.stop(timeout=15.0 if child.name == "fleetd" else 5.0)
 
 
-async def run_demo(opts: DemoOptions) -> dict:
+async def run_demo(opts: DemoOptions) -> dict[str, Any]:
     from aiobotocore.session import get_session
 
     from fleetd.adapters.faults import FaultProxy
@@ -142,7 +144,7 @@ async def run_demo(opts: DemoOptions) -> dict:
             pki=pki,
             enrol_port=free_port() if pki is not None else 0,
         )
-        aws = {"endpoint_url": moto_url, "region_name": "us-east-1"}
+        aws: dict[str, Any] = {"endpoint_url": moto_url, "region_name": "us-east-1"}
         async with session.create_client("s3", **aws) as s3:
             await s3.create_bucket(Bucket=configs.DEMO_BUCKET)
         async with session.create_client("ec2", **aws) as ec2:
@@ -164,8 +166,8 @@ async def run_demo(opts: DemoOptions) -> dict:
 
         async with session.create_client("ec2", **aws) as ec2:
 
-            async def describe() -> list[dict]:
-                out = []
+            async def describe() -> list[Mapping[str, Any]]:
+                out: list[Mapping[str, Any]] = []
                 pages = ec2.get_paginator("describe_instances").paginate(
                     Filters=[{"Name": "tag:fleetd:fleet", "Values": [configs.DEMO_FLEET]}]
                 )

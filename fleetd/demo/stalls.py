@@ -69,6 +69,7 @@ def stall_report(
         # The target: store back -> training again.
         g["store_back_to_training_s"] = round(g["next_step_at"] - back[-1], 2) if back else None
         g["steps_not_trained"] = None if rate is None else round(g["no_step_s"] * rate)
+    err: str | None
     try:
         record = read_stalls(workdir / "state")
     except Exception as exc:  # noqa: BLE001 - report what we have
@@ -93,4 +94,5 @@ def _rate_before(progress: Progress, t: float, window_s: float = 30.0) -> float 
     steps = [r["step"] for r in progress.records if r["ev"] == "step" and t - window_s <= r["t"] <= t]
     if len(steps) < 2:
         return None
-    return (max(steps) - min(steps)) / window_s
+    rate: float = (max(steps) - min(steps)) / window_s
+    return rate

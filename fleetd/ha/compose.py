@@ -52,7 +52,8 @@ async def open_ha(cfg: FleetdConfig) -> HaParts:
     stack = contextlib.AsyncExitStack()
     try:
         client = await stack.enter_async_context(
-            session.create_client(
+            # aiobotocore takes botocore's Config at runtime; its stubs ask for AioConfig.
+            session.create_client(  # type: ignore[call-overload]
                 "dynamodb",
                 region_name=cfg.aws.region,
                 endpoint_url=cfg.ha.endpoint_url or cfg.aws.endpoint_url,

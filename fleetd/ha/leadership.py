@@ -10,7 +10,7 @@ again and starts a fresh loop (fleetd.reconcile.loop.Reconciler.successor).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from fleetd.adapters.aws_errors import AwsError
@@ -31,7 +31,7 @@ async def lead(
     election: Election,
     refresh: Callable[[], Awaitable[None]],
     reconciler: Reconciler,
-    leader_components: Sequence[Callable[[Any], Awaitable[None]]],
+    leader_components: Sequence[Callable[[Any], Coroutine[Any, Any, None]]],
     on_pass: Callable[[PassReport], None],
     passes: int | None,
 ) -> None:

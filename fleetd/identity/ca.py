@@ -13,7 +13,7 @@ import datetime as dt
 import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -21,6 +21,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from fleetd.atomic_file import write_atomically
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
 
 CONTROLLER_CN = "fleetd-controller"  # deploy/mosquitto/acl: the only writer of commands
 OBSERVER_CN = "fleetd-observer"  # deploy/mosquitto/acl: reads everything, writes nothing
@@ -158,7 +161,7 @@ class LocalCa:
     def sign(
         self,
         common_name: str,
-        public_key,
+        public_key: CertificatePublicKeyTypes,
         lifetime: dt.timedelta,
         now: dt.datetime,
         *,

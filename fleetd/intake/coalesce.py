@@ -61,7 +61,8 @@ class CoalescingQueue(asyncio.Queue, Generic[T]):  # type: ignore[type-arg]
 
     def _get(self) -> T:
         if self._queue.events:
-            return self._queue.events.popleft()
+            event: T = self._queue.events.popleft()
+            return event
         return self._latest.pop(self._queue.keys.popleft())
 
     def pending_keys(self) -> int:

@@ -10,7 +10,7 @@ de-duplication (MQTT ``msg_id`` or EventBridge event id).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, TypeAlias
+from typing import Literal, TypeAlias, TypedDict
 
 from fleetd.protocol.messages import (
     CheckpointSaved,
@@ -88,13 +88,22 @@ IntakeEvent: TypeAlias = (
     InterruptionNotice | RebalanceRecommended | InstanceStateChanged | AgentStatus | AgentTelemetry | TrainingEvent
 )
 
+
+class EventCommon(TypedDict):
+    """The fields every intake event is built with (passed as ``**common``)."""
+
+    instance_id: str
+    received_at: float
+    dedup_key: str
+
+
 # Events that should wake the reconcile loop at once rather than wait for its next pass.
 URGENT = (InterruptionNotice, RebalanceRecommended, InstanceStateChanged, AgentStatus, TrainingEvent)
 
 
 def from_message(msg: Message, received_at: float) -> IntakeEvent | None:
     """Translate one validated agent message into an intake event (None: not for the controller)."""
-    common = {"instance_id": msg.instance_id, "received_at": received_at, "dedup_key": msg.msg_id}
+    common: EventCommon = {"instance_id": msg.instance_id, "received_at": received_at, "dedup_key": msg.msg_id}
     if isinstance(msg, Notice):
         return InterruptionNotice(
             action=msg.action, action_time=msg.action_time.timestamp(), source=msg.source, **common

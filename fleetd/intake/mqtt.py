@@ -89,7 +89,7 @@ def _read_in_bursts(client: aiomqtt.Client) -> None:
     instead of one: they go into the inbox, where telemetry coalesces. Reaches into the client
     library (aiomqtt 2.x over paho 2.x, pinned in pyproject); when its shape differs, the
     library's one-packet reads stay (slower, never wrong)."""
-    paho = getattr(client, "_client", None)
+    paho: Any = getattr(client, "_client", None)
     read_one = getattr(paho, "loop_read", None)
     if read_one is None or not callable(getattr(paho, "socket", None)):
         log.warning("intake_burst_read_unavailable", why="aiomqtt/paho internals changed; one packet per wake-up")

@@ -128,7 +128,7 @@ class NodeRegistry:
         has named yet is ignored (the next heartbeat, 2 s later, finds it)."""
         iid = self._by_addr.get(addr)
         rec = self._nodes.get(iid) if iid is not None else None
-        if rec is not None:
+        if rec is not None and iid is not None:
             self._nodes[iid] = dataclasses.replace(rec, store_seen_at=_latest(rec.store_seen_at, at))
 
     def knows_addr(self, addr: str) -> bool:
@@ -205,10 +205,12 @@ class NodeRegistry:
             rebalance_at=node.rebalance_at if node.rebalance_at is not None else rec.rebalance_at,
             left_at=_latest(node.left_at, rec.left_at),
             gpu_util_pct=(rec.gpu_util_avg if rec.gpu_util_avg is not None else tele.gpu_util_pct)
-            if fresh
+            if fresh and tele is not None
             else node.gpu_util_pct,
             cpu_pct=rec.cpu_avg if fresh and rec.cpu_avg is not None else node.cpu_pct,
-            steps_per_s=tele.steps_per_s if fresh and tele.steps_per_s is not None else node.steps_per_s,
+            steps_per_s=tele.steps_per_s
+            if fresh and tele is not None and tele.steps_per_s is not None
+            else node.steps_per_s,
             steps_per_s_avg=rec.steps_avg if fresh and rec.steps_avg is not None else node.steps_per_s_avg,
             step=tele.step if tele is not None and tele.step is not None else node.step,
         )

@@ -27,7 +27,13 @@ from datetime import datetime
 from typing import Any
 
 from fleetd.adapters.aws_errors import AwsError, aws_call
-from fleetd.intake.events import InstanceStateChanged, IntakeEvent, InterruptionNotice, RebalanceRecommended
+from fleetd.intake.events import (
+    EventCommon,
+    InstanceStateChanged,
+    IntakeEvent,
+    InterruptionNotice,
+    RebalanceRecommended,
+)
 from fleetd.intake.registry import NodeRegistry
 from fleetd.protocol.errors import ProtocolError
 from fleetd.protocol.logs import get_logger
@@ -85,7 +91,11 @@ def parse_event(body: str | bytes, received_at: float) -> IntakeEvent | None:
     if not isinstance(instance_id, str) or not _INSTANCE_ID.match(instance_id):
         raise ProtocolError(f"detail.instance-id {str(instance_id)[:40]!r} is not an instance id")
     at = _event_time(event.get("time"))
-    common = {"instance_id": instance_id, "received_at": received_at, "dedup_key": f"eventbridge:{event_id}"}
+    common: EventCommon = {
+        "instance_id": instance_id,
+        "received_at": received_at,
+        "dedup_key": f"eventbridge:{event_id}",
+    }
     if detail_type == SPOT_WARNING:
         action = detail.get("instance-action")
         if action not in ("terminate", "stop", "hibernate"):

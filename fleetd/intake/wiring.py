@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +23,7 @@ from fleetd.protocol.topics import fleet_filter
 
 log = get_logger(__name__)
 
-Component = Callable[[Any], Awaitable[None]]  # fleetd.daemon.Component: async def (ctx) -> None
+Component = Callable[[Any], Coroutine[Any, Any, None]]  # fleetd.daemon.Component: async def (ctx) -> None
 
 
 @dataclass
@@ -54,8 +54,8 @@ class Intake:
         await self.telemetry.run()
 
     async def _run_sqs(self, ctx: Any) -> None:
-        assert self.cfg.events.sqs_queue_url is not None
         ev = self.cfg.events
+        assert ev.sqs_queue_url is not None
         await sqs.run(
             self.cfg.aws,
             ev.sqs_queue_url,

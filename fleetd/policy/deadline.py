@@ -273,6 +273,7 @@ def steps_per_s_at(throughput_by_nodes: Mapping[int, float], nodes: int) -> floa
     smaller = [(n, r) for n, r in throughput_by_nodes.items() if 0 < n < nodes and r > 0]
     if smaller:
         n, r = max(smaller)
-        return r * nodes / n * ASSUMED_EFFICIENCY_PER_DOUBLING ** math.log2(nodes / n)
+        scaled: float = r * nodes / n * ASSUMED_EFFICIENCY_PER_DOUBLING ** math.log2(nodes / n)
+        return scaled
     larger = [r * nodes / n for n, r in throughput_by_nodes.items() if n > nodes and r > 0]
     return max(larger) if larger else None

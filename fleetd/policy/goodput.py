@@ -77,7 +77,9 @@ class GoodputTracker:
             for n in live
             if n.step is not None and n.last_seen_at is not None and now - n.last_seen_at <= self.fresh_s
         ]
-        step = max((n.step for n in fresh), default=None)  # synchronous job: every rank is within a step
+        step = max(
+            (n.step for n in fresh if n.step is not None), default=None
+        )  # synchronous job: every rank is within a step
         rate = max((n.steps_per_s or 0.0 for n in fresh), default=0.0)
         progressed = False
         if step is not None:

@@ -15,24 +15,24 @@ import bisect
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
-from fleetd.policy.ledger_events import (  # noqa: F401  (re-exported: callers use ledger.<Event>)
-    EVENT_KINDS,
-    EVENT_TYPES,
-    BillsRolledUp,
-    IdleGpuTime,
-    InstancePlaced,
-    InstanceStarted,
-    InstanceStopped,
-    Interruption,
-    LedgerEvent,
-    PriceChanged,
-    RecoveryTime,
-    StepReached,
-    StepsLost,
-    StepsRegained,
-    TargetChanged,
-)
+# Re-exported (explicitly, `X as X`): callers use ledger.<Event>.
+from fleetd.policy.ledger_events import EVENT_KINDS as EVENT_KINDS
+from fleetd.policy.ledger_events import EVENT_TYPES as EVENT_TYPES
+from fleetd.policy.ledger_events import BillsRolledUp as BillsRolledUp
+from fleetd.policy.ledger_events import IdleGpuTime as IdleGpuTime
+from fleetd.policy.ledger_events import InstancePlaced as InstancePlaced
+from fleetd.policy.ledger_events import InstanceStarted as InstanceStarted
+from fleetd.policy.ledger_events import InstanceStopped as InstanceStopped
+from fleetd.policy.ledger_events import Interruption as Interruption
+from fleetd.policy.ledger_events import LedgerEvent as LedgerEvent
+from fleetd.policy.ledger_events import PriceChanged as PriceChanged
+from fleetd.policy.ledger_events import RecoveryTime as RecoveryTime
+from fleetd.policy.ledger_events import StepReached as StepReached
+from fleetd.policy.ledger_events import StepsLost as StepsLost
+from fleetd.policy.ledger_events import StepsRegained as StepsRegained
+from fleetd.policy.ledger_events import TargetChanged as TargetChanged
 from fleetd.policy.model import Market, PoolId, PoolOffer
 from fleetd.policy.observation import PoolStats
 
@@ -74,7 +74,7 @@ class LedgerSummary:
     def end_unseen(self) -> tuple[InstanceBill, ...]:
         return tuple(b for b in self.instances if b.end_unseen)
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         return {
             "spend_usd": round(self.spend_usd, 6),
             "on_demand_equivalent_usd": round(self.on_demand_equivalent_usd, 6),
@@ -218,7 +218,7 @@ class SpendBasis:
         return total
 
 
-def _billing(events: Iterable[LedgerEvent]) -> tuple[list, dict[tuple[PoolId, Market], _PricePath]]:
+def _billing(events: Iterable[LedgerEvent]) -> tuple[list[LedgerEvent], dict[tuple[PoolId, Market], _PricePath]]:
     """The billing events in order (goodput events can be far more numerous) and each pool's
     price path."""
     ordered = _ordered(

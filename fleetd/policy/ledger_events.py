@@ -157,7 +157,7 @@ LedgerEvent: TypeAlias = (
     | Interruption
     | BillsRolledUp
 )
-EVENT_TYPES: dict[str, type] = {
+EVENT_TYPES: dict[str, type[LedgerEvent]] = {
     "instance-started": InstanceStarted,
     "instance-stopped": InstanceStopped,
     "price-changed": PriceChanged,
@@ -171,4 +171,4 @@ EVENT_TYPES: dict[str, type] = {
     "target-changed": TargetChanged,
     "bills-rolled-up": BillsRolledUp,
 }
-EVENT_KINDS: dict[type, str] = {v: k for k, v in EVENT_TYPES.items()}
+EVENT_KINDS: dict[type[LedgerEvent], str] = {v: k for k, v in EVENT_TYPES.items()}

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
+from typing import TypeVar
 
 from fleetd.policy.deadline import DeadlineCall
 
@@ -229,6 +230,9 @@ class BudgetStatus:
     reason: str = ""
 
 
+_A = TypeVar("_A", bound=Action)
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     actions: tuple[Action, ...] = ()
@@ -248,5 +252,5 @@ class Plan:
     # waiting out a short window (a wave of notices settling before its replacements are bought).
     replan_in_s: float | None = None
 
-    def of_type(self, kind: type) -> tuple:
+    def of_type(self, kind: type[_A]) -> tuple[_A, ...]:
         return tuple(a for a in self.actions if isinstance(a, kind))

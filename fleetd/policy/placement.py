@@ -17,6 +17,7 @@ is judged by what it did to us, and a new pool by what AWS says about it.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -138,15 +139,17 @@ def rank_pools(
         held_back = ""
         wave = reclaim_wave_left_s(s, now)
         if market is Market.SPOT and wave > 0:
+            assert s is not None and s.last_notice_at is not None  # a wave is left only after a notice
             skipped.append(
-                f"{pool}: reclaim wave under way (notice {now - s.last_notice_at:.0f} s ago; a node "  # type: ignore[union-attr]
+                f"{pool}: reclaim wave under way (notice {now - s.last_notice_at:.0f} s ago; a node "
                 f"bought now would likely be reclaimed with it), usable as a last resort in {wave:.0f} s"
             )
             continue
         if pool in avoid:
             held_back = "its node is at risk"
         elif market is Market.SPOT and is_interrupting_now(s, now, cfg.interrupting_window_s):
-            held_back = f"interrupting now (notice {now - s.last_notice_at:.0f} s ago)"  # type: ignore[union-attr]
+            assert s is not None and s.last_notice_at is not None  # interrupting only after a notice
+            held_back = f"interrupting now (notice {now - s.last_notice_at:.0f} s ago)"
         if market is Market.ON_DEMAND:
             price = offer.on_demand_price
             rate, rate_why = 0.0, "on-demand is not interrupted"
@@ -248,7 +251,7 @@ def diversify(ranked: list[RankedPool], cfg: CapacityConfig) -> list[RankedPool]
         zones = {c.pool.zone for c in chosen}
         types = {c.pool.instance_type for c in chosen}
         # Most novel first; among equally novel, the better score (rest is sorted by score).
-        best = max(rest, key=lambda r, zones=zones, types=types: _novelty(r, zones, types))
+        best = max(rest, key=functools.partial(_novelty, zones=zones, types=types))
         chosen.append(best)
         rest.remove(best)
     return chosen

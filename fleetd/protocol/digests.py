@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from fleetd.protocol.errors import ProtocolError
 
@@ -38,7 +38,7 @@ class Checksum(BaseModel):
 
     @field_validator("value")
     @classmethod
-    def _hex(cls, v: str, info) -> str:
+    def _hex(cls, v: str, info: ValidationInfo) -> str:
         pattern = _CRC32C_HEX if info.data.get("algorithm") == "crc32c" else _SHA256_HEX
         if not pattern.match(v):
             raise ValueError(f"not a lowercase hex {info.data.get('algorithm')} digest")

@@ -12,7 +12,7 @@ import contextvars
 import sys
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TextIO, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
@@ -40,7 +40,7 @@ class AwsConfig(Group):
 
 
 class MqttConfig(Group):
-    url: NonEmpty = Field("mqtt://127.0.0.1:1883", description="mqtt://host:port or mqtts://host:port")
+    url: NonEmpty = Field(default="mqtt://127.0.0.1:1883", description="mqtt://host:port or mqtts://host:port")
     username: str | None = None
     password: SecretStr | None = None
     ca_file: Path | None = None
@@ -141,7 +141,7 @@ class JobConfig(Group):
 class LoggingConfig(Group):
     level: Literal["debug", "info", "warning", "error"] = "info"
     # None: JSON lines when stdout is not a terminal (journald), readable text on a terminal.
-    json_lines: bool | None = Field(None, alias="json")
+    json_lines: bool | None = Field(default=None, alias="json")
 
 
 _CONFIG_FILE: contextvars.ContextVar[Path | None] = contextvars.ContextVar("config_file", default=None)
@@ -241,7 +241,7 @@ def redacted_dump(settings: BaseModel) -> dict[str, Any]:
     return settings.model_dump(mode="json")
 
 
-def config_check(cls: type[FileSettings], path: Path | None, out=sys.stdout, err=sys.stderr) -> int:
+def config_check(cls: type[FileSettings], path: Path | None, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """Shared body of ``fleetd config check`` and ``fleet-agent config check``: exit 0 or 2."""
     import json
 

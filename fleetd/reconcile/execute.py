@@ -118,8 +118,8 @@ class ActionExecutor:
                 outcomes += await self._finish_unfinished(obs, now, {a.instance_id for a in terminations})
             if terminations:
                 outcomes += await self._terminate(terminations, now)
-            for action in others:
-                outcomes.append(await self._act_one(action, obs, now))
+            for other in others:
+                outcomes.append(await self._act_one(other, obs, now))
         except AwsError as exc:
             # Throttled or transient: stop acting this pass, the loop backs off and re-plans.
             count_aws_error(exc)

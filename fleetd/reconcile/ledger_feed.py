@@ -45,7 +45,7 @@ class LedgerFeed:
         sync: st.SyncReport,
         notices: Sequence[str],
     ) -> None:
-        events: list = []
+        events: list[ledger.LedgerEvent] = []
         resync_pass = not self._resynced
         if resync_pass:
             # Instances that ended before the compaction horizon are not re-sent: compaction
@@ -162,7 +162,7 @@ class LedgerFeed:
             await self.sink.append(*events)
 
     @staticmethod
-    def _placed(r: st.InstanceRow, price: PoolPrice | None) -> object:
+    def _placed(r: st.InstanceRow, price: PoolPrice | None) -> ledger.InstancePlaced:
         on_demand = price.on_demand if price and price.on_demand else r.price_per_hour
         return ledger.InstancePlaced(
             at=r.launched_at,
@@ -174,7 +174,7 @@ class LedgerFeed:
         )
 
     @staticmethod
-    def _start(r: st.InstanceRow, price: PoolPrice | None) -> object:
+    def _start(r: st.InstanceRow, price: PoolPrice | None) -> ledger.InstanceStarted:
         on_demand = price.on_demand if price and price.on_demand else r.price_per_hour
         return ledger.InstanceStarted(
             at=r.launched_at,

@@ -54,9 +54,9 @@ def encode(event: LedgerEvent) -> tuple[str, str]:
     # asdict turns a nested PoolId into a dict: store it as "type@zone" text, markets by value.
     for f in fields(event):
         if f.name == "pool":
-            data["pool"] = str(event.pool)
+            data["pool"] = str(getattr(event, f.name))
         elif f.name == "market":
-            data["market"] = event.market.value
+            data["market"] = getattr(event, f.name).value
     return kind, json.dumps(data, sort_keys=True)
 
 

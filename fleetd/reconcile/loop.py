@@ -22,6 +22,7 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import Counter, Gauge
 
@@ -116,7 +117,7 @@ class Reconciler:
         fence: Callable[[], object] | None = None,
     ):
         # Everything a successor (a fresh loop after an HA takeover) is built from.
-        self._inputs = dict(
+        self._inputs: dict[str, Any] = dict(
             ec2=ec2,
             prices=prices,
             state=state,
@@ -325,7 +326,8 @@ class Reconciler:
             return interval if soon is None else max(0.05, min(interval, soon))
         # Exponential backoff with jitter, so many controllers do not retry in lockstep.
         backoff = min(interval * (2 ** min(self._consecutive_failures, 10)), MAX_BACKOFF_S)
-        return backoff * random.uniform(0.5, 1.0)
+        delay: float = backoff * random.uniform(0.5, 1.0)
+        return delay
 
     async def run(
         self,
@@ -402,7 +404,7 @@ class Reconciler:
         started = time.monotonic()
         busy = 0.0  # what the urgent passes beside it took
         woken = deferred = False
-        waiter: asyncio.Task | None = None
+        waiter: asyncio.Task[bool] | None = None
         try:
             while True:
                 if not deferred:

@@ -105,8 +105,9 @@ class ObservationBuilder:
             row = rows.get(inst.instance_id)
             node = self._with_phase(self.observer.observe(self._node(inst, row, prices.get(inst.pool))))
             # Only a notice the state has not recorded yet costs a write (2,000 nodes per pass).
-            first_notice = node.notice_at is not None and (row is None or row.notice_at is None)
-            if first_notice and await self.state.record_notice(node.instance_id, node.notice_at):
+            notice_at = node.notice_at
+            first_notice = notice_at is not None and (row is None or row.notice_at is None)
+            if first_notice and notice_at is not None and await self.state.record_notice(node.instance_id, notice_at):
                 log.info("notice_recorded", instance_id=node.instance_id, pool=str(node.pool), at=node.notice_at)
                 notices.append(node.instance_id)
             nodes.append(node)

@@ -59,6 +59,7 @@ def pool_rows(
         if reason is not None:
             rows.append(PoolRow(pool, None, reason, spot, od))
             continue
+        assert hw is not None and od is not None  # no reason: both are known
         offer = PoolOffer(
             pool=pool,
             gpus=hw.gpus,

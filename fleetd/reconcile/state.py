@@ -20,31 +20,33 @@ import json
 import shutil
 import sqlite3
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from fleetd.policy.model import Market, PoolId
 from fleetd.reconcile import schema, state_sql
-from fleetd.reconcile.state_rows import (  # noqa: F401  (re-exported: callers use st.<Row>)
-    ABANDONED,
-    FAILED,
-    LAUNCHED,
-    OPEN,
-    TERMINAL,
-    DrainRecord,
-    InstanceRow,
-    LaunchRow,
-    PoolStatsRow,
-    SeenInstance,
-    SyncReport,
-)
+
+# Re-exported (explicitly, `X as X`): callers use st.<Row>.
+from fleetd.reconcile.state_rows import ABANDONED as ABANDONED
+from fleetd.reconcile.state_rows import FAILED as FAILED
+from fleetd.reconcile.state_rows import LAUNCHED as LAUNCHED
+from fleetd.reconcile.state_rows import OPEN as OPEN
+from fleetd.reconcile.state_rows import TERMINAL as TERMINAL
+from fleetd.reconcile.state_rows import DrainRecord as DrainRecord
+from fleetd.reconcile.state_rows import InstanceRow as InstanceRow
+from fleetd.reconcile.state_rows import LaunchRow as LaunchRow
+from fleetd.reconcile.state_rows import PoolStatsRow as PoolStatsRow
+from fleetd.reconcile.state_rows import SeenInstance as SeenInstance
+from fleetd.reconcile.state_rows import SyncReport as SyncReport
 from fleetd.reconcile.state_sql import (
     SCHEMA,
     ensure_pool,
     observed_until,
     sync_instances_tx,
 )
+
+_T = TypeVar("_T")
 
 _OPEN = " WHERE ended_at IS NULL"
 _MARKETS = {m.value: m for m in Market}  # a dict lookup: Market(value) per row was a fifth of the read
@@ -121,12 +123,18 @@ class StateStore:
                 shutil.rmtree(self._private_dir, ignore_errors=True)
                 self._private_dir = None
 
-    async def _run(self, fn: Any, *args: Any, then: Any = None, unseen: Any = None) -> Any:
+    async def _run(
+        self,
+        fn: Callable[..., _T],
+        *args: Any,
+        then: Callable[[sqlite3.Connection, _T], object] | None = None,
+        unseen: Callable[[_T], bool] | None = None,
+    ) -> _T:
         """``fn(db, *args)`` in one transaction in a worker thread; ``then(db, result)`` after it
         under the same lock, with ``_version`` already counting fn's changes (a read to cache).
         ``unseen(result)``: True when fn changed only columns no cached read shows."""
 
-        def call() -> Any:
+        def call() -> _T:
             with self._lock:
                 assert self._db is not None, "StateStore is closed"
                 before = self._db.total_changes
@@ -206,7 +214,7 @@ class StateStore:
     async def launches(self, status: str | None = None) -> list[LaunchRow]:
         return await self._select_launches(" WHERE status=?" if status else "", (status,) if status else ())
 
-    async def _select_launches(self, where: str, args: tuple) -> list[LaunchRow]:
+    async def _select_launches(self, where: str, args: tuple[Any, ...]) -> list[LaunchRow]:
         sql = (
             "SELECT token, seq, planned_at, count, market, pools, purpose, max_price_per_hour, status,"
             f" instance_ids, settled_at FROM launches{where} ORDER BY seq, planned_at"
@@ -299,13 +307,13 @@ class StateStore:
         marks = ",".join("?" * len(instance_ids))
         return await self._select_instances(f" WHERE instance_id IN ({marks})", tuple(instance_ids))
 
-    async def _select_instances(self, where: str, args: tuple) -> list[InstanceRow]:
+    async def _select_instances(self, where: str, args: tuple[Any, ...]) -> list[InstanceRow]:
         cached = self._rows_cache.get(where) if not args else None
         if cached is not None and cached[0] == self._version:
             return list(cached[1])  # rows are frozen; the list is the caller's own
         return await self._run(self._read_instances, where, args)
 
-    def _read_instances(self, db: sqlite3.Connection, where: str, args: tuple) -> list[InstanceRow]:
+    def _read_instances(self, db: sqlite3.Connection, where: str, args: tuple[Any, ...]) -> list[InstanceRow]:
         sql = f"SELECT {self._INSTANCE_COLUMNS} FROM instances{where} ORDER BY instance_id"
         pools: dict[str, PoolId] = {}
         rows = [

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from fleetd.ha.table import DynamoTable, Fence
 from fleetd.policy import ledger
@@ -24,6 +24,8 @@ from fleetd.reconcile.state_mem import KINDS, StateModel
 from fleetd.reconcile.state_rows import DrainRecord, InstanceRow, LaunchRow, PoolStatsRow, SeenInstance, SyncReport
 
 log = get_logger(__name__)
+
+_T = TypeVar("_T")
 
 LEDGER = "ledger"
 
@@ -49,7 +51,7 @@ class DynamoStateStore:
         assert self._model is not None
         return self._model
 
-    async def _mutate(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    async def _mutate(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
         async with self._lock:
             model = await self._read()
             if not self.persist:

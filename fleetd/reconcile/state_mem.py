@@ -290,12 +290,13 @@ class StateModel:
         ]
 
     def spend_estimate(self, now: float) -> float:
-        return sum(
+        total: float = sum(
             r["price_per_hour"]
             * max(60.0, (r["ended_at"] if r["ended_at"] is not None else now) - r["launched_at"])
             / 3600.0
             for r in self.instances.values()
         )
+        return total
 
     def set_meta(self, key: str, value: Any) -> None:
         self.meta[key] = value

@@ -46,7 +46,7 @@ class RendezvousClient:
     # ------------------------------------------------------------------ plumbing
     async def connect(self) -> RendezvousClient:
         def _open() -> Any:
-            from torch.distributed import TCPStore
+            from torch.distributed import TCPStore  # type: ignore[attr-defined]  # torch re-exports TCPStore without `as`/__all__
 
             return TCPStore(
                 self.host,
@@ -159,7 +159,8 @@ class RendezvousClient:
             token = snap.token
 
             def cas(s: Any, token: Any = token, desired: bytes = desired) -> bytes:
-                return s.compare_set(self._state_key, token, desired)
+                swapped: bytes = s.compare_set(self._state_key, token, desired)
+                return swapped
 
             if await self._run(cas) == desired:
                 return new

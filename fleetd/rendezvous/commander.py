@@ -68,7 +68,7 @@ class TrainingCommander:
         self.signals.note_checkpoint_request(self.clock())
 
     async def drain(self, instance_id: str, deadline: float | None, reason: str, msg_id: str | None = None) -> None:
-        ids = {"msg_id": msg_id} if msg_id else {}
+        ids: dict[str, Any] = {"msg_id": msg_id} if msg_id else {}
         if not await self._send(DrainCommand(instance_id=instance_id, reason=reason, deadline=_utc(deadline), **ids)):
             raise NotDelivered(f"drain for {instance_id}: broker unavailable")
 

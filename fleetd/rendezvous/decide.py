@@ -236,6 +236,7 @@ def plan(obs: Observation) -> tuple[SteerAction, ...]:
 
     if not s.complete and _holding(obs):
         missing = obs.awaited - s.participant_addrs
+        assert obs.awaited_until is not None  # _holding checked it
         until = min(obs.now + HOLD_STEP, obs.awaited_until)
         if missing and s.participants and (s.deadline is None or s.deadline < min(until, obs.now + HOLD_STEP / 2)):
             actions.append(

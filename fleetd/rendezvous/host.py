@@ -16,11 +16,17 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
+from types import FrameType
+from typing import TYPE_CHECKING
 
 from fleetd.protocol import rendezvous_keys as keys
 from fleetd.protocol.logs import get_logger
 from fleetd.protocol.sdnotify import Notifier
 from fleetd.rendezvous.errors import RendezvousUnavailable
+
+if TYPE_CHECKING:
+    # Where torch defines it (torch.distributed re-exports it, not explicitly for a type checker).
+    from torch._C._distributed_c10d import TCPStore
 
 log = get_logger(__name__)
 
@@ -34,9 +40,9 @@ class HostSpec:
     health_interval_s: float = 5.0
 
 
-def open_server(host: str, port: int):  # -> torch.distributed.TCPStore
+def open_server(host: str, port: int) -> TCPStore:
     """Bind the store server. Raises RendezvousUnavailable when the address cannot be bound."""
-    from torch.distributed import TCPStore
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]  # torch re-exports TCPStore without `as`/__all__
 
     try:
         return TCPStore(
@@ -83,7 +89,7 @@ def run_until_signalled(spec: HostSpec) -> int:
     """Entry point body of ``fleetd rendezvous``: serve until SIGTERM or SIGINT."""
     stop = threading.Event()
 
-    def _on_signal(signum: int, _frame) -> None:  # noqa: ANN001
+    def _on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("rendezvous_host_signal", signal=signal.Signals(signum).name)
         stop.set()
 

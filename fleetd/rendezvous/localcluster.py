@@ -87,8 +87,8 @@ class LocalCluster:
     preload: tuple[str, ...] = ()  # more modules for the warm pool (a framework's, e.g. "transformers")
     host: str = "127.0.0.1"
     port: int = 0
-    rdzv_host_proc: subprocess.Popen | None = None
-    steering_proc: subprocess.Popen | None = None
+    rdzv_host_proc: subprocess.Popen[bytes] | None = None
+    steering_proc: subprocess.Popen[bytes] | None = None
     nodes: dict[str, TorchrunProcess] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -97,7 +97,7 @@ class LocalCluster:
         self.events = Events(self.workdir / "events.jsonl")
 
     # ------------------------------------------------------------------ processes
-    def _spawn(self, args: list[str], log_name: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    def _spawn(self, args: list[str], log_name: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         out = open(self.workdir / log_name, "ab")  # noqa: SIM115
         try:
             return subprocess.Popen(

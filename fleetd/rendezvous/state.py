@@ -18,6 +18,7 @@ import io
 import pickle
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from typing import Any, overload
 
 from fleetd.rendezvous.errors import RendezvousStateError
 
@@ -149,19 +150,23 @@ class RendezvousState:
 
 # ---------------------------------------------------------------------- codec
 class _AllowListUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str):  # noqa: ANN201 (pickle protocol)
+    def find_class(self, module: str, name: str) -> Any:  # (pickle protocol)
         if (module, name) not in _ALLOWED:
             raise RendezvousStateError(f"rendezvous state refers to {module}.{name}: not allowed")
         return super().find_class(module, name)
 
 
+@overload
+def _utc(t: datetime) -> datetime: ...
+@overload
+def _utc(t: None) -> None: ...
 def _utc(t: datetime | None) -> datetime | None:
     if t is None:
         return None
     return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
 
 
-_NODE_IDS: dict[tuple, NodeId] = {}
+_NODE_IDS: dict[tuple[str, int, int], NodeId] = {}
 
 
 def decode(raw: bytes) -> RendezvousState | None:
@@ -176,7 +181,7 @@ def decode(raw: bytes) -> RendezvousState | None:
         raise RendezvousStateError(f"rendezvous state is not torch's: {exc}") from None
     try:
 
-        def nid(d) -> NodeId:  # noqa: ANN001
+        def nid(d: Any) -> NodeId:  # one of torch's _NodeDesc
             # The same nodes come back in every read (the steering decodes the state ~20 times a
             # second; at 1,000 members building 2,000 NodeIds was most of a 60 ms decode).
             key = (d.addr, d.pid, d.local_id)

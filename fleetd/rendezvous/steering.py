@@ -20,6 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from typing import cast
 
 from fleetd.localnet import port_answers
 from fleetd.protocol.logs import get_logger
@@ -80,7 +81,7 @@ class Steerer:
     # seconds) and whether a round is open now. A job forming a round is not stalled.
     rendezvous_changed_at: float | None = None
     rendezvous_forming: bool = False
-    _shape: tuple | None = None
+    _shape: tuple[object, ...] | None = None
     # The store has no authentication (docs/DESIGN.md, threat model): any host that reaches its
     # port can write keys. With ``known_addr`` (the registry: addresses an agent with a fleet
     # certificate announced over MQTT), an address no fleet node claims has its drain/noticed
@@ -112,7 +113,8 @@ class Steerer:
         snap, raw = await self.client.observe_with(
             [keys.HOST_INCARNATION_KEY, *left_keys.values(), pulse_key], key_count=True
         )
-        count = raw.pop(KEY_COUNT, None)
+        # observe_with keeps the store's key count (an int, not a value) under KEY_COUNT.
+        count = cast("int | None", raw.pop(KEY_COUNT, None))
         scan_keys = [*ready_keys.values(), *noticed_keys.values()]
         if (
             count != self._key_count
@@ -303,10 +305,10 @@ class Steerer:
                         return None
                     return s.completed().without_markers()
 
-                done = await self.client.update(complete)
-                if done is not None:
-                    self.members, self.members_round = done.participant_addrs, done.round
-                    log.info("rendezvous_round_completed", round=done.round, ranks=done.ranks_by_addr())
+                formed = await self.client.update(complete)
+                if formed is not None:
+                    self.members, self.members_round = formed.participant_addrs, formed.round
+                    log.info("rendezvous_round_completed", round=formed.round, ranks=formed.ranks_by_addr())
             case decide.HoldRound(until=until):
                 await self.client.update(
                     lambda s: (

@@ -8,6 +8,10 @@ set up in `World.__init__`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fleetd.sim.job import JobSpec
 
 
 @dataclass(eq=False, slots=True)
@@ -25,6 +29,27 @@ class SimNode:
 
 
 class TrainingBooks:
+    # The state this mixin works on, set up in `World.__init__` (declarations only).
+    job: JobSpec
+    held: dict[str, SimNode]
+    progress: float
+    checkpoint_progress: float
+    steps_lost: float
+    stalled_until: float
+    stall_reason: str
+    _stalls: list[tuple[float, float, str]]
+    _uncommitted_node_s: float
+    useful_node_s: float
+    overhead: dict[str, float]
+    done_at: float | None
+    _last: float
+    _members: int
+
+    if TYPE_CHECKING:
+
+        @property
+        def now(self) -> float: ...
+
     def members(self) -> list[SimNode]:
         return [n for n in self.held.values() if n.member]
 

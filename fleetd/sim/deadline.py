@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import statistics
 from collections.abc import Iterable
+from typing import Any
 
 from fleetd.sim import defaults as d
 from fleetd.sim.engine import PROBE
@@ -55,7 +56,7 @@ def random_offsets(trace: Trace, count: int, seed: int, keep_s: float = 0.0) -> 
     return [rng.uniform(0, max(1.0, trace.duration_s - keep_s)) for _ in range(count)]
 
 
-def summary(runs: dict[str, list[SimResult]]) -> dict[str, dict]:
+def summary(runs: dict[str, list[SimResult]]) -> dict[str, dict[str, Any]]:
     """Mean cost, savings against on-demand-only, misses and on-demand hours per policy."""
     od = statistics.fmean(r.cost_usd for r in runs["on-demand"]) if "on-demand" in runs else None
     out = {}

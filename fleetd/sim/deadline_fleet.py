@@ -17,7 +17,8 @@ full size N.
 
 from __future__ import annotations
 
-from fleetd.sim.engine import ON_DEMAND, SPOT, SimNode, World
+from fleetd.sim.books import SimNode
+from fleetd.sim.engine import ON_DEMAND, SPOT, World
 from fleetd.sim.policies import DeadlineCallbacks
 
 _EPS = 1e-3

@@ -25,6 +25,7 @@ scaling-efficiency curve changes how many steps a node-second buys, not whether 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 from collections.abc import Callable
@@ -147,6 +148,7 @@ class World(TrainingBooks):
     def _capacity_retry(self) -> None:
         self._retry = None
         self.capacity_retries += 1
+        assert self.policy is not None  # set by run(), before any event
         self.policy.on_capacity(self)
 
     def acquire_spot(self, count: int) -> list[SimNode]:
@@ -168,7 +170,7 @@ class World(TrainingBooks):
                 and removal - self.job.notice_lead_s <= self.now
                 and self._announced(trace_node, removal)
             ):
-                self.queue.at(self.now, lambda n=node, r=removal: self._notice(n, r), NOTICE)
+                self.queue.at(self.now, functools.partial(self._notice, node, removal), NOTICE)
         return got
 
     def acquire_on_demand(self, count: int) -> list[SimNode]:
@@ -229,6 +231,7 @@ class World(TrainingBooks):
         node.notice_at = self.now
         node.notice_deadline = removal_at
         self.notices += 1
+        assert self.policy is not None  # set by run(), before any event
         self.policy.on_notice(self, node)
 
     def _announced(self, trace_node: str, t: float) -> bool:
@@ -239,6 +242,7 @@ class World(TrainingBooks):
         if kind == ADD:
             self.free[trace_node] = pool
             if self.capacity_signal == INSTANT:
+                assert self.policy is not None  # set by run(), before any event
                 self.policy.on_capacity(self)
             return
         self.free.pop(trace_node, None)
@@ -257,6 +261,7 @@ class World(TrainingBooks):
             self.unannounced += 1
         node.lost = True
         self.release(node)
+        assert self.policy is not None  # set by run(), before any event
         self.policy.on_lost(self, node, noticed)
 
     def _sample(self) -> None:
@@ -269,21 +274,20 @@ class World(TrainingBooks):
         self.policy = policy
         lead = self.job.notice_lead_s
         for ev in self.trace.events:
-            fn = lambda k=ev.kind, n=ev.node, p=ev.pool: self._trace_event(k, n, p)  # noqa: E731
-            self.queue.at(ev.t, fn, TRACE)
+            self.queue.at(ev.t, functools.partial(self._trace_event, ev.kind, ev.node, ev.pool), TRACE)
             if ev.kind != ADD:
                 if self._announced(ev.node, ev.t):
                     self.queue.at(
                         max(0.0, ev.t - lead),
-                        lambda n=ev.node, t=ev.t: self._notice_trace(n, t),
+                        functools.partial(self._notice_trace, ev.node, ev.t),
                         NOTICE,
                     )
         # Removal times must be known before nodes are bought (for notices inside the window).
         for ev in self.trace.events:
             if ev.kind != ADD:
                 self._pending_removals.setdefault(ev.node, []).append(ev.t)
-        for node, times in self._pending_removals.items():
-            self._removal_at[node] = times[0]
+        for trace_node, times in self._pending_removals.items():
+            self._removal_at[trace_node] = times[0]
         self.queue.at(0.0, lambda: policy.start(self), POLICY)
         if self._sample_every > 0:
             self.queue.at(0.0, self._sample, POLICY)

@@ -7,20 +7,29 @@ A mixin of `fleetd.sim.fleetd_policy.FleetdPolicy` (split from it: one job per m
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fleetd.policy.model import (
+    Action,
     Drain,
     Launch,
+    LaunchPurpose,
     Market,
     MarkPoolUnavailable,
     NodePhase,
+    PoolId,
     RequestCheckpoint,
     StopJob,
     Terminate,
     Warn,
 )
-from fleetd.sim.engine import ON_DEMAND, SimNode, World
+from fleetd.sim.books import SimNode
+from fleetd.sim.engine import ON_DEMAND, World
+
+if TYPE_CHECKING:
+    from fleetd.config import FleetdConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +44,7 @@ class ActionRecord:
         return f"{self.t:.0f}s {self.kind} {self.detail}"
 
 
-def describe(action) -> tuple[str, str]:
+def describe(action: Action) -> tuple[str, str]:
     """(kind, detail) of an action, without its free-text reason."""
     kind = type(action).__name__
     if isinstance(action, Launch):
@@ -50,8 +59,37 @@ def describe(action) -> tuple[str, str]:
 
 
 class ActionsMixin:
+    # The state this mixin works on, set up in `FleetdPolicy.__init__` (declarations only).
+    cfg: FleetdConfig
+    startup_s: float
+    reform_s: float
+    leaving_signal: bool
+    progress_survives_loss: bool
+    upload_gb_per_s: float
+    phase: dict[str, NodePhase]
+    node_pool: dict[str, PoolId]
+    node_purpose: dict[str, LaunchPurpose]
+    running_since: dict[str, float]
+    drain_started: dict[str, float]
+    left_at: dict[str, float]
+    _joining: list[SimNode] | None
+    _leaving: list[SimNode]
+    spot_unavailable_since: float | None
+    capacity_error_until: float | None
+    stop_issued_at: float | None
+    last_durable_at: float | None
+    last_durable_step: int | None
+    last_request_at: float | None
+    node_s_closed: float
+
+    if TYPE_CHECKING:
+        # Defined by `FleetdPolicy`.
+        def _pass(self, world: World) -> None: ...
+        def _wake_now(self, world: World) -> None: ...
+        def _member_lost(self, world: World) -> None: ...
+
     # --- carrying out actions ------------------------------------------------------------
-    def _execute(self, world: World, action) -> None:
+    def _execute(self, world: World, action: Action) -> None:
         if isinstance(action, Launch):
             self._launch(world, action)
         elif isinstance(action, Drain):
@@ -155,7 +193,7 @@ class ActionsMixin:
         if self.leaving_signal:
             delay = self._left_delay_s(world, len(before))
             for node in leaving:
-                world.after(delay, lambda n=node: self._left(world, n))
+                world.after(delay, functools.partial(self._left, world, node))
 
     def _left_delay_s(self, world: World, world_size: int) -> float:
         """Drain to trainer-exited: its checkpoint stall, its shard's upload, the leave."""

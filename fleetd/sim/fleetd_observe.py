@@ -7,14 +7,43 @@ A mixin of `fleetd.sim.fleetd_policy.FleetdPolicy` (split from it: one job per m
 from __future__ import annotations
 
 from types import MappingProxyType
+from typing import Any
 
-from fleetd.policy.model import Market, Node, NodePhase, PoolOffer
+from fleetd.policy.model import BudgetLevel, LaunchPurpose, Market, Node, NodePhase, PoolId, PoolOffer
 from fleetd.policy.observation import Observation, PoolStats
 from fleetd.sim import defaults as d
-from fleetd.sim.engine import ON_DEMAND, SimNode, World
+from fleetd.sim.books import SimNode
+from fleetd.sim.engine import ON_DEMAND, World
 
 
 class ObserveMixin:
+    # The state this mixin reads, set up in `FleetdPolicy.__init__` (declarations only).
+    pool: PoolId
+    od_pool: PoolId
+    gpus: int
+    startup_s: float
+    prior: float | None
+    phase: dict[str, NodePhase]
+    node_pool: dict[str, PoolId]
+    node_purpose: dict[str, LaunchPurpose]
+    running_since: dict[str, float]
+    drain_started: dict[str, float]
+    left_at: dict[str, float]
+    throughput: dict[int, float]
+    target: int | None
+    last_scaling_at: float | None
+    budget_level: BudgetLevel | None
+    spot_unavailable_since: float | None
+    capacity_error_until: float | None
+    stop_issued_at: float | None
+    last_durable_at: float | None
+    last_durable_step: int | None
+    last_request_at: float | None
+    notices: int
+    losses: int
+    last_notice_at: float | None
+    node_s_closed: float
+
     # What a node's agent reports (the MQTT intake's part of the daemon's Node).
     TELEMETRY_FIELDS = (
         "last_seen_at",
@@ -58,13 +87,13 @@ class ObserveMixin:
         up_after = min(self.startup_s, d.AGENT_UP_S.value)
         return world.now if self.startup_s > 0 and world.now - n.acquired_at >= up_after else None
 
-    def telemetry(self, world: World, node: SimNode) -> dict:
+    def telemetry(self, world: World, node: SimNode) -> dict[str, Any]:
         """What the simulated agent of ``node`` reports (for a daemon-side observer)."""
         w = len(world.members())
         view = self._node_view(world, node, world.job.throughput(w) / w if w else None, int(world.progress))
         return {f: getattr(view, f) for f in self.TELEMETRY_FIELDS}
 
-    def signals(self) -> dict:
+    def signals(self) -> dict[str, Any]:
         """What the training/checkpoint side reports (SignalSource in the daemon)."""
         return {
             "throughput_by_nodes": MappingProxyType(dict(self.throughput)),
@@ -104,7 +133,7 @@ class ObserveMixin:
             ),
             PoolOffer(pool=self.od_pool, gpus=self.gpus, spot_price=None, on_demand_price=world.on_demand_price),
         )
-        kwargs = {}
+        kwargs: dict[str, Any] = {}
         if self.budget_level is not None:
             kwargs["budget_level"] = self.budget_level
         return Observation(

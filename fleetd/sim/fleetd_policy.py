@@ -39,13 +39,14 @@ from collections.abc import Callable
 from fleetd.config import FleetdConfig
 from fleetd.policy import budget as budget_policy
 from fleetd.policy.checkpointing import cadence
-from fleetd.policy.model import LaunchPurpose, NodePhase, Plan, PoolId
+from fleetd.policy.model import BudgetLevel, LaunchPurpose, NodePhase, Plan, PoolId
 from fleetd.policy.observation import Observation, spot_shortage_over
 from fleetd.policy.placement import NOTICE_LEAD_S
 from fleetd.policy.planner import plan
 from fleetd.sim import defaults as d
+from fleetd.sim.books import SimNode
 from fleetd.sim.clock import Timer
-from fleetd.sim.engine import INSTANT, SimNode, World
+from fleetd.sim.engine import INSTANT, World
 from fleetd.sim.fleetd_actions import ActionRecord, ActionsMixin, describe
 from fleetd.sim.fleetd_observe import ObserveMixin
 
@@ -114,7 +115,7 @@ class FleetdPolicy(ObserveMixin, ActionsMixin):
         self.drain_started: dict[str, float] = {}
         self.target: int | None = None
         self.last_scaling_at: float | None = None
-        self.budget_level = None
+        self.budget_level: BudgetLevel | None = None
         self.spot_unavailable_since: float | None = None
         self.capacity_error_until: float | None = None
         self.stop_issued_at: float | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 from fleetd.sim import defaults as d
 
@@ -45,18 +46,21 @@ class JobSpec:
             raise ValueError("deadline must be positive")
 
     @classmethod
-    def from_gpu_hours(cls, gpu_hours: float, gpus_per_node: int = 1, steps_per_node_s: float = 1.0, **kw) -> JobSpec:
+    def from_gpu_hours(
+        cls, gpu_hours: float, gpus_per_node: int = 1, steps_per_node_s: float = 1.0, **kw: Any
+    ) -> JobSpec:
         node_seconds = gpu_hours * 3600.0 / gpus_per_node
         return cls(total_steps=node_seconds * steps_per_node_s, steps_per_node_s=steps_per_node_s, **kw)
 
     def efficiency(self, nodes: int) -> float:
         if nodes <= 1:
             return 1.0
-        return self.scaling_efficiency_per_doubling ** math.log2(nodes)
+        eff: float = self.scaling_efficiency_per_doubling ** math.log2(nodes)
+        return eff
 
     def throughput(self, nodes: int) -> float:
         """Steps per second with ``nodes`` nodes training."""
         return nodes * self.steps_per_node_s * self.efficiency(nodes) if nodes > 0 else 0.0
 
-    def with_(self, **changes) -> JobSpec:
+    def with_(self, **changes: Any) -> JobSpec:
         return replace(self, **changes)

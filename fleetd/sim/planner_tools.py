@@ -6,10 +6,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 # The planner uses it for fleetd's own periodic checkpoints; re-exported for `fleetd plan`.
-from fleetd.policy.checkpointing import young_daly_interval_s  # noqa: F401
+from fleetd.policy.checkpointing import young_daly_interval_s as young_daly_interval_s
 
 if TYPE_CHECKING:  # pragma: no cover
     from fleetd.sim.result import SimResult
@@ -71,7 +72,7 @@ def interruptions_per_hour_from_bucket(monthly_share: float) -> float:
     return -math.log(1.0 - monthly_share) / HOURS_PER_MONTH
 
 
-def require_matplotlib():
+def require_matplotlib() -> ModuleType:
     """matplotlib's pyplot (non-interactive backend), or a RuntimeError saying how to get it."""
     try:
         import matplotlib

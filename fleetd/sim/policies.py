@@ -22,8 +22,9 @@ Single-node deadline jobs (Can't Be Late, NSDI'24; restart overhead d per change
 from __future__ import annotations
 
 from fleetd.sim import defaults as d
+from fleetd.sim.books import SimNode
 from fleetd.sim.clock import Timer
-from fleetd.sim.engine import ON_DEMAND, SPOT, SimNode, World
+from fleetd.sim.engine import ON_DEMAND, SPOT, World
 
 _EPS = 1e-3  # seconds: timers at a computed crossing fire just after it, never before
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +37,7 @@ class SimResult:
     actions: list[str] = field(default_factory=list)
     timeline: list[Sample] = field(default_factory=list)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "policy": self.policy,
             "trace": self.trace,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from fleetd.config import BudgetConfig, CapacityConfig, FleetConfig, FleetdConfig
 from fleetd.policy.model import PoolId
@@ -94,7 +95,7 @@ class Scenario:
             }
         )
 
-    def _deadline_job(self) -> dict:
+    def _deadline_job(self) -> dict[str, Any]:
         """job.deadline / total_steps / changeover_s on the simulator's clock (virtual seconds
         from 0, so the deadline is that many seconds after the epoch)."""
         if self.job.deadline_s is None:

@@ -234,8 +234,8 @@ def resolve_trace_path(path: Path | str) -> Path:
         bundled = BUNDLED_DIR / candidate
         if bundled.is_file():
             return bundled
-    bundled = ", ".join(sorted(p.name for p in BUNDLED_DIR.glob("*-trace.csv")))
-    raise TraceError(f"trace {path} does not exist (bundled traces: {bundled})")
+    names = ", ".join(sorted(p.name for p in BUNDLED_DIR.glob("*-trace.csv")))
+    raise TraceError(f"trace {path} does not exist (bundled traces: {names})")
 
 
 def load_trace(path: Path | str, meaning: ValueMeaning | str = ValueMeaning.AVAILABLE) -> Trace:

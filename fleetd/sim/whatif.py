@@ -16,6 +16,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import Any
 
 from fleetd.policy.model import PoolId
 from fleetd.policy.placement import prior_rate_for_bucket, region_of_zone
@@ -73,7 +74,7 @@ class PlanReport:
     s3: S3Cost
     notes: tuple[str, ...]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "pools": [
                 {

@@ -133,7 +133,7 @@ def fetch(regions: list[str] | None) -> tuple[dict[str, Any], list[str]]:  # pra
 
     session = botocore.session.get_session()
     if not regions:
-        ec2 = session.create_client("ec2", region_name="us-east-1")
+        ec2: Any = session.create_client("ec2", region_name="us-east-1")  # botocore types no EC2 methods
         regions = sorted(r["RegionName"] for r in ec2.describe_regions()["Regions"])
     described: dict[str, Any] = {}
     for region in regions:

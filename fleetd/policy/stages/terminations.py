@@ -35,6 +35,7 @@ def end_departed_nodes(p: PlanPass) -> None:
         elif node.phase is NodePhase.LEAVING:
             p.terminate(node, f"{node.instance_id} has left the rendezvous: terminating it")
         elif node.phase is NodePhase.DRAINING and node.has_left:
+            assert node.left_at is not None  # a draining node has left only once left_at is known
             # Its checkpoint is durable and it is out of the rendezvous: every second it stays
             # up until AWS reclaims it (or the drain times out) is paid for nothing.
             p.terminate(
