@@ -13,7 +13,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
+import sys
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -39,6 +43,25 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return lanes.make_scheduler(config, log)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: object) -> Iterator[None]:
+    """A test that times out also prints every asyncio task's stack: pytest-timeout shows only the
+    threads, and a hung coroutine sits in the event loop's select() like an idle one."""
+    yield
+    previous = signal.getsignal(signal.SIGALRM)
+    if callable(previous) and threading.current_thread() is threading.main_thread():
+
+        def dump_tasks_then_fail(signum: int, frame: object) -> None:
+            loop = asyncio._get_running_loop()
+            if loop is not None:
+                for task in asyncio.all_tasks(loop):
+                    print(f"--- asyncio task {task.get_name()}: {task!r}", file=sys.stderr)
+                    task.print_stack(limit=12, file=sys.stderr)
+            previous(signum, frame)
+
+        signal.signal(signal.SIGALRM, dump_tasks_then_fail)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
