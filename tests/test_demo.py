@@ -99,6 +99,9 @@ def test_short_scenario_end_to_end(tmp_path: Path) -> None:
     for node in (tmp_path / "work" / "nodes").iterdir():
         if (node / "identity" / "node.crt").exists():
             assert f"u'{node.name}'" in broker_log, node.name
+    # Each client's session is its own: no connection took another's (the controller once made
+    # two connections with its one certificate, and each connect closed the other).
+    assert "already connected, closing old connection" not in broker_log
     for key in (
         "notices",
         "steps_lost",

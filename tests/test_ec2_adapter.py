@@ -18,9 +18,8 @@ from fleetd.adapters.ec2 import (
     AioEc2,
     LaunchSpec,
     launch_token,
-    resolve_pools,
-    subnets_by_zone,
 )
+from fleetd.adapters.ec2_pools import resolve_pools, subnets_by_zone
 from fleetd.adapters.launch_template import AGENT_ENV_FILE, ensure_launch_template
 from fleetd.config import GpuRequirements
 from fleetd.policy.model import Market, PoolId

@@ -10,7 +10,8 @@ import pytest
 from botocore.exceptions import ClientError
 
 from fleetd.adapters.aws_errors import CapacityUnavailable, PermanentAwsError, Throttled, translate
-from fleetd.adapters.ec2 import AioEc2, LaunchSpec, subnets_by_zone
+from fleetd.adapters.ec2 import AioEc2, LaunchSpec
+from fleetd.adapters.ec2_pools import subnets_by_zone
 from fleetd.adapters.launch_template import ensure_launch_template
 from fleetd.policy.model import Market, PoolId
 from tests.reconcile_support import Cloud

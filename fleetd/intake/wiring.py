@@ -19,7 +19,6 @@ from fleetd.intake import sqs
 from fleetd.intake.mqtt import MqttIntake
 from fleetd.intake.registry import NodeRegistry
 from fleetd.protocol.logs import get_logger
-from fleetd.protocol.topics import fleet_filter
 
 log = get_logger(__name__)
 
@@ -31,15 +30,10 @@ class Intake:
     cfg: FleetdConfig = field(repr=False)
     registry: NodeRegistry
     mqtt: MqttIntake
-    # Telemetry on a connection of its own: at 2,000 agents it is 2,000 messages a second, and
-    # on one connection a notice waited behind every queued sample (bench/agents_load.py).
-    telemetry: MqttIntake | None = None
 
     def components(self) -> list[Component]:
         """TaskGroup components for the daemon: the MQTT intake, and SQS when a queue is set."""
         out: list[Component] = [self._run_mqtt]
-        if self.telemetry is not None:
-            out.append(self._run_telemetry)
         if self.cfg.events.sqs_queue_url:
             out.append(self._run_sqs)
         else:
@@ -48,10 +42,6 @@ class Intake:
 
     async def _run_mqtt(self, ctx: Any) -> None:
         await self.mqtt.run()
-
-    async def _run_telemetry(self, ctx: Any) -> None:
-        assert self.telemetry is not None
-        await self.telemetry.run()
 
     async def _run_sqs(self, ctx: Any) -> None:
         ev = self.cfg.events
@@ -68,20 +58,11 @@ class Intake:
 def build_intake(cfg: FleetdConfig, wake: Callable[[], None] | None = None, client_id: str | None = None) -> Intake:
     """``client_id``: the broker session's name; with HA each control host needs its own (two
     clients with one id would take the session from each other in turn)."""
+    # One connection for status, events and telemetry. With the deployed broker's TLS identity
+    # (use_username_as_clientid) every connection made with the controller's certificate gets the
+    # certificate's name as client id, so a second connection (telemetry had one) took the session
+    # from the first on every connect, in turn, for as long as both ran. A notice does not wait
+    # behind telemetry on the shared connection: the inbox (coalesce.py) hands every event out
+    # ahead of the waiting samples, and keeps one sample per node.
     registry = NodeRegistry(wake=wake)
-    fleet = cfg.fleet.name
-    telemetry = fleet_filter(fleet, "telemetry")
-    main = MqttIntake(
-        cfg.mqtt,
-        fleet,
-        registry,
-        subscriptions=(fleet_filter(fleet, "status"), fleet_filter(fleet, "events")),
-        unsubscribe=(telemetry,),
-        client_id=client_id,
-    )  # an older build's session may hold it
-    # Its own connection (and, with several control hosts, its own id per host: one id on two
-    # hosts would have the broker kick each off in turn).
-    tele_id = f"{client_id}-telemetry"[:64] if client_id else f"fleetd-{fleet}-telemetry"
-    return Intake(
-        cfg, registry, main, MqttIntake(cfg.mqtt, fleet, registry, subscriptions=(telemetry,), client_id=tele_id)
-    )
+    return Intake(cfg, registry, MqttIntake(cfg.mqtt, cfg.fleet.name, registry, client_id=client_id))

@@ -3,10 +3,9 @@
 Most end-to-end tests wait on real timeouts (notices, cuts, cooldowns), not on the CPU. The
 longest ones (each a real demo stack: moto, mosquitto, fleetd, several agents with torchrun) are
 played in order in lanes, one lane per worker: with 2 workers one lane, so no two of them ever
-run at once and the other worker runs everything else beside it; with 3 workers two lanes
-(faster, but two demo stacks at once). The Makefile's default is still 0 workers (serial): on a
-loaded shared 2-core box the demo tests failed whenever anything ran beside them, so a parallel
-default waits for runs on an idle one. A module whose
+run at once and the other worker runs everything else beside it; with 3 or more workers every
+lane in GROUPS gets a worker of its own (`make test`'s default, TEST_WORKERS in the Makefile), the
+rest share what is left. A module whose
 module-scoped fixture plays something expensive is one group too, so the fixture runs once, not
 once per worker.
 
@@ -20,16 +19,19 @@ from __future__ import annotations
 
 import pytest
 
-# Node id prefix -> group. The lanes are balanced on CI's serial durations (seconds, comments).
+# Node id prefix -> group. Lanes balanced on the durations of a 3-worker run on the 2-core box
+# (seconds, comments; 2026-11-26). Each lane holds demo stacks (moto, mosquitto, fleetd, several
+# agents with torchrun, ~0.9 of a core each while they run), so no two run in one lane at once.
 GROUPS = {
-    "tests/test_demo.py::test_storm_": "e2e-a",  # 276
-    "tests/test_demo.py::test_a_trace_wave_": "e2e-a",  # 155
-    "tests/test_demo.py::test_short_scenario_": "e2e-a",  # 124
-    "tests/test_framework_e2e.py::": "e2e-a",  # 54 + 45
+    "tests/test_demo.py::test_storm_": "e2e-a",  # 269
+    "tests/test_demo.py::test_a_trace_wave_": "e2e-a",  # 170
+    "tests/test_demo.py::test_short_scenario_": "e2e-a",  # 113
+    "tests/test_demo.py::test_sigterm_": "e2e-a",  # 45
     "tests/test_demo.py::test_scaling_scenario_": "e2e-b",  # 195
-    "tests/test_partitions.py::": "e2e-b",  # 186: one module-scoped scenario
-    "tests/test_chaos_bench.py::": "e2e-b",  # 133
-    "tests/test_demo.py::test_tiny_budget_": "e2e-b",  # 131
+    "tests/test_chaos_bench.py::": "e2e-b",  # 266
+    "tests/test_demo.py::test_tiny_budget_": "e2e-b",  # 170
+    "tests/test_partitions.py::": "e2e-c",  # 184: one module-scoped scenario
+    "tests/test_framework_e2e.py::": "e2e-c",  # 60 + 50
     "tests/test_agent_mqtt_tls.py::": "module-agent-mqtt-tls",
     "tests/test_deploy_mosquitto.py::": "module-deploy-mosquitto",
     "tests/test_sim_policies.py::": "module-sim-policies",
@@ -59,7 +61,7 @@ def make_scheduler(config: pytest.Config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     # Two workers: one lane, so no two demo stacks ever run at once (they run beside the unit
-    # tests, as `make demo` beside a test run does). Three or more: the two lanes.
+    # tests, as `make demo` beside a test run does). Three or more: the lanes as listed.
     one_lane = (config.getoption("numprocesses") or 0) <= 2
 
     class LaneScheduling(LoadScopeScheduling):
