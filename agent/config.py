@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from fleetd.protocol.settings import CommonSettings, Group, Name, load_settings
 
 DEFAULT_PATH = Path("/etc/fleetd/agent.toml")
+
+
+# sockaddr_un.sun_path is 108 bytes on Linux, its terminating NUL included.
+MAX_UNIX_SOCKET_PATH = 107
 
 
 class NodeConfig(Group):
@@ -28,6 +33,20 @@ class NodeConfig(Group):
     state_dir: Path = Path("/var/lib/fleet-agent")
     # Local channel the trainer reports step/throughput on (a unix datagram socket).
     trainer_socket: Path = Path("/run/fleet-agent/trainer.sock")
+
+    @field_validator("trainer_socket")
+    @classmethod
+    def _fits_a_unix_socket(cls, path: Path) -> Path:
+        # A longer path cannot be bound: the agent would run with no trainer channel, so fleetd
+        # would see no step, no throughput and no local checkpoint receipts (found when a test's
+        # temporary directory made it 115 bytes).
+        if len(os.fsencode(path)) > MAX_UNIX_SOCKET_PATH:
+            raise ValueError(
+                f"{len(os.fsencode(path))} bytes; a unix socket path holds at most {MAX_UNIX_SOCKET_PATH}: "
+                "choose a shorter one (the default is /run/fleet-agent/trainer.sock)"
+            )
+        return path
+
     min_nodes: Annotated[int, Field(ge=1)] = 1
     max_nodes: Annotated[int, Field(ge=1)] = 4
     shutdown_timeout_s: Annotated[float, Field(gt=0)] = 90.0

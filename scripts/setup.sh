@@ -33,11 +33,12 @@ if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
 fi
 
 stamp=.venv/.fleetd-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
   echo "setup: installing fleetd[test,demo,lint]"
   # The test extra brings transformers, accelerate and lightning (the framework callbacks' tests):
   # pin the torch installed above so none of them swaps the CPU build for another one.
   .venv/bin/python -c "import torch; print('torch==' + torch.__version__)" > .venv/torch-constraint.txt
-  .venv/bin/pip install -q -c .venv/torch-constraint.txt -e '.[test,demo,lint]'
+  # constraints.txt: the exact versions the suite was last run green with (CI installs the same).
+  .venv/bin/pip install -q -c .venv/torch-constraint.txt -c constraints.txt -e '.[test,demo,lint]'
   touch "$stamp"
 fi

@@ -15,6 +15,7 @@ from agent.doubles.fake_imds import FakeImds
 from agent.hooks import AgentContext, LoggingHooks
 from agent.main import Agent
 from agent.node.imds import IDENTITY_PATHS
+from fleetd.demo.configs import trainer_socket_for
 from fleetd.protocol.messages import (
     CheckpointCommand,
     LeaveCommand,
@@ -67,7 +68,7 @@ def agent_config(imds_url: str, mqtt_url: str, state_dir: Path, **node: object) 
             fleet=FLEET,
             imds_url=imds_url,
             state_dir=state_dir,
-            trainer_socket=state_dir / "trainer.sock",
+            trainer_socket=trainer_socket_for(state_dir),
             poll_interval_s=0.25,
             telemetry_interval_s=0.2,
             shutdown_timeout_s=5,
@@ -159,7 +160,7 @@ async def test_commands_trainer_reports_and_telemetry(mosquitto, state_dir) -> N
         await wait_until(lambda: agent.session is not None and agent.session.connected.is_set())
         hooks = RecordingHooks.instances[-1]
 
-        sock = state_dir / "trainer.sock"
+        sock = trainer_socket_for(state_dir)
         await wait_until(sock.exists)
         for step in (10, 20, 30):
             assert send_report(sock, Progress(step=step, world_size=2))

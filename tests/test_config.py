@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from fleetd.config import FleetdConfig
 from fleetd.protocol.settings import ConfigError, load_settings
@@ -172,3 +173,14 @@ def test_help_texts() -> None:
         assert cmd in res.stdout
     res = _agent_cli("--help")
     assert res.returncode == 0 and "run" in res.stdout and "config" in res.stdout
+
+
+def test_a_trainer_socket_path_too_long_to_bind_is_a_config_error(tmp_path: Path) -> None:
+    # Past 107 bytes a unix socket cannot be bound: the agent ran with no trainer channel and fleetd
+    # saw no step at all (every demo test under pytest-xdist's longer temporary paths).
+    from agent.config import MAX_UNIX_SOCKET_PATH, NodeConfig
+
+    ok = "/run/" + "s" * (MAX_UNIX_SOCKET_PATH - len("/run/"))
+    assert NodeConfig(trainer_socket=Path(ok)).trainer_socket == Path(ok)
+    with pytest.raises(ValidationError, match="a unix socket path holds at most 107"):
+        NodeConfig(trainer_socket=Path(ok + "s"))

@@ -21,6 +21,7 @@ import pytest
 
 from agent.checkpoint_store import CheckpointStore
 from agent.doubles.fake_imds import FakeImds
+from fleetd.demo.configs import trainer_socket_for
 from fleetd.protocol.settings import AwsConfig, CheckpointConfig
 from fleetd.rendezvous.localcluster import LocalCluster
 from tests.harness.ports import free_port
@@ -40,7 +41,7 @@ fleet = "dm"
 imds_url = "{imds}"
 node_addr = "127.0.0.2"
 state_dir = "{node_dir}"
-trainer_socket = "{node_dir}/trainer.sock"
+trainer_socket = "{trainer_socket_for(node_dir)}"
 min_nodes = 1
 max_nodes = 2
 shutdown_timeout_s = 20

@@ -32,6 +32,7 @@ import pytest
 from agent.doubles.fake_imds import FakeImds
 from fleetd.adapters.ec2 import TAG_LAUNCH
 from fleetd.adapters.pricing import DEMO_PRICE_BOOK
+from fleetd.demo.configs import trainer_socket_for
 from fleetd.localnet import free_port
 from fleetd.snapshot import read_snapshot
 from tests.reconcile_support import ZONES, Cloud
@@ -132,7 +133,7 @@ class Nodes:
 fleet = "{self.fleet}"
 imds_url = "{url}"
 state_dir = "{d}"
-trainer_socket = "{d}/trainer.sock"
+trainer_socket = "{trainer_socket_for(d)}"
 poll_interval_s = 0.25
 shutdown_timeout_s = 5
 supervise_training = false

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from agent.hooks import AgentContext, LoggingHooks
 from agent.main import Agent
 from agent.supervise.endpoint_follow import FollowAction, StoreEndpoint, follow
+from fleetd.demo.configs import trainer_socket_for
 from fleetd.protocol.messages import RendezvousEndpoint
 from fleetd.protocol.topics import rendezvous_topic
 
@@ -125,7 +126,7 @@ async def test_agent_receives_the_retained_endpoint_and_rejects_bad_ones(mosquit
                     fleet=FLEET,
                     imds_url=fake.url,
                     state_dir=state,
-                    trainer_socket=state / "trainer.sock",
+                    trainer_socket=trainer_socket_for(state),
                     shutdown_timeout_s=5,
                 ),
                 mqtt=MqttConfig(url=mosquitto.url, keepalive_s=5),

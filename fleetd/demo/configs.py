@@ -6,7 +6,9 @@ read exactly what the demo ran with in its work directory).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +31,13 @@ DEMO_JOBS: dict[str, tuple[str, tuple[str, ...]]] = {
     "hf": ("agent.examples.train_hf", ("transformers",)),
     "lightning": ("agent.examples.train_lightning", ()),  # not preloaded: see [job] preload's note
 }
+
+
+def trainer_socket_for(node_dir: Path) -> Path:
+    """A demo node's trainer socket: short and unique to the node (a unix socket path holds 107
+    bytes, and a node directory under a test's temporary directory alone can be longer)."""
+    digest = hashlib.sha256(str(node_dir.resolve()).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"fleetd-trainer-{digest}.sock"
 
 
 def job_group(job: str, steps: int | None = None) -> dict[str, object]:
@@ -204,7 +213,7 @@ def agent_toml(
                     "node_addr": addr,
                     "state_dir": node_dir,
                     "enrol_url": enrol_url,
-                    "trainer_socket": node_dir / "trainer.sock",
+                    "trainer_socket": trainer_socket_for(node_dir),
                     "min_nodes": 1,
                     "max_nodes": max_nodes,
                     "shutdown_timeout_s": 20.0,
