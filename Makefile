@@ -12,9 +12,12 @@ lint: setup
 	.venv/bin/mypy
 	.venv/bin/lint-imports --no-cache
 
-# The whole suite, every test, spread over pytest-xdist workers (demo stacks in lanes, see
-# tests/harness/lanes.py); prints its 15 slowest tests at the end. TEST_WORKERS=0 runs it serially.
-TEST_WORKERS ?= 4
+# The whole suite, every test, spread over pytest-xdist workers; prints its 15 slowest tests at the
+# end. Two workers: the demo stacks play one after another on one (tests/harness/lanes.py), the
+# rest runs on the other. TEST_WORKERS=4 puts them in three lanes: ~19 min instead of ~25 on the
+# 2-core box, but the scaling demo's measured throughput is then noisy enough to fail it (1 run in
+# 2026-11-26's, see tests/harness/lanes.py). TEST_WORKERS=0 runs the suite serially (~40 min).
+TEST_WORKERS ?= 2
 test: lint
 	.venv/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=15
 

@@ -4,8 +4,11 @@ Most end-to-end tests wait on real timeouts (notices, cuts, cooldowns), not on t
 longest ones (each a real demo stack: moto, mosquitto, fleetd, several agents with torchrun) are
 played in order in lanes, one lane per worker: with 2 workers one lane, so no two of them ever
 run at once and the other worker runs everything else beside it; with 3 or more workers every
-lane in GROUPS gets a worker of its own (`make test`'s default, TEST_WORKERS in the Makefile), the
-rest share what is left. A module whose
+lane in GROUPS gets a worker of its own, the rest share what is left. `make test` uses 2 workers:
+with 4 (three lanes, two or three demo stacks at once) the suite took 19 min instead of ~25, and
+one of two such runs failed the scaling demo: on a saturated box the throughput it measured at 3
+nodes (4.69 steps/s) was above what the toy job can do (3.33), so node 3 looked worth its price
+and the fleet grew to 4 instead of draining it. A module whose
 module-scoped fixture plays something expensive is one group too, so the fixture runs once, not
 once per worker.
 
