@@ -23,7 +23,7 @@ from agent.supervise.emergency import CheckpointStoreUploader, EmergencyFlow
 from agent.trainer.store_link import StoreLink
 from fleetd.rendezvous.localcluster import LocalCluster
 from tests.harness import cluster_e2e
-from tests.harness.cluster_e2e import last_step_before, resumed_after
+from tests.harness.cluster_e2e import last_step_before, resumed_after, saves_on_loss
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
 BUCKET = "framework-e2e"
@@ -115,12 +115,7 @@ async def test_framework_notice_and_replacement_lose_no_steps(job, tmp_path, aws
             assert last - 1 <= resumed_at <= last + 1, (resumed_at, last)
             # The watcher saves the step completed, or finds it already on disk: the periodic
             # checkpoint (every 50 steps) of the very step the hang followed (a few % of runs).
-            salvaged = [e for e in cluster.events.of("salvaged", node=a) if e["t"] >= t_freeze]
-            salvaged += [
-                e
-                for e in cluster.events.of("salvage_skipped", node=a)
-                if e["t"] >= t_freeze and "already saved" in e.get("why", "") and e.get("step") == resumed_at
-            ]
+            salvaged = saves_on_loss(cluster, t_freeze, step=resumed_at, node=a)
             assert salvaged and salvaged[0]["reason"] == "SIGTERM", "saved by the watcher while hung"
             print(f"{job}: silent loss: resumed at {resumed_at}, survivor's last step {last}")
         except BaseException:

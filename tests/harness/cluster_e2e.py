@@ -34,3 +34,17 @@ def resumed_after(cluster: LocalCluster, world: int, since: float) -> set[int]:
 
 def last_step_before(cluster: LocalCluster, world: int, until: float) -> int:
     return max(e["step"] for e in cluster.events.of("step", world=world) if e["t"] < until)
+
+
+def saves_on_loss(cluster: LocalCluster, since: float, *, step: int, node: str | None = None) -> list[dict]:
+    """The salvages since ``since`` (on ``node``, if given): a step saved when a peer was lost, or
+    ``step`` found already on disk (a periodic checkpoint of that very step landed just before the
+    loss; the salvage then says so and skips: a few % of runs)."""
+    match = {} if node is None else {"node": node}
+    saved = [e for e in cluster.events.of("salvaged", **match) if e["t"] >= since]
+    skipped = [
+        e
+        for e in cluster.events.of("salvage_skipped", **match)
+        if e["t"] >= since and e.get("step") == step and "already saved" in e.get("why", "")
+    ]
+    return sorted(saved + skipped, key=lambda e: e["t"])
