@@ -122,7 +122,6 @@ class MqttIntake:
         registry: NodeRegistry,
         *,
         subscriptions: tuple[str, ...] | None = None,
-        unsubscribe: tuple[str, ...] = (),
         client_id: str | None = None,
         max_payload_bytes: int = MAX_PAYLOAD_BYTES,
         backoff_initial_s: float = 0.2,
@@ -133,7 +132,6 @@ class MqttIntake:
         self.fleet = fleet
         self.registry = registry
         self.subscriptions = subscriptions or tuple(fleet_filter(fleet, ch) for ch in AGENT_CHANNELS)
-        self.unsubscribe = unsubscribe
         self.client_id = client_id or f"fleetd-{fleet}"
         self.max_payload_bytes = max_payload_bytes
         self.backoff_initial_s = backoff_initial_s
@@ -172,8 +170,6 @@ class MqttIntake:
                     **client_kwargs(broker, timeout_s=PUBLISH_TIMEOUT_S),
                 ) as client:
                     _read_in_bursts(client)
-                    for sub in self.unsubscribe:
-                        await client.unsubscribe(sub)
                     for sub in self.subscriptions:
                         await client.subscribe(sub, qos=1)
                     self._client = client
