@@ -10,6 +10,7 @@ from pydantic import AwareDatetime, Field, model_validator
 from fleetd.protocol.settings import CommonSettings, Group, JobConfig, Name, load_settings
 
 if TYPE_CHECKING:
+    from fleetd.policy.job_state import JobSettings
     from fleetd.policy.stall import StallSettings
 
 DEFAULT_PATH = Path("/etc/fleetd/fleetd.toml")
@@ -186,6 +187,15 @@ class FleetdJobConfig(JobConfig):
     # a measurement), the deadline rule knows no work left in seconds: no safety net, only the
     # progress line, so a job whose first nodes are lost before they train can miss its deadline.
     steps_per_s: Annotated[float, Field(gt=0)] | None = None
+    # Failures of the job's own code (a non-zero exit no notice, node loss or store outage
+    # explains; fleetd/policy/job_state.py) fleetd restarts before the job FAILS and every node
+    # is released. 0: the first such failure ends the job.
+    max_restarts: Annotated[int, Field(ge=0)] = 3
+
+    def lifecycle_settings(self) -> JobSettings:
+        from fleetd.policy.job_state import JobSettings
+
+        return JobSettings(max_restarts=self.max_restarts)
 
     @model_validator(mode="after")
     def _work_with_deadline(self) -> FleetdJobConfig:

@@ -41,6 +41,7 @@ class DaemonContext:
     reconciler: Reconciler | None = None
     last_report: PassReport | None = None
     stall: Any = None  # fleetd.stall_watch.StallWatcher, when wired in (status and metrics read it)
+    job: Any = None  # fleetd.job_watch.JobWatcher, when wired in (status reads it)
 
     def wake_loop(self) -> None:
         """Callable from intake code (e.g. NodeRegistry(wake=ctx.wake_loop))."""

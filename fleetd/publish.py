@@ -95,6 +95,7 @@ class PassPublisher:
         self._rebalanced: set[str] = set()
         self._last_plan: Any = None
         self.stall: Any = None  # fleetd.stall_watch.StallWatcher (DaemonContext.stall), when wired in
+        self.job: Any = None  # fleetd.job_watch.JobWatcher (DaemonContext.job), when wired in
 
     async def publish(self, report: Any, reconciler: Any) -> StatusSnapshot:
         nodes = await _nodes(report, reconciler)
@@ -124,6 +125,7 @@ class PassPublisher:
             pools=getattr(reconciler, "pool_rows", ()),
             flags={n.instance_id: f for n in nodes if (f := node_flag(n, self.cfg)) is not None},
             stall=self.stall.latest if self.stall is not None else None,
+            job=self.job.view if self.job is not None else None,
         )
         self.metrics.observe_snapshot(snap)
         duration = getattr(report, "duration_s", None)
@@ -210,6 +212,7 @@ def status_component(
             watcher = RendezvousWatcher(r.host, r.port, r.run_id)
         publisher = PassPublisher(cfg, metrics, watcher)
         publisher.stall = getattr(ctx, "stall", None)
+        publisher.job = getattr(ctx, "job", None)
         server: MetricsServer | None  # None: /metrics could not be served
         server = MetricsServer(metrics, cfg.metrics.host, cfg.metrics.port if port is None else port, also=(REGISTRY,))
         try:

@@ -21,6 +21,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fleetd.atomic_file import write_atomically
+from fleetd.job_record import JobView
 from fleetd.policy.model import BudgetStatus, Node
 from fleetd.protocol.errors import ProtocolError
 from fleetd.stall_record import StallView
@@ -115,6 +116,8 @@ class StatusSnapshot(_Frozen):
     pools: tuple[PoolView, ...] = ()
     # Stalled-job detection (fleetd/stall_watch.py): the current stall and every one so far.
     stall: StallView | None = None
+    # The job's lifecycle (fleetd/policy/job_state.py): pending ... succeeded/failed/cancelled.
+    job: JobView | None = None
 
     @field_validator("schema_version")
     @classmethod
@@ -146,6 +149,7 @@ def build_snapshot(
     pools: Iterable[Any] = (),
     flags: Mapping[str, str] | None = None,
     stall: StallView | None = None,
+    job: JobView | None = None,
 ) -> StatusSnapshot:
     """From the planner's own inputs and outputs of one pass (``rendezvous``: (round, world size);
     ``checkpoint``: (step, durable_at); ``node_checkpoints``: instance id -> (step, saved_at))."""
@@ -195,6 +199,7 @@ def build_snapshot(
         stop_issued_at=stop_issued_at,
         pools=tuple(pool_view(r) for r in pools),
         stall=stall,
+        job=job,
     )
 
 

@@ -52,6 +52,7 @@ class StallWatcher:
     dry_run: bool = False  # detect and report, act on nothing
     before: StallView | None = None  # what earlier lives of the daemon recorded
     latest: StallView | None = None
+    job_active: Callable[[], bool] = lambda: True  # False once the job is over (fleetd/job_watch.py)
 
     def load(self) -> None:
         """Carry the stalls of an earlier daemon life over; a stall open then goes on being
@@ -95,7 +96,7 @@ class StallWatcher:
             nodes=tuple(nodes),
             store_reachable=store_reachable,
             store_restarted_at=restarted_at,
-            training_expected=not stopping,
+            training_expected=not stopping and self.job_active(),
             rendezvous_changed_at=changed_at,
             rendezvous_forming=forming,
         )

@@ -17,6 +17,7 @@ from fleetd.config import FleetdConfig
 from fleetd.daemon import DaemonContext, Plugins
 from fleetd.intake.signals import TrainingSignals
 from fleetd.intake.wiring import build_intake
+from fleetd.job_watch import JobWatcher
 from fleetd.protocol.logs import get_logger
 from fleetd.publish import status_component
 from fleetd.reconcile.ledger_store import DB_NAME, LedgerStore
@@ -112,6 +113,16 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
         # answers and rides through its outages (Steerer.run), never failing on it.
         await steerer.run(ctx.stopping)
 
+    ctx.job = JobWatcher(
+        cfg.job.lifecycle_settings(),
+        intake.registry,
+        signals,
+        state_dir=cfg.fleet.state_dir,
+        total_steps=cfg.job.total_steps,
+        send_command=intake.mqtt.send_command,
+        steerer=steerer,
+        wake=ctx.wake_loop,
+    )
     ctx.stall = StallWatcher(
         cfg.stall.settings(),
         intake.registry,
@@ -119,8 +130,9 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
         steerer=steerer,
         state_dir=cfg.fleet.state_dir,
         store_addr=(store_address(cfg), cfg.rendezvous.port),
+        job_active=ctx.job.job_active,
     )
-    leader_only = [steering, commander.run, ctx.stall.run, *(sqs_intake if ha is not None else [])]
+    leader_only = [steering, commander.run, ctx.stall.run, ctx.job.run, *(sqs_intake if ha is not None else [])]
     if ha is not None:
         from fleetd.ha.endpoint import endpoint_publisher
 

@@ -90,7 +90,9 @@ def test_short_scenario_end_to_end(tmp_path: Path) -> None:
 
     # Secure by default: while the demo runs, outside clients try its broker (anonymous,
     # plaintext, a self-signed certificate, a valid certificate for node A publishing as node B).
-    res, report, run_id = _demo(tmp_path, "--scenario", "short", "--duration", "70", during=probe_running_demo)
+    # The short story plays inside a job of 1,200 steps that runs to its end: the demo ends when
+    # fleetd has seen the job succeed and released every node.
+    res, report, run_id = _demo(tmp_path, "--scenario", "short", during=probe_running_demo)
     assert res.returncode == 0, _explain(res, tmp_path)
     assert not isinstance(_demo.during, BaseException), _demo.during  # type: ignore[attr-defined]
     assert_demo_broker_refused(_demo.during)  # type: ignore[attr-defined]
@@ -116,6 +118,10 @@ def test_short_scenario_end_to_end(tmp_path: Path) -> None:
     ):
         assert key in report, key
     assert report["notices"] >= 2
+    # The job ended by itself, and fleetd stopped paying for it: last step to the last node gone.
+    assert report["job_state"] == "succeeded", report
+    assert report["final_step"] == 1200 and report["job_final_step"] == 1200, report
+    assert report["billing_stopped_after_s"] is not None and report["billing_stopped_after_s"] <= 60, report
     # One node lost with no notice: the survivors save the step they completed (and re-form
     # when the steering pokes them), so it costs no step either.
     assert report["losses_without_notice"] == 1

@@ -254,7 +254,9 @@ def test_stop_kills_the_whole_tree_including_new_sessions(tmp_path):
 
 
 @contextlib.asynccontextmanager
-async def _hooks_beside_a_store(tmp_path, run_id: str, instance_id: str):
+async def _hooks_beside_a_store(
+    tmp_path, run_id: str, instance_id: str, train_args: tuple[str, ...] = ("--steps", "100000")
+):
     """Real ElasticHooks for node 127.0.0.2 beside a real rendezvous store (LocalCluster); yields
     (hooks, cluster, published events, states set)."""
     import asyncio
@@ -270,7 +272,7 @@ async def _hooks_beside_a_store(tmp_path, run_id: str, instance_id: str):
     async def set_state(state):
         states.append(state)
 
-    cluster = LocalCluster(tmp_path / "job", run_id=run_id, train_args=("--steps", "100000"))
+    cluster = LocalCluster(tmp_path / "job", run_id=run_id, train_args=train_args)
     try:
         await asyncio.to_thread(cluster.start_host)
         hooks = ElasticHooks(
@@ -334,3 +336,33 @@ async def test_a_node_noticed_before_torchrun_starts_never_trains_and_says_it_is
         assert hooks.torchrun is None and hooks.starts == 0
         assert states == ["draining", "leaving"] and events == []
         assert not (tmp_path / "torchrun.log").exists() or "torchrun" not in (tmp_path / "torchrun.log").read_text()
+
+
+@pytest.mark.slow
+async def test_a_bug_in_the_job_ends_torchruns_restarts_and_is_reported_failed(tmp_path):
+    """torchrun would restart a worker group that fails on the job's own bug up to its
+    --max-restarts (100), each attempt from the last checkpoint, while the node bills. The agent
+    reads torchrun's log, sees a failure with no network fault in it, ends torchrun and reports
+    the exit as failed (fleetd decides on a restart: fleetd/policy/job_state.py)."""
+    import asyncio
+
+    from fleetd.protocol.messages import TrainerExited
+
+    args = ("--steps", "100000", "--fail-at-step", "5")
+    async with _hooks_beside_a_store(tmp_path, "bug", "i-bug", train_args=args) as (hooks, _, events, states):
+        assert hooks.spec.max_restarts >= 100  # torchrun alone would retry it that often
+        runner = asyncio.create_task(hooks.run())
+        for _ in range(1200):  # virtual-time free: the exit comes from a real torchrun
+            if events:
+                break
+            await asyncio.sleep(0.1)
+        assert [(type(e), e.reason, e.exit_code) for e in events] == [(TrainerExited, "failed", 1)], events
+        log = (tmp_path / "torchrun.log").read_text(errors="replace")
+        assert "the job's code failed at step 5" in log
+        # Ended at its first or second failure line, not after a hundred restarts.
+        assert log.count("failed (exitcode:") <= 2, log[-3000:]
+        # The agent waits for fleetd's word (restart-trainer), it does not crash-loop on its own.
+        await asyncio.sleep(1.0)
+        assert states[-1] == "ready" and not runner.done() and hooks.starts == 1
+        await hooks.stop()
+        await asyncio.wait_for(runner, 30)

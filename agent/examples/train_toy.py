@@ -34,6 +34,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--mode", choices=("state_dict", "dcp"), default="state_dict")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--fail-at-step",
+        type=int,
+        default=int(os.environ.get("FLEETD_TOY_FAIL_AT_STEP", "0") or 0),
+        help="raise at this step (and after it) on every rank, as a bug in a job would (0: never); shows how "
+        "fleetd retries a failing job a bounded number of times, then fails it",
+    )
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument(
         "--backend",
@@ -110,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(max(0.0, pace_s - (time.monotonic() - began)))
             elif args.step_sleep:
                 time.sleep(args.step_sleep)
+            if args.fail_at_step and step >= args.fail_at_step:  # every attempt: a bug, not a glitch
+                raise RuntimeError(f"the job's code failed at step {step} (--fail-at-step)")
             ckpt.emit("step", step=step, loss=round(float(loss.detach()) / weight, 6))
             ckpt.step_done(step)
 

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from agent.hooks import AgentContext
 from agent.supervise.emergency import CheckpointStoreUploader, EmergencyFlow, EmergencyOutcome
 from agent.supervise.endpoint_follow import FollowAction, StoreEndpoint, follow
+from agent.supervise.failure_guard import wait_guarded
 from agent.supervise.launch import LaunchSpec
 from agent.supervise.store_watch import (
     Backoff,
@@ -129,7 +130,7 @@ class ElasticHooks:
                     self._preload = asyncio.create_task(
                         _preload_store_client_later(PRELOAD_AFTER_S), name="preload-torch"
                     )
-                exit_ = await self.torchrun.wait()
+                exit_ = await wait_guarded(self.torchrun, self.log_path, since, self._may_fail)
                 if self.restart_requested.is_set() and not (self.draining or self.stopping):
                     log.warning("trainer_restarting", why=self._restart_why)
                     self._restart_why = "fleetd asked (restart-trainer)"
@@ -185,6 +186,9 @@ class ElasticHooks:
         finally:
             if ready is not None:
                 await asyncio.to_thread(ready.discard)
+
+    def _may_fail(self) -> bool:
+        return not (self.draining or self.stopping or self.restart_requested.is_set())
 
     async def _wait_restart_or_stop(self) -> None:
         stop = asyncio.ensure_future(self._stopped.wait())

@@ -31,8 +31,10 @@ import psutil
 
 from agent.hooks import AgentContext
 from agent.supervise.elastic_hooks import ElasticHooks
+from agent.supervise.failure_guard import wait_guarded
 from agent.supervise.folder_sync import FolderSync
 from agent.supervise.proctree import process_tree
+from agent.supervise.store_watch import log_size
 from agent.supervise.torchrun import TorchrunProcess
 from fleetd.protocol import rendezvous_keys as keys
 from fleetd.protocol.logs import get_logger
@@ -65,6 +67,7 @@ class FolderHooks(ElasticHooks):
     leave_event: asyncio.Event = field(default_factory=asyncio.Event)  # fleetd's MQTT leave
     _store_link: Any = None
     _started: bool = False
+    _log_start: int = 0  # torchrun.log's size when this torchrun started
 
     @classmethod
     def from_context(cls, ctx: AgentContext) -> FolderHooks:
@@ -100,6 +103,7 @@ class FolderHooks(ElasticHooks):
             if store is not None:
                 await self.sync.restore()
             self.restart_requested.clear()
+            self._log_start = log_size(self.log_path)
             self.torchrun = TorchrunProcess(self.spec, log_path=self.log_path).start()
             self.starts += 1
             await self.set_state("training")
@@ -128,7 +132,9 @@ class FolderHooks(ElasticHooks):
         nothing is restored and the folder sync goes on uploading."""
         assert self.torchrun is not None
         while True:
-            exit_ = await self.torchrun.wait()
+            # A failure of the script itself ends torchrun's own restarts (failure_guard); the
+            # log offset is this torchrun's start (the log is shared by every run on the node).
+            exit_ = await wait_guarded(self.torchrun, self.log_path, self._log_start, self._may_fail)
             if not self.restart_requested.is_set() or self.draining or self.stopping:
                 return exit_
             log.warning(
@@ -136,6 +142,7 @@ class FolderHooks(ElasticHooks):
             )
             self._restart_why = "fleetd asked (restart-trainer)"
             self.restart_requested.clear()
+            self._log_start = log_size(self.log_path)
             self.torchrun = TorchrunProcess(self.spec, log_path=self.log_path).start()
             self.starts += 1
             await self.set_state("training")

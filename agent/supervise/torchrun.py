@@ -46,6 +46,9 @@ class TorchrunProcess:
     pool_socket: str | None = None
     started_at: float | None = None
     _stopping: bool = field(default=False, repr=False)
+    # Set by ``fail``: the job's own code failed (agent/supervise/worker_failures.py) and the agent
+    # ended torchrun's restarts of it; the exit is reported as "failed" with this code.
+    _user_failure: int | None = field(default=None, repr=False)
     # Clear while ``terminate`` is still waiting for the tree it signalled; see ``wait_blocking``.
     _tree_gone: threading.Event = field(default_factory=threading.Event, repr=False)
 
@@ -186,6 +189,12 @@ class TorchrunProcess:
         finally:
             self._tree_gone.set()
 
+    def fail(self, exit_code: int, timeout_s: float = 10.0) -> None:
+        """End torchrun because the job's code failed (blocking): the same tree stop as
+        ``terminate``, reported as a failure, not as our stop."""
+        self._user_failure = exit_code
+        self.terminate(timeout_s)
+
     def wait_blocking(self) -> TorchrunExit:
         assert self.proc is not None
         code = self.proc.wait()
@@ -196,7 +205,9 @@ class TorchrunProcess:
         # the newest checkpoint on disk: it must not look before that save is written.
         self._tree_gone.wait()
         self._reap_pool()  # the pool serves this torchrun only
-        if self._stopping:
+        if self._user_failure is not None:
+            code, reason = self._user_failure, "failed"
+        elif self._stopping:
             reason = "stopped"
         elif code == 0:
             reason = "finished"

@@ -39,6 +39,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the training job: toy (a plain loop with ElasticCheckpointer), hf (a Hugging Face "
         "Trainer with fleetd's callback), lightning (a Lightning Trainer with it); default toy",
     )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the job's total steps: the demo ends when the job finishes and fleetd has released "
+        "every node (--duration is then a cap); default: what the scenario says, else never",
+    )
+    p.add_argument(
+        "--fail-at-step",
+        type=int,
+        default=0,
+        metavar="N",
+        help="make the toy job raise at step N on every rank, as a bug would: fleetd restarts it "
+        "job.max_restarts times, then fails the job and releases every node",
+    )
     p.add_argument("--budget", type=float, default=5.0, metavar="USD", help="budget.total_usd (default 5)")
     p.add_argument("--report", type=Path, metavar="FILE", help="also write the final report as JSON")
     p.add_argument(
@@ -52,6 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
+    import dataclasses
     import json
 
     from fleetd.demo.report import render
@@ -59,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
     from fleetd.demo.scenario import resolve
     from fleetd.protocol.logs import configure_logging
 
+    if args.steps is not None and args.steps < 1:
+        print("--steps must be >= 1", file=sys.stderr)
+        return 2
     if args.nodes is not None and args.nodes < 1:
         print("--nodes must be >= 1", file=sys.stderr)
         return 2
@@ -86,7 +106,11 @@ def run(args: argparse.Namespace) -> int:
         workdir=args.workdir,
         job=args.job,
         insecure=args.insecure,
+        fail_at_step=args.fail_at_step,
     )
+    steps = args.steps or scenario.job_steps
+    if steps is not None:
+        opts = dataclasses.replace(opts, steps=steps)
     try:
         report = asyncio.run(run_demo(opts))
     except (asyncio.CancelledError, KeyboardInterrupt):

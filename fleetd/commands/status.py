@@ -95,6 +95,7 @@ def collect(
             "budget": None,
             "pools": [p.model_dump() for p in snap.pools],
             "stall": _stall(snap.stall, now),
+            "job": snap.job.model_dump() if snap.job is not None else None,
         }
         if snap.checkpoint is not None:
             report["checkpoint"] = {
@@ -126,6 +127,7 @@ def collect(
             "budget": None,
             "pools": None,  # unknown without a snapshot
             "stall": None,
+            "job": None,
         }
     live = [n for n in report["nodes"] if n["ec2_state"] in LIVE]
     report["node_count"] = len(live)
@@ -151,6 +153,17 @@ def _stall(stall: Any, now: float) -> dict[str, Any] | None:
         }
     )
     return out
+
+
+def _job_line(job: dict[str, Any] | None) -> str:
+    if job is None:
+        return "job: unknown (no job watcher report)"
+    line = f"job: {str(job['state']).upper()}"
+    if job.get("reason"):
+        line += f" ({job['reason']})"
+    if job.get("restarts"):
+        line += f"; {job['restarts']} restart(s) after failures of the job's code"
+    return line
 
 
 def _stall_lines(s: dict[str, Any] | None) -> list[str]:
@@ -236,6 +249,7 @@ def render(report: dict[str, Any]) -> str:
     else:
         head += "; from fleetd.db (no snapshot yet: no telemetry or budget)"
     lines.append(head)
+    lines.append(_job_line(report.get("job")))
     if report["stale"]:
         lines.append(f"STALE: no reconcile pass for {report['age_s']:.0f} s; is fleetd running?")
     columns = ("INSTANCE", "POOL", "MARKET", "$/H", "STATE", "EC2", "GPU%", "STEP/S", "STEP", "LAST CKPT")

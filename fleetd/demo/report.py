@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetd.demo import configs
+from fleetd.demo.job_end import job_rows, job_section
 from fleetd.demo.progress import Progress
 
 
@@ -178,6 +179,7 @@ async def build_report(run: Any, events_file: Path, ec2: Any, session: Any, aws:
         "on_demand_equivalent_usd": money.get("on_demand_equivalent_usd"),
         "savings_pct": money.get("savings_pct"),
         "stopped_by_budget": run.stopped_by_budget,
+        **job_section(run, progress),
         "failure": run.failure,
         "ledger": money,
         "workdir": str(run.workdir),
@@ -209,7 +211,8 @@ def _stalls(stall: dict[str, Any] | None) -> str:
 
 
 def render(report: dict[str, Any]) -> str:
-    rows = [
+    rows: list[tuple[str, object]] = [
+        *job_rows(report),
         (
             "notices (injected / seen)",
             f"{report['notices']} / {report['notices_seen_by_fleet']}"

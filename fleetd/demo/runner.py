@@ -61,6 +61,7 @@ class DemoOptions:
     # False (default): MQTT over TLS with per-node certificates from enrolment and the fleet ACL,
     # as deployed. True: plaintext anonymous MQTT, for debugging only.
     insecure: bool = False
+    fail_at_step: int = 0  # the toy raises at this step (a bug in the job's code); 0: never
 
 
 @dataclass
@@ -79,6 +80,7 @@ class DemoRun:
     view: WireView | None = None
     launcher: Launcher | None = None
     stopped_by_budget: bool = False
+    job_ended: bool = False  # the job ended (succeeded, failed, cancelled) and every node is gone
     failure: str | None = None  # why the demo could not show the loop working
 
 
@@ -179,7 +181,10 @@ async def run_demo(opts: DemoOptions) -> dict[str, Any]:
             def agent_conf(iid: str, addr: str, imds_url: str) -> Path:
                 return configs.agent_toml(workdir, ep, max_nodes, iid, addr, imds_url, steps=opts.steps, job=opts.job)
 
-            env = {"FLEETD_EVENTS_FILE": str(events_file), **(shape.trainer_env() if shape else {})}
+            paced = opts.scenario.trainer_env() if opts.scenario is not None else {}
+            env = {"FLEETD_EVENTS_FILE": str(events_file), **paced}
+            if opts.fail_at_step:
+                env["FLEETD_TOY_FAIL_AT_STEP"] = str(opts.fail_at_step)
 
             async def terminate(iid: str) -> None:
                 # The node powered itself off (dead man's switch): for a spot instance, AWS
@@ -228,8 +233,9 @@ async def run_demo(opts: DemoOptions) -> dict[str, Any]:
 
 
 async def _until_done(run: DemoRun, events_file: Path) -> None:
-    """The demo lasts ``duration_s`` of training (set-up time is not counted), or until fleetd
-    stops the job (budget cap), or until fleetd dies."""
+    """The demo lasts until the job ends and fleetd has released every node, or ``duration_s`` of
+    training (set-up time is not counted; for a job that finishes, a cap), or until fleetd stops
+    the job (budget cap), or until fleetd dies."""
     from fleetd.demo.progress import Progress
 
     hard_deadline = time.time() + run.opts.duration_s + 120.0  # set-up must not hang forever
@@ -250,10 +256,21 @@ async def _until_done(run: DemoRun, events_file: Path) -> None:
             run.failure = f"fleetd exited with {run.fleetd.proc.returncode}: {run.fleetd.tail(3)}"
             log.error("demo_fleetd_exited", code=run.fleetd.proc.returncode, tail=run.fleetd.tail(5))
             return
+        if _job_over(run) and run.launcher is not None and not run.launcher.live():
+            run.job_ended = True
+            log.info("demo_job_ended", why="the job ended and fleetd released every node")
+            return
         if _job_stopped(run) and run.launcher is not None and not run.launcher.live():
             run.stopped_by_budget = True
             log.info("demo_budget_stop", why="fleetd stopped the job at the budget cap and released every node")
             return
+
+
+def _job_over(run: DemoRun) -> bool:
+    from fleetd.demo.view import status_snapshot
+
+    snap = status_snapshot(run.workdir)
+    return snap is not None and snap.job is not None and snap.job.terminal
 
 
 def _job_stopped(run: DemoRun) -> bool:

@@ -60,6 +60,20 @@ class Scenario:
     fleet: FleetShape | None = None
     nodes: int | None = None  # the fleet size the story is written for (--nodes overrides)
     duration_s: float | None = None  # training time the story needs (--duration overrides)
+    # The job's total steps (--steps overrides): the demo ends when the job finishes, with
+    # duration_s only as a cap. None: the job never finishes; the demo ends after duration_s.
+    job_steps: int | None = None
+    # Pace the toy's steps (seconds of work per step, shared by up to pace_nodes nodes): a job
+    # that must finish *after* the story has played cannot be faster on a quick machine.
+    pace_work_s: float = 0.0
+    pace_nodes: int = 1
+
+    def trainer_env(self) -> dict[str, str]:
+        if self.fleet is not None:
+            return self.fleet.trainer_env()
+        if self.pace_work_s > 0:
+            return {"FLEETD_TOY_WORK_S": str(self.pace_work_s), "FLEETD_TOY_SATURATE_AT": str(self.pace_nodes)}
+        return {}
 
 
 NAMED: dict[str, Scenario] = {
@@ -87,7 +101,13 @@ NAMED: dict[str, Scenario] = {
             Step(48, "vanish", 0),
         ),
         notice_s=12.0,
-        description="the default story in half the time (CI)",
+        description="the default story in half the time (CI), in a job of 1,200 steps that runs to "
+        "the end: fleetd sees it succeed and releases every node",
+        # At most 15 steps/s at 3 nodes: the job outlasts the story (the last event is at 48 s).
+        job_steps=1200,
+        pace_work_s=0.2,
+        pace_nodes=3,
+        duration_s=400.0,  # a cap: the demo ends when the job does
     ),
     "storm": Scenario(
         "storm",

@@ -77,6 +77,8 @@ class NodeRecord:
     # it comes after the node's drain or notice (Node.has_left): an earlier exit is a crash.
     left_at: float | None = None
     exit_reason: str = ""
+    exit_at: float | None = None  # when that TrainerExited arrived (the job watcher counts each once)
+    exit_code: int | None = None
 
 
 @dataclass
@@ -291,6 +293,8 @@ def _merge(rec: NodeRecord, event: IntakeEvent, at: float) -> NodeRecord:
                 last_seen_at=at,
                 left_at=_latest(rec.left_at, at),
                 exit_reason=event.message.reason,
+                exit_at=at,
+                exit_code=event.message.exit_code,
                 last_event=event,
             )
         return replace(rec, last_seen_at=at, last_event=event)

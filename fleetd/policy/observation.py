@@ -47,7 +47,8 @@ class PoolStats:
 
 class DesiredJob(StrEnum):
     RUN = "run"
-    STOP = "stop"  # the operator (or the job finishing) asked to stop: checkpoint, then stop
+    STOP = "stop"  # the operator (or the budget) asked to stop: checkpoint, then stop every node
+    END = "end"  # the job is over (succeeded or failed): no trainer is left; release every node now
 
 
 @dataclass(frozen=True, slots=True)

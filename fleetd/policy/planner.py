@@ -5,6 +5,7 @@
 The daemon's reconcile loop and the simulator both call it; it reads no clock and does no I/O.
 One pass, in order:
 1. lifecycle: which nodes are lost (two-signal rule), broken boots, overdue drains -> Terminate;
+   a job that is over (succeeded or failed: fleetd/policy/job_state.py) -> Terminate every node;
 2. budget: graded level from the forecast; at the cap (or when asked to stop) -> StopJob;
 3. notices -> Drain; rebalance recommendations -> pre-buy / checkpoint (never a drain); a periodic
    checkpoint at the Young/Daly interval for the fleet's losses without notice;
@@ -33,7 +34,7 @@ from fleetd.policy.stages.deadline import deadline_call
 from fleetd.policy.stages.pass_state import LEVEL_ORDER, PlanPass
 from fleetd.policy.stages.result import assemble_plan
 from fleetd.policy.stages.sizing import size_fleet
-from fleetd.policy.stages.stop import finish_stop
+from fleetd.policy.stages.stop import end_job, finish_stop
 from fleetd.policy.stages.target import choose_target
 from fleetd.policy.stages.terminations import end_departed_nodes
 
@@ -46,6 +47,8 @@ def plan(obs: Observation, cfg: FleetdConfig, now: float) -> Plan:
     if obs.stop_issued_at is not None:
         return finish_stop(p)
 
+    if obs.desired_job is DesiredJob.END:
+        return end_job(p)
     view = budget_policy.assess(obs.spent_usd, p.billed, p.kept, cfg)  # step 2
     if view.level is BudgetLevel.STOP or obs.desired_job is DesiredJob.STOP:
         why = view.reason if view.level is BudgetLevel.STOP else "job stop requested"

@@ -30,6 +30,7 @@ GROUPS = {
     "tests/test_demo.py::test_a_trace_wave_": "e2e-a",  # 170
     "tests/test_demo.py::test_short_scenario_": "e2e-a",  # 113
     "tests/test_demo.py::test_sigterm_": "e2e-a",  # 45
+    "tests/test_demo_lifecycle.py::": "e2e-c",  # two one-node demos that end the job
     "tests/test_demo.py::test_scaling_scenario_": "e2e-b",  # 195
     "tests/test_chaos_bench.py::": "e2e-b",  # 266
     "tests/test_demo.py::test_tiny_budget_": "e2e-b",  # 170
@@ -37,6 +38,8 @@ GROUPS = {
     "tests/test_framework_e2e.py::": "e2e-c",  # 60 + 50
     "tests/test_agent_mqtt_tls.py::": "module-agent-mqtt-tls",
     "tests/test_deploy_mosquitto.py::": "module-deploy-mosquitto",
+    "tests/test_deploy_broker_stock.py::": "module-deploy-mosquitto",  # uses its PKI fixture
+    "tests/test_deploy_image.py::": "module-deploy-image",  # one image build for both tests
     "tests/test_sim_policies.py::": "module-sim-policies",
 }
 

@@ -1,4 +1,5 @@
-"""A stop already issued: let the nodes checkpoint and shut down, then terminate what is left."""
+"""A stop already issued: let the nodes checkpoint and shut down, then terminate what is left;
+a job that is over: terminate every node."""
 
 from __future__ import annotations
 
@@ -22,5 +23,15 @@ def finish_stop(p: PlanPass) -> Plan:
         p.notes.append(
             f"stopping: {len(p.billed)} nodes finishing checkpoint and shutdown ({elapsed:.0f} of {reserve:.0f} s)"
         )
+    view = budget_policy.assess(p.obs.spent_usd, p.billed, [], p.cfg)
+    return assemble_plan(p, view, target=0)
+
+
+def end_job(p: PlanPass) -> Plan:
+    """The job is over (it succeeded or failed, fleetd/policy/job_state.py): no trainer is left to
+    checkpoint, so every billed node is released now and none is bought."""
+    for node in list(p.billed):
+        p.terminate(node, f"the job is over: releasing {node.instance_id} so billing stops")
+    p.target_reason = "the job is over"
     view = budget_policy.assess(p.obs.spent_usd, p.billed, [], p.cfg)
     return assemble_plan(p, view, target=0)

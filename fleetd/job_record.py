@@ -1,0 +1,106 @@
+"""The job's state as files other processes read and write (versioned, written atomically):
+
+- ``<fleet.state_dir>/job.json``: the job's lifecycle state (fleetd/policy/job_state.py), kept
+  across daemon restarts; ``status.json`` carries the same view, ``fleetd report`` reads it.
+- ``<fleet.state_dir>/cancel.json``: an operator's ``fleetd cancel``; the daemon picks it up on
+  its next tick (the file outlives a daemon restart, so a cancel is never lost).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from fleetd.atomic_file import write_atomically
+from fleetd.policy.job_state import JobRecord, JobState
+from fleetd.protocol.errors import ProtocolError
+
+JOB_VERSION = 1
+JOB_NAME = "job.json"
+CANCEL_NAME = "cancel.json"
+
+
+class _Versioned(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    schema_version: int = JOB_VERSION
+
+    @field_validator("schema_version")
+    @classmethod
+    def _known(cls, v: int) -> int:
+        if v > JOB_VERSION:
+            raise ValueError(f"job file schema {v} is newer than this fleetd ({JOB_VERSION})")
+        return v
+
+
+class JobView(_Versioned):
+    state: JobState = JobState.PENDING
+    since: float | None = None
+    reason: str = ""
+    restarts: int = 0  # user-code failures restarted so far
+    ended_at: float | None = None
+    final_step: int | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return JobRecord(state=self.state).terminal
+
+
+class CancelRequest(_Versioned):
+    reason: str
+    requested_at: float
+
+
+def view_of(rec: JobRecord) -> JobView:
+    return JobView(
+        state=rec.state,
+        since=rec.since,
+        reason=rec.reason,
+        restarts=rec.restarts,
+        ended_at=rec.ended_at,
+        final_step=rec.final_step,
+    )
+
+
+def record_of(view: JobView) -> JobRecord:
+    """The fold's memory back from the file (exits already counted are not kept: the registry
+    of a new daemon life starts empty too)."""
+    return JobRecord(
+        state=view.state,
+        since=view.since,
+        reason=view.reason,
+        restarts=view.restarts,
+        ended_at=view.ended_at,
+        final_step=view.final_step,
+        last_failure_at=None,
+    )
+
+
+def _read(path: Path, model: type[_Versioned]) -> _Versioned | None:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        return model.model_validate(json.loads(raw))
+    except (ValueError, ValidationError) as exc:
+        raise ProtocolError(f"{path}: not a valid {model.__name__}: {exc}") from exc
+
+
+def read_job(state_dir: Path) -> JobView | None:
+    found = _read(Path(state_dir) / JOB_NAME, JobView)
+    return found if isinstance(found, JobView) else None
+
+
+def write_job(state_dir: Path, view: JobView) -> None:
+    write_atomically(Path(state_dir) / JOB_NAME, view.model_dump_json(indent=1).encode(), mode=0o640)
+
+
+def read_cancel(state_dir: Path) -> CancelRequest | None:
+    found = _read(Path(state_dir) / CANCEL_NAME, CancelRequest)
+    return found if isinstance(found, CancelRequest) else None
+
+
+def write_cancel(state_dir: Path, request: CancelRequest) -> Path:
+    return write_atomically(Path(state_dir) / CANCEL_NAME, request.model_dump_json().encode(), mode=0o640)

@@ -1,0 +1,154 @@
+"""The job watcher: the thin I/O around fleetd/policy/job_state.py.
+
+    node registry (trainer exits, notices, status)  ─┐
+    last reconcile pass (billed nodes, best step)    ├─► job_state.advance ─► job.json, status,
+    cancel.json (fleetd cancel), store restarts      ┘     log line, restart-trainer, planner's
+                                                            desired_job (END releases every node)
+
+It never takes the controller down: a bad cancel file is logged and ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fleetd.job_record import JobView, read_cancel, read_job, record_of, view_of, write_job
+from fleetd.localnet import raise_if_cancelled
+from fleetd.policy.job_state import (
+    JobDecision,
+    JobNode,
+    JobObservation,
+    JobRecord,
+    JobSettings,
+    NodeExit,
+    advance,
+    desired_job,
+)
+from fleetd.policy.model import NodePhase
+from fleetd.protocol.logs import get_logger
+
+log = get_logger(__name__)
+
+BILLED_EC2_STATES = ("pending", "running")
+GONE_EC2_STATES = ("shutting-down", "terminated", "stopping", "stopped")
+
+
+@dataclass
+class JobWatcher:
+    settings: JobSettings
+    registry: Any  # fleetd.intake.registry.NodeRegistry
+    signals: Any  # fleetd.intake.signals.TrainingSignals: the planner reads desired_job there
+    state_dir: Path | None = None
+    total_steps: int | None = None
+    send_command: Callable[[Any], Awaitable[None]] | None = None
+    steerer: Any = None  # store_restarted_at explains a failure
+    wake: Callable[[], None] = lambda: None
+    interval_s: float = 1.0
+    clock: Callable[[], float] = time.time
+    record: JobRecord = field(default_factory=JobRecord)
+
+    @property
+    def view(self) -> JobView:
+        return view_of(self.record)
+
+    def load(self) -> None:
+        if self.state_dir is None:
+            return
+        try:
+            found = read_job(self.state_dir)
+        except Exception as exc:  # noqa: BLE001 - a bad file must not stop the job's lifecycle
+            log.error("job_record_unreadable", error=str(exc))
+            return
+        if found is not None:
+            self.record = record_of(found)
+
+    def observe(self, ctx: Any, now: float) -> JobObservation:
+        report = getattr(ctx, "last_report", None)
+        observation = getattr(report, "observation", None)
+        nodes: list[JobNode] = []
+        best: int | None = None
+        for n in observation.nodes if observation is not None else ():
+            rec = self.registry.record(n.instance_id)
+            status = rec.status if rec is not None else None
+            gone = n.phase is NodePhase.TERMINATED or n.ec2_state in GONE_EC2_STATES
+            lost_at = ((rec.ec2_state_at if rec is not None else None) or now) if gone else None
+            nodes.append(
+                JobNode(
+                    instance_id=n.instance_id,
+                    billed=n.ec2_state in BILLED_EC2_STATES,
+                    training=status is not None and status.state == "training",
+                    noticed_at=n.notice_at,
+                    leaving=n.phase in (NodePhase.DRAINING, NodePhase.LEAVING) or n.drain_started_at is not None,
+                    lost_at=lost_at,
+                )
+            )
+            if n.step is not None:
+                best = max(best or 0, n.step)
+        exits = tuple(
+            NodeExit(r.instance_id, r.exit_at, r.exit_reason, r.exit_code)
+            for r in self.registry.records()
+            if r.exit_at is not None
+        )
+        durable = self.signals.durable_step
+        if durable is not None:
+            best = max(best or 0, durable)
+        cancel = None
+        if self.state_dir is not None:
+            try:
+                request = read_cancel(self.state_dir)
+            except Exception as exc:  # noqa: BLE001 - logged; the job goes on
+                log.error("cancel_request_unreadable", error=str(exc))
+                request = None
+            cancel = request.reason if request is not None else None
+        return JobObservation(
+            now=now,
+            nodes=tuple(nodes),
+            exits=exits,
+            best_step=best,
+            durable_step=durable,
+            total_steps=self.total_steps,
+            cancel_requested=cancel,
+            store_restarted_at=getattr(self.steerer, "store_restarted_at", None),
+        )
+
+    async def tick(self, ctx: Any) -> JobDecision:
+        now = self.clock()
+        obs = self.observe(ctx, now)
+        decision = advance(self.record, obs, self.settings)
+        self.record = rec = decision.record
+        if decision.changed:
+            log_fn = log.error if rec.state == "failed" else log.warning if rec.terminal else log.info
+            log_fn("job_state", state=str(rec.state), reason=rec.reason, restarts=rec.restarts, step=rec.final_step)
+            if self.state_dir is not None:
+                await asyncio.to_thread(write_job, self.state_dir, view_of(rec))
+        for iid in decision.restart:
+            log.warning("job_restart_trainer", instance_id=iid, reason=rec.reason, restarts=rec.restarts)
+            if self.send_command is not None:
+                from fleetd.protocol.messages import RestartTrainerCommand
+
+                await self.send_command(RestartTrainerCommand(instance_id=iid, reason=rec.reason[:200]))
+        wanted = desired_job(rec, obs.durable_step, now, self.settings)
+        if wanted is not self.signals.desired_job:
+            log.warning("job_release", desired=str(wanted), state=str(rec.state))
+            self.signals.desired_job = wanted
+            self.wake()
+        return decision
+
+    def job_active(self) -> bool:
+        """The stall watcher's question: should a step be coming?"""
+        return not self.record.terminal
+
+    async def run(self, ctx: Any) -> None:
+        self.load()
+        while True:
+            try:
+                await self.tick(ctx)
+            except Exception as exc:  # noqa: BLE001 - never take the controller (and its budget) down
+                log.error("job_watch_failed", error=repr(exc), exc_info=exc)
+            await asyncio.sleep(self.interval_s)
+            raise_if_cancelled()
