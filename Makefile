@@ -1,5 +1,5 @@
 # The README's entry points. Each does all set-up on a fresh machine first.
-.PHONY: setup lint test test-fast test-explore demo
+.PHONY: setup lint test test-fast test-deploy test-explore demo
 
 setup:
 	@scripts/setup.sh
@@ -20,6 +20,11 @@ lint: setup
 TEST_WORKERS ?= 2
 test: lint
 	.venv/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=15
+
+# The production path under real systemd: the node image built by deploy/image/provision.sh in a
+# Debian 12 tree and booted with systemd-nspawn (also part of `make test`).
+test-deploy: setup
+	.venv/bin/python -m pytest tests/test_deploy_image.py tests/test_deploy_broker_stock.py -p no:randomly
 
 # The loop to run while working: every test not marked slow (pure policy, components against moto
 # and mosquitto), about 3 minutes on 2 cores.

@@ -60,6 +60,14 @@ def _run(path: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in ("config", "run"):
+        # An image built with an untested torch fails here: at its build's `config check`, and
+        # loudly at boot (fleetd then ends the node as a broken boot), not mid-job.
+        from fleetd.protocol.torch_support import untested_torch
+
+        if (why := untested_torch()) is not None:
+            print(f"fleet-agent: {why}", file=sys.stderr)
+            return 2
     if args.command == "config":
         from fleetd.protocol.settings import config_check
 

@@ -61,6 +61,14 @@ def default_hooks_factory(config: AgentConfig) -> HooksFactory:
     return FolderHooks.from_context if config.job.checkpoint_dir is not None else ElasticHooks.from_context
 
 
+async def _enrol(enrolment: NodeEnrolment, ready: asyncio.Event) -> None:
+    """Get the node's certificate (retrying until the controller answers), let the MQTT session
+    connect with it, then renew it before it ends, for the life of the agent."""
+    await enrolment.ensure()
+    ready.set()
+    await enrolment.run()
+
+
 class Agent:
     def __init__(self, config: AgentConfig, hooks_factory: HooksFactory | None = None) -> None:
         self.config = config
@@ -88,12 +96,14 @@ class Agent:
                 return
             self.identity = identity
             bind_context(fleet=node.fleet, instance_id=identity.instance_id)
-            enrolment, mqtt_cfg = None, self.config.mqtt
+            # Enrolment runs beside the IMDS watcher, never before it: a node waiting for its
+            # certificate (the controller not up yet) still sees its notice and is READY for
+            # systemd at once, so the boot (cloud-final) does not wait on the controller.
+            enrolment, mqtt_cfg, identity_ready = None, self.config.mqtt, None
             if node.enrol_url:
                 enrolment = NodeEnrolment(node.enrol_url, imds, identity.instance_id, node.state_dir / "identity")
-                if await self._unless_stopped(enrolment.ensure()) is None:
-                    return
                 mqtt_cfg = mqtt_with_identity(mqtt_cfg, enrolment.files)
+                identity_ready = asyncio.Event()
             outbox = Outbox(node.state_dir / "outbox.jsonl")
             await outbox.open()
             session = self.session = MqttSession(
@@ -103,6 +113,7 @@ class Agent:
                 outbox=outbox,
                 on_command=self._commands.put,
                 on_endpoint=self._commands.put,  # the leader's store endpoint, in order with commands
+                identity_ready=identity_ready,
                 status_fields={
                     "agent_version": __version__,
                     "instance_type": identity.instance_type,
@@ -144,8 +155,12 @@ class Agent:
                     tg.create_task(self._guarded("hooks.run", hooks.run), name="hooks"),
                     tg.create_task(self._guarded("controller-watch", controller.run), name="controller-watch"),
                     *(
-                        [tg.create_task(self._guarded("enrolment", enrolment.run), name="enrolment")]
-                        if enrolment is not None
+                        [
+                            tg.create_task(
+                                self._guarded("enrolment", _enrol, enrolment, identity_ready), name="enrolment"
+                            )
+                        ]
+                        if enrolment is not None and identity_ready is not None
                         else []
                     ),
                     # systemd pings only while the IMDS watcher keeps polling (a stuck one would miss a notice).

@@ -13,6 +13,11 @@ command -v systemd-analyze >/dev/null 2>&1 || need_apt+=(systemd)
 # (tests/harness/netfault.py): iptables, and ip (iproute2) to bring the namespace's loopback up.
 command -v iptables >/dev/null 2>&1 || [ -x /usr/sbin/iptables ] || need_apt+=(iptables)
 command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || need_apt+=(iproute2)
+# Deploy-in-a-box tests (tests/test_deploy_image.py): a Debian 12 tree made by mmdebstrap, booted
+# by systemd-nspawn; shellcheck reads the scripts /bin/sh and bash run on the hosts.
+command -v mmdebstrap >/dev/null 2>&1 || need_apt+=(mmdebstrap)
+command -v systemd-nspawn >/dev/null 2>&1 || need_apt+=(systemd-container)
+command -v shellcheck >/dev/null 2>&1 || need_apt+=(shellcheck)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} with apt-get"
   as_root apt-get update -qq

@@ -273,3 +273,66 @@ async def test_hook_bugs_never_stop_the_watcher_or_the_publishing(mosquitto, sta
         assert not task.done()
         agent.request_stop()
         await asyncio.wait_for(task, 10)
+
+
+async def test_a_node_waiting_for_its_certificate_is_ready_and_handles_its_notice(
+    mosquitto, state_dir, monkeypatch
+) -> None:
+    """The controller is not up yet (its enrolment port refuses): the agent must still tell
+    systemd READY (the boot's cloud-final waits on it otherwise) and watch IMDS, so a notice that
+    comes before the certificate still reaches the checkpoint path."""
+    import socket as socketlib
+
+    from tests.harness.ports import free_port
+
+    iid = "i-00000000000000e01"
+    RecordingHooks.instances.clear()
+    notify = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_DGRAM)
+    notify_path = str(state_dir / "notify.sock")
+    notify.bind(notify_path)
+    notify.setblocking(False)
+    monkeypatch.setenv("NOTIFY_SOCKET", notify_path)
+    dead = f"https://127.0.0.1:{free_port()}/enrol"
+    async with FakeImds(instance_id=iid) as fake:
+        cfg = agent_config(fake.url, "mqtts://127.0.0.1:8883", state_dir, enrol_url=dead)
+        agent = Agent(cfg, RecordingHooks)
+        task = asyncio.create_task(agent.run())
+        loop = asyncio.get_running_loop()
+        ready = await asyncio.wait_for(loop.sock_recv(notify, 4096), 10)
+        assert b"READY=1" in ready
+        fake.schedule_notice(in_s=0.2)
+        await wait_until(lambda: RecordingHooks.instances and RecordingHooks.instances[-1].calls, 5)
+        assert RecordingHooks.instances[-1].calls[0][0] == "notice"
+        assert agent.session is not None and not agent.session.connected.is_set() and not task.done()
+        agent.request_stop()
+        await asyncio.wait_for(task, 10)
+    notify.close()
+
+
+async def test_missing_certificate_files_are_retried_not_fatal(mosquitto, state_dir) -> None:
+    """A certificate, key or CA file that is missing (or unreadable) fails the MQTT connect, not
+    the agent: the IMDS watcher in the same TaskGroup goes on, and a notice is still handled."""
+    iid = "i-00000000000000e02"
+    RecordingHooks.instances.clear()
+    async with FakeImds(instance_id=iid) as fake:
+        cfg = agent_config(fake.url, "mqtts://127.0.0.1:8883", state_dir)
+        missing = state_dir / "nope"
+        cfg = cfg.model_copy(
+            update={
+                "mqtt": cfg.mqtt.model_copy(
+                    update={
+                        "ca_file": missing / "ca.crt",
+                        "cert_file": missing / "n.crt",
+                        "key_file": missing / "n.key",
+                    }
+                )
+            }
+        )
+        agent = Agent(cfg, RecordingHooks)
+        task = asyncio.create_task(agent.run())
+        await wait_until(lambda: agent.watcher is not None and agent.watcher.polls >= 2, 10)
+        fake.schedule_notice(in_s=0.2)
+        await wait_until(lambda: RecordingHooks.instances and RecordingHooks.instances[-1].calls, 5)
+        assert not task.done()
+        agent.request_stop()
+        await asyncio.wait_for(task, 10)

@@ -110,13 +110,16 @@ class ThrowawayCA:
 
 
 # ------------------------------------------------------------------ the broker, as deployed
-def deployed_config(directory: Path, port: int) -> str:
+def deployed_config(directory: Path, port: int, *, persistence_here: bool = True) -> str:
     """deploy/mosquitto/mosquitto.conf with only the machine-specific parts changed: the files live
-    in ``directory`` instead of /etc/mosquitto/fleetd, the port is free, persistence goes to tmp."""
+    in ``directory`` instead of /etc/mosquitto/fleetd, the port is free, persistence goes to tmp
+    (``persistence_here``: the including file does not say where)."""
     text = (DEPLOY / "mosquitto.conf").read_text()
     text = text.replace(PROD_DIR, f"{directory}/")
     text = re.sub(r"^listener 8883$", f"listener {port} 127.0.0.1", text, flags=re.M)
-    text = text.replace("persistence_location /var/lib/mosquitto/", f"persistence_location {directory}/")
+    # Persistence goes where the including file says (the stock one names /var/lib/mosquitto).
+    if persistence_here:
+        text += f"\npersistence_location {directory}/\n"
     assert f"listener {port} 127.0.0.1" in text
     return text
 

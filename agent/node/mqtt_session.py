@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import ssl
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -69,6 +70,7 @@ class MqttSession:
         status_fields: dict[str, Any] | None = None,
         backoff: Backoff | None = None,
         on_endpoint: OnEndpoint | None = None,
+        identity_ready: asyncio.Event | None = None,
     ) -> None:
         self.cfg = cfg
         self.fleet = fleet
@@ -76,6 +78,8 @@ class MqttSession:
         self.outbox = outbox
         self.on_command = on_command
         self.on_endpoint = on_endpoint
+        # Set once the node's certificate exists (enrolment): no connection is tried before.
+        self.identity_ready = identity_ready
         self.status_fields = dict(status_fields or {})
         self.backoff = backoff or Backoff()
         self.state: NodeState = "starting"
@@ -147,6 +151,9 @@ class MqttSession:
 
     async def run(self) -> None:
         attempt = 0  # which broker of [url, *fallback_urls]: the next one after each failure
+        if self.identity_ready is not None and not self.identity_ready.is_set():
+            log.info("mqtt_waiting_for_identity", why="enrolment has not issued this node's certificate yet")
+            await self.identity_ready.wait()
         while True:
             broker = self.cfg.broker(attempt)
             try:
@@ -170,6 +177,16 @@ class MqttSession:
                     async with asyncio.TaskGroup() as tg:
                         tg.create_task(self._pump_events(client))
                         tg.create_task(self._receive_commands(client))
+            except* (FileNotFoundError, PermissionError, IsADirectoryError, ssl.SSLError) as group:
+                # The certificate, key or CA file is missing or unreadable (a renewal in flight,
+                # a permission): retried like a lost broker, never fatal. The IMDS watcher, in
+                # the same TaskGroup, must go on watching for a notice.
+                log.error(
+                    "mqtt_tls_files_unusable",
+                    error="; ".join(str(e) for e in group.exceptions),
+                    cert_file=str(self.cfg.cert_file),
+                    ca_file=str(self.cfg.ca_file),
+                )
             except* (aiomqtt.MqttError, TimeoutError) as group:
                 attempt += 1
                 log.warning(

@@ -3,9 +3,9 @@
 #   python -m build --wheel            # in the repository: dist/fleetd-<version>-py3-none-any.whl
 #   packer init deploy/packer && packer build -var wheel=dist/fleetd-0.1.0-py3-none-any.whl deploy/packer
 #
-# The image gets: a venv at /opt/fleetd/venv with fleetd (agent included) and torch, the
-# fleet-agent user, /etc/fleetd/agent.toml (example, overridden at boot), and fleet-agent.service
-# enabled. Fleet-specific settings arrive at boot (deploy/cloud-init or fleetd's launch template).
+# The image gets (deploy/image/provision.sh): a venv at /opt/fleetd/venv with fleetd (agent
+# included) and torch, the fleet-agent user, /etc/fleetd/agent.toml (example, overridden at boot),
+# the polkit grant for the dead man's switch, and fleet-agent.service enabled. Fleet-specific settings arrive at boot (deploy/cloud-init or fleetd's launch template).
 
 packer {
   required_plugins {
@@ -29,7 +29,9 @@ variable "wheel" {
 variable "base_ami_name" {
   type        = string
   description = "Name filter of the GPU base image (AWS Deep Learning Base AMI with NVIDIA driver)."
-  default     = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) *"
+  # Ubuntu 24.04: Python 3.12. The 22.04 image has 3.10, below fleetd's requires-python (3.11);
+  # provision.sh stops with that message on such a base.
+  default     = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 24.04) *"
 }
 
 variable "build_instance_type" {
@@ -40,8 +42,8 @@ variable "build_instance_type" {
 
 variable "torch_spec" {
   type        = string
-  description = "pip requirement for torch (the CUDA build from PyPI by default)."
-  default     = "torch>=2.3"
+  description = "pip requirement for torch (the CUDA build from PyPI): the range pyproject.toml pins, the one the rendezvous-state reader is tested with."
+  default     = "torch>=2.11,<2.14"
 }
 
 locals {
@@ -81,57 +83,36 @@ source "amazon-ebs" "fleet_agent" {
 build {
   sources = ["source.amazon-ebs.fleet_agent"]
 
-  provisioner "file" {
-    source      = var.wheel
-    destination = "/tmp/${basename(var.wheel)}"
+  # Everything deploy/image/provision.sh installs, in one folder it reads (FILES).
+  provisioner "shell" {
+    inline = ["mkdir -p /tmp/fleetd-image"]
   }
 
   provisioner "file" {
-    source      = "${path.root}/../../systemd/fleet-agent.service"
-    destination = "/tmp/fleet-agent.service"
+    sources = [
+      var.wheel,
+      "${path.root}/../../systemd/fleet-agent.service",
+      "${path.root}/../examples/agent.toml",
+      "${path.root}/../polkit/50-fleet-agent-poweroff.rules",
+      "${path.root}/../polkit/50-fleet-agent-poweroff.pkla",
+    ]
+    destination = "/tmp/fleetd-image/"
   }
 
   provisioner "file" {
     source      = "${path.root}/../sysusers/fleetd.conf"
-    destination = "/tmp/fleetd-sysusers.conf"
+    destination = "/tmp/fleetd-image/fleetd-sysusers.conf"
   }
 
-  provisioner "file" {
-    source      = "${path.root}/../polkit/50-fleet-agent-poweroff.rules"
-    destination = "/tmp/50-fleet-agent-poweroff.rules"
-  }
-
-  provisioner "file" {
-    source      = "${path.root}/../examples/agent.toml"
-    destination = "/tmp/agent.toml"
-  }
-
+  # A script file with a bash shebang, run as root: Packer runs inline commands with /bin/sh -e
+  # (dash), which rejects `set -o pipefail`. tests/test_deploy_image.py runs this same file.
   provisioner "shell" {
+    script          = "${path.root}/../image/provision.sh"
+    execute_command = "chmod +x {{ .Path }}; sudo -E env {{ .Vars }} {{ .Path }}"
     environment_vars = [
-      "WHEEL=/tmp/${basename(var.wheel)}",
+      "FILES=/tmp/fleetd-image",
+      "WHEEL=${basename(var.wheel)}",
       "TORCH_SPEC=${var.torch_spec}",
-    ]
-    inline = [
-      "set -euxo pipefail",
-      "sudo cloud-init status --wait || true",
-      "sudo apt-get update -qq",
-      "sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv",
-      "sudo install -m 0644 /tmp/fleetd-sysusers.conf /usr/lib/sysusers.d/fleetd.conf",
-      "sudo systemd-sysusers",
-      "sudo python3 -m venv /opt/fleetd/venv",
-      "sudo /opt/fleetd/venv/bin/pip install --quiet --upgrade pip",
-      "sudo /opt/fleetd/venv/bin/pip install --quiet \"$TORCH_SPEC\"",
-      "sudo /opt/fleetd/venv/bin/pip install --quiet \"$WHEEL\"",
-      "sudo install -d -m 0750 -o root -g fleet-agent /etc/fleetd /etc/fleetd/mqtt",
-      "sudo install -m 0640 -o root -g fleet-agent /tmp/agent.toml /etc/fleetd/agent.toml",
-      "sudo install -m 0644 /tmp/fleet-agent.service /etc/systemd/system/fleet-agent.service",
-      "sudo install -D -m 0644 /tmp/50-fleet-agent-poweroff.rules /etc/polkit-1/rules.d/50-fleet-agent-poweroff.rules",
-      "sudo systemd-analyze verify /etc/systemd/system/fleet-agent.service",
-      "sudo systemctl daemon-reload",
-      "sudo systemctl enable fleet-agent.service",
-      "/opt/fleetd/venv/bin/fleet-agent --version",
-      "/opt/fleetd/venv/bin/fleet-agent config check --config /etc/fleetd/agent.toml > /dev/null",
-      "sudo rm -f /tmp/*.whl /tmp/fleet-agent.service /tmp/agent.toml /tmp/fleetd-sysusers.conf /tmp/50-fleet-agent-poweroff.rules",
     ]
   }
 }

@@ -17,8 +17,12 @@ def run(args: argparse.Namespace) -> int:
     from fleetd.config import load
     from fleetd.protocol.logs import bind_context, configure_logging
     from fleetd.protocol.settings import ConfigError
+    from fleetd.protocol.torch_support import untested_torch
     from fleetd.rendezvous.host import HostSpec, run_until_signalled
 
+    if (why := untested_torch()) is not None:
+        print(f"fleetd rendezvous: {why}", file=sys.stderr)
+        return 2
     try:
         cfg = load(args.config)
     except ConfigError as exc:

@@ -33,10 +33,14 @@ def run(args: argparse.Namespace) -> int:
     from fleetd.policy.planner import plan
     from fleetd.protocol.logs import bind_context, configure_logging, get_logger
     from fleetd.protocol.settings import ConfigError
+    from fleetd.protocol.torch_support import untested_torch
     from fleetd.reconcile.ledger_store import LedgerStoreError
     from fleetd.reconcile.schema import SchemaTooNew
     from fleetd.wiring import production_plugins
 
+    if (why := untested_torch()) is not None:
+        print(f"fleetd run: {why}", file=sys.stderr)
+        return 2
     try:
         cfg = config_mod.load(args.config)
     except ConfigError as exc:
