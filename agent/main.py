@@ -33,6 +33,7 @@ from agent.node.telemetry import TelemetryLoop
 from agent.node.trainer_channel import TrainerChannel
 from agent.supervise.elastic_hooks import ElasticHooks
 from agent.supervise.folder_hooks import FolderHooks
+from fleetd.protocol.aws_region import region_of_zone
 from fleetd.protocol.logs import bind_context, get_logger
 from fleetd.protocol.messages import (
     CheckpointCommand,
@@ -96,6 +97,12 @@ class Agent:
                 return
             self.identity = identity
             bind_context(fleet=node.fleet, instance_id=identity.instance_id)
+            if not self.config.aws.region:
+                # No region in the config or the environment: the node's own (S3 calls need one).
+                region = region_of_zone(identity.zone)
+                aws = self.config.aws.with_region(region, "instance (IMDS zone)")
+                self.config = self.config.model_copy(update={"aws": aws})
+            log.info("aws_region", region=self.config.aws.region, source=self.config.aws.region_source)
             # Enrolment runs beside the IMDS watcher, never before it: a node waiting for its
             # certificate (the controller not up yet) still sees its notice and is READY for
             # systemd at once, so the boot (cloud-final) does not wait on the controller.

@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("fleetd.commands.report", "cost and goodput report from fleetd's state"),
     "pools": ("fleetd.commands.pools", "the pools a config would bid on in a region: GPUs, prices, why excluded"),
     "status": ("fleetd.commands.status", "nodes, rendezvous round and budget, from fleetd's state"),
+    "doctor": ("fleetd.commands.doctor", "check the account, this host and the config before `fleetd run`"),
     "cancel": ("fleetd.commands.cancel", "stop the job for good: checkpoint, then release every node"),
     "config": ("fleetd.commands.config", "configuration tools (config check)"),
     "ca": ("fleetd.commands.ca", "the fleet CA for the broker and node certificates (ca init)"),

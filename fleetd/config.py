@@ -272,6 +272,9 @@ class EnrolConfig(Group):
     # from their own config, never from this answer, when mqtt.ca_file is set).
     host: str = "0.0.0.0"
     port: Annotated[int, Field(ge=0, le=65535)] = 8440
+    # The URL nodes enrol at, as they reach it (fleetd's launch template hands it to them). Empty:
+    # http://<ha.advertise_host or rendezvous.host>:<port>/v1/enrol.
+    public_url: str = ""
     # The fleet CA (`fleetd ca init --dir`): ca.crt/ca.key, the broker's and the controller's certs.
     ca_dir: Path = Path("/etc/fleetd/ca")
     # AWS's published RSA certificate for the region (regions-certs.html), verifying /signature.

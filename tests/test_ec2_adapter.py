@@ -20,7 +20,7 @@ from fleetd.adapters.ec2 import (
     launch_token,
 )
 from fleetd.adapters.ec2_pools import resolve_pools, subnets_by_zone
-from fleetd.adapters.launch_template import AGENT_ENV_FILE, ensure_launch_template
+from fleetd.adapters.launch_template import AGENT_ENV_FILE, agent_user_data, ensure_launch_template
 from fleetd.config import GpuRequirements
 from fleetd.policy.model import Market, PoolId
 from tests.reconcile_support import ZONES, Cloud
@@ -58,6 +58,60 @@ async def test_launch_template_pins_imdsv2_hop_limit_and_agent_user_data(cloud: 
     assert AGENT_ENV_FILE in user_data and "FLEETD_NODE__FLEET=t" in user_data
     assert "FLEETD_MQTT__URL=mqtt://127.0.0.1:1883" in user_data
     assert "password" not in user_data.lower()
+
+
+async def test_a_new_ami_or_user_data_reaches_new_nodes_through_a_new_version(cloud: Cloud, tmp_path: Path) -> None:
+    """The managed template was reused at "$Default": a new AMI (or a new controller address in
+    the user data) never reached a node launched afterwards."""
+    cfg = cloud.config(tmp_path)
+    async with cloud.client() as c:
+        first = await ensure_launch_template(c, cfg)
+        images = (await c.describe_images(Owners=["amazon"]))["Images"]
+        other_ami = next(i["ImageId"] for i in images if i["ImageId"] != cloud.ami)
+        newer = await ensure_launch_template(c, cloud.config(tmp_path, ami_id=other_ami))
+        assert newer.template_id == first.template_id and (first.version, newer.version) == ("1", "2")
+        assert newer.spec() == {"LaunchTemplateId": first.template_id, "Version": "2"}
+        # Unchanged since: that version is used as it is, nothing new is written.
+        again = await ensure_launch_template(c, cloud.config(tmp_path, ami_id=other_ami))
+        assert again == newer and len(cloud.proxy.calls_of("CreateLaunchTemplateVersion")) == 1
+        got = await c.describe_launch_template_versions(LaunchTemplateId=first.template_id, Versions=["2"])
+    assert got["LaunchTemplateVersions"][0]["LaunchTemplateData"]["ImageId"] == other_ami
+
+
+async def test_user_data_carries_enrolment_the_ca_and_the_job(cloud: Cloud, tmp_path: Path, monkeypatch) -> None:
+    """The image bakes only the example agent.toml: enrolment, the CA and the job come from the
+    controller's config at boot."""
+    from fleetd.identity.ca import LocalCa
+
+    ca_dir = tmp_path / "ca"
+    LocalCa.init(ca_dir, server_names=("broker.fleet.internal",), clients=("fleetd-controller",))
+    base = cloud.config(tmp_path)
+    cfg = base.model_copy(
+        update={
+            "enrol": base.enrol.model_copy(update={"enabled": True, "ca_dir": ca_dir}),
+            "rendezvous": base.rendezvous.model_copy(update={"host": "10.0.0.5"}),
+            "job": base.job.model_copy(update={"entrypoint": "train", "args": ("--lr", "0.1"), "nproc_per_node": 8}),
+        }
+    )
+    user_data = agent_user_data(cfg)
+    assert "FLEETD_NODE__ENROL_URL=http://10.0.0.5:8440/v1/enrol" in user_data
+    assert "FLEETD_MQTT__CA_FILE=/etc/fleetd/mqtt/ca.crt" in user_data
+    assert (ca_dir / "ca.crt").read_text().strip().splitlines()[1] in user_data
+    assert "PRIVATE KEY" not in user_data
+    assert "FLEETD_JOB__ENTRYPOINT=train" in user_data and "FLEETD_JOB__NPROC_PER_NODE=8" in user_data
+    assert """FLEETD_JOB__ARGS='["--lr", "0.1"]'""" in user_data
+    # The agent reads those overrides as the unit does (EnvironmentFile): they parse.
+    import shlex
+
+    from agent.config import AgentConfig
+
+    block = user_data.split("<<'FLEETD_ENV'\n", 1)[1].split("\nFLEETD_ENV", 1)[0]
+    for line in block.splitlines():
+        key, value = line.split("=", 1)
+        monkeypatch.setenv(key, shlex.split(value)[0])
+    agent = AgentConfig()
+    assert agent.job.args == ("--lr", "0.1") and agent.job.nproc_per_node == 8
+    assert agent.node.enrol_url == "http://10.0.0.5:8440/v1/enrol"
 
 
 async def test_named_template_must_exist_and_ami_is_required(cloud: Cloud, tmp_path: Path) -> None:

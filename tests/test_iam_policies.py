@@ -212,7 +212,15 @@ def test_policies_parse_and_are_least_privilege_shaped(name):
         assert st["Effect"] == "Allow" and st["Action"] and st["Resource"]
         for action in _listify(st["Action"]):
             service, _, verb = action.partition(":")
-            assert verb not in ("*", "") and service in ("ec2", "s3", "sqs", "iam", "pricing", "dynamodb"), action
+            assert verb not in ("*", "") and service in (
+                "ec2",
+                "s3",
+                "sqs",
+                "iam",
+                "pricing",
+                "dynamodb",
+                "servicequotas",
+            ), action
             if verb.endswith("*"):
                 assert verb == "Describe*" and service == "ec2", f"{action}: wildcards only for read-only Describe*"
 
@@ -378,3 +386,28 @@ def test_the_state_backup_is_the_controllers_alone():
     for action in ("s3:GetObject", "s3:PutObject"):
         assert allowed(load("controller-policy.json"), action, key), action
         assert not allowed(load("node-policy.json"), action, key), action
+
+
+def test_create_fleet_can_make_its_spot_requests():
+    """CreateFleet cannot tag the spot-instances-request it makes (its TagSpecifications name the
+    fleet, instances and volumes): under a request-tag condition every spot launch was denied."""
+    policy = load("controller-policy.json")
+    request = "arn:aws:ec2:us-east-1:123456789012:spot-instances-request/sir-abc123"
+    assert allowed(policy, "ec2:CreateFleet", request, {})
+    assert allowed(policy, "ec2:RunInstances", request, {})
+    # The instance it starts still needs the fleet tag.
+    instance = "arn:aws:ec2:us-east-1:123456789012:instance/i-0123456789abcdef0"
+    assert not allowed(policy, "ec2:CreateFleet", instance, {})
+
+
+def test_a_missing_state_backup_reads_as_not_found():
+    """Without s3:ListBucket, S3 answers a missing key with 403, not 404: a fresh fleet's restore
+    of its state logged an access error at every first start."""
+    from fleetd.config import FleetdConfig
+    from fleetd.state_backup import backup_key
+
+    cfg = FleetdConfig()
+    bucket = f"arn:aws:s3:::{cfg.checkpoints.bucket}"
+    prefix = backup_key(cfg)
+    assert allowed(load("controller-policy.json"), "s3:ListBucket", bucket, {"s3:prefix": [prefix]})
+    assert not allowed(load("controller-policy.json"), "s3:ListBucket", bucket, {"s3:prefix": ["checkpoints/"]})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import stat
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -326,3 +327,59 @@ async def test_a_missing_ca_is_logged_and_the_daemon_component_keeps_running(tmp
     ctx.stopping.set()
     await asyncio.wait_for(task, 5)
     assert "enrolment_unavailable" in capsys.readouterr().out
+
+
+def test_ca_init_as_root_leaves_the_files_fleetd_needs_readable_by_its_group():
+    """`fleetd ca init`, run as root as deploy/README.md says, wrote every key 0600 root: the
+    fleetd service user could not read the CA key (enrolment never served) nor its own key."""
+    import grp
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    if os.geteuid() != 0:
+        pytest.fail("this test runs as root, as CI and the deploy-in-a-box tests do")
+    group = grp.getgrgid(os.getgid() if os.getgid() != 0 else 1).gr_name  # any group but root's
+    base = Path(tempfile.mkdtemp(prefix="fleetd-ca-", dir="/tmp"))
+    base.chmod(0o755)
+    try:
+        d = base / "ca"
+        argv = [
+            sys.executable,
+            "-m",
+            "fleetd.cli",
+            "ca",
+            "init",
+            "--dir",
+            str(d),
+            "--broker-name",
+            "b",
+            "--group",
+            group,
+        ]
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        gid = grp.getgrnam(group).gr_gid
+        for name in ("ca.key", "ca.crt", "fleetd-controller.key", "fleetd-controller.crt"):
+            st = (d / name).stat()
+            assert (st.st_gid, stat.S_IMODE(st.st_mode)) == (gid, 0o640), name
+        assert stat.S_IMODE((d / "server.key").stat().st_mode) == 0o600  # the broker's: installed for it apart
+        # A process of another user in that group (as fleetd.service runs) reads the CA key.
+        read = subprocess.run(
+            ["setpriv", "--reuid=65534", f"--regid={gid}", "--clear-groups", "cat", str(d / "ca.key")],
+            capture_output=True,
+            timeout=30,
+        )
+        assert read.returncode == 0 and b"PRIVATE KEY" in read.stdout, read.stderr
+        assert (
+            subprocess.run(
+                ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "cat", str(d / "ca.key")],
+                capture_output=True,
+                timeout=30,
+            ).returncode
+            != 0
+        )
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -51,6 +51,7 @@ from fleetd.protocol.logs import get_logger
 log = get_logger(__name__)
 
 PRICING_TARGET = "AWSPriceListService."
+QUOTAS_TARGET = "ServiceQuotasV20190624."
 
 # Headers that describe one hop of HTTP, not the answer: aiohttp sets its own.
 _HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "date", "server"}
@@ -96,11 +97,15 @@ class FaultProxy:
         *,
         price_list: PriceListFake | None = None,
         spot_prices: SpotPriceFake | None = None,
+        quotas: Mapping[str, float] | None = None,
     ):
         self.upstream = upstream.rstrip("/")
         self.zone_of_subnet = dict(zone_of_subnet or {})
         self.price_list = price_list
         self.spot_prices = spot_prices
+        # EC2 service quotas by code (moto's Service Quotas knows VPC only): GetServiceQuota is
+        # answered from here; an unknown code is NoSuchResourceException, as AWS answers.
+        self.quotas = dict(quotas) if quotas is not None else None
         self._rules: list[FaultRule] = []
         self._holds: list[_Hold] = []
         self._drops: list[DropRule] = []
@@ -237,6 +242,8 @@ class FaultProxy:
         target = request.headers.get("X-Amz-Target", "")
         if target.startswith(PRICING_TARGET):
             return self._pricing(target.removeprefix(PRICING_TARGET), body)
+        if target.startswith(QUOTAS_TARGET) and self.quotas is not None:
+            return self._quota(target.removeprefix(QUOTAS_TARGET), body)
         form = request.content_type == "application/x-www-form-urlencoded"  # EC2's query API, not S3 data
         params = dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)) if body and form else {}
         operation = params.get("Action", "")
@@ -305,6 +312,20 @@ class FaultProxy:
             return json_response(400, {"__type": "UnknownOperationException", "Message": operation})
         status, answer = self.price_list.get_products(request)
         return json_response(status, answer)
+
+    def _quota(self, operation: str, body: bytes) -> web.Response:
+        request = json.loads(body or b"{}")
+        with self._lock:
+            self.calls.append((operation, request))
+        fired = self._take_rule(operation, [], ec2=False)
+        if fired:
+            code = fired[0].code
+            return json_response(JSON_HTTP_STATUS.get(code, 400), {"__type": code, "Message": f"{code} (injected)"})
+        code = str(request.get("QuotaCode", ""))
+        if operation != "GetServiceQuota" or self.quotas is None or code not in self.quotas:
+            return json_response(400, {"__type": "NoSuchResourceException", "Message": f"{operation} {code}"})
+        quota = {"ServiceCode": "ec2", "QuotaCode": code, "Value": float(self.quotas[code]), "Unit": "None"}
+        return json_response(200, {"Quota": quota})
 
     def _pool(self, override: Mapping[str, str]) -> PoolId | None:
         itype = override.get("InstanceType")

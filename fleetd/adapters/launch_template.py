@@ -8,6 +8,7 @@ credentials), and user data that points the agent at this controller.
 from __future__ import annotations
 
 import base64
+import json
 import shlex
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,37 @@ log = get_logger(__name__)
 # Read by the fleet-agent unit (EnvironmentFile=-/etc/fleetd/agent.env); FLEETD_* overrides the
 # agent's TOML file, so the AMI stays generic and the fleet-specific bits arrive at boot.
 AGENT_ENV_FILE = "/etc/fleetd/agent.env"
+NODE_CA_FILE = "/etc/fleetd/mqtt/ca.crt"
+
+
+def enrol_url(cfg: FleetdConfig) -> str:
+    """The enrolment endpoint as nodes reach it: ``enrol.public_url``, else this control host's
+    advertised address (the one nodes reach the rendezvous store on)."""
+    if cfg.enrol.public_url:
+        return cfg.enrol.public_url
+    host = cfg.ha.advertise_host or cfg.rendezvous.host
+    return f"http://{host}:{cfg.enrol.port}/v1/enrol"
+
+
+def _ca_lines(cfg: FleetdConfig) -> list[str]:
+    if not cfg.enrol.enabled:
+        return []
+    try:
+        pem = (cfg.enrol.ca_dir / "ca.crt").read_text()
+    except OSError as exc:
+        raise PermanentAwsError(
+            "CreateLaunchTemplate",
+            "MissingFleetCa",
+            f"the fleet CA certificate {cfg.enrol.ca_dir / 'ca.crt'} is not readable ({exc}): nodes would not "
+            "know which broker to trust; run `fleetd ca init` (deploy/README.md)",
+        ) from exc
+    return [
+        "install -d -m 0750 -g fleet-agent /etc/fleetd/mqtt",
+        f"cat > {NODE_CA_FILE} <<'FLEETD_CA'",
+        *pem.strip().splitlines(),
+        "FLEETD_CA",
+        f"chmod 0644 {NODE_CA_FILE}",
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +84,20 @@ def agent_user_data(cfg: FleetdConfig) -> str:
         "FLEETD_CHECKPOINTS__BUCKET": cfg.checkpoints.bucket,
         "FLEETD_CHECKPOINTS__PREFIX": cfg.checkpoints.prefix,
         "FLEETD_JOB__NAME": cfg.job.name,
+        # The job as the controller defines it: the image's baked agent.toml is only an example.
+        "FLEETD_JOB__ENTRYPOINT": cfg.job.entrypoint,
+        "FLEETD_JOB__MODULE": json.dumps(cfg.job.module),
+        "FLEETD_JOB__ARGS": json.dumps(list(cfg.job.args)),
+        "FLEETD_JOB__NPROC_PER_NODE": str(cfg.job.nproc_per_node),
+        "FLEETD_JOB__PRELOAD": json.dumps(list(cfg.job.preload)),
+        "FLEETD_JOB__CHECKPOINT_SIGNAL": cfg.job.checkpoint_signal,
+        **({"FLEETD_JOB__CHECKPOINT_DIR": str(cfg.job.checkpoint_dir)} if cfg.job.checkpoint_dir else {}),
     }
+    if cfg.enrol.enabled:
+        # Where the node gets its certificate, and the CA it pins the broker with (public: the
+        # CA certificate, never a key). Without them the baked example config enrols nowhere.
+        env["FLEETD_NODE__ENROL_URL"] = enrol_url(cfg)
+        env["FLEETD_MQTT__CA_FILE"] = NODE_CA_FILE
     lines = [f"{k}={shlex.quote(v)}" for k, v in env.items()]
     return "\n".join(
         [
@@ -62,6 +107,7 @@ def agent_user_data(cfg: FleetdConfig) -> str:
             f"cat > {AGENT_ENV_FILE} <<'FLEETD_ENV'",
             *lines,
             "FLEETD_ENV",
+            *_ca_lines(cfg),
             "systemctl daemon-reload",
             "systemctl enable --now fleet-agent.service",
             "systemctl restart fleet-agent.service",
@@ -101,28 +147,61 @@ def default_template_name(cfg: FleetdConfig) -> str:
 
 
 async def ensure_launch_template(client: Any, cfg: FleetdConfig) -> TemplateRef:
-    """Use the configured template, or create fleetd's own once and reuse it afterwards."""
+    """Use the configured template (at its default version: the operator's), or fleetd's own,
+    created once. fleetd's own is kept current: when the AMI, the user data or anything else it
+    pins changed since its newest version (a new image, a new controller address), a new version
+    is written, and launches name that version explicitly: "$Default" would keep booting new nodes
+    from the first one."""
     named = cfg.capacity.launch_template
     name = named or default_template_name(cfg)
     existing = await _find(client, name)
-    if existing is not None:
-        log.info("launch_template_reused", name=name, template_id=existing, managed=named is None)
+    if existing is not None and named:
+        log.info("launch_template_reused", name=name, template_id=existing, managed=False)
         return TemplateRef(existing, "$Default")
     if named:
         raise PermanentAwsError(
             "DescribeLaunchTemplates", "LaunchTemplateNotFound", f"launch template {named!r} does not exist"
         )
+    data = template_data(cfg)
+    if existing is not None:
+        version, current = await _latest(client, existing)
+        if _same(current, data):
+            log.info("launch_template_reused", name=name, template_id=existing, version=version, managed=True)
+            return TemplateRef(existing, str(version))
+        async with aws_call("CreateLaunchTemplateVersion"):
+            resp = await client.create_launch_template_version(
+                LaunchTemplateId=existing,
+                LaunchTemplateData=data,
+                VersionDescription="fleetd: the AMI, user data or node settings changed",
+            )
+        new = int(resp["LaunchTemplateVersion"]["VersionNumber"])
+        changed = sorted(k for k in set(data) | set(current) if data.get(k) != current.get(k))
+        log.warning("launch_template_updated", name=name, template_id=existing, version=new, changed=changed)
+        return TemplateRef(existing, str(new))
     async with aws_call("CreateLaunchTemplate"):
         resp = await client.create_launch_template(
             LaunchTemplateName=name,
-            LaunchTemplateData=template_data(cfg),
+            LaunchTemplateData=data,
             TagSpecifications=[
                 {"ResourceType": "launch-template", "Tags": [{"Key": "fleetd:fleet", "Value": cfg.fleet.name}]}
             ],
         )
     template_id = resp["LaunchTemplate"]["LaunchTemplateId"]
-    log.info("launch_template_created", name=name, template_id=template_id)
-    return TemplateRef(template_id, "$Default")
+    version = int(resp["LaunchTemplate"].get("LatestVersionNumber", 1))
+    log.info("launch_template_created", name=name, template_id=template_id, version=version)
+    return TemplateRef(template_id, str(version))
+
+
+async def _latest(client: Any, template_id: str) -> tuple[int, dict[str, Any]]:
+    async with aws_call("DescribeLaunchTemplateVersions"):
+        resp = await client.describe_launch_template_versions(LaunchTemplateId=template_id, Versions=["$Latest"])
+    (found,) = resp["LaunchTemplateVersions"]
+    return int(found["VersionNumber"]), dict(found.get("LaunchTemplateData", {}))
+
+
+def _same(current: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    """Compares what fleetd sets (EC2 may add defaults of its own to a version's data)."""
+    return all(current.get(k) == v for k, v in wanted.items())
 
 
 async def _find(client: Any, name: str) -> str | None:

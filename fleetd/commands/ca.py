@@ -27,6 +27,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="DNS name or IP the nodes dial the broker by (repeatable; the first is the CN)",
     )
+    init.add_argument(
+        "--group",
+        default=None,
+        metavar="GROUP",
+        help="the group the controller runs as: it gets read access to the directory, the CA and the "
+        "controller's key (default: fleetd, when that group exists; the files are otherwise root's only)",
+    )
     init.add_argument("--days", type=int, default=30, help="lifetime of the broker's and controller's certs")
     init.add_argument("--observer", action="store_true", help="also issue a read-only fleetd-observer certificate")
     init.add_argument(
@@ -50,8 +57,52 @@ def run(args: argparse.Namespace) -> int:
     clients = (CONTROLLER_CN,) + ((OBSERVER_CN,) if args.observer else ()) + ((BRIDGE_CN,) if args.bridge else ())
     args.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     LocalCa.init(args.dir, server_names=tuple(args.broker_name), clients=clients, lifetime=dt.timedelta(days=args.days))
+    group = args.group if args.group is not None else ("fleetd" if _group_exists("fleetd") else None)
+    if group is not None:
+        try:
+            share_with_group(args.dir, group, clients)
+        except (KeyError, PermissionError) as exc:
+            print(f"fleetd ca init: cannot give group {group!r} access: {exc}", file=sys.stderr)
+            return 1
+        print(
+            f"{args.dir}: readable by group {group} (the CA and {CONTROLLER_CN}'s key: fleetd.service signs and connects)"
+        )
+    else:
+        print(
+            f"{args.dir}: no fleetd group on this host, so the files are root's only; run `fleetd ca init "
+            "--group <the controller's group>` once the service user exists (deploy/README.md)",
+            file=sys.stderr,
+        )
     print(
         f"fleet CA in {args.dir}: ca.crt (give it to the broker and the nodes), ca.key (keep on this host), "
         f"server.crt/key (the broker), {', '.join(f'{c}.crt/key' for c in clients)}"
     )
     return 0
+
+
+def _group_exists(name: str) -> bool:
+    import grp
+
+    try:
+        grp.getgrnam(name)
+    except KeyError:
+        return False
+    return True
+
+
+def share_with_group(directory: Path, group: str, clients: tuple[str, ...]) -> None:
+    """fleetd.service runs as its own user: the enrolment endpoint signs with ca.key and the
+    controller connects with its certificate. Those files become group-readable (0640) in a
+    0750 directory; the broker's key stays root's (it is installed for mosquitto separately)."""
+    import grp
+    import os
+
+    gid = grp.getgrnam(group).gr_gid
+    os.chown(directory, -1, gid)
+    directory.chmod(0o750)
+    names = ["ca.key", "ca.crt", *(f"{cn}.{ext}" for cn in clients for ext in ("key", "crt"))]
+    for name in names:
+        path = directory / name
+        if path.exists():
+            os.chown(path, -1, gid)
+            path.chmod(0o640)

@@ -54,6 +54,27 @@ def run(args: argparse.Namespace) -> int:
     log = get_logger("fleetd.run")
 
     async def main() -> int:
+        nonlocal cfg
+        if not cfg.aws.region:
+            from fleetd.adapters.region import resolve_region
+
+            aws = await resolve_region(cfg.aws)
+            if aws is None:
+                print(f"fleetd run: {cfg.aws.missing_region()}", file=sys.stderr)
+                return 2
+            cfg = cfg.model_copy(update={"aws": aws})
+        log.info("aws_region", region=cfg.aws.region, source=cfg.aws.region_source)
+        if not args.dry_run:
+            from aiobotocore.session import get_session
+
+            from fleetd.doctor.preflight import preflight
+
+            refused = await preflight(cfg, get_session())
+            if refused:
+                for check in refused:
+                    print(f"fleetd run: {check.name}: {check.detail}\n  fix: {check.fix}", file=sys.stderr)
+                print("fleetd run: not started (`fleetd doctor` checks everything)", file=sys.stderr)
+                return 2
         ctx = DaemonContext(cfg)
         if not args.dry_run:
             from fleetd.state_backup import restore_at_start

@@ -33,10 +33,39 @@ class Group(BaseModel):
 
 
 class AwsConfig(Group):
-    region: NonEmpty = "us-east-1"
+    # Empty: AWS_REGION, AWS_DEFAULT_REGION, the profile's region, else (on EC2) the instance's
+    # (fleetd/protocol/aws_region.py). Never a silent default.
+    region: str = ""
     # moto server, LocalStack or any S3/EC2-compatible endpoint; None means real AWS.
     endpoint_url: str | None = None
     profile: str | None = None
+    # Where the region came from (filled in by fleetd; `fleetd doctor` shows it).
+    region_source: str = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _find_region(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("region_source"):
+            return data
+        if data.get("region"):
+            return {**data, "region_source": "config"}
+        from fleetd.protocol.aws_region import LOCAL_DEFAULT, region_from_environment
+
+        found = region_from_environment()
+        if found is not None:
+            return {**data, "region": found[0], "region_source": found[1]}
+        if data.get("endpoint_url"):
+            return {**data, "region": LOCAL_DEFAULT, "region_source": "local endpoint default"}
+        return data  # the profile or the instance, asked at start (fleetd/adapters/region.py), or refused
+
+    def with_region(self, region: str, source: str) -> AwsConfig:
+        return self.model_copy(update={"region": region, "region_source": source})
+
+    def missing_region(self) -> str:
+        return (
+            "no AWS region: set [aws] region (or FLEETD_AWS__REGION), AWS_REGION, a region in the "
+            "profile's ~/.aws/config, or run on an EC2 instance (its own region is used)"
+        )
 
 
 class MqttConfig(Group):

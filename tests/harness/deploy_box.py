@@ -24,6 +24,8 @@ SUITE = "bookworm"
 # What a minimal node needs before fleetd's own provisioning: systemd as init, D-Bus and polkit
 # (logind's power-off goes through them), Python with venv, and runuser (util-linux, essential).
 PACKAGES = ("systemd", "systemd-sysv", "dbus", "polkitd", "pkexec", "python3", "python3-venv", "ca-certificates")
+# What Debian's installer writes and mmdebstrap does not: names every host resolves.
+HOSTS = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
 INSTALL_HINT = "apt-get install -y mmdebstrap systemd-container (scripts/setup.sh does it)"
 
 
@@ -40,7 +42,7 @@ def _key(*parts: str) -> str:
 
 def base_rootfs() -> Path:
     """The cached minimal Debian 12 tree (built once: about half a minute)."""
-    target = CACHE / f"rootfs-{SUITE}-{_key(*PACKAGES)}"
+    target = CACHE / f"rootfs-{SUITE}-{_key(*PACKAGES, HOSTS)}"
     if (target / ".complete").exists():
         return target
     shutil.rmtree(target, ignore_errors=True)
@@ -53,6 +55,7 @@ def base_rootfs() -> Path:
         capture_output=True,
         timeout=600,
     )
+    (building / "etc" / "hosts").write_text(HOSTS)
     building.rename(target)
     (target / ".complete").touch()
     return target
@@ -183,7 +186,7 @@ class Machine:
             "--wd=/",
             "env",
             "-i",
-            "PATH=/usr/sbin:/usr/bin:/sbin:/bin",
+            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             *prefix,
             *argv,
         ]

@@ -1,0 +1,28 @@
+"""What `fleetd run` checks before it starts buying: the doctor's checks that no amount of
+retrying would fix, and that cost one call or none. A failure stops the start with the reason
+and its fix (the full list: `fleetd doctor`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from fleetd.config import FleetdConfig
+from fleetd.doctor.host import file_checks
+from fleetd.doctor.result import Check, fatal
+
+
+async def preflight(cfg: FleetdConfig, session: Any, service_user: str | None = None) -> list[Check]:
+    """The fatal failures (empty: go)."""
+    checks = list(file_checks(cfg, service_user))
+    kw: dict[str, Any] = {"region_name": cfg.aws.region}
+    if cfg.aws.endpoint_url:
+        kw["endpoint_url"] = cfg.aws.endpoint_url
+    async with session.create_client("sts", **kw) as sts:
+        try:
+            await sts.get_caller_identity()
+        except (ClientError, BotoCoreError) as exc:
+            fix = "run on the control host with its instance role, or set [aws] profile / AWS_PROFILE"
+            checks.append(Check.fail("credentials", f"no usable AWS credentials: {exc}", fix, fatal=True))
+    return fatal(checks)

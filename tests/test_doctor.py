@@ -1,0 +1,147 @@
+"""`fleetd doctor` against moto (behind the fault proxy, which answers the Service Quotas API as
+AWS does), a real mosquitto and a listening store port: all ok on a good set-up; a missing bucket,
+a denied action and a zero spot quota each named with its fix, and the exit code says so."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fleetd.commands.doctor import all_checks
+from fleetd.config import EventsConfig, FleetdConfig
+from fleetd.doctor.result import Status, exit_code, fatal, render
+from fleetd.protocol.settings import MqttConfig, RendezvousConfig
+from tests.reconcile_support import Cloud
+
+G_SPOT = "L-3819A6DF"  # All G and VT Spot Instance Requests: g5.xlarge and g4dn.xlarge draw on it
+
+
+@pytest.fixture
+def store_port() -> Iterator[int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+async def good_setup(cloud: Cloud, tmp_path: Path, mosquitto, store_port: int) -> FleetdConfig:
+    base = cloud.config(tmp_path)
+    bucket = base.checkpoints.bucket
+    async with cloud.session.create_client("s3", endpoint_url=cloud.moto, region_name="us-east-1") as s3:
+        await s3.create_bucket(Bucket=bucket)
+    async with cloud.session.create_client("sqs", endpoint_url=cloud.moto, region_name="us-east-1") as sqs:
+        url = (await sqs.create_queue(QueueName="fleetd-events"))["QueueUrl"]
+    cloud.proxy.quotas = {G_SPOT: 64.0}
+    return base.model_copy(
+        update={
+            "mqtt": MqttConfig(url=mosquitto.url),
+            "rendezvous": RendezvousConfig(host="127.0.0.1", port=store_port),
+            "events": EventsConfig(sqs_queue_url=url),
+        }
+    )
+
+
+def by_name(checks) -> dict:
+    return {c.name: c for c in checks}
+
+
+async def test_a_good_setup_is_all_ok(cloud: Cloud, tmp_path: Path, mosquitto, store_port: int) -> None:
+    cfg = await good_setup(cloud, tmp_path, mosquitto, store_port)
+    checks = await all_checks(cfg, None)
+    text = render(checks)
+    assert exit_code(checks) == 0, text
+    assert all(c.status in (Status.OK, Status.SKIP) for c in checks), text
+    found = by_name(checks)
+    for name in (
+        "region",
+        "credentials",
+        "ec2:Describe*",
+        "ec2:RunInstances",
+        "subnets",
+        "ami",
+        "launch template",
+        f"spot quota {G_SPOT}",
+        "bucket",
+        "event queue",
+        "broker",
+        "rendezvous store",
+    ):
+        assert found[name].status is Status.OK, (name, text)
+    assert found["region"].detail == "us-east-1 (from config)"
+    assert "64 vCPUs" in found[f"spot quota {G_SPOT}"].detail
+
+
+async def test_a_missing_bucket_a_denied_action_and_a_zero_quota_are_named_with_their_fix(
+    cloud: Cloud, tmp_path: Path, mosquitto, store_port: int
+) -> None:
+    cfg = await good_setup(cloud, tmp_path, mosquitto, store_port)
+    cfg = cfg.model_copy(update={"checkpoints": cfg.checkpoints.model_copy(update={"bucket": "no-such-bucket"})})
+    cloud.proxy.quotas = {G_SPOT: 0.0}
+    cloud.proxy.fail("RunInstances", "UnauthorizedOperation")
+    checks = await all_checks(cfg, None)
+    found = by_name(checks)
+    assert exit_code(checks) == 1
+    bucket = found["bucket"]
+    assert (
+        bucket.status is Status.FAIL
+        and "does not exist" in bucket.detail
+        and "aws s3 mb s3://no-such-bucket" in bucket.fix
+    )
+    launch = found["ec2:RunInstances"]
+    assert (
+        launch.status is Status.FAIL
+        and "UnauthorizedOperation" in launch.detail
+        and "controller-policy.json" in launch.fix
+    )
+    quota = found[f"spot quota {G_SPOT}"]
+    assert quota.status is Status.FAIL and "0 vCPUs" in quota.detail
+    assert f"--quota-code {G_SPOT}" in quota.fix and "request-service-quota-increase" in quota.fix
+    # What `fleetd run` would refuse to start on: the bucket and the launch permission.
+    assert {c.name for c in fatal(checks)} == {"bucket", "ec2:RunInstances"}
+    assert "      fix: create it in us-east-1: aws s3 mb s3://no-such-bucket" in render(checks)
+
+
+async def test_unreachable_broker_and_store_and_unreadable_ca(
+    cloud: Cloud, tmp_path: Path, mosquitto, store_port: int
+) -> None:
+    cfg = await good_setup(cloud, tmp_path, mosquitto, store_port)
+    ca = tmp_path / "ca"
+    ca.mkdir()
+    (ca / "ca.crt").write_text("x")
+    cfg = cfg.model_copy(
+        update={
+            "mqtt": MqttConfig(url="mqtt://127.0.0.1:9"),
+            "rendezvous": RendezvousConfig(host="127.0.0.1", port=9),
+            "enrol": cfg.enrol.model_copy(update={"enabled": True, "ca_dir": ca}),
+        }
+    )
+    found = by_name(await all_checks(cfg, None))
+    assert found["broker"].status is Status.FAIL and "mosquitto" in found["broker"].fix
+    assert found["rendezvous store"].status is Status.FAIL and "fleetd-rendezvous" in found["rendezvous store"].fix
+    files = found["certificate files"]
+    assert files.status is Status.FAIL and "ca.key does not exist" in files.detail and files.fatal
+
+
+def test_fleetd_run_refuses_to_start_without_the_ca_it_signs_with(moto_endpoint: str, tmp_path: Path) -> None:
+    """The enrolment endpoint signs node certificates with ca.key: a controller that cannot read
+    it never issues one, and no node ever joins. `fleetd run` says so before it buys anything."""
+    import subprocess
+    import sys
+
+    conf = tmp_path / "fleetd.toml"
+    conf.write_text(
+        f'[aws]\nendpoint_url = "{moto_endpoint}"\n[fleet]\nstate_dir = "{tmp_path / "state"}"\n'
+        f'[enrol]\nenabled = true\nca_dir = "{tmp_path / "ca"}"\n'
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "fleetd.cli", "run", "--config", str(conf), "--passes", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "certificate files" in out.stderr and "ca.key does not exist" in out.stderr
+    assert "fix: fleetd ca init" in out.stderr and "not started" in out.stderr
