@@ -85,6 +85,9 @@ class FleetMetrics:
         )
         # Computed at scrape time, so the age keeps growing even if the loop stalls.
         self.checkpoint_age.set_function(self._checkpoint_age)
+        # The job's lifecycle (fleetd/policy/job_state.py): 1 for the state it is in.
+        self.job_state = Gauge("fleetd_job_state", "1 for the job's current state", ["state"], registry=r)
+        self.job_restarts = Gauge("fleetd_job_restarts", "Failures of the job's own code restarted so far", registry=r)
         # Stalled-job detection (fleetd/stall_watch.py): billed nodes, no step.
         self.stalled = Gauge(
             "fleetd_job_stalled", "1 while the job is stalled (no step, nodes billed), by cause", ["cause"], registry=r
@@ -161,6 +164,10 @@ class FleetMetrics:
             self.set_durable_checkpoint(snap.checkpoint.step, snap.checkpoint.durable_at)
         if snap.stall is not None:
             self.set_stall(snap.stall, snap.written_at)
+        if snap.job is not None:
+            self.job_state.clear()
+            self.job_state.labels(str(snap.job.state)).set(1)
+            self.job_restarts.set(snap.job.restarts)
 
     def set_stall(self, stall: StallView, now: float) -> None:
         self.stalled.clear()

@@ -142,3 +142,16 @@ async def test_metrics_endpoint_serves_the_registry():
                 again = await resp.text()
     key = ("fleetd_nodes", (("market", "spot"), ("pool", str(A)), ("state", "running")))
     assert samples(body)[key] == 1 and samples(again)[key] == 2
+
+
+def test_the_jobs_state_is_a_metric_and_moves_with_it():
+    from fleetd.job_record import JobView
+    from fleetd.policy.job_state import JobState
+
+    m = FleetMetrics("prod", clock=lambda: 2005.0)
+    for state, restarts in ((JobState.RUNNING, 0), (JobState.RECOVERING, 1), (JobState.FAILED, 3)):
+        snap = build_snapshot(now=2000.0, fleet="prod", reconcile_interval_s=10, nodes=[])
+        m.observe_snapshot(snap.model_copy(update={"job": JobView(state=state, restarts=restarts)}))
+        states = {k[1]: v for k, v in samples(m.render()).items() if k[0] == "fleetd_job_state"}
+        assert states == {(("state", str(state)),): 1.0}, states  # one state at a time
+        assert value(m, "fleetd_job_restarts") == restarts

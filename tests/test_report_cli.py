@@ -107,3 +107,19 @@ def test_plot_draws_a_png_and_the_report_lists_scaling_decisions(tmp_path: Path)
     assert "1 -> 2: scale up 1->2: exploring" in proc.stdout
     data = json.loads(_report("--config", str(cfg), "--json", "--at", str(T0 + 10_000)).stdout)
     assert data["scaling_decisions"] == [{"at": T0 + 2600, "from": 1, "to": 2, "reason": "scale up 1->2: exploring"}]
+
+
+def test_the_report_states_how_the_job_ended(config_with_ledger: Path) -> None:
+    from fleetd.job_record import JobView, write_job
+    from fleetd.policy.job_state import JobState
+
+    proc = _report("--config", str(config_with_ledger), "--json", "--at", str(T0 + 10_000))
+    assert json.loads(proc.stdout)["job"] is None  # no job file: unknown, not a guess
+    write_job(
+        config_with_ledger.parent / "state",
+        JobView(state=JobState.SUCCEEDED, reason="the run command exited 0", ended_at=T0 + 900, final_step=1600),
+    )
+    data = json.loads(_report("--config", str(config_with_ledger), "--json", "--at", str(T0 + 10_000)).stdout)
+    assert data["job"]["state"] == "succeeded" and data["job"]["final_step"] == 1600
+    table = _report("--config", str(config_with_ledger), "--at", str(T0 + 10_000)).stdout
+    assert "succeeded (the run command exited 0)" in table

@@ -118,7 +118,7 @@ def _finish(args: argparse.Namespace, cfg: Any, now: float, events: list[LedgerE
             print(f"fleetd report: --plot needs matplotlib (pip install 'fleetd[plot]'): {exc}", file=sys.stderr)
             return 2
         plot(events, now, seen, args.plot)
-    data = {**summary.as_json(), "stall": stall_summary(cfg.fleet.state_dir)}
+    data = {**summary.as_json(), "stall": stall_summary(cfg.fleet.state_dir), "job": _job(cfg.fleet.state_dir)}
     if args.json:
         print(json.dumps(data, indent=2, sort_keys=True))
     else:
@@ -177,12 +177,26 @@ def _steps_lost(data: dict[str, Any]) -> str:
     return lost  # the "stalled node-time" row says whether stalls are known
 
 
+def _job(state_dir: Path) -> dict[str, Any] | None:
+    """The job's lifecycle state (job.json), or None before the daemon wrote one."""
+    from fleetd.job_record import read_job
+    from fleetd.protocol.errors import ProtocolError
+
+    try:
+        view = read_job(state_dir)
+    except ProtocolError as exc:
+        return {"state": "unknown", "reason": str(exc)}
+    return view.model_dump(mode="json") if view is not None else None
+
+
 def render_table(data: dict[str, Any]) -> str:
     def usd(x: float) -> str:
         return f"${x:,.2f}"
 
     per_1k = data["usd_per_1k_steps"]
+    job = data.get("job")
     rows = [
+        ("job", f"{job['state']}" + (f" ({job['reason']})" if job.get("reason") else "") if job else "unknown"),
         ("spend", usd(data["spend_usd"])),
         ("on-demand equivalent", usd(data["on_demand_equivalent_usd"])),
         ("savings vs on-demand", f"{data['savings_pct']:.1f} %"),
