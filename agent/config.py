@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from fleetd.protocol.settings import CommonSettings, Group, Name, load_settings
 
@@ -64,6 +64,24 @@ class NodeConfig(Group):
 
 class AgentConfig(CommonSettings):
     node: NodeConfig = NodeConfig()
+
+    @model_validator(mode="after")
+    def _no_module_named_agent_beside_the_script(self) -> AgentConfig:
+        """fleetd's node package is the top-level ``agent``; the workers import it (the trainer
+        library, the warm pool). A job whose script sits beside its own ``agent.py`` or ``agent/``
+        would shadow it in the workers (Python puts the script's folder first on sys.path) and fail
+        with an ImportError that names neither. Caught here, when the config is read, instead."""
+        job = self.job
+        if job.module:
+            return self
+        folder = Path(job.entrypoint).parent
+        for clash in (folder / "agent.py", folder / "agent" / "__init__.py", folder / "agent"):
+            if clash.exists():
+                raise ValueError(
+                    f"{clash} would shadow fleetd's own `agent` package in the training workers "
+                    "(the script's folder comes first on their import path): rename it"
+                )
+        return self
 
 
 def load(path: Path | None = DEFAULT_PATH) -> AgentConfig:

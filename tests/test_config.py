@@ -184,3 +184,20 @@ def test_a_trainer_socket_path_too_long_to_bind_is_a_config_error(tmp_path: Path
     assert NodeConfig(trainer_socket=Path(ok)).trainer_socket == Path(ok)
     with pytest.raises(ValidationError, match="a unix socket path holds at most 107"):
         NodeConfig(trainer_socket=Path(ok + "s"))
+
+
+def test_a_job_script_beside_its_own_agent_module_is_refused(tmp_path):
+    """fleetd's node package is the top-level `agent`: a script whose folder holds an agent.py
+    would shadow it in the workers, which then fail with an ImportError naming neither."""
+    import pytest as _pytest
+
+    from agent.config import AgentConfig
+    from fleetd.protocol.settings import JobConfig
+
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    ok = AgentConfig(job=JobConfig(entrypoint=str(script), module=False))
+    assert ok.job.entrypoint == str(script)
+    (tmp_path / "agent.py").write_text("")
+    with _pytest.raises(ValueError, match="would shadow fleetd's own `agent` package"):
+        AgentConfig(job=JobConfig(entrypoint=str(script), module=False))
