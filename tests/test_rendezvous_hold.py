@@ -69,3 +69,36 @@ def test_a_late_heartbeat_during_the_hold_is_not_a_lost_node():
     assert not any(isinstance(a, decide.RemoveNodes) for a in held)
     after = decide.plan(obs(s, awaited=MEMBERS, awaited_until=NOW - timedelta(seconds=1)))
     assert any(isinstance(a, decide.RemoveNodes) and B.addr in a.addrs for a in after)
+
+
+def test_a_rendezvous_closed_by_a_crashed_torchrun_is_reopened_unless_fleetd_closed_it():
+    """torch closes its rendezvous when one torchrun exits by an exception (not a signal): every
+    later join then fails with RendezvousClosedError, and a job retried after a bug in its code
+    lost a node for good. Only fleetd ends a job."""
+    closed = RendezvousState(round=3, complete=True, closed=True, participants={A: 0})
+    (action,) = decide.plan(obs(closed))
+    assert isinstance(action, decide.Reopen)
+    assert decide.plan(obs(closed, closing=True)) == ()
+
+
+async def test_the_steering_reopens_it_in_the_store():
+    from dataclasses import replace
+
+    from fleetd.rendezvous.steering import Steerer
+
+    class Store:
+        def __init__(self, state: RendezvousState) -> None:
+            self.state = state
+
+        async def update(self, change):  # noqa: ANN001, ANN202 - the client's CAS loop, in memory
+            new = change(self.state)
+            if new is not None:
+                self.state = new
+            return new
+
+    store = Store(RendezvousState(round=3, complete=True, closed=True, participants={A: 0}))
+    steerer = Steerer(store)  # type: ignore[arg-type]
+    await steerer.apply(decide.Reopen("test"), obs(store.state))
+    assert store.state == replace(store.state, closed=False) and not store.state.closed
+    await steerer.close_rendezvous()
+    assert store.state.closed and steerer.closing

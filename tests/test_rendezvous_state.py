@@ -307,7 +307,11 @@ def test_marker_from_an_earlier_round_is_dropped():
 
 
 def test_closed_rendezvous_is_left_alone():
-    assert decide.plan(obs(complete_round(A).closed_for_good(), drain_ready=frozenset({"127.0.0.2"}))) == ()
+    closed = complete_round(A).closed_for_good()
+    # fleetd closed it (the job is over): nothing more is done with it.
+    assert decide.plan(obs(closed, drain_ready=frozenset({"127.0.0.2"}), closing=True)) == ()
+    # Closed by anyone else (a torchrun that exited on an error): reopened, and only that.
+    assert kinds(decide.plan(obs(closed, drain_ready=frozenset({"127.0.0.2"})))) == ["Reopen"]
 
 
 def test_marker_addr_is_not_a_real_address():

@@ -33,6 +33,9 @@ PROBE_TIMEOUT_S = 2.0
 STORE_GONE_MARKERS = (
     "RendezvousConnectionError",
     "The connection to the C10d store has failed",
+    # Another node's torchrun exited by an exception and closed torch's rendezvous; fleetd's
+    # steering reopens it (only fleetd ends a job): start again once the store answers.
+    "RendezvousClosedError",
 )
 
 

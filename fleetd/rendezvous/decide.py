@@ -64,6 +64,8 @@ class Observation:
     # store, so progress cannot be judged and a stale heartbeat alone decides).
     progress_at: datetime | None = None
     hang_after: timedelta = timedelta(seconds=10)
+    # fleetd itself closed the rendezvous (the job is over): a closed state stays closed.
+    closing: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +103,12 @@ class TolerateStale(SteerAction):
 @dataclass(frozen=True, slots=True)
 class CompleteRound(SteerAction):
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class Reopen(SteerAction):
+    """A torchrun that exits by an exception (not a signal) closes torch's rendezvous for every
+    node: each later join fails with RendezvousClosedError. Only fleetd ends a job."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,8 +174,12 @@ def _stale_members(obs: Observation) -> frozenset[str]:
 
 def plan(obs: Observation) -> tuple[SteerAction, ...]:
     s = obs.state
-    if s is None or s.closed:
+    if s is None:
         return ()
+    if s.closed:
+        if obs.closing:
+            return ()
+        return (Reopen("closed by a torchrun that exited on an error; only fleetd ends the job"),)
     actions: list[SteerAction] = []
     present = s.participant_addrs | {n.addr for n in s.wait_list if n.addr != MARKER_ADDR}
 

@@ -60,6 +60,7 @@ class Steerer:
     told_members: set[str] = field(default_factory=set)  # leavers that were members when told
     last_state: RendezvousState | None = None
     adopted: bool = False
+    closing: bool = False  # fleetd closed the rendezvous itself (job end): never reopened
     heartbeats: dict[str, datetime] = field(default_factory=dict)
     # Which life of the rendezvous host the store is (rendezvous_keys.HOST_INCARNATION_KEY).
     incarnation: str | None = None
@@ -168,6 +169,7 @@ class Steerer:
             state=s,
             now=now,
             members=self.members,
+            closing=self.closing,
             drain_ready=frozenset(ready),
             told_leave=dict(self.told_leave),
             left=frozenset(left),
@@ -317,6 +319,8 @@ class Steerer:
                         else None
                     )
                 )
+            case decide.Reopen():
+                await self.client.update(lambda s: replace(s, closed=False) if s.closed else None)
             case decide.DropMarkers():
                 await self.client.update(lambda s: s.without_markers() if s.has_marker else None)
 
@@ -338,6 +342,7 @@ class Steerer:
 
     async def close_rendezvous(self) -> None:
         """Job end: no node may join again; torchruns exit when their workers finish."""
+        self.closing = True  # and the steering does not reopen it (decide.Reopen)
         await self.client.update(lambda s: None if s.closed else s.closed_for_good())
 
     async def run(self, stop: asyncio.Event) -> None:
