@@ -96,7 +96,8 @@ def run(a: argparse.Namespace) -> dict:
         t = time.monotonic()
         ids = stack.create_instances(a.agents)
         create_s = time.monotonic() - t
-        stack.start_broker()
+        stack.start_broker(tls=not a.plain)
+        pki = ["--pki", str(stack.pki.files.directory)] if stack.pki is not None else []
         stack.write_config(a.agents, a.interval)
         stack.start_fleetd()
         fleetd = stack.procs["fleetd"]
@@ -126,6 +127,7 @@ def run(a: argparse.Namespace) -> dict:
                 str(observer_out),
                 "--bad-rate",
                 str(a.bad_rate),
+                *pki,
             ],
         )
         wait_for("observer", lambda: Path(str(observer_out) + ".ready").exists(), 60, obs)
@@ -162,6 +164,7 @@ def run(a: argparse.Namespace) -> dict:
                         str(connect_spread),
                         "--seed",
                         str(w + 1),
+                        *pki,
                     ],
                     niceness=a.harness_nice,
                 )
@@ -225,7 +228,16 @@ def run(a: argparse.Namespace) -> dict:
     # side may still have been delivered, so attempts, not acknowledgements, are the baseline).
     sent = {ch: counts.get(f"{ch}_attempted", 0) for ch in ("status", "telemetry", "events")}
     sys_stats = seen.get("sys", {})
+    broker_log = work / "mosquitto.mlog"
     result = {
+        "tls": not a.plain,
+        # A client whose session another connection with the same identity took over (the
+        # controller once made two connections with its one certificate): must stay 0.
+        "session_takeovers": (
+            broker_log.read_text(errors="replace").count("already connected, closing old connection")
+            if broker_log.exists()
+            else None
+        ),
         "agents": a.agents,
         "harness_nice": a.harness_nice,
         "agent_processes": procs,
@@ -296,6 +308,11 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=120.0, help="seconds of notices (the measured window)")
     ap.add_argument("--notice-rate", type=float, default=0.5, help="notices per second, fleet-wide")
     ap.add_argument("--bad-rate", type=float, default=0.5, help="malformed messages per second (must be rejected)")
+    ap.add_argument(
+        "--plain",
+        action="store_true",
+        help="plaintext, anonymous MQTT (default: TLS with a certificate per client and the fleet ACL, as deployed)",
+    )
     ap.add_argument("--interval", type=float, default=10.0, help="fleet.reconcile_interval_s (production default)")
     ap.add_argument("--warmup", type=float, default=10.0)
     ap.add_argument("--procs", type=int, default=0, help="agent processes (default one per 500 agents)")

@@ -24,6 +24,7 @@ import contextlib
 import json
 import random
 import signal
+import ssl
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -47,9 +48,56 @@ COUNTS = {
 }
 
 
+class Identities:
+    """Certificates from the fleet CA, CN = the instance id, as enrolment would issue them (the
+    real agent gets its own by enrolling; here the bench signs them itself, from the CA files)."""
+
+    def __init__(self, pki: Path) -> None:
+        import tempfile
+
+        from fleetd.identity.ca import CaFiles, LocalCa
+
+        self.files = CaFiles(pki)
+        self.ca = LocalCa.load(self.files)
+        self.dir = Path(tempfile.mkdtemp(prefix="load-agents-pki-"))
+
+    def context(self, cn: str) -> ssl.SSLContext:
+        from cryptography.hazmat.primitives.asymmetric import ec
+
+        from fleetd.identity.ca import key_pem, pem
+
+        key = ec.generate_private_key(ec.SECP256R1())
+        now = datetime.now(UTC)
+        cert = self.ca.sign(cn, key.public_key(), timedelta(hours=6), now)
+        crt, keyf = self.dir / f"{cn}.crt", self.dir / f"{cn}.key"
+        crt.write_bytes(pem(cert))
+        keyf.write_bytes(key_pem(key))
+        ctx = ssl.create_default_context(cafile=str(self.files.ca_cert))
+        ctx.load_cert_chain(str(crt), str(keyf))
+        return ctx
+
+    def observer(self) -> ssl.SSLContext:
+        from fleetd.identity.ca import OBSERVER_CN
+
+        crt, key = self.files.client(OBSERVER_CN)
+        ctx = ssl.create_default_context(cafile=str(self.files.ca_cert))
+        ctx.load_cert_chain(str(crt), str(key))
+        return ctx
+
+
 class Agent:
-    def __init__(self, host: str, port: int, fleet: str, iid: str, addr: str, leave_after: float):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        fleet: str,
+        iid: str,
+        addr: str,
+        leave_after: float,
+        tls: ssl.SSLContext | None = None,
+    ):
         self.host, self.port, self.fleet, self.iid, self.addr = host, port, fleet, iid, addr
+        self.tls = tls
         self.leave_after = leave_after
         self.client: aiomqtt.Client | None = None
         self.noticed = False
@@ -88,6 +136,7 @@ class Agent:
                     clean_session=True,
                     keepalive=60,
                     timeout=30,
+                    tls_context=self.tls,
                 ) as client:
                     self.client = client
                     await client.subscribe(self.topic["commands"], qos=1)
@@ -157,7 +206,11 @@ class Agent:
 async def agents_main(a: argparse.Namespace, stop: asyncio.Event, quiet: asyncio.Event) -> None:
     host, port = a.broker.rsplit(":", 1)
     ids = [line.split() for line in Path(a.ids).read_text().split("\n") if line.strip()]
-    agents = [Agent(host, int(port), a.fleet, iid, addr, a.leave_after) for iid, addr in ids]
+    ids_ = Identities(Path(a.pki)) if a.pki else None
+    agents = [
+        Agent(host, int(port), a.fleet, iid, addr, a.leave_after, ids_.context(iid) if ids_ else None)
+        for iid, addr in ids
+    ]
     async with asyncio.TaskGroup() as tg:
         for agent in agents:
             tg.create_task(agent.run(stop))
@@ -184,7 +237,17 @@ async def _notices(agents: list[Agent], a: argparse.Namespace, stop: asyncio.Eve
 
 async def observe_main(a: argparse.Namespace, stop: asyncio.Event, seen: dict) -> None:
     host, port = a.broker.rsplit(":", 1)
-    async with aiomqtt.Client(host, int(port), identifier=f"load-observer-{a.fleet}", timeout=30) as client:
+    ids_ = Identities(Path(a.pki)) if a.pki else None
+    # With the fleet ACL the observer may only read; the malformed messages come from a node
+    # identity of their own (i-0bad), on its own topics, as a broken agent's would.
+    bad_tls = ids_.context("i-0bad") if ids_ else None
+    observer_tls = ids_.observer() if ids_ else None
+    async with (
+        aiomqtt.Client(
+            host, int(port), identifier=f"load-observer-{a.fleet}", timeout=30, tls_context=observer_tls
+        ) as client,
+        aiomqtt.Client(host, int(port), identifier="i-0bad", timeout=30, tls_context=bad_tls) as bad_client,
+    ):
         await client.subscribe(fleet_filter(a.fleet, "events"), qos=1)
         await client.subscribe(fleet_filter(a.fleet, "commands"), qos=1)
         await client.subscribe("$SYS/broker/#", qos=0)
@@ -212,7 +275,9 @@ async def observe_main(a: argparse.Namespace, stop: asyncio.Event, seen: dict) -
                 return
             while True:
                 await asyncio.sleep(1.0 / a.bad_rate)
-                await client.publish(node_topic(a.fleet, "i-0bad", "telemetry"), b'{"kind": "telemetry", "cpu', qos=0)
+                await bad_client.publish(
+                    node_topic(a.fleet, "i-0bad", "telemetry"), b'{"kind": "telemetry", "cpu', qos=0
+                )
                 seen["bad_sent"] = seen.get("bad_sent", 0) + 1
 
         task = asyncio.create_task(read())
@@ -238,6 +303,7 @@ def main() -> None:
     ap.add_argument("--connect-spread-s", type=float, default=5.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--bad-rate", type=float, default=0.0, help="observer: malformed messages per second")
+    ap.add_argument("--pki", default="", help="the fleet CA's folder: TLS with a certificate per client")
     a = ap.parse_args()
 
     async def run() -> None:

@@ -1,7 +1,8 @@
 """The processes bench/agents_load.py measures: moto server (as its own process) holding the
 fleet's instances, the fault proxy in front of it answering the price APIs, a real mosquitto
-configured as production's (deploy/mosquitto/mosquitto.conf: max_queued_messages 10000; plain
-TCP here, no TLS), `fleetd rendezvous` and `fleetd run` as real processes."""
+configured as production's (deploy/mosquitto/mosquitto.conf: TLS with a certificate per client
+from the fleet CA, the fleet ACL, max_queued_messages 10000; `--plain` for plaintext, to compare),
+`fleetd rendezvous` and `fleetd run` as real processes."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from fleetd.adapters.catalog import bundled_catalog
 from fleetd.adapters.ec2 import TAG_FLEET, TAG_JOB
 from fleetd.adapters.faults import FaultProxy
 from fleetd.adapters.pricing_fake import PriceListFake, SpotPriceFake
-from fleetd.demo.broker import find_mosquitto, mosquitto_config
+from fleetd.demo.broker import FLEET_ACL, find_mosquitto, mosquitto_config
+from fleetd.demo.security import DemoPki
+from fleetd.identity.ca import CONTROLLER_CN
 from fleetd.localnet import free_port, wait_port
 from fleetd.policy.model import PoolId
 
@@ -108,11 +111,20 @@ class Stack:
                 share -= batch
         return ids
 
-    def start_broker(self) -> str:
+    def start_broker(self, tls: bool = True) -> str:
+        """The broker as production runs it (``tls``): TLS with client certificates from the fleet
+        CA and the fleet ACL; or plaintext and anonymous, to compare."""
         port = free_port()
         conf = self.dir / "mosquitto.conf"
+        self.pki: DemoPki | None = None
+        acl = None
+        if tls:
+            self.pki = DemoPki.create(self.dir)
+            acl = self.dir / "acl"
+            # The bench's observer also reads the broker's own counters ($SYS), outside the fleet's.
+            acl.write_text(FLEET_ACL + "\nuser fleetd-observer\ntopic read $SYS/#\n")
         conf.write_text(
-            mosquitto_config(port, self.dir / "mosquitto.mlog")
+            mosquitto_config(port, self.dir / "mosquitto.mlog", pki=self.pki, acl=acl)
             + "max_queued_messages 10000\nsys_interval 5\nlog_type notice\n"
         )
         exe = find_mosquitto()
@@ -122,6 +134,15 @@ class Stack:
         wait_port("127.0.0.1", port, 20)
         self.broker = f"127.0.0.1:{port}"
         return self.broker
+
+    def mqtt_toml(self) -> str:
+        if self.pki is None:
+            return f'[mqtt]\nurl = "mqtt://{self.broker}"\n'
+        crt, key = self.pki.files.client(CONTROLLER_CN)
+        return (
+            f'[mqtt]\nurl = "mqtts://{self.broker}"\nca_file = "{self.pki.files.ca_cert}"\n'
+            f'cert_file = "{crt}"\nkey_file = "{key}"\n'
+        )
 
     def write_config(self, nodes: int, interval_s: float) -> Path:
         q = lambda xs: ", ".join(f'"{x}"' for x in xs)  # noqa: E731
@@ -136,8 +157,8 @@ class Stack:
             f"[capacity]\ninstance_types = [{q(TYPES)}]\nzones = [{q(ZONES)}]\n"
             f'ami_id = "{self.ami}"\nsubnet_ids = [{q(self.subnets[z] for z in ZONES)}]\n'
             "[budget]\ntotal_usd = 100000000.0\nmax_usd_per_hour = 1000000.0\n"
-            f'[mqtt]\nurl = "mqtt://{self.broker}"\n'
-            f"[rendezvous]\nport = {self.rdzv_port}\n"
+            + self.mqtt_toml()
+            + f"[rendezvous]\nport = {self.rdzv_port}\n"
             f"[metrics]\nport = {self.metrics_port}\n[logging]\njson = true\n"
         )
         self.config = path

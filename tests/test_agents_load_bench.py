@@ -59,6 +59,8 @@ def test_short_agents_load_run_loses_no_valid_message_and_drains_every_notice() 
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     r = json.loads(res.stdout.strip().splitlines()[-1])
     assert all(k in r for k in KEYS), sorted(set(KEYS) - set(r))
+    # As deployed: TLS with a certificate per client (CN = instance id) and the fleet ACL.
+    assert r["tls"] is True and r["session_takeovers"] == 0, r
     assert r["agents"] == 100 and r["agents_connected"] == 100, r
     assert r["dropped_valid"] == 0, r
     assert r["sent"]["telemetry"] > 0 and r["sent"] == r["accepted"], r
