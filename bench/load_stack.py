@@ -19,8 +19,9 @@ from fleetd.adapters.catalog import bundled_catalog
 from fleetd.adapters.ec2 import TAG_FLEET, TAG_JOB
 from fleetd.adapters.faults import FaultProxy
 from fleetd.adapters.pricing_fake import PriceListFake, SpotPriceFake
-from fleetd.demo.broker import FLEET_ACL, find_mosquitto, mosquitto_config
+from fleetd.demo.broker import find_mosquitto, mosquitto_config
 from fleetd.demo.security import DemoPki
+from fleetd.identity.acl import FLEET_ACL
 from fleetd.identity.ca import CONTROLLER_CN
 from fleetd.localnet import free_port, wait_port
 from fleetd.policy.model import PoolId

@@ -34,8 +34,9 @@ from fleetd import config as fleetd_config
 from fleetd.adapters.ec2 import TAG_FLEET
 from fleetd.daemon import DaemonContext
 from fleetd.demo import configs
-from fleetd.demo.broker import FLEET_ACL, mosquitto_config, start_broker
+from fleetd.demo.broker import mosquitto_config, start_broker
 from fleetd.demo.security import DemoPki
+from fleetd.identity.acl import FLEET_ACL
 from fleetd.identity.ca import key_pem, pem
 from fleetd.identity.server import enrolment_component
 from fleetd.intake.mqtt import MqttIntake

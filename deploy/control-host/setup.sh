@@ -14,6 +14,7 @@
 #   TORCH_SPEC   pip requirement for torch (default: the range pyproject.toml tests)
 #   PIP_ARGS     extra pip arguments (the test passes --no-index --find-links for an offline install)
 #   START        "yes" (default): enable and start the units; "no": install only
+#   CA_ARGS      more `fleetd ca init` arguments (HA: --controller-host <each ha.host_id>)
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -59,14 +60,16 @@ install -m 0640 -o root -g fleetd "$FLEETD_TOML" /etc/fleetd/fleetd.toml
 "$VENV/bin/fleetd" config check --config /etc/fleetd/fleetd.toml
 
 log "fleet CA in $CA (the controller signs node certificates with it)"
-"$VENV/bin/fleetd" ca init --dir "$CA" --group fleetd --broker-name "$BROKER_NAME"
+# shellcheck disable=SC2086 # CA_ARGS is a list of words (HA: --controller-host ctl-a ...)
+"$VENV/bin/fleetd" ca init --dir "$CA" --group fleetd --broker-name "$BROKER_NAME" ${CA_ARGS:-}
 
 log "broker: mosquitto with the fleet's TLS listener and ACL"
 install -d -m 0750 -o root -g mosquitto /etc/mosquitto/fleetd
 install -m 0644 -o root -g mosquitto "$CA/ca.crt" /etc/mosquitto/fleetd/ca.crt
 install -m 0644 -o root -g mosquitto "$CA/server.crt" /etc/mosquitto/fleetd/server.crt
 install -m 0640 -o root -g mosquitto "$CA/server.key" /etc/mosquitto/fleetd/server.key
-install -m 0644 -o root -g mosquitto "$REPO/deploy/mosquitto/acl" /etc/mosquitto/fleetd/acl
+# The ACL fleetd ca init wrote: deploy/mosquitto/acl, plus a block per HA control host identity.
+install -m 0644 -o root -g mosquitto "$CA/acl" /etc/mosquitto/fleetd/acl
 install -m 0644 "$REPO/deploy/mosquitto/mosquitto.conf" /etc/mosquitto/conf.d/fleetd.conf
 
 log "units"

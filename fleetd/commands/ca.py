@@ -34,6 +34,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the group the controller runs as: it gets read access to the directory, the CA and the "
         "controller's key (default: fleetd, when that group exists; the files are otherwise root's only)",
     )
+    init.add_argument(
+        "--controller-host",
+        action="append",
+        default=[],
+        metavar="HOST_ID",
+        help="also issue fleetd-controller-HOST_ID for an HA control host (repeatable; each host's "
+        "ha.host_id): two controllers with one certificate would take each other's broker session",
+    )
     init.add_argument("--days", type=int, default=30, help="lifetime of the broker's and controller's certs")
     init.add_argument("--observer", action="store_true", help="also issue a read-only fleetd-observer certificate")
     init.add_argument(
@@ -54,9 +62,21 @@ def run(args: argparse.Namespace) -> int:
     if args.days < 1:
         print("fleetd ca init: --days must be >= 1", file=sys.stderr)
         return 2
-    clients = (CONTROLLER_CN,) + ((OBSERVER_CN,) if args.observer else ()) + ((BRIDGE_CN,) if args.bridge else ())
+    from fleetd.identity.acl import controller_cn, fleet_acl
+
+    try:
+        hosts = tuple(dict.fromkeys(args.controller_host))
+        per_host = tuple(controller_cn(h) for h in hosts)
+    except ValueError as exc:
+        print(f"fleetd ca init: {exc}", file=sys.stderr)
+        return 2
+    clients = (
+        (CONTROLLER_CN, *per_host) + ((OBSERVER_CN,) if args.observer else ()) + ((BRIDGE_CN,) if args.bridge else ())
+    )
     args.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     LocalCa.init(args.dir, server_names=tuple(args.broker_name), clients=clients, lifetime=dt.timedelta(days=args.days))
+    # The broker's ACL for exactly these identities (deploy/mosquitto/acl plus one block per host).
+    (args.dir / "acl").write_text(fleet_acl(hosts))
     group = args.group if args.group is not None else ("fleetd" if _group_exists("fleetd") else None)
     if group is not None:
         try:
@@ -75,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         )
     print(
         f"fleet CA in {args.dir}: ca.crt (give it to the broker and the nodes), ca.key (keep on this host), "
-        f"server.crt/key (the broker), {', '.join(f'{c}.crt/key' for c in clients)}"
+        f"server.crt/key and acl (the broker), {', '.join(f'{c}.crt/key' for c in clients)}"
     )
     return 0
 

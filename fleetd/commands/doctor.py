@@ -54,7 +54,7 @@ async def all_checks(cfg: FleetdConfig, service_user: str | None) -> list[Check]
 
     from fleetd.adapters.region import resolve_region
     from fleetd.doctor.cloud import account_checks
-    from fleetd.doctor.host import broker_check, file_checks, rendezvous_check
+    from fleetd.doctor.host import broker_check, file_checks, identity_check, rendezvous_check
     from fleetd.wiring import store_address
 
     checks: list[Check] = []
@@ -69,6 +69,7 @@ async def all_checks(cfg: FleetdConfig, service_user: str | None) -> list[Check]
         session.set_config_variable("profile", cfg.aws.profile)
     checks += await account_checks(cfg, session)
     checks += file_checks(cfg, service_user)
+    checks.append(identity_check(cfg))
     checks.append(await broker_check(cfg))
     checks.append(await rendezvous_check(cfg, store_address(cfg)))
     return checks

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from fleetd.demo.procs import Child
 from fleetd.demo.security import DemoPki
+from fleetd.identity.acl import FLEET_ACL
 from fleetd.localnet import free_port
 from fleetd.localnet import wait_port_async as wait_port
 
@@ -22,41 +23,6 @@ def find_mosquitto() -> str | None:
     return shutil.which("mosquitto") or next(
         (p for p in ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto") if os.path.exists(p)), None
     )
-
-
-# deploy/mosquitto/acl, verbatim (tests/test_demo_security.py keeps the two equal).
-FLEET_ACL = """\
-# fleetd broker ACL (mosquitto acl_file). Topics: fleetd/<fleet>/nodes/<instance-id>/<channel>.
-# Usernames are TLS certificate Common Names (mosquitto.conf: use_identity_as_username).
-
-# The controller reads everything under fleetd/ and is the only writer of commands and of the
-# rendezvous endpoint (HA: the leader publishes its store there, retained; agents follow it, so a
-# node able to write it could move every trainer to a store of its choosing).
-user fleetd-controller
-topic read fleetd/#
-topic write fleetd/+/nodes/+/commands
-topic write fleetd/+/rendezvous
-
-# HA broker pair (deploy/mosquitto/bridge.conf): the other broker's bridge connects with a
-# certificate CN=fleetd-bridge and carries every fleetd/ message both ways.
-user fleetd-bridge
-topic readwrite fleetd/#
-
-# A read-only monitor (the demo's live view, an operator's dashboard): reads, never writes.
-user fleetd-observer
-topic read fleetd/#
-
-# Every node: %u is its certificate's CN, i.e. its instance id. It may publish its status (and
-# last will), telemetry and events, and receive its own commands; nothing under any other id.
-# The fleet CA issues node certificates with CN=<instance id> only, so a CN can never carry MQTT
-# wildcards or a '/' that would widen these patterns (mosquitto also denies usernames with + or #).
-pattern write fleetd/+/nodes/%u/status
-pattern write fleetd/+/nodes/%u/telemetry
-pattern write fleetd/+/nodes/%u/events
-pattern read fleetd/+/nodes/%u/commands
-# Every node reads the leader's rendezvous endpoint (retained) and nothing else outside its own id.
-pattern read fleetd/+/rendezvous
-"""
 
 
 def secure_listener(port: int, pki: DemoPki, acl: Path, host: str = "127.0.0.1") -> list[str]:

@@ -98,6 +98,41 @@ def file_checks(cfg: FleetdConfig, user: str | None) -> list[Check]:
     return [Check.ok("certificate files", f"{name} reads {len(files)} file(s): {', '.join(str(f) for f in files)}")]
 
 
+def identity_check(cfg: FleetdConfig) -> Check:
+    """HA: each control host needs its own MQTT identity. The broker names a session after the
+    certificate's CN (use_username_as_clientid), so two controllers with one certificate take
+    each other's session over, again and again."""
+    if cfg.ha.backend != "dynamodb":
+        return Check.skip("controller identity", "one control host")
+    if cfg.mqtt.cert_file is None:
+        return Check.skip("controller identity", "no client certificate (plain MQTT)")
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    from fleetd.identity.ca import CONTROLLER_CN
+
+    try:
+        cert = x509.load_pem_x509_certificate(cfg.mqtt.cert_file.read_bytes())
+    except (OSError, ValueError) as exc:
+        return Check.fail("controller identity", f"{cfg.mqtt.cert_file}: {exc}", "fleetd ca init", fatal=True)
+    cn = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+    if cn == CONTROLLER_CN:
+        from fleetd.ha.compose import host_id
+
+        host = host_id(cfg)
+        fix = (
+            f"fleetd ca init --dir {cfg.enrol.ca_dir} --controller-host {host} (and the other hosts' ids), then "
+            f"[mqtt] cert_file/key_file = {cfg.enrol.ca_dir}/{CONTROLLER_CN}-{host}.crt/.key, and install the new acl"
+        )
+        return Check.fail(
+            "controller identity",
+            f"HA control hosts share the certificate CN={cn}: each takes the other's broker session",
+            fix,
+            fatal=True,
+        )
+    return Check.ok("controller identity", f"CN={cn!s}")
+
+
 async def broker_check(cfg: FleetdConfig) -> Check:
     """A TLS handshake with the controller's certificate, not an MQTT session: under
     use_username_as_clientid a second session with that certificate would take the running

@@ -9,13 +9,13 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from fleetd.config import FleetdConfig
-from fleetd.doctor.host import file_checks
+from fleetd.doctor.host import file_checks, identity_check
 from fleetd.doctor.result import Check, fatal
 
 
 async def preflight(cfg: FleetdConfig, session: Any, service_user: str | None = None) -> list[Check]:
     """The fatal failures (empty: go)."""
-    checks = list(file_checks(cfg, service_user))
+    checks = [*file_checks(cfg, service_user), identity_check(cfg)]
     kw: dict[str, Any] = {"region_name": cfg.aws.region}
     if cfg.aws.endpoint_url:
         kw["endpoint_url"] = cfg.aws.endpoint_url

@@ -1,0 +1,125 @@
+"""Two HA control hosts on one broker under TLS: with one shared certificate each connection takes
+the other's session (the broker names a session after the CN: use_username_as_clientid); with one
+identity per host (`fleetd ca init --controller-host`, and the ACL it writes) both stay connected,
+and both may command nodes. `fleetd doctor` (and `fleetd run`) name the shared one as fatal."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import ssl
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiomqtt
+import pytest
+
+from fleetd.config import FleetdConfig, HaConfig
+from fleetd.doctor.host import identity_check
+from fleetd.doctor.result import Status
+from fleetd.protocol.settings import MqttConfig
+from fleetd.protocol.topics import node_topic
+from tests.harness.mosquitto import Mosquitto
+from tests.harness.ports import free_port
+from tests.test_deploy_mosquitto import deployed_config
+
+
+@pytest.fixture(scope="module")
+def ca() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="fleetd-ha-ca-"))
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fleetd.cli",
+            "ca",
+            "init",
+            "--dir",
+            str(d / "ca"),
+            "--broker-name",
+            "127.0.0.1",
+            "--controller-host",
+            "ctl-a",
+            "--controller-host",
+            "ctl-b",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    yield d / "ca"
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def broker(ca: Path) -> Iterator[Mosquitto]:
+    port = free_port()
+    b = Mosquitto(port=port, listener_block=deployed_config(ca, port))
+    b.start()
+    yield b
+    b.close()
+
+
+def tls(ca: Path, cn: str) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=str(ca / "ca.crt"))
+    ctx.load_cert_chain(str(ca / f"{cn}.crt"), str(ca / f"{cn}.key"))
+    return ctx
+
+
+async def both_connected_for(broker: Mosquitto, ca: Path, cns: tuple[str, str], seconds: float) -> tuple[int, int]:
+    """Two controllers (their own client ids, as HA gives them), each reconnecting when dropped
+    as fleetd's intake does; returns how often each connected."""
+    connects = [0, 0]
+    stop = asyncio.Event()
+
+    async def controller(k: int, cn: str) -> None:
+        while not stop.is_set():
+            try:
+                async with aiomqtt.Client(
+                    broker.host, broker.port, identifier=f"fleetd-prod-ctl-{k}", tls_context=tls(ca, cn), timeout=5
+                ) as c:
+                    connects[k] += 1
+                    await c.subscribe("fleetd/prod/nodes/+/events", qos=1)
+                    await c.publish(node_topic("prod", "i-0aaaaaaaaaaaaaaaa", "commands"), b"{}", qos=1)
+                    async for _ in c.messages:
+                        pass
+            except aiomqtt.MqttError:
+                await asyncio.sleep(0.2)
+
+    tasks = [asyncio.create_task(controller(k, cn)) for k, cn in enumerate(cns)]
+    await asyncio.sleep(seconds)
+    stop.set()
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return connects[0], connects[1]
+
+
+async def test_one_identity_per_control_host_keeps_both_sessions(broker: Mosquitto, ca: Path) -> None:
+    before = broker.log_text().count("already connected, closing old connection")
+    a, b = await both_connected_for(broker, ca, ("fleetd-controller-ctl-a", "fleetd-controller-ctl-b"), 3.0)
+    assert (a, b) == (1, 1)
+    assert broker.log_text().count("already connected, closing old connection") == before
+
+
+async def test_a_shared_certificate_makes_the_two_take_each_others_session(broker: Mosquitto, ca: Path) -> None:
+    before = broker.log_text().count("already connected, closing old connection")
+    a, b = await both_connected_for(broker, ca, ("fleetd-controller", "fleetd-controller"), 3.0)
+    assert a + b > 2  # they keep knocking each other off
+    assert broker.log_text().count("already connected, closing old connection") > before
+
+
+def test_doctor_names_a_shared_identity_in_ha_as_fatal(ca: Path) -> None:
+    def cfg(cn: str) -> FleetdConfig:
+        mqtt = MqttConfig(url="mqtts://127.0.0.1:8883", cert_file=ca / f"{cn}.crt", key_file=ca / f"{cn}.key")
+        return FleetdConfig(mqtt=mqtt, ha=HaConfig(backend="dynamodb", host_id="ctl-a"))
+
+    shared = identity_check(cfg("fleetd-controller"))
+    assert shared.status is Status.FAIL and shared.fatal and "--controller-host ctl-a" in shared.fix
+    own = identity_check(cfg("fleetd-controller-ctl-a"))
+    assert own.status is Status.OK and "fleetd-controller-ctl-a" in own.detail
+    assert identity_check(FleetdConfig()).status is Status.SKIP
