@@ -53,28 +53,13 @@ class CancelRequest(_Versioned):
 
 
 def view_of(rec: JobRecord) -> JobView:
-    return JobView(
-        state=rec.state,
-        since=rec.since,
-        reason=rec.reason,
-        restarts=rec.restarts,
-        ended_at=rec.ended_at,
-        final_step=rec.final_step,
-    )
+    return JobView(**{name: getattr(rec, name) for name in JobView.model_fields if name != "schema_version"})
 
 
 def record_of(view: JobView) -> JobRecord:
     """The fold's memory back from the file (exits already counted are not kept: the registry
     of a new daemon life starts empty too)."""
-    return JobRecord(
-        state=view.state,
-        since=view.since,
-        reason=view.reason,
-        restarts=view.restarts,
-        ended_at=view.ended_at,
-        final_step=view.final_step,
-        last_failure_at=None,
-    )
+    return JobRecord(**view.model_dump(exclude={"schema_version"}))
 
 
 def _read(path: Path, model: type[_Versioned]) -> _Versioned | None:

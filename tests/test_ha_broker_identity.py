@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import ssl
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +20,7 @@ from fleetd.doctor.host import identity_check
 from fleetd.doctor.result import Status
 from fleetd.protocol.settings import MqttConfig
 from fleetd.protocol.topics import node_topic
+from tests.harness.ca_cli import ca_init
 from tests.harness.mosquitto import Mosquitto
 from tests.harness.ports import free_port
 from tests.test_deploy_mosquitto import deployed_config
@@ -30,26 +29,7 @@ from tests.test_deploy_mosquitto import deployed_config
 @pytest.fixture(scope="module")
 def ca() -> Iterator[Path]:
     d = Path(tempfile.mkdtemp(prefix="fleetd-ha-ca-"))
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fleetd.cli",
-            "ca",
-            "init",
-            "--dir",
-            str(d / "ca"),
-            "--broker-name",
-            "127.0.0.1",
-            "--controller-host",
-            "ctl-a",
-            "--controller-host",
-            "ctl-b",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = ca_init(d / "ca", "--controller-host", "ctl-a", "--controller-host", "ctl-b", broker_names=("127.0.0.1",))
     assert out.returncode == 0, out.stderr
     yield d / "ca"
     shutil.rmtree(d, ignore_errors=True)

@@ -29,6 +29,7 @@ from fleetd.identity.rules import EnrolSettings
 from fleetd.identity.server import EnrolmentServer
 from fleetd.identity.service import Enrolment
 from fleetd.protocol.enrol import ENROL_PATH, EnrolRequest
+from tests.harness.ca_cli import ca_init
 
 FLEET = "prod"
 LIFETIME_S = 600.0
@@ -211,28 +212,9 @@ async def _post(stack, req: EnrolRequest) -> tuple[int, dict]:
 
 
 def test_ca_init_command_makes_the_files_the_broker_and_controller_use(tmp_path):
-    import subprocess
-    import sys
 
     d = tmp_path / "ca"
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "fleetd.cli",
-            "ca",
-            "init",
-            "--dir",
-            str(d),
-            "--broker-name",
-            "mqtt.fleet.internal",
-            "--broker-name",
-            "10.0.1.10",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = ca_init(d, broker_names=("mqtt.fleet.internal", "10.0.1.10"))
     assert out.returncode == 0, out.stderr
     ca_key = (d / "ca.key").read_bytes()
     for name in ("ca.crt", "server.crt", "server.key", "fleetd-controller.crt", "fleetd-controller.key"):
@@ -245,12 +227,7 @@ def test_ca_init_command_makes_the_files_the_broker_and_controller_use(tmp_path)
     sans = server.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "mqtt.fleet.internal" in sans.get_values_for_type(x509.DNSName)
     # Run again (renewing the broker's and controller's certificates): the CA itself is kept.
-    subprocess.run(
-        [sys.executable, "-m", "fleetd.cli", "ca", "init", "--dir", str(d), "--broker-name", "x"],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+    assert ca_init(d, broker_names=("x",)).returncode == 0
     assert (d / "ca.key").read_bytes() == ca_key
 
 
@@ -336,7 +313,6 @@ def test_ca_init_as_root_leaves_the_files_fleetd_needs_readable_by_its_group():
     import os
     import shutil
     import subprocess
-    import sys
     import tempfile
 
     if os.geteuid() != 0:
@@ -346,20 +322,7 @@ def test_ca_init_as_root_leaves_the_files_fleetd_needs_readable_by_its_group():
     base.chmod(0o755)
     try:
         d = base / "ca"
-        argv = [
-            sys.executable,
-            "-m",
-            "fleetd.cli",
-            "ca",
-            "init",
-            "--dir",
-            str(d),
-            "--broker-name",
-            "b",
-            "--group",
-            group,
-        ]
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        out = ca_init(d, "--group", group)
         assert out.returncode == 0, out.stderr
         gid = grp.getgrnam(group).gr_gid
         for name in ("ca.key", "ca.crt", "fleetd-controller.key", "fleetd-controller.crt"):

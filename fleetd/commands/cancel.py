@@ -9,7 +9,7 @@ import argparse
 import sys
 import time
 
-from fleetd.commands.common import add_config_argument
+from fleetd.commands.common import add_config_argument, load_config
 from fleetd.config import DEFAULT_PATH
 
 
@@ -19,14 +19,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fleetd.config import load
     from fleetd.job_record import CancelRequest, read_job, write_cancel
-    from fleetd.protocol.settings import ConfigError
 
-    try:
-        cfg = load(args.config)
-    except ConfigError as exc:
-        print(exc.render(), file=sys.stderr)
+    cfg = load_config(args.config, "cancel")
+    if cfg is None:
         return 2
     state_dir = cfg.fleet.state_dir
     job = read_job(state_dir) if state_dir.exists() else None

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import TYPE_CHECKING
 
-from fleetd.commands.common import add_config_argument
+from fleetd.commands.common import add_config_argument, load_config
 from fleetd.config import DEFAULT_PATH
 from fleetd.doctor.result import Check
 
@@ -32,14 +31,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from fleetd.config import load
     from fleetd.doctor.result import exit_code, render
-    from fleetd.protocol.settings import ConfigError
 
-    try:
-        cfg = load(args.config)
-    except ConfigError as exc:
-        print(exc.render(), file=sys.stderr)
+    cfg = load_config(args.config, "doctor")
+    if cfg is None:
         return 2
     checks = asyncio.run(all_checks(cfg, args.service_user))
     if args.json:
