@@ -145,3 +145,24 @@ def test_fleetd_run_refuses_to_start_without_the_ca_it_signs_with(moto_endpoint:
     assert out.returncode == 2, out.stderr
     assert "certificate files" in out.stderr and "ca.key does not exist" in out.stderr
     assert "fix: fleetd ca init" in out.stderr and "not started" in out.stderr
+
+
+async def test_fleetd_run_refuses_no_credentials_but_not_an_unreachable_aws(monkeypatch, tmp_path: Path) -> None:
+    """No credentials is a definite answer; AWS not answering at boot is an outage the loop rides
+    through (refusing would let systemd's start limit leave the controller failed for good)."""
+    from aiobotocore.session import get_session
+
+    from fleetd.doctor.preflight import preflight
+    from fleetd.protocol.settings import AwsConfig
+
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    cfg = FleetdConfig(aws=AwsConfig(region="us-east-1", endpoint_url="http://127.0.0.1:9"))
+    (refused,) = await preflight(cfg, get_session())
+    assert refused.name == "credentials" and refused.fatal
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    assert await preflight(cfg, get_session()) == []

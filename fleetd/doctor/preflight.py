@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, PartialCredentialsError
 
 from fleetd.config import FleetdConfig
 from fleetd.doctor.host import file_checks, identity_check
 from fleetd.doctor.result import Check, fatal
+from fleetd.protocol.logs import get_logger
+
+log = get_logger(__name__)
 
 
 async def preflight(cfg: FleetdConfig, session: Any, service_user: str | None = None) -> list[Check]:
@@ -22,7 +25,13 @@ async def preflight(cfg: FleetdConfig, session: Any, service_user: str | None = 
     async with session.create_client("sts", **kw) as sts:
         try:
             await sts.get_caller_identity()
-        except (ClientError, BotoCoreError) as exc:
+        except (NoCredentialsError, PartialCredentialsError, ClientError) as exc:
+            # A definite answer: no credentials here, or AWS refused them.
             fix = "run on the control host with its instance role, or set [aws] profile / AWS_PROFILE"
             checks.append(Check.fail("credentials", f"no usable AWS credentials: {exc}", fix, fatal=True))
+        except BotoCoreError as exc:
+            # AWS unreachable for now (a network blip at boot): not a reason to stay down, which
+            # under systemd's start limit could leave the controller failed for good. The loop
+            # rides through it like any outage.
+            log.warning("preflight_aws_unreachable", error=str(exc))
     return fatal(checks)
