@@ -87,7 +87,9 @@ class Stack:
             ami = (await ec2.describe_images(Owners=["amazon"]))["Images"][0]["ImageId"]
         self.fleetd_conf = configs.fleetd_toml(self.workdir, ep, self.nodes, self.budget_usd, 10.0, ami)
         await self._start("rendezvous", [*CLI, "rendezvous", "--config", str(self.fleetd_conf)])
-        await wait_port("127.0.0.1", ep.rdzv_port, timeout=30)
+        # `fleetd rendezvous` imports torch first: seconds on a quiet box, over 30 s on a loaded
+        # 2-core one (a chaos run failed there). A slow start is not a hang.
+        await wait_port("127.0.0.1", ep.rdzv_port, timeout=120)
         await self._start("fleetd", [*CLI, "run", "--config", str(self.fleetd_conf)])
 
         def agent_conf(iid: str, addr: str, imds_url: str) -> Path:

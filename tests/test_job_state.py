@@ -174,3 +174,21 @@ def test_a_node_failing_again_right_after_its_restart_is_a_new_failure() -> None
     assert d.record.restarts == 2 and d.record.state is JobState.RECOVERING
     exits += (NodeExit("i-1", 108.0, "failed", 1),)
     assert advance(d.record, obs(109.0, node("i-1", training=False), exits=exits), S).record.state is JobState.FAILED
+
+
+def test_a_node_on_its_way_out_is_never_restarted() -> None:
+    """A whole-fleet notice: every node's tree exits (code 1) inside the drain. Restarting them
+    would cut the wave's checkpoint short (a storm demo lost 47 steps that way)."""
+    rec = JobRecord(state=JobState.RUNNING)
+    exits = (
+        NodeExit("i-1", 100.0, "failed", 1),
+        NodeExit("i-2", 100.5, "failed", 1),
+        NodeExit("i-3", 101.0, "lost", -9),
+    )
+    nodes = (
+        node("i-1", training=False, noticed_at=90.0),
+        node("i-2", training=False, leaving=True),
+        node("i-3", training=False, lost_at=99.0),
+    )
+    d = advance(rec, obs(102.0, *nodes, exits=exits), S)
+    assert d.restart == () and d.record.restarts == 0

@@ -160,7 +160,9 @@ class ElasticHooks:
                     TrainerExited(
                         instance_id=self.instance_id,
                         exit_code=exit_.exit_code,
-                        reason=str(cause) if cause is ExitCause.STORE_LOST else exit_.reason,
+                        # Its own verdict where it has one: a tree it stopped (a drain's, a
+                        # leave's) can exit 1 and would read as a failure to fleetd.
+                        reason=str(cause) if cause in (ExitCause.STORE_LOST, ExitCause.STOPPED) else exit_.reason,
                     )
                 )
                 if cause in (ExitCause.STOPPED, ExitCause.FINISHED):

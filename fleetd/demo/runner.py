@@ -162,7 +162,9 @@ async def run_demo(opts: DemoOptions) -> dict[str, Any]:
         )
         await run.rendezvous.start()
         run.children.append(run.rendezvous)  # type: ignore[arg-type]  # stops like a Child
-        await wait_port("127.0.0.1", ep.rdzv_port, timeout=30)
+        # `fleetd rendezvous` imports torch first: seconds on a quiet box, over 30 s on a loaded
+        # 2-core one (a chaos run failed there). A slow start is not a hang.
+        await wait_port("127.0.0.1", ep.rdzv_port, timeout=120)
         run.fleetd = await _start(run, "fleetd", [*cli, "run", "--config", str(fleetd_conf)])
         log.info("demo_cloud_ready", workdir=str(workdir), broker=broker_kind, moto=moto_url)
 

@@ -142,6 +142,11 @@ def classify_exit(ex: NodeExit, obs: JobObservation, s: JobSettings) -> ExitClas
     return ExitClass.USER_FAILURE
 
 
+def _staying(instance_id: str, obs: JobObservation) -> bool:
+    node = next((n for n in obs.nodes if n.instance_id == instance_id), None)
+    return node is not None and node.billed and node.noticed_at is None and not node.leaving and node.lost_at is None
+
+
 def _end(rec: JobRecord, state: JobState, now: float, reason: str, step: int | None) -> JobRecord:
     return replace(rec, state=state, since=now, ended_at=now, reason=reason, final_step=step)
 
@@ -183,8 +188,10 @@ def advance(rec: JobRecord, obs: JobObservation, s: JobSettings) -> JobDecision:
             nodes = rec.failure_nodes | {ex.instance_id} if same else frozenset({ex.instance_id})
             rec = replace(rec, last_failure_at=ex.at, failure_nodes=nodes)
             restart.append(ex.instance_id)
-        elif ex.reason in ("failed", "lost"):
-            # The cloud's fault: the agent waits for fleetd's word, which costs the job nothing.
+        elif ex.reason in ("failed", "lost") and _staying(ex.instance_id, obs):
+            # The cloud's fault on a node that stays (a peer was lost, the store restarted): the
+            # agent waits for fleetd's word, which costs the job nothing. A node that is noticed,
+            # leaving or lost is on its way out: its exit is the drain's, never restarted.
             restart.append(ex.instance_id)
 
     training = any(n.billed and n.training for n in obs.nodes)
