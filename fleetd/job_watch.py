@@ -67,7 +67,18 @@ class JobWatcher:
         if found is not None:
             self.record = record_of(found)
 
-    def observe(self, ctx: Any, now: float) -> JobObservation:
+    def read_cancel(self) -> str | None:
+        """The operator's cancel reason, if `fleetd cancel` asked (blocking: call it in a thread)."""
+        if self.state_dir is None:
+            return None
+        try:
+            request = read_cancel(self.state_dir)
+        except Exception as exc:  # noqa: BLE001 - logged; the job goes on
+            log.error("cancel_request_unreadable", error=str(exc))
+            return None
+        return request.reason if request is not None else None
+
+    def observe(self, ctx: Any, now: float, cancel: str | None = None) -> JobObservation:
         report = getattr(ctx, "last_report", None)
         observation = getattr(report, "observation", None)
         nodes: list[JobNode] = []
@@ -97,14 +108,6 @@ class JobWatcher:
         durable = self.signals.durable_step
         if durable is not None:
             best = max(best or 0, durable)
-        cancel = None
-        if self.state_dir is not None:
-            try:
-                request = read_cancel(self.state_dir)
-            except Exception as exc:  # noqa: BLE001 - logged; the job goes on
-                log.error("cancel_request_unreadable", error=str(exc))
-                request = None
-            cancel = request.reason if request is not None else None
         return JobObservation(
             now=now,
             nodes=tuple(nodes),
@@ -118,7 +121,8 @@ class JobWatcher:
 
     async def tick(self, ctx: Any) -> JobDecision:
         now = self.clock()
-        obs = self.observe(ctx, now)
+        cancel = await asyncio.to_thread(self.read_cancel) if not self.record.terminal else None
+        obs = self.observe(ctx, now, cancel)
         decision = advance(self.record, obs, self.settings)
         self.record = rec = decision.record
         if decision.changed:
