@@ -72,7 +72,7 @@ class AgentConfig(CommonSettings):
         would shadow it in the workers (Python puts the script's folder first on sys.path) and fail
         with an ImportError that names neither. Caught here, when the config is read, instead."""
         job = self.job
-        if job.module:
+        if job.module or job.code_uri:  # shipped code is checked when it is packed (fleetd/jobs/pack.py)
             return self
         folder = Path(job.entrypoint).parent
         for clash in (folder / "agent.py", folder / "agent" / "__init__.py", folder / "agent"):

@@ -191,6 +191,20 @@ class FleetdJobConfig(JobConfig):
     # explains; fleetd/policy/job_state.py) fleetd restarts before the job FAILS and every node
     # is released. 0: the first such failure ends the job.
     max_restarts: Annotated[int, Field(ge=0)] = 3
+    # A job file (fleetd/jobs/job_file.py; deploy/examples/job.toml): the job defined there,
+    # its workdir packed and shipped to the nodes. Set, it is the job's only definition: the
+    # other [job] keys stay unset here.
+    file: Path | None = None
+
+    @model_validator(mode="after")
+    def _one_definition(self) -> FleetdJobConfig:
+        if self.file is not None and not self.code_uri:
+            beside = sorted(self.model_fields_set - {"file"})
+            if beside:
+                raise ValueError(
+                    f"with job.file the job is defined in that file only; remove job.{', job.'.join(beside)}"
+                )
+        return self
 
     def lifecycle_settings(self) -> JobSettings:
         from fleetd.policy.job_state import JobSettings

@@ -41,6 +41,9 @@ class JobView(_Versioned):
     restarts: int = 0  # user-code failures restarted so far
     ended_at: float | None = None
     final_step: int | None = None
+    # The SHA-256 of the job's code that new nodes get (a job file's packed workdir); "" when
+    # the code is baked into the image.
+    code_digest: str = ""
 
     @property
     def terminal(self) -> bool:
@@ -52,14 +55,15 @@ class CancelRequest(_Versioned):
     requested_at: float
 
 
-def view_of(rec: JobRecord) -> JobView:
-    return JobView(**{name: getattr(rec, name) for name in JobView.model_fields if name != "schema_version"})
+def view_of(rec: JobRecord, code_digest: str = "") -> JobView:
+    kept = {name: getattr(rec, name) for name in JobView.model_fields if name not in ("schema_version", "code_digest")}
+    return JobView(**kept, code_digest=code_digest)
 
 
 def record_of(view: JobView) -> JobRecord:
     """The fold's memory back from the file (exits already counted are not kept: the registry
     of a new daemon life starts empty too)."""
-    return JobRecord(**view.model_dump(exclude={"schema_version"}))
+    return JobRecord(**view.model_dump(exclude={"schema_version", "code_digest"}))
 
 
 def _read(path: Path, model: type[_Versioned]) -> _Versioned | None:

@@ -51,10 +51,11 @@ class JobWatcher:
     interval_s: float = 1.0
     clock: Callable[[], float] = time.time
     record: JobRecord = field(default_factory=JobRecord)
+    code_digest: str = ""  # the job's code version new nodes get (status and report show it)
 
     @property
     def view(self) -> JobView:
-        return view_of(self.record)
+        return view_of(self.record, self.code_digest)
 
     def load(self) -> None:
         if self.state_dir is None:
@@ -129,7 +130,7 @@ class JobWatcher:
             log_fn = log.error if rec.state == "failed" else log.warning if rec.terminal else log.info
             log_fn("job_state", state=str(rec.state), reason=rec.reason, restarts=rec.restarts, step=rec.final_step)
             if self.state_dir is not None:
-                await asyncio.to_thread(write_job, self.state_dir, view_of(rec))
+                await asyncio.to_thread(write_job, self.state_dir, view_of(rec, self.code_digest))
         for iid in decision.restart:
             log.warning("job_restart_trainer", instance_id=iid, reason=rec.reason, restarts=rec.restarts)
             if self.send_command is not None:

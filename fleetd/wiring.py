@@ -119,6 +119,7 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
         signals,
         state_dir=cfg.fleet.state_dir,
         total_steps=cfg.job.total_steps,
+        code_digest=cfg.job.code_digest,
         send_command=intake.mqtt.send_command,
         steerer=steerer,
         wake=ctx.wake_loop,

@@ -1,4 +1,4 @@
-"""Folder mode end to end: the PyTorch DDP tutorial's script (agent/examples/ddp_snapshot.py, no
+"""Folder mode end to end: the PyTorch DDP tutorial's script (deploy/examples/ddp-job/train.py, no
 fleetd code) under real torchrun (CPU, gloo) on 2 nodes, each supervised by the agent's folder-mode
 hooks (agent/supervise/folder_hooks.py), with S3 on moto.
 
@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-import agent.examples
 from agent.supervise.folder_hooks import FolderHooks, FolderSettings
 from fleetd.protocol.messages import Notice
 from fleetd.protocol.settings import AwsConfig, CheckpointConfig
@@ -29,7 +28,7 @@ from fleetd.rendezvous.localcluster import LocalCluster
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 BUCKET = "folder-e2e"
 SAVE_EVERY = 4
-SCRIPT = Path(agent.examples.__file__).parent / "ddp_snapshot.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "deploy" / "examples" / "ddp-job" / "train.py"
 EPOCH = re.compile(r"^\[GPU\d+\] Epoch (\d+) ", re.M)
 RESUMED = re.compile(r"Resuming training from snapshot at Epoch (\d+)")
 

@@ -192,3 +192,14 @@ def test_a_node_on_its_way_out_is_never_restarted() -> None:
     )
     d = advance(rec, obs(102.0, *nodes, exits=exits), S)
     assert d.restart == () and d.record.restarts == 0
+
+
+def test_a_failed_setup_is_the_jobs_failure_and_its_cause_says_setup() -> None:
+    reason = "setup-failed: setup `pip install -r requirements.txt` exited 1: No matching distribution for foo"
+    s0 = JobSettings(max_restarts=0)
+    d = advance(JobRecord(state=JobState.RUNNING), obs(5.0, node(), exits=(NodeExit("i-1", 4.0, reason, 1),)), s0)
+    assert d.record.state is JobState.FAILED
+    assert (
+        "the job's setup failed on i-1: setup `pip install" in d.record.reason
+        and "No matching distribution" in d.record.reason
+    )

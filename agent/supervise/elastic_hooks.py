@@ -17,6 +17,7 @@ from agent.hooks import AgentContext
 from agent.supervise.emergency import CheckpointStoreUploader, EmergencyFlow, EmergencyOutcome
 from agent.supervise.endpoint_follow import FollowAction, StoreEndpoint, follow
 from agent.supervise.failure_guard import wait_guarded
+from agent.supervise.job_setup import s3_fetch, until_ready
 from agent.supervise.launch import LaunchSpec
 from agent.supervise.store_watch import (
     Backoff,
@@ -29,6 +30,7 @@ from agent.supervise.store_watch import (
     wait_for_store,
 )
 from agent.supervise.torchrun import TorchrunProcess
+from agent.supervise.workspace import JobWorkspace
 from agent.trainer import local_ckpt
 from agent.trainer.store_link import StoreLink
 from fleetd.protocol import rendezvous_keys as keys
@@ -69,6 +71,7 @@ class ElasticHooks:
     endpoint: StoreEndpoint | None = None
     endpoint_restarts: int = 0
     _restart_why: str = "fleetd asked (restart-trainer)"
+    workspace: JobWorkspace | None = None  # the job's code, when the controller ships it
 
     @classmethod
     def from_context(cls, ctx: AgentContext) -> ElasticHooks:
@@ -82,6 +85,23 @@ class ElasticHooks:
             checkpoints=cfg.checkpoints,
             aws=cfg.aws,
             log_path=cfg.node.state_dir / "torchrun.log",
+            workspace=JobWorkspace.from_config(cfg),
+        )
+
+    async def code_ready(self) -> bool:
+        """The job's code set up on this node before torchrun first starts (job_setup.py)."""
+        if self.workspace is None:
+            return True
+
+        async def wait_retry() -> None:
+            await self.set_state("ready")
+            self.restart_requested.clear()
+            await self._wait_restart_or_stop()
+
+        fetch = s3_fetch(self.aws)
+        ws, iid = self.workspace, self.instance_id
+        return await until_ready(
+            ws, fetch, instance_id=iid, publish_event=self.publish_event, wait_retry=wait_retry, stopped=self._stopped
         )
 
     def _link(self) -> StoreLink:
@@ -100,6 +120,8 @@ class ElasticHooks:
         """
         from fleetd.protocol.messages import TrainerExited
 
+        if not await self.code_ready():
+            return
         crash_backoff = Backoff(first_s=1.0, max_s=30.0)
         before = await asyncio.to_thread(self._probe)
         ready: TorchrunProcess | None = None  # prewarmed while waiting for the store

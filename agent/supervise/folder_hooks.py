@@ -36,6 +36,7 @@ from agent.supervise.folder_sync import FolderSync
 from agent.supervise.proctree import process_tree
 from agent.supervise.store_watch import log_size
 from agent.supervise.torchrun import TorchrunProcess
+from agent.supervise.workspace import JobWorkspace
 from fleetd.protocol import rendezvous_keys as keys
 from fleetd.protocol.logs import get_logger
 
@@ -53,10 +54,13 @@ class FolderSettings:
     settle_s: float = 2.0
 
     @classmethod
-    def from_job(cls, job: Any) -> FolderSettings | None:
+    def from_job(cls, job: Any, workspace: JobWorkspace | None = None) -> FolderSettings | None:
         if job.checkpoint_dir is None:
             return None
-        return cls(Path(job.checkpoint_dir), job.checkpoint_signal, job.checkpoint_settle_s)
+        folder = Path(job.checkpoint_dir)
+        if workspace is not None:
+            folder = workspace.resolve(folder)  # a job file's relative folder: in the job's code folder
+        return cls(folder, job.checkpoint_signal, job.checkpoint_settle_s)
 
 
 @dataclass
@@ -75,12 +79,14 @@ class FolderHooks(ElasticHooks):
         values = {f.name: getattr(base, f.name) for f in fields(ElasticHooks)}
         # Signals go to torchrun's children, which must be the script itself: no warm pool.
         values["spec"] = replace(base.spec, warm_pool=False)
-        return cls(**values, folder=FolderSettings.from_job(ctx.config.job))
+        return cls(**values, folder=FolderSettings.from_job(ctx.config.job, base.workspace))
 
     async def run(self) -> None:
         from fleetd.protocol.messages import TrainerExited
 
         assert self.folder is not None, "FolderHooks needs [job] checkpoint_dir"
+        if not await self.code_ready():
+            return
         async with contextlib.AsyncExitStack() as stack:
             store = None
             if self.checkpoints is not None:
@@ -119,24 +125,39 @@ class FolderHooks(ElasticHooks):
                 for task in (syncing, refresh):
                     if task is not None:
                         task.cancel()
-            if store is not None and exit_.reason == "finished":
+            if exit_ is not None and store is not None and exit_.reason == "finished":
                 await self._final_version()
-        await self.publish_event(
-            TrainerExited(instance_id=self.instance_id, exit_code=exit_.exit_code, reason=exit_.reason)
-        )
+        if exit_ is not None:
+            await self.publish_event(
+                TrainerExited(instance_id=self.instance_id, exit_code=exit_.exit_code, reason=exit_.reason)
+            )
 
     async def _supervise(self) -> Any:
-        """torchrun until it exits for good. A restart asked for while it ran (the leader moved
-        the rendezvous store: ``on_endpoint``; fleetd's restart-trainer) starts it again with the
-        current spec; the script resumes from its own folder, which stays on this disk, so
-        nothing is restored and the folder sync goes on uploading."""
+        """torchrun until it exits for good (None: its last exit is reported already). A restart
+        asked for while it ran (the leader moved the rendezvous store: ``on_endpoint``; fleetd's
+        restart-trainer) starts it again with the current spec; the script resumes from its own
+        folder, which stays on this disk, so nothing is restored and the folder sync goes on
+        uploading. A failed script is reported at once and waits for fleetd's word: a restart
+        while the job has restarts left (fleetd/policy/job_state.py), else the node is released."""
+        from fleetd.protocol.messages import TrainerExited
+
         assert self.torchrun is not None
         while True:
             # A failure of the script itself ends torchrun's own restarts (failure_guard); the
             # log offset is this torchrun's start (the log is shared by every run on the node).
             exit_ = await wait_guarded(self.torchrun, self.log_path, self._log_start, self._may_fail)
-            if not self.restart_requested.is_set() or self.draining or self.stopping:
+            if self.draining or self.stopping:
                 return exit_
+            if not self.restart_requested.is_set():
+                if exit_.reason != "failed":
+                    return exit_
+                await self.publish_event(
+                    TrainerExited(instance_id=self.instance_id, exit_code=exit_.exit_code, reason=exit_.reason)
+                )
+                await self.set_state("ready")
+                await self._wait_restart_or_stop()
+                if not self.restart_requested.is_set() or self.draining or self.stopping:
+                    return None
             log.warning(
                 "trainer_restarting", why=self._restart_why, rdzv=f"{self.spec.rdzv_host}:{self.spec.rdzv_port}"
             )

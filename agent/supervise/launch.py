@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.config import AgentConfig
+from agent.supervise.workspace import JobWorkspace
 from agent.trainer import context as trainer_env
 
 WARM_PRELOAD: tuple[str, ...] = (
@@ -74,6 +75,9 @@ class LaunchSpec:
     job: str = "train"
     extra_env: tuple[tuple[str, str], ...] = ()
     python: str = sys.executable
+    # The job's code folder (agent/supervise/workspace.py): torchrun runs there. None: the
+    # agent's own working directory (an entrypoint baked into the image).
+    cwd: Path | None = None
     # Fork workers from a process that has torch imported (agent/supervise/warm_pool.py): a restarted
     # worker starts in milliseconds instead of seconds. Module entrypoints only.
     warm_pool: bool = True
@@ -113,6 +117,13 @@ class LaunchSpec:
         )
         if j.preload:
             values["warm_preload"] = WARM_PRELOAD + tuple(j.preload)
+        workspace = JobWorkspace.from_config(cfg)
+        if workspace is not None:
+            values.update(
+                python=str(workspace.python), cwd=workspace.code, extra_env=tuple(workspace.launch_env().items())
+            )
+        elif j.env:
+            values["extra_env"] = tuple(j.env.items())
         values.update(overrides)
         return cls(**values)
 

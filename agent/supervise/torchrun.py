@@ -84,6 +84,7 @@ class TorchrunProcess:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            cwd=self.spec.cwd,
         )
         env["FLEETD_WARM_POOL"] = sock
 
@@ -129,6 +130,7 @@ class TorchrunProcess:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group: signals to us do not reach it
+                cwd=self.spec.cwd,
             )
         finally:
             if out is not subprocess.DEVNULL:

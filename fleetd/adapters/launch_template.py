@@ -16,6 +16,7 @@ from typing import Any
 from fleetd.adapters.aws_errors import PermanentAwsError, aws_call
 from fleetd.config import FleetdConfig
 from fleetd.protocol.logs import get_logger
+from fleetd.protocol.settings import JobConfig
 
 log = get_logger(__name__)
 
@@ -66,6 +67,43 @@ class TemplateRef:
         return {"LaunchTemplateId": self.template_id, "Version": self.version}
 
 
+def job_env(job: JobConfig) -> dict[str, str]:
+    """The job as the controller defines it, as the agent's FLEETD_JOB__* environment: the
+    image's baked agent.toml is only an example. Whole in every node's user data, with the code
+    version it runs (fleetd/protocol/job_code.py). The demo's nodes read it from the same place."""
+    env = {
+        "FLEETD_JOB__NAME": job.name,
+        "FLEETD_JOB__ENTRYPOINT": job.entrypoint,
+        "FLEETD_JOB__MODULE": json.dumps(job.module),
+        "FLEETD_JOB__ARGS": json.dumps(list(job.args)),
+        "FLEETD_JOB__NPROC_PER_NODE": str(job.nproc_per_node),
+        "FLEETD_JOB__PRELOAD": json.dumps(list(job.preload)),
+        "FLEETD_JOB__CHECKPOINT_SIGNAL": job.checkpoint_signal,
+        "FLEETD_JOB__SETUP": json.dumps(list(job.setup)),
+        "FLEETD_JOB__ENV": json.dumps(job.env),
+        "FLEETD_JOB__CODE_URI": job.code_uri,
+        "FLEETD_JOB__CODE_DIGEST": job.code_digest,
+    }
+    if job.checkpoint_dir:
+        env["FLEETD_JOB__CHECKPOINT_DIR"] = str(job.checkpoint_dir)
+    return env
+
+
+def parse_user_data_env(user_data: str) -> dict[str, str]:
+    """The FLEETD_* settings ``agent_user_data`` wrote (the inverse of its env file lines)."""
+    out: dict[str, str] = {}
+    lines = user_data.splitlines()
+    if f"cat > {AGENT_ENV_FILE} <<'FLEETD_ENV'" not in lines:
+        return out
+    for line in lines[lines.index(f"cat > {AGENT_ENV_FILE} <<'FLEETD_ENV'") + 1 :]:
+        if line == "FLEETD_ENV":
+            break
+        key, _, value = line.partition("=")
+        (parsed,) = shlex.split(value) or [""]
+        out[key] = parsed
+    return out
+
+
 def agent_user_data(cfg: FleetdConfig) -> str:
     """A boot script that hands the agent its fleet-specific settings, then (re)starts it.
 
@@ -83,15 +121,7 @@ def agent_user_data(cfg: FleetdConfig) -> str:
         "FLEETD_RENDEZVOUS__RUN_ID": cfg.rendezvous.run_id,
         "FLEETD_CHECKPOINTS__BUCKET": cfg.checkpoints.bucket,
         "FLEETD_CHECKPOINTS__PREFIX": cfg.checkpoints.prefix,
-        "FLEETD_JOB__NAME": cfg.job.name,
-        # The job as the controller defines it: the image's baked agent.toml is only an example.
-        "FLEETD_JOB__ENTRYPOINT": cfg.job.entrypoint,
-        "FLEETD_JOB__MODULE": json.dumps(cfg.job.module),
-        "FLEETD_JOB__ARGS": json.dumps(list(cfg.job.args)),
-        "FLEETD_JOB__NPROC_PER_NODE": str(cfg.job.nproc_per_node),
-        "FLEETD_JOB__PRELOAD": json.dumps(list(cfg.job.preload)),
-        "FLEETD_JOB__CHECKPOINT_SIGNAL": cfg.job.checkpoint_signal,
-        **({"FLEETD_JOB__CHECKPOINT_DIR": str(cfg.job.checkpoint_dir)} if cfg.job.checkpoint_dir else {}),
+        **job_env(cfg.job),
     }
     if cfg.enrol.enabled:
         # Where the node gets its certificate, and the CA it pins the broker with (public: the

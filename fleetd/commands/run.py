@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -75,6 +76,11 @@ def run(args: argparse.Namespace) -> int:
                     print(f"fleetd run: {check.name}: {check.detail}\n  fix: {check.fix}", file=sys.stderr)
                 print("fleetd run: not started (`fleetd doctor` checks everything)", file=sys.stderr)
                 return 2
+        if cfg.job.file is not None:
+            shipped = await _ship_job(cfg, dry_run=args.dry_run)
+            if shipped is None:
+                return 2
+            cfg = shipped
         ctx = DaemonContext(cfg)
         if not args.dry_run:
             from fleetd.state_backup import restore_at_start
@@ -100,6 +106,30 @@ def run(args: argparse.Namespace) -> int:
         log.error("startup_failed", error=str(exc))
         status = 1
     return exit_bounded(status)
+
+
+async def _ship_job(cfg: Any, *, dry_run: bool) -> Any:
+    """The job file's code packed and uploaded; the config with the job from the file. None (after
+    saying why on stderr) when the file or its workdir cannot be used."""
+    from fleetd.jobs.job_file import load_job_file
+    from fleetd.jobs.pack import PackError, pack
+    from fleetd.jobs.publish import apply_job, publish_job
+    from fleetd.protocol.settings import ConfigError
+    from fleetd.state_backup import open_s3
+
+    try:
+        if dry_run:  # checked and packed, not uploaded
+            job, workdir = load_job_file(cfg.job.file)
+            await asyncio.to_thread(pack, workdir)
+            return apply_job(cfg.model_copy(update={"job": cfg.job.model_copy(update={"file": None})}), job, None)
+        async with open_s3(cfg) as s3:
+            shipped, _ = await publish_job(cfg, s3)
+        return shipped
+    except ConfigError as exc:
+        print(exc.render(), file=sys.stderr)
+    except PackError as exc:
+        print(f"fleetd run: {exc}", file=sys.stderr)
+    return None
 
 
 # After the daemon's own bounded shutdown, how long worker threads (a blocking connect, a DNS

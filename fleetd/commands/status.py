@@ -161,6 +161,8 @@ def _job_line(job: dict[str, Any] | None) -> str:
     line = f"job: {str(job['state']).upper()}"
     if job.get("reason"):
         line += f" ({job['reason']})"
+    if job.get("code_digest"):
+        line += f"; code {job['code_digest'][:12]}"
     if job.get("restarts"):
         line += f"; {job['restarts']} restart(s) after failures of the job's code"
     return line

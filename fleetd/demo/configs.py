@@ -41,6 +41,9 @@ def trainer_socket_for(node_dir: Path) -> Path:
 
 
 def job_group(job: str, steps: int | None = None) -> dict[str, object]:
+    """The [job] table for a demo job's name, or for a job file's path (the file is the job)."""
+    if job not in DEMO_JOBS:
+        return {"file": job}
     entrypoint, preload = DEMO_JOBS[job]
     group: dict[str, object] = {"name": job, "entrypoint": entrypoint, "nproc_per_node": 1}
     if preload:
@@ -106,8 +109,10 @@ def fleetd_toml(
     shape: FleetShape | None = None,
     overrides: dict[str, dict[str, object]] | None = None,
     job: str = "toy",
+    steps: int | None = None,
 ) -> Path:
-    """``overrides``: extra settings merged into the groups (the partition tests use it)."""
+    """``overrides``: extra settings merged into the groups (the partition tests use it). The
+    job defined here is the nodes' job: they read it from the launch template's user data."""
     path = workdir / "fleetd.toml"
     scaling: dict[str, object]
     if shape is None:
@@ -157,7 +162,7 @@ def fleetd_toml(
             # a busy two-core host: a longer heartbeat timeout keeps a slow beat from reading as a loss.
             **({} if shape is None else {"loss": {"dead_after_s": 20.0}}),
             "checkpoints": {"bucket": DEMO_BUCKET, "prefix": "checkpoints", "keep": 3, "interval_steps": 50},
-            "job": job_group(job),
+            "job": job_group(job, steps),
             "metrics": {"port": 0},
             # Compressed like the demo's notices: a stall is 20 s without a step (production: 180 s).
             # No node replacement: the demo's nodes are local processes on one box, and a fresh node
@@ -230,7 +235,8 @@ def agent_toml(
                     "interval_steps": 50,
                     "local_dir": node_dir / "checkpoints",
                 },
-                "job": job_group(job, steps),
+                # The image's example job; the user data's (job_env) replaces it, as on EC2.
+                **({"job": job_group(job, steps)} if job in DEMO_JOBS else {}),
             }
         )
     )

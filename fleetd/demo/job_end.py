@@ -3,7 +3,9 @@ operator reads), its last step, and how long billing went on after it.
 
 ``billing_stopped_after_s``: from the job's last completed step to the moment the last node's
 process tree was gone after EC2 ended it (an upper bound on its bill: EC2 stops billing at
-shutting-down, a moment earlier). None while any node still runs: unknown, never a guess."""
+shutting-down, a moment earlier). For code that reports no steps (folder mode) it counts from
+the moment fleetd saw the job end instead, and ``billing_reference`` says so. None while any node
+still runs: unknown, never a guess."""
 
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ def job_section(run: Any, progress: Progress) -> dict[str, Any]:
     snap = status_snapshot(run.workdir)
     job = snap.job if snap is not None else None
     steps = [r["t"] for r in progress.records if r["ev"] == "step"]
-    last_step_at = max(steps) if steps else None
+    reference = "last step" if steps else "job end seen by fleetd (the job's code reports no steps)"
+    last_step_at = max(steps) if steps else (job.ended_at if job is not None else None)
     nodes = list(run.launcher.nodes.values()) if run.launcher is not None else []
     billing_after = None
     if nodes and all(n.stopped_at is not None for n in nodes) and last_step_at is not None:
@@ -32,6 +35,8 @@ def job_section(run: Any, progress: Progress) -> dict[str, Any]:
         "job_restarts": job.restarts if job is not None else None,
         "job_final_step": job.final_step if job is not None else None,
         "billing_stopped_after_s": billing_after,
+        "billing_reference": reference,
+        "job_code_digest": (job.code_digest or None) if job is not None else None,
     }
 
 
@@ -43,6 +48,8 @@ def job_rows(report: dict[str, Any]) -> list[tuple[str, object]]:
         ("job", f"{state}" + (f" ({reason})" if reason else "")),
         (
             "billing stopped",
-            f"{after:.1f} s after the last step" if after is not None else "unknown (a node was still running)",
+            f"{after:.1f} s after the {report.get('billing_reference', 'last step')}"
+            if after is not None
+            else "unknown (a node was still running, or no step and no job end was seen)",
         ),
     ]

@@ -9,6 +9,7 @@ scenario playing AWS after a notice), the node's whole process tree is stopped.
 from __future__ import annotations
 
 import asyncio
+import base64
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -21,6 +22,7 @@ import psutil
 from agent.doubles.fake_iid import IdentitySigner
 from agent.doubles.fake_imds import FakeImds
 from agent.supervise.proctree import kill_tree, process_tree
+from fleetd.adapters.launch_template import parse_user_data_env
 from fleetd.demo.procs import Child
 from fleetd.protocol.logs import get_logger
 
@@ -77,6 +79,9 @@ class Launcher:
     poll_s: float = 0.5
     # Plays AWS's identity signer for every node's fake IMDS (None: documents answer 404).
     identity_signer: IdentitySigner | None = None
+    # The job as the instance's launch template hands it to the agent (user data's FLEETD_JOB__*),
+    # read from the cloud for each new node, as cloud-init would on EC2.
+    job_env: Callable[[Mapping[str, Any]], Awaitable[dict[str, str]]] | None = None
     nodes: dict[str, LocalNode] = field(default_factory=dict)
     _next_octet: int = FIRST_HOST_OCTET
 
@@ -121,7 +126,7 @@ class Launcher:
             f"agent-{iid}",
             [sys.executable, "-m", "agent.cli", "run", "--config", str(conf)],
             self.workdir / "nodes" / iid / "agent.log",
-            env=self.env,
+            env={**self.env, **(await self.job_env(inst) if self.job_env is not None else {})},
         )
         log.info(
             "node_started", instance_id=iid, addr=addr, pool=f"{inst['InstanceType']}@{imds.zone}", lifecycle=lifecycle
@@ -162,3 +167,20 @@ class Launcher:
         async with asyncio.TaskGroup() as tg:
             for node in self.live():
                 tg.create_task(self._stop(node, loop.time(), reason="demo over"))
+
+
+async def template_job_env(ec2: Any, inst: Mapping[str, Any], fleet: str = "demo") -> dict[str, str]:
+    """The job a node boots with: the FLEETD_JOB__* lines of the user data in the launch template
+    fleetd launched it from (its newest version; one template per fleet), as cloud-init hands
+    them to the agent on EC2. Unreadable: the agent's own config's job (logged)."""
+    name = f"fleetd-{fleet}"  # fleetd.adapters.launch_template.default_template_name
+    try:
+        resp = await ec2.describe_launch_template_versions(LaunchTemplateName=name, Versions=["$Latest"])
+        data = resp["LaunchTemplateVersions"][0]["LaunchTemplateData"].get("UserData", "")
+    except Exception as exc:  # noqa: BLE001 - the demo goes on with the agent's own config
+        log.error(
+            "launch_template_unreadable", template=name, instance_id=inst.get("InstanceId"), error=repr(exc)[:300]
+        )
+        return {}
+    env = parse_user_data_env(base64.b64decode(data).decode())
+    return {k: v for k, v in env.items() if k.startswith("FLEETD_JOB__")}

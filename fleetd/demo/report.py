@@ -147,6 +147,7 @@ async def build_report(run: Any, events_file: Path, ec2: Any, session: Any, aws:
         progress, run.workdir, sup.restarts if sup is not None else [], billed_nodes=run.opts.nodes, since=None
     )  # every step is after training began
     notice_log = _notice_log(run, run.training_since)
+    reports_steps = any(rec["ev"] == "step" for rec in progress.records)
     return {
         "scenario": run.opts.scenario.name if run.opts.scenario else "calm",
         "duration_s": round(time.time() - run.started_at, 1),
@@ -160,12 +161,14 @@ async def build_report(run: Any, events_file: Path, ec2: Any, session: Any, aws:
         "losses_without_notice": injected.count("vanish"),
         "rebalance_recommendations": injected.count("rebalance"),
         "capacity_errors_injected": injected.count("capacity-error"),
-        "steps_lost": sum(r.steps_lost for r in restarts),  # rolled back; a stall's time is in "stall"
+        # Rolled back; a stall's time is in "stall". Unknown for code that reports no step
+        # (folder mode: a plain script fleetd only sees save files of).
+        "steps_lost": sum(r.steps_lost for r in restarts) if reports_steps else None,
         "stall": stall,
         "replacements": replacements,
         "instances_launched": launched,
         "max_world_size": progress.max_world_size,
-        "final_step": progress.final_step,
+        "final_step": progress.final_step if reports_steps else None,
         "world_changes": len(restarts),
         "resume_latency_s": pauses,
         "checkpoints_durable": len(durable),
@@ -189,6 +192,8 @@ async def build_report(run: Any, events_file: Path, ec2: Any, session: Any, aws:
 def _steps_lost(report: dict[str, Any]) -> str:
     """Never "0" for a run that stalled: the stall's steps were not trained either."""
     rolled_back = report["steps_lost"]
+    if rolled_back is None:
+        return "unknown (the job's code reports no steps: folder mode)"
     gaps = (report.get("stall") or {}).get("measured") or []
     if not gaps:
         return str(rolled_back)
@@ -232,7 +237,7 @@ def render(report: dict[str, Any]) -> str:
         ("stalls (no step >= 10 s)", _stalls(report.get("stall"))),
         ("replacements", report["replacements"]),
         ("max world size", report["max_world_size"]),
-        ("final step", report["final_step"]),
+        ("final step", "unknown" if report["final_step"] is None else report["final_step"]),
         ("pause per world change (s)", ", ".join(str(x) for x in report["resume_latency_s"]) or "-"),
         ("durable checkpoints", report["checkpoints_durable"]),
         ("scale-ups / scale-downs", f"{len(report.get('scale_ups') or [])} / {len(report.get('scale_downs') or [])}"),

@@ -25,7 +25,7 @@ from typing import Any
 
 from fleetd.demo import configs
 from fleetd.demo.broker import start_broker
-from fleetd.demo.launcher import Launcher
+from fleetd.demo.launcher import Launcher, template_job_env
 from fleetd.demo.monitor import WireView
 from fleetd.demo.procs import Child, Supervised
 from fleetd.demo.scenario import Scenario
@@ -154,7 +154,7 @@ async def run_demo(opts: DemoOptions) -> dict[str, Any]:
         shape = opts.scenario.fleet if opts.scenario is not None else None
         max_nodes = shape.max_nodes if shape is not None else opts.nodes + 1
         fleetd_conf = configs.fleetd_toml(
-            workdir, ep, opts.nodes, opts.budget_usd, opts.max_usd_per_hour, ami, shape, job=opts.job
+            workdir, ep, opts.nodes, opts.budget_usd, opts.max_usd_per_hour, ami, shape, job=opts.job, steps=opts.steps
         )
         cli = [sys.executable, "-m", "fleetd.cli"]
         run.rendezvous = Supervised(
@@ -200,6 +200,7 @@ async def run_demo(opts: DemoOptions) -> dict[str, Any]:
                 env=env,
                 terminate=terminate,
                 identity_signer=pki.signer if pki is not None else None,
+                job_env=lambda inst: template_job_env(ec2, inst),
             )
             run.view = WireView(configs.DEMO_FLEET)
             try:
@@ -244,7 +245,9 @@ async def _until_done(run: DemoRun, events_file: Path) -> None:
     while True:
         await asyncio.sleep(1.0)
         now = time.time()
-        if run.training_since is None and Progress.load(events_file).final_step > 0:
+        # Training began: a step reported, or (code that reports none: folder mode) fleetd
+        # says the job runs.
+        if run.training_since is None and (Progress.load(events_file).final_step > 0 or _job_running(run)):
             run.training_since = now
             run.training_since_loop = asyncio.get_running_loop().time()
             log.info("demo_training_started", after_s=round(now - run.started_at, 1))
@@ -273,6 +276,13 @@ def _job_over(run: DemoRun) -> bool:
 
     snap = status_snapshot(run.workdir)
     return snap is not None and snap.job is not None and snap.job.terminal
+
+
+def _job_running(run: DemoRun) -> bool:
+    from fleetd.demo.view import status_snapshot
+
+    snap = status_snapshot(run.workdir)
+    return snap is not None and snap.job is not None and str(snap.job.state) == "running"
 
 
 def _job_stopped(run: DemoRun) -> bool:

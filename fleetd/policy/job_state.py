@@ -179,7 +179,11 @@ def advance(rec: JobRecord, obs: JobObservation, s: JobSettings) -> JobDecision:
                 and ex.at - rec.last_failure_at <= s.settle_s
                 and ex.instance_id not in rec.failure_nodes
             )
-            why = f"the job's code exited with {ex.exit_code} on {ex.instance_id}"
+            why = (
+                f"the job's setup failed on {ex.instance_id}: {ex.reason.removeprefix('setup-failed: ')}"
+                if ex.reason.startswith("setup-failed")
+                else f"the job's code exited with {ex.exit_code} on {ex.instance_id}"
+            )
             if not same:
                 if rec.restarts >= s.max_restarts:
                     rec = _end(rec, JobState.FAILED, now, f"{why}; {rec.restarts} restarts used", obs.best_step)

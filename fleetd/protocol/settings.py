@@ -165,6 +165,23 @@ class JobConfig(Group):
     # by a membership change starts in milliseconds, not after a cold import. Fork-safe imports only:
     # with "lightning" preloaded, a torchrun forked from the pool hung at its first re-rendezvous.
     preload: tuple[str, ...] = ()
+    # The job's own code (a job file's workdir, packed by the controller: fleetd/protocol/job_code.py).
+    # Set by the controller in the nodes' user data, never by hand: ``s3://bucket/key`` and the
+    # archive's SHA-256. Empty: the entrypoint is already on the node (baked into the image).
+    code_uri: str = ""
+    code_digest: Annotated[str, Field(pattern=r"^([0-9a-f]{64})?$")] = ""
+    # Shell commands run once per node and code version, in the job's folder and virtualenv,
+    # before the first torchrun (e.g. "pip install -r requirements.txt"). A failure is the job's
+    # failure (retried like a crash of its code), with the command's last lines as the reason.
+    setup: tuple[str, ...] = ()
+    # Extra environment for setup and for the training processes.
+    env: dict[str, str] = {}
+
+    @model_validator(mode="after")
+    def _code_whole(self) -> JobConfig:
+        if bool(self.code_uri) != bool(self.code_digest):
+            raise ValueError("job.code_uri and job.code_digest go together (the controller sets both)")
+        return self
 
 
 class LoggingConfig(Group):
@@ -232,7 +249,7 @@ _REASONS = {
 }
 
 
-def _problems(err: ValidationError) -> list[tuple[str, str]]:
+def problems_of(err: ValidationError) -> list[tuple[str, str]]:
     out = []
     for e in err.errors(include_url=False):
         path = ".".join(str(p) for p in e["loc"]) or "<root>"
@@ -260,7 +277,7 @@ def load_settings(cls: type[S], path: Path | None, **overrides: Any) -> S:
     try:
         return cls(**overrides)
     except ValidationError as err:
-        raise ConfigError(source, _problems(err)) from None
+        raise ConfigError(source, problems_of(err)) from None
     finally:
         _CONFIG_FILE.reset(token)
 

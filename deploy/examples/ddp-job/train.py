@@ -1,9 +1,10 @@
 """The PyTorch DDP tutorial's multi-node script (pytorch/examples, distributed/ddp-tutorial-series/
 multinode.py), ported to CPU: no fleetd import. It saves ``snapshot.pt`` every ``save_every``
 epochs from each node's local rank 0 and resumes from it when it exists. fleetd runs it in folder
-mode (``[job] checkpoint_dir`` = the snapshot's folder) with no change to its code.
+mode with no change to its code: job.toml beside it is its job file (`fleetd demo --job
+deploy/examples/ddp-job/job.toml` runs it), the way a user's own project would be shipped.
 
-    torchrun --nproc-per-node=1 agent/examples/ddp_snapshot.py 50 5 --snapshot_path /ckpt/snapshot.pt
+    torchrun --nproc-per-node=1 train.py 50 5 --snapshot_path /ckpt/snapshot.pt
 
 Differences from the tutorial, all mechanical: gloo and CPU tensors instead of NCCL and a GPU
 (no ``device_ids``); ``--snapshot_path`` (the tutorial hard-codes ``snapshot.pt`` in the working
