@@ -13,6 +13,7 @@ from typing import Protocol
 
 from agent.config import AgentConfig
 from agent.node.imds import Identity
+from agent.node.log_sink import WorkerLogSink
 from agent.node.trainer_channel import TrainerProgress
 from fleetd.protocol.logs import get_logger
 from fleetd.protocol.messages import (
@@ -42,6 +43,8 @@ class AgentContext:
     set_state: Callable[[NodeState], Awaitable[None]]  # retained status: ready/training/draining/leaving
     trainer_progress: Callable[[], TrainerProgress]
     request_stop: Callable[[], None]  # begin the agent's clean shutdown
+    # Where the workers' output lines go besides torchrun.log: journald, the control host.
+    worker_logs: WorkerLogSink | None = None
 
 
 class NodeHooks(Protocol):

@@ -26,6 +26,9 @@ from agent.hooks import AgentContext, HooksFactory, LoggingHooks, NodeHooks
 from agent.node.deadman import ControllerWatch, run_shutdown_command
 from agent.node.enrol import NodeEnrolment, mqtt_with_identity
 from agent.node.imds import Identity, ImdsClient, SpotSignal, SpotWatcher, read_identity
+from agent.node.journal import JournalWriter
+from agent.node.log_batcher import LogBatcher, LogShipper
+from agent.node.log_sink import WorkerLogSink
 from agent.node.mqtt_session import MqttSession
 from agent.node.notice_repeat import repeat_notice
 from agent.node.outbox import Outbox
@@ -83,6 +86,7 @@ class Agent:
         self.session: MqttSession | None = None
         self.hooks: NodeHooks | None = None
         self.watcher: SpotWatcher | None = None
+        self.shipper: LogShipper | None = None
 
     def request_stop(self) -> None:
         if not self._stop.is_set():
@@ -131,6 +135,12 @@ class Agent:
             )
             session.state = "ready"
             trainer = TrainerChannel(node.trainer_socket, self._checkpoint_saved)
+            # The workers' output: journald on the node (when it has one), batches to the control host.
+            batcher = LogBatcher(job=self.config.job.name, instance_id=identity.instance_id)
+            worker_logs = WorkerLogSink(
+                self.config.job.name, identity.instance_id, journal=JournalWriter.open(), batcher=batcher
+            )
+            shipper = self.shipper = LogShipper(batcher, session.publish_logs, session.connected.is_set)
             ctx = AgentContext(
                 config=self.config,
                 identity=identity,
@@ -138,6 +148,7 @@ class Agent:
                 set_state=session.set_state,
                 trainer_progress=trainer.progress,
                 request_stop=self.request_stop,
+                worker_logs=worker_logs,
             )
             hooks = self.hooks = self.hooks_factory(ctx)
             watcher = self.watcher = SpotWatcher(imds, self._on_spot_signal, interval_s=node.poll_interval_s)
@@ -158,6 +169,7 @@ class Agent:
                     tg.create_task(watcher.run(), name="imds-watcher"),
                     tg.create_task(telemetry.run(), name="telemetry"),
                     tg.create_task(trainer.run(), name="trainer-channel"),
+                    tg.create_task(self._guarded("log-shipper", shipper.run), name="log-shipper"),
                     tg.create_task(self._dispatch_commands(), name="commands"),
                     tg.create_task(self._guarded("hooks.run", hooks.run), name="hooks"),
                     tg.create_task(self._guarded("controller-watch", controller.run), name="controller-watch"),
@@ -227,6 +239,8 @@ class Agent:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(max(0.1, timeout - 5.0)):
                         await self._guarded("hooks.stop", hooks.stop)
+                        if self.shipper is not None:  # the workers' last lines, before the goodbye
+                            await self._guarded("log-flush", self.shipper.flush)
                 await session.close(timeout_s=max(0.1, deadline - loop.time()))
         except TimeoutError:
             log.warning("agent_shutdown_timeout", timeout_s=timeout)

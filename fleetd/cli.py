@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("fleetd.commands.status", "nodes, rendezvous round and budget, from fleetd's state"),
     "doctor": ("fleetd.commands.doctor", "check the account, this host and the config before `fleetd run`"),
     "cancel": ("fleetd.commands.cancel", "stop the job for good: checkpoint, then release every node"),
+    "logs": ("fleetd.commands.logs", "the job's worker output from every node, gone ones too (--follow)"),
     "config": ("fleetd.commands.config", "configuration tools (config check)"),
     "ca": ("fleetd.commands.ca", "the fleet CA for the broker and node certificates (ca init)"),
 }

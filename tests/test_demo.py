@@ -134,11 +134,12 @@ def test_short_scenario_end_to_end(tmp_path: Path) -> None:
     assert 0 < report["spend_usd"] <= report["budget_usd"]
     assert report["on_demand_equivalent_usd"] > report["spend_usd"]
     assert _survivors(run_id) == []
+    conf = str(tmp_path / "work" / "fleetd.toml")
+    _assert_logs_outlive_the_nodes(tmp_path, conf)
     # One truth for money and progress: `fleetd report` on the demo's config states the demo
     # report's spend (and `fleetd status`'s), with useful steps from the trainers' real progress,
     # now and however long after the demo it runs (the controller is gone; nodes it did not see
     # end are billed up to when it last saw them, never to "now").
-    conf = str(tmp_path / "work" / "fleetd.toml")
     now = _fleetd_json("report", "--json", "--config", conf)
     now_read = time.monotonic()
     assert now["useful_steps"] > 0, now
@@ -151,6 +152,26 @@ def test_short_scenario_end_to_end(tmp_path: Path) -> None:
     # And for real, a while later: 20 s after `now` was read (the calls above count towards it).
     time.sleep(max(0.0, 20 - (time.monotonic() - now_read)))
     assert _fleetd_json("report", "--json", "--config", conf)["spend_usd"] == now["spend_usd"]
+
+
+def _assert_logs_outlive_the_nodes(tmp_path: Path, conf: str) -> None:
+    """Every node is terminated and its processes gone, yet `fleetd logs` on the control host
+    prints what the toy trainer printed on each node that trained (issue 31: worker logs)."""
+    res = subprocess.run(
+        [sys.executable, "-m", "fleetd.cli", "logs", "--config", conf], capture_output=True, text=True, timeout=60
+    )
+    assert res.returncode == 0, res.stderr
+    trained = [
+        node.name
+        for node in (tmp_path / "work" / "nodes").iterdir()
+        if "train_toy: rank" in (node / "torchrun.log").read_text(errors="replace")
+        if (node / "torchrun.log").exists()
+    ]
+    assert len(trained) >= 3, trained
+    for iid in trained:
+        mine = [ln for ln in res.stdout.splitlines() if ln.startswith(f"{iid} ")]
+        assert any("train_toy: rank" in ln for ln in mine), (iid, res.stdout[-3000:])
+    assert "train_toy: step 1200 loss" in res.stdout  # the job's last lines, printed as it ended
 
 
 def _fleetd_json(*args: str) -> dict:

@@ -23,13 +23,14 @@ from fleetd.protocol import (
     Status,
     Telemetry,
     TrainerExited,
+    WorkerLogs,
     decode,
     fleet_filter,
     node_topic,
     parse_message,
     parse_topic,
 )
-from fleetd.protocol.messages import MESSAGE_KINDS, SCHEMA_VERSION
+from fleetd.protocol.messages import MESSAGE_KINDS, SCHEMA_VERSION, LogLine
 from fleetd.protocol.topics import CHANNEL_KINDS
 
 IID = "i-0123456789abcdef0"
@@ -64,6 +65,15 @@ EXAMPLES = [
     LeaveCommand(instance_id=IID, reason="removed from rendezvous"),
     ShutdownCommand(instance_id=IID, reason="budget exhausted"),
     RestartTrainerCommand(instance_id=IID, reason="stalled: trainers exited"),
+    WorkerLogs(
+        instance_id=IID,
+        job="train",
+        stream="s1",
+        seq=3,
+        first_line=120,
+        dropped=2,
+        lines=(LogLine(text="[default0]:step 100", rank=0), LogLine(text="torchrun: warning")),
+    ),
 ]
 
 
@@ -126,7 +136,7 @@ def test_missing_kind_is_named() -> None:
         parse_message(json.dumps(body))
 
 
-@pytest.mark.parametrize("channel", ["status", "telemetry", "events", "commands"])
+@pytest.mark.parametrize("channel", ["status", "telemetry", "events", "commands", "logs"])
 def test_topic_round_trip(channel: str) -> None:
     topic = node_topic("prod-a", IID, channel)
     assert topic == f"fleetd/prod-a/nodes/{IID}/{channel}"

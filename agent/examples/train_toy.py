@@ -93,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         backend=dist.get_backend() if dist.is_initialized() else None,
     )
 
+    # What a job prints reaches journald on the node and `fleetd logs` on the control host
+    # (agent/supervise/worker_output.py); flushed, since stdout is a pipe, not a terminal.
+    print(f"train_toy: rank {ctx.rank} of {ctx.world_size} starts at step {step} on {device}", flush=True)
+
     # Optional scaling curve (fleetd demo --scenario scaling): one step's work of work_s seconds
     # is shared by up to saturate_at nodes, so the job's steps/s grows with each node up to that
     # size and not beyond, the shape a job capped by its input pipeline or all-reduce has. Steps
@@ -120,10 +124,13 @@ def main(argv: list[str] | None = None) -> int:
             if args.fail_at_step and step >= args.fail_at_step:  # every attempt: a bug, not a glitch
                 raise RuntimeError(f"the job's code failed at step {step} (--fail-at-step)")
             ckpt.emit("step", step=step, loss=round(float(loss.detach()) / weight, 6))
+            if step % 100 == 0 and ctx.rank == 0:
+                print(f"train_toy: step {step} loss {float(loss.detach()) / weight:.6f}", flush=True)
             ckpt.step_done(step)
 
     ckpt.save(step)
     ckpt.emit("done", step=step)
+    print(f"train_toy: rank {ctx.rank} done at step {step}", flush=True)
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0

@@ -28,7 +28,15 @@ import aiomqtt
 from agent.node.outbox import Outbox, OutboxItem
 from fleetd.protocol.errors import ProtocolError
 from fleetd.protocol.logs import get_logger
-from fleetd.protocol.messages import Message, NodeState, RendezvousEndpoint, Status, Telemetry, parse_endpoint
+from fleetd.protocol.messages import (
+    Message,
+    NodeState,
+    RendezvousEndpoint,
+    Status,
+    Telemetry,
+    WorkerLogs,
+    parse_endpoint,
+)
 from fleetd.protocol.mqtt_options import client_kwargs
 from fleetd.protocol.settings import MqttConfig
 from fleetd.protocol.topics import CHANNEL_QOS, decode, node_topic, rendezvous_topic
@@ -87,7 +95,9 @@ class MqttSession:
         self.connects = 0
         self._client: aiomqtt.Client | None = None
         self._seen_commands: OrderedDict[str, None] = OrderedDict()
-        self.topic = {ch: node_topic(fleet, instance_id, ch) for ch in ("status", "telemetry", "events", "commands")}
+        self.topic = {
+            ch: node_topic(fleet, instance_id, ch) for ch in ("status", "telemetry", "events", "commands", "logs")
+        }
         self.rendezvous_topic = rendezvous_topic(fleet)
 
     # ------------------------------------------------------------------ public API
@@ -103,6 +113,15 @@ class MqttSession:
             return  # QoS 0: a sample taken while disconnected is simply not sent
         with contextlib.suppress(aiomqtt.MqttError):
             await client.publish(self.topic["telemetry"], telemetry.to_json(), qos=CHANNEL_QOS["telemetry"])
+
+    async def publish_logs(self, batch: WorkerLogs) -> None:
+        """A batch of the workers' output (agent/node/log_batcher.py), QoS 0 like telemetry: it
+        never takes an in-flight slot a notice-path event may need (fleetd/protocol/topics.py)."""
+        client = self._client
+        if client is None:
+            return
+        with contextlib.suppress(aiomqtt.MqttError):
+            await client.publish(self.topic["logs"], batch.to_json(), qos=CHANNEL_QOS["logs"])
 
     async def set_state(self, state: NodeState) -> None:
         """Change the retained status (e.g. ready -> training -> draining)."""

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from agent.hooks import AgentContext
+from agent.node.log_sink import WorkerLogSink
 from agent.supervise.emergency import CheckpointStoreUploader, EmergencyFlow, EmergencyOutcome
 from agent.supervise.endpoint_follow import FollowAction, StoreEndpoint, follow
 from agent.supervise.failure_guard import wait_guarded
@@ -54,6 +55,7 @@ class ElasticHooks:
     checkpoints: Any = None  # fleetd.protocol.settings.CheckpointConfig
     aws: Any = None
     log_path: Path | None = None
+    log_sink: WorkerLogSink | None = None  # journald and the control host (agent/node/log_sink.py)
     torchrun: TorchrunProcess | None = None
     flow: EmergencyFlow | None = None
     draining: bool = False
@@ -86,6 +88,7 @@ class ElasticHooks:
             aws=cfg.aws,
             log_path=cfg.node.state_dir / "torchrun.log",
             workspace=JobWorkspace.from_config(cfg),
+            log_sink=ctx.worker_logs,
         )
 
     async def code_ready(self) -> bool:
@@ -139,7 +142,9 @@ class ElasticHooks:
                     # restores): starting now would train past the notice, unseen by the wave's
                     # checkpoint (a loaded storm run trained alone for 40 s and lost its steps).
                     return
-                self.torchrun = (ready or TorchrunProcess(self.spec, log_path=self.log_path)).start()
+                self.torchrun = (
+                    ready or TorchrunProcess(self.spec, log_path=self.log_path, sink=self.log_sink)
+                ).start()
                 ready = None
                 self.starts += 1
                 await self.set_state("training")
@@ -196,7 +201,9 @@ class ElasticHooks:
                     await self._wait_restart_or_stop()
                     continue
                 # The next torchrun's warm pool imports torch while the store is still coming back.
-                ready = await asyncio.to_thread(TorchrunProcess(self.spec, log_path=self.log_path).prewarm)
+                ready = await asyncio.to_thread(
+                    TorchrunProcess(self.spec, log_path=self.log_path, sink=self.log_sink).prewarm
+                )
                 if ran_s < self.healthy_run_s:
                     # Exited again soon after a restart: the store may be flapping. Slow down.
                     await wait_set(self._stopped, crash_backoff.next_delay())

@@ -5,6 +5,7 @@ restarts must not retry them)."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +22,8 @@ READ_MAX = 256 * 1024
 def _read_from(path: Path, offset: int) -> tuple[str, int]:
     try:
         with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size < offset:
+                offset = 0  # rotated (agent/supervise/worker_output.py): the new file from its top
             f.seek(offset)
             data = f.read(READ_MAX)
     except OSError:

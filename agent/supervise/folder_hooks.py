@@ -110,7 +110,7 @@ class FolderHooks(ElasticHooks):
                 await self.sync.restore()
             self.restart_requested.clear()
             self._log_start = log_size(self.log_path)
-            self.torchrun = TorchrunProcess(self.spec, log_path=self.log_path).start()
+            self.torchrun = TorchrunProcess(self.spec, log_path=self.log_path, sink=self.log_sink).start()
             self.starts += 1
             await self.set_state("training")
             async with asyncio.TaskGroup() as tg:
@@ -164,7 +164,7 @@ class FolderHooks(ElasticHooks):
             self._restart_why = "fleetd asked (restart-trainer)"
             self.restart_requested.clear()
             self._log_start = log_size(self.log_path)
-            self.torchrun = TorchrunProcess(self.spec, log_path=self.log_path).start()
+            self.torchrun = TorchrunProcess(self.spec, log_path=self.log_path, sink=self.log_sink).start()
             self.starts += 1
             await self.set_state("training")
 

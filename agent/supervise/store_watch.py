@@ -78,6 +78,8 @@ def log_tail(path: Path | None, since: int = 0, nbytes: int = 16_384) -> str:
     try:
         with open(path, "rb") as f:
             f.seek(0, 2)
+            if f.tell() < since:
+                since = 0  # rotated since this run began (agent/supervise/worker_output.py)
             f.seek(max(since, f.tell() - nbytes))
             return f.read().decode(errors="replace")
     except OSError:

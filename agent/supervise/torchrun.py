@@ -21,8 +21,10 @@ from typing import Any
 
 import psutil
 
+from agent.node.log_sink import WorkerLogSink
 from agent.supervise.launch import LaunchSpec, build_command, build_env
 from agent.supervise.proctree import kill_tree, process_tree
+from agent.supervise.worker_output import WorkerOutput
 from fleetd.protocol.logs import get_logger
 
 log = get_logger(__name__)
@@ -40,6 +42,8 @@ class TorchrunProcess:
 
     spec: LaunchSpec
     log_path: Path | None = None
+    # Each line also goes to journald and to the control host (agent/supervise/worker_output.py).
+    sink: WorkerLogSink | None = None
     env: Mapping[str, str] | None = None
     proc: subprocess.Popen[bytes] | None = None
     pool: subprocess.Popen[bytes] | None = None
@@ -51,6 +55,8 @@ class TorchrunProcess:
     _user_failure: int | None = field(default=None, repr=False)
     # Clear while ``terminate`` is still waiting for the tree it signalled; see ``wait_blocking``.
     _tree_gone: threading.Event = field(default_factory=threading.Event, repr=False)
+    # The pipe the pool and torchrun write to, read by a thread into the log file and the sink.
+    _output: WorkerOutput | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self._tree_gone.set()
@@ -89,10 +95,18 @@ class TorchrunProcess:
         env["FLEETD_WARM_POOL"] = sock
 
     def _open_log(self) -> Any:
-        if self.log_path is None:
+        """The children's stdout: the write end of this torchrun's output pipe (one pipe for the
+        pool and torchrun, so the reader sees EOF only when both, and every worker, are gone)."""
+        if self.log_path is None and self.sink is None:
             return subprocess.DEVNULL
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        return open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed by the caller
+        if self._output is None:
+            self._output = WorkerOutput(self.log_path, self.sink)
+        return self._output.writer()
+
+    def _close_log(self) -> None:
+        """The parent's write end, once no child is left to start (else the reader never ends)."""
+        if self._output is not None:
+            self._output.close_writer()
 
     def prewarm(self) -> TorchrunProcess:
         """Start the warm pool now (it imports torch: seconds), torchrun later with ``start``.
@@ -100,17 +114,17 @@ class TorchrunProcess:
         overlaps the outage instead of following it."""
         if self.spec.uses_warm_pool and self.pool is None:
             env = build_env(self.spec, self.env)
-            out = self._open_log()
             try:
-                self._start_pool(env, out)
-            finally:
-                if out is not subprocess.DEVNULL:
-                    out.close()
+                self._start_pool(env, self._open_log())
+            except BaseException:
+                self._close_log()
+                raise
         return self
 
     def discard(self) -> None:
         """A prewarmed pool whose torchrun will never start (the agent is stopping)."""
         if self.proc is None:
+            self._close_log()
             self._reap_pool()
 
     def start(self) -> TorchrunProcess:
@@ -133,8 +147,7 @@ class TorchrunProcess:
                 cwd=self.spec.cwd,
             )
         finally:
-            if out is not subprocess.DEVNULL:
-                out.close()
+            self._close_log()  # the children hold their copies
         self.started_at = time.monotonic()
         log.info(
             "torchrun_started",
@@ -207,6 +220,10 @@ class TorchrunProcess:
         # the newest checkpoint on disk: it must not look before that save is written.
         self._tree_gone.wait()
         self._reap_pool()  # the pool serves this torchrun only
+        if self._output is not None and not self._output.join(timeout_s=2.0):
+            # A stray grandchild still holds the pipe: what it writes still goes to the file, but
+            # the caller reads the log now (log_tail) without its last lines.
+            log.warning("torchrun_output_still_open", pid=self.proc.pid)
         if self._user_failure is not None:
             code, reason = self._user_failure, "failed"
         elif self._stopping:

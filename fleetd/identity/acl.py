@@ -31,12 +31,13 @@ user fleetd-observer
 topic read fleetd/#
 
 # Every node: %u is its certificate's CN, i.e. its instance id. It may publish its status (and
-# last will), telemetry and events, and receive its own commands; nothing under any other id.
+# last will), telemetry, events and its workers' logs, and receive its own commands; nothing under any other id.
 # The fleet CA issues node certificates with CN=<instance id> only, so a CN can never carry MQTT
 # wildcards or a '/' that would widen these patterns (mosquitto also denies usernames with + or #).
 pattern write fleetd/+/nodes/%u/status
 pattern write fleetd/+/nodes/%u/telemetry
 pattern write fleetd/+/nodes/%u/events
+pattern write fleetd/+/nodes/%u/logs
 pattern read fleetd/+/nodes/%u/commands
 # Every node reads the leader's rendezvous endpoint (retained) and nothing else outside its own id.
 pattern read fleetd/+/rendezvous

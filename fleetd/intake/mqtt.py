@@ -33,6 +33,7 @@ from fleetd.protocol.messages import (
     LeaveCommand,
     RestartTrainerCommand,
     ShutdownCommand,
+    WorkerLogs,
 )
 from fleetd.protocol.mqtt_options import client_kwargs
 from fleetd.protocol.settings import MqttConfig
@@ -42,7 +43,7 @@ log = get_logger(__name__)
 
 # Our largest legitimate message (telemetry of an 8-GPU node) is ~2 KiB.
 MAX_PAYLOAD_BYTES = 64 * 1024
-AGENT_CHANNELS = ("status", "telemetry", "events")
+AGENT_CHANNELS = ("status", "telemetry", "events", "logs")
 PUBLISH_TIMEOUT_S = 10.0
 # Messages handled per turn of the event loop once one has arrived: taken straight from the
 # inbox instead of one task and one wait per message (what the client library's iterator costs,
@@ -61,7 +62,7 @@ READ_BURST = 128
 # compare what agents sent with what fleetd took in.
 INTAKE = Counter("fleetd_intake_messages_total", "Agent messages by channel and result", ["channel", "result"])
 # Resolved once: Counter.labels() costs ~25 us, per message at 2,000 messages a second.
-_ACCEPTED = {ch: INTAKE.labels(ch, "accepted") for ch in ("status", "telemetry", "events", "commands")}
+_ACCEPTED = {ch: INTAKE.labels(ch, "accepted") for ch in ("status", "telemetry", "events", "commands", "logs")}
 # A telemetry sample replaced in the inbox by a newer one from the same node (coalesce.py): not a
 # lost message (the newer sample carries the node's current rates), counted apart from "accepted".
 _SUPERSEDED = INTAKE.labels("telemetry", "superseded")
@@ -127,6 +128,7 @@ class MqttIntake:
         backoff_initial_s: float = 0.2,
         backoff_max_s: float = 5.0,
         clock: Callable[[], float] = time.time,
+        on_logs: Callable[[WorkerLogs], object] | None = None,
     ) -> None:
         self.cfg = cfg
         self.fleet = fleet
@@ -137,6 +139,10 @@ class MqttIntake:
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self.clock = clock
+        # The workers' output (fleetd/joblogs/store.py): not an intake event, never in the registry.
+        # Batches leave the inbox with the events, in order; each is bounded (the node's rate cap
+        # and the payload limit) and only queued here, so a notice behind one waits microseconds.
+        self.on_logs = on_logs
         self.connected = asyncio.Event()
         self.connects = 0  # subscribed sessions so far (one per broker connection)
         self.accepted = 0
@@ -218,6 +224,10 @@ class MqttIntake:
             return None
         where, msg = decoded
         _ACCEPTED[where.channel].inc()
+        if isinstance(msg, WorkerLogs):
+            if self.on_logs is not None:
+                self.on_logs(msg)
+            return None
         now = self.clock()
         event = from_message(msg, min(now, msg.sent_at.timestamp()) if retained else now)
         if event is None:

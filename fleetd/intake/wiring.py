@@ -18,6 +18,7 @@ from fleetd.config import FleetdConfig
 from fleetd.intake import sqs
 from fleetd.intake.mqtt import MqttIntake
 from fleetd.intake.registry import NodeRegistry
+from fleetd.joblogs.store import WorkerLogStore
 from fleetd.protocol.logs import get_logger
 
 log = get_logger(__name__)
@@ -30,10 +31,14 @@ class Intake:
     cfg: FleetdConfig = field(repr=False)
     registry: NodeRegistry
     mqtt: MqttIntake
+    logs: WorkerLogStore | None = None
 
     def components(self) -> list[Component]:
-        """TaskGroup components for the daemon: the MQTT intake, and SQS when a queue is set."""
+        """TaskGroup components for the daemon: the MQTT intake, the writer of the workers' logs,
+        and SQS when a queue is set."""
         out: list[Component] = [self._run_mqtt]
+        if self.logs is not None:
+            out.append(self._run_logs)
         if self.cfg.events.sqs_queue_url:
             out.append(self._run_sqs)
         else:
@@ -42,6 +47,10 @@ class Intake:
 
     async def _run_mqtt(self, ctx: Any) -> None:
         await self.mqtt.run()
+
+    async def _run_logs(self, ctx: Any) -> None:
+        assert self.logs is not None
+        await self.logs.run()
 
     async def _run_sqs(self, ctx: Any) -> None:
         ev = self.cfg.events
@@ -65,4 +74,6 @@ def build_intake(cfg: FleetdConfig, wake: Callable[[], None] | None = None, clie
     # behind telemetry on the shared connection: the inbox (coalesce.py) hands every event out
     # ahead of the waiting samples, and keeps one sample per node.
     registry = NodeRegistry(wake=wake)
-    return Intake(cfg, registry, MqttIntake(cfg.mqtt, cfg.fleet.name, registry, client_id=client_id))
+    logs = WorkerLogStore(cfg.fleet.state_dir, job=cfg.job.name)
+    mqtt = MqttIntake(cfg.mqtt, cfg.fleet.name, registry, client_id=client_id, on_logs=logs.accept)
+    return Intake(cfg, registry, mqtt, logs)

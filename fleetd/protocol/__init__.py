@@ -20,6 +20,7 @@ from fleetd.protocol.messages import (
     Status,
     Telemetry,
     TrainerExited,
+    WorkerLogs,
     parse_message,
 )
 from fleetd.protocol.topics import NodeTopic, decode, fleet_filter, node_topic, parse_topic
@@ -44,6 +45,7 @@ __all__ = [
     "Status",
     "Telemetry",
     "TrainerExited",
+    "WorkerLogs",
     "decode",
     "fleet_filter",
     "node_topic",

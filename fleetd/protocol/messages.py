@@ -158,6 +158,33 @@ class TrainerExited(_Envelope):
     last_step: Step | None = None
 
 
+# ---------------------------------------------------------------- agent -> controller: logs
+# A job name becomes a folder on the control host (<state_dir>/logs/<job>/): no separators, no dots first.
+JobName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")]
+
+
+class LogLine(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    text: Annotated[str, Field(max_length=8192)]
+    rank: Annotated[int, Field(ge=0)] | None = None  # torchrun's local rank, when its prefix said
+
+
+class WorkerLogs(_Envelope):
+    """A batch of the workers' output (agent/node/log_batcher.py). ``stream`` names one agent
+    run, ``seq`` counts its batches from 0 (the controller drops a (stream, seq) it has already
+    written), ``first_line`` is the stream offset of ``lines[0]`` counting dropped lines too, and
+    ``dropped`` says how many lines the rate cap dropped just before this batch."""
+
+    kind: Literal["worker-logs"] = "worker-logs"
+    job: JobName
+    stream: Annotated[str, Field(min_length=1, max_length=64)]
+    seq: Annotated[int, Field(ge=0)]
+    first_line: Annotated[int, Field(ge=0)]
+    dropped: Annotated[int, Field(ge=0)] = 0
+    lines: Annotated[tuple[LogLine, ...], Field(max_length=4096)] = ()
+
+
 # ---------------------------------------------------------------- controller -> agent: commands
 class CheckpointCommand(_Envelope):
     """Save (and upload) a checkpoint as soon as all ranks agree on a step."""
@@ -213,6 +240,7 @@ Message: TypeAlias = Annotated[
     | CheckpointSaved
     | CheckpointUploaded
     | TrainerExited
+    | WorkerLogs
     | CheckpointCommand
     | DrainCommand
     | LeaveCommand

@@ -14,7 +14,7 @@ from typing import Literal, get_args
 from fleetd.protocol.errors import ProtocolError
 from fleetd.protocol.messages import Message, parse_message
 
-Channel = Literal["status", "telemetry", "events", "commands"]
+Channel = Literal["status", "telemetry", "events", "commands", "logs"]
 CHANNELS: tuple[str, ...] = get_args(Channel)
 ROOT = "fleetd"
 
@@ -26,10 +26,16 @@ CHANNEL_KINDS: dict[str, frozenset[str]] = {
     "telemetry": frozenset({"telemetry"}),
     "events": frozenset({"notice", "rebalance", "checkpoint-saved", "checkpoint-uploaded", "trainer-exited"}),
     "commands": frozenset({"checkpoint", "drain", "leave", "shutdown", "restart-trainer"}),
+    "logs": frozenset({"worker-logs"}),
 }
 
 # QoS per channel (DESIGN.md): telemetry is fire-and-forget, everything else at least once.
-CHANNEL_QOS: dict[str, int] = {"status": 1, "telemetry": 0, "events": 1, "commands": 1}
+# Logs are QoS 0 too: a QoS 1 batch would take one of the connection's few in-flight slots (paho's
+# window is shared by every QoS 1 publish), and a notice-path event must never wait behind a
+# chatty trainer; the node's journal keeps every line, and a lost batch shows on the control host
+# as a gap in ``first_line``. The controller still drops a (stream, seq) it has written, so a
+# resend (a future QoS 1, a bridge loop) never doubles lines.
+CHANNEL_QOS: dict[str, int] = {"status": 1, "telemetry": 0, "events": 1, "commands": 1, "logs": 0}
 
 
 @dataclass(frozen=True, slots=True)
