@@ -35,6 +35,7 @@ from fleetd.protocol.logs import get_logger
 log = get_logger(__name__)
 
 BILLED_EC2_STATES = ("pending", "running")
+STORE_KEY = "job"  # the job's record in the state store's meta table
 GONE_EC2_STATES = ("shutting-down", "terminated", "stopping", "stopped")
 
 
@@ -52,6 +53,8 @@ class JobWatcher:
     clock: Callable[[], float] = time.time
     record: JobRecord = field(default_factory=JobRecord)
     code_digest: str = ""  # the job's code version new nodes get (status and report show it)
+    _persisted: JobView | None = None
+    _store: Any = None  # the reconciler's state store (fleetd/reconcile/state_port.py), once open
 
     @property
     def view(self) -> JobView:
@@ -66,7 +69,41 @@ class JobWatcher:
             log.error("job_record_unreadable", error=str(exc))
             return
         if found is not None:
-            self.record = record_of(found)
+            self._adopt(found, "job.json")
+
+    def _adopt(self, found: JobView, source: str) -> None:
+        """Continue the job a file or the state store remembers, unless it ended and the code to
+        run now is another version: that is a new run of the job (a resubmitted job file)."""
+        if found.terminal and self.code_digest and found.code_digest and found.code_digest != self.code_digest:
+            log.warning(
+                "job_new_version", ended=str(found.state), old=found.code_digest[:12], new=self.code_digest[:12]
+            )
+            return
+        self.record = record_of(found)
+        log.info("job_record_loaded", source=source, state=str(found.state), restarts=found.restarts)
+
+    async def _sync_with_store(self, ctx: Any) -> None:
+        """Once the reconciler's state store is open: read the job it remembers. It is shared by
+        every controller of an HA pair, so a new leader continues the job where the last one left
+        it, not where its own host's job.json did. A newer record there wins."""
+        state = getattr(getattr(ctx, "reconciler", None), "state", None)
+        if state is None or self._store is not None:
+            return
+        self._store = state
+        try:
+            raw = await state.get_meta(STORE_KEY)
+            found = JobView.model_validate(raw) if raw else None
+        except Exception as exc:  # noqa: BLE001 - a bad record must not stop the job's lifecycle
+            log.error("job_record_unreadable", source="state store", error=str(exc)[:300])
+            return
+        if found is not None and (found.since or 0.0) >= (self.record.since or 0.0):
+            self._adopt(found, "state store")
+
+    async def _persist(self, view: JobView) -> None:
+        if self.state_dir is not None:
+            await asyncio.to_thread(write_job, self.state_dir, view)
+        if self._store is not None:
+            await self._store.set_meta(STORE_KEY, view.model_dump(mode="json"))
 
     def read_cancel(self) -> str | None:
         """The operator's cancel reason, if `fleetd cancel` asked (blocking: call it in a thread)."""
@@ -121,6 +158,7 @@ class JobWatcher:
         )
 
     async def tick(self, ctx: Any) -> JobDecision:
+        await self._sync_with_store(ctx)
         now = self.clock()
         cancel = await asyncio.to_thread(self.read_cancel) if not self.record.terminal else None
         obs = self.observe(ctx, now, cancel)
@@ -129,8 +167,10 @@ class JobWatcher:
         if decision.changed:
             log_fn = log.error if rec.state == "failed" else log.warning if rec.terminal else log.info
             log_fn("job_state", state=str(rec.state), reason=rec.reason, restarts=rec.restarts, step=rec.final_step)
-            if self.state_dir is not None:
-                await asyncio.to_thread(write_job, self.state_dir, view_of(rec, self.code_digest))
+        view = view_of(rec, self.code_digest)
+        if view != self._persisted:  # a state change, or a restart counted within one
+            await self._persist(view)
+            self._persisted = view
         for iid in decision.restart:
             log.warning("job_restart_trainer", instance_id=iid, reason=rec.reason, restarts=rec.restarts)
             if self.send_command is not None:

@@ -133,8 +133,8 @@ def test_an_archive_member_outside_its_folder_or_not_a_file_is_refused_before_an
 def test_keys_and_uris() -> None:
     digest = digest_of(b"x")
     key = code_key("checkpoints/", "job", digest)
-    assert key == f"checkpoints/jobs/job/code/{digest}.tar.gz"
-    assert code_key("", "job", digest) == f"jobs/job/code/{digest}.tar.gz"
+    assert key == f"checkpoints/job/code/{digest}.tar.gz"
+    assert code_key("", "job", digest) == f"job/code/{digest}.tar.gz"
     assert split_uri(f"s3://bucket/{key}") == ("bucket", key)
     for bad in ("http://b/k", "s3://bucket", "s3:///k"):
         with pytest.raises(ProtocolError):

@@ -27,7 +27,7 @@ def _write(tmp_path: Path, text: str) -> Path:
 def test_the_shipped_example_reads_and_maps_onto_the_controllers_job() -> None:
     job, workdir = load_job_file(EXAMPLE)
     assert workdir == EXAMPLE.parent
-    published = Published(f"s3://b/checkpoints/jobs/{job.name}/code/{DIGEST}.tar.gz", DIGEST, True, 4)
+    published = Published(f"s3://b/checkpoints/{job.name}/code/{DIGEST}.tar.gz", DIGEST, True, 4)
     cfg = apply_job(FleetdConfig(job=FleetdJobConfig(file=EXAMPLE)), job, published)
     assert cfg.job.entrypoint == "train.py" and cfg.job.module is False
     assert cfg.job.checkpoint_dir == Path("snapshots") and cfg.job.max_restarts == 2
@@ -132,7 +132,7 @@ async def test_the_code_is_uploaded_once_per_version(tmp_path: Path, aws_client_
         again, second = await publish_job(cfg, s3)
         (tmp_path / "job" / "train.py").write_text((tmp_path / "job" / "train.py").read_text() + "\n# v2\n")
         _, third = await publish_job(cfg, s3)
-        key = f"checkpoints/jobs/ddp-tutorial/code/{first.digest}.tar.gz"
+        key = f"checkpoints/ddp-tutorial/code/{first.digest}.tar.gz"
         body = await (await s3.get_object(Bucket="code-bucket", Key=key))["Body"].read()
     assert first.uploaded and not second.uploaded and third.uploaded
     assert second.digest == first.digest != third.digest

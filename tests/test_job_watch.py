@@ -157,3 +157,51 @@ async def test_the_watcher_survives_a_failing_tick(tmp_path: Path) -> None:
     await asyncio.sleep(0.05)
     assert not task.done()
     task.cancel()
+
+
+async def test_the_job_lives_in_the_state_store_a_new_leader_continues_it(tmp_path: Path) -> None:
+    """The record goes to the reconciler's state store too (shared by an HA pair: a new leader,
+    with its own host's state dir, continues the job there), and a job that ended with another
+    code version is a new run of the job, not an ended one."""
+    from fleetd.reconcile.state import StateStore
+
+    store = await StateStore.open(tmp_path / "shared")
+    try:
+        clock, sent = Clock(), []
+        w, registry, _ = watcher(tmp_path / "a", clock, sent, code_digest="a" * 64)
+        ctx = ctx_with("i-1")
+        ctx.reconciler = SimpleNamespace(state=store)
+        say(registry, Status(instance_id="i-1", state="training"), clock.now)
+        await w.tick(ctx)
+        clock.now += 60
+        say(registry, TrainerExited(instance_id="i-1", exit_code=3, reason="failed"), clock.now)
+        await w.tick(ctx)
+        assert w.record.restarts == 1
+        stored = await store.get_meta("job")
+        assert stored["state"] == "running" and stored["restarts"] == 1 and stored["code_digest"] == "a" * 64
+
+        # Another host takes over: no job.json of its own, the store's record wins.
+        w2, registry2, _ = watcher(tmp_path / "b", clock, [], code_digest="a" * 64)
+        w2.load()
+        assert w2.record.state is JobState.PENDING
+        say(registry2, Status(instance_id="i-1", state="training"), clock.now)
+        await w2.tick(ctx)
+        assert w2.record.restarts == 1 and w2.record.state is JobState.RUNNING
+
+        # It ends; a job file with new code started later is a new run, the same code is not.
+        await store.set_meta("job", {**(await store.get_meta("job")), "state": "failed", "ended_at": clock.now})
+        same, _, _ = watcher(tmp_path / "d", clock, [], code_digest="a" * 64)
+        await same.tick(_with_store(store))
+        assert same.record.state is JobState.FAILED
+        fresh, _, _ = watcher(tmp_path / "c", clock, [], code_digest="b" * 64)
+        await fresh.tick(_with_store(store))
+        assert fresh.record.state is JobState.PENDING and fresh.record.restarts == 0
+        assert (await store.get_meta("job"))["code_digest"] == "b" * 64  # the new run replaced it
+    finally:
+        await store.close()
+
+
+def _with_store(store: object) -> SimpleNamespace:
+    ctx = ctx_with()
+    ctx.reconciler = SimpleNamespace(state=store)
+    return ctx

@@ -31,7 +31,7 @@ def _packed(tmp_path: Path) -> tuple[bytes, str]:
 def _workspace(tmp_path: Path, digest: str, *setup: str) -> JobWorkspace:
     return JobWorkspace(
         tmp_path / "node" / "jobs" / "j" / digest,
-        f"s3://b/jobs/j/code/{digest}.tar.gz",
+        f"s3://b/checkpoints/j/code/{digest}.tar.gz",
         digest,
         setup,
         {"JOB_FLAG": "on"},
@@ -46,7 +46,7 @@ class Bucket:
         self.gets += 1
         if self.gets <= self.fail_first:
             raise StoreUnavailable("S3 unreachable (test)")
-        assert bucket == "b" and key.startswith("jobs/j/code/")
+        assert bucket == "b" and key.startswith("checkpoints/j/code/")
         return self.data
 
 

@@ -6,6 +6,7 @@ Layout under ``s3://<bucket>/<prefix>/<job>/``::
     step-<N>/_parts/<writer>.json   one WriterReceipt per node: the files it uploaded, verified
     step-<N>/MANIFEST.json          the Manifest, written last: step N is complete iff it exists
     latest                          LatestPointer to the newest complete step (conditional writes)
+    code/<sha256>.tar.gz            the job's code, one archive per version (job_code.py)
 
 Readers trust only manifest-complete checkpoints and verify every file against the manifest's
 size and checksum. Every object read back from S3 is parsed here; anything malformed (bad JSON,

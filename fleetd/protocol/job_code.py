@@ -29,10 +29,12 @@ MAX_UNPACKED_BYTES = 2 << 30
 
 
 def code_key(prefix: str, job: str, digest: str) -> str:
-    """Where a version lives in the checkpoint bucket: beside the job's checkpoints, so the
-    nodes' existing S3 permissions (and the bucket's lifecycle) cover it."""
+    """Where a version lives: under the job's own prefix, beside its checkpoints
+    (fleetd/protocol/checkpoints.py), so the nodes' S3 permissions and the bucket's lifecycle
+    cover it. Nodes may write there too; the digest in their user data, not the bucket, is what
+    they trust."""
     check_digest(digest)
-    return "/".join(p for p in (prefix.strip("/"), "jobs", job, "code", f"{digest}.tar.gz") if p)
+    return "/".join(p for p in (prefix.strip("/"), job, "code", f"{digest}.tar.gz") if p)
 
 
 def code_uri(bucket: str, key: str) -> str:
