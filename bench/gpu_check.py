@@ -37,7 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-TOY = [sys.executable, "-m", "agent.examples.train_toy"]
+TOY = [sys.executable, "-m", "agent.examples.toy_job.train_toy"]
 TOY_SIZE: list[str] = []  # --dim/--hidden for the toy (--model-mib): a state worth copying off the GPU
 
 
@@ -229,7 +229,7 @@ def check_torchrun_restart(
     device: str,
     work: Path,
     steps: int,
-    module: str = "agent.examples.train_toy",
+    module: str = "agent.examples.toy_job.train_toy",
     nproc: int = 2,
     victim: int = 1,
     sig: int = signal.SIGKILL,
@@ -328,7 +328,7 @@ def check_nccl_resume(work: Path) -> dict[str, Any]:
             "--nproc-per-node",
             "1",
             "-m",
-            "agent.examples.train_toy",
+            "agent.examples.toy_job.train_toy",
             "--steps",
             str(steps),
             "--step-sleep",

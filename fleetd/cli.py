@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pools": ("fleetd.commands.pools", "the pools a config would bid on in a region: GPUs, prices, why excluded"),
     "status": ("fleetd.commands.status", "nodes, rendezvous round and budget, from fleetd's state"),
     "doctor": ("fleetd.commands.doctor", "check the account, this host and the config before `fleetd run`"),
+    "job": ("fleetd.commands.job", "job files: check one and see what its workdir ships (job check FILE)"),
     "cancel": ("fleetd.commands.cancel", "stop the job for good: checkpoint, then release every node"),
     "logs": ("fleetd.commands.logs", "the job's worker output from every node, gone ones too (--follow)"),
     "config": ("fleetd.commands.config", "configuration tools (config check)"),

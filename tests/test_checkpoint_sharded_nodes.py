@@ -46,7 +46,7 @@ def _two_nodes_save_dcp(tmp_path: Path) -> tuple[Path, Path]:
         cmd = [
             sys.executable,
             "-m",
-            "agent.examples.train_toy",
+            "agent.examples.toy_job.train_toy",
             "--mode",
             "dcp",
             "--steps",

@@ -69,7 +69,7 @@ local_dir = "{node_dir}/checkpoints"
 
 [job]
 name = "{JOB}"
-entrypoint = "agent.examples.train_toy"
+entrypoint = "agent.examples.toy_job.train_toy"
 args = ["--steps", "1000000", "--step-sleep", "0.05"]
 
 [logging]

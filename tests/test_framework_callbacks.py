@@ -73,13 +73,23 @@ def test_torch_optimizer_unwraps_framework_wrappers() -> None:
     assert torch_optimizer(inner) is inner
 
 
-@pytest.mark.parametrize("job", sorted(configs.DEMO_JOBS))
+@pytest.mark.parametrize("job", sorted(configs.BAKED_JOBS))
 def test_demo_jobs_load_as_agent_config(job, tmp_path) -> None:
     ep = configs.DemoEndpoints(
         aws_url="http://127.0.0.1:1", s3_url="http://127.0.0.1:1", mqtt_url="mqtt://127.0.0.1:1883", rdzv_port=29400
     )
     path = configs.agent_toml(tmp_path, ep, 2, "i-1", "127.0.0.2", "http://127.0.0.1:2", steps=100, job=job)
     cfg = load_settings(AgentConfig, path)
-    assert cfg.job.entrypoint == configs.DEMO_JOBS[job][0]
+    assert cfg.job.entrypoint == configs.BAKED_JOBS[job][0]
     spec = LaunchSpec.from_config(cfg, "127.0.0.2")
-    assert spec.warm_preload == WARM_PRELOAD + configs.DEMO_JOBS[job][1], "the framework is imported once per node"
+    assert spec.warm_preload == WARM_PRELOAD + configs.BAKED_JOBS[job][1], "the framework is imported once per node"
+
+
+def test_the_demos_toy_is_a_job_file_with_the_scenarios_steps(tmp_path) -> None:
+    from fleetd.jobs.job_file import load_job_file
+
+    group = configs.job_group("toy", 1200, tmp_path)
+    job, workdir = load_job_file(Path(str(group["file"])))
+    assert workdir == configs.TOY_JOB.parent and (workdir / "train_toy.py").is_file()
+    assert job.run.module == "train_toy" and job.run.args == ("--steps", "1200")
+    assert job.checkpoint.mode == "library" and job.setup

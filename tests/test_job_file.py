@@ -139,3 +139,16 @@ async def test_the_code_is_uploaded_once_per_version(tmp_path: Path, aws_client_
     assert digest_of(body) == first.digest and first.uri == f"s3://code-bucket/{key}"
     assert shipped.job.code_uri == first.uri and shipped.job.code_digest == first.digest
     assert shipped.job.entrypoint == "train.py" and again.job == shipped.job
+
+
+def test_job_check_shows_what_ships_or_why_not(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fleetd.cli import main
+
+    assert main(["job", "check", str(EXAMPLE), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["run"] == "train.py" and shown["files"] == 4 and shown["ignore_file"] == ".gitignore"
+    assert len(shown["digest"]) == 64
+    (tmp_path / "agent.py").write_text("")
+    (tmp_path / "job.toml").write_text('name = "j"\n[run]\nscript = "agent.py"\n')
+    assert main(["job", "check", str(tmp_path / "job.toml")]) == 2
+    assert "rename it" in capsys.readouterr().err

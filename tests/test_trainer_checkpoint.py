@@ -231,7 +231,7 @@ def test_sharded_dcp_checkpoint_across_two_ranks_resumes(tmp_path):
                 "--standalone",
                 "--nproc-per-node=2",
                 "-m",
-                "agent.examples.train_toy",
+                "agent.examples.toy_job.train_toy",
                 "--mode",
                 "dcp",
                 "--steps",

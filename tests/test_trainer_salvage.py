@@ -199,7 +199,7 @@ def _start_pair(tmp_path: Path) -> tuple[list[subprocess.Popen], Path]:
             "FLEETD_EVENTS_FILE": str(events),
             "FLEETD_NODE_ADDR": f"node{rank}",
         }
-        cmd = [sys.executable, "-m", "agent.examples.train_toy", "--steps", "1000000", "--step-sleep", "0.02"]
+        cmd = [sys.executable, "-m", "agent.examples.toy_job.train_toy", "--steps", "1000000", "--step-sleep", "0.02"]
         procs.append(
             subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"rank{rank}.log", "w"))
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,14 +24,17 @@ DEMO_FLEET = "demo"
 DEMO_BUCKET = "fleetd-demo"
 DEMO_TYPES = ("g4dn.xlarge", "g6.xlarge", "g5.xlarge")
 DEMO_ZONES = ("us-east-1a", "us-east-1b")
-# The demo's training jobs (`fleetd demo --job NAME`): the entrypoint module and what the node's warm
-# worker pool imports once. "toy" is a plain loop over ElasticCheckpointer; "hf" a Hugging Face
-# Trainer (tiny GPT-2 from a config) and "lightning" a Lightning Trainer, each with fleetd's callback.
-DEMO_JOBS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "toy": ("agent.examples.train_toy", ()),
+# The demo's training jobs (`fleetd demo --job NAME`). "toy", the default, is a plain loop over
+# ElasticCheckpointer shipped as a user's project would be: a job file whose workdir the
+# controller packs and the nodes download and set up (TOY_JOB). "hf" (a Hugging Face Trainer, tiny
+# GPT-2 from a config) and "lightning" (a Lightning Trainer), each with fleetd's callback, are
+# modules in the node's image: the entrypoint and what the node's warm worker pool imports once.
+TOY_JOB = Path(__file__).resolve().parents[2] / "agent" / "examples" / "toy_job" / "job.toml"
+BAKED_JOBS: dict[str, tuple[str, tuple[str, ...]]] = {
     "hf": ("agent.examples.train_hf", ("transformers",)),
     "lightning": ("agent.examples.train_lightning", ()),  # not preloaded: see [job] preload's note
 }
+DEMO_JOBS = ("toy", *BAKED_JOBS)
 
 
 def trainer_socket_for(node_dir: Path) -> Path:
@@ -40,11 +44,28 @@ def trainer_socket_for(node_dir: Path) -> Path:
     return Path(tempfile.gettempdir()) / f"fleetd-trainer-{digest}.sock"
 
 
-def job_group(job: str, steps: int | None = None) -> dict[str, object]:
-    """The [job] table for a demo job's name, or for a job file's path (the file is the job)."""
-    if job not in DEMO_JOBS:
+def toy_job_file(workdir: Path, steps: int | None) -> Path:
+    """The toy's job file as the demo submits it: TOY_JOB with the scenario's step count."""
+    job = tomllib.loads(TOY_JOB.read_text())
+    job["workdir"] = str(TOY_JOB.parent)
+    if steps is not None:
+        job["run"]["args"] = ["--steps", str(steps)]
+    tables = {k: v for k, v in job.items() if isinstance(v, dict)}
+    top = [f"{k} = {_toml_value(v)}" for k, v in job.items() if not isinstance(v, dict)]
+    path = workdir / "toy-job.toml"
+    path.write_text("\n".join(top) + "\n\n" + to_toml(tables))
+    return path
+
+
+def job_group(job: str, steps: int | None = None, workdir: Path | None = None) -> dict[str, object]:
+    """The [job] table for a demo job: a job file (the toy's, or a user's path), or a module
+    baked into the node's image."""
+    if job == "toy":
+        assert workdir is not None, "the toy's job file is written into the demo's workdir"
+        return {"file": str(toy_job_file(workdir, steps))}
+    if job not in BAKED_JOBS:
         return {"file": job}
-    entrypoint, preload = DEMO_JOBS[job]
+    entrypoint, preload = BAKED_JOBS[job]
     group: dict[str, object] = {"name": job, "entrypoint": entrypoint, "nproc_per_node": 1}
     if preload:
         group["preload"] = list(preload)
@@ -162,7 +183,7 @@ def fleetd_toml(
             # a busy two-core host: a longer heartbeat timeout keeps a slow beat from reading as a loss.
             **({} if shape is None else {"loss": {"dead_after_s": 20.0}}),
             "checkpoints": {"bucket": DEMO_BUCKET, "prefix": "checkpoints", "keep": 3, "interval_steps": 50},
-            "job": job_group(job, steps),
+            "job": job_group(job, steps, workdir),
             "metrics": {"port": 0},
             # Compressed like the demo's notices: a stall is 20 s without a step (production: 180 s).
             # No node replacement: the demo's nodes are local processes on one box, and a fresh node
@@ -236,7 +257,7 @@ def agent_toml(
                     "local_dir": node_dir / "checkpoints",
                 },
                 # The image's example job; the user data's (job_env) replaces it, as on EC2.
-                **({"job": job_group(job, steps)} if job in DEMO_JOBS else {}),
+                **({"job": job_group(job, steps)} if job in BAKED_JOBS else {}),
             }
         )
     )

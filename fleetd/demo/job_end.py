@@ -44,8 +44,10 @@ def job_rows(report: dict[str, Any]) -> list[tuple[str, object]]:
     state = report.get("job_state", "unknown")
     reason = report.get("job_reason") or ""
     after = report.get("billing_stopped_after_s")
+    digest = report.get("job_code_digest")
     return [
         ("job", f"{state}" + (f" ({reason})" if reason else "")),
+        ("job code", f"version {digest[:12]}, shipped to the nodes" if digest else "baked into the node image"),
         (
             "billing stopped",
             f"{after:.1f} s after the {report.get('billing_reference', 'last step')}"

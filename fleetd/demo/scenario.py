@@ -41,7 +41,7 @@ class FleetShape:
     max_nodes: int
     initial_nodes: int
     cooldown_s: float
-    # The toy trainer's scaling curve (agent/examples/train_toy.py): one step's work takes
+    # The toy trainer's scaling curve (agent/examples/toy_job/train_toy.py): one step's work takes
     # work_s / min(world, saturate_at) seconds, so the job's steps/s grows with each node up to
     # saturate_at nodes and not beyond (a job whose input pipeline or all-reduce caps it).
     work_s: float

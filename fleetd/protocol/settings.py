@@ -145,7 +145,7 @@ class CheckpointConfig(Group):
 
 class JobConfig(Group):
     name: Name = "train"
-    entrypoint: NonEmpty = "agent.examples.train_toy"
+    entrypoint: NonEmpty = "agent.examples.toy_job.train_toy"
     args: tuple[str, ...] = ()
     nproc_per_node: Annotated[int, Field(ge=1)] = 1
     # run `python -m <entrypoint>` when True, else treat it as a script path

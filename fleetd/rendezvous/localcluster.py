@@ -77,7 +77,7 @@ class LocalCluster:
     min_nodes: int = 1
     max_nodes: int = 8
     train_args: tuple[str, ...] = ("--steps", "100000")
-    entrypoint: str = "agent.examples.train_toy"
+    entrypoint: str = "agent.examples.toy_job.train_toy"
     ckpt_interval: int = 0
     steered: bool = True  # False: plain torchrun defaults (the comparison baseline)
     s3_bucket: str | None = None

@@ -2,7 +2,7 @@
 GPU (``--device cuda``: NCCL when every rank has a GPU of its own, gloo when ranks share one).
 
 Run under torchrun (what fleetd's supervisor does) or alone:
-``python -m agent.examples.train_toy --steps 100``. It uses fleetd's checkpoint helper, so it
+``python -m agent.examples.toy_job.train_toy --steps 100``. It uses fleetd's checkpoint helper, so it
 resumes where the job left off after a membership change, and keeps the global batch constant
 whatever the world size.
 """
