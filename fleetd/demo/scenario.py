@@ -89,7 +89,13 @@ NAMED: dict[str, Scenario] = {
         ),
         description="two notices (the second after a rebalance recommendation); the cheapest "
         "instance type runs out of capacity just as fleetd pre-buys a replacement; then a node "
-        "is lost with no notice at all",
+        "is lost with no notice at all; in a job of 2,400 steps that runs to the end: fleetd sees "
+        "it succeed and releases every node",
+        # At most 15 steps/s at 3 nodes: the job outlasts the story (the last event is at 130 s).
+        job_steps=2400,
+        pace_work_s=0.2,
+        pace_nodes=3,
+        duration_s=480.0,  # a cap: the demo ends when the job does
     ),
     "short": Scenario(
         "short",
