@@ -72,6 +72,9 @@ class CapacityConfig(Group):
     on_demand_prices: Literal["price-list", "catalog"] = "price-list"
     price_list_region: str = "us-east-1"  # the Price List API endpoint's region (it serves every region)
     price_refresh_s: Annotated[float, Field(gt=0)] = 86400.0  # list prices change a few times a year
+    # Current spot prices (DescribeSpotPriceHistory) are fetched at most this often and reused by
+    # the passes in between: spot prices move a few times a day, a pass runs every few seconds.
+    spot_price_refresh_s: Annotated[float, Field(gt=0)] = 300.0
     spot_advisor_csv: Path | None = None  # interruption-rate prior (shared/traces snapshot)
     # Placement ranking (fleetd/policy/placement.py): expected USD per useful GPU-hour =
     # price / (GPUs x relative throughput of the GPU model) x (1 + interruptions/node-hour x

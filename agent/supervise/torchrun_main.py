@@ -51,18 +51,19 @@ def _patch(poll_s: float) -> bool:
 
 
 def _job_running(link: StoreLink, node_addr: str) -> bool:
-    """Is a round complete with other participants (i.e. are ranks training right now)?"""
-    import base64
-    import pickle
+    """Is a round complete with other participants (i.e. are ranks training right now)?
+
+    A value that is not torch's state raises ProtocolError (a ValueError: the caller joins
+    without a checkpoint, as for any other failure to ask)."""
+    from fleetd.protocol.rendezvous_pickle import unpickle_rendezvous_state
 
     key = "torch.rendezvous." + link.run_id
     if not link._op("check", [key]):
         return False
-    raw = link._op("get", key)
-    if raw == b"Y2FuaW1hZGFt":  # torch's "no state yet" sentinel
+    # The store is unauthenticated: the controller's allow-list decoder, not a bare pickle.loads.
+    state = unpickle_rendezvous_state(link._op("get", key))
+    if state is None:  # torch's "no state yet" sentinel
         return False
-    # torchrun itself unpickles this value a moment later; this reads it the same way.
-    state = pickle.loads(base64.b64decode(raw))
     return bool(
         state.complete
         and state.participants

@@ -1,8 +1,10 @@
 """Where prices come from: EC2's spot price history, or a file price book.
 
-Both implement :class:`PriceSource`. The EC2 source serves production (with on-demand prices from
-the Price List API or the bundled GPU catalog, fleetd/adapters/price_list.py); the file book serves
-the local demo and the simulator, and only when configured explicitly (``capacity.price_book``).
+Both implement :class:`PriceSource`. Production's reconcile loop reads EC2's current spot prices
+through fleetd/adapters/spot_prices.py (on their own refresh interval, with on-demand prices from
+the Price List API or the bundled GPU catalog, fleetd/adapters/price_list.py); the history source
+here serves ``fleetd pools``. The file book serves the local demo and the simulator, and only when
+configured explicitly (``capacity.price_book``).
 Prices are USD per instance-hour; ``trend`` is the change of the spot price in USD/h per hour over
 the recent window (positive: getting dearer).
 """
@@ -203,14 +205,35 @@ def _price(value: Any) -> float:
     return price
 
 
+async def spot_price_points(
+    client: Any, params: Mapping[str, Any], pools: Sequence[PoolId]
+) -> dict[PoolId, list[tuple[float, float]]]:
+    """DescribeSpotPriceHistory with ``params``, every page: (seconds, USD/h) points per pool of
+    ``pools``, oldest first (the request is types x zones, so it answers for pools not asked for)."""
+    wanted = set(pools)
+    points: dict[PoolId, list[tuple[float, float]]] = defaultdict(list)
+    paginator = client.get_paginator("describe_spot_price_history")
+    async with aws_call("DescribeSpotPriceHistory"):
+        async for page in paginator.paginate(**params):
+            for item in page.get("SpotPriceHistory", []):
+                pool = PoolId(item["InstanceType"], item["AvailabilityZone"])
+                if pool in wanted:
+                    ts = item["Timestamp"]
+                    t = ts.timestamp() if isinstance(ts, datetime) else float(ts)
+                    points[pool].append((t, float(item["SpotPrice"])))
+    for series in points.values():
+        series.sort()
+    return points
+
+
 class Ec2SpotPriceSource:
     """Spot prices from DescribeSpotPriceHistory over a recent window, per zone.
 
-    One paginated request per refresh covers every instance type; the newest point per pool is
-    the current price and a least-squares slope over the window is the trend. On-demand prices
-    are not in that API: they come from ``on_demand`` (fleetd/adapters/price_list.py: the Price
-    List API, refreshed daily, and the bundled catalog), so its large documents stay out of the
-    per-pass path.
+    One paginated request covers every instance type; the newest point per pool is the current
+    price and a least-squares slope over the window is the trend. On-demand prices are not in
+    that API: they come from ``on_demand`` (fleetd/adapters/price_list.py). The reconcile loop
+    does not use this window (no policy reads the trend): it reads current prices on a timer,
+    fleetd/adapters/spot_prices.py.
     """
 
     def __init__(
@@ -240,20 +263,7 @@ class Ec2SpotPriceSource:
         }
 
     async def history(self, pools: Sequence[PoolId], now: float) -> dict[PoolId, list[tuple[float, float]]]:
-        wanted = set(pools)
-        points: dict[PoolId, list[tuple[float, float]]] = defaultdict(list)
-        paginator = self._client.get_paginator("describe_spot_price_history")
-        async with aws_call("DescribeSpotPriceHistory"):
-            async for page in paginator.paginate(**self.request_params(pools, now)):
-                for item in page.get("SpotPriceHistory", []):
-                    pool = PoolId(item["InstanceType"], item["AvailabilityZone"])
-                    if pool in wanted:
-                        ts = item["Timestamp"]
-                        t = ts.timestamp() if isinstance(ts, datetime) else float(ts)
-                        points[pool].append((t, float(item["SpotPrice"])))
-        for series in points.values():
-            series.sort()
-        return points
+        return await spot_price_points(self._client, self.request_params(pools, now), pools)
 
     async def prices(self, pools: Sequence[PoolId], now: float) -> dict[PoolId, PoolPrice]:
         history = await self.history(pools, now)

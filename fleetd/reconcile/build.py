@@ -21,8 +21,9 @@ from fleetd.adapters.ec2_pools import default_zones, resolve_pools, subnets_by_z
 from fleetd.adapters.ec2_view import Ec2View
 from fleetd.adapters.launch_template import TemplateRef, ensure_launch_template
 from fleetd.adapters.price_list import OnDemandPrices
-from fleetd.adapters.pricing import Ec2SpotPriceSource, FilePriceBook, Hardware, PriceSource
+from fleetd.adapters.pricing import FilePriceBook, Hardware, PriceSource
 from fleetd.adapters.spot_advisor import load_spot_advisor
+from fleetd.adapters.spot_prices import LatestSpotPrices
 from fleetd.config import FleetdConfig
 from fleetd.policy.model import PoolId
 from fleetd.policy.placement import priors_for_pools
@@ -69,8 +70,9 @@ def pricing_client_kwargs(cfg: FleetdConfig) -> dict[str, Any]:
 def price_source(
     cfg: FleetdConfig, client: Any, pricing_client: Any = None, catalog: Catalog | None = None
 ) -> tuple[PriceSource, FilePriceBook | None]:
-    """Production: spot prices live from DescribeSpotPriceHistory, on-demand prices from the Price
-    List API with the bundled catalog as the fallback. A file book only when configured
+    """Production: current spot prices from DescribeSpotPriceHistory, refreshed every
+    ``capacity.spot_price_refresh_s`` (not per pass), on-demand prices from the Price List API
+    with the bundled catalog as the fallback. A file book only when configured
     explicitly (demo, simulator); it is returned too, for its hardware facts."""
     if cfg.capacity.price_book is not None:
         book = FilePriceBook.load(cfg.capacity.price_book)
@@ -90,7 +92,7 @@ def price_source(
         client=pricing_client if use_api else None,
         refresh_s=cfg.capacity.price_refresh_s,
     )
-    return Ec2SpotPriceSource(client, on_demand=on_demand), None
+    return LatestSpotPrices(client, on_demand=on_demand, refresh_s=cfg.capacity.spot_price_refresh_s), None
 
 
 def hardware_for(

@@ -6,36 +6,25 @@ dynamic_rendezvous.py). Every writer uses compare-and-set on the whole value, so
 read-modify-write it like any node does. This module only converts and transforms; the store I/O is
 in :mod:`fleetd.rendezvous.client`.
 
-The store is unauthenticated, so the value is untrusted: it is unpickled with an allow-list of the
-handful of classes torch puts in it, never with a bare ``pickle.loads``.
+The store is unauthenticated, so the value is untrusted: it is unpickled only by the one allow-list
+decoder the agent shares (fleetd/protocol/rendezvous_pickle.py), never with a bare ``pickle.loads``.
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
-import io
 import pickle
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, overload
 
+from fleetd.protocol.errors import ProtocolError
+from fleetd.protocol.rendezvous_pickle import NULL_SENTINEL, unpickle_rendezvous_state
 from fleetd.rendezvous.errors import RendezvousStateError
 
-# The c10d backend writes this sentinel when it creates the key ("no state yet").
-NULL_SENTINEL = b"Y2FuaW1hZGFt"
-_TORCH_MODULE = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
-_ALLOWED = {
-    (_TORCH_MODULE, "_RendezvousState"),
-    (_TORCH_MODULE, "_NodeDesc"),
-    ("datetime", "datetime"),
-    ("datetime", "timezone"),
-    ("datetime", "timedelta"),
-    ("builtins", "set"),
-    ("builtins", "dict"),
-    ("copyreg", "_reconstructor"),
-    ("builtins", "object"),
-}
+# NULL_SENTINEL is the decoder's; it is named here too, where the rest of the codec is.
+__all__ = ["MARKER_ADDR", "NULL_SENTINEL", "NodeId", "RendezvousState", "decode", "encode"]
+
 # fleetd's own entries in the wait list. torchrun restarts healthy workers when the wait list is
 # non-empty (elastic agent, "membership changes do not count as retries"), so a marker there is
 # how fleetd makes the survivors re-form right after a node left, instead of after their next
@@ -149,13 +138,6 @@ class RendezvousState:
 
 
 # ---------------------------------------------------------------------- codec
-class _AllowListUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:  # (pickle protocol)
-        if (module, name) not in _ALLOWED:
-            raise RendezvousStateError(f"rendezvous state refers to {module}.{name}: not allowed")
-        return super().find_class(module, name)
-
-
 @overload
 def _utc(t: datetime) -> datetime: ...
 @overload
@@ -171,14 +153,13 @@ _NODE_IDS: dict[tuple[str, int, int], NodeId] = {}
 
 def decode(raw: bytes) -> RendezvousState | None:
     """Decode the stored value; None when torch has created the key but no state yet."""
-    if raw == NULL_SENTINEL:
-        return None
     try:
-        obj = _AllowListUnpickler(io.BytesIO(base64.b64decode(raw, validate=True))).load()
-    except RendezvousStateError:
-        raise
-    except (binascii.Error, pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError) as exc:
-        raise RendezvousStateError(f"rendezvous state is not torch's: {exc}") from None
+        obj = unpickle_rendezvous_state(raw)
+    except ProtocolError as exc:
+        # The rendezvous adapter's callers handle their own error type (errors.py).
+        raise RendezvousStateError(str(exc)) from None
+    if obj is None:
+        return None
     try:
 
         def nid(d: Any) -> NodeId:  # one of torch's _NodeDesc
