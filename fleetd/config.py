@@ -255,7 +255,8 @@ class StallConfig(Group):
 
 class LossConfig(Group):
     """When a node counts as lost, and when a stale store heartbeat forces a re-form
-    (docs/DESIGN.md "Partitions" has the measurements behind the defaults)."""
+    (docs/DESIGN.md "Partitions"; the measurements behind the defaults are in
+    docs/measurements/2026-11-partitions.md)."""
 
     # No new rendezvous heartbeat for this long is the store's signal in the two-source rule
     # (policy/lifecycle.py); rebalance.silence_s is the broker's.

@@ -1,4 +1,4 @@
-"""bench/gpu_check.py on the CPU path (its GPU run is in docs/DESIGN.md), and where the
+"""bench/gpu_check.py on the CPU path (its GPU run: docs/measurements/2026-11-gpu-check.md), and where the
 checkpointer's own collectives keep their tensors under each backend."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from importlib import metadata
 
-# Tested: 2.11 (a GPU run of bench/gpu_check.py, docs/DESIGN.md) and 2.13 (every CI run).
+# Tested: 2.11 (a GPU run of bench/gpu_check.py, docs/measurements/2026-11-gpu-check.md) and 2.13 (every CI run).
 TESTED_MIN = (2, 11)
 TESTED_BELOW = (2, 14)
 ALLOW_ENV = "FLEETD_ALLOW_UNTESTED_TORCH"

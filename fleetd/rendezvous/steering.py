@@ -40,7 +40,7 @@ class SteerSettings:
     interval_s: float = 0.05  # one pass is one batch of local round trips; survivors wait on it
     left_timeout_s: float = 5.0
     # A member whose heartbeat is this stale is removed once the job also made no progress for
-    # hang_after_s (decide.py). fleetd.toml [loss]; DESIGN.md "Partitions" has the measurements.
+    # hang_after_s (decide.py). fleetd.toml [loss]; measured: docs/measurements/2026-11-partitions.md.
     dead_after_s: float = 6.0
     # After a store restart, hold the first round open this long for the nodes that trained
     # before it (they restart torchrun seconds apart).
