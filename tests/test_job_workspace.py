@@ -35,6 +35,7 @@ def _workspace(tmp_path: Path, digest: str, *setup: str) -> JobWorkspace:
         digest,
         setup,
         {"JOB_FLAG": "on"},
+        pip_cache=tmp_path / "node" / "pip-cache",
     )
 
 
@@ -60,13 +61,15 @@ async def test_setup_runs_once_in_the_jobs_own_virtualenv_with_the_images_packag
         "python -c \"import sys, os, fleetd, numpy; print(sys.prefix, os.environ['JOB_FLAG'])\" > where.txt",
         "python -m pip install --quiet --no-index -r requirements.txt",
         "echo again >> count.txt",
+        'echo "$PIP_CACHE_DIR" > cache.txt',
     )
     bucket = Bucket(data)
-    await prepare(ws, bucket.fetch, pip_cache=tmp_path / "pip")
+    await prepare(ws, bucket.fetch)
     where = (ws.code / "where.txt").read_text().split()
     assert Path(where[0]) == ws.venv and where[1] == "on"
+    assert (ws.code / "cache.txt").read_text().strip() == str(ws.pip_cache)  # pip's cache: the node's
     assert (ws.code / "train.py").read_text() == "print('training')\n"
-    await prepare(ws, bucket.fetch, pip_cache=tmp_path / "pip")  # an agent restart: ready already
+    await prepare(ws, bucket.fetch)  # an agent restart: ready already
     assert bucket.gets == 1 and (ws.code / "count.txt").read_text() == "again\n"
     # torchrun then runs there, with the venv's python and the job's environment.
     spec = LaunchSpec(
@@ -85,7 +88,7 @@ async def test_a_failed_setup_says_which_command_and_its_last_lines(tmp_path: Pa
     data, digest = _packed(tmp_path)
     ws = _workspace(tmp_path, digest, "echo preparing", "echo 'no such package: foo' >&2; exit 3")
     with pytest.raises(SetupFailed) as err:
-        await prepare(ws, Bucket(data).fetch, pip_cache=tmp_path / "pip")
+        await prepare(ws, Bucket(data).fetch)
     assert err.value.exit_code == 3
     assert "exited 3" in err.value.detail and "no such package: foo" in err.value.detail
     assert not ws.ready_marker.exists()

@@ -36,7 +36,6 @@ log = get_logger(__name__)
 
 Fetch = Callable[[str, str], Awaitable[bytes]]  # (bucket, key) -> the object's bytes
 SETUP_TAIL_LINES = 5
-PIP_CACHE = Path("/var/cache/fleet-agent/pip")
 
 
 class SetupFailed(Exception):
@@ -56,6 +55,8 @@ class JobWorkspace:
     setup: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     base_python: str = sys.executable
+    # pip's cache, shared by every version's setup on the node (a new version re-installs fast).
+    pip_cache: Path | None = None
 
     @classmethod
     def from_config(cls, cfg: AgentConfig) -> JobWorkspace | None:
@@ -64,7 +65,9 @@ class JobWorkspace:
         if not job.code_uri:
             return None
         root = cfg.node.state_dir / "jobs" / job.name / job.code_digest
-        return cls(root, job.code_uri, job.code_digest, job.setup, dict(job.env))
+        return cls(
+            root, job.code_uri, job.code_digest, job.setup, dict(job.env), pip_cache=cfg.node.state_dir / "pip-cache"
+        )
 
     @property
     def code(self) -> Path:
@@ -103,7 +106,7 @@ class JobWorkspace:
         }
 
 
-async def prepare(ws: JobWorkspace, fetch: Fetch, *, pip_cache: Path = PIP_CACHE) -> None:
+async def prepare(ws: JobWorkspace, fetch: Fetch) -> None:
     """Make ``ws`` ready (module docstring). Raises SetupFailed; S3 errors propagate (transient:
     the caller retries)."""
     if ws.ready_marker.exists():
@@ -119,7 +122,7 @@ async def prepare(ws: JobWorkspace, fetch: Fetch, *, pip_cache: Path = PIP_CACHE
     if not ws.python.exists():
         await _make_venv(ws)
     for command in ws.setup:
-        await _run_setup(ws, command, pip_cache)
+        await _run_setup(ws, command)
     ws.ready_marker.write_text(ws.digest)
     log.info("job_ready", digest=ws.digest[:12], setup_commands=len(ws.setup))
 
@@ -156,8 +159,10 @@ async def _make_venv(ws: JobWorkspace) -> None:
         (lib / "_fleetd_image.pth").write_text(lines)
 
 
-async def _run_setup(ws: JobWorkspace, command: str, pip_cache: Path) -> None:
-    env = {**os.environ, **ws.launch_env(), "PIP_CACHE_DIR": str(pip_cache), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+async def _run_setup(ws: JobWorkspace, command: str) -> None:
+    env = {**os.environ, **ws.launch_env(), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    if ws.pip_cache is not None:
+        env["PIP_CACHE_DIR"] = str(ws.pip_cache)
     with ws.setup_log.open("ab") as out:
         out.write(f"$ {command}\n".encode())
         out.flush()
