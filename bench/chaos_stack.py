@@ -17,6 +17,7 @@ import asyncio
 import os
 import signal
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from agent.supervise.proctree import kill_tree, process_tree
 from fleetd.adapters.faults import FaultProxy
 from fleetd.demo import configs
 from fleetd.demo.broker import start_broker
-from fleetd.demo.launcher import Launcher, LocalNode
+from fleetd.demo.launcher import Launcher, LocalNode, template_job_env
 from fleetd.demo.procs import Child
 from fleetd.demo.runner import DEMO_AWS_ENV
 from fleetd.localnet import free_port
@@ -85,7 +86,10 @@ class Stack:
             await s3.create_bucket(Bucket=configs.DEMO_BUCKET)
         async with self.session.create_client("ec2", **self.aws) as ec2:
             ami = (await ec2.describe_images(Owners=["amazon"]))["Images"][0]["ImageId"]
-        self.fleetd_conf = configs.fleetd_toml(self.workdir, ep, self.nodes, self.budget_usd, 10.0, ami)
+        # The job outlasts every fault (the toy's job file says 1,000 steps).
+        self.fleetd_conf = configs.fleetd_toml(
+            self.workdir, ep, self.nodes, self.budget_usd, 10.0, ami, steps=10_000_000
+        )
         await self._start("rendezvous", [*CLI, "rendezvous", "--config", str(self.fleetd_conf)])
         # `fleetd rendezvous` imports torch first: seconds on a quiet box, over 30 s on a loaded
         # 2-core one (a chaos run failed there). A slow start is not a hang.
@@ -102,6 +106,7 @@ class Stack:
             agent_conf,
             env={"FLEETD_EVENTS_FILE": str(self.events_file)},
             terminate=self.terminate_instance,
+            job_env=self._job_env,  # the job, from the launch template's user data
         )
         self._launcher_task = asyncio.create_task(self.launcher.run(), name="launcher")
 
@@ -121,6 +126,10 @@ class Stack:
                 for res in page["Reservations"]:
                     out += res["Instances"]
         return out
+
+    async def _job_env(self, inst: Mapping[str, Any]) -> dict[str, str]:
+        async with self.session.create_client("ec2", **self.aws) as ec2:
+            return await template_job_env(ec2, inst)
 
     async def terminate_instance(self, instance_id: str) -> None:
         async with self.session.create_client("ec2", **self.aws) as ec2:

@@ -43,9 +43,11 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Mapping
 from datetime import datetime
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -57,7 +59,7 @@ from moto.server import ThreadedMotoServer  # noqa: E402
 from bench.chaos_checks import strays  # noqa: E402
 from fleetd.adapters.faults import FaultProxy  # noqa: E402
 from fleetd.demo import configs  # noqa: E402
-from fleetd.demo.launcher import Launcher  # noqa: E402
+from fleetd.demo.launcher import Launcher, template_job_env  # noqa: E402
 from fleetd.demo.procs import Child  # noqa: E402
 from fleetd.demo.progress import Progress  # noqa: E402
 from fleetd.localnet import free_port, wait_port_async  # noqa: E402
@@ -214,6 +216,7 @@ async def main(args: argparse.Namespace) -> dict:
             # that as a hang (it would restart the trainers a second time).
             "stall": {"stall_after_s": 90.0, "escalate_after_s": 180.0},
         },
+        steps=1_000_000,  # the job outlasts the trials (the toy's job file says 1,000 steps)
     )
     hosts = {h: ControlHost(h, root, config, ports[h]) for h in ("a", "b")}
     trials: list[dict] = []
@@ -235,7 +238,12 @@ async def main(args: argparse.Namespace) -> dict:
         def agent_conf(iid: str, addr: str, imds_url: str) -> Path:
             return configs.agent_toml(root, ep, args.nodes + 1, iid, addr, imds_url, steps=1_000_000)
 
-        launcher = Launcher(root, describe, agent_conf, env={"FLEETD_EVENTS_FILE": str(events)})
+        async def job_env(inst: Mapping[str, Any]) -> dict[str, str]:
+            # The job from the launch template's user data, as a node booting on EC2 reads it.
+            async with session.create_client("ec2", endpoint_url=moto_url, region_name="us-east-1") as ec2:
+                return await template_job_env(ec2, inst)
+
+        launcher = Launcher(root, describe, agent_conf, env={"FLEETD_EVENTS_FILE": str(events)}, job_env=job_env)
         launcher_task = asyncio.create_task(launcher.run())
         await wait_until(
             lambda: Progress.load(events).training_again_at(0.0, world=args.nodes) is not None,

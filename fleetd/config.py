@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AwareDatetime, Field, model_validator
 
@@ -199,10 +200,25 @@ class FleetdJobConfig(JobConfig):
     # other [job] keys stay unset here.
     file: Path | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _name_from_the_file(cls, data: Any) -> Any:
+        """Every command that reads this config (status, logs, report) names the job as the job
+        file does, not by the default: `fleetd run` alone packs the file, but the name is the
+        job's everywhere. An unreadable file is `fleetd run`'s to report, with its reason."""
+        if isinstance(data, dict) and data.get("file") and "name" not in data:
+            try:
+                name = tomllib.loads(Path(data["file"]).read_text(encoding="utf-8")).get("name")
+            except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+                name = None
+            if isinstance(name, str):
+                data = {**data, "name": name}
+        return data
+
     @model_validator(mode="after")
     def _one_definition(self) -> FleetdJobConfig:
         if self.file is not None and not self.code_uri:
-            beside = sorted(self.model_fields_set - {"file"})
+            beside = sorted(self.model_fields_set - {"file", "name"})
             if beside:
                 raise ValueError(
                     f"with job.file the job is defined in that file only; remove job.{', job.'.join(beside)}"

@@ -152,3 +152,15 @@ def test_job_check_shows_what_ships_or_why_not(tmp_path: Path, capsys: pytest.Ca
     (tmp_path / "job.toml").write_text('name = "j"\n[run]\nscript = "agent.py"\n')
     assert main(["job", "check", str(tmp_path / "job.toml")]) == 2
     assert "rename it" in capsys.readouterr().err
+
+
+def test_every_command_names_the_job_as_its_file_does(tmp_path: Path) -> None:
+    """`fleetd logs`, status and report read fleetd.toml without packing the job file: the job's
+    name still comes from the file (its logs live under that name), not from the default."""
+    from fleetd.config import load
+
+    conf = tmp_path / "fleetd.toml"
+    conf.write_text(f'[job]\nfile = "{EXAMPLE}"\n')
+    assert load(conf).job.name == "ddp-tutorial"
+    conf.write_text(f'[job]\nfile = "{tmp_path / "missing.toml"}"\n')
+    assert load(conf).job.name == "train"  # unreadable: `fleetd run` reports it, with its reason

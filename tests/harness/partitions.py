@@ -29,7 +29,7 @@ from itertools import pairwise
 from pathlib import Path
 
 from fleetd.demo import configs
-from fleetd.demo.launcher import Launcher
+from fleetd.demo.launcher import Launcher, template_job_env
 from fleetd.demo.procs import Child
 from fleetd.demo.runner import DEMO_AWS_ENV
 from fleetd.localnet import free_port, wait_port_async
@@ -141,8 +141,15 @@ class Stack:
         # blip, reported 0.5 steps/s against a median of 6 and was replaced mid-scenario. That
         # is the scaling policy's transient (noted for its owners), not the loss rule under test.
         fleetd_conf = configs.fleetd_toml(
-            self.workdir, ep, self.nodes, 50.0, 50.0, ami, overrides={"scaling": {"straggler_ratio": 0.01}}
-        )  # > 0: a node at <1 % of the median
+            self.workdir,
+            ep,
+            self.nodes,
+            50.0,
+            50.0,
+            ami,
+            overrides={"scaling": {"straggler_ratio": 0.01}},  # > 0: a node at <1 % of the median
+            steps=10_000_000,  # the job outlasts every phase
+        )
         cli = [py, "-m", "fleetd.cli"]
         await self._start("rendezvous", [*cli, "rendezvous", "--config", str(fleetd_conf)])
         await wait_port_async("127.0.0.1", self.rdzv_port, timeout=90)
@@ -161,7 +168,11 @@ class Stack:
             )
 
         self.launcher = Launcher(
-            self.workdir, self.describe, agent_conf, env={"FLEETD_EVENTS_FILE": str(self.events.path)}
+            self.workdir,
+            self.describe,
+            agent_conf,
+            env={"FLEETD_EVENTS_FILE": str(self.events.path)},
+            job_env=lambda inst: template_job_env(self.ec2, inst),  # the job, from user data
         )
 
     async def _start(self, name: str, argv: list[str]) -> Child:
