@@ -18,6 +18,7 @@ from fleetd.policy.model import PoolId
 from fleetd.policy.planner import plan
 from fleetd.reconcile.build import build_reconciler
 from tests.reconcile_support import SPOT, Cloud, FakeClock
+from tests.test_pricing import FakeClient
 
 A = PoolId("g5.xlarge", "us-east-1a")
 B = PoolId("g5.xlarge", "us-east-1b")
@@ -51,15 +52,6 @@ class FakePaginator:
             yield {"SpotPriceHistory": items}
 
         return pages()
-
-
-class FakeClient:
-    def __init__(self, paginator: FakePaginator):
-        self.paginator = paginator
-
-    def get_paginator(self, name: str) -> FakePaginator:
-        assert name == "describe_spot_price_history"
-        return self.paginator
 
 
 async def test_prices_are_reused_while_fresh_and_fetched_again_after_the_ttl() -> None:
