@@ -15,6 +15,9 @@ Run on a machine with an NVIDIA GPU (``python bench/gpu_check.py``); on a machin
 - ``lightning_sigterm`` / ``hf_sigterm``: the Lightning and Hugging Face callbacks on the device,
   one rank under torchrun SIGTERMed at step 50: it saves the completed step, torchrun restarts it,
   it resumes there and finishes.
+- ``job_workspace``: a user's job as a node runs it: the toy project packed, verified, unpacked,
+  its virtualenv made and its setup run (agent/supervise/workspace.py), then ``torchrun_restart``
+  with that virtualenv's python in the code folder, the output through the agent's pipe.
 - ``nccl_resume`` (CUDA only): one rank with NCCL, run twice: the checkpointer's collectives
   (resume's all-reduce, save's barrier) under a NCCL-only process group, resuming where it stopped.
 
@@ -234,6 +237,10 @@ def check_torchrun_restart(
     victim: int = 1,
     sig: int = signal.SIGKILL,
     extra: tuple[str, ...] = ("--backend", "gloo"),
+    python: str = sys.executable,
+    cwd: Path = ROOT,
+    env_extra: dict[str, str] | None = None,
+    output: Any = None,
 ) -> dict[str, Any]:
     """The job under ``torchrun --max-restarts 3`` (the agent gives 100); rank ``victim``'s worker
     gets ``sig`` at step 50 (SIGKILL: a peer lost; SIGTERM: the worker stopped, as torchrun stops
@@ -241,7 +248,7 @@ def check_torchrun_restart(
     H200 while the new peer was still starting CUDA) is retried, as torchrun does for the agent."""
     events = work / "events.jsonl"
     cmd = [
-        sys.executable,
+        python,
         "-m",
         "torch.distributed.run",
         "--standalone",
@@ -268,7 +275,12 @@ def check_torchrun_restart(
     env = _toy_env(
         work, FLEETD_CKPT_DIR=str(work / "node"), FLEETD_NODE_ADDR="node0", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1"
     )
-    run = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(work / "torchrun.log", "w"))
+    env.update(env_extra or {})
+    if output is None:
+        run = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=open(work / "torchrun.log", "w"))
+    else:  # the agent's pipe (agent/supervise/worker_output.py): stdout and stderr, drained by a thread
+        run = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=output.writer(), stderr=subprocess.STDOUT)
+        output.close_writer()
     try:
         _wait(lambda: max(_steps(events), default=0) >= 50, 300, "step 50", [run])
         target = next(e["pid"] for e in _events(events) if e.get("ev") == "start" and e.get("rank") == victim)
@@ -303,6 +315,61 @@ def check_torchrun_restart(
         "kill_to_next_step_s": round(after[0] - t_kill, 2) if after else None,
         "steps_per_s_after_restart": round((len(after) - 1) / (after[-1] - after[0]), 1) if len(after) > 10 else None,
         "done_step": done[0] if done else None,
+    }
+
+
+# ---------------------------------------------------------------------- the job's own code
+def check_job_workspace(device: str, work: Path, steps: int) -> dict[str, Any]:
+    """What a node does with a user's job (agent/supervise/workspace.py, worker_output.py): the toy
+    project packed as `fleetd run` packs it, verified and unpacked, its virtualenv made (the image's
+    torch reached through a .pth), its setup run there; then torchrun with that python in the code
+    folder, its output drained through the agent's pipe, a worker SIGKILLed at step 50. On a GPU
+    this shows the job's own environment trains on CUDA and salvages there."""
+    import asyncio
+    import tomllib
+
+    from agent.supervise.worker_output import WorkerOutput
+    from agent.supervise.workspace import JobWorkspace, prepare
+    from fleetd.jobs.pack import pack
+
+    project = ROOT / "agent" / "examples" / "toy_job"
+    packed = pack(project)
+    setup = tuple(tomllib.loads((project / "job.toml").read_text())["setup"])
+    if device == "cuda":  # the job's own python must see the image's CUDA build of torch
+        setup += ("python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 3)'",)
+    ws = JobWorkspace(work / "ws", "s3://fleetd-checkpoints/toy/code/x.tar.gz", packed.digest, setup)
+
+    async def fetch(bucket: str, key: str) -> bytes:
+        return packed.data
+
+    t0 = time.monotonic()
+    asyncio.run(prepare(ws, fetch))
+    prepare_s = time.monotonic() - t0
+    lines: list[tuple[str, int | None]] = []
+
+    class Sink:  # stands in for journald and the batcher (agent/node/log_sink.py)
+        def line(self, text: str, rank: int | None = None) -> None:
+            lines.append((text, rank))
+
+    out = WorkerOutput(work / "torchrun.log", Sink())  # type: ignore[arg-type]
+    # The image's fleetd (here: this checkout) for the trainer library; the job's folder first.
+    env = ws.launch_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(ws.code), str(ROOT), os.environ.get("PYTHONPATH", "")])
+    result = check_torchrun_restart(
+        device, work, steps, module="train_toy", python=str(ws.python), cwd=ws.code, env_extra=env, output=out
+    )
+    drained = out.join(10)
+    ranked = {r for _, r in lines if r is not None}
+    return {
+        **result,
+        "ok": result["ok"] and drained and len(lines) > 0,
+        "code_digest": packed.digest[:12],
+        "files": len(packed.files),
+        "prepare_s": round(prepare_s, 2),
+        "setup_log_tail": ws.setup_log.read_text(errors="replace").splitlines()[-3:],
+        "venv_python": str(ws.python),
+        "log_lines": len(lines),
+        "log_ranks": sorted(ranked),
     }
 
 
@@ -397,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
         "hf_sigterm": lambda d: check_torchrun_restart(
             device, d, 150, "agent.examples.train_hf", nproc=1, victim=0, sig=signal.SIGTERM, extra=()
         ),
+        "job_workspace": lambda d: check_job_workspace(device, d, args.steps),
     }
     if device == "cuda":
         checks["nccl_resume"] = check_nccl_resume
