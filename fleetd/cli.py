@@ -20,11 +20,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "pools": ("fleetd.commands.pools", "the pools a config would bid on in a region: GPUs, prices, why excluded"),
     "status": ("fleetd.commands.status", "nodes, rendezvous round and budget, from fleetd's state"),
     "doctor": ("fleetd.commands.doctor", "check the account, this host and the config before `fleetd run`"),
-    "job": ("fleetd.commands.job", "job files: check one and see what its workdir ships (job check FILE)"),
+    "job": (
+        "fleetd.commands.job",
+        "jobs: check a job file (job check FILE), list the jobs with state and spend (job list)",
+    ),
     "cancel": ("fleetd.commands.cancel", "stop the job for good: checkpoint, then release every node"),
     "logs": ("fleetd.commands.logs", "the job's worker output from every node, gone ones too (--follow)"),
     "config": ("fleetd.commands.config", "configuration tools (config check)"),
     "ca": ("fleetd.commands.ca", "the fleet CA for the broker and node certificates (ca init)"),
+    "iam": ("fleetd.commands.iam", "the deploy/iam policies with this fleet's bucket, prefix, queue and table"),
 }
 
 
