@@ -29,6 +29,7 @@ from fleetd.policy.job_state import (
     advance,
     desired_job,
 )
+from fleetd.policy.ledger_events import JobStateChanged
 from fleetd.policy.model import NodePhase
 from fleetd.protocol.logs import get_logger
 
@@ -53,6 +54,7 @@ class JobWatcher:
     clock: Callable[[], float] = time.time
     record: JobRecord = field(default_factory=JobRecord)
     code_digest: str = ""  # the job's code version new nodes get (status and report show it)
+    ledger: Any = None  # fleetd/reconcile/ports.py LedgerSink: each state change is recorded there too
     _persisted: JobView | None = None
     _store: Any = None  # the reconciler's state store (fleetd/reconcile/state_port.py), once open
 
@@ -104,6 +106,26 @@ class JobWatcher:
             await asyncio.to_thread(write_job, self.state_dir, view)
         if self._store is not None:
             await self._store.set_meta(STORE_KEY, view.model_dump(mode="json"))
+
+    async def _to_ledger(self, now: float) -> None:
+        """The state change as a ledger event (its id: state and since, so a leader that takes
+        over and sees the same change again stores it once)."""
+        if self.ledger is None:
+            return
+        rec = self.record
+        event = JobStateChanged(
+            at=now,
+            state=str(rec.state),
+            reason=rec.reason[:300],
+            restarts=rec.restarts,
+            step=rec.final_step,
+            code_digest=self.code_digest,
+            event_id=f"job-state:{rec.state}:{(rec.since or now):.3f}",
+        )
+        try:
+            await self.ledger.append(event)
+        except Exception as exc:  # noqa: BLE001 - the job's lifecycle goes on; job.json and the store have it
+            log.error("job_state_ledger_failed", error=repr(exc)[:300])
 
     def read_cancel(self) -> str | None:
         """The operator's cancel reason, if `fleetd cancel` asked (blocking: call it in a thread)."""
@@ -167,6 +189,7 @@ class JobWatcher:
         if decision.changed:
             log_fn = log.error if rec.state == "failed" else log.warning if rec.terminal else log.info
             log_fn("job_state", state=str(rec.state), reason=rec.reason, restarts=rec.restarts, step=rec.final_step)
+            await self._to_ledger(now)
         view = view_of(rec, self.code_digest)
         if view != self._persisted:  # a state change, or a restart counted within one
             await self._persist(view)

@@ -123,6 +123,7 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
         send_command=intake.mqtt.send_command,
         steerer=steerer,
         wake=ctx.wake_loop,
+        ledger=ledger,
     )
     ctx.stall = StallWatcher(
         cfg.stall.settings(),

@@ -205,3 +205,58 @@ def _with_store(store: object) -> SimpleNamespace:
     ctx = ctx_with()
     ctx.reconciler = SimpleNamespace(state=store)
     return ctx
+
+
+async def test_every_state_change_is_in_the_ledger_once_and_in_the_report(tmp_path: Path) -> None:
+    from fleetd.commands.report import job_history, render_table
+    from fleetd.policy import ledger
+    from fleetd.reconcile.ledger_store import LedgerStore
+
+    store = await LedgerStore.open(tmp_path / "ledger.db")
+    try:
+        clock, sent = Clock(), []
+        w, registry, _ = watcher(tmp_path, clock, sent, ledger=store, code_digest="ab" * 32)
+        ctx = ctx_with("i-1")
+        say(registry, Status(instance_id="i-1", state="training"), clock.now)
+        await w.tick(ctx)
+        await w.tick(ctx)  # no change: nothing new
+        clock.now += 30
+        say(registry, TrainerExited(instance_id="i-1", exit_code=1, reason="failed"), clock.now)
+        await w.tick(ctx)
+        clock.now += 30
+        say(registry, TrainerExited(instance_id="i-1", exit_code=1, reason="failed"), clock.now)
+        await w.tick(ctx)
+        events = await store.events()
+    finally:
+        await store.close()
+    changes = [e for e in events if isinstance(e, ledger.JobStateChanged)]
+    assert [c.state for c in changes][0] == "running" and changes[-1].state == "failed"
+    assert len({c.event_id for c in changes}) == len(changes)
+    assert all(c.code_digest == "ab" * 32 for c in changes)
+    history = job_history(events)
+    assert [h["state"] for h in history] == [c.state for c in changes]
+    # Not billing: spend and goodput are what they were without them.
+    assert ledger.summarize(events, clock.now, {}) == ledger.summarize(
+        [e for e in events if not isinstance(e, ledger.JobStateChanged)], clock.now, {}
+    )
+    table = render_table(
+        {
+            **ledger.summarize(events, clock.now, {}).as_json(),
+            "job": None,
+            "stall": None,
+            "job_history": history,
+        }
+    )
+    assert "job states:" in table and "failed" in table
+
+
+async def test_a_ledger_that_fails_does_not_stop_the_lifecycle(tmp_path: Path) -> None:
+    class Broken:
+        async def append(self, *events) -> int:
+            raise OSError("disk full")
+
+    clock, sent = Clock(), []
+    w, registry, _ = watcher(tmp_path, clock, sent, ledger=Broken())
+    say(registry, Status(instance_id="i-1", state="training"), clock.now)
+    await w.tick(ctx_with("i-1"))
+    assert w.record.state is JobState.RUNNING and read_job(tmp_path) is not None

@@ -123,3 +123,38 @@ def test_the_report_states_how_the_job_ended(config_with_ledger: Path) -> None:
     assert data["job"]["state"] == "succeeded" and data["job"]["final_step"] == 1600
     table = _report("--config", str(config_with_ledger), "--at", str(T0 + 10_000)).stdout
     assert "succeeded (the run command exited 0)" in table
+
+
+def test_job_list_gives_state_step_spend_and_cost_per_useful_step(config_with_ledger: Path) -> None:
+    from fleetd.job_record import JobView, write_job
+    from fleetd.policy.job_state import JobState
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETD_")}
+
+    def job_list(*args: str) -> subprocess.CompletedProcess:
+        cmd = [str(FLEETD), "job", "list", "--config", str(config_with_ledger), *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+
+    # Before the daemon wrote the job's record: the state is unknown, never guessed.
+    proc = job_list("--json")
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.loads(proc.stdout)
+    assert row["state"] == "unknown" and row["spend_usd"] == pytest.approx(0.80)
+    assert row["usd_per_1k_steps"] == pytest.approx(0.50) and row["step"] is not None
+    state = config_with_ledger.parent / "state"
+    write_job(state, JobView(state=JobState.SUCCEEDED, since=T0, final_step=1620, code_digest="cd" * 32))
+    (row,) = json.loads(job_list("--json").stdout)
+    assert (row["state"], row["step"], row["code_digest"]) == ("succeeded", 1620, "cd" * 32)
+    table = job_list().stdout.splitlines()
+    assert table[0].split() == ["JOB", "STATE", "STEP", "SPEND", "$/1K", "STEPS", "VERSION"]
+    assert table[1].split()[1:] == ["succeeded", "1,620", "$0.80", "$0.5000", "cd" * 6]
+
+
+def test_job_list_without_a_ledger_says_so(tmp_path: Path) -> None:
+    cfg = tmp_path / "fleetd.toml"
+    cfg.write_text(f'[fleet]\nstate_dir = "{tmp_path / "none"}"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLEETD_")}
+    proc = subprocess.run(
+        [str(FLEETD), "job", "list", "--config", str(cfg)], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert proc.returncode == 1 and "no ledger at" in proc.stderr

@@ -1,6 +1,10 @@
 """`fleetd job check FILE`: read a job file and pack its workdir as `fleetd run` will, without
 uploading: what will ship (files, size, the version's digest, what was left out and why), or
-every problem, before a node is bought. fleetd.toml's ``[job] file`` then runs it."""
+every problem, before a node is bought. fleetd.toml's ``[job] file`` then runs it.
+
+`fleetd job list`: the controller's jobs with their state, last step, spend and dollars per 1,000
+useful steps (the ledger's numbers, as `fleetd report` gives them). One controller runs one job
+today, so the list has one row; unknown numbers print as unknown."""
 
 from __future__ import annotations
 
@@ -15,9 +19,57 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     check = sub.add_parser("check", help="validate a job file and show what its workdir ships (no upload)")
     check.add_argument("file", type=Path, metavar="FILE", help="the job file (e.g. deploy/examples/ddp-job/job.toml)")
     check.add_argument("--json", action="store_true", help="print the result as JSON")
+    listing = sub.add_parser("list", help="the controller's jobs: state, step, spend, $ per 1k useful steps")
+    from fleetd.commands.common import add_config_argument
+    from fleetd.config import DEFAULT_PATH
+
+    add_config_argument(listing, DEFAULT_PATH)
+    listing.add_argument("--json", action="store_true", help="print the rows as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.job_command == "list":
+        return list_jobs(args)
+    return check(args)
+
+
+def list_jobs(args: argparse.Namespace) -> int:
+    from fleetd.commands.report import LedgerUnreadable, job_json, read_ledger
+    from fleetd.policy import ledger
+
+    try:
+        cfg, now, events, seen = read_ledger(args.config, None)
+    except LedgerUnreadable as exc:
+        print(str(exc) if exc.code == 2 else f"fleetd job list: {exc}", file=sys.stderr)
+        return exc.code
+    summary = ledger.summarize(events, now, seen)
+    job = job_json(cfg.fleet.state_dir) or {}
+    steps = [e.step for e in events if isinstance(e, ledger.StepReached)]
+    row = {
+        "name": cfg.job.name,
+        "state": job.get("state", "unknown"),
+        "reason": job.get("reason", ""),
+        "step": job.get("final_step") if job.get("final_step") is not None else (max(steps) if steps else None),
+        "spend_usd": round(summary.spend_usd, 6),
+        "usd_per_1k_steps": summary.usd_per_1k_steps,
+        "code_digest": job.get("code_digest") or cfg.job.code_digest or None,
+    }
+    if args.json:
+        print(json.dumps([row], indent=2))
+        return 0
+    per_1k = "unknown" if row["usd_per_1k_steps"] is None else f"${row['usd_per_1k_steps']:,.4f}"
+    step = "unknown" if row["step"] is None else f"{row['step']:,}"
+    print(f"{'JOB':<20} {'STATE':<11} {'STEP':>10} {'SPEND':>10} {'$/1K STEPS':>11}  VERSION")
+    version = (row["code_digest"] or "unknown")[:12]
+    print(
+        f"{row['name']:<20} {row['state']:<11} {step:>10} {'$' + format(row['spend_usd'], ',.2f'):>10} {per_1k:>11}  {version}"
+    )
+    if row["reason"]:
+        print(f"  {row['reason']}")
+    return 0
+
+
+def check(args: argparse.Namespace) -> int:
     from fleetd.jobs.job_file import load_job_file
     from fleetd.jobs.pack import PackError, pack
     from fleetd.protocol.settings import ConfigError

@@ -41,7 +41,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+class LedgerUnreadable(Exception):
+    """The config or the ledger could not be read: ``code`` is the command's exit status."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def read_ledger(path: Path | None, at: float | None) -> tuple[Any, float, list[LedgerEvent], dict[str, float]]:
+    """The controller's config, the report's time, the ledger's events and when each instance was
+    last seen billing: SQLite on one control host, the shared table under HA. Raises
+    LedgerUnreadable (report and `job list` print it)."""
     import asyncio
 
     from fleetd.config import load
@@ -50,28 +61,23 @@ def run(args: argparse.Namespace) -> int:
 
     # Without an explicit file, a host with no /etc/fleetd/fleetd.toml still reports from the
     # environment (FLEETD_FLEET__STATE_DIR) and defaults.
-    path: Path | None = args.config
     if path == DEFAULT_PATH and not DEFAULT_PATH.exists():
         path = None
     try:
         cfg = load(path)
     except ConfigError as exc:
-        print(exc.render(), file=sys.stderr)
-        return 2
-    now = args.at if args.at is not None else time.time()
+        raise LedgerUnreadable(2, exc.render()) from None
+    now = at if at is not None else time.time()
     if cfg.ha.backend == "dynamodb":
         from fleetd.adapters.aws_errors import AwsError
 
         try:
-            shared = _read_shared(cfg)
+            return (cfg, now, *_read_shared(cfg))
         except AwsError as exc:
-            print(f"fleetd report: cannot read the shared state ({cfg.ha.table}): {exc}", file=sys.stderr)
-            return 1
-        return _finish(args, cfg, now, *shared)
+            raise LedgerUnreadable(1, f"cannot read the shared state ({cfg.ha.table}): {exc}") from None
     db = cfg.fleet.state_dir / DB_NAME
     if not db.is_file():
-        print(f"fleetd report: no ledger at {db} (has fleetd run with this state_dir?)", file=sys.stderr)
-        return 1
+        raise LedgerUnreadable(1, f"no ledger at {db} (has fleetd run with this state_dir?)")
 
     async def read() -> tuple[list[LedgerEvent], dict[str, float]]:
         seen = await asyncio.to_thread(_observed_until, db)
@@ -85,8 +91,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         events, seen = asyncio.run(read())
     except (LedgerStoreError, sqlite3.Error) as exc:
-        print(f"fleetd report: {exc}", file=sys.stderr)
-        return 1
+        raise LedgerUnreadable(1, str(exc)) from None
+    return cfg, now, events, seen
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg, now, events, seen = read_ledger(args.config, args.at)
+    except LedgerUnreadable as exc:
+        print(str(exc) if exc.code == 2 else f"fleetd report: {exc}", file=sys.stderr)
+        return exc.code
     return _finish(args, cfg, now, events, seen)
 
 
@@ -118,7 +132,12 @@ def _finish(args: argparse.Namespace, cfg: Any, now: float, events: list[LedgerE
             print(f"fleetd report: --plot needs matplotlib (pip install 'fleetd[plot]'): {exc}", file=sys.stderr)
             return 2
         plot(events, now, seen, args.plot)
-    data = {**summary.as_json(), "stall": stall_summary(cfg.fleet.state_dir), "job": _job(cfg.fleet.state_dir)}
+    data = {
+        **summary.as_json(),
+        "stall": stall_summary(cfg.fleet.state_dir),
+        "job": job_json(cfg.fleet.state_dir),
+        "job_history": job_history(events),
+    }
     if args.json:
         print(json.dumps(data, indent=2, sort_keys=True))
     else:
@@ -177,7 +196,7 @@ def _steps_lost(data: dict[str, Any]) -> str:
     return lost  # the "stalled node-time" row says whether stalls are known
 
 
-def _job(state_dir: Path) -> dict[str, Any] | None:
+def job_json(state_dir: Path) -> dict[str, Any] | None:
     """The job's lifecycle state (job.json), or None before the daemon wrote one."""
     from fleetd.job_record import read_job
     from fleetd.protocol.errors import ProtocolError
@@ -187,6 +206,24 @@ def _job(state_dir: Path) -> dict[str, Any] | None:
     except ProtocolError as exc:
         return {"state": "unknown", "reason": str(exc)}
     return view.model_dump(mode="json") if view is not None else None
+
+
+def job_history(events: list[LedgerEvent]) -> list[dict[str, Any]]:
+    """The job's state changes as the ledger recorded them, oldest first."""
+    from fleetd.policy.ledger import JobStateChanged
+
+    changes = sorted((e for e in events if isinstance(e, JobStateChanged)), key=lambda e: e.at)
+    return [
+        {
+            "at": e.at,
+            "state": e.state,
+            "reason": e.reason,
+            "restarts": e.restarts,
+            "step": e.step,
+            "code_digest": e.code_digest,
+        }
+        for e in changes
+    ]
 
 
 def render_table(data: dict[str, Any]) -> str:
@@ -226,6 +263,14 @@ def render_table(data: dict[str, Any]) -> str:
             f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(last))} UTC): "
             + ", ".join(u["instance_id"] for u in unseen),
         ]
+    history = data.get("job_history") or []
+    if history:
+        lines += ["", "job states:"]
+        for h in history:
+            when = time.strftime("%H:%M:%S", time.gmtime(h["at"]))
+            step = f" at step {h['step']:,}" if h.get("step") is not None else ""
+            why = f": {h['reason']}" if h.get("reason") else ""
+            lines.append(f"  {when}  {h['state']}{step}{why}")
     decisions = data.get("scaling_decisions") or []
     lines += ["", f"scaling decisions: {len(decisions) or 'none'}"]
     for d in decisions:

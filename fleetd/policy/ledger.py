@@ -26,6 +26,7 @@ from fleetd.policy.ledger_events import InstancePlaced as InstancePlaced
 from fleetd.policy.ledger_events import InstanceStarted as InstanceStarted
 from fleetd.policy.ledger_events import InstanceStopped as InstanceStopped
 from fleetd.policy.ledger_events import Interruption as Interruption
+from fleetd.policy.ledger_events import JobStateChanged as JobStateChanged
 from fleetd.policy.ledger_events import LedgerEvent as LedgerEvent
 from fleetd.policy.ledger_events import PriceChanged as PriceChanged
 from fleetd.policy.ledger_events import RecoveryTime as RecoveryTime

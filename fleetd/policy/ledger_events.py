@@ -143,6 +143,21 @@ class BillsRolledUp:
     event_id: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class JobStateChanged:
+    """The job moved to ``state`` (fleetd/policy/job_state.py): the ledger's record of its life
+    beside its dollars, so a report read from the ledger alone says how the job ended. Not
+    billing: spend and goodput ignore it, and compaction keeps every one."""
+
+    at: float
+    state: str
+    reason: str
+    restarts: int = 0
+    step: int | None = None  # the job's last step when it ended (None while it runs, or unknown)
+    code_digest: str = ""
+    event_id: str = ""
+
+
 LedgerEvent: TypeAlias = (
     InstanceStarted
     | InstancePlaced
@@ -156,6 +171,7 @@ LedgerEvent: TypeAlias = (
     | IdleGpuTime
     | Interruption
     | BillsRolledUp
+    | JobStateChanged
 )
 EVENT_TYPES: dict[str, type[LedgerEvent]] = {
     "instance-started": InstanceStarted,
@@ -170,5 +186,6 @@ EVENT_TYPES: dict[str, type[LedgerEvent]] = {
     "instance-placed": InstancePlaced,
     "target-changed": TargetChanged,
     "bills-rolled-up": BillsRolledUp,
+    "job-state": JobStateChanged,
 }
 EVENT_KINDS: dict[type[LedgerEvent], str] = {v: k for k, v in EVENT_TYPES.items()}
