@@ -24,7 +24,7 @@ test: lint
 # The production path under real systemd: the node image built by deploy/image/provision.sh in a
 # Debian 12 tree and booted with systemd-nspawn (also part of `make test`).
 test-deploy: setup
-	.venv/bin/python -m pytest tests/test_deploy_image.py tests/test_deploy_control_host.py tests/test_deploy_broker_stock.py tests/test_doctor.py -p no:randomly
+	.venv/bin/python -m pytest tests/test_deploy_image.py tests/test_deploy_flow.py tests/test_deploy_broker_stock.py tests/test_doctor.py -p no:randomly
 
 # The loop to run while working: every test not marked slow (pure policy, components against moto
 # and mosquitto), about 3 minutes on 2 cores.

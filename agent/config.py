@@ -60,6 +60,12 @@ class NodeConfig(Group):
     # Instance-initiated shutdown terminates a spot instance. The agent runs unprivileged:
     # deploy/polkit lets the fleet-agent user power the machine off.
     shutdown_command: tuple[str, ...] = ("systemctl", "poweroff")
+    # After a spot notice (action terminate) has run its course (checkpoint durable, node left),
+    # run shutdown_command: an instance-initiated shutdown terminates the spot instance at once
+    # instead of at the interruption time, up to two minutes later, billed for nothing. fleetd's
+    # launch template turns it on (fleetd/adapters/launch_template.py); off by default so that an
+    # agent run by hand or by a test never powers its machine off.
+    power_off_after_notice: bool = False
 
 
 class AgentConfig(CommonSettings):

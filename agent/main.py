@@ -266,12 +266,26 @@ class Agent:
             notice = Notice(instance_id=iid, action=sig.action.action, action_time=sig.action.time, source="imds")
             # Publish first (held in the outbox until acknowledged), then act without waiting.
             await self.session.publish_event(notice)
-            self._spawn("hooks.on_notice", self.hooks.on_notice, notice)
+            self._spawn("hooks.on_notice", self._notice_then_power_off, self.hooks, notice)
             self._spawn("notice-repeat", repeat_notice, self.session.publish_event, notice, self._stop)
         if sig.rebalance is not None:
             rebalance = Rebalance(instance_id=iid, notice_time=sig.rebalance.notice_time, source="imds")
             await self.session.publish_event(rebalance)
             self._spawn("hooks.on_rebalance", self.hooks.on_rebalance, rebalance)
+
+    async def _notice_then_power_off(self, hooks: NodeHooks, notice: Notice) -> None:
+        """The notice flow (checkpoint, upload, leave), then, on a terminate notice and with
+        ``node.power_off_after_notice``, the instance-initiated shutdown: the node has left and its
+        step is durable, so every second until AWS's own termination is billed for nothing. A flow
+        that raised powers nothing off (AWS reclaims the node at the notice's time anyway)."""
+        await hooks.on_notice(notice)
+        if notice.action != "terminate" or not self.config.node.power_off_after_notice:
+            return
+        command = list(self.config.node.shutdown_command)
+        log.warning(
+            "powering_off", reason="left on a spot notice", action_time=str(notice.action_time), command=command
+        )
+        await run_shutdown_command(command)
 
     async def _checkpoint_saved(self, report: CheckpointSavedLocally) -> None:
         assert self.identity is not None and self.session is not None and self.hooks is not None

@@ -277,7 +277,9 @@ def check_torchrun_restart(
     )
     env.update(env_extra or {})
     if output is None:
-        run = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=open(work / "torchrun.log", "w"))
+        run = subprocess.Popen(
+            cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=open(work / "torchrun.log", "w")
+        )
     else:  # the agent's pipe (agent/supervise/worker_output.py): stdout and stderr, drained by a thread
         run = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=output.writer(), stderr=subprocess.STDOUT)
         output.close_writer()

@@ -19,6 +19,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -120,3 +121,12 @@ def mosquitto_factory() -> Iterator:
     yield make
     for b in brokers:
         b.close()
+
+
+@pytest.fixture(scope="session")
+def node_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The node image built once per session by deploy/image/provision.sh (tests/harness/deploy_box.py).
+    Tests boot copies of it (``copy_tree``), never the image itself."""
+    from tests.harness.deploy_box import build_node_image
+
+    return build_node_image(tmp_path_factory.mktemp("node-image"))

@@ -21,20 +21,11 @@ from pathlib import Path
 import hcl2
 import pytest
 
-from tests.harness.deploy_box import base_rootfs, booted, build_wheel, copy_tree, nspawn, wheelhouse
+from tests.harness.deploy_box import IMAGE_UPLOADS, PROVISION, booted, copy_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
-PROVISION = DEPLOY / "image" / "provision.sh"
-# The files Packer uploads next to the script (deploy/packer/fleet-agent.pkr.hcl), by their names
-# in the image's upload folder.
-UPLOADS = {
-    "fleet-agent.service": ROOT / "systemd" / "fleet-agent.service",
-    "agent.toml": DEPLOY / "examples" / "agent.toml",
-    "50-fleet-agent-poweroff.rules": DEPLOY / "polkit" / "50-fleet-agent-poweroff.rules",
-    "50-fleet-agent-poweroff.pkla": DEPLOY / "polkit" / "50-fleet-agent-poweroff.pkla",
-    "fleetd-sysusers.conf": DEPLOY / "sysusers" / "fleetd.conf",
-}
+UPLOADS = IMAGE_UPLOADS
 
 
 def _unquote(v: str) -> str:
@@ -112,33 +103,12 @@ def test_polkit_grant_in_both_formats_names_the_same_actions() -> None:
         assert key in pkla
 
 
-@pytest.fixture(scope="module")
-def image(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    work = tmp_path_factory.mktemp("image")
-    wheel = build_wheel(work / "dist")
-    wheels = wheelhouse(wheel)
-    root = work / "root"
+@pytest.fixture
+def image(node_image: Path, tmp_path: Path) -> Path:
+    """A copy of the session's image (tests/conftest.py): each test boots and writes its own."""
+    root = tmp_path / "root"
     root.mkdir()
-    copy_tree(base_rootfs(), root)
-    files = root / "var" / "tmp" / "fleetd-image"
-    files.mkdir(parents=True)
-    for name, src in UPLOADS.items():
-        shutil.copy(src, files / name)
-    shutil.copy(wheel, files / wheel.name)
-    shutil.copy(PROVISION, files / "provision.sh")
-    res = nspawn(
-        root,
-        "/bin/bash",
-        "/var/tmp/fleetd-image/provision.sh",
-        binds=((wheels, "/wheelhouse"),),
-        env={
-            "FILES": "/var/tmp/fleetd-image",
-            "WHEEL": wheel.name,
-            "PIP_ARGS": "--no-index --find-links /wheelhouse",
-        },
-    )
-    assert res.returncode == 0, f"provision.sh failed:\n{res.stdout[-4000:]}\n{res.stderr[-4000:]}"
-    return root
+    return copy_tree(node_image, root)
 
 
 @pytest.mark.slow

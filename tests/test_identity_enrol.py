@@ -346,3 +346,16 @@ def test_ca_init_as_root_leaves_the_files_fleetd_needs_readable_by_its_group():
         )
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_the_enrol_url_may_name_the_controller_or_its_endpoint() -> None:
+    # fleetd's launch template writes the endpoint (.../v1/enrol); a node's own config names the
+    # controller. The template's form used to get the path twice: every enrolment 404.
+    from agent.node.enrol import endpoint_of
+    from fleetd.adapters.launch_template import enrol_url
+    from fleetd.config import FleetdConfig
+
+    for url in ("http://10.0.1.10:8440", "http://10.0.1.10:8440/", "http://10.0.1.10:8440/v1/enrol"):
+        assert endpoint_of(url) == "http://10.0.1.10:8440/v1/enrol"
+    assert endpoint_of(enrol_url(FleetdConfig())).endswith(":8440/v1/enrol")
+    assert not endpoint_of(enrol_url(FleetdConfig())).endswith("/v1/enrol/v1/enrol")

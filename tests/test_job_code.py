@@ -139,3 +139,24 @@ def test_keys_and_uris() -> None:
     for bad in ("http://b/k", "s3://bucket", "s3:///k"):
         with pytest.raises(ProtocolError):
             split_uri(bad)
+
+
+def test_unpacking_needs_no_extraction_filter_from_this_python(tmp_path: Path, monkeypatch) -> None:
+    # Debian 12's Python 3.11.2 has no extractall(filter=): every unpack raised TypeError on a
+    # node built from it (the deploy-box flow found it). unpack writes the checked members itself.
+    def no_filter(self, path=".", members=None, *, numeric_owner=False, **kw):  # 3.11.2's signature
+        if kw:
+            raise TypeError(f"TarFile.extractall() got an unexpected keyword argument {next(iter(kw))!r}")
+        raise AssertionError("unpack must not hand the archive to extractall")
+
+    monkeypatch.setattr(tarfile.TarFile, "extractall", no_filter)
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / "pkg" / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (src / "pkg" / "run.sh").chmod(0o755)
+    (src / "train.py").write_text("print('train')\n")
+    packed = pack(src)
+    assert unpack(packed.data, tmp_path / "out") == 2
+    assert (tmp_path / "out" / "train.py").read_text() == "print('train')\n"
+    assert os.access(tmp_path / "out" / "pkg" / "run.sh", os.X_OK)
+    assert not os.access(tmp_path / "out" / "train.py", os.X_OK)

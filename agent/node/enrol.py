@@ -109,11 +109,20 @@ def make_csr(key: ec.EllipticCurvePrivateKey, instance_id: str) -> str:
     return csr.public_bytes(serialization.Encoding.PEM).decode()
 
 
+def endpoint_of(enrol_url: str) -> str:
+    """``node.enrol_url`` may name the controller (``http://10.0.1.10:8440``, as the node's own
+    config has it) or its endpoint (``.../v1/enrol``, as fleetd's launch template and
+    ``enrol.public_url`` write it): both reach the one endpoint. (Before, the launch template's
+    form got the path twice and every enrolment was answered 404; found by the deploy-box flow.)"""
+    base = enrol_url.rstrip("/")
+    return base if base.endswith(ENROL_PATH) else base + ENROL_PATH
+
+
 class NodeEnrolment:
     def __init__(
         self, enrol_url: str, imds: ImdsClient, instance_id: str, directory: Path, *, timeout_s: float = 10.0
     ) -> None:
-        self.url = enrol_url.rstrip("/") + ENROL_PATH
+        self.url = endpoint_of(enrol_url)
         self.imds = imds
         self.instance_id = instance_id
         self.files = IdentityFiles(directory)

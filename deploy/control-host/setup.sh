@@ -2,7 +2,7 @@
 # Sets up a control host: fleetd and its rendezvous store under systemd, the broker (mosquitto)
 # with the fleet's certificates, the fleet CA readable by the fleetd service user. Run as root on
 # Debian 12 or Ubuntu 22.04/24.04; deploy/README.md ("Control host") points here, and
-# tests/test_deploy_control_host.py runs this very file in a Debian 12 machine under systemd.
+# tests/test_deploy_flow.py runs this very file in a Debian 12 machine under systemd.
 #
 #   WHEEL=dist/fleetd-0.1.0-py3-none-any.whl BROKER_NAME=broker.fleet.internal \
 #   FLEETD_TOML=my-fleetd.toml deploy/control-host/setup.sh

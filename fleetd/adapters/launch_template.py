@@ -114,6 +114,11 @@ def agent_user_data(cfg: FleetdConfig) -> str:
         "FLEETD_NODE__FLEET": cfg.fleet.name,
         "FLEETD_NODE__MIN_NODES": str(max(cfg.fleet.min_nodes, 1)),
         "FLEETD_NODE__MAX_NODES": str(cfg.fleet.max_nodes),
+        # A node that has left on a spot notice (step durable) shuts itself down: the instance
+        # stops billing then, not at the interruption time (agent/config.py).
+        "FLEETD_NODE__POWER_OFF_AFTER_NOTICE": "true",
+        # The image's own agent.toml trains nothing until its user data names the job.
+        "FLEETD_NODE__SUPERVISE_TRAINING": "true",
         "FLEETD_AWS__REGION": cfg.aws.region,
         "FLEETD_MQTT__URL": cfg.mqtt.url,
         "FLEETD_RENDEZVOUS__HOST": cfg.rendezvous.host,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import io
 import re
+import shutil
 import tarfile
 from pathlib import Path, PurePosixPath
 
@@ -93,5 +94,19 @@ def unpack(data: bytes, dest: Path) -> int:
         if total > MAX_UNPACKED_BYTES:
             raise ProtocolError(f"job code archive unpacks to {total} bytes (limit {MAX_UNPACKED_BYTES})")
         dest.mkdir(parents=True)
-        tar.extractall(dest, members=members, filter="data")
+        # Written by hand from the checked members, not extractall: its "data" filter is missing
+        # from Pythons before 3.11.4 (Debian 12 has 3.11.2: every unpack failed with a TypeError
+        # there, found by the deploy-box flow), and without it extractall would honour the
+        # archive's owners and times. Modes are the packer's two (0644, or 0755 when executable).
+        for m in members:
+            target = dest.joinpath(*_safe_member(m).parts)
+            if m.isdir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            source = tar.extractfile(m)
+            assert source is not None  # a regular file (checked above)
+            with source, open(target, "wb") as out:
+                shutil.copyfileobj(source, out)
+            target.chmod(0o755 if m.mode & 0o100 else 0o644)
     return sum(1 for m in members if m.isfile())

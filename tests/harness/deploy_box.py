@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -213,3 +213,96 @@ def booted(root: Path, name: str) -> Iterator[Machine]:
         yield machine.boot()
     finally:
         machine.poweroff()
+
+
+# ---------------------------------------------------------------------- the two machines' trees
+DEPLOY = ROOT / "deploy"
+PROVISION = DEPLOY / "image" / "provision.sh"
+# The files Packer uploads next to the script (deploy/packer/fleet-agent.pkr.hcl), by their names
+# in the image's upload folder.
+IMAGE_UPLOADS = {
+    "fleet-agent.service": ROOT / "systemd" / "fleet-agent.service",
+    "agent.toml": DEPLOY / "examples" / "agent.toml",
+    "50-fleet-agent-poweroff.rules": DEPLOY / "polkit" / "50-fleet-agent-poweroff.rules",
+    "50-fleet-agent-poweroff.pkla": DEPLOY / "polkit" / "50-fleet-agent-poweroff.pkla",
+    "fleetd-sysusers.conf": DEPLOY / "sysusers" / "fleetd.conf",
+}
+CONTROL_SRC = "/root/fleetd-src"  # where the control host sees the checkout's deploy/ and systemd/
+
+
+def build_node_image(work: Path) -> Path:
+    """The node image as Packer builds it: the same script, the same uploads, run as root."""
+    wheel = build_wheel(work / "dist")
+    wheels = wheelhouse(wheel)
+    root = work / "root"
+    root.mkdir()
+    copy_tree(base_rootfs(), root)
+    files = root / "var" / "tmp" / "fleetd-image"
+    files.mkdir(parents=True)
+    for name, src in IMAGE_UPLOADS.items():
+        shutil.copy(src, files / name)
+    shutil.copy(wheel, files / wheel.name)
+    shutil.copy(PROVISION, files / "provision.sh")
+    res = nspawn(
+        root,
+        "/bin/bash",
+        "/var/tmp/fleetd-image/provision.sh",
+        binds=((wheels, "/wheelhouse"),),
+        env={"FILES": "/var/tmp/fleetd-image", "WHEEL": wheel.name, "PIP_ARGS": "--no-index --find-links /wheelhouse"},
+    )
+    if res.returncode != 0:
+        raise AssertionError(f"provision.sh failed:\n{res.stdout[-4000:]}\n{res.stderr[-4000:]}")
+    return root
+
+
+def build_control_host(work: Path, fleetd_toml: str, before: Callable[[Path], None] | None = None) -> Path:
+    """A control host set up by deploy/control-host/setup.sh (what deploy/README.md says to run),
+    installed but not started: its units start when the machine boots."""
+    wheel = build_wheel(work / "dist")
+    wheels = wheelhouse(wheel)
+    root = work / "root"
+    root.mkdir()
+    copy_tree(base_rootfs(), root)
+    src = root / CONTROL_SRC.lstrip("/")
+    src.mkdir(parents=True)
+    for part in ("deploy", "systemd"):
+        shutil.copytree(ROOT / part, src / part)
+    shutil.copy(wheel, src / wheel.name)
+    (src / "fleetd.toml").write_text(fleetd_toml)
+    if before is not None:  # what the operator puts in place first (a job's project, say)
+        before(root)
+    res = nspawn(
+        root,
+        "/bin/bash",
+        f"{CONTROL_SRC}/deploy/control-host/setup.sh",
+        binds=((wheels, "/wheelhouse"),),
+        env={
+            "WHEEL": f"{CONTROL_SRC}/{wheel.name}",
+            "BROKER_NAME": "localhost",
+            "FLEETD_TOML": f"{CONTROL_SRC}/fleetd.toml",
+            "PIP_ARGS": "--no-index --find-links /wheelhouse",
+            "START": "no",
+        },
+    )
+    if res.returncode != 0:
+        raise AssertionError(f"setup.sh failed:\n{res.stdout[-3000:]}\n{res.stderr[-5000:]}")
+    return root
+
+
+def unit_dropin(root: Path, unit: str, name: str, env: dict[str, str]) -> None:
+    """Test scaffolding a unit reads (what the instance role and the real endpoints give in AWS)."""
+    dropin = root / "etc" / "systemd" / "system" / f"{unit}.d"
+    dropin.mkdir(parents=True, exist_ok=True)
+    (dropin / name).write_text("[Service]\n" + "".join(f"Environment={k}={v}\n" for k, v in env.items()))
+
+
+def wait_active(machine: Machine, units: tuple[str, ...], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        states = {u: machine.run("systemctl", "is-active", u, check=False).stdout.strip() for u in units}
+        if all(s == "active" for s in states.values()):
+            return
+        if time.monotonic() > deadline:
+            logs = {u: machine.run("journalctl", "-u", u, "--no-pager", "-n", "30", check=False).stdout for u in units}
+            raise AssertionError(f"units not active in {machine.name}: {states}\n{logs}")
+        time.sleep(1)

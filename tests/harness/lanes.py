@@ -41,7 +41,7 @@ GROUPS = {
     "tests/test_deploy_mosquitto.py::": "module-deploy-mosquitto",
     "tests/test_deploy_broker_stock.py::": "module-deploy-mosquitto",  # uses its PKI fixture
     "tests/test_deploy_image.py::": "module-deploy-image",  # one image build for both tests
-    "tests/test_deploy_control_host.py::": "module-deploy-image",  # one machine at a time (port 8883)
+    "tests/test_deploy_flow.py::": "module-deploy-image",  # one machine at a time (port 8883); one image
     "tests/test_sim_policies.py::": "module-sim-policies",
 }
 
