@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from hypothesis import strategies as st
 
 from fleetd.config import FleetdConfig
+from fleetd.policy.memory import PlannerMemory, after_plan, after_spot_launch, after_stop
 from fleetd.policy.model import (
     Drain,
     Launch,
@@ -27,7 +28,7 @@ from fleetd.policy.model import (
     StopJob,
     Terminate,
 )
-from fleetd.policy.observation import Observation, PoolStats, spot_shortage_over
+from fleetd.policy.observation import Observation, PoolStats
 from fleetd.policy.planner import plan
 
 NOW = 1_000_000.0
@@ -188,11 +189,7 @@ def run_scenario(sc: Scenario) -> Outcome:
     interval = cfg.fleet.reconcile_interval_s
     nodes: list[SimNode] = []
     spent = 0.0
-    target: int | None = None
-    last_scaling_at: float | None = None
-    level = None
-    spot_unavailable_since: float | None = None
-    stop_issued_at: float | None = None
+    memory = PlannerMemory()  # kept between passes as the loop and the simulator keep it
     capacity_until: dict[PoolId, float] = {}
     prebuys: list[float] = []
     notices = sorted(sc.notices)
@@ -215,7 +212,7 @@ def run_scenario(sc: Scenario) -> Outcome:
             if calm:
                 max(calm, key=lambda n: n.started).rebalance_at = t0 + off
         for n in nodes:
-            _advance(n, now, stop_issued_at, cfg)
+            _advance(n, now, memory.stop_issued_at, cfg)
             spent += _accrue(n, now, sc, t0)
         if spent > total + 1e-9:
             out.violations.append(f"pass {k}: spent {spent:.6f} > total_usd {total}")
@@ -263,12 +260,12 @@ def run_scenario(sc: Scenario) -> Outcome:
             throughput_by_nodes=throughput,
             last_durable_checkpoint_step=k,
             last_durable_checkpoint_at=now - (k % 7) * interval,
-            target_nodes=target,
-            last_scaling_at=last_scaling_at,
+            target_nodes=memory.target_nodes,
+            last_scaling_at=memory.last_scaling_at,
             rebalance_prebuys_last_hour=len(prebuys),
-            spot_unavailable_since=spot_unavailable_since,
-            stop_issued_at=stop_issued_at,
-            **({"budget_level": level} if level is not None else {}),
+            spot_unavailable_since=memory.spot_unavailable_since,
+            stop_issued_at=memory.stop_issued_at,
+            budget_level=memory.budget_level,
         )
         result = plan(obs, cfg, now)
         out.passes += 1
@@ -277,18 +274,11 @@ def run_scenario(sc: Scenario) -> Outcome:
         if out.violations:
             return out
         # ---- act
-        if result.target_nodes != target:
-            last_scaling_at = now
-        target = result.target_nodes
-        level = result.budget.level
-        if result.spot_short and spot_unavailable_since is None:
-            spot_unavailable_since = now
-        elif spot_shortage_over(result):
-            spot_unavailable_since = None  # as the reconcile loop and the simulator do
+        memory = after_plan(memory, result, now)
         by_id = {n.iid: n for n in live}
         for a in result.actions:
-            if isinstance(a, StopJob) and stop_issued_at is None:
-                stop_issued_at = now
+            if isinstance(a, StopJob) and memory.stop_issued_at is None:
+                memory = after_stop(memory, now)
                 out.stopped = True
             elif isinstance(a, Terminate) and a.instance_id in by_id:
                 by_id[a.instance_id].gone_at = now
@@ -312,11 +302,11 @@ def run_scenario(sc: Scenario) -> Outcome:
                 if pool is None:
                     for p in a.pools:
                         capacity_until[p] = now + cfg.capacity.capacity_error_ttl_s
-                    if a.market is Market.SPOT and spot_unavailable_since is None:
-                        spot_unavailable_since = now
+                    if a.market is Market.SPOT:
+                        memory = after_spot_launch(memory, False, now)
                     continue
                 if a.market is Market.SPOT:
-                    spot_unavailable_since = None
+                    memory = after_spot_launch(memory, True, now)
                 for _ in range(a.count):
                     seq += 1
                     nodes.append(
@@ -333,7 +323,7 @@ def run_scenario(sc: Scenario) -> Outcome:
     # The last decision's commitment runs until the next pass: bill it and check once more.
     end = t0 + sc.passes * interval
     for n in nodes:
-        _advance(n, end, stop_issued_at, cfg)
+        _advance(n, end, memory.stop_issued_at, cfg)
         spent += _accrue(n, end, sc, t0)
     if spent > total + 1e-9:
         out.violations.append(f"after the last pass: spent {spent:.6f} > total_usd {total}")

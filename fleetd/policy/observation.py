@@ -4,16 +4,11 @@ The daemon (fleetd/reconcile) builds it from EC2, MQTT intake, the SQLite stores
 source; the simulator builds it from its virtual world. Times are on the caller's clock (the same
 clock as ``now`` passed to ``plan``). Prices are USD per instance-hour.
 
-Fields the caller keeps between passes (the planner is stateless):
-- ``target_nodes`` / ``last_scaling_at``: pass back ``Plan.target_nodes``; set ``last_scaling_at``
-  to ``now`` whenever it differs from the previous target.
-- ``rebalance_prebuys_last_hour``: Launches with purpose ``rebalance-prebuy`` executed in the
-  last hour (rebalance churn cap).
-- ``spot_unavailable_since``: set when a needed spot launch found no pool (every spot pool failed
-  with a capacity error, or none is offered), cleared when a spot launch succeeds or when a plan
-  ends the shortage another way (``spot_shortage_over``).
-- ``stop_issued_at``: when a StopJob was executed.
-- ``budget_level``: pass back ``Plan.budget.level``.
+Fields the caller keeps between passes (the planner is stateless): ``target_nodes``,
+``last_scaling_at``, ``spot_unavailable_since``, ``stop_issued_at`` and ``budget_level`` are the
+planner's memory, changed only by fleetd/policy/memory.py (the loop, the simulator and the
+property-test driver all use it); ``rebalance_prebuys_last_hour`` counts the Launches with purpose
+``rebalance-prebuy`` executed in the last hour (rebalance churn cap).
 - ``job_started_at``: when the job first ran (set once, kept): the start of a deadline job's
   progress line (fleetd/policy/deadline.py).
 """

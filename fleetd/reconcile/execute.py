@@ -17,6 +17,7 @@ from fleetd.adapters.aws_errors import AwsError, PermanentAwsError
 from fleetd.adapters.ec2 import Ec2Api, LaunchResult, LaunchSpec, launch_token
 from fleetd.adapters.pricing import PriceSource
 from fleetd.config import FleetdConfig
+from fleetd.policy.memory import PlannerMemory, after_stop
 from fleetd.policy.model import (
     Action,
     Drain,
@@ -170,7 +171,10 @@ class ActionExecutor:
                 await self.commander.request_checkpoint(action.deadline, action.reason)
             elif isinstance(action, StopJob):
                 await self.commander.stop_job(action.reason)
-                await self.state.set_meta("stop_issued_at", now)
+                first = obs.stop_issued_at if obs is not None else None
+                await self.state.set_meta(
+                    "stop_issued_at", after_stop(PlannerMemory(stop_issued_at=first), now).stop_issued_at
+                )
             elif isinstance(action, Warn):
                 log.warning("planner_warning", code=action.code, reason=action.reason)
             else:

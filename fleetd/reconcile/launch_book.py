@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from fleetd.adapters.aws_errors import AwsError, CapacityUnavailable, PermanentAwsError, Throttled
 from fleetd.adapters.ec2 import LaunchResult, LaunchSpec
 from fleetd.adapters.pricing import PriceSource
+from fleetd.policy.memory import PlannerMemory, after_spot_launch
 from fleetd.policy.model import Launch, Market, PoolId
 from fleetd.protocol.logs import get_logger
 from fleetd.reconcile import state as st
@@ -113,9 +114,11 @@ class LaunchBook:
         if action.market is not Market.SPOT:
             return
         since = await self.state.get_meta("spot_unavailable_since")
-        if got_any and since is not None:
-            await self.state.set_meta("spot_unavailable_since", None)
+        after = after_spot_launch(PlannerMemory(spot_unavailable_since=since), got_any, now).spot_unavailable_since
+        if after == since:
+            return
+        await self.state.set_meta("spot_unavailable_since", after)
+        if after is None:
             log.info("spot_available_again", unavailable_for_s=now - since)
-        elif not got_any and since is None:
-            await self.state.set_meta("spot_unavailable_since", now)
+        else:
             log.warning("spot_unavailable", pools=[str(p) for p in action.pools])

@@ -30,8 +30,9 @@ from fleetd.adapters.aws_errors import AwsError, Throttled
 from fleetd.adapters.ec2 import Ec2Api, Ec2Instance
 from fleetd.adapters.pricing import Hardware, PriceSource
 from fleetd.config import FleetdConfig
+from fleetd.policy.memory import PlannerMemory, after_plan
 from fleetd.policy.model import Plan, PoolId, Terminate
-from fleetd.policy.observation import Observation, spot_shortage_over
+from fleetd.policy.observation import Observation
 from fleetd.protocol.logs import get_logger
 from fleetd.protocol.waits import wait_set
 from fleetd.reconcile.cloud_calls import CloudCalls
@@ -288,29 +289,32 @@ class Reconciler:
         return await self._observation.observe(now)
 
     async def _remember(self, obs: Observation, plan: Plan, now: float) -> None:
-        """Pass back what the stateless planner asked the caller to keep (observation.py)."""
-        if plan.target_nodes is not None and plan.target_nodes != obs.target_nodes:
+        """Keep what the stateless planner asked to be kept (fleetd/policy/memory.py), as meta."""
+        before = PlannerMemory.of(obs)
+        after = after_plan(before, plan, now)
+        if after.target_nodes is not None and after.target_nodes != before.target_nodes:
             log.info("target_changed", previous=obs.target_nodes, target=plan.target_nodes, reason=plan.target_reason)
             if not self.dry_run:
-                await self.state.set_meta("target_nodes", plan.target_nodes)
-                await self.state.set_meta("last_scaling_at", now)
+                await self.state.set_meta("target_nodes", after.target_nodes)
+                await self.state.set_meta("last_scaling_at", after.last_scaling_at)
                 if self._feed is not None and obs.target_nodes is not None:
                     # Kept with its reason for `fleetd report` (the first target is no decision).
-                    await self._feed.target_changed(now, obs.target_nodes, plan.target_nodes, plan.target_reason)
+                    await self._feed.target_changed(now, obs.target_nodes, after.target_nodes, plan.target_reason)
         if self.dry_run:
             return
-        if plan.budget.level is not obs.budget_level:
-            await self.state.set_meta("budget_level", plan.budget.level.value)
-        if plan.spot_short and obs.spot_unavailable_since is None:
-            await self.state.set_meta("spot_unavailable_since", now)
+        if after.budget_level is not before.budget_level:
+            await self.state.set_meta("budget_level", after.budget_level.value)
+        if after.spot_unavailable_since == before.spot_unavailable_since:
+            return
+        await self.state.set_meta("spot_unavailable_since", after.spot_unavailable_since)
+        if after.spot_unavailable_since is not None:
             log.warning("spot_unavailable", why="no spot pool available for a needed launch")
-        elif spot_shortage_over(plan) and obs.spot_unavailable_since is not None:
+        elif before.spot_unavailable_since is not None:
             # The shortage ended without a spot launch succeeding (the need went away, nodes came
-            # back): forget it, or the next shortage would skip capacity.spot_wait_s.
-            await self.state.set_meta("spot_unavailable_since", None)
+            # back): forgotten, or the next shortage would skip capacity.spot_wait_s.
             log.info(
                 "spot_available_again",
-                unavailable_for_s=now - obs.spot_unavailable_since,
+                unavailable_for_s=now - before.spot_unavailable_since,
                 why="no spot shortage in the plan",
             )
 

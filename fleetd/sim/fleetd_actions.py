@@ -11,6 +11,7 @@ import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fleetd.policy.memory import PlannerMemory, after_spot_launch, after_stop
 from fleetd.policy.model import (
     Action,
     Drain,
@@ -74,9 +75,8 @@ class ActionsMixin:
     left_at: dict[str, float]
     _joining: list[SimNode] | None
     _leaving: list[SimNode]
-    spot_unavailable_since: float | None
+    memory: PlannerMemory
     capacity_error_until: float | None
-    stop_issued_at: float | None
     last_durable_at: float | None
     last_durable_step: int | None
     last_request_at: float | None
@@ -101,7 +101,7 @@ class ActionsMixin:
             self.last_request_at = world.now
         elif isinstance(action, StopJob):
             self._checkpoint(world)
-            self.stop_issued_at = world.now
+            self.memory = after_stop(self.memory, world.now)
             world.set_members([])
             for node_id in self.phase:
                 self.phase[node_id] = NodePhase.LEAVING
@@ -117,13 +117,10 @@ class ActionsMixin:
     def _launch(self, world: World, action: Launch) -> None:
         if action.market is Market.SPOT:
             got = world.acquire_spot(action.count)
-            if got:
-                self.spot_unavailable_since = None
+            self.memory = after_spot_launch(self.memory, bool(got), world.now)
             if len(got) < action.count:
                 # CreateFleet's partial fulfilment carries a capacity error for the pool.
                 self.capacity_error_until = world.now + self.cfg.capacity.capacity_error_ttl_s
-                if not got and self.spot_unavailable_since is None:
-                    self.spot_unavailable_since = world.now
         else:
             got = world.acquire_on_demand(action.count)
         if not got:

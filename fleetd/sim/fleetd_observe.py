@@ -9,7 +9,8 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any
 
-from fleetd.policy.model import BudgetLevel, LaunchPurpose, Market, Node, NodePhase, PoolId, PoolOffer
+from fleetd.policy.memory import PlannerMemory
+from fleetd.policy.model import LaunchPurpose, Market, Node, NodePhase, PoolId, PoolOffer
 from fleetd.policy.observation import Observation, PoolStats
 from fleetd.sim import defaults as d
 from fleetd.sim.books import SimNode
@@ -30,12 +31,8 @@ class ObserveMixin:
     drain_started: dict[str, float]
     left_at: dict[str, float]
     throughput: dict[int, float]
-    target: int | None
-    last_scaling_at: float | None
-    budget_level: BudgetLevel | None
-    spot_unavailable_since: float | None
+    memory: PlannerMemory
     capacity_error_until: float | None
-    stop_issued_at: float | None
     last_durable_at: float | None
     last_durable_step: int | None
     last_request_at: float | None
@@ -133,19 +130,17 @@ class ObserveMixin:
             ),
             PoolOffer(pool=self.od_pool, gpus=self.gpus, spot_price=None, on_demand_price=world.on_demand_price),
         )
-        kwargs: dict[str, Any] = {}
-        if self.budget_level is not None:
-            kwargs["budget_level"] = self.budget_level
+        m = self.memory
         return Observation(
             nodes=tuple(nodes),
             offers=offers,
             pool_stats=(stats,),
             spent_usd=world.spent_usd(),
             **self.signals(),
-            target_nodes=self.target,
-            last_scaling_at=self.last_scaling_at,
-            spot_unavailable_since=self.spot_unavailable_since,
-            stop_issued_at=self.stop_issued_at,
+            target_nodes=m.target_nodes,
+            last_scaling_at=m.last_scaling_at,
+            spot_unavailable_since=m.spot_unavailable_since,
+            stop_issued_at=m.stop_issued_at,
+            budget_level=m.budget_level,
             job_started_at=0.0,  # the simulated job starts at the trace's (virtual) time 0
-            **kwargs,
         )

@@ -39,8 +39,9 @@ from collections.abc import Callable
 from fleetd.config import FleetdConfig
 from fleetd.policy import budget as budget_policy
 from fleetd.policy.checkpointing import cadence
-from fleetd.policy.model import BudgetLevel, LaunchPurpose, NodePhase, Plan, PoolId
-from fleetd.policy.observation import Observation, spot_shortage_over
+from fleetd.policy.memory import PlannerMemory, after_plan
+from fleetd.policy.model import LaunchPurpose, NodePhase, Plan, PoolId
+from fleetd.policy.observation import Observation
 from fleetd.policy.placement import NOTICE_LEAD_S
 from fleetd.policy.planner import plan
 from fleetd.sim import defaults as d
@@ -113,12 +114,8 @@ class FleetdPolicy(ObserveMixin, ActionsMixin):
         self.node_purpose: dict[str, LaunchPurpose] = {}  # why each node was bought
         self.running_since: dict[str, float] = {}
         self.drain_started: dict[str, float] = {}
-        self.target: int | None = None
-        self.last_scaling_at: float | None = None
-        self.budget_level: BudgetLevel | None = None
-        self.spot_unavailable_since: float | None = None
+        self.memory = PlannerMemory()  # what the planner keeps between passes (fleetd/policy/memory.py)
         self.capacity_error_until: float | None = None
-        self.stop_issued_at: float | None = None
         self.last_durable_at: float | None = None
         self.last_durable_step: int | None = None
         self.last_request_at: float | None = None
@@ -207,16 +204,8 @@ class FleetdPolicy(ObserveMixin, ActionsMixin):
         result: Plan = self.planner(obs, cfg, now)
         self.passes += 1
         self.pass_times.append(now)
-        if result.target_nodes is not None and result.target_nodes != self.target:
-            if self.target is not None:
-                self.last_scaling_at = now
-            self.target = result.target_nodes
-        self.budget_level = result.budget.level
+        self.memory = after_plan(self.memory, result, now)  # as the reconcile loop keeps it
         self._deadline_wake = result.deadline.wake_at if result.deadline is not None else ()
-        if result.spot_short and self.spot_unavailable_since is None:
-            self.spot_unavailable_since = now  # as the loop remembers it (reconcile/loop.py)
-        elif spot_shortage_over(result):
-            self.spot_unavailable_since = None  # the shortage ended without a spot launch, as in the loop
         self._joining, self._leaving = [], []
         try:
             for action in result.actions:
@@ -254,10 +243,10 @@ class FleetdPolicy(ObserveMixin, ActionsMixin):
             # When the pool may be tried again before an on-demand purchase (buying.spot_probe_pools).
             probe_after = min(cap.spot_probe_s, cap.capacity_error_ttl_s)
             out.append(self.capacity_error_until - cap.capacity_error_ttl_s + probe_after + eps)
-        if self.spot_unavailable_since is not None:
-            out.append(self.spot_unavailable_since + cap.spot_wait_s + eps)
-        if self.last_scaling_at is not None:
-            out.append(self.last_scaling_at + cfg.scaling.cooldown_s + eps)
+        if self.memory.spot_unavailable_since is not None:
+            out.append(self.memory.spot_unavailable_since + cap.spot_wait_s + eps)
+        if self.memory.last_scaling_at is not None:
+            out.append(self.memory.last_scaling_at + cfg.scaling.cooldown_s + eps)
         if self.last_notice_at is not None:
             out.append(self.last_notice_at + cap.interrupting_window_s + eps)
             out.append(self.last_notice_at + NOTICE_LEAD_S + eps)  # the reclaim wave is over

@@ -1,0 +1,70 @@
+"""The planner's memory between passes, as one value.
+
+The planner is stateless (fleetd/policy/planner.py): what it must know of earlier passes comes back
+in the Observation. Its callers (the reconcile loop, the simulator, the property-test driver) keep
+that memory; these pure functions are the one place that says how it changes, so the simulator
+predicts the daemon it models. Before they existed each caller applied it by hand and the copies
+had drifted: the simulator started no scaling cool-down on the job's first target while the loop
+did (issue 32).
+
+- ``target_nodes`` / ``last_scaling_at``: the plan's target, and when it last changed (the first
+  target too: the loop has always waited ``scaling.cooldown_s`` after sizing the job before its
+  first scaling decision, and the simulator now does the same);
+- ``spot_unavailable_since``: set when a plan reports a spot shortage or a spot launch got nothing,
+  cleared when a spot launch got capacity or a plan ends the shortage another way
+  (``spot_shortage_over``);
+- ``budget_level``: the last plan's, so a warning is emitted when the level rises, not every pass;
+- ``stop_issued_at``: when the job's StopJob was first executed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from fleetd.policy.model import BudgetLevel, Plan
+from fleetd.policy.observation import Observation, spot_shortage_over
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerMemory:
+    target_nodes: int | None = None
+    last_scaling_at: float | None = None
+    spot_unavailable_since: float | None = None
+    budget_level: BudgetLevel = BudgetLevel.NORMAL
+    stop_issued_at: float | None = None
+
+    @classmethod
+    def of(cls, obs: Observation) -> PlannerMemory:
+        """What ``obs`` was given of the memory."""
+        return cls(
+            obs.target_nodes, obs.last_scaling_at, obs.spot_unavailable_since, obs.budget_level, obs.stop_issued_at
+        )
+
+
+def after_plan(m: PlannerMemory, plan: Plan, now: float) -> PlannerMemory:
+    """The memory once ``plan`` (made at ``now``) is taken."""
+    target, scaled_at = m.target_nodes, m.last_scaling_at
+    if plan.target_nodes is not None and plan.target_nodes != target:
+        target, scaled_at = plan.target_nodes, now
+    since = m.spot_unavailable_since
+    if plan.spot_short and since is None:
+        since = now
+    elif spot_shortage_over(plan):
+        since = None
+    return replace(
+        m, target_nodes=target, last_scaling_at=scaled_at, spot_unavailable_since=since, budget_level=plan.budget.level
+    )
+
+
+def after_spot_launch(m: PlannerMemory, got_any: bool, now: float) -> PlannerMemory:
+    """A spot launch's outcome: any capacity ends a shortage; none starts one (if none was on)."""
+    if got_any:
+        return replace(m, spot_unavailable_since=None)
+    if m.spot_unavailable_since is None:
+        return replace(m, spot_unavailable_since=now)
+    return m
+
+
+def after_stop(m: PlannerMemory, now: float) -> PlannerMemory:
+    """A StopJob executed: its first time is the one kept."""
+    return m if m.stop_issued_at is not None else replace(m, stop_issued_at=now)

@@ -1,0 +1,73 @@
+"""The planner's memory between passes (fleetd/policy/memory.py): one pure definition that the
+reconcile loop, the simulator and the property-test driver all apply, so the simulator keeps
+what the daemon keeps."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from fleetd.policy.memory import PlannerMemory, after_plan, after_spot_launch, after_stop
+from fleetd.policy.model import BudgetLevel, BudgetStatus, Launch, Market, Plan, PoolId
+
+POOL = PoolId("g5.xlarge", "us-east-1a")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _spot_launch() -> Launch:
+    return Launch(reason="capacity", count=1, market=Market.SPOT, pools=(POOL,))
+
+
+def test_the_target_and_its_cool_down_start_with_the_first_target_as_the_loop_always_did() -> None:
+    m = after_plan(PlannerMemory(), Plan(target_nodes=2), now=10.0)
+    assert (m.target_nodes, m.last_scaling_at) == (2, 10.0)
+    assert after_plan(m, Plan(target_nodes=2), now=20.0).last_scaling_at == 10.0  # no change, no new cool-down
+    m = after_plan(m, Plan(target_nodes=3), now=30.0)
+    assert (m.target_nodes, m.last_scaling_at) == (3, 30.0)
+    # A plan without a target (a stopping job) keeps the last one.
+    assert after_plan(m, Plan(), now=40.0).target_nodes == 3
+
+
+def test_a_spot_shortage_starts_once_and_ends_by_plan_or_by_launch() -> None:
+    m = after_plan(PlannerMemory(), Plan(spot_short=True), now=5.0)
+    assert m.spot_unavailable_since == 5.0
+    assert after_plan(m, Plan(spot_short=True), now=9.0).spot_unavailable_since == 5.0  # not restarted
+    # A plan that tries a spot launch leaves it to the launch's outcome.
+    assert after_plan(m, Plan(actions=(_spot_launch(),)), now=9.0).spot_unavailable_since == 5.0
+    assert after_plan(m, Plan(), now=9.0).spot_unavailable_since is None  # the need went away
+    assert after_spot_launch(m, got_any=True, now=9.0).spot_unavailable_since is None
+    assert after_spot_launch(m, got_any=False, now=9.0).spot_unavailable_since == 5.0
+    assert after_spot_launch(PlannerMemory(), got_any=False, now=9.0).spot_unavailable_since == 9.0
+
+
+def test_the_budget_level_follows_the_plan_and_the_first_stop_is_kept() -> None:
+    plan = Plan(budget=BudgetStatus(level=BudgetLevel.WARN))
+    assert after_plan(PlannerMemory(), plan, now=1.0).budget_level is BudgetLevel.WARN
+    stopped = after_stop(PlannerMemory(), now=7.0)
+    assert after_stop(stopped, now=8.0).stop_issued_at == 7.0
+
+
+def test_the_loop_the_simulator_and_the_test_driver_apply_it_and_keep_no_copy() -> None:
+    """No caller assigns a memory field by hand any more: each goes through memory.py."""
+    fields = {"last_scaling_at", "spot_unavailable_since", "stop_issued_at", "budget_level", "target"}
+    callers = [
+        "fleetd/reconcile/loop.py",
+        "fleetd/sim/fleetd_policy.py",
+        "fleetd/sim/fleetd_actions.py",
+        "fleetd/sim/fleetd_observe.py",
+        "tests/policy_fixtures.py",
+    ]
+    for rel in callers:
+        tree = ast.parse((ROOT / rel).read_text())
+        for node in ast.walk(tree):
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, ast.AnnAssign)
+                else []
+            )
+            for t in targets:
+                name = t.attr if isinstance(t, ast.Attribute) else t.id if isinstance(t, ast.Name) else None
+                assert name not in fields, f"{rel}:{node.lineno} assigns {name} by hand"
+        assert "after_plan" in (ROOT / rel).read_text() or rel.endswith(("fleetd_actions.py", "fleetd_observe.py"))
