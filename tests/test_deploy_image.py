@@ -166,3 +166,27 @@ def test_the_booted_image_runs_the_agent_and_lets_it_and_no_one_else_power_off(i
             pid = node.run("runuser", "-u", user, "--", "sh", "-c", "sleep 60 >/dev/null 2>&1 & echo $!").stdout.strip()
             out = node.run("pkcheck", "--action-id", "org.freedesktop.login1.power-off", "--process", pid, check=False)
             assert (out.returncode == 0) is allowed, (user, out.stdout, out.stderr)
+
+
+def test_what_sh_and_bash_run_at_boot_and_build_passes_shellcheck_as_that_shell(tmp_path: Path) -> None:
+    """Packer runs inline commands with /bin/sh -e (dash): they are checked as sh. The user data
+    fleetd's launch template carries runs as bash (its shebang): checked as bash."""
+    from fleetd.adapters.launch_template import agent_user_data
+    from fleetd.config import FleetdConfig
+
+    shellcheck = shutil.which("shellcheck")
+    assert shellcheck is not None, "shellcheck is not installed: scripts/setup.sh installs it"
+    tpl = hcl2.load((DEPLOY / "packer" / "fleet-agent.pkr.hcl").open())
+    (build,) = tpl["build"]
+    inline = [line for p in build["provisioner"] if '"shell"' in p for line in p['"shell"'].get("inline", [])]
+    assert inline, "the template's inline commands were not found"
+    sh = tmp_path / "inline.sh"
+    sh.write_text("#!/bin/sh\nset -e\n" + "\n".join(_unquote(line) for line in inline) + "\n")
+    user_data = tmp_path / "user-data"
+    user_data.write_text(agent_user_data(FleetdConfig()))
+    for script, shell in ((sh, "sh"), (user_data, "bash")):
+        out = subprocess.run([shellcheck, "-s", shell, str(script)], capture_output=True, text=True)
+        assert out.returncode == 0, (shell, out.stdout)
+    # And a bash-only line in the inline commands is caught.
+    sh.write_text("#!/bin/sh\nset -euo pipefail\n[[ -d /tmp ]] && echo ok\n")
+    assert subprocess.run([shellcheck, "-s", "sh", str(sh)], capture_output=True).returncode != 0
