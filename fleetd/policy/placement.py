@@ -124,57 +124,15 @@ def rank_pools(
     skipped: list[str] = []
     soft: list[str] = []
     for offer in offers:
-        pool = offer.pool
-        s = stats.get(pool)
-        until = None
-        if s is not None:
-            until = s.capacity_error_until if market is Market.SPOT else s.on_demand_capacity_error_until
-        if until is not None and until > now:
-            skipped.append(f"{pool}: capacity error, unavailable for another {until - now:.0f} s")
+        s = stats.get(offer.pool)
+        unusable = _unusable(offer, s, cfg, now, market)
+        if unusable:
+            skipped.append(f"{offer.pool}: {unusable}")
             continue
-        excluded = _excluded(offer, cfg, market)
-        if excluded:
-            skipped.append(f"{pool}: {excluded}")
-            continue
-        held_back = ""
-        wave = reclaim_wave_left_s(s, now)
-        if market is Market.SPOT and wave > 0:
-            assert s is not None and s.last_notice_at is not None  # a wave is left only after a notice
-            skipped.append(
-                f"{pool}: reclaim wave under way (notice {now - s.last_notice_at:.0f} s ago; a node "
-                f"bought now would likely be reclaimed with it), usable as a last resort in {wave:.0f} s"
-            )
-            continue
-        if pool in avoid:
-            held_back = "its node is at risk"
-        elif market is Market.SPOT and is_interrupting_now(s, now, cfg.interrupting_window_s):
-            assert s is not None and s.last_notice_at is not None  # interrupting only after a notice
-            held_back = f"interrupting now (notice {now - s.last_notice_at:.0f} s ago)"
-        if market is Market.ON_DEMAND:
-            price = offer.on_demand_price
-            rate, rate_why = 0.0, "on-demand is not interrupted"
-        else:
-            price = offer.spot_price  # type: ignore[assignment]
-            rate, rate_why = interruption_rate(s, cfg)
-        units = offer.gpus * offer.relative_throughput
-        per_unit = price / units
-        lost_h = cfg.interruption_cost_h + reform_cost_h
-        score = per_unit * (1.0 + rate * lost_h)
-        entry = RankedPool(
-            offer=offer,
-            market=market,
-            price_per_hour=price,
-            interruptions_per_hour=rate,
-            score=score,
-            reason=(
-                f"{pool} {market.value} ${price:.3f}/h for {offer.gpus} GPU x "
-                f"{offer.relative_throughput:g} A10G-equivalent (${per_unit:.3f}/useful GPU-h), "
-                f"{rate:.4f} interruptions/h ({rate_why}) x {lost_h:.2f} h lost each "
-                f"-> ${score:.3f} per useful GPU-h"
-            ),
-        )
+        entry = _score(offer, s, cfg, market, reform_cost_h)
+        held_back = _held_back(offer.pool, s, cfg, now, market, avoid)
         if held_back:
-            soft.append(f"{pool}: {held_back}")
+            soft.append(f"{offer.pool}: {held_back}")
             last_resort.append(replace(entry, reason=f"last resort, {held_back}: {entry.reason}"))
         else:
             ranked.append(entry)
@@ -185,6 +143,68 @@ def rank_pools(
     ranked = _cross_az(ranked, cfg, fleet_zone)
     ranked.sort(key=lambda r: (r.score, r.price_per_hour, str(r.pool)))
     return ranked, skipped
+
+
+def _unusable(offer: PoolOffer, s: PoolStats | None, cfg: CapacityConfig, now: float, market: Market) -> str:
+    """Why the pool cannot be bought at all now ("" if it can)."""
+    until = None
+    if s is not None:
+        until = s.capacity_error_until if market is Market.SPOT else s.on_demand_capacity_error_until
+    if until is not None and until > now:
+        return f"capacity error, unavailable for another {until - now:.0f} s"
+    excluded = _excluded(offer, cfg, market)
+    if excluded:
+        return excluded
+    wave = reclaim_wave_left_s(s, now)
+    if market is Market.SPOT and wave > 0:
+        assert s is not None and s.last_notice_at is not None  # a wave is left only after a notice
+        return (
+            f"reclaim wave under way (notice {now - s.last_notice_at:.0f} s ago; a node "
+            f"bought now would likely be reclaimed with it), usable as a last resort in {wave:.0f} s"
+        )
+    return ""
+
+
+def _held_back(
+    pool: PoolId, s: PoolStats | None, cfg: CapacityConfig, now: float, market: Market, avoid: frozenset[PoolId]
+) -> str:
+    """Why the pool is only a last resort ("" if it is not)."""
+    if pool in avoid:
+        return "its node is at risk"
+    if market is Market.SPOT and is_interrupting_now(s, now, cfg.interrupting_window_s):
+        assert s is not None and s.last_notice_at is not None  # interrupting only after a notice
+        return f"interrupting now (notice {now - s.last_notice_at:.0f} s ago)"
+    return ""
+
+
+def _score(
+    offer: PoolOffer, s: PoolStats | None, cfg: CapacityConfig, market: Market, reform_cost_h: float
+) -> RankedPool:
+    """Dollars per useful GPU-hour, interruptions and what each costs included."""
+    pool = offer.pool
+    if market is Market.ON_DEMAND:
+        price = offer.on_demand_price
+        rate, rate_why = 0.0, "on-demand is not interrupted"
+    else:
+        price = offer.spot_price  # type: ignore[assignment]
+        rate, rate_why = interruption_rate(s, cfg)
+    units = offer.gpus * offer.relative_throughput
+    per_unit = price / units
+    lost_h = cfg.interruption_cost_h + reform_cost_h
+    score = per_unit * (1.0 + rate * lost_h)
+    return RankedPool(
+        offer=offer,
+        market=market,
+        price_per_hour=price,
+        interruptions_per_hour=rate,
+        score=score,
+        reason=(
+            f"{pool} {market.value} ${price:.3f}/h for {offer.gpus} GPU x "
+            f"{offer.relative_throughput:g} A10G-equivalent (${per_unit:.3f}/useful GPU-h), "
+            f"{rate:.4f} interruptions/h ({rate_why}) x {lost_h:.2f} h lost each "
+            f"-> ${score:.3f} per useful GPU-h"
+        ),
+    )
 
 
 def reclaim_wave_left_s(stats: PoolStats | None, now: float) -> float:

@@ -70,34 +70,15 @@ def decide_target(
 ) -> TargetDecision:
     """``training``: kept nodes in phase RUNNING (the ones whose telemetry means something).
     ``up_blocked_by_budget``: why one more node would push the budget to warn ("" if it would not).
-    """
-    lo, hi = cfg.fleet.min_nodes, cfg.fleet.max_nodes
-    sc = cfg.scaling
+
+    In order: what needs no measurement (the first target, bounds, the budget's shrink, the
+    cool-down); whether the fleet can be judged at all; scaling down; scaling up."""
     if previous is None:
         start = initial_target(cfg)
         return TargetDecision(start, f"starting with {start} nodes (initial target)")
-    if not lo <= previous <= hi:
-        bounded = min(max(previous, lo), hi)
-        return TargetDecision(bounded, f"target {previous} is outside [min_nodes={lo}, max_nodes={hi}]: now {bounded}")
-
-    if budget_level is BudgetLevel.SHRINK:
-        if previous <= lo:
-            return TargetDecision(previous, f"budget says shrink, but already at min_nodes={lo}")
-        if any_leaving:
-            return TargetDecision(previous, "budget says shrink: waiting for the node already leaving first")
-        return TargetDecision(
-            previous - 1,
-            f"budget forecast past shrink_at: shrinking from {previous} to {previous - 1} "
-            f"nodes (toward min_nodes={lo})",
-        )
-
-    if last_scaling_at is not None and now - last_scaling_at < sc.cooldown_s:
-        return TargetDecision(
-            previous,
-            f"holding at {previous}: cool-down, last change {now - last_scaling_at:.0f} s ago "
-            f"(cooldown_s={sc.cooldown_s:.0f})",
-        )
-
+    early = _without_measuring(previous, budget_level, any_leaving, last_scaling_at, cfg, now)
+    if early is not None:
+        return early
     n = len(training)
     utils = [x.gpu_util_pct for x in training if x.gpu_util_pct is not None]
     here = throughput_by_nodes.get(n)
@@ -110,30 +91,100 @@ def decide_target(
             f"utilisation and throughput at {n} nodes {'measured' if here is not None else 'not measured yet'}; "
             "judging scale only once the fleet is at its target and reporting",
         )
-    util = statistics.fmean(utils) if utils else None
-    cost = sum(x.price_per_hour for x in training)
-    avg_price = cost / n
+    fleet = _Measured(
+        n=n,
+        util=statistics.fmean(utils) if utils else None,
+        here=here,
+        below=throughput_by_nodes.get(n - 1),
+        above=throughput_by_nodes.get(n + 1),
+        cost=sum(x.price_per_hour for x in training),
+    )
+    down = _scale_down(previous, fleet, cfg)
+    if down is not None:
+        return down
+    return _scale_up(previous, fleet, budget_level, up_blocked_by_budget, next_node_price, cfg)
 
-    if util is not None and util < sc.scale_down_util_pct and previous > lo:
+
+def _without_measuring(
+    previous: int,
+    budget_level: BudgetLevel,
+    any_leaving: bool,
+    last_scaling_at: float | None,
+    cfg: FleetdConfig,
+    now: float,
+) -> TargetDecision | None:
+    """Decisions that need no telemetry: a target out of bounds, the budget's shrink, the cool-down."""
+    lo, hi = cfg.fleet.min_nodes, cfg.fleet.max_nodes
+    if not lo <= previous <= hi:
+        bounded = min(max(previous, lo), hi)
+        return TargetDecision(bounded, f"target {previous} is outside [min_nodes={lo}, max_nodes={hi}]: now {bounded}")
+    if budget_level is BudgetLevel.SHRINK:
+        if previous <= lo:
+            return TargetDecision(previous, f"budget says shrink, but already at min_nodes={lo}")
+        if any_leaving:
+            return TargetDecision(previous, "budget says shrink: waiting for the node already leaving first")
         return TargetDecision(
             previous - 1,
-            f"scale down {previous}->{previous - 1}: mean GPU utilisation {util:.0f}% < "
+            f"budget forecast past shrink_at: shrinking from {previous} to {previous - 1} "
+            f"nodes (toward min_nodes={lo})",
+        )
+    sc = cfg.scaling
+    if last_scaling_at is not None and now - last_scaling_at < sc.cooldown_s:
+        return TargetDecision(
+            previous,
+            f"holding at {previous}: cool-down, last change {now - last_scaling_at:.0f} s ago "
+            f"(cooldown_s={sc.cooldown_s:.0f})",
+        )
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Measured:
+    """The fleet at its target, as its telemetry shows it."""
+
+    n: int
+    util: float | None  # mean GPU utilisation (None: no NVML)
+    here: float | None  # steps/s measured at n nodes
+    below: float | None  # ... at n - 1
+    above: float | None  # ... at n + 1
+    cost: float  # USD per hour of the n nodes
+
+    @property
+    def avg_price(self) -> float:
+        return self.cost / self.n
+
+
+def _scale_down(previous: int, f: _Measured, cfg: FleetdConfig) -> TargetDecision | None:
+    sc, lo = cfg.scaling, cfg.fleet.min_nodes
+    if f.util is not None and f.util < sc.scale_down_util_pct and previous > lo:
+        return TargetDecision(
+            previous - 1,
+            f"scale down {previous}->{previous - 1}: mean GPU utilisation {f.util:.0f}% < "
             f"scale_down_util_pct {sc.scale_down_util_pct:.0f}% (idle)",
         )
-
-    below = throughput_by_nodes.get(n - 1)
-    if here is not None and below is not None and previous > lo:
-        eff = _efficiency(here - below, avg_price, here, cost)
+    if f.here is not None and f.below is not None and previous > lo:
+        eff = _efficiency(f.here - f.below, f.avg_price, f.here, f.cost)
         floor = sc.min_marginal_efficiency * (1 - sc.efficiency_hysteresis)
         if eff < floor:
             return TargetDecision(
                 previous - 1,
-                f"scale down {previous}->{previous - 1}: node {n} adds {here - below:.3f} "
+                f"scale down {previous}->{previous - 1}: node {f.n} adds {f.here - f.below:.3f} "
                 f"steps/s = {eff:.0%} of the average throughput per dollar, below "
                 f"{floor:.0%} (min_marginal_efficiency {sc.min_marginal_efficiency:.0%} less "
                 f"{sc.efficiency_hysteresis:.0%} hysteresis)",
             )
+    return None
 
+
+def _scale_up(
+    previous: int,
+    f: _Measured,
+    budget_level: BudgetLevel,
+    up_blocked_by_budget: str,
+    next_node_price: float | None,
+    cfg: FleetdConfig,
+) -> TargetDecision:
+    sc, hi, n, util, here = cfg.scaling, cfg.fleet.max_nodes, f.n, f.util, f.here
     if util is not None and util < sc.scale_up_util_pct:
         return TargetDecision(
             previous,
@@ -152,12 +203,11 @@ def decide_target(
         return TargetDecision(previous, f"holding at {previous}: {up_blocked_by_budget}")
     if here is None:
         return TargetDecision(previous, f"holding at {previous}: no throughput measured at {n} nodes yet")
-    price = next_node_price if next_node_price is not None else avg_price
-    above = throughput_by_nodes.get(n + 1)
-    if above is not None:
-        gain, source = above - here, f"measured at {n + 1} nodes"
-    elif below is not None:
-        gain, source = here - below, f"assumed equal to node {n}'s measured gain"
+    price = next_node_price if next_node_price is not None else f.avg_price
+    if f.above is not None:
+        gain, source = f.above - here, f"measured at {n + 1} nodes"
+    elif f.below is not None:
+        gain, source = here - f.below, f"assumed equal to node {n}'s measured gain"
     else:
         why = (
             f"GPUs busy ({util:.0f}% >= {sc.scale_up_util_pct:.0f}%)"
@@ -168,7 +218,7 @@ def decide_target(
             previous + 1,
             f"scale up {previous}->{previous + 1}: {why} and no measurement beyond {n} nodes yet: exploring",
         )
-    eff = _efficiency(gain, price, here, cost)
+    eff = _efficiency(gain, price, here, f.cost)
     if eff >= sc.min_marginal_efficiency:
         return TargetDecision(
             previous + 1,

@@ -13,6 +13,7 @@ from fleetd.reconcile import state as st
 from fleetd.reconcile.ports import LedgerSink
 from fleetd.reconcile.prices import price_of
 from fleetd.reconcile.state_port import StateBackend
+from fleetd.reconcile.state_rows import InstanceRow
 
 log = get_logger(__name__)
 
@@ -45,29 +46,9 @@ class LedgerFeed:
         sync: st.SyncReport,
         notices: Sequence[str],
     ) -> None:
-        events: list[ledger.LedgerEvent] = []
         resync_pass = not self._resynced
-        if resync_pass:
-            # Instances that ended before the compaction horizon are not re-sent: compaction
-            # may have rolled their rows up (their event_ids are gone, so a re-send would
-            # count them twice). A crash loses at most the last pass's events, never older.
-            rows = [
-                r
-                for r in await state.instances(open_only=False)
-                if r.ended_at is None or r.ended_at >= now - COMPACT_AFTER_S
-            ]
-            started = list(rows)
-            stopped = [r for r in rows if r.ended_at is not None]
-            noticed = [r for r in rows if r.notice_at is not None]
-            self._resynced = True
-        else:
-            changed = {*sync.adopted, *(i for i, _ in sync.ended), *notices}
-            by_id = {r.instance_id: r for r in await state.instances_by_id(sorted(changed))} if changed else {}
-            started = [by_id[i] for i in sync.adopted if i in by_id]
-            stopped = [by_id[i] for i, _ in sync.ended if i in by_id]
-            noticed = [by_id[i] for i in notices if i in by_id]
-            rows = await state.instances()
-        events += [self._start(r, prices.get(r.pool)) for r in started]
+        rows, started, stopped, noticed = await self._changed_rows(state, now, sync, notices)
+        events: list[ledger.LedgerEvent] = [self._start(r, prices.get(r.pool)) for r in started]
         if not resync_pass:
             self._pool_of.update((r.instance_id, r.pool) for r in started)
         # EC2's placement is the pool label everywhere (status, metrics, report): a launch reply's
@@ -80,22 +61,7 @@ class LedgerFeed:
                 self._pool_of[r.instance_id] = r.pool
         for r in stopped:
             self._pool_of.pop(r.instance_id, None)
-        for r in stopped:
-            events.append(
-                ledger.InstanceStopped(
-                    at=r.ended_at or now, instance_id=r.instance_id, event_id=f"stop:{r.instance_id}"
-                )
-            )
-            if (r.end_reason or "").startswith("lost"):
-                events.append(
-                    ledger.Interruption(
-                        at=r.ended_at or now,
-                        instance_id=r.instance_id,
-                        pool=r.pool,
-                        kind="loss",
-                        event_id=f"loss:{r.instance_id}",
-                    )
-                )
+            events += _stop_events(r, now)
         events += [
             ledger.Interruption(
                 at=r.notice_at or now,
@@ -106,11 +72,48 @@ class LedgerFeed:
             )
             for r in noticed
         ]
+        events += self._price_changes(rows, prices, now)
+        if events:
+            await self.sink.append(*events)
+
+    async def _changed_rows(
+        self, state: StateBackend, now: float, sync: st.SyncReport, notices: Sequence[str]
+    ) -> tuple[list[InstanceRow], list[InstanceRow], list[InstanceRow], list[InstanceRow]]:
+        """(open rows, started, stopped, noticed) for this pass: every row on the first pass after a
+        start (a resync), else only the rows this pass changed."""
+        if not self._resynced:
+            # Instances that ended before the compaction horizon are not re-sent: compaction
+            # may have rolled their rows up (their event_ids are gone, so a re-send would
+            # count them twice). A crash loses at most the last pass's events, never older.
+            rows = [
+                r
+                for r in await state.instances(open_only=False)
+                if r.ended_at is None or r.ended_at >= now - COMPACT_AFTER_S
+            ]
+            self._resynced = True
+            return (
+                rows,
+                list(rows),
+                [r for r in rows if r.ended_at is not None],
+                [r for r in rows if r.notice_at is not None],
+            )
+        changed = {*sync.adopted, *(i for i, _ in sync.ended), *notices}
+        by_id = {r.instance_id: r for r in await state.instances_by_id(sorted(changed))} if changed else {}
+        started = [by_id[i] for i in sync.adopted if i in by_id]
+        stopped = [by_id[i] for i, _ in sync.ended if i in by_id]
+        noticed = [by_id[i] for i in notices if i in by_id]
+        return await state.instances(), started, stopped, noticed
+
+    def _price_changes(
+        self, rows: Sequence[InstanceRow], prices: Mapping[PoolId, PoolPrice], now: float
+    ) -> list[ledger.LedgerEvent]:
+        """A PriceChanged for each open (pool, market) whose price moved since it was last recorded."""
+        out: list[ledger.LedgerEvent] = []
         for key in sorted({(r.pool, r.market) for r in rows if r.open}):
             price = price_of(key[1], prices.get(key[0]))
             if price and self._last_price.get(key) != price:
                 self._last_price[key] = price
-                events.append(
+                out.append(
                     ledger.PriceChanged(
                         at=now,
                         pool=key[0],
@@ -119,8 +122,7 @@ class LedgerFeed:
                         event_id=f"price:{key[0]}:{key[1]}:{now:.3f}",
                     )
                 )
-        if events:
-            await self.sink.append(*events)
+        return out
 
     async def progress(self, nodes: Sequence[Node], now: float, gpus_of: Mapping[str, int]) -> None:
         """Goodput events from the trainers' progress as the nodes report it (policy/goodput.py)."""
@@ -185,3 +187,21 @@ class LedgerFeed:
             on_demand_price_per_hour=on_demand,
             event_id=f"start:{r.instance_id}",
         )
+
+
+def _stop_events(r: InstanceRow, now: float) -> list[ledger.LedgerEvent]:
+    """An instance's end, and its loss when it ended lost."""
+    out: list[ledger.LedgerEvent] = [
+        ledger.InstanceStopped(at=r.ended_at or now, instance_id=r.instance_id, event_id=f"stop:{r.instance_id}")
+    ]
+    if (r.end_reason or "").startswith("lost"):
+        out.append(
+            ledger.Interruption(
+                at=r.ended_at or now,
+                instance_id=r.instance_id,
+                pool=r.pool,
+                kind="loss",
+                event_id=f"loss:{r.instance_id}",
+            )
+        )
+    return out
