@@ -55,41 +55,18 @@ def run(args: argparse.Namespace) -> int:
     log = get_logger("fleetd.run")
 
     async def main() -> int:
-        nonlocal cfg
-        if not cfg.aws.region:
-            from fleetd.adapters.region import resolve_region
-
-            aws = await resolve_region(cfg.aws)
-            if aws is None:
-                print(f"fleetd run: {cfg.aws.missing_region()}", file=sys.stderr)
-                return 2
-            cfg = cfg.model_copy(update={"aws": aws})
-        log.info("aws_region", region=cfg.aws.region, source=cfg.aws.region_source)
-        if not args.dry_run:
-            from aiobotocore.session import get_session
-
-            from fleetd.doctor.preflight import preflight
-
-            refused = await preflight(cfg, get_session())
-            if refused:
-                for check in refused:
-                    print(f"fleetd run: {check.name}: {check.detail}\n  fix: {check.fix}", file=sys.stderr)
-                print("fleetd run: not started (`fleetd doctor` checks everything)", file=sys.stderr)
-                return 2
-        if cfg.job.file is not None:
-            shipped = await _ship_job(cfg, dry_run=args.dry_run)
-            if shipped is None:
-                return 2
-            cfg = shipped
-        ctx = DaemonContext(cfg)
+        ready = await _ready_to_start(cfg, dry_run=args.dry_run, log=log)
+        if ready is None:
+            return 2
+        ctx = DaemonContext(ready)
         if not args.dry_run:
             from fleetd.state_backup import restore_at_start
 
-            await restore_at_start(cfg)  # before anything opens the DB
-        plugins, ledger = await production_plugins(cfg, ctx, dry_run=args.dry_run)
+            await restore_at_start(ready)  # before anything opens the DB
+        plugins, ledger = await production_plugins(ready, ctx, dry_run=args.dry_run)
         try:
             return await run_daemon(
-                cfg, planner=plan, plugins=plugins, dry_run=args.dry_run, passes=args.passes, ctx=ctx
+                ready, planner=plan, plugins=plugins, dry_run=args.dry_run, passes=args.passes, ctx=ctx
             )
         finally:
             if ledger is not None:
@@ -106,6 +83,35 @@ def run(args: argparse.Namespace) -> int:
         log.error("startup_failed", error=str(exc))
         status = 1
     return exit_bounded(status)
+
+
+async def _ready_to_start(cfg: Any, *, dry_run: bool, log: Any) -> Any:
+    """The config the daemon runs with, once what must hold before buying holds: a region (config,
+    environment, profile or IMDS), the fatal doctor checks (not on a dry run), the job's code
+    shipped. None (after printing why) when fleetd must not start."""
+    if not cfg.aws.region:
+        from fleetd.adapters.region import resolve_region
+
+        aws = await resolve_region(cfg.aws)
+        if aws is None:
+            print(f"fleetd run: {cfg.aws.missing_region()}", file=sys.stderr)
+            return None
+        cfg = cfg.model_copy(update={"aws": aws})
+    log.info("aws_region", region=cfg.aws.region, source=cfg.aws.region_source)
+    if not dry_run:
+        from aiobotocore.session import get_session
+
+        from fleetd.doctor.preflight import preflight
+
+        refused = await preflight(cfg, get_session())
+        if refused:
+            for check in refused:
+                print(f"fleetd run: {check.name}: {check.detail}\n  fix: {check.fix}", file=sys.stderr)
+            print("fleetd run: not started (`fleetd doctor` checks everything)", file=sys.stderr)
+            return None
+    if cfg.job.file is not None:
+        return await _ship_job(cfg, dry_run=dry_run)
+    return cfg
 
 
 async def _ship_job(cfg: Any, *, dry_run: bool) -> Any:

@@ -155,14 +155,20 @@ class Reconciler:
         self._notices_planned: int | None = None  # the observer's notice count already planned for
         self.urgent_limits = UrgentLimits()  # the share of a full pass's time urgent passes may take
         self.full_limits = FullPassLimits()  # the share of the loop full passes woken early may take
+        self._feed, self._observation, self._executor = self._parts(fence)
+
+    def _parts(
+        self, fence: Callable[[], object] | None
+    ) -> tuple[LedgerFeed | None, ObservationBuilder, ActionExecutor]:
+        """The ledger feed, the observation builder and the executor one pass uses, from this loop's
+        inputs (the feed only when a ledger is wired in and this is no dry run)."""
         # A stall is a gap in progress longer than a couple of passes (progress is seen per pass).
-        stall_after_s = max(10.0, 2.5 * cfg.fleet.reconcile_interval_s)
-        feed = LedgerFeed(ledger, stall_after_s) if ledger is not None and not dry_run else None
-        self._feed = feed
-        self._observation = ObservationBuilder(
-            ec2=ec2,
-            prices=prices,
-            state=state,
+        stall_after_s = max(10.0, 2.5 * self.cfg.fleet.reconcile_interval_s)
+        feed = LedgerFeed(self.ledger, stall_after_s) if self.ledger is not None and not self.dry_run else None
+        observation = ObservationBuilder(
+            ec2=self.ec2,
+            prices=self.prices,
+            state=self.state,
             pools=self.pools,
             hardware=self.hardware,
             signals=self.signals,
@@ -171,17 +177,18 @@ class Reconciler:
             priors=self.priors,
             ledger_feed=feed,
         )
-        self._executor = ActionExecutor(
-            cfg,
-            ec2=ec2,
-            prices=prices,
-            state=state,
+        executor = ActionExecutor(
+            self.cfg,
+            ec2=self.ec2,
+            prices=self.prices,
+            state=self.state,
             commander=self.commander,
-            dry_run=dry_run,
+            dry_run=self.dry_run,
             ledger_feed=feed,
             fence=fence,
-            clock=clock,
+            clock=self.clock,
         )
+        return feed, observation, executor
 
     def successor(self) -> Reconciler:
         """A loop with the same inputs and none of this one's memory (the ledger resync, the
