@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from fleetd.sim import defaults as d
 from fleetd.sim.job import JobSpec
@@ -141,28 +142,8 @@ def build_scenario(args: argparse.Namespace, trace: Trace) -> Scenario:
         notice_lead_s=args.notice_lead_s,
         no_notice_share=0.0 if deadline_mode else args.no_notice_share,
     )
-    if args.work_steps:
-        steps = args.work_steps
-    elif args.work_node_hours:
-        steps = args.work_node_hours * 3600 * args.steps_per_node_s
-    elif deadline_mode:
-        assert deadline_s is not None
-        steps = DEFAULT_DEADLINE_WORK_SHARE * deadline_s * base.throughput(max_nodes)
-        sources["work"] = "48/52 of the deadline at the full fleet size (Can't Be Late's tight setting)"
-    else:
-        steps = DEFAULT_WORK_SHARE * ideal_steps(trace, base)
-        sources["work"] = "80 % of what a perfect elastic job could do on this trace"
-    job = base.with_(total_steps=steps)
-    base_config = None
-    if args.config is not None:
-        from fleetd.config import load
-        from fleetd.protocol.settings import ConfigError
-
-        try:
-            base_config = load(args.config)
-        except ConfigError as exc:
-            raise ValueError(exc.render()) from None
-        sources["planner settings"] = str(args.config)
+    job = base.with_(total_steps=_work_steps(args, trace, base, max_nodes, sources))
+    base_config = _planner_config(args, sources)
     measured = d.measured_overrides()
     reform = args.reform_s
     if reform is None:
@@ -191,6 +172,36 @@ def build_scenario(args: argparse.Namespace, trace: Trace) -> Scenario:
         seed=args.seed,
         sources=sources,
     )
+
+
+def _work_steps(
+    args: argparse.Namespace, trace: Trace, base: JobSpec, max_nodes: int, sources: dict[str, str]
+) -> float:
+    """The job's size: as given (steps or node-hours), else a default that says where it came from."""
+    if args.work_steps:
+        return float(args.work_steps)
+    if args.work_node_hours:
+        return float(args.work_node_hours * 3600 * args.steps_per_node_s)
+    if base.deadline_s is not None:
+        sources["work"] = "48/52 of the deadline at the full fleet size (Can't Be Late's tight setting)"
+        return DEFAULT_DEADLINE_WORK_SHARE * base.deadline_s * base.throughput(max_nodes)
+    sources["work"] = "80 % of what a perfect elastic job could do on this trace"
+    return DEFAULT_WORK_SHARE * ideal_steps(trace, base)
+
+
+def _planner_config(args: argparse.Namespace, sources: dict[str, str]) -> Any:
+    """The planner settings from --config (None: the defaults); raises ValueError, field by field."""
+    if args.config is None:
+        return None
+    from fleetd.config import load
+    from fleetd.protocol.settings import ConfigError
+
+    try:
+        cfg = load(args.config)
+    except ConfigError as exc:
+        raise ValueError(exc.render()) from None
+    sources["planner settings"] = str(args.config)
+    return cfg
 
 
 def sources(scenario: Scenario) -> list[tuple[str, str]]:
