@@ -68,12 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group(_backend(args.backend, device, ctx.local_world_size))
     t_group, cpu_group = time.time(), time.process_time()
     torch.manual_seed(args.seed)  # the same initial weights on every rank
-    data_gen = torch.Generator().manual_seed(1234)
-    n = 4096
-    x = torch.randn(n, args.dim, generator=data_gen)
-    true_w = torch.randn(args.dim, 1, generator=data_gen)
-    y = torch.tanh(x @ true_w) + 0.01 * torch.randn(n, 1, generator=data_gen)
-    x, y = x.to(device), y.to(device)
+    x, y = _dataset(args.dim, device)
+    n = x.shape[0]
 
     model = nn.Sequential(nn.Linear(args.dim, args.hidden), nn.Tanh(), nn.Linear(args.hidden, 1)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
@@ -97,14 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     # (agent/supervise/worker_output.py); flushed, since stdout is a pipe, not a terminal.
     print(f"train_toy: rank {ctx.rank} of {ctx.world_size} starts at step {step} on {device}", flush=True)
 
-    # Optional scaling curve (fleetd demo --scenario scaling): one step's work of work_s seconds
-    # is shared by up to saturate_at nodes, so the job's steps/s grows with each node up to that
-    # size and not beyond, the shape a job capped by its input pipeline or all-reduce has. Steps
-    # are paced to that duration (not slept on top of the compute), so the curve holds on a busy
-    # host where splitting the toy's own compute over more ranks would otherwise still pay.
-    work_s = float(os.environ.get("FLEETD_TOY_WORK_S", "0") or 0)
-    saturate_at = max(1, int(os.environ.get("FLEETD_TOY_SATURATE_AT", "1") or 1))
-    pace_s = work_s / min(ctx.world_size, saturate_at) if work_s > 0 else 0.0
+    pace_s = _pace_s(ctx.world_size)
 
     # A peer lost without notice breaks (or hangs) a collective: save the completed step first.
     with ckpt.salvage_on_failure():
@@ -134,6 +123,29 @@ def main(argv: list[str] | None = None) -> int:
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0
+
+
+def _dataset(dim: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed regression problem (the same on every rank and every restart)."""
+    import torch
+
+    data_gen = torch.Generator().manual_seed(1234)
+    n = 4096
+    x = torch.randn(n, dim, generator=data_gen)
+    true_w = torch.randn(dim, 1, generator=data_gen)
+    y = torch.tanh(x @ true_w) + 0.01 * torch.randn(n, 1, generator=data_gen)
+    return x.to(device), y.to(device)
+
+
+def _pace_s(world_size: int) -> float:
+    """Optional scaling curve (fleetd demo --scenario scaling): one step's work of work_s seconds
+    is shared by up to saturate_at nodes, so the job's steps/s grows with each node up to that
+    size and not beyond, the shape a job capped by its input pipeline or all-reduce has. Steps
+    are paced to that duration (not slept on top of the compute), so the curve holds on a busy
+    host where splitting the toy's own compute over more ranks would otherwise still pay."""
+    work_s = float(os.environ.get("FLEETD_TOY_WORK_S", "0") or 0)
+    saturate_at = max(1, int(os.environ.get("FLEETD_TOY_SATURATE_AT", "1") or 1))
+    return work_s / min(world_size, saturate_at) if work_s > 0 else 0.0
 
 
 def _device(kind: str, local_rank: int) -> torch.device:  # torch is imported late
