@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fleetd.sim.deadline import random_offsets, summary, sweep  # noqa: E402
 from fleetd.sim.defaults import prices_for  # noqa: E402
 from fleetd.sim.job import JobSpec  # noqa: E402
+from fleetd.sim.omniscient import reference  # noqa: E402
 from fleetd.sim.traces import load_trace  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,7 +77,7 @@ def main() -> None:
     t0 = time.process_time()
     results: dict[str, dict] = {}
     groups: dict[str, list[str]] = {}  # "<trace> d=<d>h" and "<trace> single|multi d=<d>h" -> case keys
-    print(f"{'case':<30} {'d h':>5}  " + "  ".join(f"{p:>26}" for p in POLICIES))
+    print(f"{'case':<30} {'d h':>5}  " + "  ".join(f"{p:>26}" for p in (*POLICIES, "omniscient (gap: fleetd)")))
     for trace_name in args.traces.split(","):
         path, itype = TRACES[trace_name]
         trace = load_trace(path)
@@ -98,6 +99,7 @@ def main() -> None:
                     case = f"{trace_name} {nodes}n due {due_h:g}h"
                     key = f"{case} d={d_h:g}h"
                     s = summary(sweep(trace, job, itype, spot, od, d_h * 3600, starts, args.capacity_signal))
+                    s["omniscient"] = _omniscient(trace, job, spot, od, d_h * 3600, starts, s)
                     results[key] = s
                     size = "single" if nodes == 1 else "multi"
                     for group in (f"{trace_name} d={d_h:g}h", f"{trace_name} {size} d={d_h:g}h"):
@@ -105,6 +107,10 @@ def main() -> None:
                     cells = "  ".join(
                         f"${s[p]['mean_cost_usd']:>8.2f} {s[p]['mean_savings_pct']:>5.1f}% {s[p]['misses']:>2} miss"
                         for p in POLICIES
+                    )
+                    o = s["omniscient"]
+                    cells += (
+                        f"  ${o['mean_cost_usd']:>8.2f} {o['mean_savings_pct']:>5.1f}% gap {o['fleetd_gap_pts']:>5.1f}"
                     )
                     print(f"{case:<30} {d_h:>5g}  {cells}", flush=True)
     below_up = _losses(results, "uniform-progress")
@@ -117,6 +123,11 @@ def main() -> None:
     print(f"fleetd costlier than Uniform Progress in {len(below_up)} of {len(results)} cases: {below_up}")
     print(f"fleetd costlier than greedy in {len(below_greedy)} of {len(results)} cases: {below_greedy}")
     print(f"deadline misses: {misses}")
+    gaps = {k: s["omniscient"]["fleetd_gap_pts"] for k, s in results.items()}
+    over_5 = {k: g for k, g in gaps.items() if g > 5.0}
+    print(
+        f"fleetd's gap to the omniscient reference, savings points: max {max(gaps.values()):.2f}; over 5 in {len(over_5)} of {len(gaps)} cases: {over_5}"
+    )
     print(f"mean savings per trace and d where Uniform Progress's beats fleetd's (points): {up_ahead}")
     print(
         json.dumps(
@@ -132,6 +143,9 @@ def main() -> None:
                 "fleetd_misses": misses["fleetd"],
                 "mean_savings_pct_by_d": by_d,
                 "uniform_progress_ahead_by_d": up_ahead,
+                "omniscient_gap_pts_max": round(max(gaps.values()), 2),
+                "omniscient_gap_over_5_pts": over_5,
+                "omniscient_gap_pts_mean_by_d": _mean_gap_by_group(results, groups),
                 "results": results,
             }
         )
@@ -143,6 +157,34 @@ def _mean_savings_by_group(results: dict[str, dict], groups: dict[str, list[str]
     weighs the same): the issue's "mean savings at every d", per trace, and split by job size."""
     return {
         g: {p: round(sum(results[k][p]["mean_savings_pct"] for k in keys) / len(keys), 2) for p in POLICIES}
+        for g, keys in groups.items()
+    }
+
+
+def _omniscient(trace, job: JobSpec, spot: float, od: float, changeover_s: float, starts: list[float], s: dict) -> dict:  # noqa: ANN001
+    """The omniscient reference on the same windows, prices and changeover (fleetd/sim/omniscient.py):
+    its mean cost and savings, and fleetd's gap to it in savings points (>= fleetd's gap to the
+    true optimum: the reference is a lower bound)."""
+    costs = [reference(trace.window(start), job, spot, od, changeover_s) for start in starts]
+    feasible = [c for c in costs if c is not None]
+    od_cost = s["on-demand"]["mean_cost_usd"]
+    mean = sum(feasible) / len(feasible) if feasible else float("nan")
+    savings = 100.0 * (1 - mean / od_cost) if od_cost else float("nan")
+    return {
+        "mean_cost_usd": round(mean, 3),
+        "mean_savings_pct": round(savings, 2),
+        "infeasible": len(costs) - len(feasible),
+        "kind": "exact (one node; optimistic capacity count)"
+        if job.max_nodes == 1
+        else "bound (no changeover, no re-form)",
+        "fleetd_gap_pts": round(savings - s["fleetd"]["mean_savings_pct"], 2),
+        "runs": len(costs),
+    }
+
+
+def _mean_gap_by_group(results: dict[str, dict], groups: dict[str, list[str]]) -> dict[str, float]:
+    return {
+        g: round(sum(results[k]["omniscient"]["fleetd_gap_pts"] for k in keys) / len(keys), 2)
         for g, keys in groups.items()
     }
 
