@@ -72,6 +72,34 @@ def product_entry(
     compares the two key by key)."""
     sku = hashlib.sha1(f"{instance_type}/{region}".encode()).hexdigest()[:16].upper()
     attrs = {
+        **_attributes(
+            instance_type, region, vcpu=vcpu, memory_gib=memory_gib, gpus=gpus, gpu_memory_gib=gpu_memory_gib
+        ),
+        **overrides,
+    }
+    on_demand_dim = _dimension(
+        sku, ON_DEMAND_OFFER, HOURLY_RATE, "Hrs", usd, f"${usd:.4f} per On Demand Linux {instance_type} Instance Hour"
+    )
+    return {
+        "product": {"productFamily": "Compute Instance", "attributes": attrs, "sku": sku},
+        "serviceCode": SERVICE_CODE,
+        "terms": {
+            "OnDemand": {
+                f"{sku}.{ON_DEMAND_OFFER}": _term(
+                    sku, ON_DEMAND_OFFER, {f"{sku}.{ON_DEMAND_OFFER}.{HOURLY_RATE}": on_demand_dim}, {}
+                )
+            },
+            "Reserved": _reserved_terms(sku, instance_type, usd),
+        },
+        "version": "20260826000000",
+        "publicationDate": PUBLICATION_DATE,
+    }
+
+
+def _attributes(
+    instance_type: str, region: str, *, vcpu: int, memory_gib: float, gpus: float, gpu_memory_gib: float
+) -> dict[str, str]:
+    return {
         "enhancedNetworkingSupported": "Yes",
         "intelTurboAvailable": "No",
         "memory": f"{memory_gib:g} GiB",
@@ -108,62 +136,51 @@ def product_entry(
         "marketoption": "OnDemand",
         "operation": "RunInstances",
         "availabilityzone": "NA",
-        **overrides,
     }
 
-    def dim(code: str, rate: str, unit: str, value: float, description: str) -> dict[str, Any]:
-        ranged = {"endRange": "Inf"} if unit == "Hrs" else {}
-        out: dict[str, Any] = {
-            "unit": unit,
-            **ranged,
-            "description": description,
-            "appliesTo": [],
-            "rateCode": f"{sku}.{code}.{rate}",
-        }
-        if unit == "Hrs":
-            out["beginRange"] = "0"
-        out["pricePerUnit"] = {"USD": f"{value:.10f}" if unit == "Hrs" else f"{value:g}"}
-        return out
 
-    def term(code: str, dims: dict[str, Any], attributes: dict[str, str]) -> dict[str, Any]:
-        return {
-            "priceDimensions": dims,
-            "sku": sku,
-            "effectiveDate": PUBLICATION_DATE,
-            "offerTermCode": code,
-            "termAttributes": attributes,
-        }
+def _dimension(sku: str, code: str, rate: str, unit: str, value: float, description: str) -> dict[str, Any]:
+    ranged = {"endRange": "Inf"} if unit == "Hrs" else {}
+    out: dict[str, Any] = {
+        "unit": unit,
+        **ranged,
+        "description": description,
+        "appliesTo": [],
+        "rateCode": f"{sku}.{code}.{rate}",
+    }
+    if unit == "Hrs":
+        out["beginRange"] = "0"
+    out["pricePerUnit"] = {"USD": f"{value:.10f}" if unit == "Hrs" else f"{value:g}"}
+    return out
 
+
+def _term(sku: str, code: str, dims: dict[str, Any], attributes: dict[str, str]) -> dict[str, Any]:
+    return {
+        "priceDimensions": dims,
+        "sku": sku,
+        "effectiveDate": PUBLICATION_DATE,
+        "offerTermCode": code,
+        "termAttributes": attributes,
+    }
+
+
+def _reserved_terms(sku: str, instance_type: str, usd: float) -> dict[str, Any]:
     reserved = {}
     for code, lease, klass, option, hourly, upfront_h in RESERVED_TERMS:
         dims = {}
         what = f"Linux/UNIX (Amazon VPC), {instance_type} reserved instance applied"
         if hourly is not None:
-            dims[f"{sku}.{code}.{HOURLY_RATE}"] = dim(code, HOURLY_RATE, "Hrs", round(usd * hourly, 4), what)
-        if upfront_h is not None:
-            dims[f"{sku}.{code}.{UPFRONT_RATE}"] = dim(
-                code, UPFRONT_RATE, "Quantity", round(usd * upfront_h), "Upfront Fee"
+            dims[f"{sku}.{code}.{HOURLY_RATE}"] = _dimension(
+                sku, code, HOURLY_RATE, "Hrs", round(usd * hourly, 4), what
             )
-        reserved[f"{sku}.{code}"] = term(
-            code, dims, {"LeaseContractLength": lease, "OfferingClass": klass, "PurchaseOption": option}
+        if upfront_h is not None:
+            dims[f"{sku}.{code}.{UPFRONT_RATE}"] = _dimension(
+                sku, code, UPFRONT_RATE, "Quantity", round(usd * upfront_h), "Upfront Fee"
+            )
+        reserved[f"{sku}.{code}"] = _term(
+            sku, code, dims, {"LeaseContractLength": lease, "OfferingClass": klass, "PurchaseOption": option}
         )
-    on_demand_dim = dim(
-        ON_DEMAND_OFFER, HOURLY_RATE, "Hrs", usd, f"${usd:.4f} per On Demand Linux {instance_type} Instance Hour"
-    )
-    return {
-        "product": {"productFamily": "Compute Instance", "attributes": attrs, "sku": sku},
-        "serviceCode": SERVICE_CODE,
-        "terms": {
-            "OnDemand": {
-                f"{sku}.{ON_DEMAND_OFFER}": term(
-                    ON_DEMAND_OFFER, {f"{sku}.{ON_DEMAND_OFFER}.{HOURLY_RATE}": on_demand_dim}, {}
-                )
-            },
-            "Reserved": reserved,
-        },
-        "version": "20260826000000",
-        "publicationDate": PUBLICATION_DATE,
-    }
+    return reserved
 
 
 @dataclass
