@@ -135,15 +135,7 @@ def fleetd_toml(
     """``overrides``: extra settings merged into the groups (the partition tests use it). The
     job defined here is the nodes' job: they read it from the launch template's user data."""
     path = workdir / "fleetd.toml"
-    scaling: dict[str, object]
-    if shape is None:
-        # A fixed fleet of --nodes (one more allowed for make-before-break pre-buys). The long
-        # cool-down keeps the scaling rule from exploring a bigger fleet inside the demo: the
-        # interruption scenarios show recovery, `--scenario scaling` shows scaling.
-        lo, hi, scaling = nodes, nodes + 1, {"initial_nodes": nodes, "cooldown_s": 3600.0}
-    else:
-        lo, hi = shape.min_nodes, shape.max_nodes
-        scaling = {"initial_nodes": shape.initial_nodes, "cooldown_s": shape.cooldown_s}
+    lo, hi, scaling = _fleet_size(nodes, shape)
     groups = _merge(
         {
             "aws": {"region": "us-east-1", "endpoint_url": ep.aws_url},
@@ -165,19 +157,7 @@ def fleetd_toml(
             "scaling": scaling,
             "budget": {"total_usd": budget_usd, "max_usd_per_hour": max_usd_per_hour, "stop_reserve_s": 30.0},
             "mqtt": ep.pki.controller_mqtt(ep.mqtt_url) if ep.pki is not None else {"url": ep.mqtt_url},
-            **(
-                {}
-                if ep.pki is None
-                else {
-                    "enrol": {
-                        "enabled": True,
-                        "host": "127.0.0.1",
-                        "port": ep.enrol_port,
-                        "ca_dir": ep.pki.files.directory,
-                        "identity_certificate": ep.pki.identity_certificate,
-                    }
-                }
-            ),
+            **_enrolment(ep),
             "rendezvous": {"host": "127.0.0.1", "port": ep.rdzv_port, "run_id": "demo"},
             # The scaling story has no silent loss to detect fast, and its joins restart workers on
             # a busy two-core host: a longer heartbeat timeout keeps a slow beat from reading as a loss.
@@ -201,6 +181,31 @@ def fleetd_toml(
     )
     path.write_text(to_toml(groups))
     return path
+
+
+def _fleet_size(nodes: int, shape: FleetShape | None) -> tuple[int, int, dict[str, object]]:
+    """min_nodes, max_nodes and the scaling group."""
+    if shape is None:
+        # A fixed fleet of --nodes (one more allowed for make-before-break pre-buys). The long
+        # cool-down keeps the scaling rule from exploring a bigger fleet inside the demo: the
+        # interruption scenarios show recovery, `--scenario scaling` shows scaling.
+        return nodes, nodes + 1, {"initial_nodes": nodes, "cooldown_s": 3600.0}
+    return shape.min_nodes, shape.max_nodes, {"initial_nodes": shape.initial_nodes, "cooldown_s": shape.cooldown_s}
+
+
+def _enrolment(ep: DemoEndpoints) -> dict[str, dict[str, object]]:
+    """The enrolment group under TLS (the default demo); none on a plain broker."""
+    if ep.pki is None:
+        return {}
+    return {
+        "enrol": {
+            "enabled": True,
+            "host": "127.0.0.1",
+            "port": ep.enrol_port,
+            "ca_dir": ep.pki.files.directory,
+            "identity_certificate": ep.pki.identity_certificate,
+        }
+    }
 
 
 def _merge(groups: dict[str, dict[str, object]], extra: dict[str, dict[str, object]]) -> dict[str, dict[str, object]]:
