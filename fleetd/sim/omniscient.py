@@ -1,23 +1,22 @@
 """What a scheduler that knew the whole trace in advance would pay: the reference the deadline
 policies are measured against (bench/deadline.py, issue 34).
 
-Offline dynamic programmes over time slots (``slot_s``, 60 s) and progress, with the prices and
-the changeover ``d`` every policy in the sweep gets. Both are *lower bounds* on what any policy,
-however clairvoyant, pays in the simulator, so a policy's gap to them is at most its gap to the
-true optimum:
+Offline dynamic programmes over time slots (``SLOT_S``, 3 minutes: every changeover in the sweep
+is a whole number of them) and progress, with the prices and the changeover ``d`` every policy in
+the sweep gets; progress survives a loss (Can't Be Late's model, as the sweep gives every policy):
 
-- spot capacity is counted per slot as the most nodes the trace offers at any moment of it (the
-  simulator's policies lose a node the moment the trace removes it, and have to find capacity by
-  asking for it);
-- one node (``single_node``): exact otherwise. The node is idle, on spot or on on-demand; every
-  start (after idling, a switch, or a spot node taken away) pays the changeover ``d`` billed at
-  that market's price with no progress; progress survives a loss (Can't Be Late's model, which
-  the sweep gives every policy). It cannot tell one spot node from another: staying on spot
-  while any is offered is allowed, where the simulator's node may be the one removed;
-- a fleet of N nodes (``fleet``): any k <= N nodes train in a slot (spot first, up to what is
-  offered), ``k x efficiency(k)`` node-slots of work, with no changeover and no re-form at all.
+- one node (``single_node``), the omniscient optimum on the slot grid. The node idles, or runs
+  on on-demand, or on one spot node of the trace until that node is removed; every start pays
+  ``d`` at its market's price with no progress. It knows when every node will be removed; which
+  node a spot start gets is EC2's choice, as in the simulator (the one offered longest), or, as a
+  bound, its own (the one that lasts longest). Runs begin and end on slot boundaries (the
+  simulated policies need not), and capacity needs no probing;
+- a fleet of N nodes (``fleet``), a lower bound only: any k <= N nodes train in a slot (spot first,
+  up to the most the trace offers at any moment of the slot), ``k x efficiency(k)`` node-slots of
+  work, with no changeover and no re-form at all. A policy's gap to it overstates its gap to the
+  true optimum.
 
-Pure (numpy arrays in, dollars out); no clock, no I/O.
+Pure (lists and numpy arrays in, dollars out); no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -28,9 +27,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from fleetd.sim.job import JobSpec
-from fleetd.sim.traces import Trace
+from fleetd.sim.traces import ADD, Trace
 
-SLOT_S = 60.0
+SLOT_S = 180.0
 _INF = math.inf
 
 
@@ -44,8 +43,36 @@ def offered_per_slot(trace: Trace, slots: int, slot_s: float = SLOT_S) -> list[i
     return out
 
 
+def spot_run_end(trace: Trace, slots: int, slot_s: float = SLOT_S, choose: str = "first") -> list[int]:
+    """For each slot t: the last slot boundary a spot node started at t can be held to (released
+    before its removal); t itself when none is offered. ``choose``: which offered node a start
+    gets: "first", the one offered longest (the simulator's rule: EC2 picks the instance, not
+    the job), or "longest", the one that will last longest (a choice no real job has: a bound)."""
+    if choose not in ("first", "longest"):
+        raise ValueError(f"choose must be 'first' or 'longest', not {choose!r}")
+    lives: list[tuple[int, float, float]] = []  # (order offered, added, removed) per node life
+    since: dict[str, tuple[int, float]] = {}
+    for i, ev in enumerate(trace.events):
+        if ev.kind == ADD:
+            since[ev.node] = (i, ev.t)
+        elif ev.node in since:
+            order, added = since.pop(ev.node)
+            lives.append((order, added, ev.t))
+    lives += [(order, added, math.inf) for order, added in since.values()]  # never removed in the window
+    out = []
+    for t in range(slots):
+        at = t * slot_s
+        offered = sorted((order, end) for order, added, end in lives if added <= at < end)
+        if not offered:
+            out.append(t)
+            continue
+        last = offered[0][1] if choose == "first" else max(end for _, end in offered)
+        out.append(slots if last == math.inf else max(t, min(slots, math.floor(last / slot_s))))
+    return out
+
+
 def single_node(
-    offered: Sequence[int],
+    run_end: Sequence[int],
     work_slots: int,
     deadline_slots: int,
     changeover_slots: int,
@@ -53,45 +80,35 @@ def single_node(
     on_demand_price: float,
     slot_s: float = SLOT_S,
 ) -> float | None:
-    """The least a one-node job can pay to train ``work_slots`` slots by ``deadline_slots``
-    (None: impossible even on on-demand). Prices per hour; the result in dollars."""
-    p_spot, p_od = spot_price * slot_s / 3600.0, on_demand_price * slot_s / 3600.0
-    n, boot = work_slots + 1, max(changeover_slots, 0)
-    idle = np.full(n, _INF)
-    idle[0] = 0.0
-    run_spot, run_od = np.full(n, _INF), np.full(n, _INF)
-    # boot_*[j]: held, j more changeover slots to pay before it trains (j = 1 .. boot - 1).
-    boot_spot, boot_od = np.full((max(boot, 1), n), _INF), np.full((max(boot, 1), n), _INF)
+    """The least a one-node job pays to train ``work_slots`` slots by ``deadline_slots`` (None:
+    impossible even on on-demand). ``run_end[t]``: how long a spot node started at slot t can run
+    (``spot_run_end``). Prices per hour; the result in dollars. A state is (slot, progress) with
+    no node held; a run (a start, ``changeover_slots`` of changeover, then training) goes from
+    one such state to a later one, or to the end of the work."""
+    prices = (spot_price * slot_s / 3600.0, on_demand_price * slot_s / 3600.0)
+    work, horizon, d = work_slots, deadline_slots, changeover_slots
+    free = np.full((horizon + 1, work), _INF)  # progress 0 .. work-1: not done yet
+    free[0, 0] = 0.0
+    left = np.arange(work, 0, -1)  # work left at each progress
     best = _INF
-    for t in range(min(deadline_slots, len(offered))):
-        ok = offered[t] >= 1
-        # Releasing is free: any state can become idle (and start anew) at a slot's start.
-        free = np.minimum.reduce([idle, run_od, boot_od.min(axis=0), run_spot, boot_spot.min(axis=0)])
-        n_idle = free.copy()
-        n_run_spot, n_run_od = np.full(n, _INF), np.full(n, _INF)
-        n_boot_spot, n_boot_od = np.full_like(boot_spot, _INF), np.full_like(boot_od, _INF)
-        for price, allowed, run, boots, n_run, n_boots in (
-            (p_spot, ok, run_spot, boot_spot, n_run_spot, n_boot_spot),
-            (p_od, True, run_od, boot_od, n_run_od, n_boot_od),
-        ):
-            if not allowed:
-                continue  # a spot node is gone this slot: only the free states go on
-            start = free + price
-            if boot == 0:  # no changeover: a start trains at once
-                n_run[1:] = np.minimum(n_run[1:], start[:-1])
-            elif boot == 1:
-                np.minimum(n_run, start, out=n_run)  # the one changeover slot is this one
-            else:
-                np.minimum(n_boots[boot - 1], start, out=n_boots[boot - 1])
-            if boot >= 2:
-                n_boots[1 : boot - 1] = np.minimum(n_boots[1 : boot - 1], boots[2:boot] + price)
-                np.minimum(n_run, boots[1] + price, out=n_run)
-            n_run[1:] = np.minimum(n_run[1:], run[:-1] + price)  # train one slot
-        idle, run_spot, run_od, boot_spot, boot_od = n_idle, n_run_spot, n_run_od, n_boot_spot, n_boot_od
-        done = min(run_spot[-1], run_od[-1], idle[-1])
-        best = min(best, done)
-        for arr in (idle, run_spot, run_od):
-            arr[-1] = _INF  # finished: it pays nothing more
+    for t in range(horizon):
+        cur = free[t]
+        if not np.isfinite(cur).any():
+            continue
+        np.minimum(free[t + 1], cur, out=free[t + 1])  # idle one slot
+        for price, last in ((prices[0], min(run_end[t], horizon)), (prices[1], horizon)):
+            if last <= t:
+                continue  # no spot node offered now
+            # Finish within this run: pay the changeover and the work left.
+            fits = t + d + left <= last
+            if fits.any():
+                best = min(best, float((cur + price * (d + left))[fits].min()))
+            # Or stop at a later boundary t2 with the progress made (a loss, a switch, a pause).
+            for t2 in range(t + d + 1, last + 1):
+                gain = t2 - t - d
+                if gain >= work:
+                    break
+                np.minimum(free[t2, gain:], cur[: work - gain] + price * (t2 - t), out=free[t2, gain:])
     return None if best == _INF else best
 
 
@@ -132,14 +149,21 @@ def fleet(
 
 
 def reference(
-    trace: Trace, job: JobSpec, spot_price: float, on_demand_price: float, changeover_s: float
+    trace: Trace, job: JobSpec, spot_price: float, on_demand_price: float, changeover_s: float, choose: str = "first"
 ) -> float | None:
-    """The omniscient reference for one start of one case (the window the job sees): exact (up to
-    the relaxations above) for one node, the no-changeover bound for a fleet."""
+    """The omniscient reference for one start of one case (the window the job sees): the optimum
+    on the slot grid for one node (``choose``: see ``spot_run_end``), the no-changeover bound for
+    a fleet."""
     assert job.deadline_s is not None
-    slots = math.ceil(job.deadline_s / SLOT_S)
-    offered = offered_per_slot(trace, slots)
+    slots = math.ceil(job.deadline_s / SLOT_S - 1e-9)
     if job.max_nodes == 1:
         work = math.ceil(job.total_steps / job.throughput(1) / SLOT_S - 1e-9)
-        return single_node(offered, work, slots, round(changeover_s / SLOT_S), spot_price, on_demand_price)
-    return fleet(offered, job, job.total_steps, slots, spot_price, on_demand_price)
+        return single_node(
+            spot_run_end(trace, slots, choose=choose),
+            work,
+            slots,
+            round(changeover_s / SLOT_S),
+            spot_price,
+            on_demand_price,
+        )
+    return fleet(offered_per_slot(trace, slots), job, job.total_steps, slots, spot_price, on_demand_price)
