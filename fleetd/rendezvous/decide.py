@@ -173,6 +173,7 @@ def _stale_members(obs: Observation) -> frozenset[str]:
 
 
 def plan(obs: Observation) -> tuple[SteerAction, ...]:
+    """The steering's actions for one look at the store: lost members, leaving ones, the round."""
     s = obs.state
     if s is None:
         return ()
@@ -180,9 +181,13 @@ def plan(obs: Observation) -> tuple[SteerAction, ...]:
         if obs.closing:
             return ()
         return (Reopen("closed by a torchrun that exited on an error; only fleetd ends the job"),)
-    actions: list[SteerAction] = []
     present = s.participant_addrs | {n.addr for n in s.wait_list if n.addr != MARKER_ADDR}
+    return (*_losses(obs, s, present), *_leaves(obs, s, present), *_round(obs, s))
 
+
+def _losses(obs: Observation, s: RendezvousState, present: frozenset[str]) -> list[SteerAction]:
+    """Members whose heartbeat is stale: tolerated while training advances, else removed."""
+    actions: list[SteerAction] = []
     stale = frozenset(n.addr for n in s.stale(obs.now, obs.dead_after)) & present
     if _holding(obs):
         # Nodes rejoining after a store restart start torchrun and its keep-alive thread under
@@ -214,38 +219,46 @@ def plan(obs: Observation) -> tuple[SteerAction, ...]:
         actions.append(
             PokeSurvivors(f"{', '.join(sorted(stale_members))} lost{why}: survivors re-form now", frozenset())
         )
+    return actions
 
+
+def _leaves(obs: Observation, s: RendezvousState, present: frozenset[str]) -> list[SteerAction]:
+    """Drained nodes told to leave, and the survivors re-formed once every one told has left."""
+    actions: list[SteerAction] = []
     for addr in sorted(obs.drain_ready - frozenset(obs.told_leave)):
         if addr in present:
             actions.append(RemoveNodes(f"{addr} is draining and its checkpoint is saved", frozenset({addr})))
         actions.append(TellLeave(f"{addr} removed from the rendezvous; stop its process tree", addr))
+    if not obs.told_leave:
+        return actions
+    done = frozenset(a for a, told in obs.told_leave.items() if a in obs.left or obs.now - told > obs.left_timeout)
+    if done != frozenset(obs.told_leave) or (done & present):
+        return actions
+    members_left = done if obs.member_leaves is None else done & obs.member_leaves
+    coming = wave_still_coming(obs, present)
+    if not members_left:
+        actions.append(FinishLeaves(f"{', '.join(sorted(done))} left before training in the round: no re-form", done))
+    elif obs.drain_ready - frozenset(obs.told_leave):
+        pass  # more leavers are told this very pass: they join this re-form
+    elif coming and obs.now - min(obs.told_leave.values()) < obs.coalesce:
+        pass  # the rest of the wave is about to be drain-ready: one re-form for all of it
+    elif present and not (present - obs.noticed):
+        # Everyone still here is leaving too (a whole-fleet wave): a re-form would train
+        # steps that die with them while their agents upload the held step.
+        actions.append(
+            FinishLeaves(f"{', '.join(sorted(done))} left; every remaining node is leaving too: no re-form", done)
+        )
+    elif s.complete and s.participants and not s.has_marker:
+        actions.append(PokeSurvivors(f"{', '.join(sorted(done))} left: survivors re-form now", done))
+    else:
+        actions.append(FinishLeaves("survivors are already re-forming", done))
+    return actions
 
-    if obs.told_leave:
-        done = frozenset(a for a, told in obs.told_leave.items() if a in obs.left or obs.now - told > obs.left_timeout)
-        if done == frozenset(obs.told_leave) and not (done & present):
-            members_left = done if obs.member_leaves is None else done & obs.member_leaves
-            coming = wave_still_coming(obs, present)
-            if not members_left:
-                actions.append(
-                    FinishLeaves(f"{', '.join(sorted(done))} left before training in the round: no re-form", done)
-                )
-            elif obs.drain_ready - frozenset(obs.told_leave):
-                pass  # more leavers are told this very pass: they join this re-form
-            elif coming and obs.now - min(obs.told_leave.values()) < obs.coalesce:
-                pass  # the rest of the wave is about to be drain-ready: one re-form for all of it
-            elif present and not (present - obs.noticed):
-                # Everyone still here is leaving too (a whole-fleet wave): a re-form would train
-                # steps that die with them while their agents upload the held step.
-                actions.append(
-                    FinishLeaves(
-                        f"{', '.join(sorted(done))} left; every remaining node is leaving too: no re-form", done
-                    )
-                )
-            elif s.complete and s.participants and not s.has_marker:
-                actions.append(PokeSurvivors(f"{', '.join(sorted(done))} left: survivors re-form now", done))
-            else:
-                actions.append(FinishLeaves("survivors are already re-forming", done))
 
+def _round(obs: Observation, s: RendezvousState) -> list[SteerAction]:
+    """The round being formed: held for nodes restarting after a store restart, completed once
+    every expected node joined; the poke's markers dropped once it formed."""
+    actions: list[SteerAction] = []
     if not s.complete and _holding(obs):
         missing = obs.awaited - s.participant_addrs
         assert obs.awaited_until is not None  # _holding checked it
@@ -256,11 +269,10 @@ def plan(obs: Observation) -> tuple[SteerAction, ...]:
                     f"round {s.round} held for {', '.join(sorted(missing))} (restarting after the store restart)", until
                 )
             )
-
     if not s.complete:
         expected = expected_members(obs)
         if expected and obs.min_nodes <= len(expected) <= obs.max_nodes and expected <= s.participant_addrs:
             actions.append(CompleteRound(f"all {len(expected)} expected nodes joined round {s.round}"))
     elif s.has_marker and any(n.local_id < s.round for n in s.wait_list if n.addr == MARKER_ADDR):
         actions.append(DropMarkers(f"round {s.round} formed after the poke"))
-    return tuple(actions)
+    return actions
