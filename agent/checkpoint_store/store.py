@@ -30,7 +30,7 @@ from agent.checkpoint_store.restore import RestoredCheckpoint, Restorer
 from agent.checkpoint_store.s3 import S3Bucket
 from agent.checkpoint_store.slots import priority
 from agent.checkpoint_store.uploader import Uploader, UploadTuning
-from fleetd.protocol.checkpoints import CheckpointLayout, FileEntry, WriterReceipt, validate_file_name
+from fleetd.protocol.checkpoints import CheckpointLayout, FileEntry, Manifest, WriterReceipt, validate_file_name
 from fleetd.protocol.errors import ProtocolError
 from fleetd.protocol.logs import get_logger
 from fleetd.protocol.messages import CheckpointUploaded
@@ -160,32 +160,8 @@ class CheckpointStore:
         local_ckpt.upload_set), which completes the step whoever wrote the parts."""
         started = time.monotonic()
         writers = tuple(sorted(set(expected_writers or (writer,))))
-        if writer not in writers:
-            raise ValueError(f"writer {writer!r} is not among expected_writers {writers}")
-        for w in writers:
-            self.layout.receipt_key(step, w)  # ValueError now for a name S3 keys can't carry
-        named = [(self._name(p, root), p) for p in files]
-        if not named:
-            raise ValueError("upload_step needs at least one file")
-        names = [n for n, _ in named]
-        if len(set(names)) != len(names):
-            raise ValueError(f"two files would get the same name in step {step}: {sorted(names)}")
-
-        # Stale uploads are cleaned up alongside ours (never delaying a checkpoint taken on a
-        # notice by a round trip); a failed cleanup is logged and must not cost the checkpoint.
-        async def clean_up() -> None:
-            try:
-                await self.uploader.abort_stale_uploads(step, now=self._clock())
-            except StoreError as exc:
-                log.warning("stale_multipart_cleanup_failed", error=str(exc))
-
-        try:
-            async with asyncio.TaskGroup() as tg:
-                tg.create_task(clean_up())
-                upload = tg.create_task(self.uploader.upload_files(step, named, priority(step, deadline is not None)))
-        except BaseExceptionGroup as eg:
-            raise first_error(eg) from eg
-        entries = upload.result()
+        named = self._named_files(step, files, writer, writers, root)
+        entries = await self._upload_files(step, named, deadline)
         receipt = WriterReceipt(
             job=self.layout.job,
             step=step,
@@ -198,20 +174,8 @@ class CheckpointStore:
         await self.publisher.write_receipt(receipt)
         shard_done_at = self._clock()
 
-        try:
-            manifest = await self.publisher.try_publish(receipt)
-        except ProtocolError as exc:
-            # Receipts that cannot be merged (writers disagree on who takes part) or a manifest
-            # that lists other files: our shards are safe in S3, but the step is not published.
-            log.error("checkpoint_publish_rejected", step=step, writer=writer, error=str(exc))
-            manifest = None
+        manifest, latest_step, deleted = await self._publish(receipt)
         published = manifest is not None and manifest.writer == writer
-        latest_step = None
-        deleted: list[int] = []
-        if manifest is not None:
-            latest_step = await self.publisher.advance_latest(step, writer)
-            if published:
-                deleted = await self.publisher.apply_retention(self.keep)
         result = UploadResult(
             step=step,
             writer=writer,
@@ -241,6 +205,59 @@ class CheckpointStore:
         if deadline is not None and not result.beat_deadline:
             log.warning("checkpoint_missed_deadline", step=step, deadline=deadline.isoformat())
         return result
+
+    def _named_files(
+        self, step: int, files: Sequence[Path], writer: str, writers: tuple[str, ...], root: Path | None
+    ) -> list[tuple[str, Path]]:
+        """Each file with its name in the step; ValueError for anything S3 keys cannot carry."""
+        if writer not in writers:
+            raise ValueError(f"writer {writer!r} is not among expected_writers {writers}")
+        for w in writers:
+            self.layout.receipt_key(step, w)  # ValueError now for a name S3 keys can't carry
+        named = [(self._name(p, root), p) for p in files]
+        if not named:
+            raise ValueError("upload_step needs at least one file")
+        names = [n for n, _ in named]
+        if len(set(names)) != len(names):
+            raise ValueError(f"two files would get the same name in step {step}: {sorted(names)}")
+        return named
+
+    async def _upload_files(
+        self, step: int, named: list[tuple[str, Path]], deadline: datetime | None
+    ) -> list[FileEntry]:
+        """Upload the files, with stale multipart uploads cleaned up alongside (never delaying a
+        checkpoint taken on a notice by a round trip; a failed cleanup is logged, not fatal)."""
+
+        async def clean_up() -> None:
+            try:
+                await self.uploader.abort_stale_uploads(step, now=self._clock())
+            except StoreError as exc:
+                log.warning("stale_multipart_cleanup_failed", error=str(exc))
+
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(clean_up())
+                upload = tg.create_task(self.uploader.upload_files(step, named, priority(step, deadline is not None)))
+        except BaseExceptionGroup as eg:
+            raise first_error(eg) from eg
+        return list(upload.result())
+
+    async def _publish(self, receipt: WriterReceipt) -> tuple[Manifest | None, int | None, list[int]]:
+        """Write this writer's receipt's step's manifest if it completes the step, move ``latest``
+        and apply retention: (manifest or None, latest step, steps deleted)."""
+        step, writer = receipt.step, receipt.writer
+        try:
+            manifest = await self.publisher.try_publish(receipt)
+        except ProtocolError as exc:
+            # Receipts that cannot be merged (writers disagree on who takes part) or a manifest
+            # that lists other files: our shards are safe in S3, but the step is not published.
+            log.error("checkpoint_publish_rejected", step=step, writer=writer, error=str(exc))
+            return None, None, []
+        if manifest is None:
+            return None, None, []
+        latest_step = await self.publisher.advance_latest(step, writer)
+        deleted = await self.publisher.apply_retention(self.keep) if manifest.writer == writer else []
+        return manifest, latest_step, deleted
 
     async def wait_complete(self, step: int, timeout_s: float, poll_s: float = 0.5) -> bool:
         """Wait until step N has a manifest (peers still uploading); False on timeout."""
