@@ -20,7 +20,7 @@ def joining(*nodes: NodeId, deadline: datetime | None) -> RendezvousState:
 
 
 def obs(state: RendezvousState, **kw) -> decide.Observation:  # noqa: ANN003
-    return decide.Observation(state=state, now=NOW, members=MEMBERS, **kw)
+    return decide.Observation(state=state, now=NOW, **{"members": MEMBERS, **kw})
 
 
 def test_round_held_while_a_restarting_member_is_missing():
@@ -102,3 +102,20 @@ async def test_the_steering_reopens_it_in_the_store():
     assert store.state == replace(store.state, closed=False) and not store.state.closed
     await steerer.close_rendezvous()
     assert store.state.closed and steerer.closing
+
+
+def test_a_round_of_nodes_that_are_all_leaving_is_held_not_formed():
+    """A whole-fleet wave: the first leaver's exit broke the others' collective, torchrun restarted
+    them into a new round while their agents still upload the held step. Formed, that round
+    trained steps that died with them (the storm demo lost 21 on a loaded box)."""
+    s = joining(A, B, deadline=NOW + timedelta(seconds=0.5))
+    leaving = decide.plan(obs(s, members=frozenset({A.addr, B.addr}), noticed=frozenset({A.addr, B.addr})))
+    (hold,) = [a for a in leaving if isinstance(a, decide.HoldRound)]
+    assert hold.until == NOW + decide.HOLD_STEP and "every node in it is leaving" in hold.reason
+    assert not any(isinstance(a, decide.CompleteRound) for a in leaving)
+    # Not pushed again while the deadline is far enough ahead.
+    later = joining(A, B, deadline=NOW + timedelta(seconds=1.9))
+    assert not decide.plan(obs(later, members=frozenset({A.addr, B.addr}), noticed=frozenset({A.addr, B.addr})))
+    # One node that is staying (a replacement, a survivor) and the round forms as before.
+    staying = decide.plan(obs(s, members=frozenset({A.addr, B.addr}), noticed=frozenset({A.addr})))
+    assert [type(a) for a in staying] == [decide.CompleteRound]

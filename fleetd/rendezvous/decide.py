@@ -271,7 +271,18 @@ def _round(obs: Observation, s: RendezvousState) -> list[SteerAction]:
             )
     if not s.complete:
         expected = expected_members(obs)
-        if expected and obs.min_nodes <= len(expected) <= obs.max_nodes and expected <= s.participant_addrs:
+        if expected and s.participants and not (expected - obs.noticed):
+            # Every node that would train in it is in a notice flow (a whole-fleet wave whose
+            # first leaver's exit broke the others' collective, so torchrun restarted them): the
+            # steps it would train die with them while their agents upload the held step. Held
+            # open, never formed, until they have left (seen lose 21 steps in the storm demo on a
+            # loaded box, where the last leavers' uploads took 9 s after the first had gone).
+            if s.deadline is None or s.deadline < obs.now + HOLD_STEP / 2:
+                leaving = ", ".join(sorted(expected))
+                actions.append(
+                    HoldRound(f"round {s.round} held: every node in it is leaving ({leaving})", obs.now + HOLD_STEP)
+                )
+        elif expected and obs.min_nodes <= len(expected) <= obs.max_nodes and expected <= s.participant_addrs:
             actions.append(CompleteRound(f"all {len(expected)} expected nodes joined round {s.round}"))
     elif s.has_marker and any(n.local_id < s.round for n in s.wait_list if n.addr == MARKER_ADDR):
         actions.append(DropMarkers(f"round {s.round} formed after the poke"))

@@ -105,8 +105,10 @@ class Steerer:
         candidates -= self._unclaimed(candidates)
         ready_keys = {a: keys.drain_ready_key(run_id, a) for a in candidates}
         left_keys = {a: keys.left_key(run_id, a) for a in self.told_leave}
-        # Noticed keys matter only while a leave is in flight (they can hold back its re-form).
-        noticed_keys = {a: keys.noticed_key(run_id, a) for a in candidates} if self.told_leave else {}
+        # Noticed keys matter only while a leave is in flight (they can hold back its re-form) or a
+        # round is forming (one whose every node is leaving is held, not formed: decide._round).
+        forming = self.last_state is not None and not self.last_state.complete
+        noticed_keys = {a: keys.noticed_key(run_id, a) for a in candidates} if self.told_leave or forming else {}
         pulse_key = keys.progress_key(run_id)
         # Every candidate's drain keys are one store op each: 1,000-2,000 per pass at 1,000
         # members (bench/steering_load.py: 0.17 s passes). Agents only ever *create* those keys,
