@@ -240,7 +240,14 @@ async def _supervise(
         except* _Stop:
             pass
 
-    task = asyncio.create_task(group(), name="fleetd")
+    return await _until_stopped(asyncio.create_task(group(), name="fleetd"), ctx, notifier, shutdown_timeout_s)
+
+
+async def _until_stopped(
+    task: asyncio.Task[None], ctx: DaemonContext, notifier: Notifier, shutdown_timeout_s: float
+) -> int:
+    """Wait for the daemon's task group to end, or for a stop; then give it at most
+    ``shutdown_timeout_s`` to wind down. The exit status: 0 on a clean stop."""
     stop_wait = asyncio.create_task(ctx.stopping.wait())
     try:
         await asyncio.wait({task, stop_wait}, return_when=asyncio.FIRST_COMPLETED)

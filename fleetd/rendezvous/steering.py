@@ -26,7 +26,7 @@ from fleetd.localnet import port_answers
 from fleetd.protocol.logs import get_logger
 from fleetd.protocol.waits import wait_set
 from fleetd.rendezvous import decide
-from fleetd.rendezvous.client import KEY_COUNT, RendezvousClient
+from fleetd.rendezvous.client import KEY_COUNT, RendezvousClient, Snapshot
 from fleetd.rendezvous.errors import RendezvousError, RendezvousUnavailable
 from fleetd.rendezvous.state import RendezvousState
 
@@ -97,70 +97,22 @@ class Steerer:
     async def observe(self, now: datetime) -> decide.Observation:
         from fleetd.protocol import rendezvous_keys as keys
 
-        run_id = self.client.run_id
-        # Candidates come from the previous pass: a node that appears now is checked next pass.
-        candidates = set(self.members or ()) | set(self.told_leave)
-        if self.last_state is not None:
-            candidates |= self.last_state.participant_addrs | {n.addr for n in self.last_state.waiting}
-        candidates -= self._unclaimed(candidates)
-        ready_keys = {a: keys.drain_ready_key(run_id, a) for a in candidates}
-        left_keys = {a: keys.left_key(run_id, a) for a in self.told_leave}
-        # Noticed keys matter only while a leave is in flight (they can hold back its re-form) or a
-        # round is forming (one whose every node is leaving is held, not formed: decide._round).
-        forming = self.last_state is not None and not self.last_state.complete
-        noticed_keys = {a: keys.noticed_key(run_id, a) for a in candidates} if self.told_leave or forming else {}
-        pulse_key = keys.progress_key(run_id)
-        # Every candidate's drain keys are one store op each: 1,000-2,000 per pass at 1,000
-        # members (bench/steering_load.py: 0.17 s passes). Agents only ever *create* those keys,
-        # so they are re-read when the store's key count moved, and every full_scan_s anyway.
-        snap, raw = await self.client.observe_with(
-            [keys.HOST_INCARNATION_KEY, *left_keys.values(), pulse_key], key_count=True
-        )
-        # observe_with keeps the store's key count (an int, not a value) under KEY_COUNT.
-        count = cast("int | None", raw.pop(KEY_COUNT, None))
-        scan_keys = [*ready_keys.values(), *noticed_keys.values()]
-        if (
-            count != self._key_count
-            or self._scanned_at is None
-            or (now - self._scanned_at).total_seconds() >= self.settings.full_scan_s
-            or not set(scan_keys) <= set(self._scanned)
-        ):
-            self._scanned = await self.client.read_keys(scan_keys)
-            self._key_count, self._scanned_at = count, now
-        raw.update({k: self._scanned.get(k) for k in scan_keys})
+        snap, raw, ready_keys, left_keys, noticed_keys = await self._read(now)
         if await self._store_restarted(raw.get(keys.HOST_INCARNATION_KEY), now):
             return decide.Observation(state=None, now=now, members=self.members)
-        pulse = raw.pop(pulse_key, None)
+        pulse = raw.pop(keys.progress_key(self.client.run_id), None)
         if pulse is not None and pulse != self.progress_value:
             # First sight (fleetd just started) counts as progress: a restart must not read a
             # healthy job as hung; a hung one is caught hang_after_s later.
             self.progress_value, self.progress_at = pulse, now
         s = snap.state
-        if s is not None and s.complete and s.round != self.members_round:
-            # The first sight of a complete round is its membership. Later sights of the same
-            # round only shrink while its members exit to re-form; they are still expected.
-            self.members, self.members_round = s.participant_addrs, s.round
-            self.round_seen_at = now
-        if not self.adopted and s is not None:
-            self.adopted = True
-            log.info(
-                "rendezvous_adopted",
-                round=s.round,
-                complete=s.complete,
-                participants=sorted(str(n) for n in s.participants),
-                waiting=sorted(str(n) for n in s.waiting),
-            )
+        self._note_round(s, now)
         ready = {a for a, k in ready_keys.items() if self.client.parse(keys.DrainReady, k, raw[k]) is not None}
         left = {a for a, k in left_keys.items() if self.client.parse(keys.Left, k, raw[k]) is not None}
         noticed = {a for a, k in noticed_keys.items() if self.client.parse(keys.Noticed, k, raw[k]) is not None}
         self.last_state = s
         self._note_shape(s, now)
-        if s is not None:
-            for node, beat in s.last_heartbeats.items():
-                if not node.is_marker and beat > self.heartbeats.get(node.addr, beat - timedelta(1)):
-                    self.heartbeats[node.addr] = beat
-                    if self.on_heartbeat is not None:
-                        self.on_heartbeat(node.addr, now.timestamp())
+        self._note_heartbeats(s, now)
         st = self.settings
         if self.awaited and (
             (s is not None and s.complete and self.awaited <= s.participant_addrs)
@@ -188,6 +140,71 @@ class Steerer:
             progress_at=self._progress_at(),
             hang_after=timedelta(seconds=st.hang_after_s),
         )
+
+    async def _read(
+        self, now: datetime
+    ) -> tuple[Snapshot, dict[str, bytes | None], dict[str, str], dict[str, str], dict[str, str]]:
+        """One look at the store: its state and the keys this pass needs (the snapshot, the raw
+        values by key, and the drain-ready, left and noticed keys by address)."""
+        from fleetd.protocol import rendezvous_keys as keys
+
+        run_id = self.client.run_id
+        # Candidates come from the previous pass: a node that appears now is checked next pass.
+        candidates = set(self.members or ()) | set(self.told_leave)
+        if self.last_state is not None:
+            candidates |= self.last_state.participant_addrs | {n.addr for n in self.last_state.waiting}
+        candidates -= self._unclaimed(candidates)
+        ready_keys = {a: keys.drain_ready_key(run_id, a) for a in candidates}
+        left_keys = {a: keys.left_key(run_id, a) for a in self.told_leave}
+        # Noticed keys matter only while a leave is in flight (they can hold back its re-form) or a
+        # round is forming (one whose every node is leaving is held, not formed: decide._round).
+        forming = self.last_state is not None and not self.last_state.complete
+        noticed_keys = {a: keys.noticed_key(run_id, a) for a in candidates} if self.told_leave or forming else {}
+        # Every candidate's drain keys are one store op each: 1,000-2,000 per pass at 1,000
+        # members (bench/steering_load.py: 0.17 s passes). Agents only ever *create* those keys,
+        # so they are re-read when the store's key count moved, and every full_scan_s anyway.
+        snap, raw = await self.client.observe_with(
+            [keys.HOST_INCARNATION_KEY, *left_keys.values(), keys.progress_key(run_id)], key_count=True
+        )
+        # observe_with keeps the store's key count (an int, not a value) under KEY_COUNT.
+        count = cast("int | None", raw.pop(KEY_COUNT, None))
+        scan_keys = [*ready_keys.values(), *noticed_keys.values()]
+        if (
+            count != self._key_count
+            or self._scanned_at is None
+            or (now - self._scanned_at).total_seconds() >= self.settings.full_scan_s
+            or not set(scan_keys) <= set(self._scanned)
+        ):
+            self._scanned = await self.client.read_keys(scan_keys)
+            self._key_count, self._scanned_at = count, now
+        raw.update({k: self._scanned.get(k) for k in scan_keys})
+        return snap, raw, ready_keys, left_keys, noticed_keys
+
+    def _note_round(self, s: RendezvousState | None, now: datetime) -> None:
+        """A complete round seen for the first time is the membership; its first sight is logged."""
+        if s is not None and s.complete and s.round != self.members_round:
+            # The first sight of a complete round is its membership. Later sights of the same
+            # round only shrink while its members exit to re-form; they are still expected.
+            self.members, self.members_round = s.participant_addrs, s.round
+            self.round_seen_at = now
+        if not self.adopted and s is not None:
+            self.adopted = True
+            log.info(
+                "rendezvous_adopted",
+                round=s.round,
+                complete=s.complete,
+                participants=sorted(str(n) for n in s.participants),
+                waiting=sorted(str(n) for n in s.waiting),
+            )
+
+    def _note_heartbeats(self, s: RendezvousState | None, now: datetime) -> None:
+        if s is None:
+            return
+        for node, beat in s.last_heartbeats.items():
+            if not node.is_marker and beat > self.heartbeats.get(node.addr, beat - timedelta(1)):
+                self.heartbeats[node.addr] = beat
+                if self.on_heartbeat is not None:
+                    self.on_heartbeat(node.addr, now.timestamp())
 
     def _unclaimed(self, candidates: set[str]) -> frozenset[str]:
         if self.known_addr is None:
