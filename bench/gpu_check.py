@@ -320,61 +320,6 @@ def check_torchrun_restart(
     }
 
 
-# ---------------------------------------------------------------------- the job's own code
-def check_job_workspace(device: str, work: Path, steps: int) -> dict[str, Any]:
-    """What a node does with a user's job (agent/supervise/workspace.py, worker_output.py): the toy
-    project packed as `fleetd run` packs it, verified and unpacked, its virtualenv made (the image's
-    torch reached through a .pth), its setup run there; then torchrun with that python in the code
-    folder, its output drained through the agent's pipe, a worker SIGKILLed at step 50. On a GPU
-    this shows the job's own environment trains on CUDA and salvages there."""
-    import asyncio
-    import tomllib
-
-    from agent.supervise.worker_output import WorkerOutput
-    from agent.supervise.workspace import JobWorkspace, prepare
-    from fleetd.jobs.pack import pack
-
-    project = ROOT / "agent" / "examples" / "toy_job"
-    packed = pack(project)
-    setup = tuple(tomllib.loads((project / "job.toml").read_text())["setup"])
-    if device == "cuda":  # the job's own python must see the image's CUDA build of torch
-        setup += ("python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 3)'",)
-    ws = JobWorkspace(work / "ws", "s3://fleetd-checkpoints/toy/code/x.tar.gz", packed.digest, setup)
-
-    async def fetch(bucket: str, key: str) -> bytes:
-        return packed.data
-
-    t0 = time.monotonic()
-    asyncio.run(prepare(ws, fetch))
-    prepare_s = time.monotonic() - t0
-    lines: list[tuple[str, int | None]] = []
-
-    class Sink:  # stands in for journald and the batcher (agent/node/log_sink.py)
-        def line(self, text: str, rank: int | None = None) -> None:
-            lines.append((text, rank))
-
-    out = WorkerOutput(work / "torchrun.log", Sink())  # type: ignore[arg-type]
-    # The image's fleetd (here: this checkout) for the trainer library; the job's folder first.
-    env = ws.launch_env()
-    env["PYTHONPATH"] = os.pathsep.join([str(ws.code), str(ROOT), os.environ.get("PYTHONPATH", "")])
-    result = check_torchrun_restart(
-        device, work, steps, module="train_toy", python=str(ws.python), cwd=ws.code, env_extra=env, output=out
-    )
-    drained = out.join(10)
-    ranked = {r for _, r in lines if r is not None}
-    return {
-        **result,
-        "ok": result["ok"] and drained and len(lines) > 0,
-        "code_digest": packed.digest[:12],
-        "files": len(packed.files),
-        "prepare_s": round(prepare_s, 2),
-        "setup_log_tail": ws.setup_log.read_text(errors="replace").splitlines()[-3:],
-        "venv_python": str(ws.python),
-        "log_lines": len(lines),
-        "log_ranks": sorted(ranked),
-    }
-
-
 def _failures(log: Path) -> int | None:
     """How many worker groups torchrun saw fail (it logs each failure before restarting)."""
     try:
@@ -426,6 +371,8 @@ def check_nccl_resume(work: Path) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
+    from gpu_job_check import check_job_workspace  # bench/: the script's own folder is on sys.path
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--load-s", type=float, default=6.0, help="seconds of GPU load for the NVML check")
@@ -466,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         "hf_sigterm": lambda d: check_torchrun_restart(
             device, d, 150, "agent.examples.train_hf", nproc=1, victim=0, sig=signal.SIGTERM, extra=()
         ),
-        "job_workspace": lambda d: check_job_workspace(device, d, args.steps),
+        "job_workspace": lambda d: check_job_workspace(device, d, args.steps, check_torchrun_restart),
     }
     if device == "cuda":
         checks["nccl_resume"] = check_nccl_resume

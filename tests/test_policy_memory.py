@@ -52,6 +52,7 @@ def test_the_loop_the_simulator_and_the_test_driver_apply_it_and_keep_no_copy() 
     fields = {"last_scaling_at", "spot_unavailable_since", "stop_issued_at", "budget_level", "target"}
     callers = [
         "fleetd/reconcile/loop.py",
+        "fleetd/reconcile/memory_meta.py",
         "fleetd/sim/fleetd_policy.py",
         "fleetd/sim/fleetd_actions.py",
         "fleetd/sim/fleetd_observe.py",
@@ -70,4 +71,6 @@ def test_the_loop_the_simulator_and_the_test_driver_apply_it_and_keep_no_copy() 
             for t in targets:
                 name = t.attr if isinstance(t, ast.Attribute) else t.id if isinstance(t, ast.Name) else None
                 assert name not in fields, f"{rel}:{node.lineno} assigns {name} by hand"
-        assert "after_plan" in (ROOT / rel).read_text() or rel.endswith(("fleetd_actions.py", "fleetd_observe.py"))
+        assert "after_plan" in (ROOT / rel).read_text() or rel.endswith(
+            ("fleetd_actions.py", "fleetd_observe.py", "loop.py")
+        )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 from fleetd.adapters.pricing import PoolPrice
 from fleetd.policy import ledger
@@ -62,16 +63,7 @@ class LedgerFeed:
         for r in stopped:
             self._pool_of.pop(r.instance_id, None)
             events += _stop_events(r, now)
-        events += [
-            ledger.Interruption(
-                at=r.notice_at or now,
-                instance_id=r.instance_id,
-                pool=r.pool,
-                kind="notice",
-                event_id=f"notice:{r.instance_id}",
-            )
-            for r in noticed
-        ]
+        events += [_interruption(r, "notice", r.notice_at or now) for r in noticed]
         events += self._price_changes(rows, prices, now)
         if events:
             await self.sink.append(*events)
@@ -195,13 +187,12 @@ def _stop_events(r: InstanceRow, now: float) -> list[ledger.LedgerEvent]:
         ledger.InstanceStopped(at=r.ended_at or now, instance_id=r.instance_id, event_id=f"stop:{r.instance_id}")
     ]
     if (r.end_reason or "").startswith("lost"):
-        out.append(
-            ledger.Interruption(
-                at=r.ended_at or now,
-                instance_id=r.instance_id,
-                pool=r.pool,
-                kind="loss",
-                event_id=f"loss:{r.instance_id}",
-            )
-        )
+        out.append(_interruption(r, "loss", r.ended_at or now))
     return out
+
+
+def _interruption(r: InstanceRow, kind: Literal["notice", "loss"], at: float) -> ledger.LedgerEvent:
+    """A notice or a loss of ``r``'s instance, stored once (its event_id names both)."""
+    return ledger.Interruption(
+        at=at, instance_id=r.instance_id, pool=r.pool, kind=kind, event_id=f"{kind}:{r.instance_id}"
+    )

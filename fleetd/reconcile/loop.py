@@ -30,7 +30,6 @@ from fleetd.adapters.aws_errors import AwsError, Throttled
 from fleetd.adapters.ec2 import Ec2Api, Ec2Instance
 from fleetd.adapters.pricing import Hardware, PriceSource
 from fleetd.config import FleetdConfig
-from fleetd.policy.memory import PlannerMemory, after_plan
 from fleetd.policy.model import Plan, PoolId, Terminate
 from fleetd.policy.observation import Observation
 from fleetd.protocol.logs import get_logger
@@ -38,6 +37,7 @@ from fleetd.protocol.waits import wait_set
 from fleetd.reconcile.cloud_calls import CloudCalls
 from fleetd.reconcile.execute import PERMANENT_HOLD_S, ActionExecutor
 from fleetd.reconcile.ledger_feed import LedgerFeed
+from fleetd.reconcile.memory_meta import remember
 from fleetd.reconcile.observe import ObservationBuilder
 from fleetd.reconcile.outcome import ACTIONS, AWS_ERRORS, Outcome, count_aws_error
 from fleetd.reconcile.pass_schedule import FullPassLimits, UrgentLimits, resume_at, urgent_step, woken_full_pass_at
@@ -296,34 +296,8 @@ class Reconciler:
         return await self._observation.observe(now)
 
     async def _remember(self, obs: Observation, plan: Plan, now: float) -> None:
-        """Keep what the stateless planner asked to be kept (fleetd/policy/memory.py), as meta."""
-        before = PlannerMemory.of(obs)
-        after = after_plan(before, plan, now)
-        if after.target_nodes is not None and after.target_nodes != before.target_nodes:
-            log.info("target_changed", previous=obs.target_nodes, target=plan.target_nodes, reason=plan.target_reason)
-            if not self.dry_run:
-                await self.state.set_meta("target_nodes", after.target_nodes)
-                await self.state.set_meta("last_scaling_at", after.last_scaling_at)
-                if self._feed is not None and obs.target_nodes is not None:
-                    # Kept with its reason for `fleetd report` (the first target is no decision).
-                    await self._feed.target_changed(now, obs.target_nodes, after.target_nodes, plan.target_reason)
-        if self.dry_run:
-            return
-        if after.budget_level is not before.budget_level:
-            await self.state.set_meta("budget_level", after.budget_level.value)
-        if after.spot_unavailable_since == before.spot_unavailable_since:
-            return
-        await self.state.set_meta("spot_unavailable_since", after.spot_unavailable_since)
-        if after.spot_unavailable_since is not None:
-            log.warning("spot_unavailable", why="no spot pool available for a needed launch")
-        elif before.spot_unavailable_since is not None:
-            # The shortage ended without a spot launch succeeding (the need went away, nodes came
-            # back): forgotten, or the next shortage would skip capacity.spot_wait_s.
-            log.info(
-                "spot_available_again",
-                unavailable_for_s=now - before.spot_unavailable_since,
-                why="no spot shortage in the plan",
-            )
+        """Keep what the stateless planner asked to be kept (fleetd/reconcile/memory_meta.py)."""
+        await remember(self.state, self._feed, obs, plan, now, dry_run=self.dry_run)
 
     # -- act ------------------------------------------------------------------------------------
     async def act(self, plan: Plan, obs: Observation, now: float) -> tuple[list[Outcome], AwsError | None]:
