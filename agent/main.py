@@ -131,6 +131,7 @@ class Agent:
                     "zone": identity.zone,
                     "lifecycle": identity.lifecycle,
                     "node_addr": node.node_addr or identity.local_ipv4,
+                    "code_digest": self.config.job.code_digest,
                 },
             )
             session.state = "ready"

@@ -22,7 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("fleetd.commands.doctor", "check the account, this host and the config before `fleetd run`"),
     "job": (
         "fleetd.commands.job",
-        "jobs: check a job file (job check FILE), list the jobs with state and spend (job list)",
+        "jobs: check a job file (job check FILE), hand one to the controller (job submit FILE), list the jobs with state and spend (job list)",
     ),
     "cancel": ("fleetd.commands.cancel", "stop the job for good: checkpoint, then release every node"),
     "logs": ("fleetd.commands.logs", "the job's worker output from every node, gone ones too (--follow)"),

@@ -228,7 +228,7 @@ class FleetdJobConfig(JobConfig):
     def lifecycle_settings(self) -> JobSettings:
         from fleetd.policy.job_state import JobSettings
 
-        return JobSettings(max_restarts=self.max_restarts)
+        return JobSettings(max_restarts=self.max_restarts, reports_steps=self.checkpoint_dir is None)
 
     @model_validator(mode="after")
     def _work_with_deadline(self) -> FleetdJobConfig:

@@ -4,6 +4,8 @@
   across daemon restarts; ``status.json`` carries the same view, ``fleetd report`` reads it.
 - ``<fleet.state_dir>/cancel.json``: an operator's ``fleetd cancel``; the daemon picks it up on
   its next tick (the file outlives a daemon restart, so a cancel is never lost).
+- ``<fleet.state_dir>/submit.json``: the job file ``fleetd job submit`` handed over; the daemon
+  ships it (fleetd/jobs/submission.py), and a restarted daemon runs it instead of fleetd.toml's.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from fleetd.protocol.errors import ProtocolError
 JOB_VERSION = 1
 JOB_NAME = "job.json"
 CANCEL_NAME = "cancel.json"
+SUBMIT_NAME = "submit.json"
 
 
 class _Versioned(BaseModel):
@@ -53,6 +56,12 @@ class JobView(_Versioned):
 class CancelRequest(_Versioned):
     reason: str
     requested_at: float
+
+
+class SubmitRequest(_Versioned):
+    file: Path  # absolute; the daemon reads it (and the workdir it names) as its own user
+    digest: str  # the version as `fleetd job submit` packed it (the daemon packs it again)
+    submitted_at: float
 
 
 def view_of(rec: JobRecord, code_digest: str = "") -> JobView:
@@ -93,3 +102,17 @@ def read_cancel(state_dir: Path) -> CancelRequest | None:
 
 def write_cancel(state_dir: Path, request: CancelRequest) -> Path:
     return write_atomically(Path(state_dir) / CANCEL_NAME, request.model_dump_json().encode(), mode=0o640)
+
+
+def clear_cancel(state_dir: Path) -> None:
+    """A new run of the job (another version after the last one ended) starts uncancelled."""
+    (Path(state_dir) / CANCEL_NAME).unlink(missing_ok=True)
+
+
+def read_submit(state_dir: Path) -> SubmitRequest | None:
+    found = _read(Path(state_dir) / SUBMIT_NAME, SubmitRequest)
+    return found if isinstance(found, SubmitRequest) else None
+
+
+def write_submit(state_dir: Path, request: SubmitRequest) -> Path:
+    return write_atomically(Path(state_dir) / SUBMIT_NAME, request.model_dump_json().encode(), mode=0o640)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleetd.job_record import JobView, read_cancel, read_job, record_of, view_of, write_job
+from fleetd.job_record import JobView, clear_cancel, read_cancel, read_job, record_of, view_of, write_job
 from fleetd.localnet import raise_if_cancelled
 from fleetd.policy.job_state import (
     JobDecision,
@@ -25,12 +25,14 @@ from fleetd.policy.job_state import (
     JobObservation,
     JobRecord,
     JobSettings,
+    JobState,
     NodeExit,
     advance,
     desired_job,
 )
 from fleetd.policy.ledger_events import JobStateChanged
 from fleetd.policy.model import NodePhase
+from fleetd.policy.observation import DesiredJob
 from fleetd.protocol.logs import get_logger
 
 log = get_logger(__name__)
@@ -166,7 +168,9 @@ class JobWatcher:
             if r.exit_at is not None
         )
         durable = self.signals.durable_step
-        if durable is not None:
+        if not self.settings.reports_steps:
+            best = durable = None  # folder mode: checkpoint numbers count saves, not steps
+        elif durable is not None:
             best = max(best or 0, durable)
         return JobObservation(
             now=now,
@@ -206,6 +210,28 @@ class JobWatcher:
             self.signals.desired_job = wanted
             self.wake()
         return decision
+
+    async def new_version(self, code_digest: str, settings: JobSettings, total_steps: int | None) -> None:
+        """The job's code changed while fleetd runs (fleetd/jobs/submission.py). A job that is
+        still going keeps its state and restarts (the planner moves its nodes to the version); one
+        that ended starts a new run: PENDING, no restart used, and a cancel or a stop of the last
+        run forgotten. Exits seen before count for the old run only."""
+        old = self.code_digest
+        self.code_digest, self.settings, self.total_steps = code_digest, settings, total_steps
+        if not self.record.terminal:
+            log.warning("job_new_version", state=str(self.record.state), old=old[:12], new=code_digest[:12])
+            return
+        seen = frozenset((r.instance_id, r.exit_at) for r in self.registry.records() if r.exit_at is not None)
+        ended = self.record.state
+        self.record = JobRecord(state=JobState.PENDING, since=self.clock(), counted=seen)
+        if self.state_dir is not None:
+            await asyncio.to_thread(clear_cancel, self.state_dir)
+        if self._store is not None:
+            await self._store.set_meta("stop_issued_at", None)
+        self.signals.desired_job = DesiredJob.RUN
+        log.warning("job_new_run", ended=str(ended), old=old[:12], new=code_digest[:12])
+        await self._to_ledger(self.clock())
+        self.wake()
 
     def job_active(self) -> bool:
         """The stall watcher's question: should a step be coming?"""

@@ -67,6 +67,7 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
     client_id = f"fleetd-{cfg.fleet.name}-{host_id(cfg)}"[:64] if ha is not None else None
     intake = build_intake(cfg, wake=ctx.wake_loop, client_id=client_id)
     signals = TrainingSignals(intake.registry, cfg.job.nproc_per_node)
+    signals.code_digest = cfg.job.code_digest
     components: list[Any] = [*intake.components(), status_component()]
     if cfg.enrol.enabled:
         from fleetd.identity.server import enrolment_component
@@ -134,7 +135,16 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
         store_addr=(store_address(cfg), cfg.rendezvous.port),
         job_active=ctx.job.job_active,
     )
-    leader_only = [steering, commander.run, ctx.stall.run, ctx.job.run, *(sqs_intake if ha is not None else [])]
+    from fleetd.jobs.submission import submission_component
+
+    leader_only = [
+        steering,
+        commander.run,
+        ctx.stall.run,
+        ctx.job.run,
+        submission_component(cfg, ctx, signals),
+        *(sqs_intake if ha is not None else []),
+    ]
     if ha is not None:
         from fleetd.ha.endpoint import endpoint_publisher
 

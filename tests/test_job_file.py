@@ -41,8 +41,8 @@ def test_the_whole_job_reaches_the_node_through_user_data() -> None:
     cfg = apply_job(FleetdConfig(job=FleetdJobConfig(file=EXAMPLE)), job, published)
     env = parse_user_data_env(agent_user_data(cfg))
     shipped = {k.removeprefix("FLEETD_JOB__").lower(): v for k, v in env.items() if k.startswith("FLEETD_JOB__")}
-    # Every field the agent's JobConfig has, except the one the agent alone tunes.
-    assert set(shipped) == set(JobConfig.model_fields) - {"checkpoint_settle_s"}
+    # Every field the agent's JobConfig has (the example is a folder-mode job: its settle time too).
+    assert set(shipped) == set(JobConfig.model_fields)
     node_job = JobConfig.model_validate(
         {k: json.loads(v) if v[:1] in "[{" or v in ("true", "false") else v for k, v in shipped.items()}
     )

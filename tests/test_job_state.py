@@ -49,6 +49,20 @@ def test_pending_starting_running_recovering() -> None:
     assert d.record.state is JobState.RUNNING
 
 
+def test_a_folder_mode_job_runs_without_reporting_steps() -> None:
+    """Folder mode's code reports no step: a trainer running is RUNNING (the job would otherwise
+    read STARTING for its whole life), and a trainer gone is RECOVERING."""
+    folder = replace(S, reports_steps=False)
+    d = advance(JobRecord(), obs(1.0, node(training=False)), folder)
+    assert d.record.state is JobState.STARTING
+    d = advance(d.record, obs(2.0, node()), folder)
+    assert d.record.state is JobState.RUNNING and d.changed
+    d = advance(d.record, obs(3.0, node(training=False)), folder)
+    assert d.record.state is JobState.RECOVERING
+    # With steps expected, a running trainer with none reported yet is still starting.
+    assert advance(JobRecord(), obs(2.0, node()), S).record.state is JobState.STARTING
+
+
 def test_finished_exit_succeeds_once_no_trainer_runs() -> None:
     rec = JobRecord(state=JobState.RUNNING)
     done = NodeExit("i-1", 10.0, "finished", 0)

@@ -32,6 +32,7 @@ import psutil
 from agent.hooks import AgentContext
 from agent.supervise.elastic_hooks import ElasticHooks
 from agent.supervise.failure_guard import wait_guarded
+from agent.supervise.folder_gate import GATE_ENV, GateConfig
 from agent.supervise.folder_sync import FolderSync
 from agent.supervise.proctree import process_tree
 from agent.supervise.store_watch import log_size
@@ -62,6 +63,15 @@ class FolderSettings:
             folder = workspace.resolve(folder)  # a job file's relative folder: in the job's code folder
         return cls(folder, job.checkpoint_signal, job.checkpoint_settle_s)
 
+    def gate(self, ckpt_dir: Path) -> GateConfig:
+        # Long enough for the slowest node's last save to settle and upload, then one download.
+        return GateConfig(
+            folder=self.folder,
+            state=ckpt_dir / "folder-state.json",
+            want=ckpt_dir / "folder-want.json",
+            timeout_s=max(60.0, 10 * self.settle_s),
+        )
+
 
 @dataclass
 class FolderHooks(ElasticHooks):
@@ -77,9 +87,13 @@ class FolderHooks(ElasticHooks):
     def from_context(cls, ctx: AgentContext) -> FolderHooks:
         base = ElasticHooks.from_context(ctx)
         values = {f.name: getattr(base, f.name) for f in fields(ElasticHooks)}
+        folder = FolderSettings.from_job(ctx.config.job, base.workspace)
         # Signals go to torchrun's children, which must be the script itself: no warm pool.
-        values["spec"] = replace(base.spec, warm_pool=False)
-        return cls(**values, folder=FolderSettings.from_job(ctx.config.job, base.workspace))
+        spec = replace(base.spec, warm_pool=False)
+        if folder is not None:  # torchrun gates each round's workers on one version (folder_gate.py)
+            spec = replace(spec, extra_env=(*spec.extra_env, (GATE_ENV, folder.gate(spec.ckpt_dir).model_dump_json())))
+        values["spec"] = spec
+        return cls(**values, folder=folder)
 
     async def run(self) -> None:
         from fleetd.protocol.messages import TrainerExited
@@ -104,6 +118,8 @@ class FolderHooks(ElasticHooks):
                 self.instance_id,
                 settle_s=self.folder.settle_s,
                 job_pids=self._job_pids,
+                state_path=self.folder.gate(self.spec.ckpt_dir).state,
+                want_path=self.folder.gate(self.spec.ckpt_dir).want,
                 on_uploaded=self._uploaded,
             )
             if store is not None:

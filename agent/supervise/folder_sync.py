@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.supervise.folder_gate import FolderState, fingerprint, read_want, write_model
 from agent.supervise.folder_watch import FolderWatch, Snapshot, open_for_writing, scan
 from fleetd.protocol.logs import get_logger
 
@@ -47,6 +48,10 @@ class FolderSync:
     last_version: int = 0
     fresh: bool = False  # the folder was empty at start: this node is a newcomer
     uploaded_at: dict[int, float] = field(default_factory=dict)  # version -> when its files last changed
+    # What the folder holds, for torchrun's gate (agent/supervise/folder_gate.py), and where the
+    # gate asks for a newer version; None: no gate (tests of the sync alone).
+    state_path: Path | None = None
+    want_path: Path | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def __post_init__(self) -> None:
@@ -55,8 +60,9 @@ class FolderSync:
     async def restore(self) -> int | None:
         """Newest durable version into an empty folder; its number (None: nothing restored)."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        if await asyncio.to_thread(scan, self.folder):
-            self.watch.uploaded(await asyncio.to_thread(scan, self.folder))
+        if files := await asyncio.to_thread(scan, self.folder):
+            self.watch.uploaded(files)
+            await self._held(FolderState(files=files))  # of unknown origin: version 0 for the gate
             log.info("folder_restore_skipped", folder=str(self.folder), why="the folder already holds files")
             return None
         self.fresh = True
@@ -71,9 +77,11 @@ class FolderSync:
             return None
         await asyncio.to_thread(_replace_contents, restored.directory, self.folder)
         await asyncio.to_thread(shutil.rmtree, tmp, True)
-        self.watch.uploaded(await asyncio.to_thread(scan, self.folder))
+        files = await asyncio.to_thread(scan, self.folder)
+        self.watch.uploaded(files)
         version: int = restored.step
         self.last_version = version
+        await self._held(FolderState(version=version, fingerprint=fingerprint(restored.manifest.files), files=files))
         log.info("folder_restored", version=version, folder=str(self.folder), nbytes=restored.nbytes)
         return version
 
@@ -106,9 +114,17 @@ class FolderSync:
                 log.error("folder_poll_failed", error=str(exc))
             await asyncio.sleep(self.poll_s)
 
+    async def _held(self, state: FolderState) -> None:
+        if self.state_path is not None:
+            await asyncio.to_thread(write_model, self.state_path, state)
+
     async def poll(self, now: float | None = None) -> int | None:
-        """Upload the folder's new complete version, if there is one; its number."""
+        """Upload the folder's new complete version, if there is one; its number. First, a
+        newer version torchrun's gate asked for (its workers wait for it) goes into the folder."""
         async with self._lock:
+            want = await asyncio.to_thread(read_want, self.want_path) if self.want_path is not None else None
+            if want is not None and want.at_least > self.last_version:
+                return await self._take_latest(lambda: False)
             snap = await asyncio.to_thread(scan, self.folder)
             writing = await asyncio.to_thread(open_for_writing, self.job_pids(), self.folder) if snap else set()
             version = self.watch.observe(snap, writing, time.monotonic() if now is None else now)
@@ -140,6 +156,7 @@ class FolderSync:
         self.last_version = number
         self.uploaded_at[number] = changed_at
         self.watch.uploaded(version)
+        await self._held(FolderState(version=number, fingerprint=fingerprint(result.files), files=dict(version)))
         log.info(
             "folder_version_uploaded", version=number, files=len(files), nbytes=result.nbytes, complete=result.complete
         )

@@ -12,7 +12,9 @@ Everything else is torchrun unchanged. If a future torch renames these internals
 logs it and runs torchrun as is (slower, still correct).
 
 Before joining a job that is already training, the launcher also asks it for a coordinated
-checkpoint and waits until every rank has saved and is holding (``checkpoint_before_join``). A
+checkpoint and waits until every rank has saved and is holding (``checkpoint_before_join``); in
+folder mode, where the script cannot be asked, every round's workers start on the world's newest
+folder version instead (agent/supervise/folder_gate.py). A
 newcomer in the wait list makes every running node restart its workers; without this they would
 be killed mid-training and lose every step since their last checkpoint.
 """
@@ -106,7 +108,15 @@ def main() -> None:
     from agent.supervise import store_ride
 
     store_ride.install()  # a store restart no longer ends the workers (store_ride's docstring)
-    checkpoint_before_join(float(os.environ.get("FLEETD_JOIN_CKPT_TIMEOUT_S", "10")))
+    folder_gate = os.environ.get("FLEETD_FOLDER_GATE")  # folder_gate.GATE_ENV, set by folder_hooks.py
+    if folder_gate:
+        # Folder mode: the ranks cannot be asked for a checkpoint (the script imports nothing
+        # from fleetd); instead every round starts on the world's newest version.
+        from agent.supervise.folder_gate import install
+
+        install(folder_gate)
+    else:
+        checkpoint_before_join(float(os.environ.get("FLEETD_JOIN_CKPT_TIMEOUT_S", "10")))
     from torch.distributed.run import main as torchrun_main
 
     torchrun_main()

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from fleetd.adapters.aws_errors import AwsError, aws_call, classify_code
 from fleetd.adapters.ec2_times import transition_time
-from fleetd.adapters.launch_template import TemplateRef
+from fleetd.adapters.launch_template import TemplateRef, ensure_launch_template
 from fleetd.policy.model import Market, PoolId
 from fleetd.protocol.logs import get_logger
 
@@ -140,6 +140,12 @@ class AioEc2:
         # placement); without, through AvailabilityZone (default VPC).
         self.subnets_by_zone = dict(subnets_by_zone or {})
         self._zone_of_subnet = {s: z for z, s in self.subnets_by_zone.items()}
+
+    async def use_template_for(self, cfg: Any) -> TemplateRef:
+        """fleetd's own launch template brought up to ``cfg`` (a submitted job's new version in
+        its user data); launches from now on name the new template version."""
+        self.template = await ensure_launch_template(self._client, cfg)
+        return self.template
 
     # -- discovery ------------------------------------------------------------------------------
     async def list_instances(self) -> list[Ec2Instance]:

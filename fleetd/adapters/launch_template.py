@@ -86,6 +86,7 @@ def job_env(job: JobConfig) -> dict[str, str]:
     }
     if job.checkpoint_dir:
         env["FLEETD_JOB__CHECKPOINT_DIR"] = str(job.checkpoint_dir)
+        env["FLEETD_JOB__CHECKPOINT_SETTLE_S"] = f"{job.checkpoint_settle_s:g}"
     return env
 
 

@@ -2,6 +2,11 @@
 uploading: what will ship (files, size, the version's digest, what was left out and why), or
 every problem, before a node is bought. fleetd.toml's ``[job] file`` then runs it.
 
+`fleetd job submit FILE`: hand a job file to the running controller. It is checked and packed
+here first (every problem said now, not in the daemon's log); the daemon then ships it: new nodes
+boot the new version, nodes on the old one are drained (one world, one version), and a job that
+had ended starts a new run (fleetd/jobs/submission.py).
+
 `fleetd job list`: the controller's jobs with their state, last step, spend and dollars per 1,000
 useful steps (the ledger's numbers, as `fleetd report` gives them). One controller runs one job
 today, so the list has one row; unknown numbers print as unknown."""
@@ -19,10 +24,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     check = sub.add_parser("check", help="validate a job file and show what its workdir ships (no upload)")
     check.add_argument("file", type=Path, metavar="FILE", help="the job file (e.g. deploy/examples/ddp-job/job.toml)")
     check.add_argument("--json", action="store_true", help="print the result as JSON")
-    listing = sub.add_parser("list", help="the controller's jobs: state, step, spend, $ per 1k useful steps")
     from fleetd.commands.common import add_config_argument
     from fleetd.config import DEFAULT_PATH
 
+    submit = sub.add_parser("submit", help="hand a job file to the running controller (its nodes move to it)")
+    submit.add_argument("file", type=Path, metavar="FILE", help="the job file; the daemon's user must read it")
+    add_config_argument(submit, DEFAULT_PATH)
+    listing = sub.add_parser("list", help="the controller's jobs: state, step, spend, $ per 1k useful steps")
     add_config_argument(listing, DEFAULT_PATH)
     listing.add_argument("--json", action="store_true", help="print the rows as JSON")
 
@@ -30,7 +38,57 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.job_command == "list":
         return list_jobs(args)
+    if args.job_command == "submit":
+        return submit(args)
     return check(args)
+
+
+def submit(args: argparse.Namespace) -> int:
+    import time
+
+    from fleetd.commands.common import load_config
+    from fleetd.job_record import SubmitRequest, read_job, write_submit
+    from fleetd.jobs.job_file import load_job_file
+    from fleetd.jobs.pack import PackError, pack
+    from fleetd.protocol.settings import ConfigError
+
+    cfg = load_config(args.config, "job submit")
+    if cfg is None:
+        return 2
+    path = args.file.resolve()
+    try:
+        job, workdir = load_job_file(path)
+        packed = pack(workdir)
+    except ConfigError as exc:
+        print(exc.render(), file=sys.stderr)
+        return 2
+    except PackError as exc:
+        print(f"fleetd job submit: {exc}", file=sys.stderr)
+        return 2
+    if job.name != cfg.job.name:
+        print(
+            f"fleetd job submit: {path} defines job {job.name!r}; fleet {cfg.fleet.name} runs {cfg.job.name!r} "
+            "(one job per controller: another job is another fleet, deploy/README.md)",
+            file=sys.stderr,
+        )
+        return 2
+    state_dir = cfg.fleet.state_dir
+    running = read_job(state_dir) if state_dir.exists() else None
+    if running is not None and running.code_digest == packed.digest and not running.terminal:
+        print(f"job {job.name}: version {packed.digest[:12]} is the one running; nothing to do")
+        return 0
+    try:
+        where = write_submit(state_dir, SubmitRequest(file=path, digest=packed.digest, submitted_at=time.time()))
+    except OSError as exc:
+        print(f"fleetd job submit: cannot write the request in {state_dir}: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"job {job.name}: version {packed.digest[:12]} submitted ({len(packed.files)} files, "
+        f"{len(packed.data):,} bytes packed; {where})"
+    )
+    print("  fleetd ships it within a pass: new nodes boot it, nodes on the old version drain and are replaced;")
+    print("  `fleetd job list` shows the version running, `journalctl -u fleetd` a refusal and why")
+    return 0
 
 
 def list_jobs(args: argparse.Namespace) -> int:

@@ -109,6 +109,9 @@ async def _ready_to_start(cfg: Any, *, dry_run: bool, log: Any) -> Any:
                 print(f"fleetd run: {check.name}: {check.detail}\n  fix: {check.fix}", file=sys.stderr)
             print("fleetd run: not started (`fleetd doctor` checks everything)", file=sys.stderr)
             return None
+    from fleetd.jobs.submission import submitted_job
+
+    cfg = submitted_job(cfg)  # a job file handed over by `fleetd job submit` runs, not fleetd.toml's
     if cfg.job.file is not None:
         return await _ship_job(cfg, dry_run=dry_run)
     return cfg

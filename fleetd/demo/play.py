@@ -62,7 +62,7 @@ async def play_scenario(run: Any, ec2: Any, proxy: FaultProxy, events_file: Path
                 if step.pick == "replacement":
                     await _wait_for_replacement(run)
                 if step.kind == "vanish":
-                    await _wait_for_survivors(events_file)
+                    await _wait_for_survivors(run, events_file)
                 target = await _apply(run, step, proxy)
                 targets = [target] if target is not None and step.kind in ("notice", "vanish") else []
             for target in targets:
@@ -95,18 +95,29 @@ async def _wait_for_replacement(run: Any) -> None:
         await asyncio.sleep(0.2)
 
 
-async def _wait_for_survivors(events_file: Path) -> None:
+async def _wait_for_survivors(run: Any, events_file: Path) -> None:
     """A loss without notice shows the survivors saving the step they completed: the story needs
     a survivor. On a slow box the replacements of earlier notices may not have joined yet, and
     losing the only training node costs every step since the last durable checkpoint (a real
     outcome, but not this story's): wait, bounded, for a world of two."""
     until = time.time() + REPLACEMENT_WAIT_S
     while time.time() < until:
-        steps = [r for r in Progress.load(events_file).records if r["ev"] == "step"]
-        if steps and int(steps[-1].get("world", 1)) >= 2:
+        if _world(run, events_file) >= 2:
             return
         await asyncio.sleep(0.5)
     log.warning("demo_vanish_without_survivor", why=f"no world of two within {REPLACEMENT_WAIT_S:.0f} s")
+
+
+def _world(run: Any, events_file: Path) -> int:
+    """The training world's size: the job's last step report, else (code that reports no step:
+    folder mode) the rendezvous round fleetd's last pass saw."""
+    steps = [r for r in Progress.load(events_file).records if r["ev"] == "step"]
+    if steps:
+        return int(steps[-1].get("world", 1))
+    from fleetd.demo.view import status_snapshot
+
+    snap = status_snapshot(run.workdir)
+    return snap.rendezvous.world_size if snap is not None and snap.rendezvous is not None else 0
 
 
 def _notice_all(run: Any) -> list[str]:

@@ -167,10 +167,11 @@ async def build_report(run: Any, events_file: Path, ec2: Any, session: Any, aws:
         "stall": stall,
         "replacements": replacements,
         "instances_launched": launched,
-        "max_world_size": progress.max_world_size,
+        # Measured from the steps the job reports: unknown (None) for code that reports none.
+        "max_world_size": progress.max_world_size if reports_steps else None,
         "final_step": progress.final_step if reports_steps else None,
-        "world_changes": len(restarts),
-        "resume_latency_s": pauses,
+        "world_changes": len(restarts) if reports_steps else None,
+        "resume_latency_s": pauses if reports_steps else None,
         "checkpoints_durable": len(durable),
         "newest_durable_step": durable[-1] if durable else None,
         "spend_usd": money.get("spend_usd"),
@@ -187,6 +188,9 @@ async def build_report(run: Any, events_file: Path, ec2: Any, session: Any, aws:
         "ledger": money,
         "workdir": str(run.workdir),
     }
+
+
+NO_STEPS = "unknown (the job's code reports no steps)"
 
 
 def _steps_lost(report: dict[str, Any]) -> str:
@@ -234,11 +238,16 @@ def render(report: dict[str, Any]) -> str:
         ),
         ("losses without notice", report.get("losses_without_notice", 0)),
         ("steps lost", _steps_lost(report)),
-        ("stalls (no step >= 10 s)", _stalls(report.get("stall"))),
+        ("stalls (no step >= 10 s)", _stalls(report.get("stall")) if report["steps_lost"] is not None else NO_STEPS),
         ("replacements", report["replacements"]),
-        ("max world size", report["max_world_size"]),
-        ("final step", "unknown" if report["final_step"] is None else report["final_step"]),
-        ("pause per world change (s)", ", ".join(str(x) for x in report["resume_latency_s"]) or "-"),
+        ("max world size", NO_STEPS if report["max_world_size"] is None else report["max_world_size"]),
+        ("final step", NO_STEPS if report["final_step"] is None else report["final_step"]),
+        (
+            "pause per world change (s)",
+            NO_STEPS
+            if report["resume_latency_s"] is None
+            else ", ".join(str(x) for x in report["resume_latency_s"]) or "-",
+        ),
         ("durable checkpoints", report["checkpoints_durable"]),
         ("scale-ups / scale-downs", f"{len(report.get('scale_ups') or [])} / {len(report.get('scale_downs') or [])}"),
         ("spend", f"${report['spend_usd']:.4f}" if report["spend_usd"] is not None else "unknown"),

@@ -29,11 +29,11 @@ def render(run: Any, progress: Progress) -> str:
     view, launcher = run.view, run.launcher
     now = time.time()
     elapsed = now - run.started_at
-    lines = [
-        f"fleetd demo · {run.opts.scenario.name if run.opts.scenario else 'calm'} · "
-        f"{elapsed:5.0f} s · step {progress.final_step} · world {_world(progress)}"
-    ]
     snap = status_snapshot(run.workdir)
+    # The job's code may report no step (folder mode): then the step is unknown, not 0.
+    reported = progress.final_step > 0 or any(r["ev"] == "step" for r in progress.records[-50:])
+    stepping = f"step {progress.final_step} · world {_world(progress)}" if reported else _job_line(snap)
+    lines = [f"fleetd demo · {run.opts.scenario.name if run.opts.scenario else 'calm'} · {elapsed:5.0f} s · {stepping}"]
     if snap is not None and snap.budget is not None:
         b = snap.budget
         filled = int(20 * min(1.0, b.spent_usd / b.total_usd)) if b.total_usd else 0
@@ -63,6 +63,12 @@ def render(run: Any, progress: Progress) -> str:
     )[-8:]
     lines += [f"  {t - run.started_at:6.1f}s  {text}" for t, text in recent]
     return "\n".join(lines)
+
+
+def _job_line(snap: StatusSnapshot | None) -> str:
+    job = snap.job if snap is not None else None
+    world = snap.rendezvous.world_size if snap is not None and snap.rendezvous is not None else None
+    return f"step unknown (no step reported) · job {job.state if job else 'unknown'} · world {world if world is not None else 'unknown'}"
 
 
 def _world(progress: Progress) -> int:

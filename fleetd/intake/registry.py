@@ -215,6 +215,7 @@ class NodeRegistry:
             else node.steps_per_s,
             steps_per_s_avg=rec.steps_avg if fresh and rec.steps_avg is not None else node.steps_per_s_avg,
             step=tele.step if tele is not None and tele.step is not None else node.step,
+            code_digest=rec.status.code_digest if rec.status is not None else node.code_digest,
         )
 
 

@@ -41,6 +41,7 @@ class TrainingSignals:
         self.durable_at: float | None = None
         self.checkpoint_request_at: float | None = None
         self.desired_job = DesiredJob.RUN
+        self.code_digest = ""  # the job's code version now: the daemon sets it (wiring.py, a submit)
 
     def note_checkpoint_request(self, at: float) -> None:
         self.checkpoint_request_at = at
@@ -58,6 +59,7 @@ class TrainingSignals:
             last_durable_checkpoint_at=self.durable_at,
             last_checkpoint_request_at=self.checkpoint_request_at,
             desired_job=self.desired_job,
+            code_digest=self.code_digest,
         )
 
     def _sample_throughput(self, now: float) -> None:

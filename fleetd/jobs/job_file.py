@@ -49,6 +49,9 @@ class CheckpointSpec(_Part):
     mode: Literal["library", "callback", "folder"] = "library"
     dir: Path | None = None  # folder mode: relative paths are inside the job's folder on the node
     signal: Literal["none", "SIGUSR1", "SIGTERM"] = "none"
+    # Folder mode: a save is complete once nothing in the folder changed for this long and no
+    # process of the job holds a file of it open for writing. Below the script's save interval.
+    settle_s: Annotated[float, Field(gt=0, le=600)] = 2.0
 
     @model_validator(mode="after")
     def _folder_needs_dir(self) -> CheckpointSpec:
@@ -96,6 +99,7 @@ class JobFile(_Part):
             "preload": run.preload,
             "checkpoint_dir": self.checkpoint.dir,
             "checkpoint_signal": self.checkpoint.signal,
+            "checkpoint_settle_s": self.checkpoint.settle_s,
             "setup": self.setup,
             "env": self.env,
             "code_uri": code_uri,

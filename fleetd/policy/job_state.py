@@ -63,6 +63,9 @@ class JobSettings:
     settle_s: float = 10.0  # exits this close together are one event
     explained_window_s: float = 60.0  # a notice/loss/store restart this recent explains a failure
     release_after_s: float = 30.0  # a finished job's nodes go at the latest this long after it ended
+    # False for folder mode: the job's code reports no step, so a running trainer is the only
+    # sign that it trains (else the job would stay STARTING for its whole life).
+    reports_steps: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +205,7 @@ def advance(rec: JobRecord, obs: JobObservation, s: JobSettings) -> JobDecision:
     if rec.success_at is not None and (not training or now - rec.success_at >= s.settle_s):
         rec = _end(rec, JobState.SUCCEEDED, now, "the run command exited 0", obs.best_step)
         return JobDecision(rec, changed=True)
-    if training and obs.best_step is not None:
+    if training and (obs.best_step is not None or not s.reports_steps):
         state = JobState.RUNNING
     elif rec.state in (JobState.RUNNING, JobState.RECOVERING):
         state = JobState.RECOVERING

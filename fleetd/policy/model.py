@@ -93,6 +93,8 @@ class Node:
     # Why fleetd bought it (the launch intent's purpose, joined by the instance's launch-token
     # tag); None for an instance bought before the state recorded it or adopted without a tag.
     launch_purpose: LaunchPurpose | None = None
+    # The job's code version its agent says it runs ("" unknown, or code baked into the image).
+    code_digest: str = ""
 
     @property
     def worst_case_price_per_hour(self) -> float:

@@ -70,6 +70,8 @@ class Observation:
     budget_level: BudgetLevel = BudgetLevel.NORMAL
     # When the job started (see module docstring); None: the earliest node's launch, else now.
     job_started_at: float | None = None
+    # The job's code version now (a submitted job file's digest); "" when nodes run baked code.
+    code_digest: str = ""
 
     def stats_by_pool(self) -> dict[PoolId, PoolStats]:
         return {s.pool: s for s in self.pool_stats}

@@ -7,8 +7,9 @@ One pass, in order:
 1. lifecycle: which nodes are lost (two-signal rule), broken boots, overdue drains -> Terminate;
    a job that is over (succeeded or failed: fleetd/policy/job_state.py) -> Terminate every node;
 2. budget: graded level from the forecast; at the cap (or when asked to stop) -> StopJob;
-3. notices -> Drain; rebalance recommendations -> pre-buy / checkpoint (never a drain); a periodic
-   checkpoint at the Young/Daly interval for the fleet's losses without notice;
+3. notices -> Drain; nodes on another version of the job's code -> Drain; rebalance
+   recommendations -> pre-buy / checkpoint (never a drain); a periodic checkpoint at the
+   Young/Daly interval for the fleet's losses without notice;
 4. scaling target (bounded by the budget level), stragglers; the deadline rule's call (spot,
    on-demand or wait; fleetd/policy/deadline.py); excess nodes -> Drain/Terminate;
 5. placement for launches: ranked, diversified spot pools first; on-demand when
@@ -26,10 +27,11 @@ from dataclasses import replace
 from fleetd.config import FleetdConfig
 from fleetd.policy import budget as budget_policy
 from fleetd.policy import rebalance as rebalance_policy
-from fleetd.policy.model import BudgetLevel, LaunchPurpose, Plan, StopJob, Warn
+from fleetd.policy.model import BudgetLevel, Drain, LaunchPurpose, Plan, StopJob, Warn
 from fleetd.policy.observation import DesiredJob, Observation, PoolStats
 from fleetd.policy.stages.buying import buy, spot_pools, wave_pools_to_buy_now
 from fleetd.policy.stages.checkpoints import rebalance_risk, request_periodic_checkpoint
+from fleetd.policy.stages.code_version import stale_code_drains
 from fleetd.policy.stages.deadline import deadline_call
 from fleetd.policy.stages.pass_state import LEVEL_ORDER, PlanPass
 from fleetd.policy.stages.result import assemble_plan
@@ -39,6 +41,12 @@ from fleetd.policy.stages.target import choose_target
 from fleetd.policy.stages.terminations import end_departed_nodes
 
 __all__ = ["plan", "Observation", "PoolStats", "DesiredJob", "Plan"]
+
+
+def _drain(p: PlanPass, drains: list[Drain]) -> None:
+    for drain in drains:
+        p.actions.append(drain)
+        p.kept = [n for n in p.kept if n.instance_id != drain.instance_id]
 
 
 def plan(obs: Observation, cfg: FleetdConfig, now: float) -> Plan:
@@ -58,9 +66,8 @@ def plan(obs: Observation, cfg: FleetdConfig, now: float) -> Plan:
     if LEVEL_ORDER.index(view.level) > LEVEL_ORDER.index(obs.budget_level):
         p.actions.append(Warn(reason=view.reason, code=f"budget-{view.level.value}"))
 
-    for drain in rebalance_policy.notice_drains(p.kept, now):  # step 3
-        p.actions.append(drain)
-        p.kept = [n for n in p.kept if n.instance_id != drain.instance_id]
+    _drain(p, rebalance_policy.notice_drains(p.kept, now))  # step 3
+    _drain(p, stale_code_drains(p.kept, obs.code_digest))  # step 3b: a world runs one code version
 
     target = p.target = choose_target(p, view.level)  # step 4
     p.deadline = deadline_call(p, target)

@@ -82,6 +82,9 @@ class Status(_Envelope):
     zone: str = ""
     lifecycle: Literal["spot", "on-demand", "unknown"] = "unknown"
     node_addr: str = ""
+    # The job's code version the node runs (its user data's job.code_digest); "" when the code
+    # is baked into the image. fleetd drains a node on another version than the job's.
+    code_digest: Annotated[str, Field(pattern=r"^([0-9a-f]{64})?$")] = ""
 
 
 # ---------------------------------------------------------------- agent -> controller: telemetry

@@ -140,6 +140,7 @@ class ObservationBuilder:
             stop_issued_at=await self.state.get_meta("stop_issued_at"),
             budget_level=BudgetLevel(await self.state.get_meta("budget_level", BudgetLevel.NORMAL.value)),
             job_started_at=started,
+            code_digest=signals.code_digest,
         )
         mark("stats_meta")
         self.last_parts = mark.parts

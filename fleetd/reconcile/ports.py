@@ -44,6 +44,7 @@ class FleetSignals:
     last_durable_checkpoint_at: float | None = None
     last_checkpoint_request_at: float | None = None
     desired_job: DesiredJob = DesiredJob.RUN
+    code_digest: str = ""  # the job's code version now (Observation.code_digest)
 
 
 class SignalSource(Protocol):

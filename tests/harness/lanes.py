@@ -31,7 +31,7 @@ GROUPS = {
     "tests/test_demo.py::test_short_scenario_": "e2e-a",  # 113
     "tests/test_demo.py::test_sigterm_": "e2e-a",  # 45
     "tests/test_demo_lifecycle.py::": "e2e-c",  # two one-node demos that end the job
-    "tests/test_demo_job_file.py::": "e2e-c",  # two short demos of a job file (~45 s each)
+    "tests/test_demo_job_file.py::": "e2e-c",  # three demos of a job file: 175 + 120 + 70
     "tests/test_demo.py::test_scaling_scenario_": "e2e-b",  # 195
     "tests/test_chaos_bench.py::": "e2e-b",  # 266
     "tests/test_demo.py::test_tiny_budget_": "e2e-b",  # 170

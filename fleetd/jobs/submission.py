@@ -1,0 +1,144 @@
+"""`fleetd job submit`'s other half, in the daemon: a job file handed over while fleetd runs
+becomes the job's code version, without a restart.
+
+    <state_dir>/submit.json ─► pack + upload (publish.py) ─► launch template version N+1
+                                                          ─► the loop's config, the job watcher,
+                                                             the planner's code_digest
+
+From then on new nodes boot the new version, and the planner drains every node on the old one
+(fleetd/policy/stages/code_version.py): one world never runs two versions. A job that had ended
+starts a new run (fleetd/job_watch.py ``new_version``). A restarted daemon ships the submitted
+file instead of fleetd.toml's (``submitted_job``), so a restart never goes back to old code.
+
+A submission that cannot be shipped (the file or its workdir unreadable by the daemon's user,
+the workdir refused by pack.py, S3 refusing the upload) is logged once with the reason and the
+job goes on with the version it runs; the next `fleetd job submit` is tried again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fleetd.job_record import SubmitRequest, read_submit
+from fleetd.localnet import raise_if_cancelled
+from fleetd.protocol.logs import get_logger
+
+if TYPE_CHECKING:
+    from fleetd.config import FleetdConfig
+    from fleetd.jobs.publish import Published
+
+log = get_logger(__name__)
+
+
+def submitted_job(cfg: FleetdConfig) -> FleetdConfig:
+    """``cfg`` with the job file last submitted in place of fleetd.toml's, if there is one."""
+    try:
+        request = read_submit(cfg.fleet.state_dir)
+    except Exception as exc:  # noqa: BLE001 - a bad request file must not stop fleetd: its own job runs
+        log.error("job_submit_unreadable", error=str(exc)[:300])
+        return cfg
+    if request is None:
+        return cfg
+    log.info("job_submitted_file_used", file=str(request.file), digest=request.digest[:12])
+    return cfg.model_copy(update={"job": cfg.job.model_copy(update={"file": request.file})})
+
+
+@dataclass
+class SubmissionWatcher:
+    cfg: FleetdConfig  # what the daemon runs now; its job's code_digest is the version
+    publish: Callable[[FleetdConfig], Awaitable[tuple[FleetdConfig, Published]]]
+    # The new config into the running daemon: launch template, loop, job watcher, planner.
+    adopt: Callable[[FleetdConfig], Awaitable[None]]
+    interval_s: float = 2.0
+    _tried: tuple[Path, float] | None = None  # the last request handled (file, submitted_at)
+    _unreadable: bool = False  # the request file is bad (said once)
+
+    async def check(self) -> str | None:
+        """Ship a new submission, if there is one; the digest now running (None: nothing new)."""
+        try:
+            request = await asyncio.to_thread(read_submit, self.cfg.fleet.state_dir)
+        except Exception as exc:  # noqa: BLE001 - said once per bad file; the job goes on
+            if not self._unreadable:
+                log.error("job_submit_unreadable", error=str(exc)[:300])
+            self._unreadable = True
+            return None
+        self._unreadable = False
+        if request is None or (request.file, request.submitted_at) == self._tried:
+            return None
+        self._tried = (request.file, request.submitted_at)
+        return await self._ship(request)
+
+    async def _ship(self, request: SubmitRequest) -> str | None:
+        if self.cfg.capacity.launch_template:
+            log.error(
+                "job_submit_refused",
+                file=str(request.file),
+                why=f"capacity.launch_template {self.cfg.capacity.launch_template!r} carries its own user "
+                "data: a job file reaches nodes only through fleetd's own template",
+            )
+            return None
+        wanted = self.cfg.model_copy(update={"job": self.cfg.job.model_copy(update={"file": request.file})})
+        try:
+            new_cfg, published = await self.publish(wanted)
+        except Exception as exc:  # noqa: BLE001 - ConfigError, PackError, OSError, S3: the job goes on
+            log.error("job_submit_refused", file=str(request.file), error=_reason(exc))
+            return None
+        if new_cfg.job.name != self.cfg.job.name:
+            log.error(
+                "job_submit_refused",
+                file=str(request.file),
+                why=f"the file's job is {new_cfg.job.name!r}; this controller runs {self.cfg.job.name!r}",
+            )
+            return None
+        old = self.cfg.job.code_digest
+        if published.digest == old:
+            log.info("job_submit_unchanged", digest=old[:12])
+            return None
+        await self.adopt(new_cfg)
+        self.cfg = new_cfg
+        log.warning("job_version_shipped", old=old[:12], new=published.digest[:12], uri=published.uri)
+        return published.digest
+
+    async def run(self, ctx: Any) -> None:
+        while True:
+            try:
+                await self.check()
+            except Exception as exc:  # noqa: BLE001 - never take the controller (and its budget) down
+                log.error("job_submit_failed", error=repr(exc)[:300], exc_info=exc)
+            await asyncio.sleep(self.interval_s)
+            raise_if_cancelled()
+
+
+def submission_component(cfg: FleetdConfig, ctx: Any, signals: Any) -> Callable[[Any], Awaitable[None]]:
+    """The watcher as a daemon component (leader only), adopting a shipped version into ``ctx``:
+    the launch template first (a node bought after this boots the new version), then the loop's
+    config (the job's budget and steps), the planner's code_digest and the job watcher."""
+
+    async def publish(wanted: FleetdConfig) -> tuple[FleetdConfig, Published]:
+        from fleetd.jobs.publish import publish_job
+        from fleetd.state_backup import open_s3
+
+        async with open_s3(wanted) as s3:
+            return await publish_job(wanted, s3)
+
+    async def adopt(new: FleetdConfig) -> None:
+        loop = ctx.reconciler
+        if loop is not None:
+            await loop.ec2.inner.use_template_for(new)
+            loop.cfg = new
+        ctx.cfg = new
+        signals.code_digest = new.job.code_digest
+        if ctx.job is not None:
+            await ctx.job.new_version(new.job.code_digest, new.job.lifecycle_settings(), new.job.total_steps)
+        ctx.wake_loop()
+
+    return SubmissionWatcher(cfg, publish, adopt).run
+
+
+def _reason(exc: Exception) -> str:
+    render = getattr(exc, "render", None)
+    return (render() if callable(render) else str(exc))[:600]
