@@ -23,6 +23,7 @@ from typing import Any
 from fleetd.adapters.aws_errors import AwsError
 from fleetd.config import FleetdConfig
 from fleetd.gc_pacing import GcPacing
+from fleetd.protocol.backoff import Backoff
 from fleetd.protocol.logs import get_logger
 from fleetd.protocol.sdnotify import Heartbeat, Notifier, watchdog
 from fleetd.protocol.waits import wait_set
@@ -145,12 +146,13 @@ async def _build_until_ready(ctx: DaemonContext, build: Callable[[], Awaitable[B
     """Start-up needs EC2 (pools, launch template). A failure there (no permission yet, AWS
     throttling, a network blip) is logged once per distinct error and retried with backoff
     instead of exiting: exiting would make systemd restart us in a crash loop."""
-    delay = STARTUP_RETRY_FIRST_S
+    backoff = Backoff(STARTUP_RETRY_FIRST_S, STARTUP_RETRY_MAX_S)
     last: tuple[str, str] | None = None
     while not ctx.stopping.is_set():
         try:
             return await build()
         except AwsError as exc:
+            delay = backoff.next_delay()
             if (exc.operation, exc.code) != last:
                 log.error(
                     "startup_blocked",
@@ -161,8 +163,7 @@ async def _build_until_ready(ctx: DaemonContext, build: Callable[[], Awaitable[B
                     retry_in_s=delay,
                 )
                 last = (exc.operation, exc.code)
-        await wait_set(ctx.stopping, delay)
-        delay = min(delay * 2, STARTUP_RETRY_MAX_S)
+            await wait_set(ctx.stopping, delay)
     return None
 
 

@@ -192,10 +192,11 @@ async def test_commands_trainer_reports_and_telemetry(mosquitto, state_dir) -> N
 async def test_broker_restart_mid_run_loses_no_qos1_event(mosquitto_factory, tmp_path) -> None:
     """200 events published while the broker is stopped and restarted on the same port: the
     controller's intake receives every one of them (duplicates allowed, de-duplicated)."""
-    from agent.node.mqtt_session import Backoff, MqttSession
+    from agent.node.mqtt_session import MqttSession
     from agent.node.outbox import Outbox
     from fleetd.intake.mqtt import MqttIntake
     from fleetd.intake.registry import NodeRegistry
+    from fleetd.protocol.backoff import Backoff
     from fleetd.protocol.messages import CheckpointSaved
 
     # Production brokers persist sessions, so the controller's subscription survives a restart.

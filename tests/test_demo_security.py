@@ -28,7 +28,7 @@ from cryptography.x509.oid import NameOID
 from agent import config as agent_config
 from agent.node.enrol import NodeEnrolment, mqtt_with_identity
 from agent.node.imds import ImdsClient
-from agent.node.mqtt_session import Backoff, MqttSession
+from agent.node.mqtt_session import MqttSession
 from agent.node.outbox import Outbox
 from fleetd import config as fleetd_config
 from fleetd.adapters.ec2 import TAG_FLEET
@@ -41,6 +41,7 @@ from fleetd.identity.ca import key_pem, pem
 from fleetd.identity.server import enrolment_component
 from fleetd.intake.mqtt import MqttIntake
 from fleetd.intake.registry import NodeRegistry
+from fleetd.protocol.backoff import Backoff
 from fleetd.protocol.messages import CheckpointCommand, CheckpointSaved, DrainCommand
 from fleetd.protocol.mqtt_options import tls_context
 from fleetd.protocol.topics import node_topic

@@ -256,8 +256,10 @@ def test_a_job_runs_on_the_production_path_from_control_host_to_a_node_that_powe
             )
 
         _wait_for("the node trains", lambda: "train_toy: step" in _journal(node, "-u", "fleet-agent"), 300, agent_log)
-        # The workers' lines carry the job's fields in the node's journal.
-        assert "train_toy:" in _journal(node, "FLEETD_JOB=toy", f"FLEETD_NODE={iid}")
+        # The workers' lines carry the job's fields in the node's journal, the rank one of them (the
+        # text is the worker's own: torchrun's "[0]:" prefix became the field).
+        ranked = _journal(node, "FLEETD_JOB=toy", f"FLEETD_NODE={iid}", "FLEETD_RANK=0").splitlines()
+        assert any(line.startswith("train_toy: rank 0 of 1") for line in ranked), ranked[-20:]
         broker_log = (host_root / "var/log/mosquitto/mosquitto.log").read_text(errors="replace")
         assert f"u'{iid}'" in broker_log  # the node connected with the certificate it enrolled for
 

@@ -260,3 +260,48 @@ def test_the_node_file_rotates_and_its_readers_start_over(tmp_path: Path) -> Non
     text, new_offset = _read_from(path, offset)  # past the new file's end: read from its top
     assert text == "b" * 30 + "\n" and new_offset == 31
     assert log_tail(path, since=offset) == "b" * 30 + "\n"
+
+
+def test_the_tee_prefix_becomes_the_rank_and_leaves_the_text() -> None:
+    from agent.supervise.worker_output import split_rank
+
+    assert split_rank("[3]:loss 0.1") == (3, "loss 0.1")
+    assert split_rank("[1]:[rank1]: RuntimeError: boom") == (1, "[rank1]: RuntimeError: boom")
+    assert split_rank("[rank12]: RuntimeError: boom") == (12, "[rank12]: RuntimeError: boom")
+    assert split_rank("W1126 torchrun warning") == (None, "W1126 torchrun warning")
+
+
+@pytest.mark.slow
+def test_real_torchrun_lines_reach_the_sink_with_their_global_rank(tmp_path: Path) -> None:
+    """torchrun as the agent starts it (launch.py: --tee, fleetd's prefix template), two ranks on
+    one node: every worker line reaches the sink (journald, the control host) with its rank as a
+    field and the worker's own text; the node's file keeps the prefixed line."""
+    import time
+    from dataclasses import replace
+
+    from agent.supervise.torchrun import TorchrunProcess
+    from fleetd.rendezvous.localcluster import LocalCluster
+
+    cluster = LocalCluster(tmp_path / "job", run_id="tee-ranks", train_args=("--steps", "100000"))
+    sink = ListSink()
+    cluster.start_host()
+    try:
+        spec = replace(cluster.spec("127.0.0.2"), nproc_per_node=2, worker_log_dir=tmp_path / "worker-logs")
+        (tmp_path / "worker-logs" / "old-run").mkdir(parents=True)  # a previous torchrun's files
+        proc = TorchrunProcess(spec, log_path=tmp_path / "torchrun.log", sink=sink).start()
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                starts = {rank: text for text, rank in list(sink.got) if text.startswith("train_toy: rank")}
+                if len(starts) == 2:
+                    break
+                time.sleep(0.2)
+        finally:
+            proc.terminate(timeout_s=30)
+    finally:
+        cluster.close()
+    assert sorted(starts) == [0, 1], sink.got[-20:]
+    for rank, text in starts.items():
+        assert text.startswith(f"train_toy: rank {rank} of 2"), text
+    assert "[0]:train_toy: rank 0 of 2" in (tmp_path / "torchrun.log").read_text(errors="replace")
+    assert not (tmp_path / "worker-logs" / "old-run").exists(), "earlier torchruns' tee files are removed"

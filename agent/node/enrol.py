@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
 import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -25,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from agent.node.imds import ImdsClient, ImdsError
+from fleetd.protocol.backoff import Backoff
 from fleetd.protocol.enrol import (
     DOCUMENT_PATH,
     ENROL_PATH,
@@ -169,16 +169,16 @@ class NodeEnrolment:
 
     async def ensure(self, stop: asyncio.Event | None = None) -> EnrolResponse:
         """Enrol, retrying with backoff until it works (the controller may start after us)."""
-        delay = RETRY_FIRST_S
+        backoff = Backoff(RETRY_FIRST_S, RETRY_MAX_S, jitter=0.2)
         while True:
             try:
                 return await self.enrol_once()
             except EnrolFailed as exc:
+                delay = backoff.next_delay()
                 log.warning("node_enrolment_failed", error=str(exc)[:500], retry_in_s=round(delay, 1))
             if stop is not None and stop.is_set():
                 raise EnrolFailed("stopped before enrolment succeeded")
-            await asyncio.sleep(delay * random.uniform(0.8, 1.2))
-            delay = min(delay * 2, RETRY_MAX_S)
+            await asyncio.sleep(delay)
 
     def renew_in_s(self, now: datetime) -> float:
         """Two thirds into the life left when it arrived (notBefore is backdated for clock skew)."""

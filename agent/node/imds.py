@@ -21,6 +21,7 @@ from typing import Literal, cast
 import aiohttp
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
+from fleetd.protocol.backoff import Backoff
 from fleetd.protocol.logs import get_logger
 
 log = get_logger(__name__)
@@ -230,7 +231,7 @@ async def read_identity(client: ImdsClient, *, retry_s: float = 1.0, max_retry_s
     The agent cannot name itself on MQTT without its instance id, so there is nothing better to do
     than wait; each failure is logged.
     """
-    delay = retry_s
+    backoff = Backoff(retry_s, max_retry_s)
     while True:
         try:
             ident = await client.identity()
@@ -243,9 +244,9 @@ async def read_identity(client: ImdsClient, *, retry_s: float = 1.0, max_retry_s
             )
             return ident
         except ImdsError as exc:
+            delay = backoff.next_delay()
             log.warning("imds_identity_failed", error=str(exc), retry_in_s=delay)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, max_retry_s)
 
 
 # ---------------------------------------------------------------------- watcher

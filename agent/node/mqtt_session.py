@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import ssl
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -26,6 +25,7 @@ from typing import Any
 import aiomqtt
 
 from agent.node.outbox import Outbox, OutboxItem
+from fleetd.protocol.backoff import Backoff
 from fleetd.protocol.errors import ProtocolError
 from fleetd.protocol.logs import get_logger
 from fleetd.protocol.messages import (
@@ -47,23 +47,6 @@ OnCommand = Callable[[Message], Awaitable[None]]
 OnEndpoint = Callable[[RendezvousEndpoint], Awaitable[None]]
 PUBLISH_TIMEOUT_S = 10.0
 MAX_COMMAND_BYTES = 64 * 1024
-
-
-class Backoff:
-    """Exponential backoff with jitter; ``reset()`` after a successful connection."""
-
-    def __init__(self, initial_s: float = 0.2, max_s: float = 10.0) -> None:
-        self.initial_s = initial_s
-        self.max_s = max_s
-        self._next = initial_s
-
-    def reset(self) -> None:
-        self._next = self.initial_s
-
-    def next_delay(self) -> float:
-        delay = self._next * random.uniform(0.75, 1.25)
-        self._next = min(self._next * 2, self.max_s)
-        return delay
 
 
 class MqttSession:
@@ -89,7 +72,7 @@ class MqttSession:
         # Set once the node's certificate exists (enrolment): no connection is tried before.
         self.identity_ready = identity_ready
         self.status_fields = dict(status_fields or {})
-        self.backoff = backoff or Backoff()
+        self.backoff = backoff or Backoff(0.2, 10.0, jitter=0.25)
         self.state: NodeState = "starting"
         self.connected = asyncio.Event()
         self.connects = 0

@@ -21,7 +21,6 @@ from agent.supervise.failure_guard import wait_guarded
 from agent.supervise.job_setup import s3_fetch, until_ready
 from agent.supervise.launch import LaunchSpec
 from agent.supervise.store_watch import (
-    Backoff,
     ExitCause,
     StoreProbe,
     classify_exit,
@@ -35,6 +34,7 @@ from agent.supervise.workspace import JobWorkspace
 from agent.trainer import local_ckpt
 from agent.trainer.store_link import StoreLink
 from fleetd.protocol import rendezvous_keys as keys
+from fleetd.protocol.backoff import Backoff
 from fleetd.protocol.logs import get_logger
 from fleetd.protocol.messages import NodeState
 from fleetd.protocol.waits import wait_set

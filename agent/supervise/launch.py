@@ -19,6 +19,9 @@ from agent.config import AgentConfig
 from agent.supervise.workspace import JobWorkspace
 from agent.trainer import context as trainer_env
 
+# torchrun's prefix for each teed worker line (its ${rank}: the global rank); worker_output.py
+# strips it into the line's rank.
+RANK_PREFIX_TEMPLATE = "[${rank}]:"
 WARM_PRELOAD: tuple[str, ...] = (
     "torch",
     "torch.distributed",
@@ -82,6 +85,11 @@ class LaunchSpec:
     # worker starts in milliseconds instead of seconds. Module entrypoints only.
     warm_pool: bool = True
     warm_preload: tuple[str, ...] = WARM_PRELOAD
+    # torchrun tees each worker's output through files here, every line prefixed with its global
+    # rank ("[3]:"), so the log pipeline (worker_output.py) knows which rank wrote it. Emptied at
+    # each torchrun start; within one torchrun the files grow with the job's output. None: the
+    # workers write to torchrun's stdout directly and no line names its rank.
+    worker_log_dir: Path | None = None
 
     @property
     def uses_warm_pool(self) -> bool:
@@ -114,6 +122,7 @@ class LaunchSpec:
             s3_endpoint=cfg.aws.endpoint_url,
             s3_region=cfg.aws.region,
             job=j.name,
+            worker_log_dir=cfg.node.state_dir / "worker-logs",
         )
         if j.preload:
             values["warm_preload"] = WARM_PRELOAD + tuple(j.preload)
@@ -161,6 +170,8 @@ def build_command(spec: LaunchSpec) -> list[str]:
         f"--max-restarts={spec.max_restarts}",
         f"--monitor-interval={spec.monitor_interval_s}",
     ]
+    if spec.worker_log_dir is not None:
+        cmd += ["--tee=3", f"--log-dir={spec.worker_log_dir}"]
     if spec.uses_warm_pool:
         cmd += ["-m", "agent.supervise.warm_launch", spec.entrypoint]
     else:
@@ -199,5 +210,7 @@ def build_env(spec: LaunchSpec, base: Mapping[str, str] | None = None) -> dict[s
     env.update({k: str(v) for k, v in optional.items() if v})
     if spec.rdzv_poll_s:
         env["FLEETD_RDZV_POLL_S"] = str(spec.rdzv_poll_s)
+    if spec.worker_log_dir is not None:
+        env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = RANK_PREFIX_TEMPLATE
     env.update(dict(spec.extra_env))
     return env

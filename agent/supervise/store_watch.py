@@ -21,6 +21,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from agent.supervise.torchrun import TorchrunExit
+from fleetd.protocol.backoff import Backoff
 from fleetd.protocol.logs import get_logger
 from fleetd.protocol.waits import wait_set
 
@@ -106,22 +107,6 @@ def classify_exit(exit_: TorchrunExit, before: StoreProbe, after: StoreProbe, ta
     if any(m in tail for m in STORE_GONE_MARKERS):
         return ExitCause.STORE_LOST
     return ExitCause.FAILED
-
-
-@dataclass
-class Backoff:
-    """Exponential, capped; reset once the store answers."""
-
-    first_s: float = 0.25
-    max_s: float = 5.0
-    _next: float = 0.0
-
-    def next_delay(self) -> float:
-        self._next = self.first_s if self._next == 0 else min(self._next * 2, self.max_s)
-        return self._next
-
-    def reset(self) -> None:
-        self._next = 0.0
 
 
 async def wait_for_store(

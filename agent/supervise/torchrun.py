@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -132,6 +133,8 @@ class TorchrunProcess:
         env = build_env(self.spec, self.env)
         out: Any = self._open_log()
         self.spec.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        if self.spec.worker_log_dir is not None:  # the tee files of earlier torchruns: shipped already
+            shutil.rmtree(self.spec.worker_log_dir, ignore_errors=True)
         try:
             if self.spec.uses_warm_pool and self.pool is None:
                 self._start_pool(env, out)

@@ -41,7 +41,10 @@ PEER_MARKERS = (
 STOPPED_BY_SIGNAL = -15
 # A traceback's last line: "ValueError: bad shape", "[rank1]: RuntimeError: [..gloo..] Connection
 # closed by peer", "torch.distributed.DistNetworkError: ...".
-EXCEPTION_LINE = re.compile(r"^(?:\[(?:default)?rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception))\b(.*)$", re.M)
+# With fleetd's tee (launch.py) every worker line starts with "[<rank>]:" first.
+EXCEPTION_LINE = re.compile(
+    r"^(?:\[\d+\]:)?(?:\[(?:default)?rank\d+\]:\s*)?([A-Za-z_][\w.]*(?:Error|Exception))\b(.*)$", re.M
+)
 
 
 def is_peer_fault(text: str) -> bool:

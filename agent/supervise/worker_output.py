@@ -30,14 +30,25 @@ log = get_logger(__name__)
 MAX_BYTES = 32 * 1024 * 1024
 READ_BYTES = 64 * 1024
 MAX_LINE_CHARS = 8000  # a line longer than this is shipped cut (the file keeps it whole)
-# torchrun's --tee prefix "[default0]:" (role and local rank), and torch's own "[rank0]:" on a
-# distributed error: the first one on a line names the rank that wrote it.
+# torchrun's --tee prefix: fleetd's "[3]:" (the global rank, launch.RANK_PREFIX_TEMPLATE) or
+# torch's default "[default0]:" (role and local rank); and torch's own "[rank0]:" on a distributed
+# error: the first one on a line names the rank that wrote it.
 RANK_PREFIX = re.compile(r"^\[[A-Za-z_]*?(\d{1,5})\]:")
+TEE_PREFIX = re.compile(r"^\[(\d{1,5})\]:")
 
 
 def rank_of(line: str) -> int | None:
     m = RANK_PREFIX.match(line)
     return int(m.group(1)) if m else None
+
+
+def split_rank(line: str) -> tuple[int | None, str]:
+    """The line's rank and its text without torchrun's tee prefix (journald and the control host
+    carry the rank as a field: the text is what the worker wrote)."""
+    m = TEE_PREFIX.match(line)
+    if m:
+        return int(m.group(1)), line[m.end() :]
+    return rank_of(line), line
 
 
 class RotatingFile:
@@ -132,7 +143,8 @@ class WorkerOutput:
             return
         text = raw.decode(errors="replace").rstrip("\r")[:MAX_LINE_CHARS]
         try:
-            self.sink.line(text, rank_of(text))
+            rank, text = split_rank(text)
+            self.sink.line(text, rank)
         except Exception:  # noqa: BLE001 - the workers' pipe must keep draining whatever a sink does
             log.exception("worker_output_sink_failed", why="lines go to the node's file only from now on")
             self.sink = None

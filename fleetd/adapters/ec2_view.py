@@ -31,6 +31,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from fleetd.adapters.aws_errors import AwsError, TransientAwsError, translate
 from fleetd.adapters.ec2 import ALL_STATES, TAG_FLEET, AioEc2, Ec2Api, Ec2Instance, LaunchResult, LaunchSpec
+from fleetd.protocol.backoff import Backoff
 from fleetd.protocol.logs import get_logger
 
 log = get_logger(__name__)
@@ -178,15 +179,17 @@ class Ec2View:
         is too old) and retried with backoff."""
         self._running = True
         delay = self.refresh_s
+        backoff = Backoff(2 * self.refresh_s, 300.0)
         try:
             while True:
                 started = self.monotonic()
                 try:
                     await self.refresh()
                     delay = self.refresh_s
+                    backoff.reset()
                 except AwsError as exc:
                     log.warning("ec2_view_refresh_failed", code=exc.code, kind=exc.kind, error=exc.message)
-                    delay = min(max(delay, self.refresh_s) * 2, 300.0)
+                    delay = backoff.next_delay()
                 took = self.monotonic() - started
                 # At most every refresh_s, and idle at least as long as the last describe took:
                 # a listing that takes 20 s (2,000 instances on moto) is not re-asked back to back

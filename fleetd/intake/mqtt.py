@@ -24,6 +24,7 @@ from prometheus_client import Counter
 from fleetd.intake.coalesce import CoalescingQueue
 from fleetd.intake.events import IntakeEvent, InterruptionNotice, from_message
 from fleetd.intake.registry import NodeRegistry
+from fleetd.protocol.backoff import Backoff
 from fleetd.protocol.errors import ProtocolError
 from fleetd.protocol.failpoints import failpoint
 from fleetd.protocol.logs import get_logger
@@ -164,6 +165,7 @@ class MqttIntake:
             _SUPERSEDED.inc()
 
     async def run(self) -> None:
+        backoff = Backoff(self.backoff_initial_s, self.backoff_max_s)
         delay = self.backoff_initial_s
         attempt = 0  # which broker of [url, *fallback_urls]: the next one after each failure
         while True:
@@ -181,7 +183,7 @@ class MqttIntake:
                     self._client = client
                     self.connects += 1
                     self.connected.set()
-                    delay = self.backoff_initial_s
+                    backoff.reset()
                     log.info(
                         "intake_mqtt_connected",
                         broker=f"{broker.host}:{broker.port}",
@@ -199,6 +201,7 @@ class MqttIntake:
                             self.handle(str(message.topic), message.payload, retained=message.retain)
             except aiomqtt.MqttError as exc:
                 attempt += 1
+                delay = backoff.next_delay()
                 log.warning(
                     "intake_mqtt_disconnected",
                     broker=f"{broker.host}:{broker.port}",
@@ -210,7 +213,6 @@ class MqttIntake:
                 self._client = None
                 self.connected.clear()
             await asyncio.sleep(delay)
-            delay = min(delay * 2, self.backoff_max_s)
 
     def handle(self, topic: str, payload: Any, *, retained: bool = False) -> IntakeEvent | None:
         """Validate one message and apply it; returns the event, or None if it was dropped.

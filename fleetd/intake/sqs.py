@@ -35,6 +35,7 @@ from fleetd.intake.events import (
     RebalanceRecommended,
 )
 from fleetd.intake.registry import NodeRegistry
+from fleetd.protocol.backoff import Backoff
 from fleetd.protocol.errors import ProtocolError
 from fleetd.protocol.logs import get_logger
 
@@ -140,15 +141,15 @@ class SqsIntake:
         self.deferred = 0  # put back: unknown for now
 
     async def run(self) -> None:
-        delay = 1.0
+        backoff = Backoff(1.0, self.backoff_max_s)
         while True:
             try:
                 await self.poll_once()
-                delay = 1.0
+                backoff.reset()
             except AwsError as exc:
+                delay = backoff.next_delay()
                 log.warning("intake_sqs_failed", error=str(exc), retry_in_s=delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, self.backoff_max_s)
 
     async def poll_once(self) -> list[IntakeEvent]:
         """One long poll; returns the events applied (duplicates and foreign events excluded)."""
