@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,23 +49,15 @@ def submit(args: argparse.Namespace) -> int:
 
     from fleetd.commands.common import load_config
     from fleetd.job_record import SubmitRequest, read_job, write_submit
-    from fleetd.jobs.job_file import load_job_file
-    from fleetd.jobs.pack import PackError, pack
-    from fleetd.protocol.settings import ConfigError
 
     cfg = load_config(args.config, "job submit")
     if cfg is None:
         return 2
     path = args.file.resolve()
-    try:
-        job, workdir = load_job_file(path)
-        packed = pack(workdir)
-    except ConfigError as exc:
-        print(exc.render(), file=sys.stderr)
+    loaded = _load_and_pack(path, "submit")
+    if loaded is None:
         return 2
-    except PackError as exc:
-        print(f"fleetd job submit: {exc}", file=sys.stderr)
-        return 2
+    job, _workdir, packed = loaded
     if job.name != cfg.job.name:
         print(
             f"fleetd job submit: {path} defines job {job.name!r}; fleet {cfg.fleet.name} runs {cfg.job.name!r} "
@@ -127,20 +120,27 @@ def list_jobs(args: argparse.Namespace) -> int:
     return 0
 
 
-def check(args: argparse.Namespace) -> int:
+def _load_and_pack(path: Path, action: str) -> tuple[Any, Path, Any] | None:
+    """The job file and its packed workdir, or None after saying what is wrong (every problem)."""
     from fleetd.jobs.job_file import load_job_file
     from fleetd.jobs.pack import PackError, pack
     from fleetd.protocol.settings import ConfigError
 
     try:
-        job, workdir = load_job_file(args.file)
-        packed = pack(workdir)
+        job, workdir = load_job_file(path)
+        return job, workdir, pack(workdir)
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
-        return 2
     except PackError as exc:
-        print(f"fleetd job check: {exc}", file=sys.stderr)
+        print(f"fleetd job {action}: {exc}", file=sys.stderr)
+    return None
+
+
+def check(args: argparse.Namespace) -> int:
+    loaded = _load_and_pack(args.file, "check")
+    if loaded is None:
         return 2
+    job, workdir, packed = loaded
     run_ = job.run
     out = {
         "name": job.name,
