@@ -44,8 +44,8 @@ def _run(path: Path) -> int:
 
     from agent.config import load
     from agent.main import run_agent
-    from fleetd.protocol.logs import configure_logging
-    from fleetd.protocol.settings import ConfigError
+    from fleetd.shared.logs import configure_logging
+    from fleetd.shared.settings import ConfigError
 
     try:
         # The default path may not exist on a dev box: then environment and defaults only.
@@ -63,13 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("config", "run"):
         # An image built with an untested torch fails here: at its build's `config check`, and
         # loudly at boot (fleetd then ends the node as a broken boot), not mid-job.
-        from fleetd.protocol.torch_support import untested_torch
+        from fleetd.shared.torch_support import untested_torch
 
         if (why := untested_torch()) is not None:
             print(f"fleet-agent: {why}", file=sys.stderr)
             return 2
     if args.command == "config":
-        from fleetd.protocol.settings import config_check
+        from fleetd.shared.settings import config_check
 
         return config_check(AgentConfig, args.config)
     if args.command == "run":

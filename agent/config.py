@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import Field, field_validator, model_validator
 
-from fleetd.protocol.settings import CommonSettings, Group, Name, load_settings
+from fleetd.shared.settings import CommonSettings, Group, Name, load_settings
 
 DEFAULT_PATH = Path("/etc/fleetd/agent.toml")
 

@@ -15,7 +15,6 @@ from agent.config import AgentConfig
 from agent.node.imds import Identity
 from agent.node.log_sink import WorkerLogSink
 from agent.node.trainer_channel import TrainerProgress
-from fleetd.protocol.logs import get_logger
 from fleetd.protocol.messages import (
     CheckpointCommand,
     DrainCommand,
@@ -29,6 +28,7 @@ from fleetd.protocol.messages import (
     ShutdownCommand,
 )
 from fleetd.protocol.trainer import CheckpointSavedLocally
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -36,8 +36,6 @@ from agent.node.telemetry import TelemetryLoop
 from agent.node.trainer_channel import TrainerChannel
 from agent.supervise.elastic_hooks import ElasticHooks
 from agent.supervise.folder_hooks import FolderHooks
-from fleetd.protocol.aws_region import region_of_zone
-from fleetd.protocol.logs import bind_context, get_logger
 from fleetd.protocol.messages import (
     CheckpointCommand,
     CheckpointSaved,
@@ -50,8 +48,10 @@ from fleetd.protocol.messages import (
     RestartTrainerCommand,
     ShutdownCommand,
 )
-from fleetd.protocol.sdnotify import Heartbeat, Notifier, watchdog
 from fleetd.protocol.trainer import CheckpointSavedLocally
+from fleetd.shared.aws_region import region_of_zone
+from fleetd.shared.logs import bind_context, get_logger
+from fleetd.shared.sdnotify import Heartbeat, Notifier, watchdog
 
 log = get_logger(__name__)
 

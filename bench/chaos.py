@@ -339,7 +339,7 @@ async def _until_signalled(work) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    from fleetd.protocol.logs import configure_logging
+    from fleetd.shared.logs import configure_logging
 
     configure_logging("warning", stream=sys.stderr)  # stdout: the table, then the JSON line
     os.environ[MARKER] = uuid.uuid4().hex  # inherited by everything the bench starts

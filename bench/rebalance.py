@@ -40,8 +40,8 @@ sys.path.insert(0, str(ROOT))
 from agent.checkpoint_store import CheckpointStore  # noqa: E402
 from agent.supervise.emergency import CheckpointStoreUploader, EmergencyFlow  # noqa: E402
 from agent.trainer.store_link import StoreLink  # noqa: E402
-from fleetd.protocol.settings import AwsConfig, CheckpointConfig  # noqa: E402
 from fleetd.rendezvous.localcluster import LocalCluster  # noqa: E402
+from fleetd.shared.settings import AwsConfig, CheckpointConfig  # noqa: E402
 
 BUCKET = "bench-rebalance"
 TRAIN_ARGS = ("--steps", "1000000", "--step-sleep", "0.05")

@@ -31,8 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from agent.checkpoint_store import CheckpointStore, UploadTuning  # noqa: E402
-from fleetd.protocol.logs import configure_logging  # noqa: E402
-from fleetd.protocol.settings import AwsConfig, CheckpointConfig  # noqa: E402
+from fleetd.shared.logs import configure_logging  # noqa: E402
+from fleetd.shared.settings import AwsConfig, CheckpointConfig  # noqa: E402
 from tests.harness import moto as moto_harness  # noqa: E402
 from tests.harness.ports import free_port, wait_port  # noqa: E402
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import AwareDatetime, Field, model_validator
 
-from fleetd.protocol.settings import CommonSettings, Group, JobConfig, Name, load_settings
+from fleetd.shared.settings import CommonSettings, Group, JobConfig, Name, load_settings
 
 if TYPE_CHECKING:
     from fleetd.policy.job_state import JobSettings

@@ -23,13 +23,13 @@ from typing import Any
 from fleetd.adapters.aws_errors import AwsError
 from fleetd.config import FleetdConfig
 from fleetd.gc_pacing import GcPacing
-from fleetd.protocol.backoff import Backoff
-from fleetd.protocol.logs import get_logger
-from fleetd.protocol.sdnotify import Heartbeat, Notifier, watchdog
-from fleetd.protocol.waits import wait_set
 from fleetd.reconcile.build import Built, build_reconciler, ec2_client_kwargs, pricing_client_kwargs
 from fleetd.reconcile.loop import PassReport, Planner, Reconciler
 from fleetd.reconcile.ports import Clock, NodeCommander, NodeObserver, SignalSource
+from fleetd.shared.backoff import Backoff
+from fleetd.shared.logs import get_logger
+from fleetd.shared.sdnotify import Heartbeat, Notifier, watchdog
+from fleetd.shared.waits import wait_set
 
 log = get_logger(__name__)
 

@@ -33,7 +33,7 @@ from fleetd.policy.job_state import (
 from fleetd.policy.ledger_events import JobStateChanged
 from fleetd.policy.model import NodePhase
 from fleetd.policy.observation import DesiredJob
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -7,7 +7,7 @@ import asyncio
 import socket
 import time
 
-from fleetd.protocol.waits import within
+from fleetd.shared.waits import within
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -29,7 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from prometheus_client.metrics_core import Metric
 
 from fleetd.policy.model import BudgetLevel, Node
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 from fleetd.snapshot import StatusSnapshot
 from fleetd.stall_record import StallView
 

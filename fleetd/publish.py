@@ -24,7 +24,7 @@ from prometheus_client import REGISTRY
 from fleetd.metrics import FleetMetrics, MetricsServer
 from fleetd.policy.model import Node, NodePhase
 from fleetd.policy.scaling import node_flag
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 from fleetd.snapshot import StatusSnapshot, build_snapshot, write_snapshot
 
 log = get_logger(__name__)

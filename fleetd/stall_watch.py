@@ -29,7 +29,7 @@ from fleetd.policy.stall import (
     StallTracker,
     assess,
 )
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 from fleetd.stall_record import StallView, closed_before, read_stalls, view, write_stalls
 
 log = get_logger(__name__)

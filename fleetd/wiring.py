@@ -18,12 +18,12 @@ from fleetd.daemon import DaemonContext, Plugins
 from fleetd.intake.signals import TrainingSignals
 from fleetd.intake.wiring import build_intake
 from fleetd.job_watch import JobWatcher
-from fleetd.protocol.logs import get_logger
 from fleetd.publish import status_component
 from fleetd.reconcile.ledger_store import DB_NAME, LedgerStore
 from fleetd.rendezvous.client import RendezvousClient
 from fleetd.rendezvous.commander import TrainingCommander
 from fleetd.rendezvous.steering import Steerer, SteerSettings
+from fleetd.shared.logs import get_logger
 from fleetd.stall_watch import StallWatcher
 
 log = get_logger(__name__)

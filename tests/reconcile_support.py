@@ -25,7 +25,7 @@ from fleetd.adapters.faults import FaultProxy
 from fleetd.adapters.pricing_fake import PriceListFake, SpotPriceFake
 from fleetd.config import BudgetConfig, CapacityConfig, FleetConfig, FleetdConfig
 from fleetd.policy.model import PoolId
-from fleetd.protocol.settings import AwsConfig
+from fleetd.shared.settings import AwsConfig
 
 ONE_ATTEMPT = Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=5, read_timeout=30)
 ZONES = ("us-east-1a", "us-east-1b")

@@ -13,9 +13,9 @@ from agent.node.mqtt_session import MqttSession
 from agent.node.outbox import Outbox
 from fleetd.intake.mqtt import MqttIntake
 from fleetd.intake.registry import NodeRegistry
-from fleetd.protocol.backoff import Backoff
 from fleetd.protocol.messages import CheckpointSaved
-from fleetd.protocol.settings import MqttConfig
+from fleetd.shared.backoff import Backoff
+from fleetd.shared.settings import MqttConfig
 from tests.harness.ports import free_port
 
 FLEET = "tls"

@@ -25,9 +25,9 @@ from fleetd.protocol.messages import (
     Telemetry,
     parse_message,
 )
-from fleetd.protocol.settings import MqttConfig
 from fleetd.protocol.topics import node_topic
 from fleetd.protocol.trainer import CheckpointSavedLocally, Progress, send_report
+from fleetd.shared.settings import MqttConfig
 
 FLEET = "agenttest"
 
@@ -196,8 +196,8 @@ async def test_broker_restart_mid_run_loses_no_qos1_event(mosquitto_factory, tmp
     from agent.node.outbox import Outbox
     from fleetd.intake.mqtt import MqttIntake
     from fleetd.intake.registry import NodeRegistry
-    from fleetd.protocol.backoff import Backoff
     from fleetd.protocol.messages import CheckpointSaved
+    from fleetd.shared.backoff import Backoff
 
     # Production brokers persist sessions, so the controller's subscription survives a restart.
     broker = mosquitto_factory(extra_config=f"persistence true\npersistence_location {tmp_path}/\n").start()

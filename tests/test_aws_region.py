@@ -1,4 +1,4 @@
-"""Where the region comes from (fleetd/protocol/aws_region.py): the config, the environment, the
+"""Where the region comes from (fleetd/shared/aws_region.py): the config, the environment, the
 profile, the instance; never a silent us-east-1."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 from agent.doubles.fake_imds import FakeImds
 from fleetd.adapters.region import instance_region, resolve_region
-from fleetd.protocol.aws_region import region_of_zone
-from fleetd.protocol.settings import AwsConfig
+from fleetd.shared.aws_region import region_of_zone
+from fleetd.shared.settings import AwsConfig
 
 
 @pytest.fixture(autouse=True)

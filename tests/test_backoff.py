@@ -1,8 +1,8 @@
-"""The one retry schedule (fleetd/protocol/backoff.py) every reconnect and re-poll uses."""
+"""The one retry schedule (fleetd/shared/backoff.py) every reconnect and re-poll uses."""
 
 from __future__ import annotations
 
-from fleetd.protocol.backoff import Backoff
+from fleetd.shared.backoff import Backoff
 
 
 def test_doubles_from_first_to_the_cap_and_starts_over_after_a_reset() -> None:

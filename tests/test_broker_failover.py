@@ -23,10 +23,10 @@ from agent.node.mqtt_session import MqttSession
 from agent.node.outbox import Outbox
 from fleetd.intake.mqtt import MqttIntake
 from fleetd.intake.registry import NodeRegistry
-from fleetd.protocol.backoff import Backoff
 from fleetd.protocol.messages import CheckpointSaved, LeaveCommand, RendezvousEndpoint
-from fleetd.protocol.settings import MqttConfig
 from fleetd.protocol.topics import rendezvous_topic
+from fleetd.shared.backoff import Backoff
+from fleetd.shared.settings import MqttConfig
 from tests.harness.mosquitto import Mosquitto
 
 FLEET = "bridged"

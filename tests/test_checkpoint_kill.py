@@ -14,7 +14,7 @@ import pytest
 
 from agent.checkpoint_store import CheckpointStore, UploadTuning
 from agent.checkpoint_store.uploader import MiB
-from fleetd.protocol.settings import AwsConfig, CheckpointConfig
+from fleetd.shared.settings import AwsConfig, CheckpointConfig
 
 BUCKET = "ckpt-kill"
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,7 +19,7 @@ from torch import nn
 
 from agent.checkpoint_store import CheckpointStore
 from agent.trainer import ElasticCheckpointer, TrainerContext, local_ckpt
-from fleetd.protocol.settings import AwsConfig, CheckpointConfig
+from fleetd.shared.settings import AwsConfig, CheckpointConfig
 
 BUCKET = "replicated-nodes"
 STEP = 7

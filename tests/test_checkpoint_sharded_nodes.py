@@ -20,7 +20,7 @@ from torch import nn
 
 from agent.checkpoint_store import CheckpointStore
 from agent.trainer import ElasticCheckpointer, TrainerContext, local_ckpt
-from fleetd.protocol.settings import AwsConfig, CheckpointConfig
+from fleetd.shared.settings import AwsConfig, CheckpointConfig
 from tests.harness.ports import free_port
 
 BUCKET = "sharded-nodes"

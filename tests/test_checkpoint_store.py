@@ -16,7 +16,7 @@ from structlog.testing import capture_logs
 from agent.checkpoint_store import CheckpointStore, PreconditionFailed, UploadTuning
 from agent.checkpoint_store.uploader import MiB
 from fleetd.protocol.digests import Checksum, Digest
-from fleetd.protocol.settings import AwsConfig, CheckpointConfig
+from fleetd.shared.settings import AwsConfig, CheckpointConfig
 
 BUCKET = "ckpt-test"
 # 5 MiB parts (S3's minimum) so a 6 MiB shard already goes up as a real multipart upload.

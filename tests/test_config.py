@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from fleetd.config import FleetdConfig
-from fleetd.protocol.settings import ConfigError, load_settings
+from fleetd.shared.settings import ConfigError, load_settings
 
 VALID = """
 [aws]
@@ -192,7 +192,7 @@ def test_a_job_script_beside_its_own_agent_module_is_refused(tmp_path):
     import pytest as _pytest
 
     from agent.config import AgentConfig
-    from fleetd.protocol.settings import JobConfig
+    from fleetd.shared.settings import JobConfig
 
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")

@@ -22,8 +22,8 @@ import pytest
 from agent.checkpoint_store import CheckpointStore
 from agent.doubles.fake_imds import FakeImds
 from fleetd.demo.configs import trainer_socket_for
-from fleetd.protocol.settings import AwsConfig, CheckpointConfig
 from fleetd.rendezvous.localcluster import LocalCluster
+from fleetd.shared.settings import AwsConfig, CheckpointConfig
 from tests.harness.ports import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]

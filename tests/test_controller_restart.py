@@ -4,7 +4,7 @@ second drain of a node already draining, a decided termination carried out.
 
 Real components: moto server behind the fault proxy, mosquitto, `fleetd run` processes, and a
 real `fleet-agent run` per instance (with a fake IMDS carrying that instance's identity; the
-agents do not train, so no torchrun). The kill comes from a failpoint (fleetd.protocol.failpoints):
+agents do not train, so no torchrun). The kill comes from a failpoint (fleetd.shared.failpoints):
 the process SIGKILLs itself at the exact instant named:
 
 - notice-received: the notice is acknowledged to the broker, known only in memory;

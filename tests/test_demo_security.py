@@ -41,10 +41,10 @@ from fleetd.identity.ca import key_pem, pem
 from fleetd.identity.server import enrolment_component
 from fleetd.intake.mqtt import MqttIntake
 from fleetd.intake.registry import NodeRegistry
-from fleetd.protocol.backoff import Backoff
 from fleetd.protocol.messages import CheckpointCommand, CheckpointSaved, DrainCommand
-from fleetd.protocol.mqtt_options import tls_context
 from fleetd.protocol.topics import node_topic
+from fleetd.shared.backoff import Backoff
+from fleetd.shared.mqtt_options import tls_context
 from tests.harness.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent

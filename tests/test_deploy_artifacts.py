@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from agent.config import AgentConfig
 from fleetd.adapters.launch_template import AGENT_ENV_FILE
 from fleetd.config import FleetdConfig
-from fleetd.protocol.settings import RendezvousConfig, load_settings
+from fleetd.shared.settings import RendezvousConfig, load_settings
 from tests.test_systemd import PROD_BIN, service
 
 ROOT = Path(__file__).resolve().parent.parent

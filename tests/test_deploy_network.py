@@ -12,7 +12,7 @@ import boto3
 import yaml
 
 from fleetd.config import EnrolConfig
-from fleetd.protocol.settings import RendezvousConfig
+from fleetd.shared.settings import RendezvousConfig
 from tests.harness.moto import NO_RETRIES
 from tests.test_deploy_events import CfnLoader
 

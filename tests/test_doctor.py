@@ -13,7 +13,7 @@ import pytest
 from fleetd.commands.doctor import all_checks
 from fleetd.config import EventsConfig, FleetdConfig
 from fleetd.doctor.result import Status, exit_code, fatal, render
-from fleetd.protocol.settings import MqttConfig, RendezvousConfig
+from fleetd.shared.settings import MqttConfig, RendezvousConfig
 from tests.reconcile_support import Cloud
 
 G_SPOT = "L-3819A6DF"  # All G and VT Spot Instance Requests: g5.xlarge and g4dn.xlarge draw on it
@@ -153,7 +153,7 @@ async def test_fleetd_run_refuses_no_credentials_but_not_an_unreachable_aws(monk
     from aiobotocore.session import get_session
 
     from fleetd.doctor.preflight import preflight
-    from fleetd.protocol.settings import AwsConfig
+    from fleetd.shared.settings import AwsConfig
 
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(var, raising=False)

@@ -19,9 +19,9 @@ import pytest
 from agent.node.mqtt_session import MqttSession
 from agent.node.outbox import Outbox
 from fleetd.protocol.messages import RendezvousEndpoint
-from fleetd.protocol.settings import MqttConfig
 from fleetd.protocol.topics import rendezvous_topic
 from fleetd.rendezvous.localcluster import LocalCluster, free_port
+from fleetd.shared.settings import MqttConfig
 from tests.test_store_restart import Recorder, hooks_for, kill_host, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
@@ -125,7 +125,7 @@ async def test_folder_mode_follows_the_new_store_and_resumes_from_the_scripts_sa
 
     from agent.checkpoint_store import CheckpointStore
     from agent.supervise.folder_hooks import FolderSettings
-    from fleetd.protocol.settings import AwsConfig, CheckpointConfig
+    from fleetd.shared.settings import AwsConfig, CheckpointConfig
     from tests.test_folder_mode_e2e import BUCKET, SAVE_ON_SIGNAL, Node
 
     script = tmp_path / "save_on_signal.py"

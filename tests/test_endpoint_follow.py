@@ -108,7 +108,7 @@ async def wait_until(cond, timeout: float = 10.0) -> None:
 async def test_agent_receives_the_retained_endpoint_and_rejects_bad_ones(mosquitto):
     from agent.config import AgentConfig, NodeConfig
     from agent.doubles.fake_imds import FakeImds
-    from fleetd.protocol.settings import MqttConfig
+    from fleetd.shared.settings import MqttConfig
 
     topic = rendezvous_topic(FLEET)
     first = adv(generation=1)

@@ -26,7 +26,7 @@ from agent.supervise.folder_gate import (
 )
 from agent.supervise.folder_sync import FolderSync
 from agent.supervise.folder_watch import scan
-from fleetd.protocol.settings import AwsConfig, CheckpointConfig
+from fleetd.shared.settings import AwsConfig, CheckpointConfig
 
 
 def test_the_newest_number_wins_unless_the_content_is_the_same() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from agent.checkpoint_store import CheckpointStore
 from agent.supervise.folder_sync import FolderSync
 from agent.supervise.folder_watch import FolderWatch, in_progress_name, open_for_writing, scan
-from fleetd.protocol.settings import AwsConfig, CheckpointConfig, JobConfig
+from fleetd.shared.settings import AwsConfig, CheckpointConfig, JobConfig
 
 V1 = {"snapshot.pt": (10, 1)}
 V2 = {"snapshot.pt": (12, 2)}

@@ -22,8 +22,8 @@ import pytest
 
 from agent.supervise.folder_hooks import FolderHooks, FolderSettings
 from fleetd.protocol.messages import Notice
-from fleetd.protocol.settings import AwsConfig, CheckpointConfig
 from fleetd.rendezvous.localcluster import LocalCluster
+from fleetd.shared.settings import AwsConfig, CheckpointConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 BUCKET = "folder-e2e"

@@ -16,7 +16,7 @@ from agent.supervise.launch import WARM_PRELOAD, LaunchSpec
 from agent.trainer import local_ckpt
 from agent.trainer.integrations.core import torch_optimizer
 from fleetd.demo import configs
-from fleetd.protocol.settings import load_settings
+from fleetd.shared.settings import load_settings
 
 
 def run_example(module, argv: list[str], tmp_path: Path, monkeypatch) -> list[dict]:  # noqa: ANN001

@@ -18,8 +18,8 @@ import pytest
 from fleetd.config import FleetdConfig, HaConfig
 from fleetd.doctor.host import identity_check
 from fleetd.doctor.result import Status
-from fleetd.protocol.settings import MqttConfig
 from fleetd.protocol.topics import node_topic
+from fleetd.shared.settings import MqttConfig
 from tests.harness.ca_cli import ca_init
 from tests.harness.mosquitto import Mosquitto
 from tests.harness.ports import free_port

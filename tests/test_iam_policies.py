@@ -22,7 +22,7 @@ from botocore import xform_name
 
 from fleetd.adapters import ec2 as ec2_adapter
 from fleetd.protocol.checkpoints import CheckpointLayout
-from fleetd.protocol.settings import CheckpointConfig, JobConfig
+from fleetd.shared.settings import CheckpointConfig, JobConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 IAM = ROOT / "deploy" / "iam"

@@ -1,11 +1,11 @@
 """What the import-linter contracts in pyproject.toml (`make lint`) cannot say.
 
-The layers themselves (policy pure, the agent seeing only fleetd.protocol, protocol free of
-controller code, the agent's rooms importing downward) are import-linter contracts. Two rules are
-left here: no module in agent/ or fleetd/ imports one that imports it back (a contract sees
-packages, and fleetd's top-level packages are not a strict hierarchy), and every agent module
-lives in a room the layers contract names (a module outside every layer is not checked at all).
-Imports inside functions and under TYPE_CHECKING count.
+The layers themselves (policy pure, the agent seeing only fleetd.protocol and fleetd.shared,
+protocol free of controller code, the agent's rooms importing downward) are import-linter
+contracts. Two rules are left here: no module in agent/ or fleetd/ imports one that imports it
+back (a contract sees packages, and fleetd's top-level packages are not a strict hierarchy), and
+every agent module lives in a room the layers contract names (a module outside every layer is not
+checked at all). Imports inside functions and under TYPE_CHECKING count.
 """
 
 from __future__ import annotations

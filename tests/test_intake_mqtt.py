@@ -18,8 +18,8 @@ from fleetd.intake.mqtt import MqttIntake
 from fleetd.intake.registry import NodeRegistry
 from fleetd.policy.model import Market, Node, PoolId
 from fleetd.protocol.messages import CheckpointSaved, LeaveCommand, Notice, Status, Telemetry
-from fleetd.protocol.settings import MqttConfig
 from fleetd.protocol.topics import node_topic
+from fleetd.shared.settings import MqttConfig
 
 FLEET = "prod"
 

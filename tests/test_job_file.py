@@ -12,7 +12,7 @@ from fleetd.adapters.launch_template import agent_user_data, parse_user_data_env
 from fleetd.config import FleetdConfig, FleetdJobConfig
 from fleetd.jobs.job_file import load_job_file
 from fleetd.jobs.publish import Published, apply_job
-from fleetd.protocol.settings import ConfigError, JobConfig
+from fleetd.shared.settings import ConfigError, JobConfig
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "deploy" / "examples" / "ddp-job" / "job.toml"
 DIGEST = "ab" * 32

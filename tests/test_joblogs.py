@@ -22,8 +22,8 @@ from fleetd.joblogs.layout import format_line, node_file, node_files, parse_line
 from fleetd.joblogs.reader import LogFollower
 from fleetd.joblogs.store import WorkerLogStore, append_batch
 from fleetd.protocol.messages import LogLine, WorkerLogs
-from fleetd.protocol.settings import MqttConfig
 from fleetd.protocol.topics import node_topic
+from fleetd.shared.settings import MqttConfig
 
 T0 = datetime(2026, 11, 26, 12, 0, tzinfo=UTC)
 

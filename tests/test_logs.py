@@ -9,7 +9,7 @@ import re
 
 import structlog
 
-from fleetd.protocol.logs import bind_context, configure_logging, get_logger
+from fleetd.shared.logs import bind_context, configure_logging, get_logger
 
 
 class _Tty(io.StringIO):

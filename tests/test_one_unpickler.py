@@ -1,4 +1,4 @@
-"""torch's rendezvous state is unpickled in one place (fleetd/protocol/rendezvous_pickle.py), with
+"""torch's rendezvous state is unpickled in one place (fleetd/shared/rendezvous_pickle.py), with
 an allow-list, on the controller's path and on the agent's: the store is unauthenticated, and a
 bare ``pickle.loads`` of its value runs whatever a writer on the network named."""
 
@@ -16,9 +16,9 @@ import pytest
 
 from agent.supervise import torchrun_main
 from fleetd.protocol.errors import ProtocolError
-from fleetd.protocol.rendezvous_pickle import NULL_SENTINEL, unpickle_rendezvous_state
 from fleetd.rendezvous.errors import RendezvousStateError
 from fleetd.rendezvous.state import NodeId, RendezvousState, decode, encode
+from fleetd.shared.rendezvous_pickle import NULL_SENTINEL, unpickle_rendezvous_state
 
 ROOT = Path(__file__).resolve().parent.parent
 DECODER = ROOT / "fleetd" / "protocol" / "rendezvous_pickle.py"
@@ -53,7 +53,7 @@ def test_no_unpickling_outside_the_one_decoder() -> None:
             for n, line in enumerate(path.read_text().splitlines(), start=1):
                 if UNPICKLING.search(line):
                     found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
-    assert not found, "unpickle only through fleetd.protocol.rendezvous_pickle:\n" + "\n".join(found)
+    assert not found, "unpickle only through fleetd.shared.rendezvous_pickle:\n" + "\n".join(found)
 
 
 def test_the_decoder_refuses_a_pickle_that_calls_os_system(no_system: list[str]) -> None:

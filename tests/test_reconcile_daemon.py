@@ -10,7 +10,7 @@ from pathlib import Path
 from fleetd.daemon import DaemonContext, Plugins, run_daemon
 from fleetd.policy.model import PoolId
 from fleetd.policy.planner import plan
-from fleetd.protocol.settings import AwsConfig
+from fleetd.shared.settings import AwsConfig
 from tests.reconcile_support import Cloud
 from tests.test_reconcile_crash import log_events, write_config
 

@@ -22,8 +22,8 @@ from fleetd.daemon import DaemonContext, run_daemon
 from fleetd.policy import ledger
 from fleetd.policy.planner import plan
 from fleetd.protocol.messages import DrainCommand, Status, Telemetry, parse_message
-from fleetd.protocol.settings import AwsConfig
 from fleetd.protocol.topics import CHANNEL_QOS, node_topic
+from fleetd.shared.settings import AwsConfig
 from fleetd.wiring import production_plugins
 from tests.harness.mosquitto import Mosquitto
 from tests.harness.ports import free_port

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetd.protocol.sdnotify import Heartbeat, Notifier, watchdog
+from fleetd.shared.sdnotify import Heartbeat, Notifier, watchdog
 
 # A daemon entrypoint shaped like fleetd's and the agent's: notifier from the environment, a main
 # loop that beats a heartbeat, the watchdog task in the same TaskGroup, READY once serving,
@@ -26,7 +26,7 @@ from fleetd.protocol.sdnotify import Heartbeat, Notifier, watchdog
 DAEMON = textwrap.dedent(
     """
     import asyncio, os, signal, sys
-    from fleetd.protocol.sdnotify import Heartbeat, Notifier, watchdog
+    from fleetd.shared.sdnotify import Heartbeat, Notifier, watchdog
 
     async def main() -> int:
         notifier = Notifier.from_environment()

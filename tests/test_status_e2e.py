@@ -16,10 +16,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from fleetd.daemon import DaemonContext, Plugins, run_daemon
 from fleetd.policy.planner import plan
 from fleetd.protocol import rendezvous_keys as keys
-from fleetd.protocol.settings import AwsConfig, RendezvousConfig
 from fleetd.publish import status_component
 from fleetd.rendezvous import state as codec
 from fleetd.rendezvous.host import open_server
+from fleetd.shared.settings import AwsConfig, RendezvousConfig
 from tests.harness.ports import free_port
 from tests.reconcile_support import Cloud
 

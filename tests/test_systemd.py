@@ -250,7 +250,7 @@ def test_each_controller_instance_wants_its_own_rendezvous_and_never_binds_it():
 
 def test_the_state_dir_override_the_template_sets_is_one_fleetd_reads(tmp_path, monkeypatch):
     from fleetd.config import FleetdConfig
-    from fleetd.protocol.settings import load_settings
+    from fleetd.shared.settings import load_settings
 
     conf = tmp_path / "jobA.toml"
     conf.write_text('[fleet]\nname = "jobA"\nstate_dir = "/var/lib/fleetd"\n')

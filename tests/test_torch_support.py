@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetd.protocol.torch_support import ALLOW_ENV, TESTED_BELOW, TESTED_MIN, untested_torch
+from fleetd.shared.torch_support import ALLOW_ENV, TESTED_BELOW, TESTED_MIN, untested_torch
 
 ROOT = Path(__file__).resolve().parent.parent
 

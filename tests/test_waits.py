@@ -1,4 +1,4 @@
-"""Waits with a time limit never lose a cancellation (fleetd/protocol/waits.py).
+"""Waits with a time limit never lose a cancellation (fleetd/shared/waits.py).
 
 CI hung 600 s in a reconcile-loop test: the test cancelled the loop in the same loop iteration
 as a finished cloud call set the loop's wake-up event, Python 3.11's ``asyncio.wait_for`` returned
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from fleetd.policy.planner import plan
-from fleetd.protocol.waits import wait_set, within
+from fleetd.shared.waits import wait_set, within
 from tests.import_graph import ROOT
 from tests.reconcile_support import FakeClock
 from tests.test_pass_schedule import reconciler_on
@@ -117,4 +117,4 @@ def test_fleetd_and_the_agent_do_not_use_asyncio_wait_for() -> None:
         for n, line in enumerate(p.read_text().splitlines(), 1)
         if re.search(r"\bwait_for\(", line) and not line.lstrip().startswith("#") and p.name != "waits.py"
     ]
-    assert not uses, "use fleetd.protocol.waits (wait_for loses cancellations on 3.11):\n" + "\n".join(uses)
+    assert not uses, "use fleetd.shared.waits (wait_for loses cancellations on 3.11):\n" + "\n".join(uses)

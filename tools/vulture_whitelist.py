@@ -6,5 +6,5 @@ fails it until the name goes or is listed here with its reason."""
 batch_idx  # agent/examples/train_lightning.py, agent/trainer/integrations/lightning.py (Lightning hooks)
 outputs  # agent/trainer/integrations/lightning.py: on_train_batch_end(trainer, module, outputs, batch, batch_idx)
 max_packets  # fleetd/intake/mqtt.py: aiomqtt's on-message callback signature
-dotenv_settings  # fleetd/protocol/settings.py: pydantic-settings' settings_customise_sources signature
-file_secret_settings  # fleetd/protocol/settings.py: the same signature
+dotenv_settings  # fleetd/shared/settings.py: pydantic-settings' settings_customise_sources signature
+file_secret_settings  # fleetd/shared/settings.py: the same signature

@@ -20,8 +20,8 @@ from typing import Any
 from agent.checkpoint_store.errors import StoreError
 from agent.checkpoint_store.store import CheckpointStore
 from agent.config import AgentConfig
-from fleetd.protocol.logs import configure_logging
-from fleetd.protocol.settings import ConfigError, load_settings
+from fleetd.shared.logs import configure_logging
+from fleetd.shared.settings import ConfigError, load_settings
 
 
 def _parser() -> argparse.ArgumentParser:

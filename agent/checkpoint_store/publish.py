@@ -53,7 +53,7 @@ from fleetd.protocol.checkpoints import (
     shard_receipts_complete,
 )
 from fleetd.protocol.errors import ProtocolError
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -24,7 +24,7 @@ from agent.checkpoint_store.s3 import S3Bucket
 from fleetd.protocol.checkpoints import CheckpointLayout, FileEntry, Manifest
 from fleetd.protocol.digests import Checksum, Digest
 from fleetd.protocol.errors import ProtocolError
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -32,9 +32,9 @@ from agent.checkpoint_store.slots import priority
 from agent.checkpoint_store.uploader import Uploader, UploadTuning
 from fleetd.protocol.checkpoints import CheckpointLayout, FileEntry, Manifest, WriterReceipt, validate_file_name
 from fleetd.protocol.errors import ProtocolError
-from fleetd.protocol.logs import get_logger
 from fleetd.protocol.messages import CheckpointUploaded
-from fleetd.protocol.settings import AwsConfig, CheckpointConfig
+from fleetd.shared.logs import get_logger
+from fleetd.shared.settings import AwsConfig, CheckpointConfig
 
 log = get_logger(__name__)
 

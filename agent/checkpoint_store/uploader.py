@@ -40,8 +40,8 @@ from agent.checkpoint_store.s3 import CompletedPart, S3Bucket
 from agent.checkpoint_store.slots import PrioritySlots
 from fleetd.protocol.checkpoints import CheckpointLayout, FileEntry
 from fleetd.protocol.digests import Checksum
-from fleetd.protocol.logs import get_logger
-from fleetd.protocol.waits import within
+from fleetd.shared.logs import get_logger
+from fleetd.shared.waits import within
 
 log = get_logger(__name__)
 

@@ -225,7 +225,7 @@ class FakeImds:
         if path in identity:
             return identity[path]
         if path == "/latest/meta-data/placement/region":
-            from fleetd.protocol.aws_region import region_of_zone
+            from fleetd.shared.aws_region import region_of_zone
 
             return region_of_zone(self.zone)
         if path in (DOCUMENT_PATH, SIGNATURE_PATH):

@@ -20,8 +20,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from fleetd.protocol.logs import get_logger
-from fleetd.protocol.waits import within
+from fleetd.shared.logs import get_logger
+from fleetd.shared.waits import within
 
 log = get_logger(__name__)
 

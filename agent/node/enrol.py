@@ -24,7 +24,6 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from agent.node.imds import ImdsClient, ImdsError
-from fleetd.protocol.backoff import Backoff
 from fleetd.protocol.enrol import (
     DOCUMENT_PATH,
     ENROL_PATH,
@@ -35,8 +34,9 @@ from fleetd.protocol.enrol import (
     parse_model,
 )
 from fleetd.protocol.errors import ProtocolError
-from fleetd.protocol.logs import get_logger
-from fleetd.protocol.settings import MqttConfig
+from fleetd.shared.backoff import Backoff
+from fleetd.shared.logs import get_logger
+from fleetd.shared.settings import MqttConfig
 
 log = get_logger(__name__)
 RENEW_AT = 2 / 3  # of the certificate's life

@@ -21,8 +21,8 @@ from typing import Literal, cast
 import aiohttp
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
-from fleetd.protocol.backoff import Backoff
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.backoff import Backoff
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

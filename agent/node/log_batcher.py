@@ -19,9 +19,9 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from fleetd.protocol.logs import get_logger
 from fleetd.protocol.messages import LogLine, WorkerLogs
-from fleetd.protocol.waits import wait_set
+from fleetd.shared.logs import get_logger
+from fleetd.shared.waits import wait_set
 
 log = get_logger(__name__)
 

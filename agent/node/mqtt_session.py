@@ -25,9 +25,7 @@ from typing import Any
 import aiomqtt
 
 from agent.node.outbox import Outbox, OutboxItem
-from fleetd.protocol.backoff import Backoff
 from fleetd.protocol.errors import ProtocolError
-from fleetd.protocol.logs import get_logger
 from fleetd.protocol.messages import (
     Message,
     NodeState,
@@ -37,9 +35,11 @@ from fleetd.protocol.messages import (
     WorkerLogs,
     parse_endpoint,
 )
-from fleetd.protocol.mqtt_options import client_kwargs
-from fleetd.protocol.settings import MqttConfig
 from fleetd.protocol.topics import CHANNEL_QOS, decode, node_topic, rendezvous_topic
+from fleetd.shared.backoff import Backoff
+from fleetd.shared.logs import get_logger
+from fleetd.shared.mqtt_options import client_kwargs
+from fleetd.shared.settings import MqttConfig
 
 log = get_logger(__name__)
 

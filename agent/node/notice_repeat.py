@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 from fleetd.protocol.messages import Notice
-from fleetd.protocol.waits import wait_set
+from fleetd.shared.waits import wait_set
 
 REPEAT_S = 10.0
 

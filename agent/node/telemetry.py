@@ -13,8 +13,8 @@ from collections.abc import Awaitable, Callable
 import psutil
 
 from agent.node.trainer_channel import TrainerProgress
-from fleetd.protocol.logs import get_logger
 from fleetd.protocol.messages import GpuSample, Telemetry
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

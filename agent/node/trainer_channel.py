@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleetd.protocol.errors import ProtocolError
-from fleetd.protocol.logs import get_logger
 from fleetd.protocol.trainer import CheckpointSavedLocally, Progress, parse_report
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 # The trainer reports about once a second (agent/trainer/reports.py); a longer gap means it stopped.

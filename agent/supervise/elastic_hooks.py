@@ -34,10 +34,10 @@ from agent.supervise.workspace import JobWorkspace
 from agent.trainer import local_ckpt
 from agent.trainer.store_link import StoreLink
 from fleetd.protocol import rendezvous_keys as keys
-from fleetd.protocol.backoff import Backoff
-from fleetd.protocol.logs import get_logger
 from fleetd.protocol.messages import NodeState
-from fleetd.protocol.waits import wait_set
+from fleetd.shared.backoff import Backoff
+from fleetd.shared.logs import get_logger
+from fleetd.shared.waits import wait_set
 
 log = get_logger(__name__)
 
@@ -52,7 +52,7 @@ class ElasticHooks:
     instance_id: str
     publish_event: Callable[[Any], Awaitable[None]]
     set_state: Callable[[NodeState], Awaitable[None]]
-    checkpoints: Any = None  # fleetd.protocol.settings.CheckpointConfig
+    checkpoints: Any = None  # fleetd.shared.settings.CheckpointConfig
     aws: Any = None
     log_path: Path | None = None
     log_sink: WorkerLogSink | None = None  # journald and the control host (agent/node/log_sink.py)

@@ -35,8 +35,8 @@ from agent.supervise.torchrun import TorchrunExit, TorchrunProcess
 from agent.trainer import local_ckpt
 from agent.trainer.store_link import StoreLink, StoreLinkError
 from fleetd.protocol import rendezvous_keys as keys
-from fleetd.protocol.logs import get_logger
-from fleetd.protocol.waits import wait_set, within
+from fleetd.shared.logs import get_logger
+from fleetd.shared.waits import wait_set, within
 
 log = get_logger(__name__)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from agent.supervise.torchrun import TorchrunExit, TorchrunProcess
 from agent.supervise.worker_failures import FailureScanner
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -39,7 +39,7 @@ from agent.supervise.store_watch import log_size
 from agent.supervise.torchrun import TorchrunProcess
 from agent.supervise.workspace import JobWorkspace
 from fleetd.protocol import rendezvous_keys as keys
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 LEAVE_WAIT_S = 30.0  # as the emergency path: fleetd answers within a pass when it is up

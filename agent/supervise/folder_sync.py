@@ -29,7 +29,7 @@ from typing import Any
 
 from agent.supervise.folder_gate import FolderState, fingerprint, read_want, write_model
 from agent.supervise.folder_watch import FolderWatch, Snapshot, open_for_writing, scan
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

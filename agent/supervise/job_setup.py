@@ -15,10 +15,10 @@ from typing import Any
 from agent.checkpoint_store.errors import StoreError
 from agent.checkpoint_store.s3 import S3Bucket
 from agent.supervise.workspace import JobWorkspace, SetupFailed, prepare
-from fleetd.protocol.backoff import Backoff
-from fleetd.protocol.logs import get_logger
 from fleetd.protocol.messages import TrainerExited
-from fleetd.protocol.waits import wait_set
+from fleetd.shared.backoff import Backoff
+from fleetd.shared.logs import get_logger
+from fleetd.shared.waits import wait_set
 
 log = get_logger(__name__)
 SETUP_FAILED = "setup-failed"

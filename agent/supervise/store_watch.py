@@ -21,9 +21,9 @@ from enum import StrEnum
 from pathlib import Path
 
 from agent.supervise.torchrun import TorchrunExit
-from fleetd.protocol.backoff import Backoff
-from fleetd.protocol.logs import get_logger
-from fleetd.protocol.waits import wait_set
+from fleetd.shared.backoff import Backoff
+from fleetd.shared.logs import get_logger
+from fleetd.shared.waits import wait_set
 
 log = get_logger(__name__)
 

@@ -26,7 +26,7 @@ from agent.node.log_sink import WorkerLogSink
 from agent.supervise.launch import LaunchSpec, build_command, build_env
 from agent.supervise.proctree import kill_tree, process_tree
 from agent.supervise.worker_output import WorkerOutput
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -57,7 +57,7 @@ def _job_running(link: StoreLink, node_addr: str) -> bool:
 
     A value that is not torch's state raises ProtocolError (a ValueError: the caller joins
     without a checkpoint, as for any other failure to ask)."""
-    from fleetd.protocol.rendezvous_pickle import unpickle_rendezvous_state
+    from fleetd.shared.rendezvous_pickle import unpickle_rendezvous_state
 
     key = "torch.rendezvous." + link.run_id
     if not link._op("check", [key]):

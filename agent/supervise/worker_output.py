@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from agent.node.log_sink import WorkerLogSink
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

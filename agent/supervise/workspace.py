@@ -30,7 +30,7 @@ from pathlib import Path
 from agent.config import AgentConfig
 from fleetd.protocol.errors import ProtocolError
 from fleetd.protocol.job_code import split_uri, unpack, verify
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -162,7 +162,7 @@ class ResumeSteps:
         import asyncio
 
         from agent.checkpoint_store.store import CheckpointStore
-        from fleetd.protocol.settings import AwsConfig, CheckpointConfig
+        from fleetd.shared.settings import AwsConfig, CheckpointConfig
 
         async def fetch() -> int:
             cfg = CheckpointConfig(bucket=bucket, prefix=self.ctx.s3_prefix, local_dir=self.root)
@@ -186,7 +186,7 @@ class ResumeSteps:
 
         from agent.checkpoint_store.errors import StoreError
         from agent.checkpoint_store.store import CheckpointStore
-        from fleetd.protocol.settings import AwsConfig, CheckpointConfig
+        from fleetd.shared.settings import AwsConfig, CheckpointConfig
 
         async def fetch() -> int | None:
             cfg = CheckpointConfig(bucket=bucket, prefix=self.ctx.s3_prefix, local_dir=self.root)

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from fleetd.protocol import rendezvous_keys as keys
 from fleetd.protocol.errors import ProtocolError
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 V = TypeVar("V", bound=keys._Value)

@@ -26,7 +26,7 @@ from fleetd.adapters.aws_errors import AwsError, aws_call, classify_code
 from fleetd.adapters.ec2_times import transition_time
 from fleetd.adapters.launch_template import TemplateRef, ensure_launch_template
 from fleetd.policy.model import Market, PoolId
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from fleetd.adapters.aws_errors import AwsError, TransientAwsError
 from fleetd.adapters.ec2 import Ec2Instance
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -31,8 +31,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from fleetd.adapters.aws_errors import AwsError, TransientAwsError, translate
 from fleetd.adapters.ec2 import ALL_STATES, TAG_FLEET, AioEc2, Ec2Api, Ec2Instance, LaunchResult, LaunchSpec
-from fleetd.protocol.backoff import Backoff
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.backoff import Backoff
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -46,7 +46,7 @@ from fleetd.adapters.aws_payloads import (
 )
 from fleetd.adapters.pricing_fake import PriceListFake, SpotPriceFake
 from fleetd.policy.model import PoolId
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from fleetd.adapters.aws_errors import PermanentAwsError, aws_call
 from fleetd.config import FleetdConfig
-from fleetd.protocol.logs import get_logger
-from fleetd.protocol.settings import JobConfig
+from fleetd.shared.logs import get_logger
+from fleetd.shared.settings import JobConfig
 
 log = get_logger(__name__)
 

@@ -33,7 +33,7 @@ from fleetd.adapters.aws_errors import AwsError, aws_call
 from fleetd.adapters.catalog import Catalog
 from fleetd.adapters.pricing import PoolPrice
 from fleetd.policy.model import PoolId
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from fleetd.adapters.aws_errors import aws_call
 from fleetd.policy.model import PoolId
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -1,9 +1,9 @@
-"""The rest of the region lookup, at start (fleetd/protocol/aws_region.py has the order): the
+"""The rest of the region lookup, at start (fleetd/shared/aws_region.py has the order): the
 profile's region in ~/.aws/config, then the EC2 instance's own (IMDSv2)."""
 
 from __future__ import annotations
 
-from fleetd.protocol.settings import AwsConfig
+from fleetd.shared.settings import AwsConfig
 
 IMDS_URL = "http://169.254.169.254"
 

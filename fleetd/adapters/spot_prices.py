@@ -20,7 +20,7 @@ from typing import Any
 
 from fleetd.adapters.pricing import PoolPrice, PriceSource, spot_price_points
 from fleetd.policy.model import PoolId
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -27,7 +27,7 @@ def not_built(command: str, issue: int) -> int:
 def load_config(path: Path | None, command: str) -> Any:
     """fleetd.toml (plus FLEETD_* overrides), or None after printing what is wrong, field by field."""
     from fleetd.config import load
-    from fleetd.protocol.settings import ConfigError
+    from fleetd.shared.settings import ConfigError
 
     try:
         return load(path)

@@ -18,6 +18,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fleetd.protocol.settings import config_check
+    from fleetd.shared.settings import config_check
 
     return config_check(FleetdConfig, args.config)

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from fleetd.demo.report import render
     from fleetd.demo.runner import DemoOptions, run_demo
     from fleetd.demo.scenario import resolve
-    from fleetd.protocol.logs import configure_logging
+    from fleetd.shared.logs import configure_logging
 
     if args.steps is not None and args.steps < 1:
         print("--steps must be >= 1", file=sys.stderr)
@@ -137,7 +137,7 @@ def _job_choice(value: str) -> str | None:
 
     from fleetd.demo.configs import DEMO_JOBS
     from fleetd.jobs.job_file import load_job_file
-    from fleetd.protocol.settings import ConfigError
+    from fleetd.shared.settings import ConfigError
 
     if value in DEMO_JOBS:
         return value

@@ -124,7 +124,7 @@ def _load_and_pack(path: Path, action: str) -> tuple[Any, Path, Any] | None:
     """The job file and its packed workdir, or None after saying what is wrong (every problem)."""
     from fleetd.jobs.job_file import load_job_file
     from fleetd.jobs.pack import PackError, pack
-    from fleetd.protocol.settings import ConfigError
+    from fleetd.shared.settings import ConfigError
 
     try:
         job, workdir = load_job_file(path)

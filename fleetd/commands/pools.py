@@ -39,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from fleetd.adapters.catalog import CatalogError, bundled_catalog
     from fleetd.pool_listing import list_pools
-    from fleetd.protocol.settings import ConfigError
+    from fleetd.shared.settings import ConfigError
 
     cfg = None
     if args.config is not None:
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     source = catalog.label
     if args.live:
         from fleetd.adapters.aws_errors import AwsError
-        from fleetd.protocol.logs import configure_logging
+        from fleetd.shared.logs import configure_logging
 
         # Logs (which source priced what) on stderr: stdout is the listing.
         configure_logging(cfg.logging.level if cfg is not None else "info", stream=sys.stderr)

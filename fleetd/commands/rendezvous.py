@@ -15,10 +15,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from fleetd.config import load
-    from fleetd.protocol.logs import bind_context, configure_logging
-    from fleetd.protocol.settings import ConfigError
-    from fleetd.protocol.torch_support import untested_torch
     from fleetd.rendezvous.host import HostSpec, run_until_signalled
+    from fleetd.shared.logs import bind_context, configure_logging
+    from fleetd.shared.settings import ConfigError
+    from fleetd.shared.torch_support import untested_torch
 
     if (why := untested_torch()) is not None:
         print(f"fleetd rendezvous: {why}", file=sys.stderr)

@@ -56,8 +56,8 @@ def read_ledger(path: Path | None, at: float | None) -> tuple[Any, float, list[L
     import asyncio
 
     from fleetd.config import load
-    from fleetd.protocol.settings import ConfigError
     from fleetd.reconcile.ledger_store import DB_NAME, LedgerStore, LedgerStoreError
+    from fleetd.shared.settings import ConfigError
 
     # Without an explicit file, a host with no /etc/fleetd/fleetd.toml still reports from the
     # environment (FLEETD_FLEET__STATE_DIR) and defaults.

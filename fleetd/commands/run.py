@@ -32,11 +32,11 @@ def run(args: argparse.Namespace) -> int:
     from fleetd.adapters.spot_advisor import SpotAdvisorError
     from fleetd.daemon import DaemonContext, run_daemon
     from fleetd.policy.planner import plan
-    from fleetd.protocol.logs import bind_context, configure_logging, get_logger
-    from fleetd.protocol.settings import ConfigError
-    from fleetd.protocol.torch_support import untested_torch
     from fleetd.reconcile.ledger_store import LedgerStoreError
     from fleetd.reconcile.schema import SchemaTooNew
+    from fleetd.shared.logs import bind_context, configure_logging, get_logger
+    from fleetd.shared.settings import ConfigError
+    from fleetd.shared.torch_support import untested_torch
     from fleetd.wiring import production_plugins
 
     if (why := untested_torch()) is not None:
@@ -123,7 +123,7 @@ async def _ship_job(cfg: Any, *, dry_run: bool) -> Any:
     from fleetd.jobs.job_file import load_job_file
     from fleetd.jobs.pack import PackError, pack
     from fleetd.jobs.publish import apply_job, publish_job
-    from fleetd.protocol.settings import ConfigError
+    from fleetd.shared.settings import ConfigError
     from fleetd.state_backup import open_s3
 
     try:
@@ -173,7 +173,7 @@ def exit_bounded(status: int, grace_s: float = THREAD_GRACE_S) -> int:
     import threading
     import time
 
-    from fleetd.protocol.logs import get_logger
+    from fleetd.shared.logs import get_logger
 
     deadline = time.monotonic() + grace_s
     others = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]

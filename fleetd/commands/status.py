@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from fleetd.protocol.errors import ProtocolError
-    from fleetd.protocol.settings import ConfigError
+    from fleetd.shared.settings import ConfigError
 
     try:
         state_dir, fleet, interval = _where(args)

@@ -24,7 +24,7 @@ from agent.doubles.fake_imds import FakeImds
 from agent.supervise.proctree import kill_tree, process_tree
 from fleetd.adapters.launch_template import parse_user_data_env
 from fleetd.demo.procs import Child
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 FIRST_HOST_OCTET = 10  # 127.0.0.10, .11, ... (127.0.0.1 stays the control host)

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 import aiomqtt
 
 from fleetd.protocol import ProtocolError, Telemetry, decode, fleet_filter
-from fleetd.protocol.logs import get_logger
-from fleetd.protocol.mqtt_options import client_kwargs
-from fleetd.protocol.settings import MqttConfig
+from fleetd.shared.logs import get_logger
+from fleetd.shared.mqtt_options import client_kwargs
+from fleetd.shared.settings import MqttConfig
 
 log = get_logger(__name__)
 

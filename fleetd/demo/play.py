@@ -24,7 +24,7 @@ from fleetd.demo import configs
 from fleetd.demo.progress import Progress
 from fleetd.demo.scenario import Step
 from fleetd.policy.model import PoolId
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 # A vanished instance's EC2 state changes soon after the machine stops answering; until then

@@ -8,7 +8,7 @@ import os
 import signal
 from pathlib import Path
 
-from fleetd.protocol.waits import within
+from fleetd.shared.waits import within
 
 
 class Child:
@@ -92,7 +92,7 @@ class Supervised:
     async def watch(self) -> None:
         import time
 
-        from fleetd.protocol.logs import get_logger
+        from fleetd.shared.logs import get_logger
 
         log = get_logger(__name__)
         while not self.stopping:

@@ -32,8 +32,8 @@ from fleetd.demo.scenario import Scenario
 from fleetd.demo.security import DemoPki
 from fleetd.localnet import free_port
 from fleetd.localnet import wait_port_async as wait_port
-from fleetd.protocol.logs import get_logger
-from fleetd.protocol.settings import MqttConfig
+from fleetd.shared.logs import get_logger
+from fleetd.shared.settings import MqttConfig
 
 log = get_logger(__name__)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from agent.doubles.fake_iid import IdentitySigner
 from fleetd.identity.ca import CONTROLLER_CN, OBSERVER_CN, CaFiles, LocalCa
-from fleetd.protocol.settings import MqttConfig
+from fleetd.shared.settings import MqttConfig
 
 # Every address a demo process may reach the broker on (node aliases of the partition harness
 # included), so the broker's certificate verifies whichever one a client dials.

@@ -14,8 +14,8 @@ from pathlib import Path
 from fleetd.config import FleetdConfig
 from fleetd.doctor.result import Check
 from fleetd.localnet import port_answers
-from fleetd.protocol.mqtt_options import tls_context
-from fleetd.protocol.waits import within
+from fleetd.shared.mqtt_options import tls_context
+from fleetd.shared.waits import within
 
 SERVICE_USER = "fleetd"  # deploy/sysusers/fleetd.conf; systemd/fleetd.service runs as it
 

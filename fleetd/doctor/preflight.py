@@ -11,7 +11,7 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, 
 from fleetd.config import FleetdConfig
 from fleetd.doctor.host import file_checks, identity_check
 from fleetd.doctor.result import Check, fatal
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

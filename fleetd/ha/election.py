@@ -16,8 +16,8 @@ from fleetd.adapters.aws_errors import AwsError
 from fleetd.ha.errors import LeaseLost
 from fleetd.ha.table import DynamoTable
 from fleetd.policy import lease
-from fleetd.protocol.logs import get_logger
-from fleetd.protocol.waits import wait_set
+from fleetd.shared.logs import get_logger
+from fleetd.shared.waits import wait_set
 
 log = get_logger(__name__)
 

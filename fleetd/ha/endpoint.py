@@ -16,10 +16,10 @@ from typing import Any
 from fleetd.config import FleetdConfig
 from fleetd.ha.election import Election
 from fleetd.intake.mqtt import BusUnavailable
-from fleetd.protocol.logs import get_logger
 from fleetd.protocol.messages import RendezvousEndpoint
 from fleetd.protocol.topics import rendezvous_topic
 from fleetd.reconcile.state_port import StateBackend
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

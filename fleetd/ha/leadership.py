@@ -16,8 +16,8 @@ from typing import Any
 from fleetd.adapters.aws_errors import AwsError
 from fleetd.ha.election import Election
 from fleetd.ha.errors import LeaseLost
-from fleetd.protocol.logs import get_logger
 from fleetd.reconcile.loop import PassReport, Reconciler
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -24,8 +24,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 from fleetd.adapters.aws_errors import AwsError, aws_call, translate
 from fleetd.ha.errors import LeaseLost
 from fleetd.policy.lease import LeaseRecord
-from fleetd.protocol.failpoints import failpoint
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.failpoints import failpoint
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from fleetd.atomic_file import write_atomically
 from fleetd.identity.rules import Binding
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 KEEP_EXPIRED_S = 86400.0  # an expired binding still lets its key holder renew for a day

@@ -14,7 +14,7 @@ from aiohttp import web
 from fleetd.identity.service import Enrolment, LookupUnavailable, Refused
 from fleetd.protocol.enrol import ENROL_PATH, MAX_REQUEST_BYTES, EnrolRefusal, EnrolRequest, parse_model
 from fleetd.protocol.errors import ProtocolError
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -22,7 +22,7 @@ from fleetd.identity.ca import CertificateAuthority, pem
 from fleetd.identity.iid import DocumentRejected, verify_document
 from fleetd.identity.rules import Binding, EnrolSettings, judge
 from fleetd.protocol.enrol import EnrolRequest, EnrolResponse
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -24,10 +24,7 @@ from prometheus_client import Counter
 from fleetd.intake.coalesce import CoalescingQueue
 from fleetd.intake.events import IntakeEvent, InterruptionNotice, from_message
 from fleetd.intake.registry import NodeRegistry
-from fleetd.protocol.backoff import Backoff
 from fleetd.protocol.errors import ProtocolError
-from fleetd.protocol.failpoints import failpoint
-from fleetd.protocol.logs import get_logger
 from fleetd.protocol.messages import (
     CheckpointCommand,
     DrainCommand,
@@ -36,9 +33,12 @@ from fleetd.protocol.messages import (
     ShutdownCommand,
     WorkerLogs,
 )
-from fleetd.protocol.mqtt_options import client_kwargs
-from fleetd.protocol.settings import MqttConfig
 from fleetd.protocol.topics import CHANNEL_QOS, decode, fleet_filter, node_topic
+from fleetd.shared.backoff import Backoff
+from fleetd.shared.failpoints import failpoint
+from fleetd.shared.logs import get_logger
+from fleetd.shared.mqtt_options import client_kwargs
+from fleetd.shared.settings import MqttConfig
 
 log = get_logger(__name__)
 

@@ -33,8 +33,8 @@ from fleetd.intake.events import (
     TrainingEvent,
 )
 from fleetd.policy.model import Node, node_with
-from fleetd.protocol.logs import get_logger
 from fleetd.protocol.messages import Status, Telemetry, TrainerExited
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -35,9 +35,9 @@ from fleetd.intake.events import (
     RebalanceRecommended,
 )
 from fleetd.intake.registry import NodeRegistry
-from fleetd.protocol.backoff import Backoff
 from fleetd.protocol.errors import ProtocolError
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.backoff import Backoff
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -19,7 +19,7 @@ from fleetd.intake import sqs
 from fleetd.intake.mqtt import MqttIntake
 from fleetd.intake.registry import NodeRegistry
 from fleetd.joblogs.store import WorkerLogStore
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

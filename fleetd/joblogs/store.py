@@ -20,8 +20,8 @@ from pathlib import Path
 from prometheus_client import Counter
 
 from fleetd.joblogs.layout import KEEP, MAX_BYTES, format_line, node_file, rotated
-from fleetd.protocol.logs import get_logger
 from fleetd.protocol.messages import WorkerLogs
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from fleetd.protocol.settings import ConfigError, Name, problems_of
+from fleetd.shared.settings import ConfigError, Name, problems_of
 
 
 class _Part(BaseModel):

@@ -18,7 +18,7 @@ from botocore.exceptions import ClientError
 from fleetd.jobs.job_file import JobFile, load_job_file
 from fleetd.jobs.pack import Packed, pack
 from fleetd.protocol.job_code import code_key, code_uri
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 
 if TYPE_CHECKING:
     from fleetd.config import FleetdConfig

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetd.job_record import SubmitRequest, read_submit
 from fleetd.localnet import raise_if_cancelled
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 
 if TYPE_CHECKING:
     from fleetd.config import FleetdConfig

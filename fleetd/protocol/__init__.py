@@ -1,5 +1,6 @@
-"""Everything that crosses a process boundary: wire messages, topics, shared config groups, the
-checkpoint layout in S3, and the log format. The agent imports nothing else from fleetd."""
+"""What crosses a process boundary: wire messages, topics, rendezvous store keys, the checkpoint
+layout in S3, the job's code archive. Plumbing both sides share is in ``fleetd.shared``; the agent
+imports nothing else from fleetd."""
 
 from fleetd.protocol.errors import ProtocolError
 from fleetd.protocol.messages import (

@@ -27,11 +27,11 @@ from fleetd.adapters.spot_prices import LatestSpotPrices
 from fleetd.config import FleetdConfig
 from fleetd.policy.model import PoolId
 from fleetd.policy.placement import priors_for_pools
-from fleetd.protocol.logs import get_logger
 from fleetd.reconcile.loop import Planner, Reconciler
 from fleetd.reconcile.ports import Clock, NodeCommander, NodeObserver, SignalSource, SpendSource
 from fleetd.reconcile.state import StateStore
 from fleetd.reconcile.state_port import StateBackend
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

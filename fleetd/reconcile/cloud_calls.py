@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from fleetd.adapters.aws_errors import AwsError
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -31,8 +31,6 @@ from fleetd.policy.model import (
     Warn,
 )
 from fleetd.policy.observation import Observation
-from fleetd.protocol.failpoints import failpoint
-from fleetd.protocol.logs import get_logger
 from fleetd.reconcile import journal
 from fleetd.reconcile import state as st
 from fleetd.reconcile.cloud_calls import CloudCalls, Job
@@ -41,6 +39,8 @@ from fleetd.reconcile.ledger_feed import LedgerFeed
 from fleetd.reconcile.outcome import ACTIONS, Outcome, count_aws_error
 from fleetd.reconcile.ports import NodeCommander, NotDelivered
 from fleetd.reconcile.state_port import StateBackend
+from fleetd.shared.failpoints import failpoint
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -12,12 +12,12 @@ from fleetd.adapters.ec2 import LaunchResult, LaunchSpec
 from fleetd.adapters.pricing import PriceSource
 from fleetd.policy.memory import PlannerMemory, after_spot_launch
 from fleetd.policy.model import Launch, Market, PoolId
-from fleetd.protocol.logs import get_logger
 from fleetd.reconcile import state as st
 from fleetd.reconcile.ledger_feed import LedgerFeed
 from fleetd.reconcile.outcome import Outcome, count_aws_error
 from fleetd.reconcile.prices import price_of
 from fleetd.reconcile.state_port import StateBackend
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -9,12 +9,12 @@ from fleetd.adapters.pricing import PoolPrice
 from fleetd.policy import ledger
 from fleetd.policy.goodput import GoodputTracker
 from fleetd.policy.model import Market, Node, PoolId
-from fleetd.protocol.logs import get_logger
 from fleetd.reconcile import state as st
 from fleetd.reconcile.ports import LedgerSink
 from fleetd.reconcile.prices import price_of
 from fleetd.reconcile.state_port import StateBackend
 from fleetd.reconcile.state_rows import InstanceRow
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -24,8 +24,8 @@ from fleetd.policy import ledger
 from fleetd.policy.ledger import EVENT_KINDS, EVENT_TYPES, LedgerEvent, LedgerSummary
 from fleetd.policy.ledger_compact import compact
 from fleetd.policy.model import Market, PoolId
-from fleetd.protocol.logs import get_logger
 from fleetd.reconcile import schema
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

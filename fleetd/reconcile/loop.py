@@ -32,8 +32,6 @@ from fleetd.adapters.pricing import Hardware, PriceSource
 from fleetd.config import FleetdConfig
 from fleetd.policy.model import Plan, PoolId, Terminate
 from fleetd.policy.observation import Observation
-from fleetd.protocol.logs import get_logger
-from fleetd.protocol.waits import wait_set
 from fleetd.reconcile.cloud_calls import CloudCalls
 from fleetd.reconcile.execute import PERMANENT_HOLD_S, ActionExecutor
 from fleetd.reconcile.ledger_feed import LedgerFeed
@@ -54,6 +52,8 @@ from fleetd.reconcile.ports import (
     SpendSource,
 )
 from fleetd.reconcile.state_port import StateBackend
+from fleetd.shared.logs import get_logger
+from fleetd.shared.waits import wait_set
 
 # Outcome, LedgerFeed and the action counters moved out with their code; importable from here still.
 __all__ = [

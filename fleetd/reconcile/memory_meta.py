@@ -7,9 +7,9 @@ from __future__ import annotations
 from fleetd.policy.memory import PlannerMemory, after_plan
 from fleetd.policy.model import Plan
 from fleetd.policy.observation import Observation
-from fleetd.protocol.logs import get_logger
 from fleetd.reconcile.ledger_feed import LedgerFeed
 from fleetd.reconcile.state_port import StateBackend
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -15,13 +15,13 @@ from fleetd.adapters.ec2 import Ec2Api, Ec2Instance
 from fleetd.adapters.pricing import Hardware, PoolPrice, PriceSource
 from fleetd.policy.model import BudgetLevel, LaunchPurpose, Node, NodePhase, PoolId, PoolOffer, node_with
 from fleetd.policy.observation import Observation, PoolStats
-from fleetd.protocol.logs import get_logger
 from fleetd.reconcile import state as st
 from fleetd.reconcile.ledger_feed import LedgerFeed
 from fleetd.reconcile.pool_offers import ExclusionLog, PoolRow, pool_rows
 from fleetd.reconcile.ports import NodeObserver, SignalSource, SpendSource
 from fleetd.reconcile.prices import price_of
 from fleetd.reconcile.state_port import StateBackend
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

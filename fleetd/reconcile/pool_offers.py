@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from fleetd.adapters.pricing import Hardware, PoolPrice
 from fleetd.policy.model import PoolId, PoolOffer
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

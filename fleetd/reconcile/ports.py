@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from fleetd.policy.model import Node
 from fleetd.policy.observation import DesiredJob
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

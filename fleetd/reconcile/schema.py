@@ -26,7 +26,7 @@ import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

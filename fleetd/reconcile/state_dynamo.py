@@ -18,10 +18,10 @@ from fleetd.ha.table import DynamoTable, Fence
 from fleetd.policy import ledger
 from fleetd.policy.ledger import LedgerEvent, LedgerSummary
 from fleetd.policy.model import Market, PoolId
-from fleetd.protocol.logs import get_logger
 from fleetd.reconcile.ledger_store import decode, encode
 from fleetd.reconcile.state_mem import KINDS, StateModel
 from fleetd.reconcile.state_rows import DrainRecord, InstanceRow, LaunchRow, PoolStatsRow, SeenInstance, SyncReport
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -17,10 +17,10 @@ from typing import Any, TypeVar
 
 from fleetd.protocol import rendezvous_keys as keys
 from fleetd.protocol.errors import ProtocolError
-from fleetd.protocol.logs import get_logger
 from fleetd.rendezvous import state as codec
 from fleetd.rendezvous.errors import RendezvousConflict, RendezvousUnavailable
 from fleetd.rendezvous.state import RendezvousState
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 T = TypeVar("T")

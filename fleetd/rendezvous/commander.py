@@ -20,11 +20,11 @@ from typing import Any
 from fleetd.intake.mqtt import BusUnavailable
 from fleetd.intake.registry import NodeRegistry
 from fleetd.intake.signals import TrainingSignals
-from fleetd.protocol.logs import get_logger
 from fleetd.protocol.messages import Command, DrainCommand, LeaveCommand, ShutdownCommand
 from fleetd.reconcile.ports import NotDelivered
 from fleetd.rendezvous.client import RendezvousClient
 from fleetd.rendezvous.errors import RendezvousError
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

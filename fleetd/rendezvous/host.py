@@ -20,9 +20,9 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from fleetd.protocol import rendezvous_keys as keys
-from fleetd.protocol.logs import get_logger
-from fleetd.protocol.sdnotify import Notifier
 from fleetd.rendezvous.errors import RendezvousUnavailable
+from fleetd.shared.logs import get_logger
+from fleetd.shared.sdnotify import Notifier
 
 if TYPE_CHECKING:
     # Where torch defines it (torch.distributed re-exports it, not explicitly for a type checker).

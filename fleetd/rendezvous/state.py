@@ -7,7 +7,7 @@ read-modify-write it like any node does. This module only converts and transform
 in :mod:`fleetd.rendezvous.client`.
 
 The store is unauthenticated, so the value is untrusted: it is unpickled only by the one allow-list
-decoder the agent shares (fleetd/protocol/rendezvous_pickle.py), never with a bare ``pickle.loads``.
+decoder the agent shares (fleetd/shared/rendezvous_pickle.py), never with a bare ``pickle.loads``.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, overload
 
 from fleetd.protocol.errors import ProtocolError
-from fleetd.protocol.rendezvous_pickle import NULL_SENTINEL, unpickle_rendezvous_state
 from fleetd.rendezvous.errors import RendezvousStateError
+from fleetd.shared.rendezvous_pickle import NULL_SENTINEL, unpickle_rendezvous_state
 
 # NULL_SENTINEL is the decoder's; it is named here too, where the rest of the codec is.
 __all__ = ["MARKER_ADDR", "NULL_SENTINEL", "NodeId", "RendezvousState", "decode", "encode"]

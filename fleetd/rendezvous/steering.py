@@ -23,12 +23,12 @@ from datetime import UTC, datetime, timedelta
 from typing import cast
 
 from fleetd.localnet import port_answers
-from fleetd.protocol.logs import get_logger
-from fleetd.protocol.waits import wait_set
 from fleetd.rendezvous import decide
 from fleetd.rendezvous.client import KEY_COUNT, RendezvousClient, Snapshot
 from fleetd.rendezvous.errors import RendezvousError, RendezvousUnavailable
 from fleetd.rendezvous.state import RendezvousState
+from fleetd.shared.logs import get_logger
+from fleetd.shared.waits import wait_set
 
 log = get_logger(__name__)
 
@@ -422,7 +422,7 @@ async def _main(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fleetd.protocol.logs import bind_context, configure_logging
+    from fleetd.shared.logs import bind_context, configure_logging
 
     p = argparse.ArgumentParser(description="steer a torchrun c10d rendezvous (fleetd's loop, standalone)")
     p.add_argument("--host", required=True)

@@ -29,7 +29,7 @@ TORCHRUN_REFORM_S = Sourced(40.0, "DESIGN.md: torchrun defaults, 35-45 s to re-f
 # A node lost with no notice: fleetd learns of it from two signals (lifecycle.py's rule): the
 # agent's last will arrives after MQTT keep-alive x 1.5, and the EC2 state change soon after.
 FLEETD_LOSS_DETECT_S = Sourced(
-    22.5, "MQTT keep-alive 15 s (protocol/settings.py) x 1.5 until the broker sends the last will"
+    22.5, "MQTT keep-alive 15 s (shared/settings.py) x 1.5 until the broker sends the last will"
 )
 
 

@@ -194,7 +194,7 @@ def _planner_config(args: argparse.Namespace, sources: dict[str, str]) -> Any:
     if args.config is None:
         return None
     from fleetd.config import load
-    from fleetd.protocol.settings import ConfigError
+    from fleetd.shared.settings import ConfigError
 
     try:
         cfg = load(args.config)

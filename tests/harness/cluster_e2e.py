@@ -8,8 +8,8 @@ import asyncio
 from pathlib import Path
 
 from agent.checkpoint_store import CheckpointStore
-from fleetd.protocol.settings import AwsConfig, CheckpointConfig
 from fleetd.rendezvous.localcluster import LocalCluster
+from fleetd.shared.settings import AwsConfig, CheckpointConfig
 
 
 def store_for(aws_client_kwargs: dict, local_dir: Path, job: str, *, bucket: str):

@@ -30,7 +30,7 @@ import socket
 import time
 from collections.abc import Callable, MutableMapping
 
-from fleetd.protocol.logs import get_logger
+from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ssl
 from typing import Any
 
-from fleetd.protocol.settings import MqttConfig
+from fleetd.shared.settings import MqttConfig
 
 
 def tls_context(cfg: MqttConfig) -> ssl.SSLContext | None:

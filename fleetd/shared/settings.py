@@ -34,7 +34,7 @@ class Group(BaseModel):
 
 class AwsConfig(Group):
     # Empty: AWS_REGION, AWS_DEFAULT_REGION, the profile's region, else (on EC2) the instance's
-    # (fleetd/protocol/aws_region.py). Never a silent default.
+    # (fleetd/shared/aws_region.py). Never a silent default.
     region: str = ""
     # moto server, LocalStack or any S3/EC2-compatible endpoint; None means real AWS.
     endpoint_url: str | None = None
@@ -49,7 +49,7 @@ class AwsConfig(Group):
             return data
         if data.get("region"):
             return {**data, "region_source": "config"}
-        from fleetd.protocol.aws_region import LOCAL_DEFAULT, region_from_environment
+        from fleetd.shared.aws_region import LOCAL_DEFAULT, region_from_environment
 
         found = region_from_environment()
         if found is not None:
