@@ -50,14 +50,22 @@ def test_submit_checks_the_file_here_and_hands_it_to_the_daemon(tmp_path: Path) 
     assert f"version {digest[:12]} submitted" in out.stdout
     # Another job's file: this controller runs one job.
     other = conf.with_name("other.toml")
-    other.write_text(f'[fleet]\nstate_dir = "{tmp_path / "state"}"\n[job]\nname = "another"\n')
+    other.write_text(f'[fleet]\nstate_dir = "{tmp_path / "other-state"}"\n[job]\nname = "another"\n')
     refused = _cli("job", "submit", str(job_file), "--config", str(other))
     assert refused.returncode == 2 and "runs 'another'" in refused.stderr
+    # fleetd.toml that names the job only through its job file: the file's name is the job's.
+    by_file = conf.with_name("by-file.toml")
+    by_file.write_text(f'[fleet]\nstate_dir = "{tmp_path / "state"}"\n[job]\nfile = "{job_file}"\n')
+    again = _cli("job", "submit", str(job_file), "--config", str(by_file))
+    assert again.returncode == 0, again.stderr
     # A broken file is refused here, before anything reaches the daemon.
     job_file.write_text(job_file.read_text().replace('script = "train.py"', 'script = "../x.py"'))
     broken = _cli("job", "submit", str(job_file), "--config", str(conf))
     assert broken.returncode == 2 and "run.script" in broken.stderr
-    assert read_submit(tmp_path / "state") == request
+    kept = read_submit(tmp_path / "state")
+    assert kept is not None and (kept.file, kept.digest) == (request.file, request.digest), (
+        "the broken one never landed"
+    )
 
 
 def _cfg(tmp_path: Path, digest: str = "a" * 64, **capacity: object) -> FleetdConfig:

@@ -58,9 +58,10 @@ def submit(args: argparse.Namespace) -> int:
     if loaded is None:
         return 2
     job, _workdir, packed = loaded
-    if job.name != cfg.job.name:
+    running_name = _job_name(cfg)
+    if job.name != running_name:
         print(
-            f"fleetd job submit: {path} defines job {job.name!r}; fleet {cfg.fleet.name} runs {cfg.job.name!r} "
+            f"fleetd job submit: {path} defines job {job.name!r}; fleet {cfg.fleet.name} runs {running_name!r} "
             "(one job per controller: another job is another fleet, deploy/README.md)",
             file=sys.stderr,
         )
@@ -118,6 +119,22 @@ def list_jobs(args: argparse.Namespace) -> int:
     if row["reason"]:
         print(f"  {row['reason']}")
     return 0
+
+
+def _job_name(cfg: Any) -> str:
+    """The job the controller runs: its submitted job file's, else fleetd.toml's job file's, else
+    fleetd.toml's ``[job] name`` (a job file defines the name; fleetd.toml need not repeat it)."""
+    from fleetd.jobs.job_file import load_job_file
+    from fleetd.jobs.submission import submitted_job
+    from fleetd.shared.settings import ConfigError
+
+    file = submitted_job(cfg).job.file
+    if file is not None:
+        try:
+            return str(load_job_file(file)[0].name)
+        except ConfigError:
+            pass  # unreadable here (the daemon's user may read it): the config's name stands
+    return str(cfg.job.name)
 
 
 def _load_and_pack(path: Path, action: str) -> tuple[Any, Path, Any] | None:
