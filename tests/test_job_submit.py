@@ -157,3 +157,69 @@ def test_the_node_says_which_version_it_runs() -> None:
     signals.code_digest = "f" * 64
     assert signals.snapshot().code_digest == "f" * 64
     assert JobRecord().state is JobState.PENDING
+
+
+async def test_a_host_taking_the_lead_runs_the_version_the_fleet_adopted(tmp_path: Path) -> None:
+    """HA: the other control host's files name the old version; the shared state store names the
+    one the fleet adopted, and that one wins, once, when this host's watcher starts."""
+    cfg = _cfg(tmp_path)
+    adopted: list[str] = []
+    shared = cfg.model_copy(update={"job": cfg.job.model_copy(update={"code_digest": "f" * 64})})
+
+    async def publish(wanted: FleetdConfig) -> tuple[FleetdConfig, Published]:
+        raise AssertionError("nothing is submitted here")
+
+    async def adopt(new: FleetdConfig) -> None:
+        adopted.append(new.job.code_digest)
+
+    recalls: list[int] = []
+
+    async def recall() -> FleetdConfig | None:
+        recalls.append(1)
+        return shared
+
+    w = SubmissionWatcher(cfg, publish, adopt, recall)
+    assert await w.check() is None and await w.check() is None
+    assert adopted == ["f" * 64] and w.cfg.job.code_digest == "f" * 64 and len(recalls) == 1
+    # The same version as the shared one: nothing to adopt.
+    same = SubmissionWatcher(shared, publish, adopt, recall)
+    await same.check()
+    assert adopted == ["f" * 64]
+
+
+async def test_the_daemon_records_what_it_adopted_where_every_host_reads_it(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from fleetd.jobs.submission import submission_component
+
+    class Meta:
+        def __init__(self) -> None:
+            self.values: dict[str, object] = {}
+
+        async def get_meta(self, key: str, default: object = None) -> object:
+            return self.values.get(key, default)
+
+        async def set_meta(self, key: str, value: object) -> None:
+            self.values[key] = value
+
+    templates: list[str] = []
+
+    async def use_template_for(new: FleetdConfig) -> None:
+        templates.append(new.job.code_digest)
+
+    cfg = _cfg(tmp_path)
+    registry = NodeRegistry()
+    signals = TrainingSignals(registry)
+    loop = SimpleNamespace(state=Meta(), ec2=SimpleNamespace(inner=SimpleNamespace(use_template_for=use_template_for)))
+    ctx = SimpleNamespace(reconciler=loop, cfg=cfg, job=None, wake_loop=lambda: None)
+    watcher = submission_component(cfg, ctx, signals).__self__  # type: ignore[attr-defined]
+    new = cfg.model_copy(
+        update={
+            "job": cfg.job.model_copy(update={"code_digest": "c" * 64, "total_steps": 900}),
+            "budget": cfg.budget.model_copy(update={"total_usd": 42.0}),
+        }
+    )
+    await watcher.adopt(new)
+    assert templates == ["c" * 64] and loop.cfg is new and ctx.cfg is new and signals.code_digest == "c" * 64
+    recalled = await watcher.recall()
+    assert recalled is not None and recalled.job == new.job and recalled.budget.total_usd == 42.0

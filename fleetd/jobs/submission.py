@@ -8,7 +8,9 @@ becomes the job's code version, without a restart.
 From then on new nodes boot the new version, and the planner drains every node on the old one
 (fleetd/policy/stages/code_version.py): one world never runs two versions. A job that had ended
 starts a new run (fleetd/job_watch.py ``new_version``). A restarted daemon ships the submitted
-file instead of fleetd.toml's (``submitted_job``), so a restart never goes back to old code.
+file instead of fleetd.toml's (``submitted_job``), so a restart never goes back to old code, and
+with HA a host that takes the lead runs the version the fleet adopted (the shared state store's
+``job_adopted``), not the one its own files name.
 
 A submission that cannot be shipped (the file or its workdir unreadable by the daemon's user,
 the workdir refused by pack.py, S3 refusing the upload) is logged once with the reason and the
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
     from fleetd.jobs.publish import Published
 
 log = get_logger(__name__)
+# The job (with its code version) and budget the fleet runs, in the shared state store's meta table.
+SHARED_KEY = "job_adopted"
 
 
 def submitted_job(cfg: FleetdConfig) -> FleetdConfig:
@@ -53,12 +57,24 @@ class SubmissionWatcher:
     publish: Callable[[FleetdConfig], Awaitable[tuple[FleetdConfig, Published]]]
     # The new config into the running daemon: launch template, loop, job watcher, planner.
     adopt: Callable[[FleetdConfig], Awaitable[None]]
+    # The version the fleet last adopted, from the state store every control host shares (HA): a
+    # host that takes the lead runs it, not the one its own files name. None: a single host.
+    recall: Callable[[], Awaitable[FleetdConfig | None]] | None = None
     interval_s: float = 2.0
     _tried: tuple[Path, float] | None = None  # the last request handled (file, submitted_at)
     _unreadable: bool = False  # the request file is bad (said once)
+    _recalled: bool = False
 
     async def check(self) -> str | None:
         """Ship a new submission, if there is one; the digest now running (None: nothing new)."""
+        if not self._recalled and self.recall is not None:
+            self._recalled = True
+            shared = await self.recall()
+            if shared is not None and shared.job.code_digest != self.cfg.job.code_digest:
+                old = self.cfg.job.code_digest
+                await self.adopt(shared)
+                self.cfg = shared
+                log.warning("job_version_recalled", old=old[:12], new=shared.job.code_digest[:12])
         try:
             request = await asyncio.to_thread(read_submit, self.cfg.fleet.state_dir)
         except Exception as exc:  # noqa: BLE001 - said once per bad file; the job goes on
@@ -104,6 +120,8 @@ class SubmissionWatcher:
         return published.digest
 
     async def run(self, ctx: Any) -> None:
+        while getattr(ctx, "reconciler", None) is None:  # the launch template and the loop come first
+            await asyncio.sleep(self.interval_s)
         while True:
             try:
                 await self.check()
@@ -127,16 +145,25 @@ def submission_component(cfg: FleetdConfig, ctx: Any, signals: Any) -> Callable[
 
     async def adopt(new: FleetdConfig) -> None:
         loop = ctx.reconciler
-        if loop is not None:
-            await loop.ec2.inner.use_template_for(new)
-            loop.cfg = new
+        await loop.ec2.inner.use_template_for(new)
+        loop.cfg = new
+        await loop.state.set_meta(
+            SHARED_KEY, {"job": new.job.model_dump(mode="json"), "budget": new.budget.model_dump(mode="json")}
+        )
         ctx.cfg = new
         signals.code_digest = new.job.code_digest
         if ctx.job is not None:
             await ctx.job.new_version(new.job.code_digest, new.job.lifecycle_settings(), new.job.total_steps)
         ctx.wake_loop()
 
-    return SubmissionWatcher(cfg, publish, adopt).run
+    async def recall() -> FleetdConfig | None:
+        raw = await ctx.reconciler.state.get_meta(SHARED_KEY)
+        if not raw:
+            return None
+        job = type(cfg.job).model_validate(raw["job"])
+        return cfg.model_copy(update={"job": job, "budget": type(cfg.budget).model_validate(raw["budget"])})
+
+    return SubmissionWatcher(cfg, publish, adopt, recall).run
 
 
 def _reason(exc: Exception) -> str:
