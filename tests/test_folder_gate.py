@@ -152,3 +152,17 @@ def test_a_bad_gate_setting_leaves_torchrun_ungated(raw: str, capsys: pytest.Cap
     assert install(raw) is False
     assert "folder gate off" in capsys.readouterr().err
     assert os.environ.get("FLEETD_FOLDER_GATE") is None
+
+
+def test_a_folder_no_agent_syncs_starts_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No state file (no checkpoint store): nothing will ever be uploaded, so the gate never waits."""
+    from agent.supervise import folder_gate
+
+    def no_wait(_s: float) -> None:
+        raise AssertionError("the gate waited for an upload nobody makes")
+
+    cfg = _node(tmp_path, "a", None, timeout_s=30.0)
+    (cfg.folder / "snapshot.pt").write_bytes(b"local only")
+    _server, (store,) = _store(1)
+    monkeypatch.setattr(folder_gate.time, "sleep", no_wait)
+    assert "folder at version 0, the newest of 1 node(s)" in gate(store, 0, 1, cfg)

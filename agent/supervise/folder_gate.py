@@ -114,10 +114,12 @@ def version_to_take(mine: Held, everyone: Iterable[Held]) -> int | None:
 
 
 def _clean(cfg: GateConfig) -> FolderState | None:
+    """The folder's state once it holds what the agent last uploaded or restored; None while not.
+    No state file at all: no agent syncs this folder (no checkpoint store), nothing to wait for."""
     state = read_state(cfg.state)
     files = scan(cfg.folder)
     if state is None:
-        return FolderState() if not files else None
+        return FolderState(files=files)
     return state if dict(state.files) == files else None
 
 
