@@ -166,3 +166,26 @@ def test_a_folder_no_agent_syncs_starts_at_once(tmp_path: Path, monkeypatch: pyt
     _server, (store,) = _store(1)
     monkeypatch.setattr(folder_gate.time, "sleep", no_wait)
     assert "folder at version 0, the newest of 1 node(s)" in gate(store, 0, 1, cfg)
+
+
+async def test_a_save_still_settling_at_a_drain_is_uploaded_before_the_node_says_ready(
+    tmp_path: Path,
+    aws_client_kwargs,  # type: ignore[no-untyped-def]
+) -> None:
+    """No signal: the drain cannot ask for a save, but the one the script just made (not settled
+    yet) must not die with the node. FolderHooks' drain waits for it this way."""
+    import time
+
+    cfg = CheckpointConfig(bucket="folder-drain", prefix="ck", local_dir=tmp_path / "agent")
+    aws = AwsConfig(region=aws_client_kwargs["region_name"], endpoint_url=aws_client_kwargs["endpoint_url"])
+    async with CheckpointStore.connect(cfg, aws, job="j", client_config=aws_client_kwargs["config"]) as store:
+        await store.ensure_bucket()
+        sync = FolderSync(tmp_path / "a", tmp_path / "stage-a", store, "a", settle_s=0.3, poll_s=0.05)
+        (tmp_path / "a").mkdir()
+        assert not await sync.pending()
+        (tmp_path / "a" / "snapshot.pt").write_bytes(b"epoch 8, saved just before the drain")
+        await sync.poll()  # seen, not settled: nothing uploaded
+        assert await sync.pending() and sync.last_version == 0
+        got = await sync.wait_new_version(sync.watch.changed_at - 1e-6, time.monotonic() + 30, lambda: True)
+        assert got == 1 and not await sync.pending()
+        assert await store.complete_steps() == [1]

@@ -283,7 +283,11 @@ class FolderHooks(ElasticHooks):
         if sync is None or sync.store is None:
             return None, "folder mode without a checkpoint store: nothing uploaded"
         if self.folder is None or self.folder.signal == "none":
-            await sync.poll()  # a complete version not uploaded yet goes now
+            # The script's last save may still be settling (a save every few seconds is never
+            # "settled" at the drain's first look): it is uploaded before the node says ready.
+            await sync.poll()
+            if await sync.pending():
+                await sync.wait_new_version(sync.watch.changed_at - 1e-6, until, self._workers_alive)
             kept = sync.last_version or None
             return kept, "folder mode, no signal: the script's last save is what is kept"
         sig = getattr(signal, self.folder.signal)

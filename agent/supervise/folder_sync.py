@@ -164,6 +164,11 @@ class FolderSync:
             await self.on_uploaded(result)
         return number
 
+    async def pending(self) -> bool:
+        """The folder holds files not uploaded (or restored) yet: a save still settling, or one
+        still being written."""
+        return await asyncio.to_thread(scan, self.folder) != dict(self.watch.baseline or {})
+
     async def wait_new_version(self, since: float, until: float, workers_alive: Callable[[], bool]) -> int | None:
         """A version whose files changed after ``since`` (monotonic) once it is uploaded; None when
         the workers are gone and the folder settled with nothing new, or at ``until``."""
