@@ -21,7 +21,7 @@ from fleetd.rendezvous.state import NodeId, RendezvousState, decode, encode
 from fleetd.shared.rendezvous_pickle import NULL_SENTINEL, unpickle_rendezvous_state
 
 ROOT = Path(__file__).resolve().parent.parent
-DECODER = ROOT / "fleetd" / "protocol" / "rendezvous_pickle.py"
+DECODER = ROOT / "fleetd" / "shared" / "rendezvous_pickle.py"
 # Any way to unpickle: the functions, a hand-made Unpickler, or the names imported bare.
 UNPICKLING = re.compile(r"pickle\.loads?\(|pickle\.Unpickler|from pickle import[^\n]*\bloads?\b")
 
