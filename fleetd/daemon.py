@@ -20,16 +20,17 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tenacity import RetryCallState
+
 from fleetd.adapters.aws_errors import AwsError
 from fleetd.config import FleetdConfig
 from fleetd.gc_pacing import GcPacing
 from fleetd.reconcile.build import Built, build_reconciler, ec2_client_kwargs, pricing_client_kwargs
 from fleetd.reconcile.loop import PassReport, Planner, Reconciler
 from fleetd.reconcile.ports import Clock, NodeCommander, NodeObserver, SignalSource
-from fleetd.shared.backoff import Backoff
+from fleetd.shared.backoff import failure_of, retrying
 from fleetd.shared.logs import get_logger
 from fleetd.shared.sdnotify import Heartbeat, Notifier, watchdog
-from fleetd.shared.waits import wait_set
 
 log = get_logger(__name__)
 
@@ -146,24 +147,34 @@ async def _build_until_ready(ctx: DaemonContext, build: Callable[[], Awaitable[B
     """Start-up needs EC2 (pools, launch template). A failure there (no permission yet, AWS
     throttling, a network blip) is logged once per distinct error and retried with backoff
     instead of exiting: exiting would make systemd restart us in a crash loop."""
-    backoff = Backoff(STARTUP_RETRY_FIRST_S, STARTUP_RETRY_MAX_S)
     last: tuple[str, str] | None = None
-    while not ctx.stopping.is_set():
-        try:
-            return await build()
-        except AwsError as exc:
-            delay = backoff.next_delay()
-            if (exc.operation, exc.code) != last:
-                log.error(
-                    "startup_blocked",
-                    operation=exc.operation,
-                    code=exc.code,
-                    kind=exc.kind,
-                    error=exc.message,
-                    retry_in_s=delay,
-                )
-                last = (exc.operation, exc.code)
-            await wait_set(ctx.stopping, delay)
+
+    def blocked(state: RetryCallState) -> None:
+        nonlocal last
+        exc = failure_of(state)
+        assert isinstance(exc, AwsError)
+        if (exc.operation, exc.code) != last:
+            log.error(
+                "startup_blocked",
+                operation=exc.operation,
+                code=exc.code,
+                kind=exc.kind,
+                error=exc.message,
+                retry_in_s=state.upcoming_sleep,
+            )
+            last = (exc.operation, exc.code)
+
+    try:
+        async for attempt in retrying(
+            STARTUP_RETRY_FIRST_S, STARTUP_RETRY_MAX_S, retry_on=AwsError, stop=ctx.stopping, before_sleep=blocked
+        ):
+            if ctx.stopping.is_set():  # it came during the wait
+                return None
+            with attempt:
+                return await build()
+    except AwsError:
+        if not ctx.stopping.is_set():
+            raise
     return None
 
 

@@ -22,6 +22,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from tenacity import RetryCallState
 
 from agent.node.imds import ImdsClient, ImdsError
 from fleetd.protocol.enrol import (
@@ -34,7 +35,7 @@ from fleetd.protocol.enrol import (
     parse_model,
 )
 from fleetd.protocol.errors import ProtocolError
-from fleetd.shared.backoff import Backoff
+from fleetd.shared.backoff import failure_of, retrying
 from fleetd.shared.logs import get_logger
 from fleetd.shared.settings import MqttConfig
 
@@ -169,16 +170,24 @@ class NodeEnrolment:
 
     async def ensure(self, stop: asyncio.Event | None = None) -> EnrolResponse:
         """Enrol, retrying with backoff until it works (the controller may start after us)."""
-        backoff = Backoff(RETRY_FIRST_S, RETRY_MAX_S, jitter=0.2)
-        while True:
-            try:
-                return await self.enrol_once()
-            except EnrolFailed as exc:
-                delay = backoff.next_delay()
-                log.warning("node_enrolment_failed", error=str(exc)[:500], retry_in_s=round(delay, 1))
+
+        def failed(state: RetryCallState) -> None:
+            delay = round(state.upcoming_sleep, 1)
+            log.warning("node_enrolment_failed", error=str(failure_of(state))[:500], retry_in_s=delay)
+
+        try:
+            async for attempt in retrying(
+                RETRY_FIRST_S, RETRY_MAX_S, retry_on=EnrolFailed, jitter=0.2, stop=stop, before_sleep=failed
+            ):
+                if attempt.retry_state.attempt_number > 1 and stop is not None and stop.is_set():
+                    break  # it came during the wait
+                with attempt:
+                    return await self.enrol_once()
+        except EnrolFailed:
             if stop is not None and stop.is_set():
-                raise EnrolFailed("stopped before enrolment succeeded")
-            await asyncio.sleep(delay)
+                raise EnrolFailed("stopped before enrolment succeeded") from None
+            raise
+        raise EnrolFailed("stopped before enrolment succeeded")
 
     def renew_in_s(self, now: datetime) -> float:
         """Two thirds into the life left when it arrived (notBefore is backdated for clock skew)."""

@@ -20,8 +20,9 @@ from typing import Literal, cast
 
 import aiohttp
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+from tenacity import RetryCallState
 
-from fleetd.shared.backoff import Backoff
+from fleetd.shared.backoff import failure_of, retrying
 from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
@@ -231,22 +232,21 @@ async def read_identity(client: ImdsClient, *, retry_s: float = 1.0, max_retry_s
     The agent cannot name itself on MQTT without its instance id, so there is nothing better to do
     than wait; each failure is logged.
     """
-    backoff = Backoff(retry_s, max_retry_s)
-    while True:
-        try:
+
+    def failed(state: RetryCallState) -> None:
+        log.warning("imds_identity_failed", error=str(failure_of(state)), retry_in_s=state.upcoming_sleep)
+
+    async for attempt in retrying(retry_s, max_retry_s, retry_on=ImdsError, before_sleep=failed):
+        with attempt:
             ident = await client.identity()
-            log.info(
-                "imds_identity",
-                instance_id=ident.instance_id,
-                instance_type=ident.instance_type,
-                zone=ident.zone,
-                lifecycle=ident.lifecycle,
-            )
-            return ident
-        except ImdsError as exc:
-            delay = backoff.next_delay()
-            log.warning("imds_identity_failed", error=str(exc), retry_in_s=delay)
-            await asyncio.sleep(delay)
+    log.info(
+        "imds_identity",
+        instance_id=ident.instance_id,
+        instance_type=ident.instance_type,
+        zone=ident.zone,
+        lifecycle=ident.lifecycle,
+    )
+    return ident
 
 
 # ---------------------------------------------------------------------- watcher

@@ -18,13 +18,14 @@ cannot come back forever.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
+
+from tenacity import RetryCallState
 
 from fleetd.adapters.aws_errors import AwsError, aws_call
 from fleetd.intake.events import (
@@ -36,7 +37,7 @@ from fleetd.intake.events import (
 )
 from fleetd.intake.registry import NodeRegistry
 from fleetd.protocol.errors import ProtocolError
-from fleetd.shared.backoff import Backoff
+from fleetd.shared.backoff import failure_of, retrying
 from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
@@ -141,15 +142,13 @@ class SqsIntake:
         self.deferred = 0  # put back: unknown for now
 
     async def run(self) -> None:
-        backoff = Backoff(1.0, self.backoff_max_s)
-        while True:
-            try:
-                await self.poll_once()
-                backoff.reset()
-            except AwsError as exc:
-                delay = backoff.next_delay()
-                log.warning("intake_sqs_failed", error=str(exc), retry_in_s=delay)
-                await asyncio.sleep(delay)
+        def failed(state: RetryCallState) -> None:
+            log.warning("intake_sqs_failed", error=str(failure_of(state)), retry_in_s=state.upcoming_sleep)
+
+        while True:  # one long poll after another; a failed one is retried, then the schedule starts over
+            async for attempt in retrying(1.0, self.backoff_max_s, retry_on=AwsError, before_sleep=failed):
+                with attempt:
+                    await self.poll_once()
 
     async def poll_once(self) -> list[IntakeEvent]:
         """One long poll; returns the events applied (duplicates and foreign events excluded)."""
