@@ -19,6 +19,9 @@ the node uploads its newest complete local step before it says ``left``.
 A node noticed before its worker ever started in a world (a replacement still restoring, in a
 wave of notices) holds no training state: it asks for no checkpoint, so the training world is
 neither held nor re-formed for it; it says ``drain_ready`` with no step and leaves.
+
+The flow's phase moves only through fleetd.protocol.interruption's table (``PhaseTrack``), and each
+move is logged (``emergency_phase``) with the phase's name.
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ from typing import Any, Protocol
 from agent.supervise.torchrun import TorchrunExit, TorchrunProcess
 from agent.trainer import local_ckpt
 from agent.trainer.store_link import StoreLink, StoreLinkError
+from fleetd.protocol import interruption
 from fleetd.protocol import rendezvous_keys as keys
+from fleetd.protocol.interruption import Phase
 from fleetd.shared.logs import get_logger
 from fleetd.shared.waits import wait_set, within
 
@@ -74,6 +79,18 @@ class CheckpointStoreUploader:
         return True
 
 
+@dataclass(slots=True)
+class _Leaving:
+    """What one emergency learned so far; kept when the store fails half-way."""
+
+    member: Any = None
+    seq: int | None = None
+    step: int | None = None
+    durable: bool = False
+    detail: str = ""
+    upload: asyncio.Task[tuple[bool, str]] | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class EmergencyOutcome:
     step: int | None
@@ -81,6 +98,27 @@ class EmergencyOutcome:
     left: bool
     timings: dict[str, float]  # seconds since the notice, per phase
     detail: str = ""
+    phase: Phase = Phase.LEFT  # where the flow ended: STOPPED when ``left`` could not be written
+
+
+@dataclass
+class PhaseTrack:
+    """One interruption's phase on this node, moved only along fleetd.protocol.interruption's
+    table. An illegal move is a bug in the flow: it is logged as an error, and the flow goes on,
+    because the node must stop its tree before the notice's deadline whatever the bookkeeping says."""
+
+    node_addr: str
+    phase: Phase = interruption.START
+    history: list[Phase] = field(default_factory=lambda: [interruption.START])
+
+    def to(self, new: Phase, **detail: Any) -> None:
+        try:
+            interruption.advance(self.phase, new)
+        except interruption.IllegalTransition as exc:
+            log.error("emergency_phase_illegal", node_addr=self.node_addr, error=str(exc))
+        log.info("emergency_phase", node_addr=self.node_addr, phase=str(new), was=str(self.phase), **detail)
+        self.phase = new
+        self.history.append(new)
 
 
 @dataclass
@@ -93,6 +131,7 @@ class EmergencyFlow:
     leave_event: asyncio.Event = field(default_factory=asyncio.Event)  # set by an MQTT leave
     poll_s: float = 0.02
     leave_wait_s: float = 30.0
+    track: PhaseTrack | None = None  # the running (or last) flow's phase
 
     async def _store(self, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         return await asyncio.to_thread(fn, *args, **kw)
@@ -105,73 +144,118 @@ class EmergencyFlow:
             marks[name] = round(time.monotonic() - t0, 4)
 
         budget = _seconds_until(deadline, default=110.0)
-        log.warning("emergency_started", node_addr=self.node_addr, reason=reason, budget_s=round(budget, 1))
-        step: int | None = None
-        durable = False
-        detail = ""
-        upload: asyncio.Task[tuple[bool, str]] | None = None
-        member = None
+        track = self.track = PhaseTrack(self.node_addr)
+        log.warning(
+            "emergency_started",
+            node_addr=self.node_addr,
+            reason=reason,
+            budget_s=round(budget, 1),
+            phase=str(track.phase),
+        )
+        lv = _Leaving()
         try:
-            member = await self._store(self.link.member, self.node_addr)
-            if member is None:
-                detail = "not yet a member of the training world (restoring): nothing to checkpoint"
-                log.warning("emergency_not_a_member", node_addr=self.node_addr)
-            else:
-                # First say a notice is under way, so that fleetd re-forms the survivors once for
-                # the whole wave rather than once per leaver (DESIGN.md "A wave of notices").
-                await self._store(self.link.mark_noticed, self.node_addr, keys.Noticed(reason=reason[:200]))
-                seq = await self._store(
-                    self.link.request_checkpoint, reason, hold=True, leaving=(self.node_addr,), by=self.node_addr
-                )
-                mark("requested")
-                step = await self._wait_saved(seq, until=t0 + budget * 0.5)
-                mark("saved")
-            if step is None:
-                detail = detail or "no checkpoint acknowledged before the deadline; the last durable one stands"
-            elif not local_ckpt.step_dir(self.ckpt_dir, step).is_dir():
-                # A member of an earlier world that dropped out of the one that saved step N (a
-                # slow restart): the ranks that acknowledged it hold it, this node has nothing.
-                detail = f"this node holds no copy of step {step} (not in the world that saved it)"
-            elif self.uploader is not None:
-                upload = asyncio.create_task(self._upload(step, deadline, until=t0 + budget * 0.8, mark=mark))
-                # Replicated state (DDP): every survivor holds all of step N already, so the node
-                # may leave while its copy uploads. Sharded state: the shard must be durable first.
-                # And when the whole world is noticed there is no survivor: fleetd terminates a
-                # node as soon as it has left, so a copy still uploading then would die with it.
-                if not self._replicated(step) or not await self._store(self._a_survivor_holds, seq, step):
-                    durable, detail = await upload
+            await self._checkpoint(lv, t0, budget, reason, mark, track)
+            await self._upload_for_leave(lv, deadline, t0, budget, mark, track)
             await self._store(
-                self.link.mark_drain_ready, self.node_addr, keys.DrainReady(step=step, durable=durable, detail=detail)
+                self.link.mark_drain_ready,
+                self.node_addr,
+                keys.DrainReady(step=lv.step, durable=lv.durable, detail=lv.detail),
             )
             mark("drain_ready")
+            track.to(Phase.DRAIN_READY, step=lv.step, durable=lv.durable)
             # fleetd answers within a pass when it is up; without it, do not hold the survivors
             # for the whole notice (they re-form by themselves once this node is gone).
-            await self._wait_leave(until=t0 + min(budget, self.leave_wait_s))
+            ordered = await self._wait_leave(until=t0 + min(budget, self.leave_wait_s))
             mark("leave")
+            if ordered:
+                track.to(Phase.LEAVE_ORDERED)
         except StoreLinkError as exc:
             # The store is unreachable: nobody can steer; stop the tree anyway before the deadline.
-            detail = f"rendezvous store unreachable: {exc}"
+            lv.detail = f"rendezvous store unreachable: {exc}"
             log.error("emergency_store_unreachable", error=str(exc))
-        unsaved = member is not None and step is None
+        unsaved = lv.member is not None and lv.step is None
         # No step acknowledged (the world was re-forming all along): SIGTERM, so that a worker
         # saves the step it completed on the way out (agent/trainer/salvage.py), not SIGKILL.
         exit_ = await self.stop_tree(
             salvage_s=min(SALVAGE_S, max(0.0, t0 + budget * 0.7 - time.monotonic())) if unsaved else 0.0
         )
         mark("stopped")
+        track.to(Phase.STOPPED, salvage=unsaved, exit_code=exit_.exit_code if exit_ else None)
         if unsaved and self.uploader is not None:
-            step, durable, detail = await self._upload_newest_local(deadline, t0 + budget * 0.95, mark, detail)
+            lv.step, lv.durable, lv.detail = await self._upload_newest_local(
+                deadline, t0 + budget * 0.95, mark, lv.detail
+            )
+            if lv.step is not None:
+                track.to(Phase.NEWEST_LOCAL_UPLOADED, step=lv.step, durable=lv.durable)
         try:
             await self._store(
                 self.link.mark_left, self.node_addr, keys.Left(exit_code=exit_.exit_code if exit_ else None)
             )
+            track.to(Phase.LEFT)
         except StoreLinkError as exc:
             log.warning("emergency_left_unreported", error=str(exc))
-        if upload is not None:
-            durable, upload_detail = await upload  # the agent outlives the tree: finish the upload
-            detail = detail or upload_detail
-        log.warning("emergency_done", step=step, durable=durable, timings=marks, detail=detail)
-        return EmergencyOutcome(step, durable, True, marks, detail)
+        if lv.upload is not None:
+            lv.durable, upload_detail = await lv.upload  # the agent outlives the tree: finish the upload
+            lv.detail = lv.detail or upload_detail
+        log.warning(
+            "emergency_done",
+            step=lv.step,
+            durable=lv.durable,
+            timings=marks,
+            detail=lv.detail,
+            phase=str(track.phase),
+        )
+        return EmergencyOutcome(lv.step, lv.durable, True, marks, lv.detail, track.phase)
+
+    async def _checkpoint(
+        self, lv: _Leaving, t0: float, budget: float, reason: str, mark: Callable[[str], None], track: PhaseTrack
+    ) -> None:
+        """Steps 1-2: a checkpoint with hold, and the step every rank acknowledged (None: none)."""
+        lv.member = await self._store(self.link.member, self.node_addr)
+        if lv.member is None:
+            lv.detail = "not yet a member of the training world (restoring): nothing to checkpoint"
+            log.warning("emergency_not_a_member", node_addr=self.node_addr)
+            return
+        # First say a notice is under way, so that fleetd re-forms the survivors once for
+        # the whole wave rather than once per leaver (DESIGN.md "A wave of notices").
+        await self._store(self.link.mark_noticed, self.node_addr, keys.Noticed(reason=reason[:200]))
+        lv.seq = await self._store(
+            self.link.request_checkpoint, reason, hold=True, leaving=(self.node_addr,), by=self.node_addr
+        )
+        mark("requested")
+        track.to(Phase.CHECKPOINT_REQUESTED, seq=lv.seq)
+        lv.step = await self._wait_saved(lv.seq, until=t0 + budget * 0.5)
+        mark("saved")
+        track.to(Phase.NO_ACK if lv.step is None else Phase.ACKED, step=lv.step)
+
+    async def _upload_for_leave(
+        self,
+        lv: _Leaving,
+        deadline: datetime | None,
+        t0: float,
+        budget: float,
+        mark: Callable[[str], None],
+        track: PhaseTrack,
+    ) -> None:
+        """Step 3: upload this node's copy of the step, waiting for it only where leaving first
+        would lose it."""
+        step = lv.step
+        if step is None:
+            lv.detail = lv.detail or "no checkpoint acknowledged before the deadline; the last durable one stands"
+        elif not local_ckpt.step_dir(self.ckpt_dir, step).is_dir():
+            # A member of an earlier world that dropped out of the one that saved step N (a
+            # slow restart): the ranks that acknowledged it hold it, this node has nothing.
+            lv.detail = f"this node holds no copy of step {step} (not in the world that saved it)"
+        elif self.uploader is not None:
+            lv.upload = asyncio.create_task(self._upload(step, deadline, until=t0 + budget * 0.8, mark=mark))
+            # Replicated state (DDP): every survivor holds all of step N already, so the node
+            # may leave while its copy uploads. Sharded state: the shard must be durable first.
+            # And when the whole world is noticed there is no survivor: fleetd terminates a
+            # node as soon as it has left, so a copy still uploading then would die with it.
+            assert lv.seq is not None  # a step was acknowledged for this request
+            if not self._replicated(step) or not await self._store(self._a_survivor_holds, lv.seq, step):
+                lv.durable, lv.detail = await lv.upload
+                track.to(Phase.UPLOADED, step=step, durable=lv.durable)
 
     def _a_survivor_holds(self, seq: int, step: int) -> bool:
         """Does a rank that saved ``step`` live on a node that is not itself noticed?"""
@@ -228,13 +312,15 @@ class EmergencyFlow:
         mine = [a.step for a in acks if a.node_addr == self.node_addr]
         return max(mine) if mine else None
 
-    async def _wait_leave(self, until: float) -> None:
+    async def _wait_leave(self, until: float) -> bool:
+        """True when fleetd's leave came (store key or MQTT), False when ``until`` passed first."""
         while time.monotonic() < until and not self.leave_event.is_set():
             if await self._store(self.link.leave_requested, self.node_addr) is not None:
-                return
+                return True
             await wait_set(self.leave_event, self.poll_s)
         if not self.leave_event.is_set() and time.monotonic() >= until:
             log.warning("emergency_leave_timeout", node_addr=self.node_addr)
+        return self.leave_event.is_set()
 
     async def stop_tree(self, salvage_s: float = 0.0) -> TorchrunExit | None:
         if not self.torchrun.running:

@@ -31,6 +31,7 @@ import psutil
 
 from agent.hooks import AgentContext
 from agent.supervise.elastic_hooks import ElasticHooks
+from agent.supervise.emergency import PhaseTrack
 from agent.supervise.failure_guard import wait_guarded
 from agent.supervise.folder_gate import GATE_ENV, GateConfig
 from agent.supervise.folder_sync import FolderSync
@@ -39,6 +40,7 @@ from agent.supervise.store_watch import log_size
 from agent.supervise.torchrun import TorchrunProcess
 from agent.supervise.workspace import JobWorkspace
 from fleetd.protocol import rendezvous_keys as keys
+from fleetd.protocol.interruption import Phase
 from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
@@ -254,6 +256,8 @@ class FolderHooks(ElasticHooks):
             budget_s=round(budget, 1),
             signal=self.folder.signal if self.folder else "none",
         )
+        # No coordinated checkpoint in folder mode: NOTICED goes straight to DRAIN_READY.
+        track = PhaseTrack(self.spec.node_addr)
         version, detail = await self._signal_and_wait(t0, until=t0 + budget * 0.8)
         link = self._store_link or await asyncio.to_thread(self._link().connect)
         try:
@@ -262,19 +266,26 @@ class FolderHooks(ElasticHooks):
                 self.spec.node_addr,
                 keys.DrainReady(step=version, durable=version is not None, detail=detail),
             )
+            track.to(Phase.DRAIN_READY, step=version, durable=version is not None)
             until = t0 + min(budget, LEAVE_WAIT_S)
+            ordered = False
             while time.monotonic() < until and not self.leave_event.is_set():
                 if await asyncio.to_thread(link.leave_requested, self.spec.node_addr) is not None:
+                    ordered = True
                     break
                 await asyncio.sleep(0.05)
+            if ordered or self.leave_event.is_set():
+                track.to(Phase.LEAVE_ORDERED)
         finally:
             exit_ = None
             if self.torchrun.running:
                 self.torchrun.kill()
                 exit_ = await self.torchrun.wait()
+            track.to(Phase.STOPPED, exit_code=exit_.exit_code if exit_ else None)
             await asyncio.to_thread(
                 link.mark_left, self.spec.node_addr, keys.Left(exit_code=exit_.exit_code if exit_ else None)
             )
+            track.to(Phase.LEFT)
         log.warning("folder_drain_done", version=version, detail=detail, seconds=round(time.monotonic() - t0, 3))
         await self.set_state("leaving")
 

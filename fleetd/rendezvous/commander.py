@@ -3,7 +3,9 @@
 - checkpoint: a request in the rendezvous store. Every rank reads it within one step, so no agent
   and no broker is in the path of the one thing that protects training progress.
 - drain: a ``drain`` command to the node's agent, which runs the same emergency path as on a
-  spot notice (checkpoint with hold, upload its shard, wait for leave, stop its tree).
+  spot notice (checkpoint with hold, upload its shard, wait for leave, stop its tree): the node's
+  interruption starts at ``Phase.NOTICED`` (fleetd.protocol.interruption); the steering's leave,
+  sent on the wire by ``tell_leave``, moves it to ``Phase.LEAVE_ORDERED``.
 - stop: one coordinated checkpoint with hold, wait (bounded) until that step is durable in S3,
   then ``shutdown`` to every agent and close the rendezvous. This takes seconds to minutes, so it
   runs in the commander's own task (a daemon component): a reconcile pass never waits on it.
@@ -20,6 +22,7 @@ from typing import Any
 from fleetd.intake.mqtt import BusUnavailable
 from fleetd.intake.registry import NodeRegistry
 from fleetd.intake.signals import TrainingSignals
+from fleetd.protocol.interruption import Phase
 from fleetd.protocol.messages import Command, DrainCommand, LeaveCommand, ShutdownCommand
 from fleetd.reconcile.ports import NotDelivered
 from fleetd.rendezvous.client import RendezvousClient
@@ -71,6 +74,7 @@ class TrainingCommander:
         ids: dict[str, Any] = {"msg_id": msg_id} if msg_id else {}
         if not await self._send(DrainCommand(instance_id=instance_id, reason=reason, deadline=_utc(deadline), **ids)):
             raise NotDelivered(f"drain for {instance_id}: broker unavailable")
+        log.info("interruption_ordered", instance_id=instance_id, phase=str(Phase.NOTICED), reason=reason)
 
     def node_state(self, instance_id: str) -> str | None:
         rec = self.registry.record(instance_id)
@@ -84,7 +88,8 @@ class TrainingCommander:
         already tells fleetd's agents; the command makes the decision visible to operators)."""
         for rec in self.registry.records():
             if rec.status is not None and rec.status.node_addr == addr:
-                await self._send(LeaveCommand(instance_id=rec.instance_id, reason=reason))
+                if await self._send(LeaveCommand(instance_id=rec.instance_id, reason=reason)):
+                    log.info("interruption_ordered", instance_id=rec.instance_id, phase=str(Phase.LEAVE_ORDERED))
                 return
 
     # ------------------------------------------------------------------ component

@@ -1,7 +1,8 @@
 """What fleetd does to the rendezvous in one steering pass: a pure function of what it observed.
 
 Plain frozen data in, actions (each with a reason) out, ``now`` passed in; no I/O. The sequence a
-leaving node goes through, one pass at a time (level-based: every pass re-reads the store):
+leaving node goes through, one pass at a time (level-based: every pass re-reads the store), each
+node's phase read from its keys as a fleetd.protocol.interruption.Phase (``Observation.phase``):
 
 1. its agent says its checkpoint shard is durable (``drain_ready``)  -> RemoveNode + TellLeave
 2. its agent stopped its process tree (``left``), or it never says so in time -> PokeSurvivors:
@@ -26,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from fleetd.protocol.interruption import OUT, Phase, store_phase
 from fleetd.rendezvous.state import MARKER_ADDR, RendezvousState
 
 
@@ -66,6 +68,21 @@ class Observation:
     hang_after: timedelta = timedelta(seconds=10)
     # fleetd itself closed the rendezvous (the job is over): a closed state stays closed.
     closing: bool = False
+
+    def phase(self, addr: str) -> Phase | None:
+        """The node's interruption phase as its keys show it (fleetd's own leave is ``told_leave``;
+        ``left`` is read only for nodes told to leave)."""
+        return store_phase(
+            noticed=addr in self.noticed,
+            drain_ready=addr in self.drain_ready,
+            leave=addr in self.told_leave,
+            left=addr in self.left,
+        )
+
+    def in_phase(self, *phases: Phase) -> frozenset[str]:
+        """Every node with an interruption under way whose phase is one of ``phases``."""
+        leaving = self.noticed | self.drain_ready | frozenset(self.told_leave) | self.left
+        return frozenset(a for a in leaving if self.phase(a) in phases)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +150,7 @@ def expected_members(obs: Observation) -> frozenset[str] | None:
     s = obs.state
     if s is None or obs.members is None:
         return None
-    gone = obs.drain_ready | frozenset(obs.told_leave) | obs.left
+    gone = obs.in_phase(*OUT)
     stale = {n.addr for n in s.stale(obs.now, obs.dead_after)}
     # A member absent from the state is between rounds: its agent left the old one and has not
     # joined this one yet. After a failed collective that took a survivor 6-9 s on the loaded
@@ -153,7 +170,7 @@ def expected_members(obs: Observation) -> frozenset[str] | None:
 def wave_still_coming(obs: Observation, present: frozenset[str] | set[str]) -> frozenset[str]:
     """Members of the round in a notice flow that are not drain-ready or told to leave yet."""
     members = obs.members or frozenset()
-    return frozenset((obs.noticed & members & frozenset(present)) - obs.drain_ready - frozenset(obs.told_leave))
+    return obs.in_phase(Phase.NOTICED) & members & frozenset(present)
 
 
 def job_hung(obs: Observation) -> bool:
@@ -225,20 +242,23 @@ def _losses(obs: Observation, s: RendezvousState, present: frozenset[str]) -> li
 def _leaves(obs: Observation, s: RendezvousState, present: frozenset[str]) -> list[SteerAction]:
     """Drained nodes told to leave, and the survivors re-formed once every one told has left."""
     actions: list[SteerAction] = []
-    for addr in sorted(obs.drain_ready - frozenset(obs.told_leave)):
+    ready = obs.in_phase(Phase.DRAIN_READY)  # drained, not told to leave yet
+    for addr in sorted(ready):
         if addr in present:
             actions.append(RemoveNodes(f"{addr} is draining and its checkpoint is saved", frozenset({addr})))
         actions.append(TellLeave(f"{addr} removed from the rendezvous; stop its process tree", addr))
     if not obs.told_leave:
         return actions
-    done = frozenset(a for a, told in obs.told_leave.items() if a in obs.left or obs.now - told > obs.left_timeout)
+    done = frozenset(
+        a for a, told in obs.told_leave.items() if obs.phase(a) is Phase.LEFT or obs.now - told > obs.left_timeout
+    )
     if done != frozenset(obs.told_leave) or (done & present):
         return actions
     members_left = done if obs.member_leaves is None else done & obs.member_leaves
     coming = wave_still_coming(obs, present)
     if not members_left:
         actions.append(FinishLeaves(f"{', '.join(sorted(done))} left before training in the round: no re-form", done))
-    elif obs.drain_ready - frozenset(obs.told_leave):
+    elif ready:
         pass  # more leavers are told this very pass: they join this re-form
     elif coming and obs.now - min(obs.told_leave.values()) < obs.coalesce:
         pass  # the rest of the wave is about to be drain-ready: one re-form for all of it

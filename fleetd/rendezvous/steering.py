@@ -4,7 +4,8 @@ Level-based like the reconcile loop: each pass re-reads torchrun's state and the
 fleetd that was SIGKILLed and restarted simply adopts what it finds (the store lives in the separate
 rendezvous host process and training never notices fleetd was gone). The only memory kept between
 passes is what the store can re-teach: the last complete round's members, and which leaves are in
-flight.
+flight. Each leaving node's phase (fleetd.protocol.interruption.Phase, read from its keys by
+``decide.Observation.phase``) is logged as it moves (``interruption_phase``).
 
 Run it inside fleetd (``Steerer.run``), or standalone for tests and the demo:
 ``python -m fleetd.rendezvous.steering --host H --port P --run-id R``.
@@ -26,6 +27,7 @@ from fleetd.localnet import port_answers
 from fleetd.rendezvous import decide
 from fleetd.rendezvous.client import KEY_COUNT, RendezvousClient, Snapshot
 from fleetd.rendezvous.errors import RendezvousError, RendezvousUnavailable
+from fleetd.rendezvous.phase_log import PhaseLog
 from fleetd.rendezvous.state import RendezvousState
 from fleetd.shared.logs import get_logger
 from fleetd.shared.waits import wait_set
@@ -78,6 +80,7 @@ class Steerer:
     progress_at: datetime | None = None
     round_seen_at: datetime | None = None  # a round just formed: its members were all alive then
     tolerated: frozenset[str] = frozenset()
+    phase_log: PhaseLog = field(default_factory=PhaseLog)  # leaving nodes' phases, logged as they move
     # For the stall rule (fleetd/policy/stall.py): when the rendezvous last changed shape (epoch
     # seconds) and whether a round is open now. A job forming a round is not stalled.
     rendezvous_changed_at: float | None = None
@@ -278,6 +281,7 @@ class Steerer:
     async def step(self) -> tuple[decide.SteerAction, ...]:
         now = datetime.now(UTC)
         obs = await self.observe(now)
+        self.phase_log.note(obs)
         actions = decide.plan(obs)
         tolerated: frozenset[str] = frozenset()
         for action in actions:
