@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import signal
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any
 
 from agent import __version__
@@ -52,6 +53,7 @@ from fleetd.protocol.trainer import CheckpointSavedLocally
 from fleetd.shared.aws_region import region_of_zone
 from fleetd.shared.logs import bind_context, get_logger
 from fleetd.shared.sdnotify import Heartbeat, Notifier, watchdog
+from fleetd.shared.settings import MqttConfig
 
 log = get_logger(__name__)
 
@@ -71,6 +73,18 @@ async def _enrol(enrolment: NodeEnrolment, ready: asyncio.Event) -> None:
     await enrolment.ensure()
     ready.set()
     await enrolment.run()
+
+
+@dataclass(frozen=True)
+class _NodeParts:
+    """What runs beside the MQTT session, built once the node's identity is known."""
+
+    trainer: TrainerChannel
+    shipper: LogShipper
+    hooks: NodeHooks
+    watcher: SpotWatcher
+    telemetry: TelemetryLoop
+    controller: ControllerWatch
 
 
 class Agent:
@@ -99,102 +113,134 @@ class Agent:
             identity = await self._unless_stopped(read_identity(imds))
             if identity is None:
                 return
-            self.identity = identity
-            bind_context(fleet=node.fleet, instance_id=identity.instance_id)
-            if not self.config.aws.region:
-                # No region in the config or the environment: the node's own (S3 calls need one).
-                region = region_of_zone(identity.zone)
-                aws = self.config.aws.with_region(region, "instance (IMDS zone)")
-                self.config = self.config.model_copy(update={"aws": aws})
-            log.info("aws_region", region=self.config.aws.region, source=self.config.aws.region_source)
-            # Enrolment runs beside the IMDS watcher, never before it: a node waiting for its
-            # certificate (the controller not up yet) still sees its notice and is READY for
-            # systemd at once, so the boot (cloud-final) does not wait on the controller.
-            enrolment, mqtt_cfg, identity_ready = None, self.config.mqtt, None
-            if node.enrol_url:
-                enrolment = NodeEnrolment(node.enrol_url, imds, identity.instance_id, node.state_dir / "identity")
-                mqtt_cfg = mqtt_with_identity(mqtt_cfg, enrolment.files)
-                identity_ready = asyncio.Event()
+            self._adopt_identity(identity)
+            enrolment, mqtt_cfg, identity_ready = self._enrolment(imds, identity)
             outbox = Outbox(node.state_dir / "outbox.jsonl")
             await outbox.open()
-            session = self.session = MqttSession(
-                mqtt_cfg,
-                fleet=node.fleet,
-                instance_id=identity.instance_id,
-                outbox=outbox,
-                on_command=self._commands.put,
-                on_endpoint=self._commands.put,  # the leader's store endpoint, in order with commands
-                identity_ready=identity_ready,
-                status_fields={
-                    "agent_version": __version__,
-                    "instance_type": identity.instance_type,
-                    "zone": identity.zone,
-                    "lifecycle": identity.lifecycle,
-                    "node_addr": node.node_addr or identity.local_ipv4,
-                    "code_digest": self.config.job.code_digest,
-                },
-            )
+            session = self.session = self._mqtt_session(identity, mqtt_cfg, outbox, identity_ready)
             session.state = "ready"
-            trainer = TrainerChannel(node.trainer_socket, self._checkpoint_saved)
-            # The workers' output: journald on the node (when it has one), batches to the control host.
-            batcher = LogBatcher(job=self.config.job.name, instance_id=identity.instance_id)
-            worker_logs = WorkerLogSink(
-                self.config.job.name, identity.instance_id, journal=JournalWriter.open(), batcher=batcher
-            )
-            shipper = self.shipper = LogShipper(batcher, session.publish_logs, session.connected.is_set)
-            ctx = AgentContext(
-                config=self.config,
-                identity=identity,
-                publish_event=session.publish_event,
-                set_state=session.set_state,
-                trainer_progress=trainer.progress,
-                request_stop=self.request_stop,
-                worker_logs=worker_logs,
-            )
-            hooks = self.hooks = self.hooks_factory(ctx)
-            watcher = self.watcher = SpotWatcher(imds, self._on_spot_signal, interval_s=node.poll_interval_s)
-            telemetry = TelemetryLoop(
-                identity.instance_id, session.publish_telemetry, trainer.progress, interval_s=node.telemetry_interval_s
-            )
-            controller = ControllerWatch(
-                node.controller_lost_after_s,
-                broker_up=session.connected.is_set,
-                store_up=self._store_answers,
-                on_lost=self._controller_lost,
-            )
+            parts = self._node_parts(imds, identity, session)
             log.info("agent_started", version=__version__)
-            async with asyncio.TaskGroup() as tg:
-                self._tg = tg
-                tasks = [
-                    tg.create_task(session.run(), name="mqtt"),
-                    tg.create_task(watcher.run(), name="imds-watcher"),
-                    tg.create_task(telemetry.run(), name="telemetry"),
-                    tg.create_task(trainer.run(), name="trainer-channel"),
-                    tg.create_task(self._guarded("log-shipper", shipper.run), name="log-shipper"),
-                    tg.create_task(self._dispatch_commands(), name="commands"),
-                    tg.create_task(self._guarded("hooks.run", hooks.run), name="hooks"),
-                    tg.create_task(self._guarded("controller-watch", controller.run), name="controller-watch"),
-                    *(
-                        [
-                            tg.create_task(
-                                self._guarded("enrolment", _enrol, enrolment, identity_ready), name="enrolment"
-                            )
-                        ]
-                        if enrolment is not None and identity_ready is not None
-                        else []
-                    ),
-                    # systemd pings only while the IMDS watcher keeps polling (a stuck one would miss a notice).
-                    tg.create_task(
-                        watchdog(self.notifier, Heartbeat.following(lambda: watcher.polls, 10.0)), name="watchdog"
-                    ),
-                ]
-                self.notifier.ready("watching IMDS")
-                await self._stop.wait()
-                await self._shutdown(hooks, session)
-                for task in tasks:
-                    task.cancel()
-            self._tg = None
+            await self._run_parts(parts, session, enrolment, identity_ready)
         log.info("agent_stopped")
+
+    def _adopt_identity(self, identity: Identity) -> None:
+        """The node's identity into the logs; its region when the config names none."""
+        self.identity = identity
+        bind_context(fleet=self.config.node.fleet, instance_id=identity.instance_id)
+        if not self.config.aws.region:
+            # No region in the config or the environment: the node's own (S3 calls need one).
+            region = region_of_zone(identity.zone)
+            aws = self.config.aws.with_region(region, "instance (IMDS zone)")
+            self.config = self.config.model_copy(update={"aws": aws})
+        log.info("aws_region", region=self.config.aws.region, source=self.config.aws.region_source)
+
+    def _enrolment(
+        self, imds: ImdsClient, identity: Identity
+    ) -> tuple[NodeEnrolment | None, MqttConfig, asyncio.Event | None]:
+        """With ``node.enrol_url``: the enrolment, the broker connection with its certificate, and
+        the event the MQTT session waits on before connecting. Without: the configured broker."""
+        # Enrolment runs beside the IMDS watcher, never before it: a node waiting for its
+        # certificate (the controller not up yet) still sees its notice and is READY for
+        # systemd at once, so the boot (cloud-final) does not wait on the controller.
+        node = self.config.node
+        enrolment, mqtt_cfg, identity_ready = None, self.config.mqtt, None
+        if node.enrol_url:
+            enrolment = NodeEnrolment(node.enrol_url, imds, identity.instance_id, node.state_dir / "identity")
+            mqtt_cfg = mqtt_with_identity(mqtt_cfg, enrolment.files)
+            identity_ready = asyncio.Event()
+        return enrolment, mqtt_cfg, identity_ready
+
+    def _mqtt_session(
+        self, identity: Identity, mqtt_cfg: MqttConfig, outbox: Outbox, identity_ready: asyncio.Event | None
+    ) -> MqttSession:
+        node = self.config.node
+        return MqttSession(
+            mqtt_cfg,
+            fleet=node.fleet,
+            instance_id=identity.instance_id,
+            outbox=outbox,
+            on_command=self._commands.put,
+            on_endpoint=self._commands.put,  # the leader's store endpoint, in order with commands
+            identity_ready=identity_ready,
+            status_fields={
+                "agent_version": __version__,
+                "instance_type": identity.instance_type,
+                "zone": identity.zone,
+                "lifecycle": identity.lifecycle,
+                "node_addr": node.node_addr or identity.local_ipv4,
+                "code_digest": self.config.job.code_digest,
+            },
+        )
+
+    def _node_parts(self, imds: ImdsClient, identity: Identity, session: MqttSession) -> _NodeParts:
+        """The components beside the MQTT session, the hooks among them (``self.hooks``)."""
+        node = self.config.node
+        trainer = TrainerChannel(node.trainer_socket, self._checkpoint_saved)
+        # The workers' output: journald on the node (when it has one), batches to the control host.
+        batcher = LogBatcher(job=self.config.job.name, instance_id=identity.instance_id)
+        worker_logs = WorkerLogSink(
+            self.config.job.name, identity.instance_id, journal=JournalWriter.open(), batcher=batcher
+        )
+        shipper = self.shipper = LogShipper(batcher, session.publish_logs, session.connected.is_set)
+        ctx = AgentContext(
+            config=self.config,
+            identity=identity,
+            publish_event=session.publish_event,
+            set_state=session.set_state,
+            trainer_progress=trainer.progress,
+            request_stop=self.request_stop,
+            worker_logs=worker_logs,
+        )
+        hooks = self.hooks = self.hooks_factory(ctx)
+        watcher = self.watcher = SpotWatcher(imds, self._on_spot_signal, interval_s=node.poll_interval_s)
+        telemetry = TelemetryLoop(
+            identity.instance_id, session.publish_telemetry, trainer.progress, interval_s=node.telemetry_interval_s
+        )
+        controller = ControllerWatch(
+            node.controller_lost_after_s,
+            broker_up=session.connected.is_set,
+            store_up=self._store_answers,
+            on_lost=self._controller_lost,
+        )
+        return _NodeParts(trainer, shipper, hooks, watcher, telemetry, controller)
+
+    async def _run_parts(
+        self,
+        parts: _NodeParts,
+        session: MqttSession,
+        enrolment: NodeEnrolment | None,
+        identity_ready: asyncio.Event | None,
+    ) -> None:
+        """Every component under one TaskGroup until a stop is asked for, then the bounded shutdown."""
+        hooks, watcher = parts.hooks, parts.watcher
+        async with asyncio.TaskGroup() as tg:
+            self._tg = tg
+            tasks = [
+                tg.create_task(session.run(), name="mqtt"),
+                tg.create_task(watcher.run(), name="imds-watcher"),
+                tg.create_task(parts.telemetry.run(), name="telemetry"),
+                tg.create_task(parts.trainer.run(), name="trainer-channel"),
+                tg.create_task(self._guarded("log-shipper", parts.shipper.run), name="log-shipper"),
+                tg.create_task(self._dispatch_commands(), name="commands"),
+                tg.create_task(self._guarded("hooks.run", hooks.run), name="hooks"),
+                tg.create_task(self._guarded("controller-watch", parts.controller.run), name="controller-watch"),
+                *(
+                    [tg.create_task(self._guarded("enrolment", _enrol, enrolment, identity_ready), name="enrolment")]
+                    if enrolment is not None and identity_ready is not None
+                    else []
+                ),
+                # systemd pings only while the IMDS watcher keeps polling (a stuck one would miss a notice).
+                tg.create_task(
+                    watchdog(self.notifier, Heartbeat.following(lambda: watcher.polls, 10.0)), name="watchdog"
+                ),
+            ]
+            self.notifier.ready("watching IMDS")
+            await self._stop.wait()
+            await self._shutdown(hooks, session)
+            for task in tasks:
+                task.cancel()
+        self._tg = None
 
     def _store_answers(self) -> bool:
         from agent.supervise.store_watch import probe

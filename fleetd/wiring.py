@@ -11,12 +11,12 @@ A dry run observes and plans only: no ledger writes, no commands, no steering.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleetd.config import FleetdConfig
 from fleetd.daemon import DaemonContext, Plugins
 from fleetd.intake.signals import TrainingSignals
-from fleetd.intake.wiring import build_intake
+from fleetd.intake.wiring import Intake, build_intake
 from fleetd.job_watch import JobWatcher
 from fleetd.publish import status_component
 from fleetd.reconcile.ledger_store import DB_NAME, LedgerStore
@@ -25,6 +25,9 @@ from fleetd.rendezvous.commander import TrainingCommander
 from fleetd.rendezvous.steering import Steerer, SteerSettings
 from fleetd.shared.logs import get_logger
 from fleetd.stall_watch import StallWatcher
+
+if TYPE_CHECKING:
+    from fleetd.ha.compose import HaParts
 
 log = get_logger(__name__)
 
@@ -44,30 +47,70 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
 
         ha = await open_ha(cfg)
         if dry_run:
-            # Plans from the shared state; what the dry run records stays in its own memory.
-            from fleetd.reconcile.state_dynamo import DynamoStateStore
-
-            private = DynamoStateStore(ha.state.table, ha.election, persist=False)
-            intake = build_intake(cfg, wake=ctx.wake_loop)
-            ctx.stall = StallWatcher(
-                cfg.stall.settings(),
-                intake.registry,
-                state_dir=cfg.fleet.state_dir,
-                dry_run=True,
-                store_addr=(store_address(cfg), cfg.rendezvous.port),
-            )
-            plugins = Plugins(
-                components=[*intake.components(), status_component(), ctx.stall.run],
-                observer=intake.registry,
-                signals=TrainingSignals(intake.registry, cfg.job.nproc_per_node),
-                state=private,
-            )
-            return plugins, ha
+            return _ha_dry_run_plugins(cfg, ctx, ha), ha
         log.info("ha_ready", table=cfg.ha.table, holder=ha.election.holder, lease_s=cfg.ha.lease_s)
     client_id = f"fleetd-{cfg.fleet.name}-{host_id(cfg)}"[:64] if ha is not None else None
     intake = build_intake(cfg, wake=ctx.wake_loop, client_id=client_id)
     signals = TrainingSignals(intake.registry, cfg.job.nproc_per_node)
     signals.code_digest = cfg.job.code_digest
+    components, sqs_intake = _every_host_components(cfg, intake, ha)
+    if dry_run:
+        # Stalls are still detected and reported; no recovery action is taken.
+        ctx.stall = _dry_run_stall_watcher(cfg, intake)
+        components.append(ctx.stall.run)
+        return Plugins(components=components, observer=intake.registry, signals=signals), None
+
+    ledger: Any = ha.ledger if ha is not None else await LedgerStore.open(cfg.fleet.state_dir / DB_NAME)
+    steerer, commander = _steerer_and_commander(cfg, intake, signals)
+    _watch_job_and_stalls(cfg, ctx, intake, signals, steerer, ledger)
+    leader_only = _leader_components(cfg, ctx, intake, signals, steerer, commander, ha, sqs_intake)
+    if ha is None and cfg.fleet.state_backup_interval_s > 0:
+        # One control host: its SQLite file is the state's only copy (DynamoDB keeps its own).
+        from fleetd.state_backup import StateBackup
+
+        components.append(StateBackup(cfg, cfg.fleet.state_backup_interval_s).run)
+    plugins = Plugins(
+        components=components,
+        leader_components=leader_only,
+        observer=intake.registry,
+        signals=signals,
+        commander=commander,
+        ledger=ledger,
+        ha=ha,
+    )
+    return plugins, ha if ha is not None else ledger
+
+
+def _dry_run_stall_watcher(cfg: FleetdConfig, intake: Intake) -> StallWatcher:
+    """Detects and reports stalls, takes no recovery action (no commands, no steering)."""
+    return StallWatcher(
+        cfg.stall.settings(),
+        intake.registry,
+        state_dir=cfg.fleet.state_dir,
+        dry_run=True,
+        store_addr=(store_address(cfg), cfg.rendezvous.port),
+    )
+
+
+def _ha_dry_run_plugins(cfg: FleetdConfig, ctx: DaemonContext, ha: HaParts) -> Plugins:
+    """A dry run beside an HA pair: it plans from the shared state; what it records stays in its
+    own memory."""
+    from fleetd.reconcile.state_dynamo import DynamoStateStore
+
+    private = DynamoStateStore(ha.state.table, ha.election, persist=False)
+    intake = build_intake(cfg, wake=ctx.wake_loop)
+    ctx.stall = _dry_run_stall_watcher(cfg, intake)
+    return Plugins(
+        components=[*intake.components(), status_component(), ctx.stall.run],
+        observer=intake.registry,
+        signals=TrainingSignals(intake.registry, cfg.job.nproc_per_node),
+        state=private,
+    )
+
+
+def _every_host_components(cfg: FleetdConfig, intake: Intake, ha: HaParts | None) -> tuple[list[Any], list[Any]]:
+    """What runs on every control host (leader or standby), and the SQS intake among the intake's
+    components (with HA, only the leader runs it)."""
     components: list[Any] = [*intake.components(), status_component()]
     if cfg.enrol.enabled:
         from fleetd.identity.server import enrolment_component
@@ -79,19 +122,13 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
         # leader's notices. Only the leader consumes it (a standby's MQTT intake is harmless:
         # every subscriber gets its own copy, so it stays warm).
         components = [c for c in components if c not in sqs_intake]
-    if dry_run:
-        # Stalls are still detected and reported; no recovery action is taken.
-        ctx.stall = StallWatcher(
-            cfg.stall.settings(),
-            intake.registry,
-            state_dir=cfg.fleet.state_dir,
-            dry_run=True,
-            store_addr=(store_address(cfg), cfg.rendezvous.port),
-        )
-        components.append(ctx.stall.run)
-        return Plugins(components=components, observer=intake.registry, signals=signals), None
+    return components, sqs_intake
 
-    ledger: Any = ha.ledger if ha is not None else await LedgerStore.open(cfg.fleet.state_dir / DB_NAME)
+
+def _steerer_and_commander(
+    cfg: FleetdConfig, intake: Intake, signals: TrainingSignals
+) -> tuple[Steerer, TrainingCommander]:
+    """The rendezvous side: steering reads torchrun's rounds, the commander acts on them."""
     client = RendezvousClient(store_address(cfg), cfg.rendezvous.port, cfg.rendezvous.run_id)
     steerer = Steerer(
         client,
@@ -108,12 +145,13 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
         client, intake.mqtt.send_command, intake.registry, signals, close_rendezvous=steerer.close_rendezvous
     )
     steerer.on_leave = commander.tell_leave
+    return steerer, commander
 
-    async def steering(ctx: DaemonContext) -> None:
-        # The store lives in its own process (fleetd rendezvous): the loop connects when it
-        # answers and rides through its outages (Steerer.run), never failing on it.
-        await steerer.run(ctx.stopping)
 
+def _watch_job_and_stalls(
+    cfg: FleetdConfig, ctx: DaemonContext, intake: Intake, signals: TrainingSignals, steerer: Steerer, ledger: Any
+) -> None:
+    """The job's lifecycle and stall recovery, both acting (commands, steering): ``ctx.job``, ``ctx.stall``."""
     ctx.job = JobWatcher(
         cfg.job.lifecycle_settings(),
         intake.registry,
@@ -135,6 +173,26 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
         store_addr=(store_address(cfg), cfg.rendezvous.port),
         job_active=ctx.job.job_active,
     )
+
+
+def _leader_components(
+    cfg: FleetdConfig,
+    ctx: DaemonContext,
+    intake: Intake,
+    signals: TrainingSignals,
+    steerer: Steerer,
+    commander: TrainingCommander,
+    ha: HaParts | None,
+    sqs_intake: list[Any],
+) -> list[Any]:
+    """What only the leading control host runs (all of it, on a single host). Needs ``ctx.job``
+    and ``ctx.stall`` set (_watch_job_and_stalls)."""
+
+    async def steering(ctx: DaemonContext) -> None:
+        # The store lives in its own process (fleetd rendezvous): the loop connects when it
+        # answers and rides through its outages (Steerer.run), never failing on it.
+        await steerer.run(ctx.stopping)
+
     from fleetd.jobs.submission import submission_component
 
     leader_only = [
@@ -146,21 +204,8 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
         *(sqs_intake if ha is not None else []),
     ]
     if ha is not None:
+        from fleetd.ha.compose import host_id
         from fleetd.ha.endpoint import endpoint_publisher
 
         leader_only.append(endpoint_publisher(cfg, host_id(cfg), ha.election, ha.state, intake.mqtt.publish_retained))
-    elif cfg.fleet.state_backup_interval_s > 0:
-        # One control host: its SQLite file is the state's only copy (DynamoDB keeps its own).
-        from fleetd.state_backup import StateBackup
-
-        components.append(StateBackup(cfg, cfg.fleet.state_backup_interval_s).run)
-    plugins = Plugins(
-        components=components,
-        leader_components=leader_only,
-        observer=intake.registry,
-        signals=signals,
-        commander=commander,
-        ledger=ledger,
-        ha=ha,
-    )
-    return plugins, ha if ha is not None else ledger
+    return leader_only

@@ -15,29 +15,18 @@ from typing import Any, TypeVar
 
 from agent.hooks import AgentContext
 from agent.node.log_sink import WorkerLogSink
+from agent.supervise.elastic_run import ElasticRun
 from agent.supervise.emergency import CheckpointStoreUploader, EmergencyFlow, EmergencyOutcome
 from agent.supervise.endpoint_follow import FollowAction, StoreEndpoint, follow
-from agent.supervise.failure_guard import wait_guarded
-from agent.supervise.job_setup import s3_fetch, until_ready
 from agent.supervise.launch import LaunchSpec
-from agent.supervise.store_watch import (
-    ExitCause,
-    StoreProbe,
-    classify_exit,
-    log_size,
-    log_tail,
-    probe,
-    wait_for_store,
-)
+from agent.supervise.store_watch import ExitCause
 from agent.supervise.torchrun import TorchrunProcess
 from agent.supervise.workspace import JobWorkspace
 from agent.trainer import local_ckpt
 from agent.trainer.store_link import StoreLink
 from fleetd.protocol import rendezvous_keys as keys
 from fleetd.protocol.messages import NodeState
-from fleetd.shared.backoff import Backoff
 from fleetd.shared.logs import get_logger
-from fleetd.shared.waits import wait_set
 
 log = get_logger(__name__)
 
@@ -45,8 +34,9 @@ _T = TypeVar("_T")
 
 
 @dataclass
-class ElasticHooks:
-    """``agent.hooks.NodeHooks``: supervise torchrun and run the emergency path."""
+class ElasticHooks(ElasticRun):
+    """``agent.hooks.NodeHooks``: supervise torchrun (``run``: agent/supervise/elastic_run.py) and run
+    the emergency path."""
 
     spec: LaunchSpec
     instance_id: str
@@ -91,144 +81,8 @@ class ElasticHooks:
             log_sink=ctx.worker_logs,
         )
 
-    async def code_ready(self) -> bool:
-        """The job's code set up on this node before torchrun first starts (job_setup.py)."""
-        if self.workspace is None:
-            return True
-
-        async def wait_retry() -> None:
-            await self.set_state("ready")
-            self.restart_requested.clear()
-            await self._wait_restart_or_stop()
-
-        fetch = s3_fetch(self.aws)
-        ws, iid = self.workspace, self.instance_id
-        return await until_ready(
-            ws, fetch, instance_id=iid, publish_event=self.publish_event, wait_retry=wait_retry, stopped=self._stopped
-        )
-
     def _link(self) -> StoreLink:
         return StoreLink(self.spec.rdzv_host, self.spec.rdzv_port, self.spec.run_id)
-
-    def _probe(self) -> StoreProbe:
-        return probe(self.spec.rdzv_host, self.spec.rdzv_port, self.spec.run_id)
-
-    async def run(self) -> None:
-        """Supervise torchrun for the life of the agent.
-
-        torchrun restarts its own workers after a lost peer; it exits for good when the store is
-        gone (the rendezvous host died or restarted) or training failed past its restarts. The
-        first is not the job's fault: start torchrun again, with backoff, once the store answers
-        (store_watch). The second is reported and left to fleetd (a restart-trainer command).
-        """
-        from fleetd.protocol.messages import TrainerExited
-
-        if not await self.code_ready():
-            return
-        crash_backoff = Backoff(first_s=1.0, max_s=30.0)
-        before = await asyncio.to_thread(self._probe)
-        ready: TorchrunProcess | None = None  # prewarmed while waiting for the store
-        try:
-            while not self.stopping:
-                since = log_size(self.log_path)
-                started = time.monotonic()
-                self.restart_requested.clear()
-                if ready is not None and ready.spec is not self.spec:
-                    # Prewarmed for a store the leader has since moved away from.
-                    await asyncio.to_thread(ready.discard)
-                    ready = None
-                if self.draining:
-                    # Noticed or drained before this start (a replacement noticed while it
-                    # restores): starting now would train past the notice, unseen by the wave's
-                    # checkpoint (a loaded storm run trained alone for 40 s and lost its steps).
-                    return
-                self.torchrun = (
-                    ready or TorchrunProcess(self.spec, log_path=self.log_path, sink=self.log_sink)
-                ).start()
-                ready = None
-                self.starts += 1
-                await self.set_state("training")
-                if self._preload is None:
-                    # The notice path reaches the rendezvous store through torch's TCPStore.
-                    # Importing torch takes seconds (over 20 s measured on the loaded 2-core demo
-                    # box), which used to be spent after the notice, eating the checkpoint's share
-                    # of it: import it in the background, once torchrun's own start-up (which
-                    # imports torch in every worker) is past.
-                    self._preload = asyncio.create_task(
-                        _preload_store_client_later(PRELOAD_AFTER_S), name="preload-torch"
-                    )
-                exit_ = await wait_guarded(self.torchrun, self.log_path, since, self._may_fail)
-                if self.restart_requested.is_set() and not (self.draining or self.stopping):
-                    log.warning("trainer_restarting", why=self._restart_why)
-                    self._restart_why = "fleetd asked (restart-trainer)"
-                    before = await asyncio.to_thread(self._probe)
-                    continue
-                if self.draining or self.stopping:
-                    cause = ExitCause.STOPPED
-                else:
-                    after = await asyncio.to_thread(self._probe)
-                    cause = classify_exit(exit_, before, after, log_tail(self.log_path, since))
-                self.last_exit_cause = cause
-                ran_s = time.monotonic() - started
-                if self.draining:
-                    # The notice path stops the tree before its upload ends (replicated state:
-                    # survivors hold the step). fleetd terminates a node as soon as it reports its
-                    # trainer exited, so say so only once the upload is done: when every node was
-                    # noticed there are no survivors, and the upload in flight is the job's only copy.
-                    await self._drained.wait()
-                log.warning(
-                    "trainer_exited",
-                    cause=str(cause),
-                    exit_code=exit_.exit_code,
-                    ran_s=round(ran_s, 1),
-                    starts=self.starts,
-                )
-                await self.publish_event(
-                    TrainerExited(
-                        instance_id=self.instance_id,
-                        exit_code=exit_.exit_code,
-                        # Its own verdict where it has one: a tree it stopped (a drain's, a
-                        # leave's) can exit 1 and would read as a failure to fleetd.
-                        reason=str(cause) if cause in (ExitCause.STORE_LOST, ExitCause.STOPPED) else exit_.reason,
-                    )
-                )
-                if cause in (ExitCause.STOPPED, ExitCause.FINISHED):
-                    return
-                await self.set_state("ready")
-                if cause is ExitCause.FAILED:
-                    # Training itself broke: do not crash-loop it; fleetd's stall recovery decides.
-                    log.error("trainer_failed", exit_code=exit_.exit_code, why="waiting for a restart-trainer command")
-                    await self._wait_restart_or_stop()
-                    continue
-                # The next torchrun's warm pool imports torch while the store is still coming back.
-                ready = await asyncio.to_thread(
-                    TorchrunProcess(self.spec, log_path=self.log_path, sink=self.log_sink).prewarm
-                )
-                if ran_s < self.healthy_run_s:
-                    # Exited again soon after a restart: the store may be flapping. Slow down.
-                    await wait_set(self._stopped, crash_backoff.next_delay())
-                else:
-                    crash_backoff.reset()
-                found = await wait_for_store(self._probe, self._stopped)
-                if found is None:
-                    return
-                before = found
-                log.warning("trainer_restarting", why="the rendezvous store is back", incarnation=found.incarnation)
-        finally:
-            if ready is not None:
-                await asyncio.to_thread(ready.discard)
-
-    def _may_fail(self) -> bool:
-        return not (self.draining or self.stopping or self.restart_requested.is_set())
-
-    async def _wait_restart_or_stop(self) -> None:
-        stop = asyncio.ensure_future(self._stopped.wait())
-        restart = asyncio.ensure_future(self.restart_requested.wait())
-        try:
-            await asyncio.wait({stop, restart}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stop.cancel()
-            restart.cancel()
 
     async def on_restart_trainer(self, command: Any) -> None:
         """fleetd saw training stalled: start torchrun again if it is not running (a running one
@@ -414,15 +268,3 @@ class ElasticHooks:
         self._stopped.set()
         if self.torchrun is not None and self.torchrun.running:
             await self.torchrun.stop(timeout_s=10.0)
-
-
-PRELOAD_AFTER_S = 20.0
-
-
-async def _preload_store_client_later(delay_s: float) -> None:
-    await asyncio.sleep(delay_s)
-    await asyncio.to_thread(_preload_store_client)
-
-
-def _preload_store_client() -> None:
-    import torch.distributed  # noqa: F401  (cached in sys.modules for StoreLink.connect)

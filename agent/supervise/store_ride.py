@@ -34,6 +34,8 @@ import pickle
 import sys
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -58,95 +60,137 @@ class _Link:
         self.handlers: list[Any] = []
 
 
+@dataclass(frozen=True)
+class _Torch:
+    """torch's private rendezvous classes, patched by :func:`install`: typed as the dynamic objects
+    they are here."""
+
+    tcp_store: Any  # torch.distributed.TCPStore
+    connection_error: type[Exception]  # RendezvousConnectionError
+    backend_cls: Any  # C10dRendezvousBackend
+    holder_cls: Any  # _BackendRendezvousStateHolder
+    handler_cls: Any  # DynamicRendezvousHandler
+
+
 def install(outage_s: float | None = None) -> bool:
     outage = float(os.environ.get("FLEETD_STORE_OUTAGE_S", DEFAULT_OUTAGE_S)) if outage_s is None else outage_s
-    # torch's private rendezvous classes, patched below: typed as the dynamic objects they are here.
-    backend_cls: Any
-    holder_cls: Any
-    handler_cls: Any
+    torch = _torch_internals()
+    if torch is None:
+        return False
+    backend_cls, holder_cls, handler_cls = torch.backend_cls, torch.holder_cls, torch.handler_cls
+    # Every original is taken before anything is patched.
+    call_store = _ride_call_store(torch, backend_cls._call_store)
+    sync = _restore_on_sync(holder_cls.sync)
+    num_nodes_waiting = _none_waiting_in_outage(torch, handler_cls.num_nodes_waiting, outage)
+    init = _register_handler(torch, handler_cls.__init__)
+    keep_alive = _keep_alive_survives(handler_cls._keep_alive)
+    backend_cls._call_store = call_store
+    handler_cls._keep_alive = keep_alive
+    holder_cls.sync = sync
+    handler_cls.num_nodes_waiting = num_nodes_waiting
+    handler_cls.__init__ = init
+    return True
+
+
+def _torch_internals() -> _Torch | None:
+    """The classes to patch, once every attribute the patches rely on is checked to be there;
+    None (said on stderr) when torch changed them: torchrun then runs unpatched."""
     try:
         from torch.distributed import TCPStore  # type: ignore[attr-defined]  # torch re-exports it without `as`/__all__
         from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend as cb
         from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
         from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
 
-        backend_cls, holder_cls, handler_cls = (
+        torch = _Torch(
+            TCPStore,
+            RendezvousConnectionError,
             cb.C10dRendezvousBackend,
             dr._BackendRendezvousStateHolder,
             dr.DynamicRendezvousHandler,
         )
         for owner, name in (
-            (backend_cls, "_call_store"),
-            (holder_cls, "sync"),
-            (handler_cls, "num_nodes_waiting"),
-            (handler_cls, "__init__"),
-            (handler_cls, "_keep_alive"),
+            (torch.backend_cls, "_call_store"),
+            (torch.holder_cls, "sync"),
+            (torch.handler_cls, "num_nodes_waiting"),
+            (torch.handler_cls, "__init__"),
+            (torch.handler_cls, "_keep_alive"),
         ):
             if not callable(getattr(owner, name, None)):
                 raise AttributeError(f"{owner.__name__}.{name} is gone")
-        if not hasattr(backend_cls, "_NULL_SENTINEL"):
+        if not hasattr(torch.backend_cls, "_NULL_SENTINEL"):
             raise AttributeError("C10dRendezvousBackend._NULL_SENTINEL is gone")
     except (ImportError, AttributeError) as exc:
         _say(f"torchrun will not ride through a store outage: {exc}")
+        return None
+    return torch
+
+
+def _link_of(torch: _Torch, backend: Any) -> _Link | None:
+    """The backend's link (made on first use); None for a backend not on a TCPStore."""
+    link = getattr(backend, "_fleetd_link", None)
+    if link is None:
+        store = getattr(backend, "_store", None)
+        if not isinstance(store, torch.tcp_store):
+            return None
+        # Store.timeout is a property at runtime; torch's stubs leave it out.
+        link = backend._fleetd_link = _Link(store.host, store.port, store.timeout)
+    return link
+
+
+def _reconnect(torch: _Torch, backend: Any, link: _Link) -> bool:
+    """A new connection to the store (at most once per RECONNECT_EVERY_S); True if it answered."""
+    now = time.monotonic()
+    if now - link.tried_at < RECONNECT_EVERY_S:
         return False
+    link.tried_at = now
+    try:
+        store = torch.tcp_store(
+            link.host, link.port, is_master=False, multi_tenant=True, timeout=timedelta(seconds=CONNECT_TIMEOUT_S)
+        )
+        store.set_timeout(link.read_timeout)
+        # A new store lacks the key torch's reads block on: seed its "no state" value. An
+        # existing value (the store only blipped, or a peer got here first) is kept.
+        seeded = store.compare_set(backend._key, "", torch.backend_cls._NULL_SENTINEL)
+    except (RuntimeError, ValueError, TimeoutError, OSError):
+        return False
+    backend._store = store
+    for handler in link.handlers:
+        handler._store = store  # the next round's PrefixStore is built on it
+    link.restore = seeded == torch.backend_cls._NULL_SENTINEL.encode()
+    down = now - link.lost_at if link.lost_at is not None else 0.0
+    link.lost_at = None
+    _say(f"rendezvous store reconnected after {down:.1f} s ({'empty: a new store' if link.restore else 'same'})")
+    return True
 
-    orig_call, orig_sync = backend_cls._call_store, holder_cls.sync
-    orig_waiting, orig_init = handler_cls.num_nodes_waiting, handler_cls.__init__
-    orig_keep_alive = handler_cls._keep_alive
 
-    def link_of(backend: Any) -> _Link | None:
-        link = getattr(backend, "_fleetd_link", None)
-        if link is None:
-            store = getattr(backend, "_store", None)
-            if not isinstance(store, TCPStore):
-                return None
-            # Store.timeout is a property at runtime; torch's stubs leave it out.
-            link = backend._fleetd_link = _Link(store.host, store.port, store.timeout)  # type: ignore[attr-defined]
-        return link
-
-    def reconnect(backend: Any, link: _Link) -> bool:
-        now = time.monotonic()
-        if now - link.tried_at < RECONNECT_EVERY_S:
-            return False
-        link.tried_at = now
-        try:
-            store = TCPStore(
-                link.host, link.port, is_master=False, multi_tenant=True, timeout=timedelta(seconds=CONNECT_TIMEOUT_S)
-            )
-            store.set_timeout(link.read_timeout)
-            # A new store lacks the key torch's reads block on: seed its "no state" value. An
-            # existing value (the store only blipped, or a peer got here first) is kept.
-            seeded = store.compare_set(backend._key, "", backend_cls._NULL_SENTINEL)
-        except (RuntimeError, ValueError, TimeoutError, OSError):
-            return False
-        backend._store = store
-        for handler in link.handlers:
-            handler._store = store  # the next round's PrefixStore is built on it
-        link.restore = seeded == backend_cls._NULL_SENTINEL.encode()
-        down = now - link.lost_at if link.lost_at is not None else 0.0
-        link.lost_at = None
-        _say(f"rendezvous store reconnected after {down:.1f} s ({'empty: a new store' if link.restore else 'same'})")
-        return True
+def _ride_call_store(torch: _Torch, orig_call: Any) -> Callable[..., Any]:
+    """C10dRendezvousBackend._call_store: a failed call reconnects and is tried once more."""
 
     def call_store(self: Any, store_op: str, *args: Any, **kwargs: Any) -> Any:
-        link = link_of(self)
+        link = _link_of(torch, self)
         if link is None:
             return orig_call(self, store_op, *args, **kwargs)
         try:
             return orig_call(self, store_op, *args, **kwargs)
-        except RendezvousConnectionError:
+        except torch.connection_error:
             with link.lock:
                 if link.lost_at is None:
                     link.lost_at = time.monotonic()
                     _say("rendezvous store lost; workers keep training, reconnecting")
-                if not reconnect(self, link):
+                if not _reconnect(torch, self, link):
                     raise
             try:
                 return orig_call(self, store_op, *args, **kwargs)
-            except RendezvousConnectionError:
+            except torch.connection_error:
                 with link.lock:  # answered the connect, failed the call: still an outage
                     link.lost_at = link.lost_at or time.monotonic()
                 raise
+
+    return call_store
+
+
+def _restore_on_sync(orig_sync: Any) -> Callable[[Any], Any]:
+    """_BackendRendezvousStateHolder.sync: the first node on a new store writes its round back."""
 
     def sync(self: Any) -> Any:
         # The reconnect happens inside a sync (its read fails first), and that sync then reads
@@ -167,21 +211,40 @@ def install(outage_s: float | None = None) -> bool:
             result = orig_sync(self)  # what the store holds now (ours, or a peer's copy)
         return result
 
+    return sync
+
+
+def _none_waiting_in_outage(torch: _Torch, orig_waiting: Any, outage: float) -> Callable[[Any], int]:
+    """DynamicRendezvousHandler.num_nodes_waiting: 0 while the store is out, up to ``outage`` s."""
+
     def num_nodes_waiting(self: Any) -> int:
         try:
             waiting: int = orig_waiting(self)
             return waiting
-        except RendezvousConnectionError:
+        except torch.connection_error:
             link = getattr(self._state_holder._backend, "_fleetd_link", None)
             if link is None or link.lost_at is None or time.monotonic() - link.lost_at > outage:
                 raise
             return 0
 
+    return num_nodes_waiting
+
+
+def _register_handler(torch: _Torch, orig_init: Any) -> Callable[..., None]:
+    """DynamicRendezvousHandler.__init__: the handler joins its backend's link, so that a reconnect
+    moves it to the new store too."""
+
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         orig_init(self, *args, **kwargs)
-        link = link_of(getattr(getattr(self, "_state_holder", None), "_backend", None))
+        link = _link_of(torch, getattr(getattr(self, "_state_holder", None), "_backend", None))
         if link is not None:
             link.handlers.append(self)
+
+    return init
+
+
+def _keep_alive_survives(orig_keep_alive: Any) -> Callable[[Any], None]:
+    """DynamicRendezvousHandler._keep_alive: a failed beat is logged, never ends the thread."""
 
     def keep_alive(self: Any) -> None:
         # torch's keep-alive thread (_PeriodicTimer) dies on any exception but RendezvousError,
@@ -192,9 +255,4 @@ def install(outage_s: float | None = None) -> bool:
         except Exception as exc:  # noqa: BLE001 - logged; the next beat tries again
             _say(f"keep-alive failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})")
 
-    backend_cls._call_store = call_store
-    handler_cls._keep_alive = keep_alive
-    holder_cls.sync = sync
-    handler_cls.num_nodes_waiting = num_nodes_waiting
-    handler_cls.__init__ = init
-    return True
+    return keep_alive

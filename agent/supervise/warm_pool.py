@@ -139,6 +139,33 @@ def warm_torch_lazily_imported_parts() -> None:
 
 
 def serve(socket_path: str, preload: list[str]) -> None:
+    _preload(preload)
+    try:
+        os.unlink(socket_path)
+    except FileNotFoundError:
+        pass
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(socket_path)
+    listener.listen(64)
+    pool = _Pool(listener)
+    signal.signal(signal.SIGTERM, pool.request_stop)
+    signal.signal(signal.SIGINT, pool.request_stop)
+    pool.sel.register(listener, selectors.EVENT_READ)
+    print(f"warm_pool: ready on {socket_path} (preloaded {', '.join(preload)})", file=sys.stderr, flush=True)
+    pool.run()
+    for pid in list(pool.children):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        os.unlink(socket_path)
+    except FileNotFoundError:
+        pass
+
+
+def _preload(preload: list[str]) -> None:
+    """Import what every worker needs, then hide it from the garbage collector."""
     for name in preload:
         try:
             importlib.import_module(name)
@@ -151,94 +178,92 @@ def serve(socket_path: str, preload: list[str]) -> None:
     # the whole heap page by page (seconds of CPU on a busy machine).
     gc.collect()
     gc.freeze()
-    try:
-        os.unlink(socket_path)
-    except FileNotFoundError:
-        pass
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(socket_path)
-    listener.listen(64)
-    stop = False
 
-    def _stop(*_: object) -> None:
-        nonlocal stop
-        stop = True
 
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    sel = selectors.DefaultSelector()
-    sel.register(listener, selectors.EVENT_READ)
-    children: dict[int, socket.socket] = {}
-    print(f"warm_pool: ready on {socket_path} (preloaded {', '.join(preload)})", file=sys.stderr, flush=True)
-    warmed = False
-    stop_deadline: float | None = None
-    while True:
-        if stop:
-            # Stopped (the supervisor SIGTERMs the whole tree): fork nothing more, but outlive the
-            # children for a while. They got the same SIGTERM and may be saving the step they
-            # completed (agent/trainer/salvage.py); killing them now would throw that away, and
-            # their launchers would lose their exit status.
-            if stop_deadline is None:
-                stop_deadline = time.monotonic() + STOP_GRACE_S
-                sel.unregister(listener)
-            if not children or time.monotonic() >= stop_deadline:
+class _Pool:
+    """The serving loop's state: the listening socket, the forked workers (pid -> their launcher's
+    connection), and the stop asked for by a signal."""
+
+    def __init__(self, listener: socket.socket) -> None:
+        self.listener = listener
+        self.stop = False
+        self.sel = selectors.DefaultSelector()
+        self.children: dict[int, socket.socket] = {}
+        self.warmed = False
+        self.stop_deadline: float | None = None
+
+    def request_stop(self, *_: object) -> None:
+        """The SIGTERM/SIGINT handler: the loop notices at its next turn."""
+        self.stop = True
+
+    def run(self) -> None:
+        """Fork a worker for every request until stopped and every child is gone (or the grace ends)."""
+        while True:
+            if self.stop and self._stopped_and_done():
                 break
-        ready = sel.select(timeout=0.05)
-        if not ready and not warmed and children and not stop:
-            # The first fork (a joining node's torchrun) is served before this second of warm-up,
-            # which then overlaps with that torchrun's own start and rendezvous.
-            warm_torch_lazily_imported_parts()
-            gc.collect()
-            gc.freeze()
-            warmed = True
-        for _key, _ in ready:
-            conn, _ = listener.accept()
-            try:
-                conn.settimeout(5)
-                request, fds = recv_msg(conn, max_fds=3)
-                conn.settimeout(None)
-            except (OSError, ValueError, ConnectionError) as exc:
-                print(f"warm_pool: bad request: {exc}", file=sys.stderr)
-                conn.close()
-                continue
-            pid = os.fork()
-            if pid == 0:
-                sel.close()
-                listener.close()
-                for other in children.values():
-                    other.close()
-                _run_worker(conn, request, fds)
-            for fd in fds:
-                os.close(fd)
-            children[pid] = conn
-            try:
-                send_msg(conn, {"pid": pid})
-            except OSError:
-                pass
-        # Reap finished workers and tell their launchers how they ended.
-        while children:
+            ready = self.sel.select(timeout=0.05)
+            if not ready and not self.warmed and self.children and not self.stop:
+                # The first fork (a joining node's torchrun) is served before this second of warm-up,
+                # which then overlaps with that torchrun's own start and rendezvous.
+                warm_torch_lazily_imported_parts()
+                gc.collect()
+                gc.freeze()
+                self.warmed = True
+            for _key, _ in ready:
+                self._fork_for_next_request()
+            self._reap()
+
+    def _stopped_and_done(self) -> bool:
+        # Stopped (the supervisor SIGTERMs the whole tree): fork nothing more, but outlive the
+        # children for a while. They got the same SIGTERM and may be saving the step they
+        # completed (agent/trainer/salvage.py); killing them now would throw that away, and
+        # their launchers would lose their exit status.
+        if self.stop_deadline is None:
+            self.stop_deadline = time.monotonic() + STOP_GRACE_S
+            self.sel.unregister(self.listener)
+        return not self.children or time.monotonic() >= self.stop_deadline
+
+    def _fork_for_next_request(self) -> None:
+        conn, _ = self.listener.accept()
+        try:
+            conn.settimeout(5)
+            request, fds = recv_msg(conn, max_fds=3)
+            conn.settimeout(None)
+        except (OSError, ValueError, ConnectionError) as exc:
+            print(f"warm_pool: bad request: {exc}", file=sys.stderr)
+            conn.close()
+            return
+        pid = os.fork()
+        if pid == 0:
+            self.sel.close()
+            self.listener.close()
+            for other in self.children.values():
+                other.close()
+            _run_worker(conn, request, fds)
+        for fd in fds:
+            os.close(fd)
+        self.children[pid] = conn
+        try:
+            send_msg(conn, {"pid": pid})
+        except OSError:
+            pass
+
+    def _reap(self) -> None:
+        """Reap finished workers and tell their launchers how they ended."""
+        while self.children:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 break
             if pid == 0:
                 break
-            done = children.pop(pid, None)
+            done = self.children.pop(pid, None)
             if done is not None:
                 try:
                     send_msg(done, {"exit": exit_code(status)})
                 except OSError:
                     pass
                 done.close()
-    for pid in list(children):
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    try:
-        os.unlink(socket_path)
-    except FileNotFoundError:
-        pass
 
 
 def main(argv: list[str] | None = None) -> int:

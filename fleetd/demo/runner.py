@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleetd.demo import configs
 from fleetd.demo.broker import start_broker
@@ -34,6 +34,9 @@ from fleetd.localnet import free_port
 from fleetd.localnet import wait_port_async as wait_port
 from fleetd.shared.logs import get_logger
 from fleetd.shared.settings import MqttConfig
+
+if TYPE_CHECKING:
+    from fleetd.adapters.faults import FaultProxy
 
 log = get_logger(__name__)
 
@@ -97,14 +100,53 @@ async def _stop_all(run: DemoRun) -> None:
         await child.stop(timeout=15.0 if child.name == "fleetd" else 5.0)
 
 
+@dataclass
+class _LocalCloud:
+    """What the demo started before any node: how the nodes, the view and the report reach it."""
+
+    moto_url: str
+    aws: dict[str, Any]  # aiobotocore client arguments (moto directly)
+    ep: configs.DemoEndpoints
+    pki: DemoPki | None
+    mqtt_url: str
+    max_nodes: int
+    rendezvous: Supervised
+
+
 async def run_demo(opts: DemoOptions) -> dict[str, Any]:
     from aiobotocore.session import get_session
 
     from fleetd.adapters.faults import FaultProxy
-    from fleetd.demo.play import play_scenario
     from fleetd.demo.report import build_report
-    from fleetd.demo.view import render_loop
 
+    run = _new_run(opts)
+    events_file = run.workdir / "trainer-events.jsonl"
+    proxy: FaultProxy | None = None
+    session = get_session()
+    try:
+        moto_url = await _start_moto(run)
+        price_list, spot_prices = configs.demo_price_fakes()
+        proxy = FaultProxy(moto_url, price_list=price_list, spot_prices=spot_prices).start()
+        cloud = await _start_cloud(run, session, moto_url, proxy.url)
+        async with session.create_client("ec2", **cloud.aws) as ec2:
+            launcher = run.launcher = _launcher(run, ec2, cloud, events_file)
+            view = run.view = WireView(configs.DEMO_FLEET)
+            await _watch_until_done(run, launcher, view, ec2, proxy, cloud, events_file)
+            # The controller stops before the money is read: its last pass is then the ledger's
+            # last word, so this report, `fleetd status` and a `fleetd report` run any time later
+            # state the same spend (nodes it did not see end are billed up to that pass).
+            if run.fleetd is not None:
+                await run.fleetd.stop(timeout=15.0)
+            report = await build_report(run, events_file, ec2, session, cloud.aws)
+        return report
+    finally:
+        await _stop_all(run)
+        if proxy is not None:
+            proxy.stop()
+
+
+def _new_run(opts: DemoOptions) -> DemoRun:
+    """The demo's local AWS keys, its work folder, and SIGTERM cancelling the demo."""
     os.environ.update(DEMO_AWS_ENV)
     for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
         os.environ.pop(var, None)
@@ -113,126 +155,151 @@ async def run_demo(opts: DemoOptions) -> dict[str, Any]:
     run = DemoRun(opts, workdir)
     # Every child runs in its own session (so that a stop takes its whole tree): a SIGTERM that
     # ended this process at once would leave them all running. It cancels the demo instead, and
-    # the ``finally`` below stops everything it started (SIGINT does the same through asyncio).
+    # run_demo's ``finally`` stops everything it started (SIGINT does the same through asyncio).
     main = asyncio.current_task()
     if main is not None:
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
-    events_file = workdir / "trainer-events.jsonl"
-    proxy: FaultProxy | None = None
-    session = get_session()
+    return run
+
+
+async def _start_moto(run: DemoRun) -> str:
+    """The local EC2 and S3 (moto server); returns its URL."""
+    moto_port = free_port()
+    await _start(run, "moto", [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)])
+    await wait_port("127.0.0.1", moto_port, timeout=30)
+    return f"http://127.0.0.1:{moto_port}"
+
+
+async def _demo_pki(run: DemoRun) -> DemoPki | None:
+    """The fleet PKI (TLS, per-node certificates, ACL), or None with ``--insecure``."""
+    if run.opts.insecure:
+        log.warning(
+            "demo_insecure",
+            why="--insecure: plaintext, anonymous MQTT with no ACL; any local "
+            "process can publish for any node or command any agent. For debugging only.",
+        )
+        return None
+    return await asyncio.to_thread(DemoPki.create, run.workdir)
+
+
+async def _start_cloud(run: DemoRun, session: Any, moto_url: str, proxy_url: str) -> _LocalCloud:
+    """The broker, the bucket, fleetd's config, then the rendezvous host and fleetd itself."""
+    opts, workdir = run.opts, run.workdir
+    pki = await _demo_pki(run)
+    broker, mqtt_url, broker_kind = await start_broker(workdir, pki)
+    run.children.append(broker)
+    ep = configs.DemoEndpoints(
+        aws_url=proxy_url,
+        s3_url=moto_url,
+        mqtt_url=mqtt_url,
+        rdzv_port=free_port(),
+        pki=pki,
+        enrol_port=free_port() if pki is not None else 0,
+    )
+    aws: dict[str, Any] = {"endpoint_url": moto_url, "region_name": "us-east-1"}
+    async with session.create_client("s3", **aws) as s3:
+        await s3.create_bucket(Bucket=configs.DEMO_BUCKET)
+    async with session.create_client("ec2", **aws) as ec2:
+        ami = (await ec2.describe_images(Owners=["amazon"]))["Images"][0]["ImageId"]
+    shape = opts.scenario.fleet if opts.scenario is not None else None
+    max_nodes = shape.max_nodes if shape is not None else opts.nodes + 1
+    fleetd_conf = configs.fleetd_toml(
+        workdir, ep, opts.nodes, opts.budget_usd, opts.max_usd_per_hour, ami, shape, job=opts.job, steps=opts.steps
+    )
+    rendezvous = await _start_controller(run, fleetd_conf, ep.rdzv_port)
+    log.info("demo_cloud_ready", workdir=str(workdir), broker=broker_kind, moto=moto_url)
+    return _LocalCloud(moto_url, aws, ep, pki, mqtt_url, max_nodes, rendezvous)
+
+
+async def _start_controller(run: DemoRun, fleetd_conf: Path, rdzv_port: int) -> Supervised:
+    """`fleetd rendezvous` (supervised: restarted when it dies, as systemd would), then `fleetd run`."""
+    cli = [sys.executable, "-m", "fleetd.cli"]
+    rendezvous = run.rendezvous = Supervised(
+        "rendezvous", [*cli, "rendezvous", "--config", str(fleetd_conf)], run.workdir / "rendezvous.log"
+    )
+    await rendezvous.start()
+    run.children.append(rendezvous)  # type: ignore[arg-type]  # stops like a Child
+    # `fleetd rendezvous` imports torch first: seconds on a quiet box, over 30 s on a loaded
+    # 2-core one (a chaos run failed there). A slow start is not a hang.
+    await wait_port("127.0.0.1", rdzv_port, timeout=120)
+    run.fleetd = await _start(run, "fleetd", [*cli, "run", "--config", str(fleetd_conf)])
+    return rendezvous
+
+
+def _launcher(run: DemoRun, ec2: Any, cloud: _LocalCloud, events_file: Path) -> Launcher:
+    """Boots a local node (fake IMDS + fleet-agent) for every EC2 instance fleetd launches."""
+    opts, workdir = run.opts, run.workdir
+
+    async def describe() -> list[Mapping[str, Any]]:
+        out: list[Mapping[str, Any]] = []
+        pages = ec2.get_paginator("describe_instances").paginate(
+            Filters=[{"Name": "tag:fleetd:fleet", "Values": [configs.DEMO_FLEET]}]
+        )
+        async for page in pages:
+            for res in page["Reservations"]:
+                out += res["Instances"]
+        return out
+
+    def agent_conf(iid: str, addr: str, imds_url: str) -> Path:
+        return configs.agent_toml(
+            workdir, cloud.ep, cloud.max_nodes, iid, addr, imds_url, steps=opts.steps, job=opts.job
+        )
+
+    paced = opts.scenario.trainer_env() if opts.scenario is not None else {}
+    env = {"FLEETD_EVENTS_FILE": str(events_file), **paced}
+    if opts.fail_at_step:
+        env["FLEETD_TOY_FAIL_AT_STEP"] = str(opts.fail_at_step)
+
+    async def terminate(iid: str) -> None:
+        # The node powered itself off (dead man's switch): for a spot instance, AWS
+        # turns an instance-initiated shutdown into a termination.
+        await ec2.terminate_instances(InstanceIds=[iid])
+
+    return Launcher(
+        workdir,
+        describe,
+        agent_conf,
+        env=env,
+        terminate=terminate,
+        identity_signer=cloud.pki.signer if cloud.pki is not None else None,
+        job_env=lambda inst: template_job_env(ec2, inst),
+    )
+
+
+async def _watch_until_done(
+    run: DemoRun,
+    launcher: Launcher,
+    view: WireView,
+    ec2: Any,
+    proxy: FaultProxy,
+    cloud: _LocalCloud,
+    events_file: Path,
+) -> None:
+    """The nodes, the wire view, the scenario's interruptions and the screen, until the demo is
+    done (_until_done). A component that breaks is recorded in ``run.failure``, not raised."""
+    from fleetd.demo.play import play_scenario
+    from fleetd.demo.view import render_loop
+
+    pki, mqtt_url = cloud.pki, cloud.mqtt_url
     try:
-        moto_port = free_port()
-        await _start(run, "moto", [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)])
-        await wait_port("127.0.0.1", moto_port, timeout=30)
-        moto_url = f"http://127.0.0.1:{moto_port}"
-        price_list, spot_prices = configs.demo_price_fakes()
-        proxy = FaultProxy(moto_url, price_list=price_list, spot_prices=spot_prices).start()
-        pki = None
-        if opts.insecure:
-            log.warning(
-                "demo_insecure",
-                why="--insecure: plaintext, anonymous MQTT with no ACL; any local "
-                "process can publish for any node or command any agent. For debugging only.",
-            )
-        else:
-            pki = await asyncio.to_thread(DemoPki.create, workdir)
-        broker, mqtt_url, broker_kind = await start_broker(workdir, pki)
-        run.children.append(broker)
-        ep = configs.DemoEndpoints(
-            aws_url=proxy.url,
-            s3_url=moto_url,
-            mqtt_url=mqtt_url,
-            rdzv_port=free_port(),
-            pki=pki,
-            enrol_port=free_port() if pki is not None else 0,
-        )
-        aws: dict[str, Any] = {"endpoint_url": moto_url, "region_name": "us-east-1"}
-        async with session.create_client("s3", **aws) as s3:
-            await s3.create_bucket(Bucket=configs.DEMO_BUCKET)
-        async with session.create_client("ec2", **aws) as ec2:
-            ami = (await ec2.describe_images(Owners=["amazon"]))["Images"][0]["ImageId"]
-        shape = opts.scenario.fleet if opts.scenario is not None else None
-        max_nodes = shape.max_nodes if shape is not None else opts.nodes + 1
-        fleetd_conf = configs.fleetd_toml(
-            workdir, ep, opts.nodes, opts.budget_usd, opts.max_usd_per_hour, ami, shape, job=opts.job, steps=opts.steps
-        )
-        cli = [sys.executable, "-m", "fleetd.cli"]
-        run.rendezvous = Supervised(
-            "rendezvous", [*cli, "rendezvous", "--config", str(fleetd_conf)], workdir / "rendezvous.log"
-        )
-        await run.rendezvous.start()
-        run.children.append(run.rendezvous)  # type: ignore[arg-type]  # stops like a Child
-        # `fleetd rendezvous` imports torch first: seconds on a quiet box, over 30 s on a loaded
-        # 2-core one (a chaos run failed there). A slow start is not a hang.
-        await wait_port("127.0.0.1", ep.rdzv_port, timeout=120)
-        run.fleetd = await _start(run, "fleetd", [*cli, "run", "--config", str(fleetd_conf)])
-        log.info("demo_cloud_ready", workdir=str(workdir), broker=broker_kind, moto=moto_url)
-
-        async with session.create_client("ec2", **aws) as ec2:
-
-            async def describe() -> list[Mapping[str, Any]]:
-                out: list[Mapping[str, Any]] = []
-                pages = ec2.get_paginator("describe_instances").paginate(
-                    Filters=[{"Name": "tag:fleetd:fleet", "Values": [configs.DEMO_FLEET]}]
-                )
-                async for page in pages:
-                    for res in page["Reservations"]:
-                        out += res["Instances"]
-                return out
-
-            def agent_conf(iid: str, addr: str, imds_url: str) -> Path:
-                return configs.agent_toml(workdir, ep, max_nodes, iid, addr, imds_url, steps=opts.steps, job=opts.job)
-
-            paced = opts.scenario.trainer_env() if opts.scenario is not None else {}
-            env = {"FLEETD_EVENTS_FILE": str(events_file), **paced}
-            if opts.fail_at_step:
-                env["FLEETD_TOY_FAIL_AT_STEP"] = str(opts.fail_at_step)
-
-            async def terminate(iid: str) -> None:
-                # The node powered itself off (dead man's switch): for a spot instance, AWS
-                # turns an instance-initiated shutdown into a termination.
-                await ec2.terminate_instances(InstanceIds=[iid])
-
-            run.launcher = Launcher(
-                workdir,
-                describe,
-                agent_conf,
-                env=env,
-                terminate=terminate,
-                identity_signer=pki.signer if pki is not None else None,
-                job_env=lambda inst: template_job_env(ec2, inst),
-            )
-            run.view = WireView(configs.DEMO_FLEET)
-            try:
-                async with asyncio.TaskGroup() as tg:
-                    tasks = [
-                        tg.create_task(run.launcher.run(), name="launcher"),
-                        tg.create_task(
-                            run.view.run(pki.observer(mqtt_url) if pki is not None else MqttConfig(url=mqtt_url)),
-                            name="view",
-                        ),
-                        tg.create_task(play_scenario(run, ec2, proxy, events_file), name="scenario"),
-                        tg.create_task(render_loop(run, events_file), name="render"),
-                        tg.create_task(run.rendezvous.watch(), name="rendezvous-supervisor"),
-                    ]
-                    await _until_done(run, events_file)
-                    for t in tasks:
-                        t.cancel()
-            except* Exception as group:
-                # A demo component broke: say so in the report, and still stop everything cleanly.
-                run.failure = "; ".join(repr(e) for e in group.exceptions)
-                log.error("demo_component_failed", errors=[repr(e) for e in group.exceptions])
-            # The controller stops before the money is read: its last pass is then the ledger's
-            # last word, so this report, `fleetd status` and a `fleetd report` run any time later
-            # state the same spend (nodes it did not see end are billed up to that pass).
-            if run.fleetd is not None:
-                await run.fleetd.stop(timeout=15.0)
-            report = await build_report(run, events_file, ec2, session, aws)
-        return report
-    finally:
-        await _stop_all(run)
-        if proxy is not None:
-            proxy.stop()
+        async with asyncio.TaskGroup() as tg:
+            tasks = [
+                tg.create_task(launcher.run(), name="launcher"),
+                tg.create_task(
+                    view.run(pki.observer(mqtt_url) if pki is not None else MqttConfig(url=mqtt_url)),
+                    name="view",
+                ),
+                tg.create_task(play_scenario(run, ec2, proxy, events_file), name="scenario"),
+                tg.create_task(render_loop(run, events_file), name="render"),
+                tg.create_task(cloud.rendezvous.watch(), name="rendezvous-supervisor"),
+            ]
+            await _until_done(run, events_file)
+            for t in tasks:
+                t.cancel()
+    except* Exception as group:
+        # A demo component broke: say so in the report, and still stop everything cleanly.
+        run.failure = "; ".join(repr(e) for e in group.exceptions)
+        log.error("demo_component_failed", errors=[repr(e) for e in group.exceptions])
 
 
 async def _until_done(run: DemoRun, events_file: Path) -> None:
