@@ -23,6 +23,7 @@ from fleetd.config import BudgetConfig, CapacityConfig, FleetConfig, FleetdConfi
 from fleetd.gc_pacing import GcPacing
 from fleetd.policy.model import Market
 from fleetd.policy.planner import plan
+from fleetd.reconcile.build import ledger_beside
 from fleetd.reconcile.loop import Reconciler
 from fleetd.reconcile.state import StateStore
 
@@ -52,6 +53,7 @@ async def main(nodes: int, passes: int, gc_pacing: bool = True) -> dict:
         hardware={p.instance_type: book.hardware(p.instance_type) for p in pools},
         planner=plan,
         clock=lambda: clock_t[0],
+        ledger=await ledger_beside(state),
     )
     times = []
     pacing = GcPacing(clock=lambda: clock_t[0])  # as the daemon: full collections between passes

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from hypothesis import strategies as st
 
 from fleetd.config import FleetdConfig
-from fleetd.policy.memory import PlannerMemory, after_plan, after_spot_launch, after_stop
+from fleetd.policy.memory import PlannerMemory, after_spot_launch, after_stop, kept_memory
 from fleetd.policy.model import (
     Drain,
     Launch,
@@ -274,7 +274,7 @@ def run_scenario(sc: Scenario) -> Outcome:
         if out.violations:
             return out
         # ---- act
-        memory = after_plan(memory, result, now)
+        memory = kept_memory(result)
         by_id = {n.iid: n for n in live}
         for a in result.actions:
             if isinstance(a, StopJob) and memory.stop_issued_at is None:

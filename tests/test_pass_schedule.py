@@ -20,6 +20,7 @@ from fleetd.intake.events import InterruptionNotice
 from fleetd.intake.registry import NodeRegistry
 from fleetd.policy.model import Market
 from fleetd.policy.planner import plan
+from fleetd.reconcile.build import ledger_beside
 from fleetd.reconcile.loop import Reconciler
 from fleetd.reconcile.pass_schedule import FullPassLimits, UrgentLimits, resume_at, urgent_step, woken_full_pass_at
 from fleetd.reconcile.state import StateStore
@@ -116,6 +117,7 @@ async def reconciler_on(ec2, tmp_path: Path, nodes: int, planner):
         clock=ec2.clock,
         observer=registry,
         commander=commander,
+        ledger=await ledger_beside(state),
     )
     return r, registry, commander, state
 

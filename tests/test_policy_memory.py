@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from fleetd.policy.memory import PlannerMemory, after_plan, after_spot_launch, after_stop
 from fleetd.policy.model import BudgetLevel, BudgetStatus, Launch, Market, Plan, PoolId
 
@@ -71,6 +73,24 @@ def test_the_loop_the_simulator_and_the_test_driver_apply_it_and_keep_no_copy() 
             for t in targets:
                 name = t.attr if isinstance(t, ast.Attribute) else t.id if isinstance(t, ast.Name) else None
                 assert name not in fields, f"{rel}:{node.lineno} assigns {name} by hand"
-        assert "after_plan" in (ROOT / rel).read_text() or rel.endswith(
-            ("fleetd_actions.py", "fleetd_observe.py", "loop.py")
-        )
+        # Who takes a plan keeps the memory it returned (``kept_memory``), never recomputes it.
+        text = (ROOT / rel).read_text()
+        assert "after_plan" not in text, f"{rel} applies the plan to the memory by hand"
+        assert "kept_memory" in text or rel.endswith(("fleetd_actions.py", "fleetd_observe.py", "loop.py"))
+
+
+def test_plan_returns_the_memory_its_plan_leaves() -> None:
+    """``plan`` hands back the memory with its plan; a plan made any other way has none to keep."""
+    from fleetd.policy.memory import kept_memory, remembered
+    from fleetd.policy.observation import Observation
+    from fleetd.policy.planner import plan
+    from tests.policy_fixtures import config, offer
+
+    obs = Observation(offers=(offer(POOL, 0.4),))
+    result = plan(obs, config(), now=100.0)
+    assert result.target_nodes is not None
+    assert result.memory == after_plan(remembered(obs), result, 100.0)
+    assert kept_memory(result).target_nodes == result.target_nodes
+    assert kept_memory(result).last_scaling_at == 100.0
+    with pytest.raises(ValueError, match="no memory"):
+        kept_memory(Plan(target_nodes=2))

@@ -18,9 +18,11 @@ from structlog.testing import capture_logs
 from fleetd.adapters.ec2_fake import FakeEc2
 from fleetd.adapters.pricing import FilePriceBook
 from fleetd.config import FleetConfig, FleetdConfig
+from fleetd.policy.memory import with_memory
 from fleetd.policy.model import Launch, Market, Plan, PoolId
 from fleetd.policy.observation import Observation
 from fleetd.policy.placement import rank_pools
+from fleetd.reconcile.build import ledger_beside
 from fleetd.reconcile.loop import Reconciler
 from fleetd.reconcile.state import StateStore
 from tests.reconcile_support import FakeClock
@@ -32,7 +34,8 @@ BOOK = FilePriceBook.demo()
 
 
 class ScriptedPlans:
-    """A planner that returns the plan the test scripts for each pass, and keeps what it saw."""
+    """A planner that returns the plan the test scripts for each pass (with the memory it leaves,
+    as every planner returns it), and keeps what it saw."""
 
     def __init__(self, decide: Callable[[int, Observation], Plan]):
         self.decide = decide
@@ -40,7 +43,7 @@ class ScriptedPlans:
 
     def __call__(self, obs: Observation, cfg: FleetdConfig, now: float) -> Plan:
         self.seen.append(obs)
-        return self.decide(len(self.seen) - 1, obs)
+        return with_memory(self.decide(len(self.seen) - 1, obs), obs, now)
 
 
 def launch(market: Market, pools: tuple[PoolId, ...]) -> Launch:
@@ -56,15 +59,17 @@ def launch(market: Market, pools: tuple[PoolId, ...]) -> Launch:
 
 async def make(tmp_path: Path, planner, ec2: FakeEc2, clock: FakeClock) -> Reconciler:
     cfg = FleetdConfig(fleet=FleetConfig(name="t", state_dir=tmp_path, reconcile_interval_s=10.0))
+    state = await StateStore.open(tmp_path)
     return Reconciler(
         cfg,
         ec2=ec2,
         prices=BOOK,
-        state=await StateStore.open(tmp_path),
+        state=state,
         pools=(A, B),
         hardware={t: BOOK.hardware(t) for t in ("g4dn.xlarge", "g5.xlarge")},
         planner=planner,
         clock=clock,
+        ledger=await ledger_beside(state),
     )
 
 

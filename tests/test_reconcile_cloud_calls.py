@@ -17,6 +17,7 @@ from fleetd.config import BudgetConfig, CapacityConfig, FleetConfig, FleetdConfi
 from fleetd.policy.model import Market, PoolId
 from fleetd.policy.planner import plan
 from fleetd.reconcile import state as st
+from fleetd.reconcile.build import ledger_beside
 from fleetd.reconcile.cloud_calls import CloudCalls, Job
 from fleetd.reconcile.loop import PassReport, Reconciler
 from fleetd.reconcile.state import StateStore
@@ -70,6 +71,7 @@ async def setup(tmp_path: Path, nodes: int, seed: int):
         hardware={t: BOOK.hardware(t) for t in ("g4dn.xlarge", "g5.xlarge")},
         planner=plan,
         clock=clock,
+        ledger=await ledger_beside(state),
     )
     return r, ec2, state, clock
 

@@ -16,9 +16,11 @@ from fleetd.adapters.aws_errors import PermanentAwsError, Throttled, TransientAw
 from fleetd.adapters.ec2_fake import FakeEc2
 from fleetd.adapters.pricing import FilePriceBook
 from fleetd.config import FleetConfig, FleetdConfig
+from fleetd.policy.memory import with_memory
 from fleetd.policy.model import Launch, Market, Node, Plan, PoolId, Terminate
 from fleetd.policy.observation import Observation
 from fleetd.reconcile import state as st
+from fleetd.reconcile.build import ledger_beside
 from fleetd.reconcile.ledger_store import LedgerStore
 from fleetd.reconcile.loop import MAX_BACKOFF_S, Reconciler
 from fleetd.reconcile.state import StateStore
@@ -39,7 +41,7 @@ class Scripted:
 
     def __call__(self, obs: Observation, cfg: FleetdConfig, now: float) -> Plan:
         self.seen.append(obs)
-        return Plan(actions=tuple(self.decide(obs)), target_nodes=3)
+        return with_memory(Plan(actions=tuple(self.decide(obs)), target_nodes=3), obs, now)
 
 
 def launch(count: int = 2, pools=(A, B)) -> Launch:
@@ -66,6 +68,8 @@ async def make(
     clock = clock or FakeClock(T0)
     cfg = FleetdConfig(fleet=FleetConfig(name="t", state_dir=tmp_path, reconcile_interval_s=10.0))
     state = await (StateStore.open_snapshot if dry_run else StateStore.open)(tmp_path)
+    if ledger is None:
+        ledger = await ledger_beside(state)  # the daemon's layout: the ledger in the state's file
     return Reconciler(
         cfg,
         ec2=ec2 or FakeEc2(clock),
@@ -96,7 +100,7 @@ async def test_observation_carries_offers_nodes_and_memory(tmp_path: Path) -> No
     assert (offer.gpus, offer.gpu_model, offer.spot_price, offer.on_demand_price) == (1, "T4", 0.2206, 0.526)
     assert [n.pool for n in second.nodes] == [A, A] and all(n.max_price_per_hour == 0.5 for n in second.nodes)
     assert second.target_nodes == 3 and second.last_scaling_at == T0
-    assert second.spent_usd > 0  # the state's estimate (no ledger wired): 60 s minimum each
+    assert second.spent_usd > 0  # the ledger's bills: 60 s minimum each from launch
     await r.state.close()
 
 

@@ -99,11 +99,9 @@ async def test_capacity_ttl_only_extends(open_state: Opener) -> None:
     await store.close()
 
 
-async def test_spend_estimate_and_meta(open_state: Opener) -> None:
+async def test_meta(open_state: Opener) -> None:
+    # Spend is the ledger's alone (fleetd.policy.ledger.charge): the state keeps no estimate of it.
     store = await open_state()
-    await store.sync_instances([seen("i-1"), seen("i-2")], T0)
-    assert await store.spend_estimate(T0 + 10) == pytest.approx(2 * 0.25 * 60 / 3600)  # 60 s minimum
-    assert await store.spend_estimate(T0 + 3600) == pytest.approx(2 * 0.25)
     await store.set_meta("target_nodes", 3)
     await store.set_meta("target_nodes", 4)
     assert await store.get_meta("target_nodes") == 4 and await store.get_meta("missing", "d") == "d"

@@ -16,6 +16,7 @@ from fleetd.intake.registry import NodeRegistry
 from fleetd.policy.model import Market, PoolId
 from fleetd.policy.planner import plan
 from fleetd.reconcile import observe
+from fleetd.reconcile.build import ledger_beside
 from fleetd.reconcile.loop import Reconciler
 from fleetd.reconcile.state import StateStore
 from tests.reconcile_support import FakeClock
@@ -80,6 +81,7 @@ async def setup(tmp_path: Path, nodes: int = 4):
         clock=clock,
         observer=registry,
         commander=commander,
+        ledger=await ledger_beside(state),
     )
     return r, ec2, registry, commander, clock, state
 
@@ -194,6 +196,7 @@ async def test_a_notice_that_wakes_an_idle_loop_is_drained_before_the_next_obser
         clock=clock,
         observer=registry,
         commander=commander,
+        ledger=await ledger_beside(state),
     )
     wake = asyncio.Event()
     passes: list = []

@@ -24,6 +24,7 @@ from fleetd.adapters.pricing import Hardware, PoolPrice
 from fleetd.config import BudgetConfig, CapacityConfig, FleetConfig, FleetdConfig
 from fleetd.policy.model import Drain, Launch, MarkPoolUnavailable, Node, PoolId, Terminate, Warn
 from fleetd.policy.planner import plan
+from fleetd.reconcile.build import ledger_beside
 from fleetd.reconcile.loop import Reconciler
 from fleetd.reconcile.ports import FleetSignals
 from fleetd.reconcile.state import StateStore
@@ -78,6 +79,7 @@ class Lockstep:
             clock=self.clock,
             signals=self,
             observer=self,
+            ledger=self.aio.run_until_complete(ledger_beside(self.state)),
         )
 
     # NodeObserver / SignalSource: what the simulated agents and checkpoint side report.

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from fleetd.config import FleetdConfig
-from fleetd.policy.ledger import MINIMUM_CHARGE_S  # EC2 Linux: 60 s minimum per launch
+from fleetd.policy.ledger import charge
 from fleetd.policy.model import BudgetLevel, BudgetStatus, Launch, Node
 
 
@@ -30,7 +30,8 @@ def node_commitment_usd(nodes: Iterable[Node], window_s: float) -> float:
 
 
 def launch_commitment_usd(count: int, worst_price_per_hour: float, window_s: float) -> float:
-    return count * worst_price_per_hour * max(MINIMUM_CHARGE_S, window_s) / 3600.0
+    """``count`` launches held for ``window_s``, each billed as the ledger bills it (its minimum included)."""
+    return count * charge(0.0, window_s, worst_price_per_hour).usd
 
 
 def burn_usd_per_hour(kept: Iterable[Node]) -> float:

@@ -15,7 +15,7 @@ import bisect
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 # Re-exported (explicitly, `X as X`): callers use ledger.<Event>.
 from fleetd.policy.ledger_events import EVENT_KINDS as EVENT_KINDS
@@ -37,7 +37,7 @@ from fleetd.policy.ledger_events import TargetChanged as TargetChanged
 from fleetd.policy.model import Market, PoolId, PoolOffer
 from fleetd.policy.observation import PoolStats
 
-MINIMUM_CHARGE_S = 60.0
+MINIMUM_CHARGE_S = 60.0  # EC2 Linux: per second, 60 s minimum per launch
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +139,21 @@ class _PricePath:
 _NO_CHANGES = _PricePath([])
 
 
+class Charge(NamedTuple):
+    billed_s: float
+    usd: float
+
+
+def charge(started_at: float, until: float, usd_per_hour: float, prices: _PricePath = _NO_CHANGES) -> Charge:
+    """What one instance owes: the one definition of what a node costs (the daemon's spend, the
+    reports and the simulator all bill through it). Launched at ``started_at``, billed to
+    ``until`` (its stop, or now while it runs) per second at ``usd_per_hour``, or along
+    ``prices`` (its pool's price changes) from the first change after launch. The 60 s minimum is
+    charged from launch: a launch commits it, so a node younger than a minute already owes it."""
+    end = max(until, started_at + MINIMUM_CHARGE_S)
+    return Charge(end - started_at, prices.integrate(started_at, end, usd_per_hour))
+
+
 def bills(
     events: Iterable[LedgerEvent], now: float, observed_until: Mapping[str, float] | None = None
 ) -> list[InstanceBill]:
@@ -171,10 +186,9 @@ def bills(
             seen = observed_until.get(iid)
             if seen is not None and seen < end:
                 end, unseen = max(seen, s.at), True
-        end = max(end, s.at + MINIMUM_CHARGE_S)
-        usd = paths.get((s.pool, s.market), _NO_CHANGES).integrate(s.at, end, s.price_per_hour)
-        od = paths.get((s.pool, Market.ON_DEMAND), _NO_CHANGES).integrate(s.at, end, s.on_demand_price_per_hour)
-        out.append(InstanceBill(iid, s.pool, s.market, s.at, stopped, end - s.at, usd, od, unseen))
+        billed_s, usd = charge(s.at, end, s.price_per_hour, paths.get((s.pool, s.market), _NO_CHANGES))
+        od = charge(s.at, end, s.on_demand_price_per_hour, paths.get((s.pool, Market.ON_DEMAND), _NO_CHANGES)).usd
+        out.append(InstanceBill(iid, s.pool, s.market, s.at, stopped, billed_s, usd, od, unseen))
     return out
 
 
@@ -214,8 +228,7 @@ class SpendBasis:
     def at(self, now: float) -> float:
         total = self.closed_usd
         for s, path in self.running:
-            end = max(max(now, s.at), s.at + MINIMUM_CHARGE_S)
-            total += path.integrate(s.at, end, s.price_per_hour)
+            total += charge(s.at, now, s.price_per_hour, path).usd
         return total
 
 
@@ -247,7 +260,7 @@ def spend_basis(events: Iterable[LedgerEvent]) -> SpendBasis:
         if stopped is None:
             running.append((s, path))
         else:
-            closed += path.integrate(s.at, max(stopped, s.at + MINIMUM_CHARGE_S), s.price_per_hour)
+            closed += charge(s.at, stopped, s.price_per_hour, path).usd
     return SpendBasis(closed, tuple(running))
 
 

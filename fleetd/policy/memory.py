@@ -1,11 +1,10 @@
-"""The planner's memory between passes, as one value.
+"""The planner's memory between passes (``PlannerMemory``, one frozen value) and how it changes.
 
 The planner is stateless (fleetd/policy/planner.py): what it must know of earlier passes comes back
-in the Observation. Its callers (the reconcile loop, the simulator, the property-test driver) keep
-that memory; these pure functions are the one place that says how it changes, so the simulator
-predicts the daemon it models. Before they existed each caller applied it by hand and the copies
-had drifted: the simulator started no scaling cool-down on the job's first target while the loop
-did (issue 32).
+in the Observation, and ``plan`` returns the memory once its plan is taken (``Plan.memory``). Its
+callers (the reconcile loop, the simulator, the property-test driver) keep what it returns and
+apply the outcomes of what they executed (a spot launch, a stop) through these pure functions, the
+one place that says how the memory changes, so the simulator predicts the daemon it models.
 
 - ``target_nodes`` / ``last_scaling_at``: the plan's target, and when it last changed (the first
   target too: the loop has always waited ``scaling.cooldown_s`` after sizing the job before its
@@ -19,26 +18,39 @@ did (issue 32).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from fleetd.policy.model import BudgetLevel, Plan
+from fleetd.policy.model import Plan, PlannerMemory
+
+__all__ = [
+    "PlannerMemory",
+    "after_plan",
+    "after_spot_launch",
+    "after_stop",
+    "kept_memory",
+    "remembered",
+    "with_memory",
+]
 from fleetd.policy.observation import Observation, spot_shortage_over
 
 
-@dataclass(frozen=True, slots=True)
-class PlannerMemory:
-    target_nodes: int | None = None
-    last_scaling_at: float | None = None
-    spot_unavailable_since: float | None = None
-    budget_level: BudgetLevel = BudgetLevel.NORMAL
-    stop_issued_at: float | None = None
+def remembered(obs: Observation) -> PlannerMemory:
+    """What ``obs`` was given of the memory."""
+    return PlannerMemory(
+        obs.target_nodes, obs.last_scaling_at, obs.spot_unavailable_since, obs.budget_level, obs.stop_issued_at
+    )
 
-    @classmethod
-    def of(cls, obs: Observation) -> PlannerMemory:
-        """What ``obs`` was given of the memory."""
-        return cls(
-            obs.target_nodes, obs.last_scaling_at, obs.spot_unavailable_since, obs.budget_level, obs.stop_issued_at
-        )
+
+def with_memory(result: Plan, obs: Observation, now: float) -> Plan:
+    """``result`` carrying the memory once it is taken: how ``planner.plan`` returns it."""
+    return replace(result, memory=after_plan(remembered(obs), result, now))
+
+
+def kept_memory(result: Plan) -> PlannerMemory:
+    """The memory a caller keeps after ``result``: the one ``planner.plan`` returned with it."""
+    if result.memory is None:
+        raise ValueError("the planner returned no memory (Plan.memory: fleetd.policy.memory.with_memory)")
+    return result.memory
 
 
 def after_plan(m: PlannerMemory, plan: Plan, now: float) -> PlannerMemory:

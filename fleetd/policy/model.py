@@ -232,6 +232,19 @@ class BudgetStatus:
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class PlannerMemory:
+    """What the stateless planner keeps between passes, as one value (fleetd/policy/memory.py
+    says how each plan and each executed action changes it). The caller hands it back in the
+    next Observation; ``Plan.memory`` is the memory once that plan is taken."""
+
+    target_nodes: int | None = None
+    last_scaling_at: float | None = None
+    spot_unavailable_since: float | None = None
+    budget_level: BudgetLevel = BudgetLevel.NORMAL
+    stop_issued_at: float | None = None
+
+
 _A = TypeVar("_A", bound=Action)
 
 
@@ -240,19 +253,21 @@ class Plan:
     actions: tuple[Action, ...] = ()
     # Decisions that led to no action are still worth a log line ("holding at 3: cool-down").
     notes: tuple[str, ...] = field(default=())
-    # The node count the planner now aims for. The caller passes it back as
-    # Observation.target_nodes, and sets Observation.last_scaling_at = now when it changed.
+    # The node count the planner now aims for (kept in ``memory`` with when it last changed).
     target_nodes: int | None = None
     target_reason: str = ""  # why the target is what it is (scaling.decide_target's reason)
     budget: BudgetStatus = field(default_factory=BudgetStatus)
-    # True when this plan needed spot capacity and no spot pool could be tried: the caller starts
-    # Observation.spot_unavailable_since (on-demand fallback after capacity.spot_wait_s).
+    # True when this plan needed spot capacity and no spot pool could be tried: ``memory`` starts
+    # spot_unavailable_since (on-demand fallback after capacity.spot_wait_s).
     spot_short: bool = False
     # The deadline rule's call on this pass (fleetd/policy/deadline.py); None without a deadline.
     deadline: DeadlineCall | None = None
     # Plan again this soon (seconds) rather than after the reconcile interval: the planner is
     # waiting out a short window (a wave of notices settling before its replacements are bought).
     replan_in_s: float | None = None
+    # The planner's memory once this plan is taken (fleetd/policy/memory.py): what the caller
+    # keeps and shows the next pass. None only in a plan not made by ``planner.plan``.
+    memory: PlannerMemory | None = None
 
     def of_type(self, kind: type[_A]) -> tuple[_A, ...]:
         return tuple(a for a in self.actions if isinstance(a, kind))

@@ -1,6 +1,6 @@
 """The planner: one pure function from what is observed to what to do, each action with a reason.
 
-    plan(obs: Observation, cfg: FleetdConfig, now: float) -> Plan
+    plan(obs: Observation, cfg: FleetdConfig, now: float) -> Plan   # Plan.memory: kept for the next pass
 
 The daemon's reconcile loop and the simulator both call it; it reads no clock and does no I/O.
 One pass, in order:
@@ -27,6 +27,7 @@ from dataclasses import replace
 from fleetd.config import FleetdConfig
 from fleetd.policy import budget as budget_policy
 from fleetd.policy import rebalance as rebalance_policy
+from fleetd.policy.memory import with_memory
 from fleetd.policy.model import BudgetLevel, Drain, LaunchPurpose, Plan, StopJob, Warn
 from fleetd.policy.observation import DesiredJob, Observation, PoolStats
 from fleetd.policy.stages.buying import buy, spot_pools, wave_pools_to_buy_now
@@ -50,6 +51,12 @@ def _drain(p: PlanPass, drains: list[Drain]) -> None:
 
 
 def plan(obs: Observation, cfg: FleetdConfig, now: float) -> Plan:
+    """The pass's plan, carrying the planner's memory once it is taken (``Plan.memory``): the
+    caller keeps that value and shows it back in the next Observation."""
+    return with_memory(_decide(obs, cfg, now), obs, now)
+
+
+def _decide(obs: Observation, cfg: FleetdConfig, now: float) -> Plan:
     p = PlanPass(obs, cfg, now)
     end_departed_nodes(p)  # step 1
     if obs.stop_issued_at is not None:

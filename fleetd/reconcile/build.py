@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from botocore.config import Config
 
@@ -27,11 +27,15 @@ from fleetd.adapters.spot_prices import LatestSpotPrices
 from fleetd.config import FleetdConfig
 from fleetd.policy.model import PoolId
 from fleetd.policy.placement import priors_for_pools
+from fleetd.reconcile.ledger_store import LedgerStore
 from fleetd.reconcile.loop import Planner, Reconciler
-from fleetd.reconcile.ports import Clock, NodeCommander, NodeObserver, SignalSource, SpendSource
+from fleetd.reconcile.ports import Clock, LedgerSink, NodeCommander, NodeObserver, SignalSource, SpendSource
 from fleetd.reconcile.state import StateStore
 from fleetd.reconcile.state_port import StateBackend
 from fleetd.shared.logs import get_logger
+
+if TYPE_CHECKING:
+    from fleetd.reconcile.state_dynamo import DynamoLedger
 
 log = get_logger(__name__)
 
@@ -52,11 +56,28 @@ class Built:
     reconciler: Reconciler
     state: StateBackend
     ec2_view: Ec2View | None = None  # its ``run`` is a daemon component (the EC2 refresher)
+    own_ledger: LedgerStore | DynamoLedger | None = None  # opened here (no ledger was wired in)
 
     async def close(self) -> None:
         if self.ec2_view is not None:
             await asyncio.to_thread(self.ec2_view.close)
+        if self.own_ledger is not None:
+            await self.own_ledger.close()  # before the state: a dry run's copy goes with it
         await self.state.close()
+
+
+async def ledger_beside(state: StateBackend) -> LedgerStore | DynamoLedger:
+    """The budget ledger kept where ``state`` is, for a loop given none (a dry run: the daemon's
+    wiring opens no ledger for it). Spend is always the ledger's bills: a dry run's private copy
+    of the SQLite file holds the live ledger's events as of its copy, and an HA dry run reads the
+    shared table's."""
+    if isinstance(state, StateStore):
+        return await LedgerStore.open(state.path)
+    from fleetd.reconcile.state_dynamo import DynamoLedger, DynamoStateStore  # HA only
+
+    if isinstance(state, DynamoStateStore):
+        return DynamoLedger(state.table, state.fence)
+    raise TypeError(f"no ledger beside a {type(state).__name__}: pass the ledger to build_reconciler")
 
 
 def pricing_client_kwargs(cfg: FleetdConfig) -> dict[str, Any]:
@@ -121,6 +142,24 @@ def hardware_for(
     return out
 
 
+async def _pools_and_hardware(
+    client: Any, cfg: FleetdConfig, zones: Sequence[str]
+) -> tuple[tuple[PoolId, ...], dict[str, Hardware]]:
+    """The pools the config names and the hardware EC2 describes for their types."""
+    cap = cfg.capacity
+    try:
+        resolved = await resolve_pools(client, instance_types=cap.instance_types, gpu=cap.gpu, zones=zones)
+        return resolved.pools, dict(resolved.hardware)
+    except PermanentAwsError as exc:
+        # Explicit types the endpoint does not know (moto lacks p3, for one) take the GPU
+        # catalog's hardware facts (or are excluded with a reason in observe); anything else
+        # (permissions, ...) is a real start-up failure.
+        if not cap.instance_types or exc.code != "InvalidInstanceType":
+            raise
+        log.warning("instance_types_not_described", error=str(exc))
+        return tuple(PoolId(t, z) for t in sorted(cap.instance_types) for z in zones), {}
+
+
 async def build_reconciler(
     cfg: FleetdConfig,
     client: Any,
@@ -132,7 +171,7 @@ async def build_reconciler(
     observer: NodeObserver | None = None,
     commander: NodeCommander | None = None,
     spend: SpendSource | None = None,
-    ledger: Any = None,
+    ledger: LedgerSink | None = None,
     pricing_client: Any = None,
     catalog: Catalog | None = None,
     state: StateBackend | None = None,
@@ -140,23 +179,13 @@ async def build_reconciler(
     listing_process: bool = False,
 ) -> Built:
     """``state`` and ``fence``: the HA backend and its lease (fleetd.ha.compose); without them
-    the state is SQLite in ``fleet.state_dir``. ``listing_process``: the EC2 view lists through a
-    child process (the daemon); without, every listing is the adapter's own call (tests, tools)."""
+    the state is SQLite in ``fleet.state_dir``. ``ledger``: the budget ledger, the loop's spend
+    source; without one, the ledger kept beside the state (``ledger_beside``).
+    ``listing_process``: the EC2 view lists through a child process (the daemon); without, every
+    listing is the adapter's own call (tests, tools)."""
     cap = cfg.capacity
     zones = cap.zones or await default_zones(client, cap.subnet_ids)
-    try:
-        resolved = await resolve_pools(client, instance_types=cap.instance_types, gpu=cap.gpu, zones=zones)
-        hardware: dict[str, Hardware] = dict(resolved.hardware)
-        pools = resolved.pools
-    except PermanentAwsError as exc:
-        # Explicit types the endpoint does not know (moto lacks p3, for one) take the GPU
-        # catalog's hardware facts (or are excluded with a reason in observe); anything else
-        # (permissions, ...) is a real start-up failure.
-        if not cap.instance_types or exc.code != "InvalidInstanceType":
-            raise
-        log.warning("instance_types_not_described", error=str(exc))
-        hardware = {}
-        pools = tuple(PoolId(t, z) for t in sorted(cap.instance_types) for z in zones)
+    pools, hardware = await _pools_and_hardware(client, cfg, zones)
     catalog = catalog or bundled_catalog()
     prices, book = price_source(cfg, client, pricing_client, catalog)
     hardware = hardware_for({p.instance_type for p in pools}, hardware, book, catalog)
@@ -179,6 +208,9 @@ async def build_reconciler(
     priors = priors_for_pools(load_spot_advisor(cap.spot_advisor_csv), pools) if cap.spot_advisor_csv else {}
     if state is None:
         state = await (StateStore.open_snapshot if dry_run else StateStore.open)(cfg.fleet.state_dir)
+    own_ledger = None
+    if ledger is None:
+        ledger = own_ledger = await ledger_beside(state)
     log.info(
         "reconciler_ready", fleet=cfg.fleet.name, pools=[str(p) for p in pools], dry_run=dry_run, priors=len(priors)
     )
@@ -200,4 +232,4 @@ async def build_reconciler(
         ledger=ledger,
         fence=fence,
     )
-    return Built(reconciler, state, ec2)
+    return Built(reconciler, state, ec2, own_ledger)

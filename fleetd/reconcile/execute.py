@@ -17,7 +17,7 @@ from fleetd.adapters.aws_errors import AwsError, PermanentAwsError
 from fleetd.adapters.ec2 import Ec2Api, LaunchResult, LaunchSpec, launch_token
 from fleetd.adapters.pricing import PriceSource
 from fleetd.config import FleetdConfig
-from fleetd.policy.memory import PlannerMemory, after_stop
+from fleetd.policy.memory import after_stop
 from fleetd.policy.model import (
     Action,
     Drain,
@@ -36,6 +36,7 @@ from fleetd.reconcile import state as st
 from fleetd.reconcile.cloud_calls import CloudCalls, Job
 from fleetd.reconcile.launch_book import LaunchBook
 from fleetd.reconcile.ledger_feed import LedgerFeed
+from fleetd.reconcile.memory_meta import load_memory, store_memory
 from fleetd.reconcile.outcome import ACTIONS, Outcome, count_aws_error
 from fleetd.reconcile.ports import NodeCommander, NotDelivered
 from fleetd.reconcile.state_port import StateBackend
@@ -171,10 +172,8 @@ class ActionExecutor:
                 await self.commander.request_checkpoint(action.deadline, action.reason)
             elif isinstance(action, StopJob):
                 await self.commander.stop_job(action.reason)
-                first = obs.stop_issued_at if obs is not None else None
-                await self.state.set_meta(
-                    "stop_issued_at", after_stop(PlannerMemory(stop_issued_at=first), now).stop_issued_at
-                )
+                memory = await load_memory(self.state)
+                await store_memory(self.state, memory, after_stop(memory, now))
             elif isinstance(action, Warn):
                 log.warning("planner_warning", code=action.code, reason=action.reason)
             else:

@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from fleetd.adapters.aws_errors import AwsError, CapacityUnavailable, PermanentAwsError, Throttled
 from fleetd.adapters.ec2 import LaunchResult, LaunchSpec
 from fleetd.adapters.pricing import PriceSource
-from fleetd.policy.memory import PlannerMemory, after_spot_launch
+from fleetd.policy.memory import after_spot_launch
 from fleetd.policy.model import Launch, Market, PoolId
 from fleetd.reconcile import state as st
 from fleetd.reconcile.ledger_feed import LedgerFeed
+from fleetd.reconcile.memory_meta import load_memory, store_memory
 from fleetd.reconcile.outcome import Outcome, count_aws_error
 from fleetd.reconcile.prices import price_of
 from fleetd.reconcile.state_port import StateBackend
@@ -113,12 +114,13 @@ class LaunchBook:
     async def _spot_outcome(self, action: Launch, *, got_any: bool, now: float) -> None:
         if action.market is not Market.SPOT:
             return
-        since = await self.state.get_meta("spot_unavailable_since")
-        after = after_spot_launch(PlannerMemory(spot_unavailable_since=since), got_any, now).spot_unavailable_since
+        memory = await load_memory(self.state)
+        changed = after_spot_launch(memory, got_any, now)
+        since, after = memory.spot_unavailable_since, changed.spot_unavailable_since
         if after == since:
             return
-        await self.state.set_meta("spot_unavailable_since", after)
-        if after is None:
+        await store_memory(self.state, memory, changed)
+        if since is not None:  # after is None: a spot launch got capacity
             log.info("spot_available_again", unavailable_for_s=now - since)
         else:
             log.warning("spot_unavailable", pools=[str(p) for p in action.pools])

@@ -111,10 +111,10 @@ class Reconciler:
         signals: SignalSource | None = None,
         observer: NodeObserver | None = None,
         commander: NodeCommander | None = None,
+        ledger: LedgerSink,
         spend: SpendSource | None = None,
         priors: Mapping[PoolId, float] | None = None,
         dry_run: bool = False,
-        ledger: LedgerSink | None = None,
         fence: Callable[[], object] | None = None,
     ):
         # Everything a successor (a fresh loop after an HA takeover) is built from.
@@ -147,7 +147,9 @@ class Reconciler:
         self.observer = observer or NoObserver()
         self.commander = commander or LoggingCommander()
         self.ledger = ledger
-        self.spend = spend if spend is not None else ledger
+        # What the budget sees as spent: the ledger's bills (fleetd.policy.ledger.charge), unless
+        # another source of the same bills is given. There is no estimate to fall back on.
+        self.spend: SpendSource = spend if spend is not None else ledger
         self.priors = dict(priors or {})
         self.dry_run = dry_run
         self._consecutive_failures = 0  # for the backoff; the rest of the memory is in the state DB
@@ -161,10 +163,10 @@ class Reconciler:
         self, fence: Callable[[], object] | None
     ) -> tuple[LedgerFeed | None, ObservationBuilder, ActionExecutor]:
         """The ledger feed, the observation builder and the executor one pass uses, from this loop's
-        inputs (the feed only when a ledger is wired in and this is no dry run)."""
+        inputs (the feed only when this is no dry run)."""
         # A stall is a gap in progress longer than a couple of passes (progress is seen per pass).
         stall_after_s = max(10.0, 2.5 * self.cfg.fleet.reconcile_interval_s)
-        feed = LedgerFeed(self.ledger, stall_after_s) if self.ledger is not None and not self.dry_run else None
+        feed = LedgerFeed(self.ledger, stall_after_s) if not self.dry_run else None
         observation = ObservationBuilder(
             ec2=self.ec2,
             prices=self.prices,

@@ -13,10 +13,11 @@ from dataclasses import replace
 
 from fleetd.adapters.ec2 import Ec2Api, Ec2Instance
 from fleetd.adapters.pricing import Hardware, PoolPrice, PriceSource
-from fleetd.policy.model import BudgetLevel, LaunchPurpose, Node, NodePhase, PoolId, PoolOffer, node_with
+from fleetd.policy.model import LaunchPurpose, Node, NodePhase, PoolId, PoolOffer, node_with
 from fleetd.policy.observation import Observation, PoolStats
 from fleetd.reconcile import state as st
 from fleetd.reconcile.ledger_feed import LedgerFeed
+from fleetd.reconcile.memory_meta import load_memory
 from fleetd.reconcile.pool_offers import ExclusionLog, PoolRow, pool_rows
 from fleetd.reconcile.ports import NodeObserver, SignalSource, SpendSource
 from fleetd.reconcile.prices import price_of
@@ -41,7 +42,7 @@ class ObservationBuilder:
         hardware: Mapping[str, Hardware],
         signals: SignalSource,
         observer: NodeObserver,
-        spend: SpendSource | None,
+        spend: SpendSource,
         priors: Mapping[PoolId, float],
         ledger_feed: LedgerFeed | None,
     ):
@@ -121,6 +122,7 @@ class ObservationBuilder:
         if started is None:
             started = now
             await self.state.set_meta("job_started_at", now)
+        memory = await load_memory(self.state)
         obs = Observation(
             nodes=tuple(nodes),
             offers=self._offers(prices),
@@ -130,15 +132,15 @@ class ObservationBuilder:
             last_durable_checkpoint_step=signals.last_durable_checkpoint_step,
             last_durable_checkpoint_at=signals.last_durable_checkpoint_at,
             last_checkpoint_request_at=signals.last_checkpoint_request_at,
-            target_nodes=await self.state.get_meta("target_nodes"),
-            last_scaling_at=await self.state.get_meta("last_scaling_at"),
+            target_nodes=memory.target_nodes,
+            last_scaling_at=memory.last_scaling_at,
             rebalance_prebuys_last_hour=await self.state.launches_since(
                 str(LaunchPurpose.REBALANCE_PREBUY), now - 3600.0
             ),
-            spot_unavailable_since=await self.state.get_meta("spot_unavailable_since"),
+            spot_unavailable_since=memory.spot_unavailable_since,
             desired_job=signals.desired_job,
-            stop_issued_at=await self.state.get_meta("stop_issued_at"),
-            budget_level=BudgetLevel(await self.state.get_meta("budget_level", BudgetLevel.NORMAL.value)),
+            stop_issued_at=memory.stop_issued_at,
+            budget_level=memory.budget_level,
             job_started_at=started,
             code_digest=signals.code_digest,
         )
@@ -267,9 +269,8 @@ class ObservationBuilder:
         return tuple(out)
 
     async def _spent(self, now: float) -> float:
-        if self.spend is not None:
-            return await self.spend.spent_usd(now)
-        return await self.state.spend_estimate(now)
+        # The ledger's bills (fleetd.policy.ledger.charge), never an estimate of them.
+        return await self.spend.spent_usd(now)
 
 
 def _has_news(node: Node, rec: object) -> bool:

@@ -3,8 +3,9 @@
 Other components plug in here: the MQTT/SQS intake provides :class:`NodeObserver` (its node
 registry), the training side provides :class:`SignalSource`, the
 rendezvous/checkpoint side provides :class:`NodeCommander`, the budget ledger provides
-:class:`SpendSource`. Each has a do-nothing default so the loop runs (and is tested) alone, and
-the simulator can drive the same loop with fakes and a virtual clock.
+:class:`SpendSource`. The spend source is required (spend is the ledger's bills, never an
+estimate); the others have a do-nothing default so the loop runs (and is tested) alone, and the
+simulator can drive the same loop with fakes and a virtual clock.
 """
 
 from __future__ import annotations

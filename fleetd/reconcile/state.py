@@ -394,18 +394,6 @@ class StateStore:
 
         return await self._run(q)
 
-    async def spend_estimate(self, now: float) -> float:
-        """Spend at each instance's recorded price, 60 s minimum per instance. A stand-in until the
-        budget ledger (fleetd.reconcile.ledger_store) is wired in as the loop's SpendSource."""
-
-        def q(db: sqlite3.Connection) -> float:
-            total = 0.0
-            for price, start, end in db.execute("SELECT price_per_hour, launched_at, ended_at FROM instances"):
-                total += price * max(60.0, (end if end is not None else now) - start) / 3600.0
-            return total
-
-        return await self._run(q)
-
     def observed_until_sync(self) -> dict[str, float]:
         """See fleetd.reconcile.state_sql.observed_until."""
         with self._lock:

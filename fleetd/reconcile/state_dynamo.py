@@ -130,9 +130,6 @@ class DynamoStateStore:
     async def pool_stats(self) -> list[PoolStatsRow]:
         return (await self._read()).pool_rows()
 
-    async def spend_estimate(self, now: float) -> float:
-        return (await self._read()).spend_estimate(now)
-
     async def get_meta(self, key: str, default: Any = None) -> Any:
         return (await self._read()).meta.get(key, default)
 

@@ -289,15 +289,6 @@ class StateModel:
             for k, p in sorted(self.pools.items())
         ]
 
-    def spend_estimate(self, now: float) -> float:
-        total: float = sum(
-            r["price_per_hour"]
-            * max(60.0, (r["ended_at"] if r["ended_at"] is not None else now) - r["launched_at"])
-            / 3600.0
-            for r in self.instances.values()
-        )
-        return total
-
     def set_meta(self, key: str, value: Any) -> None:
         self.meta[key] = value
         self.dirty.add((META, key))

@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleetd.policy.ledger import MINIMUM_CHARGE_S
+
 
 @dataclass(frozen=True, slots=True)
 class Sourced:
@@ -126,7 +128,8 @@ NO_NOTICE_SHARE = Sourced(
     0.05,
     "assumption: AWS's notice is best effort and AWS gives no figure; 1 loss in 20 unannounced",
 )
-MIN_CHARGE_S = Sourced(60.0, "AWS: Linux instances are billed per second, 60 s minimum")
+# The ledger's own minimum (fleetd.policy.ledger.charge bills the simulator's nodes too).
+MIN_CHARGE_S = Sourced(MINIMUM_CHARGE_S, "AWS: Linux instances are billed per second, 60 s minimum")
 
 # --- single-node deadline jobs (Can't Be Late, NSDI'24) ------------------------------------
 CHANGEOVER_S = Sourced(

@@ -2,8 +2,8 @@
 
 A virtual clock and a heap of timed events; no asyncio, no sleeping. The `World` replays a
 `Trace` (spot capacity appearing and being reclaimed, with notices `notice_lead_s` ahead unless
-the loss is one of the unannounced ones), bills every node it holds per second (60 s minimum),
-and integrates the job's progress between events. A `Policy` reacts to the world's callbacks
+the loss is one of the unannounced ones), bills every node it holds as the daemon's ledger does
+(``fleetd.policy.ledger.charge``: per second, the 60 s minimum owed from launch), and integrates the job's progress between events. A `Policy` reacts to the world's callbacks
 (start, capacity, notice, loss, timers) by buying and releasing nodes, changing the training
 membership, stalling, checkpointing and rolling back: everything a recovery strategy does.
 
@@ -31,9 +31,10 @@ import random
 from collections.abc import Callable
 from typing import Protocol
 
+from fleetd.policy.ledger import charge
 from fleetd.sim.books import SimNode, TrainingBooks
 from fleetd.sim.clock import NOTICE, POLICY, TRACE, EventQueue, Timer
-from fleetd.sim.defaults import CAPACITY_RETRY_S, MIN_CHARGE_S
+from fleetd.sim.defaults import CAPACITY_RETRY_S
 from fleetd.sim.job import JobSpec
 from fleetd.sim.result import Sample, SimResult
 from fleetd.sim.traces import ADD, Trace
@@ -104,6 +105,7 @@ class World(TrainingBooks):
         self._members = 0
         # Billing of released nodes.
         self.spent_released = 0.0
+        self.od_equivalent_released = 0.0  # the same billed seconds at the on-demand price
         self.paid_released_s = 0.0
         self.od_paid_released_s = 0.0
         self.notices = 0
@@ -190,17 +192,21 @@ class World(TrainingBooks):
             self.set_members([n for n in self.members() if n is not node])
         del self.held[node.id]
         node.released_at = self.now
-        billed = max(self.now - node.acquired_at, MIN_CHARGE_S.value)
+        billed, usd = charge(node.acquired_at, self.now, node.price_per_hour)
         # The 60 s minimum beyond what was used is paid for nothing.
         self._add_overhead("minimum charge", billed - (self.now - node.acquired_at))
-        self.spent_released += billed * node.price_per_hour / 3600.0
+        self.spent_released += usd
+        self.od_equivalent_released += charge(node.acquired_at, self.now, self.on_demand_price).usd
         self.paid_released_s += billed
         if node.market == ON_DEMAND:
             self.od_paid_released_s += billed
 
     def spent_usd(self) -> float:
-        live = sum((self.now - n.acquired_at) * n.price_per_hour for n in self.held.values())
-        return self.spent_released + live / 3600.0
+        """Released nodes' bills plus what the held ones owe now, their 60 s minimum included
+        (as the daemon's ledger bills a running instance: ``ledger.charge``)."""
+        return self.spent_released + sum(
+            charge(n.acquired_at, self.now, n.price_per_hour).usd for n in self.held.values()
+        )
 
     # --- running -------------------------------------------------------------------------
     def _schedule_completion(self) -> None:
@@ -321,12 +327,11 @@ class World(TrainingBooks):
         met = None
         if deadline is not None:
             met = self.done_at is not None and self.done_at <= deadline + 1e-6
-        on_demand_cost = paid * self.on_demand_price / 3600.0
         return SimResult(
             policy=name,
             trace=self.trace.name,
             cost_usd=self.spent_released,
-            on_demand_cost_usd=on_demand_cost,
+            on_demand_cost_usd=self.od_equivalent_released,
             paid_node_s=paid,
             useful_node_s=self.useful_node_s,
             effective_time=self.useful_node_s / paid if paid > 0 else 0.0,

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from fleetd.config import FleetdConfig
 from fleetd.policy import budget as budget_policy
 from fleetd.policy.checkpointing import cadence
-from fleetd.policy.memory import PlannerMemory, after_plan
+from fleetd.policy.memory import PlannerMemory, kept_memory
 from fleetd.policy.model import LaunchPurpose, NodePhase, Plan, PoolId
 from fleetd.policy.observation import Observation
 from fleetd.policy.placement import NOTICE_LEAD_S
@@ -204,7 +204,7 @@ class FleetdPolicy(ObserveMixin, ActionsMixin):
         result: Plan = self.planner(obs, cfg, now)
         self.passes += 1
         self.pass_times.append(now)
-        self.memory = after_plan(self.memory, result, now)  # as the reconcile loop keeps it
+        self.memory = kept_memory(result)  # what the plan leaves, kept as the reconcile loop keeps it
         self._deadline_wake = result.deadline.wake_at if result.deadline is not None else ()
         self._joining, self._leaving = [], []
         try:
