@@ -12,13 +12,14 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from tenacity import RetryCallState
+
 from agent.checkpoint_store.errors import StoreError
 from agent.checkpoint_store.s3 import S3Bucket
 from agent.supervise.workspace import JobWorkspace, SetupFailed, prepare
 from fleetd.protocol.messages import TrainerExited
-from fleetd.shared.backoff import Backoff
+from fleetd.shared.backoff import failure_of, retrying
 from fleetd.shared.logs import get_logger
-from fleetd.shared.waits import wait_set
 
 log = get_logger(__name__)
 SETUP_FAILED = "setup-failed"
@@ -45,17 +46,24 @@ async def until_ready(
     stopped: asyncio.Event,
 ) -> bool:
     """True once the code is ready; False if the agent is stopping first."""
-    backoff = Backoff(first_s=1.0, max_s=30.0)
+
+    def fetch_failed(state: RetryCallState) -> None:
+        log.warning("job_code_fetch_failed", error=str(failure_of(state))[:300], uri=workspace.uri)
+
     while not stopped.is_set():
         try:
-            await prepare(workspace, fetch)
+            # S3 unreachable is not the job's fault: retried here, with backoff, until stopped.
+            async for attempt in retrying(1.0, 30.0, retry_on=StoreError, stop=stopped, before_sleep=fetch_failed):
+                if stopped.is_set():
+                    return False
+                with attempt:
+                    await prepare(workspace, fetch)
             return True
         except SetupFailed as exc:
             log.error("job_setup_failed", exit_code=exc.exit_code, detail=exc.detail)
             reason = f"{SETUP_FAILED}: {exc.detail}"
             await publish_event(TrainerExited(instance_id=instance_id, exit_code=exc.exit_code, reason=reason))
             await wait_retry()
-        except StoreError as exc:
-            log.warning("job_code_fetch_failed", error=str(exc)[:300], uri=workspace.uri)
-            await wait_set(stopped, backoff.next_delay())
+        except StoreError:
+            return False  # stopped while S3 was unreachable
     return False

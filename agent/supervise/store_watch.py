@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from tenacity import RetryCallState
+
 from agent.supervise.torchrun import TorchrunExit
-from fleetd.shared.backoff import Backoff
+from fleetd.shared.backoff import failure_of, retrying
 from fleetd.shared.logs import get_logger
-from fleetd.shared.waits import wait_set
 
 log = get_logger(__name__)
 
@@ -109,20 +110,32 @@ def classify_exit(exit_: TorchrunExit, before: StoreProbe, after: StoreProbe, ta
     return ExitCause.FAILED
 
 
-async def wait_for_store(
-    check: Callable[[], StoreProbe], stop: asyncio.Event, backoff: Backoff | None = None
-) -> StoreProbe | None:
+class _NoAnswer(Exception):
+    def __init__(self, probe: StoreProbe) -> None:
+        super().__init__(probe.error)
+        self.probe = probe
+
+
+async def wait_for_store(check: Callable[[], StoreProbe], stop: asyncio.Event) -> StoreProbe | None:
     """Probe until the store answers (returns that probe) or ``stop`` is set (returns None)."""
-    backoff = backoff or Backoff()
     reported = False
-    while not stop.is_set():
-        found = await asyncio.to_thread(check)
-        if found.reachable:
-            if reported:
-                log.warning("rendezvous_store_back", incarnation=found.incarnation)
-            return found
+
+    def unreachable(state: RetryCallState) -> None:
+        nonlocal reported
         if not reported:
-            log.warning("rendezvous_store_unreachable", error=found.error)
+            log.warning("rendezvous_store_unreachable", error=str(failure_of(state)))
             reported = True
-        await wait_set(stop, backoff.next_delay())
-    return None
+
+    try:
+        async for attempt in retrying(0.25, 5.0, retry_on=_NoAnswer, stop=stop, before_sleep=unreachable):
+            if stop.is_set():
+                return None
+            with attempt:
+                found = await asyncio.to_thread(check)
+                if not found.reachable:
+                    raise _NoAnswer(found)
+    except _NoAnswer:
+        return None  # stopped
+    if reported:
+        log.warning("rendezvous_store_back", incarnation=found.incarnation)
+    return found
