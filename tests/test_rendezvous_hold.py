@@ -1,4 +1,4 @@
-"""decide.plan after a rendezvous store restart: the first round is held open for the nodes that
+"""decide.steer after a rendezvous store restart: the first round is held open for the nodes that
 trained before it (pure), so a node restarting torchrun late does not make the others restart."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def obs(state: RendezvousState, **kw) -> decide.Observation:  # noqa: ANN003
 
 def test_round_held_while_a_restarting_member_is_missing():
     s = joining(A, B, deadline=NOW + timedelta(seconds=0.5))
-    actions = decide.plan(obs(s, awaited=MEMBERS, awaited_until=NOW + timedelta(seconds=30)))
+    actions = decide.steer(obs(s, awaited=MEMBERS, awaited_until=NOW + timedelta(seconds=30)))
     holds = [a for a in actions if isinstance(a, decide.HoldRound)]
     assert len(holds) == 1 and holds[0].until == NOW + decide.HOLD_STEP and C.addr in holds[0].reason
     assert not any(isinstance(a, decide.CompleteRound) for a in actions)
@@ -33,7 +33,7 @@ def test_round_held_while_a_restarting_member_is_missing():
 
 def test_all_back_completes_at_once_without_a_hold():
     s = joining(A, B, C, deadline=NOW + timedelta(seconds=0.5))
-    actions = decide.plan(obs(s, awaited=MEMBERS, awaited_until=NOW + timedelta(seconds=30)))
+    actions = decide.steer(obs(s, awaited=MEMBERS, awaited_until=NOW + timedelta(seconds=30)))
     assert [type(a) for a in actions] == [decide.CompleteRound]
 
 
@@ -41,20 +41,20 @@ def test_hold_ends_at_its_bound_and_never_without_one():
     s = joining(A, B, deadline=NOW + timedelta(seconds=0.5))
     assert not any(
         isinstance(a, decide.HoldRound)
-        for a in decide.plan(obs(s, awaited=MEMBERS, awaited_until=NOW - timedelta(seconds=1)))
+        for a in decide.steer(obs(s, awaited=MEMBERS, awaited_until=NOW - timedelta(seconds=1)))
     )
-    assert not any(isinstance(a, decide.HoldRound) for a in decide.plan(obs(s)))  # no store restart: as before
+    assert not any(isinstance(a, decide.HoldRound) for a in decide.steer(obs(s)))  # no store restart: as before
 
 
 def test_hold_never_moves_the_deadline_past_its_bound_or_back():
     bound = NOW + timedelta(seconds=1)
     s = joining(A, deadline=NOW + timedelta(seconds=0.2))
-    (hold,) = [a for a in decide.plan(obs(s, awaited=MEMBERS, awaited_until=bound)) if isinstance(a, decide.HoldRound)]
+    (hold,) = [a for a in decide.steer(obs(s, awaited=MEMBERS, awaited_until=bound)) if isinstance(a, decide.HoldRound)]
     assert hold.until == bound
     later = joining(A, deadline=NOW + timedelta(seconds=1.9))
     assert not any(
         isinstance(a, decide.HoldRound)
-        for a in decide.plan(obs(later, awaited=MEMBERS, awaited_until=NOW + timedelta(seconds=30)))
+        for a in decide.steer(obs(later, awaited=MEMBERS, awaited_until=NOW + timedelta(seconds=30)))
     )
 
 
@@ -65,9 +65,9 @@ def test_a_late_heartbeat_during_the_hold_is_not_a_lost_node():
         participants={A: 0, B: 0},
         last_heartbeats={A: NOW, B: NOW - timedelta(seconds=20)},
     )
-    held = decide.plan(obs(s, awaited=MEMBERS, awaited_until=NOW + timedelta(seconds=30)))
+    held = decide.steer(obs(s, awaited=MEMBERS, awaited_until=NOW + timedelta(seconds=30)))
     assert not any(isinstance(a, decide.RemoveNodes) for a in held)
-    after = decide.plan(obs(s, awaited=MEMBERS, awaited_until=NOW - timedelta(seconds=1)))
+    after = decide.steer(obs(s, awaited=MEMBERS, awaited_until=NOW - timedelta(seconds=1)))
     assert any(isinstance(a, decide.RemoveNodes) and B.addr in a.addrs for a in after)
 
 
@@ -76,9 +76,9 @@ def test_a_rendezvous_closed_by_a_crashed_torchrun_is_reopened_unless_fleetd_clo
     later join then fails with RendezvousClosedError, and a job retried after a bug in its code
     lost a node for good. Only fleetd ends a job."""
     closed = RendezvousState(round=3, complete=True, closed=True, participants={A: 0})
-    (action,) = decide.plan(obs(closed))
+    (action,) = decide.steer(obs(closed))
     assert isinstance(action, decide.Reopen)
-    assert decide.plan(obs(closed, closing=True)) == ()
+    assert decide.steer(obs(closed, closing=True)) == ()
 
 
 async def test_the_steering_reopens_it_in_the_store():
@@ -109,13 +109,13 @@ def test_a_round_of_nodes_that_are_all_leaving_is_held_not_formed():
     them into a new round while their agents still upload the held step. Formed, that round
     trained steps that died with them (the storm demo lost 21 on a loaded box)."""
     s = joining(A, B, deadline=NOW + timedelta(seconds=0.5))
-    leaving = decide.plan(obs(s, members=frozenset({A.addr, B.addr}), noticed=frozenset({A.addr, B.addr})))
+    leaving = decide.steer(obs(s, members=frozenset({A.addr, B.addr}), noticed=frozenset({A.addr, B.addr})))
     (hold,) = [a for a in leaving if isinstance(a, decide.HoldRound)]
     assert hold.until == NOW + decide.HOLD_STEP and "every node in it is leaving" in hold.reason
     assert not any(isinstance(a, decide.CompleteRound) for a in leaving)
     # Not pushed again while the deadline is far enough ahead.
     later = joining(A, B, deadline=NOW + timedelta(seconds=1.9))
-    assert not decide.plan(obs(later, members=frozenset({A.addr, B.addr}), noticed=frozenset({A.addr, B.addr})))
+    assert not decide.steer(obs(later, members=frozenset({A.addr, B.addr}), noticed=frozenset({A.addr, B.addr})))
     # One node that is staying (a replacement, a survivor) and the round forms as before.
-    staying = decide.plan(obs(s, members=frozenset({A.addr, B.addr}), noticed=frozenset({A.addr})))
+    staying = decide.steer(obs(s, members=frozenset({A.addr, B.addr}), noticed=frozenset({A.addr})))
     assert [type(a) for a in staying] == [decide.CompleteRound]

@@ -147,7 +147,7 @@ def kinds(actions) -> list[str]:
 
 
 def test_drain_ready_node_is_removed_and_told_to_leave():
-    acts = decide.plan(obs(complete_round(A, B, C), drain_ready=frozenset({"127.0.0.4"})))
+    acts = decide.steer(obs(complete_round(A, B, C), drain_ready=frozenset({"127.0.0.4"})))
     assert kinds(acts) == ["RemoveNodes", "TellLeave"]
     assert acts[0].addrs == {"127.0.0.4"} and acts[1].addr == "127.0.0.4"
     assert all(a.reason for a in acts)
@@ -156,8 +156,8 @@ def test_drain_ready_node_is_removed_and_told_to_leave():
 def test_survivors_are_poked_once_the_leaver_left():
     s = complete_round(A, B)
     told = {"127.0.0.4": NOW - timedelta(seconds=0.2)}
-    assert decide.plan(obs(s, told_leave=told)) == ()  # still stopping its tree
-    acts = decide.plan(obs(s, told_leave=told, left=frozenset({"127.0.0.4"})))
+    assert decide.steer(obs(s, told_leave=told)) == ()  # still stopping its tree
+    acts = decide.steer(obs(s, told_leave=told, left=frozenset({"127.0.0.4"})))
     assert kinds(acts) == ["PokeSurvivors"] and acts[0].finished == {"127.0.0.4"}
 
 
@@ -165,11 +165,11 @@ def test_a_leaver_that_never_trained_in_the_round_costs_the_others_no_re_form():
     """A replacement noticed while it restores asked for no hold checkpoint: the members train on."""
     s = complete_round(A, B)
     told = {"127.0.0.4": NOW - timedelta(seconds=0.2)}
-    acts = decide.plan(obs(s, told_leave=told, left=frozenset({"127.0.0.4"}), member_leaves=frozenset()))
+    acts = decide.steer(obs(s, told_leave=told, left=frozenset({"127.0.0.4"}), member_leaves=frozenset()))
     assert kinds(acts) == ["FinishLeaves"] and acts[0].finished == {"127.0.0.4"}
     # A wave: one member and one restoring replacement leave together: one poke for both.
     told = {"127.0.0.4": NOW - timedelta(seconds=0.2), "127.0.0.5": NOW - timedelta(seconds=0.2)}
-    acts = decide.plan(obs(s, told_leave=told, left=frozenset(told), member_leaves=frozenset({"127.0.0.4"})))
+    acts = decide.steer(obs(s, told_leave=told, left=frozenset(told), member_leaves=frozenset({"127.0.0.4"})))
     assert kinds(acts) == ["PokeSurvivors"] and acts[0].finished == set(told)
 
 
@@ -186,7 +186,7 @@ def test_a_wave_of_notices_re_forms_the_survivors_once():
         left=frozenset({first}),
         noticed=frozenset({first, second}),
     )
-    assert decide.plan(waiting) == ()
+    assert decide.steer(waiting) == ()
     # The second is drain-ready: removed and told, still no poke while it stops its tree.
     ready = obs(
         s.without_addrs({first}),
@@ -196,7 +196,7 @@ def test_a_wave_of_notices_re_forms_the_survivors_once():
         noticed=frozenset({first, second}),
         drain_ready=frozenset({second}),
     )
-    assert kinds(decide.plan(ready)) == ["RemoveNodes", "TellLeave"]
+    assert kinds(decide.steer(ready)) == ["RemoveNodes", "TellLeave"]
     both = {first: NOW - timedelta(seconds=0.8), second: NOW - timedelta(seconds=0.2)}
     gone = obs(
         s.without_addrs({first, second}),
@@ -205,7 +205,7 @@ def test_a_wave_of_notices_re_forms_the_survivors_once():
         left=frozenset(both),
         noticed=frozenset(both),
     )
-    acts = decide.plan(gone)
+    acts = decide.steer(gone)
     assert kinds(acts) == ["PokeSurvivors"] and acts[0].finished == set(both)
     # A noticed member that never gets ready does not hold the survivors past the bound.
     late = obs(
@@ -215,7 +215,7 @@ def test_a_wave_of_notices_re_forms_the_survivors_once():
         left=frozenset({first}),
         noticed=frozenset({first, second}),
     )
-    assert kinds(decide.plan(late)) == ["PokeSurvivors"]
+    assert kinds(decide.steer(late)) == ["PokeSurvivors"]
 
 
 def test_a_whole_fleet_wave_re_forms_nobody_while_the_rest_are_leaving_too():
@@ -226,7 +226,7 @@ def test_a_whole_fleet_wave_re_forms_nobody_while_the_rest_are_leaving_too():
     told = {first: NOW - timedelta(seconds=4)}  # past the coalesce bound: the others are slow
     rest = s.without_addrs({first})
     everyone = frozenset({"127.0.0.2", "127.0.0.3", "127.0.0.4"})
-    acts = decide.plan(
+    acts = decide.steer(
         obs(rest, members=s.participant_addrs, told_leave=told, left=frozenset({first}), noticed=everyone)
     )
     assert kinds(acts) == ["FinishLeaves"] and acts[0].finished == {first}
@@ -240,14 +240,14 @@ def test_a_whole_fleet_wave_re_forms_nobody_while_the_rest_are_leaving_too():
         wait_list=frozenset({newcomer}),
         last_heartbeats={**rest.last_heartbeats, newcomer: NOW},
     )
-    acts = decide.plan(
+    acts = decide.steer(
         obs(waiting, members=s.participant_addrs, told_leave=told, left=frozenset({first}), noticed=everyone)
     )
     assert kinds(acts) == ["PokeSurvivors"]
 
 
 def test_a_leaver_that_never_confirms_is_given_up_on_after_the_timeout():
-    acts = decide.plan(obs(complete_round(A, B), told_leave={"127.0.0.4": NOW - timedelta(seconds=30)}))
+    acts = decide.steer(obs(complete_round(A, B), told_leave={"127.0.0.4": NOW - timedelta(seconds=30)}))
     assert kinds(acts) == ["PokeSurvivors"]
 
 
@@ -256,11 +256,11 @@ def test_round_completes_as_soon_as_the_expected_nodes_joined():
         round=4, participants={A: 0}, deadline=NOW + timedelta(seconds=30), last_heartbeats={A: NOW}
     )
     members = frozenset({"127.0.0.2", "127.0.0.3"})
-    assert decide.plan(obs(forming, members=members)) == ()
+    assert decide.steer(obs(forming, members=members)) == ()
     forming = RendezvousState(
         round=4, participants={A: 0, B: 0}, deadline=NOW + timedelta(seconds=30), last_heartbeats={A: NOW, B: NOW}
     )
-    assert kinds(decide.plan(obs(forming, members=members))) == ["CompleteRound"]
+    assert kinds(decide.steer(obs(forming, members=members))) == ["CompleteRound"]
 
 
 def test_newcomer_in_wait_list_is_expected_too():
@@ -269,18 +269,18 @@ def test_newcomer_in_wait_list_is_expected_too():
     )
     o = obs(forming, members=frozenset({"127.0.0.2", "127.0.0.3"}))
     assert decide.expected_members(o) == {"127.0.0.2", "127.0.0.3", "127.0.0.4"}
-    assert decide.plan(o) == ()
+    assert decide.steer(o) == ()
 
 
 def test_without_known_members_fleetd_leaves_completion_to_torch():
     forming = RendezvousState(round=0, participants={A: 0}, last_heartbeats={A: NOW})
-    assert decide.plan(obs(forming, members=None)) == ()
+    assert decide.steer(obs(forming, members=None)) == ()
 
 
 def test_silent_nodes_are_removed_and_not_waited_for():
     old = NOW - timedelta(seconds=10)
     s = RendezvousState(round=3, complete=True, participants={A: 0, B: 1}, last_heartbeats={A: NOW, B: old})
-    acts = decide.plan(obs(s))
+    acts = decide.steer(obs(s))
     # A member of the formed round went silent: the survivors hang in a collective with it, so
     # they are poked into a new round (their restart also saves the step they completed).
     assert kinds(acts) == ["RemoveNodes", "PokeSurvivors"] and acts[0].addrs == {"127.0.0.3"}
@@ -289,29 +289,29 @@ def test_silent_nodes_are_removed_and_not_waited_for():
     waiting = RendezvousState(
         round=3, complete=True, participants={A: 0}, wait_list=frozenset({B}), last_heartbeats={A: NOW, B: old}
     )
-    assert kinds(decide.plan(obs(waiting))) == ["RemoveNodes"]
+    assert kinds(decide.steer(obs(waiting))) == ["RemoveNodes"]
     # Every member silent: nobody left to poke.
     alone = RendezvousState(round=3, complete=True, participants={B: 0}, last_heartbeats={B: old})
-    assert kinds(decide.plan(obs(alone))) == ["RemoveNodes"]
+    assert kinds(decide.steer(obs(alone))) == ["RemoveNodes"]
     forming = RendezvousState(round=4, participants={A: 0}, last_heartbeats={A: NOW})
     # A member absent from the state is waited for the longer of dead_after and hang_after.
     older = NOW - timedelta(seconds=11)
     o = obs(forming, members=frozenset({"127.0.0.2", "127.0.0.3"}), heartbeats={"127.0.0.3": older})
-    assert kinds(decide.plan(o)) == ["CompleteRound"]
+    assert kinds(decide.steer(o)) == ["CompleteRound"]
 
 
 def test_marker_from_an_earlier_round_is_dropped():
     s = complete_round(A, B, rnd=5).with_marker(NOW, 4)
-    assert kinds(decide.plan(obs(s))) == ["DropMarkers"]
-    assert decide.plan(obs(complete_round(A, B, rnd=5).with_marker(NOW, 5))) == ()
+    assert kinds(decide.steer(obs(s))) == ["DropMarkers"]
+    assert decide.steer(obs(complete_round(A, B, rnd=5).with_marker(NOW, 5))) == ()
 
 
 def test_closed_rendezvous_is_left_alone():
     closed = complete_round(A).closed_for_good()
     # fleetd closed it (the job is over): nothing more is done with it.
-    assert decide.plan(obs(closed, drain_ready=frozenset({"127.0.0.2"}), closing=True)) == ()
+    assert decide.steer(obs(closed, drain_ready=frozenset({"127.0.0.2"}), closing=True)) == ()
     # Closed by anyone else (a torchrun that exited on an error): reopened, and only that.
-    assert kinds(decide.plan(obs(closed, drain_ready=frozenset({"127.0.0.2"})))) == ["Reopen"]
+    assert kinds(decide.steer(obs(closed, drain_ready=frozenset({"127.0.0.2"})))) == ["Reopen"]
 
 
 def test_marker_addr_is_not_a_real_address():

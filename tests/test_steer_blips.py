@@ -40,14 +40,14 @@ def kinds(actions) -> list[str]:
 
 def test_stale_member_is_kept_while_training_advances():
     b_beat = NOW - timedelta(seconds=9)  # a store blip plus TCP's retransmission backoff
-    acts = decide.plan(observe(formed(b_beat), NOW - timedelta(seconds=0.4), b_beat))
+    acts = decide.steer(observe(formed(b_beat), NOW - timedelta(seconds=0.4), b_beat))
     assert kinds(acts) == ["TolerateStale"] and acts[0].addrs == {B.addr}
     assert "training advances" in acts[0].reason
 
 
 def test_stale_member_and_no_progress_is_removed_and_survivors_poked():
     b_beat = NOW - timedelta(seconds=12)
-    acts = decide.plan(observe(formed(b_beat), NOW - timedelta(seconds=11), b_beat))
+    acts = decide.steer(observe(formed(b_beat), NOW - timedelta(seconds=11), b_beat))
     assert kinds(acts) == ["RemoveNodes", "PokeSurvivors"]
     assert acts[0].addrs == {B.addr} and "no progress for 11 s" in acts[1].reason
 
@@ -55,13 +55,13 @@ def test_stale_member_and_no_progress_is_removed_and_survivors_poked():
 def test_member_torch_already_dropped_is_still_caught_when_the_job_hangs():
     # torchrun's own keep-alive check removed B from the state; the survivors hang all the same.
     b_beat = NOW - timedelta(seconds=30)
-    acts = decide.plan(observe(formed(b_beat, drop_b=True), NOW - timedelta(seconds=20), b_beat))
+    acts = decide.steer(observe(formed(b_beat, drop_b=True), NOW - timedelta(seconds=20), b_beat))
     assert kinds(acts) == ["PokeSurvivors"] and "127.0.0.3 lost" in acts[0].reason
 
 
 def test_without_a_progress_counter_a_stale_heartbeat_alone_decides():
     b_beat = NOW - timedelta(seconds=7)
-    acts = decide.plan(observe(formed(b_beat), None, b_beat))
+    acts = decide.steer(observe(formed(b_beat), None, b_beat))
     assert kinds(acts) == ["RemoveNodes", "PokeSurvivors"]
 
 
@@ -79,14 +79,14 @@ def test_stale_newcomer_is_removed_whatever_the_progress():
         hang_after=HANG,
         progress_at=NOW,
     )
-    assert kinds(decide.plan(o)) == ["RemoveNodes"]
+    assert kinds(decide.steer(o)) == ["RemoveNodes"]
 
 
 @given(beat_age=st.floats(0, 120), progress_age=st.floats(0, 120))
 def test_a_member_is_never_removed_while_the_job_advances(beat_age, progress_age):
     """Property: removal of a formed round's member needs BOTH a stale heartbeat and a stalled job."""
     b_beat = NOW - timedelta(seconds=beat_age)
-    acts = decide.plan(observe(formed(b_beat), NOW - timedelta(seconds=progress_age), b_beat))
+    acts = decide.steer(observe(formed(b_beat), NOW - timedelta(seconds=progress_age), b_beat))
     removed = any(isinstance(a, (decide.RemoveNodes, decide.PokeSurvivors)) for a in acts)
     assert removed == (timedelta(seconds=beat_age) > DEAD and timedelta(seconds=progress_age) > HANG)
 
@@ -97,7 +97,7 @@ def test_a_member_between_rounds_is_waited_for_the_longer_grace():
     forming = RendezvousState(round=4, participants={A: 0}, last_heartbeats={A: NOW})
 
     def plan_with(b_age: float):
-        return decide.plan(
+        return decide.steer(
             decide.Observation(
                 state=forming,
                 now=NOW,

@@ -1,25 +1,10 @@
 """What fleetd does to the rendezvous in one steering pass: a pure function of what it observed.
 
-Plain frozen data in, actions (each with a reason) out, ``now`` passed in; no I/O. The sequence a
-leaving node goes through, one pass at a time (level-based: every pass re-reads the store), each
-node's phase read from its keys as a fleetd.protocol.interruption.Phase (``Observation.phase``):
-
-1. its agent says its checkpoint shard is durable (``drain_ready``)  -> RemoveNode + TellLeave
-2. its agent stopped its process tree (``left``), or it never says so in time -> PokeSurvivors:
-   a marker in the wait list makes every survivor's torchrun restart its (holding) workers into a
-   new round at once, instead of after a failed collective against the departed peer;
-3. the survivors (and any waiting newcomer) have all joined the new round -> CompleteRound, so
-   nobody waits for torchrun's last-call timeout; the marker goes in the same write.
-
-Nodes that stopped heartbeating are removed once they are stale, with one exception: a member of
-the formed round is kept while the job still advances (rank 0 bumps a progress counter in the
-store, rendezvous_keys.progress_key). A stale heartbeat alone is one connection's view: a node
-whose store connection blipped for a few seconds trains on, and restarting every rank for it would
-cost the whole job a re-form. Only when the job has also made no progress for ``hang_after`` (the
-collective hangs on the silent peer) is the member removed and the survivors poked: a peer that
-vanished without closing its sockets leaves their collectives hanging, and only a worker restart
-(torchrun's SIGTERM, which also makes them save the step they completed) ends the hang. Without a
-progress counter (a trainer that does not bump it) the old rule holds: stale means removed.
+Level-based (every pass re-reads the store), each node's phase read from its keys: a leaver's
+``drain_ready`` -> RemoveNode + TellLeave; its ``left`` (or none in time) -> PokeSurvivors; the
+survivors and waiting newcomers all in -> CompleteRound. A stale member is kept while the job's
+progress counter moves (docs/DESIGN.md "One interruption, end to end", "Partitions: signals from
+independent sources").
 """
 
 from __future__ import annotations
@@ -189,7 +174,7 @@ def _stale_members(obs: Observation) -> frozenset[str]:
     return frozenset(stale)
 
 
-def plan(obs: Observation) -> tuple[SteerAction, ...]:
+def steer(obs: Observation) -> tuple[SteerAction, ...]:
     """The steering's actions for one look at the store: lost members, leaving ones, the round."""
     s = obs.state
     if s is None:

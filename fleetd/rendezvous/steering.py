@@ -1,4 +1,4 @@
-"""The steering loop: observe the rendezvous store, ``decide.plan``, apply the actions.
+"""The steering loop: observe the rendezvous store, ``decide.steer``, apply the actions.
 
 Level-based like the reconcile loop: each pass re-reads torchrun's state and the drain keys, so a
 fleetd that was SIGKILLed and restarted simply adopts what it finds (the store lives in the separate
@@ -282,7 +282,7 @@ class Steerer:
         now = datetime.now(UTC)
         obs = await self.observe(now)
         self.phase_log.note(obs)
-        actions = decide.plan(obs)
+        actions = decide.steer(obs)
         tolerated: frozenset[str] = frozenset()
         for action in actions:
             if isinstance(action, decide.TolerateStale):
