@@ -26,7 +26,7 @@ from agent.supervise.proctree import kill_tree, process_tree
 from fleetd.adapters.faults import FaultProxy
 from fleetd.demo import configs
 from fleetd.demo.broker import start_broker
-from fleetd.demo.launcher import Launcher, LocalNode, template_job_env
+from fleetd.demo.launcher import Launcher, LocalNode, fleet_instances, template_job_env
 from fleetd.demo.procs import Child
 from fleetd.demo.runner import DEMO_AWS_ENV
 from fleetd.localnet import free_port
@@ -116,16 +116,9 @@ class Stack:
         self.argv[name] = argv
         return child
 
-    async def describe(self) -> list[dict]:
-        out: list[dict] = []
+    async def describe(self) -> list[Mapping[str, Any]]:
         async with self.session.create_client("ec2", **self.aws) as ec2:
-            pages = ec2.get_paginator("describe_instances").paginate(
-                Filters=[{"Name": "tag:fleetd:fleet", "Values": [configs.DEMO_FLEET]}]
-            )
-            async for page in pages:
-                for res in page["Reservations"]:
-                    out += res["Instances"]
-        return out
+            return await fleet_instances(ec2, configs.DEMO_FLEET)
 
     async def _job_env(self, inst: Mapping[str, Any]) -> dict[str, str]:
         async with self.session.create_client("ec2", **self.aws) as ec2:

@@ -1,19 +1,10 @@
 """fleetd's Prometheus metrics and the ``/metrics`` endpoint that serves them.
 
-The reconcile loop owns the numbers and pushes them here; nothing in this module reads state on
-its own. Per pass the loop calls::
-
-    with metrics.time_reconcile():          # reconcile duration histogram
-        ... observe -> plan -> act ...
-    metrics.observe_snapshot(snapshot)      # nodes, budget, rendezvous, newest durable checkpoint
-
-and, as things happen, ``count_notice``, ``count_rebalance`` and ``count_capacity_error``
-(fleetd/publish.py does all of this for the daemon). Each daemon gets its own
-:class:`CollectorRegistry` (no global state), so tests can run several; :class:`MetricsServer` can
-serve other registries next to it (the reconcile loop's counters live in the default one).
-
-Everything runs on the event loop: updates and scrapes never interleave, so a scrape never sees a
-half-updated node table.
+The reconcile loop owns the numbers and pushes them here (fleetd/publish.py does it for the
+daemon): ``time_reconcile()`` around a pass, ``observe_snapshot`` after it, ``count_notice``,
+``count_rebalance`` and ``count_capacity_error`` as things happen. Each daemon has its own
+:class:`CollectorRegistry`, so tests can run several. Updates and scrapes both run on the event
+loop: a scrape never sees a half-updated node table. (docs/DESIGN.md "Operations")
 """
 
 from __future__ import annotations

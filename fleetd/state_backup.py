@@ -1,19 +1,10 @@
 """The state DB off the control host: an online copy in the checkpoint bucket, restored at start.
 
-``fleetd.db`` holds what EC2's tags cannot give back: the ledger (spend so far: without it the
-budget would start again from 0) and the pools' interruption history. It lives on the control
-host's disk, so losing that disk used to lose them. Every ``fleet.state_backup_interval_s``
-(default 300 s; 0 turns it off) fleetd copies the live DB with SQLite's online backup API (a
-consistent snapshot while the daemon keeps writing; WAL included) and puts it at
-``s3://<checkpoints.bucket>/_fleetd-state/<fleet.name>/fleetd.db``, only when it changed. The
-key is outside the checkpoint prefix on purpose: the nodes' IAM policy may write anything under
-that prefix, and a node must not be able to plant the state (the spend so far) a controller
-restores. ``fleetd run`` restores it before opening the DB when the local file is missing (a new
-disk, a new host); a DB that exists is never overwritten. What a restore loses: at most one
-interval of ledger events and pool history (instances are adopted by their fleet tag anyway).
-
-Blocking SQLite and file work runs in worker threads; S3 through aiobotocore like the rest of
-fleetd.
+``fleetd.db`` holds what EC2's tags cannot give back: the ledger (the spend so far) and the pools'
+history. Every ``fleet.state_backup_interval_s`` (0: off) an online SQLite backup goes, when it
+changed, to ``s3://<checkpoints.bucket>/_fleetd-state/<fleet.name>/fleetd.db``; ``fleetd run``
+restores it when the local file is missing, never over one. A restore loses at most one interval
+(docs/DESIGN.md "Failure model"). SQLite and file work run in worker threads.
 """
 
 from __future__ import annotations
@@ -35,6 +26,8 @@ log = get_logger(__name__)
 DB_NAME = "fleetd.db"  # fleetd.reconcile.ledger_store.DB_NAME (not imported: no DB code needed here)
 
 
+# Outside the checkpoint prefix: the nodes' IAM policy may write anything under it, and a node
+# must not be able to plant the state (the spend so far) a controller restores.
 BACKUP_PREFIX = "_fleetd-state"  # deploy/iam: the controller's grant; never under the nodes' prefix
 
 

@@ -1,35 +1,10 @@
-"""Making step N visible, once every node's shards are in S3: receipts → manifest → latest.
+"""Making step N visible once every node's shards are in S3: receipts → manifest → ``latest``.
 
-Who writes the manifest, and why (multi-node publishing)
---------------------------------------------------------
-Each node uploads only its own shard files. When they are all complete it writes a receipt,
-``step-N/_parts/<writer>.json`` (its files with sizes and SHA-256), then lists the receipts of
-step N. Any node that sees receipts from every expected writer (sharded torch DCP state: receipts
-that together hold every file the step's ``.metadata`` names) merges them (deterministically:
-sorted files, sorted writers) and creates ``MANIFEST.json`` with ``If-None-Match: *``: exactly one
-create wins, the others get 412 and read the winner back. At least one node always sees every
-receipt: S3 is strongly read-after-write consistent, so the node whose receipt PUT finished last
-lists after all receipts exist. No controller round-trip is needed, so a checkpoint taken on a
-notice becomes durable while the controller is down or restarting, and the node that finishes last
-(usually the one with the most data, often the departing one) publishes without waiting for anyone.
-
-``latest`` only moves forward, with ``If-Match: <ETag it read>`` (``If-None-Match: *`` for the
-first), re-reading and retrying when another writer got there first, and only after the manifest it
-points to has been read back.
-
-Safe without conditional writes: moto 5.2 honours IfNoneMatch/IfMatch on PutObject (checked in
-moto/s3/responses.py, put_object), but as a check-then-write that is not atomic under concurrent
-requests, and other S3-compatible stores may ignore the headers. So both writes are followed by a
-read-back: two merges of the same receipts differ only in ``writer``/``created_at``
-(Manifest.same_content), so a lost race leaves an equivalent manifest; and a ``latest`` read back at
-an older step than ours is advanced again. Retention runs only on the node whose name is in the
-stored manifest, so one node deletes per step.
-
-Retention: keep the newest K complete steps; delete complete steps older than those, plus
-incomplete leftovers older than the oldest kept one. It runs only after a newer step is complete
-(it is called after publishing), it never deletes the step ``latest`` names, and since K >= 1 the
-only complete checkpoint is never deleted. A step's manifest is deleted first, so readers stop
-trusting it before its files go.
+Each node writes a receipt for its own files; whichever node then sees every expected receipt
+merges them and creates ``MANIFEST.json`` (If-None-Match: one create wins, no controller
+round-trip). ``latest`` only moves forward (If-Match). Both writes are read back, since a store may
+not honour the conditions. Retention deletes old steps, manifest first.
+(docs/DESIGN.md "Durable checkpoints")
 """
 
 from __future__ import annotations
@@ -99,6 +74,8 @@ class Publisher:
         """Write step N's manifest if every expected writer's receipt is there; return the stored
         manifest (ours or the one that beat us), or None while receipts are still missing."""
         step, writer, expected_writers = own.step, own.writer, own.expected_writers
+        # S3 is read-after-write consistent, so the node whose receipt PUT finished last lists every
+        # receipt: some node always publishes.
         if expected_writers != (writer,):  # the caller named every writer of the step
             receipts = [r for r in await self.read_receipts(step) if r.writer in expected_writers]
             if {r.writer for r in receipts} != set(expected_writers):
@@ -121,6 +98,9 @@ class Publisher:
             )
         except PreconditionFailed:
             log.debug("manifest_already_written", step=step, writer=writer)
+        # Read back, not trusting If-None-Match: moto checks it before writing, not atomically, and
+        # other S3-compatible stores may ignore it. The merge is deterministic (sorted files and
+        # writers), so a lost race leaves a manifest that differs only in writer/created_at.
         stored = await self.read_manifest(step)  # read-after-write: trust what S3 holds
         if stored is None:
             raise StoreError(f"{key} vanished right after it was written")
@@ -166,7 +146,7 @@ class Publisher:
                 )
             except (PreconditionFailed, ObjectNotFound):
                 continue  # someone moved it (or deleted it) between our read and write: re-read
-            check, _ = await self.read_latest()
+            check, _ = await self.read_latest()  # If-Match may be ignored: an older step goes round again
             if check is not None and check.step >= step:
                 return check.step
         raise StoreError(f"{key}: could not advance to step {step} after {_LATEST_ATTEMPTS} attempts")
@@ -188,7 +168,11 @@ class Publisher:
         )
 
     async def apply_retention(self, keep: int) -> list[int]:
-        """Delete what retention allows (see module docstring); returns the deleted steps."""
+        """Keep the newest ``keep`` complete steps; delete older complete steps and incomplete
+        leftovers older than the oldest kept one, never the step ``latest`` names. Called after a
+        newer step was published, by the node the stored manifest names (one deleter per step).
+        A step's manifest goes first, so readers stop trusting it before its files go. Returns the
+        deleted steps."""
         if keep < 1:
             raise ValueError("keep must be >= 1")
         by_step = await self.steps()

@@ -6,8 +6,8 @@
         restored = await store.restore_latest(dest_dir)     # RestoredCheckpoint | None
 
 ``upload_step`` uploads this node's files of step N, confirms them with a receipt, and publishes
-the manifest + ``latest`` if it is the node that completes the set (publish.py explains the
-multi-node protocol), then applies retention. ``result.complete`` says whether step N is durable
+the manifest + ``latest`` if it is the node that completes the set (publish.py; docs/DESIGN.md
+"Durable checkpoints"), then applies retention. ``result.complete`` says whether step N is durable
 now; a node whose peers are still uploading can ``await store.wait_complete(step, timeout_s)``.
 """
 

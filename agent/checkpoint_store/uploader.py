@@ -1,21 +1,9 @@
 """Upload one writer's shard files of a step: multipart, parallel, checksummed, cleaned up.
 
-- Parts of every file of every step share one pool of ``concurrency`` slots (PrioritySlots), so
-  memory is bounded by concurrency × part size, and after a notice the urgent / newest step's parts
-  overtake older ones.
-- Each part is read once, in the uploader's own worker threads, into the request body, and
-  hashed twice in the same pass: CRC32 goes with the part (``ChecksumCRC32``; S3 rejects a part
-  whose bytes don't match, so nothing is corrupted on the wire) and SHA-256 goes into the
-  manifest's ``sha256-composite`` checksum (the end-to-end check restore verifies). Parts are
-  independent, so hashing runs in parallel and no file is read twice. Payload signing is off
-  (s3.py): with boto3 over http every part is hashed a third time to sign it.
-- Part size is chosen per file for throughput: 8 MiB (AWS's recommended 8-16 MiB, and the best
-  measured against moto: per-part server cost grows faster than linearly above that, 16 MiB parts
-  cost moto ~15 % more CPU per GiB and 32-64 MiB parts were 1.5-2x slower end to end), larger only
-  when a file would otherwise need more than 10,000 parts. A file of up to one part goes up in a
-  single PutObject. Throughput comes from ``concurrency`` parts in flight, not from big parts.
-- Files must not change while they are uploaded (the trainer writes a new directory per step); a
-  size/mtime change during the upload fails it rather than publishing a checksum for other bytes.
+Parts of every file share ``concurrency`` slots, the urgent step's first. Each part is read once,
+in the uploader's own threads, and hashed there: CRC32 for S3, SHA-256 for the manifest. A file
+that changes while it is uploaded fails the upload; a failed or abandoned multipart upload is
+aborted. (docs/DESIGN.md "Durable checkpoints")
 """
 
 from __future__ import annotations
@@ -57,6 +45,8 @@ class UploadTuning:
     concurrency: int = 8
     # None: choose per file (choose_part_size). A fixed size must be >= 5 MiB (S3's minimum).
     part_size: int | None = None
+    # 8 MiB: AWS recommends 8-16 MiB; against moto 16 MiB parts cost ~15 % more CPU per GiB and
+    # 32-64 MiB parts were 1.5-2x slower end to end. Throughput comes from parts in flight, not size.
     min_part_size: int = 8 * MiB
     max_part_size: int = 8 * MiB
     # Multipart uploads under the job prefix for an older step than the one being written, started
@@ -120,6 +110,8 @@ class Uploader:
         self._layout = layout
         self._ledger = ledger
         self.tuning = tuning
+        # One pool for every part of every step: memory stays within concurrency × part size, and
+        # after a notice the urgent, newest step's parts overtake older ones.
         self._slots = PrioritySlots(tuning.concurrency)
         # Own threads for reading and hashing parts: the default executor has only cpu+4 workers,
         # and part reads must not queue behind unrelated to_thread work elsewhere in the agent.
@@ -162,6 +154,8 @@ class Uploader:
             checksum = Checksum.sha256(digest)
         else:
             checksum = await self._multipart(key, path, size, part_size, prio)
+        # The trainer writes a new directory per step; a change here would publish a checksum of
+        # other bytes.
         if await asyncio.to_thread(_fingerprint, path) != before:
             raise StoreError(f"{path} changed while it was uploaded; not publishing it")
         return FileEntry(name=name, size=size, checksum=checksum)
@@ -183,6 +177,8 @@ class Uploader:
                 offset = (number - 1) * part_size
                 length = min(part_size, size - offset)
                 async with self._slots.slot(prio):
+                    # CRC32: S3 rejects a part corrupted on the wire. SHA-256s: the manifest's
+                    # sha256-composite, the end-to-end check restore verifies.
                     data, digests[number], crc = await self._in_pool(_read_part, path, offset, length)
                     parts.append(await self._bucket.upload_part(key, upload_id, number, data, crc))
 

@@ -1,16 +1,9 @@
 """The dead man's switch: a node that has lost its control host powers itself off.
 
-A spot node bills until someone terminates it, and the only someone is fleetd on the control
-host. If that host is gone (both the MQTT broker and the rendezvous store unreachable) for
-``node.controller_lost_after_s``, nobody will ever stop this node: its training already stopped
-with the store, and it would burn the budget until a person noticed. So the agent makes its
-newest checkpoint durable in S3 and runs ``node.shutdown_command``: an instance-initiated
-shutdown terminates a spot instance, and the fleet's state is in S3 for a controller that comes
-back (it adopts what is left and buys new nodes, which resume from S3).
-
-One reachable channel is enough to wait: a broker outage alone (the store still answers) or a
-store restart alone (the broker still answers) is the controller's to handle, not a reason to
-give up the node.
+When neither the broker nor the store has answered for ``node.controller_lost_after_s``, nobody
+is left to terminate this spot node, so the agent makes its newest checkpoint durable in S3 and
+runs ``node.shutdown_command`` (an instance-initiated shutdown terminates a spot instance). One
+reachable channel is enough to wait. (docs/DESIGN.md "Dead man's switch")
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """The agent's MQTT session: one connection at a time, reconnecting with backoff forever.
 
-- ``status`` is retained; the last will (set at every connect) is the same Status with
-  ``state="offline"``, so a killed agent or a dead node shows up as offline without the
-  controller having to time anything out.
-- events go through the Outbox at QoS 1 and leave it only when the broker acknowledged them;
-  after a reconnect the oldest unacknowledged event is sent first.
-- telemetry is QoS 0 and only sent while connected (the next sample replaces a lost one).
-- commands are subscribed on the node's own topic and checked against topic and instance id
-  before they reach the handler (never trust the broker to filter).
-- the leading controller's rendezvous endpoint (retained on ``fleetd/<fleet>/rendezvous``) is
-  subscribed too: a valid one goes to ``on_endpoint`` (agent.supervise.endpoint_follow decides
-  what it means); a bad one is logged and dropped.
+It publishes the retained ``status`` (last will: the same Status, ``offline``), events from the
+on-disk Outbox at QoS 1, telemetry and worker logs at QoS 0 while connected; it receives this
+node's commands and the leader's retained rendezvous endpoint (``on_endpoint``), each checked
+before it is handed on. (docs/DESIGN.md "Wire protocol (MQTT)")
 """
 
 from __future__ import annotations
@@ -143,6 +136,8 @@ class MqttSession:
         await client.publish(self.topic["status"], self._status(state).to_json(), qos=1, retain=True)
 
     def _make_client(self, broker: MqttConfig) -> aiomqtt.Client:
+        # Set at every connect: a killed agent or a dead node shows up offline without the
+        # controller timing anything out.
         will = aiomqtt.Will(self.topic["status"], self._status("offline").to_json(), qos=1, retain=True)
         return aiomqtt.Client(
             identifier=f"fleet-agent-{self.fleet}-{self.instance_id}",
@@ -204,7 +199,7 @@ class MqttSession:
 
     async def _pump_events(self, client: aiomqtt.Client) -> None:
         while True:
-            item = await self.outbox.first()
+            item = await self.outbox.first()  # the oldest unacknowledged event, after a reconnect too
             # Raises MqttError/TimeoutError on a lost connection: the item stays queued.
             await client.publish(item.topic, item.payload, qos=CHANNEL_QOS["events"], timeout=PUBLISH_TIMEOUT_S)
             await self.outbox.ack(item.msg_id)
@@ -244,6 +239,7 @@ class MqttSession:
             return
         try:
             where, msg = decode(topic, bytes(payload) if not isinstance(payload, str) else payload, fleet=self.fleet)
+            # Never trust the broker to filter: the topic and the payload must name this node.
             if where.channel != "commands" or where.instance_id != self.instance_id:
                 raise ProtocolError(f"topic {topic!r} is not this node's command topic")
         except ProtocolError as exc:

@@ -1,27 +1,11 @@
-"""The node side of a spot notice (DESIGN.md "One interruption, end to end").
+"""The node side of a spot notice: the agent acts without waiting for the controller.
 
-On a notice the agent does not wait for the controller:
-
-1. request a coordinated checkpoint with ``hold`` in the rendezvous store (every rank saves at the
-   same step N and then waits instead of running ahead);
-2. wait until every rank acknowledged step N;
-3. upload this node's files of step N (agent/checkpoint_store) and say so in the store
-   (``drain_ready``: fleetd may now remove the node);
-4. wait for fleetd's leave (store key, or the MQTT ``leave`` command), bounded by the notice's
-   deadline;
-5. SIGKILL torchrun's whole process tree and confirm with ``left``; fleetd then pokes the
-   survivors, who re-form at the smaller size and resume from step N (their local copy).
-
-If no rank acknowledges the request within half the notice (the wave came while the world
-re-formed), step 5 uses SIGTERM instead (bounded; the workers save the step they completed) and
-the node uploads its newest complete local step before it says ``left``.
-
-A node noticed before its worker ever started in a world (a replacement still restoring, in a
-wave of notices) holds no training state: it asks for no checkpoint, so the training world is
-neither held nor re-formed for it; it says ``drain_ready`` with no step and leaves.
-
-The flow's phase moves only through fleetd.protocol.interruption's table (``PhaseTrack``), and each
-move is logged (``emergency_phase``) with the phase's name.
+(1) ask for a checkpoint with ``hold`` in the rendezvous store, (2) wait until every rank
+acknowledged step N, (3) upload this node's files and say ``drain_ready``, (4) wait for fleetd's
+leave, bounded by the notice, (5) stop torchrun's tree and say ``left``. With no acknowledged step
+the tree gets SIGTERM and the newest local step is uploaded; a node that is not yet a member asks
+for no checkpoint. Phases move through ``PhaseTrack``, each move logged.
+(docs/DESIGN.md "One interruption, end to end", "A wave of notices")
 """
 
 from __future__ import annotations
@@ -224,6 +208,7 @@ class EmergencyFlow:
         )
         mark("requested")
         track.to(Phase.CHECKPOINT_REQUESTED, seq=lv.seq)
+        # No acknowledgement within half the notice: the wave came while the world re-formed.
         lv.step = await self._wait_saved(lv.seq, until=t0 + budget * 0.5)
         mark("saved")
         track.to(Phase.NO_ACK if lv.step is None else Phase.ACKED, step=lv.step)

@@ -1,25 +1,10 @@
-"""Folder mode: every node starts its workers on the same checkpoint version.
+"""Folder mode: every node starts a round's workers on the same checkpoint version.
 
-A script that imports nothing from fleetd loads whatever its checkpoint folder holds when its
-workers start. Nodes that joined late restored the newest *durable* version, but the survivors'
-last save, made seconds before the join, may not be durable yet: the tutorial's DDP script then
-resumed at epoch 6 on the newcomer and 7 on the survivors, and the ranks ran different numbers
-of epochs from there on (measured, `fleetd demo --job` with notices, 2026-11-27).
-
-So torchrun (agent/supervise/torchrun_main.py) runs this gate after each rendezvous round and
-before it starts the round's workers, on every node:
-
-1. wait until the node's folder is *clean*: what it holds is a version the agent uploaded or
-   restored (the agent writes ``state`` after each; the workers are stopped, so the folder
-   settles and is uploaded within ``settle_s`` and an upload);
-2. publish (version, fingerprint) under the round's store prefix, one key per node;
-3. read every node's; the highest version number is the newest (as for ``restore_latest``);
-4. a node whose folder differs from it (another fingerprint: the same save made on two nodes is
-   one content under two numbers) asks its agent for it (``want``) and waits until the agent has
-   put it in the folder.
-
-Bounded: a node that never publishes, or an agent that cannot fetch, costs ``timeout_s``, then
-the workers start with what the folder holds (logged on torchrun's stderr, the node's log).
+A script that imports nothing from fleetd loads whatever its folder holds, and a late joiner's
+newest *durable* version can be older than the survivors' last save (measured: epoch 6 against 7,
+``fleetd demo --job`` with notices, 2026-11-27). So torchrun (agent/supervise/torchrun_main.py)
+runs ``gate`` on every node after each rendezvous round, before it starts the round's workers.
+(docs/DESIGN.md "Training loops and what each guarantees")
 """
 
 from __future__ import annotations
@@ -132,7 +117,13 @@ def _until(deadline: float, probe: Callable[[], Any]) -> Any:
 
 
 def gate(store: Any, group_rank: int, world: int, cfg: GateConfig) -> str:
-    """Steps 1-4 of the module docstring; a line saying what happened."""
+    """1. wait until the folder is clean: it holds what the agent last uploaded or restored (the
+       workers are stopped, so it settles and is uploaded within ``settle_s`` and an upload);
+    2. publish (version, fingerprint) under the round's store prefix, one key per node;
+    3. read every node's; the highest version number is the newest (as for ``restore_latest``);
+    4. if that is not what the folder holds, ask the agent for it (``want``) and wait for it.
+    All within ``timeout_s``, then the workers start with what the folder holds. Returns a line
+    saying what happened (torchrun's stderr, the node's log)."""
     deadline = time.monotonic() + cfg.timeout_s
     state = _until(deadline, lambda: _clean(cfg))
     mine = Held(state.version, state.fingerprint) if state is not None else Held(0, "")

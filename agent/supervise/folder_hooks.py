@@ -1,19 +1,10 @@
-"""Folder mode's hooks (``[job] checkpoint_dir``): a training script that only saves to a folder,
-supervised with no change to its code. ``ElasticHooks`` with these differences:
-
-- ``run``: the newest durable version is restored into the folder before torchrun starts, and
-  the folder is synced to S3 while it trains (agent/supervise/folder_sync.py);
-- a notice or drain: no coordinated checkpoint (nobody in the script answers one). The workers
-  get ``checkpoint_signal`` if one is set and the agent waits, up to the deadline, for the version
-  they write after it to be durable; then the node leaves as in the emergency path (drain ready,
-  fleetd's leave, the tree stopped, ``left``). Survivors restart from their own folder;
-- there are no trainer reports: versions are uploaded as the folder changes;
-- a move to a new rendezvous store (HA failover, ``on_endpoint``) or a restart-trainer restarts
-  torchrun in place: the script is asked to save first (its signal, if set) and resumes from its
-  own folder.
-
-Steps lost are those the script's own checkpointing loses (its save interval, or the work after
-the signal's save); fleetd cannot see the script's step and does not claim otherwise.
+"""Folder mode's hooks (``[job] checkpoint_dir``): a script that only saves to a folder, supervised
+with no change to its code. ``ElasticHooks`` except: the newest durable version is restored before
+torchrun starts and the folder is synced to S3 while it trains (folder_sync.py); a notice or drain
+sends ``checkpoint_signal``, waits for the next version to be durable and leaves as the emergency
+path does; a store move or restart-trainer asks the script to save, then restarts torchrun on its
+own folder. Steps lost are what the script's own checkpointing loses.
+(docs/DESIGN.md "Training loops and what each guarantees")
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """Folder mode's I/O: the job's checkpoint folder kept in step with S3 (agent/checkpoint_store).
 
-- ``restore``: before torchrun starts, an empty folder gets the newest durable version (verified
-  by the store, manifest-last as for every checkpoint). A folder that already holds files is this
-  node's own, as new as anything it uploaded, and is left alone.
-- ``run``: every ``poll_s`` the folder is judged (agent/supervise/folder_watch.py); a new complete
-  version is copied aside, checked again against the folder, and uploaded as the next version
-  number (one more than any durable version and any this node wrote). Each node's copy is a
-  whole version (replicated state): nodes that publish the same number race as for any
-  replicated step, and the loser accepts the winner's copy.
-- ``wait_new_version``: after a notice's signal, wait until a version the script wrote after it
-  is durable, or its workers are gone and the folder has settled, or the deadline.
-
-Versions are numbered in the store's step field; they count saves, not training steps (fleetd
-cannot see the script's step), so a folder-mode job's steps lost are whatever the script's own
-checkpointing loses.
+``restore`` fills an empty folder with the newest durable version before torchrun starts; ``run``
+judges the folder every ``poll_s`` (folder_watch.py) and uploads each new complete version, copied
+aside and checked again, as the next version number; ``wait_new_version`` waits, after a notice's
+signal, for a version the script wrote after it to be durable.
+(docs/DESIGN.md "Training loops and what each guarantees")
 """
 
 from __future__ import annotations
@@ -60,6 +51,7 @@ class FolderSync:
     async def restore(self) -> int | None:
         """Newest durable version into an empty folder; its number (None: nothing restored)."""
         self.folder.mkdir(parents=True, exist_ok=True)
+        # Files already there are this node's own, as new as anything it uploaded: left alone.
         if files := await asyncio.to_thread(scan, self.folder):
             self.watch.uploaded(files)
             await self._held(FolderState(files=files))  # of unknown origin: version 0 for the gate
@@ -136,7 +128,8 @@ class FolderSync:
         stage = self.staging / "upload"
         await asyncio.to_thread(shutil.rmtree, stage, True)
         copied = await asyncio.to_thread(_copy_version, self.folder, stage, version)
-        # Still the same after the copy, and nobody writing: the copy is that version, whole.
+        # Still the same after the copy, and nobody writing: the copy is that version, whole (a save
+        # the script starts during the copy cannot tear it).
         if (
             not copied
             or await asyncio.to_thread(scan, self.folder) != dict(version)
@@ -144,6 +137,8 @@ class FolderSync:
         ):
             log.info("folder_changed_while_copied", folder=str(self.folder))
             return None
+        # Versions count saves, not training steps (fleetd cannot see the script's step). Each copy is
+        # whole (replicated state): nodes that publish one number race, the loser takes the winner's.
         number: int = max([self.last_version, *await self.store.complete_steps()]) + 1
         files = [stage / rel for rel in sorted(version)]
         try:

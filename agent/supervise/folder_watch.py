@@ -1,25 +1,10 @@
 """Folder mode's one judgement: is what the script wrote in its checkpoint folder complete?
 
-A training script that only saves to a folder tells nobody when a save is done, so the agent
-decides from the outside, conservatively. The folder's contents (every file's size and mtime) are
-a *version*; a version is complete, and may be uploaded, when
-
-1. it differs from the last version uploaded (or restored),
-2. nothing in it changed for ``settle_s`` (size and mtime of every file stable), and
-3. no process of the job has any file of it open for writing (``/proc/<pid>/fdinfo`` via psutil).
-
-Condition 3 covers a slow ``torch.save`` straight into the final name (it holds the file open
-while writing); condition 2 covers a writer that closes and reopens, and a file renamed into
-place (the script's own atomic rename makes the file appear whole at once and is then judged
-like any other). Names that are, by convention, still being written are left out of a version:
-hidden files (``.snapshot.pt.tmp``) and ``*.tmp``/``*.partial``/``*~``.
-
-The upload then copies the version aside and checks that the folder still matches it before
-sending the copy (agent/supervise/folder_sync.py): a script that starts its next save while the
-copy is made cannot tear the uploaded version.
-
-``FolderWatch.observe`` is pure (the scan and the open files are passed in, with ``now``), so
-the decision is unit-tested without a filesystem.
+The folder's files (each one's size and mtime; hidden and ``*.tmp``/``*.partial``/``*~`` names left
+out) are a *version*. It is complete when it differs from the last one uploaded or restored,
+nothing in it changed for ``settle_s``, and no process of the job has any of it open for writing.
+``FolderWatch.observe`` is pure: the scan, the open files and ``now`` are passed in.
+(docs/DESIGN.md "Training loops and what each guarantees")
 """
 
 from __future__ import annotations
@@ -92,6 +77,8 @@ class FolderWatch:
             return None
         if not snapshot or snapshot == self.baseline:
             return None
+        # Open for writing: a slow torch.save straight into the final name. Settling: a writer that
+        # closes and reopens. A file renamed into place appears whole and is judged like any other.
         if now - self._seen_since < self.settle_s or writing & set(snapshot):
             return None
         return snapshot

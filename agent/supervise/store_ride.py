@@ -1,30 +1,11 @@
 """torchrun rides through a short rendezvous-store outage instead of ending its workers.
 
-Once a round has formed, the workers need nothing from the rendezvous store: gloo's process
-group has its own store, hosted by rank 0's worker (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``).
-Stock torchrun still dies with the store: its elastic agent asks the store every monitor
-interval whether a node waits to join (``num_nodes_waiting``), and the first failed read ends
-the agent and kills every worker. A store restart then cost a torchrun restart on every node
-(worker start-up, a new round, a resume from the salvaged step: 16-41 s measured, over the
-15 s target) although nothing was wrong with training.
-
-With :func:`install` (called by agent.supervise.torchrun_main before torchrun starts):
-
-- the c10d backend reconnects to the store when a call fails (at most once per
-  ``RECONNECT_EVERY_S``, a short connect timeout, so a dead store never blocks the monitor
-  loop long) and re-seeds torch's "no state yet" sentinel in a new, empty store;
-- the first node that reaches a new (empty) store writes back the round it trained in, with
-  every member's heartbeat set to now (they were alive when the store went; a stale one is
-  dropped by the usual rules later). The others read it. So the round survives the restart:
-  fleetd's steering sees the same members, a newcomer lands in the wait list (no second world
-  of its own), heartbeats resume;
-- ``num_nodes_waiting`` answers 0 while the store is unreachable, for at most
-  ``FLEETD_STORE_OUTAGE_S`` (default 120 s); after that it raises as before and the agent's
-  store_watch path restarts torchrun once the store answers.
-
-The trainer side (agent.trainer.elastic) tolerates the outage the same way. Patched torch
-internals are checked first; if they changed, torchrun runs unpatched (it restarts on a store
-restart, slower, still correct).
+Once a round has formed the workers need nothing from the store, but stock torchrun dies with it.
+:func:`install` (called by agent.supervise.torchrun_main before torchrun starts) patches the c10d
+backend: a failed store call reconnects, the first node on a new store writes its round back, and
+``num_nodes_waiting`` answers 0 for up to ``FLEETD_STORE_OUTAGE_S``; agent.trainer.elastic rides
+through on the trainer side. Changed torch internals leave torchrun unpatched (slower, still
+correct). (docs/DESIGN.md "Rendezvous store crash")
 """
 
 from __future__ import annotations
@@ -40,7 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 RECONNECT_EVERY_S = 1.0
-CONNECT_TIMEOUT_S = 0.5
+CONNECT_TIMEOUT_S = 0.5  # short: a dead store never blocks torchrun's monitor loop for long
 DEFAULT_OUTAGE_S = 120.0
 
 
@@ -202,6 +183,8 @@ def _restore_on_sync(orig_sync: Any) -> Callable[[Any], Any]:
             link.restore = False
             if getattr(before, "complete", False) and before.participants and not self._state.participants:
                 now = datetime.now(UTC)
+                # Every member was alive when the store went (a stale one is dropped later by the
+                # usual rules): the steering sees the same round, a newcomer lands in the wait list.
                 for node in before.participants:
                     before.last_heartbeats[node] = now
                 # Succeeds only while the store still holds the sentinel: the first node wins.
@@ -218,6 +201,9 @@ def _none_waiting_in_outage(torch: _Torch, orig_waiting: Any, outage: float) -> 
     """DynamicRendezvousHandler.num_nodes_waiting: 0 while the store is out, up to ``outage`` s."""
 
     def num_nodes_waiting(self: Any) -> int:
+        # torchrun's elastic agent asks this every monitor interval, and the first failed read ended
+        # the agent and every worker. Past ``outage`` it raises again: store_watch then restarts
+        # torchrun once the store answers.
         try:
             waiting: int = orig_waiting(self)
             return waiting

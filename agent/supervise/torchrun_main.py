@@ -1,22 +1,10 @@
-"""``python -m agent.supervise.torchrun_main <torchrun args>``: torchrun with faster rendezvous polling.
+"""``python -m agent.supervise.torchrun_main <torchrun args>``: torchrun, patched for fleetd.
 
-torch's dynamic rendezvous polls the store once a second while it waits for a round to complete
-(``_delay(seconds=1)``) and serves a cached copy of the state for up to a second
-(``_BackendRendezvousStateHolder(cache_duration=1)``); that includes the elastic agent's
-``num_nodes_waiting`` check that triggers a re-rendezvous. fleetd completes rounds itself within
-milliseconds, so these two fixed seconds dominate a membership change. ``FLEETD_RDZV_POLL_S``
-(default 0.1) replaces both; the store load is a few small requests per second per node.
-
-It also lets torchrun ride through a rendezvous-store outage (agent/supervise/store_ride.py).
-Everything else is torchrun unchanged. If a future torch renames these internals, the launcher
-logs it and runs torchrun as is (slower, still correct).
-
-Before joining a job that is already training, the launcher also asks it for a coordinated
-checkpoint and waits until every rank has saved and is holding (``checkpoint_before_join``); in
-folder mode, where the script cannot be asked, every round's workers start on the world's newest
-folder version instead (agent/supervise/folder_gate.py). A
-newcomer in the wait list makes every running node restart its workers; without this they would
-be killed mid-training and lose every step since their last checkpoint.
+It polls the rendezvous every ``FLEETD_RDZV_POLL_S`` (0.1 s) instead of every second, rides
+through a store outage (store_ride.py), and before joining a running job asks it for a checkpoint
+with hold (folder mode: every round starts on the newest folder version, folder_gate.py).
+Everything else is torchrun unchanged; if torch's internals changed it runs as is (slower, still
+correct). (docs/DESIGN.md "One interruption, end to end", "Rendezvous store crash")
 """
 
 from __future__ import annotations
@@ -30,6 +18,10 @@ if TYPE_CHECKING:
 
 
 def _patch(poll_s: float) -> bool:
+    # torch polls the store once a second while a round completes (``_delay(seconds=1)``) and serves
+    # a cached state for up to a second (``cache_duration=1``, the agent's num_nodes_waiting check
+    # too). fleetd completes rounds within milliseconds, so those two seconds dominated a membership
+    # change; ``poll_s`` replaces both, at a few small store requests per second per node.
     try:
         from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
         from torch.distributed.elastic.rendezvous import utils
@@ -75,7 +67,10 @@ def _job_running(link: StoreLink, node_addr: str) -> bool:
 
 
 def checkpoint_before_join(timeout_s: float) -> int | None:
-    """Ask the running job to save and hold; return the saved step (None: nothing to wait for)."""
+    """Ask the running job to save and hold; return the saved step (None: nothing to wait for).
+
+    A newcomer in the wait list makes every running node restart its workers; without this save
+    they would lose every step since their last checkpoint."""
     store, run_id, addr = (os.environ.get(k) for k in ("FLEETD_STORE", "FLEETD_RUN_ID", "FLEETD_NODE_ADDR"))
     if not store or not run_id:
         return None

@@ -1,19 +1,11 @@
-"""A warm pool for torchrun's workers: a process that has already imported torch (and the training
-script's modules) forks a fresh worker for every worker torchrun starts.
+"""A warm pool for torchrun's workers: a process that has already imported torch (and the script's
+modules) forks each worker torchrun starts, in tens of milliseconds instead of the seconds a fresh
+Python takes to import torch, which dominated "notice -> survivors training again".
 
-Why: after a membership change torchrun restarts every worker, and a fresh Python that imports
-torch takes seconds on a busy small machine: that start-up, not the rendezvous, dominated
-"notice -> survivors training again". A fork of a process with the imports done starts in tens of
-milliseconds. It is the forkserver/zygote technique; the pool never runs a torch op (so no
-OpenMP/gloo threads exist to be broken by fork), it only imports.
-
-Wiring (agent/supervise/torchrun.py does it): the supervisor starts ``python -m agent.supervise.warm_pool --socket S
---preload M ...`` next to torchrun, and torchrun's entrypoint becomes ``-m agent.supervise.warm_launch
-<module> <args>``. The launcher (stdlib only, starts in ~50 ms) hands its argv, environment, cwd
-and stdio file descriptors to the pool over a unix socket, relays signals to the forked worker and
-exits with the worker's status, so torchrun sees an ordinary worker. The worker dies with its
-launcher (it watches the connection), so torchrun stopping or killing a launcher stops the worker.
-If the pool is not there, the launcher execs a normal cold worker instead.
+The supervisor (agent/supervise/torchrun.py) runs ``python -m agent.supervise.warm_pool`` beside
+torchrun, whose entrypoint becomes ``-m agent.supervise.warm_launch``: it hands argv, environment,
+cwd and stdio to the pool over a unix socket, relays signals and exits with the worker's status;
+without a pool it execs a cold worker. (docs/DESIGN.md "Durable checkpoints", rendezvous facts)
 """
 
 from __future__ import annotations
@@ -166,6 +158,8 @@ def serve(socket_path: str, preload: list[str]) -> None:
 
 def _preload(preload: list[str]) -> None:
     """Import what every worker needs, then hide it from the garbage collector."""
+    # Imports only, never a torch op (the forkserver/zygote technique): no OpenMP or gloo thread
+    # exists for fork to break.
     for name in preload:
         try:
             importlib.import_module(name)

@@ -1,19 +1,10 @@
 """Tell a bug in the job's code from a lost peer while torchrun is still running.
 
-torchrun restarts its worker group after any worker failure, up to ``--max-restarts`` (100: a
-lost peer breaks every survivor's collective, and elastic training lives on those restarts). A
-bug in the user's code fails every attempt the same way, so left alone torchrun would restart it
-100 times, each from the last checkpoint, while the fleet bills. The agent reads torchrun's log as
-it grows: each worker failure is a line ``failed (exitcode: N) local_rank: R``, after the worker's
-traceback. A failure whose text names the network or the process group (gloo or NCCL errors,
-a peer that closed or reset the connection, a store or rendezvous that went away) is a lost peer:
-torchrun's own restart is right. Any other failure is the job's code (an exception, an exit code,
-the OOM killer's SIGKILL): the agent stops torchrun and reports the exit as ``failed``, and fleetd
-decides whether to restart it (fleetd/policy/job_state.py: it also checks notices and node losses,
-so a misread here costs one restart, never the job). SIGTERM (-15) is torchrun or fleetd stopping
-workers, never a failure.
-
-Pure: text in, a verdict out; the supervisor feeds it the log's new bytes.
+torchrun restarts its workers after any failure, up to ``--max-restarts`` (100), so left alone a
+bug would run 100 times, each from the last checkpoint, while the fleet bills. A worker failure in
+torchrun's log whose output names no network or process-group fault, and whose exit is not
+SIGTERM, is the job's: the agent stops torchrun and reports ``failed``. Pure: the supervisor feeds
+it the log's new bytes. (docs/DESIGN.md "Job lifecycle (fleetd/policy/job_state.py, fleetd/job_watch.py)")
 """
 
 from __future__ import annotations
@@ -38,7 +29,7 @@ PEER_MARKERS = (
     "The connection to the C10d store has failed",
     "Socket Timeout",
 )
-STOPPED_BY_SIGNAL = -15
+STOPPED_BY_SIGNAL = -15  # SIGTERM: torchrun or fleetd stopping workers, never a failure
 # A traceback's last line: "ValueError: bad shape", "[rank1]: RuntimeError: [..gloo..] Connection
 # closed by peer", "torch.distributed.DistNetworkError: ...".
 # With fleetd's tee (launch.py) every worker line starts with "[<rank>]:" first.

@@ -1,16 +1,10 @@
 """torchrun's output (its own, its warm pool's and its workers', which inherit it) read from a pipe
 by a thread of the agent, line by line.
 
-Each chunk goes to the node's file (``torchrun.log``) as it arrives, byte for byte: the agent's own
-readers scan it as it grows (agent/supervise/failure_guard.py ends a job whose code failed,
-store_watch.log_tail tells a lost store from a failure). The file is bounded now: past
-``max_bytes`` it is renamed to ``torchrun.log.1`` (the one before is dropped) and a new one begins,
-and those readers start again from the top of a file shorter than where they were. Each complete
-line also goes to the ``WorkerLogSink``: journald and the batcher that ships it to the control host.
-
-Nothing here may stall the workers: a pipe nobody drains fills (64 KiB) and every print in every
-rank blocks. The reader only appends to a local file and hands lines to non-blocking sinks; a
-sink that raises is logged and dropped from then on, and the reading goes on.
+Each chunk goes byte for byte to the node's bounded ``torchrun.log``, which the agent's readers
+scan as it grows; each complete line goes to the ``WorkerLogSink`` (journald, the batcher). Nothing
+here may stall the workers: a pipe nobody drains fills at 64 KiB and every rank's print blocks, so
+a sink that raises is dropped and the reading goes on. (docs/DESIGN.md "Wire protocol (MQTT)")
 """
 
 from __future__ import annotations
@@ -52,7 +46,9 @@ def split_rank(line: str) -> tuple[int | None, str]:
 
 
 class RotatingFile:
-    """Append-only, renamed to ``<name>.1`` once ``max_bytes`` would be passed."""
+    """Append-only, renamed to ``<name>.1`` once ``max_bytes`` would be passed (the one before is
+    dropped). Its readers (failure_guard.py, store_watch.log_tail) then start again from the top
+    of a file shorter than where they were."""
 
     def __init__(self, path: Path, max_bytes: int = MAX_BYTES) -> None:
         self.path = path

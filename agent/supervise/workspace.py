@@ -1,19 +1,10 @@
 """The job's own code on this node: downloaded, verified, unpacked, set up; once per version.
 
 The controller names the version in the node's user data (``job.code_uri``, ``job.code_digest``;
-fleetd/protocol/job_code.py). Before its first torchrun the agent:
-
-1. downloads the archive and refuses it unless its SHA-256 is the digest named;
-2. unpacks it into ``<state_dir>/jobs/<job>/<digest>/code`` (a fresh folder, renamed into place
-   whole, so a crash mid-way leaves nothing a later start would take for the code);
-3. makes the job's virtualenv beside it. The image's packages (torch, fleetd's trainer library)
-   stay importable through a ``.pth`` file, as ``--system-site-packages`` would give them, while
-   what the job's setup installs goes into the job's own environment and wins over the image's;
-4. runs the job's setup commands there, output to ``setup.log``; a non-zero exit is the job's
-   failure (``SetupFailed``, reported like a crash of its code), never an agent crash loop;
-5. marks the version ready, so an agent restart on the same node does not set it up again.
-
-torchrun then runs in the code folder with the virtualenv's python (agent/supervise/launch.py).
+fleetd/protocol/job_code.py). ``prepare`` makes it ready before the first torchrun, which then
+runs in the code folder with the virtualenv's python (agent/supervise/launch.py). A failed setup is
+the job's failure (``SetupFailed``), never an agent crash loop.
+(docs/DESIGN.md "The job file and its code on the nodes (fleetd/jobs, agent/supervise/workspace.py)")
 """
 
 from __future__ import annotations
@@ -107,7 +98,11 @@ class JobWorkspace:
 
 
 async def prepare(ws: JobWorkspace, fetch: Fetch) -> None:
-    """Make ``ws`` ready (module docstring). Raises SetupFailed; S3 errors propagate (transient:
+    """Make ``ws`` ready: download the archive and refuse it unless its SHA-256 is the digest
+    named; unpack it into a fresh folder renamed into place whole (a crash mid-way leaves nothing
+    a later start would take for the code); make the job's virtualenv, the image's packages behind
+    the job's own; run the setup commands (output to ``setup.log``); mark the version ready, so an
+    agent restart does not set it up again. Raises SetupFailed; S3 errors propagate (transient:
     the caller retries)."""
     if ws.ready_marker.exists():
         return

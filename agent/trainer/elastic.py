@@ -1,4 +1,4 @@
-"""The training-side checkpoint helper a user's script imports.
+"""The training-side checkpoint helper a user's script imports (``step`` counts completed steps).
 
     ckpt = ElasticCheckpointer(model, optimizer)        # reads torchrun's and fleetd's env
     step = ckpt.resume()                                 # newest checkpoint: local, else S3
@@ -6,20 +6,7 @@
         step += 1
         ...train one step...
         ckpt.step_done(step)                             # periodic save, fleetd's requests
-
-``step`` counts completed steps; a checkpoint "at step N" holds the state after N steps, and a job
-resumed from it continues with step N+1.
-
-Every ``step_done`` rank 0 reads the newest checkpoint request number from the rendezvous store
-(one local round trip) and all ranks agree on it with one tiny all_reduce(MAX): whatever step a
-rank saw the request at, all of them learn it at the same step, save that step, and ack it in the
-store. A request with ``hold`` (a node is about to leave) then keeps every rank from running ahead:
-they wait until their agent restarts them into the new rendezvous round (or fleetd releases them,
-or ``hold_timeout_s`` passes), so the survivors resume from exactly the step they last completed.
-
-Wrapping the loop in ``with ckpt.salvage_on_failure():`` also covers a peer lost *without* notice:
-the survivors save the step they completed before their worker exits (agent/trainer/salvage.py),
-so the job loses the step in flight instead of everything since the last periodic save.
+(docs/DESIGN.md "Training loops and what each guarantees", "One interruption, end to end")
 """
 
 from __future__ import annotations
@@ -198,7 +185,9 @@ class ElasticCheckpointer(ResumeSteps):
 
     # ------------------------------------------------------------------ every step
     def step_done(self, step: int) -> None:
-        """Call on every rank after each completed step."""
+        """Call on every rank after each completed step (a checkpoint at step N holds the state
+        after N steps). All ranks learn a checkpoint request at the same step, save that step and
+        ack it; a request with ``hold`` then keeps them from running ahead (``_hold``)."""
         if self._guard is not None:
             self._guard.step_done(step)
         if self._link is not None:

@@ -1,23 +1,10 @@
-"""Save the survivors' replica when a peer dies without notice (just-in-time checkpointing).
-
-Data-parallel ranks hold identical model and optimizer state. When a peer vanishes in the middle
-of a step, every survivor still holds the state after the last step it completed: the failed
-collective is the gradient all-reduce of the *next* step, before any parameter changed (Gupta et
-al., "Just-In-Time Checkpointing", EuroSys'24). Writing that state to the local disk before the
-worker exits turns "roll back to the last periodic checkpoint" into "lose the step in flight";
-the re-formed group then resumes from the newest step any rank holds (ElasticCheckpointer.resume).
-
-A survivor finds out in one of two ways:
-- its collective fails (the peer's sockets were closed): the exception leaves the training loop
-  through ``ElasticCheckpointer.salvage_on_failure()`` in the main thread, which saves first;
-- its collective hangs (the peer's machine is gone and its packets with it): fleetd's steering
-  drops the silent rank and torchrun stops this worker with SIGTERM while the main thread is still
-  blocked inside the collective. A Python signal handler would only run once that call returns,
-  so the signal's wakeup fd wakes ``TermWatcher``'s thread instead, which saves and exits.
-
-``UpdateGuard`` tells both which step the parameters hold and keeps a save from reading them while
-``optimizer.step()`` is changing them. Only replicated state can be saved this way: with sharded
-state (DCP mode) the lost rank's shard is gone with it.
+"""Save the survivors' replica when a peer dies without notice (just-in-time checkpointing, Gupta et
+al., EuroSys'24). A survivor still holds the state after the last step it completed (the broken
+collective is the next step's gradient all-reduce, before any parameter changed), so it writes it
+to local disk before its worker exits: ``salvage_on_failure()`` on the loop's exception,
+``TermWatcher`` on torchrun's SIGTERM while a collective hangs. ``UpdateGuard`` says which step the
+parameters hold. Replicated state only: a lost rank's shard goes with it.
+(docs/DESIGN.md "A loss without notice")
 """
 
 from __future__ import annotations
@@ -157,6 +144,9 @@ def _map_tensors(obj: Any, fn: Callable[[Any], Any]) -> Any:
 
 class TermWatcher:
     """On SIGTERM, run ``salvage`` in a thread of its own, then exit as SIGTERM would have.
+
+    The main thread may be blocked inside the hung collective, and a Python signal handler runs
+    only once that call returns: the signal's wakeup fd wakes this thread instead.
 
     Armed only inside ``ElasticCheckpointer.salvage_on_failure()`` and only when nothing else
     handles SIGTERM (a script's own handler, or an asyncio loop's wakeup fd, is left alone).

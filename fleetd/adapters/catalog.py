@@ -2,15 +2,9 @@
 Linux price per commercial region, and a relative training throughput per GPU model.
 
 ``fleetd/data/gpu_catalog.json`` is generated (``python -m fleetd.tools.gpu_catalog``; its
-``sources`` say from what and when). It is the fallback when the Price List API cannot be
-reached, the hardware facts DescribeInstanceTypes does not give (relative throughput, A100
-40 GB vs 80 GB), and what ``fleetd pools`` lists offline.
-
-Only prices from a source with a clear license count as prices (``on_demand_licensed`` per type;
-``price_provenance`` says which source and license, fleetd/data/README.md per region). The others
-are kept for `fleetd pools` to show, marked unverified, and the daemon treats them as unknown
-until the Price List API answers: a number copied from a table nobody may redistribute, and that
-nobody here checked, is no basis for a bid or a budget.
+``sources`` say from what and when). It is the price fallback, the hardware facts
+DescribeInstanceTypes does not give, and what ``fleetd pools`` lists offline; only licensed prices
+count as prices (fleetd/data/README.md). (docs/DESIGN.md "Prices")
 """
 
 from __future__ import annotations
@@ -80,7 +74,8 @@ class Catalog:
 
     def on_demand(self, instance_type: str, region: str) -> float | None:
         """The on-demand price the daemon may use offline: only one from a licensed source;
-        None otherwise (unknown until the Price List API answers)."""
+        None otherwise (unknown until the Price List API answers). A number copied from a table
+        nobody may redistribute, and that nobody here checked, is no basis for a bid or a budget."""
         spec = self.types.get(instance_type)
         if spec is None or region not in spec.licensed_regions:
             return None

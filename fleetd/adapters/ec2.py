@@ -1,16 +1,10 @@
 """EC2 through aiobotocore: find fleetd's instances, buy capacity, terminate what fleetd owns.
 
-The reconcile loop talks to :class:`Ec2Api` only, so tests and the simulator can put a fake in
-its place. :class:`AioEc2` is the production implementation. Its rules:
-
-- every instance fleetd buys carries ``fleetd:fleet``, ``fleetd:job``, ``fleetd:launch`` (the
-  launch's client token) and ``fleetd:market``; ``fleetd:pool`` is added once EC2 has chosen the
-  pool. Discovery is by the fleet tag only, so a restarted controller adopts what is running.
-- a launch is idempotent twice over: CreateFleet gets a ClientToken derived from the planned
-  launch (AWS returns the first result on a retry), and before calling CreateFleet the adapter
-  looks for instances already tagged with that token (moto ignores ClientToken, and AWS's
-  guarantee does not cover a token reused after its window).
-- TerminateInstances is only ever sent for instances that carry this fleet's tag.
+The reconcile loop talks to :class:`Ec2Api` only, so tests and the simulator can put a fake in its
+place; :class:`AioEc2` is the production one. Instances are tagged and discovered by the fleet tag
+(a restarted controller adopts what runs), a launch is idempotent by its client token, and only
+instances that carry this fleet's tag are terminated.
+(docs/DESIGN.md "Placement and deadlines (fleetd/policy/placement.py, fleetd/policy/deadline.py)")
 """
 
 from __future__ import annotations
@@ -244,6 +238,8 @@ class AioEc2:
     async def launch(self, spec: LaunchSpec) -> LaunchResult:
         if spec.count < 1 or not spec.pools:
             raise ValueError(f"launch needs count >= 1 and at least one pool: {spec}")
+        # Idempotent twice over: CreateFleet's ClientToken, and first a look for instances tagged with
+        # the token (moto ignores ClientToken; AWS's guarantee ends with the token's window).
         found = [i for i in await self.instances_of_launch(spec.token) if i.state != "terminated"]
         if found:
             log.info("launch_already_done", token=spec.token, instances=[i.instance_id for i in found])
@@ -301,7 +297,7 @@ class AioEc2:
             by_pool.setdefault(inst.pool, []).append(inst.instance_id)
         for pool, ids in by_pool.items():
             try:
-                async with aws_call("CreateTags"):
+                async with aws_call("CreateTags"):  # fleetd:pool, once EC2 has chosen the pool
                     await self._client.create_tags(Resources=ids, Tags=[{"Key": TAG_POOL, "Value": str(pool)}])
             except AwsError as exc:
                 log.warning("pool_tag_failed", pool=str(pool), instances=ids, error=str(exc))

@@ -1,16 +1,10 @@
 """The EC2 view's whole-fleet DescribeInstances, parsed in a child process.
 
-Parsing the listing of 2,000 instances is seconds of botocore CPU. In a worker thread of the
-daemon it still held the GIL against the event loop: a notice that came in while the last page
-was parsed was recorded 2.3 s later, its drain with it (bench/agents_load.py at 2,000 agents:
-notice->drain p99 2.59 s, every slow drain at the end of a listing). In a child process the
-parse costs the controller only the unpickling of the result (milliseconds).
-
-``ProcessLister`` is the ``lister`` callable Ec2View runs in a worker thread: each call sends
-one request over a pipe and waits for the instances (or the translated AWS error). The child is
-started on the first call (spawn: nothing of the daemon's threads or event loop is copied), keeps
-its botocore client between listings, exits when its pipe closes (the daemon died) and is
-replaced on the next call if it died. ``close`` ends it within a bounded time.
+Parsing 2,000 instances is seconds of botocore CPU; in a worker thread it held the GIL against the
+event loop and delayed a notice's drain by 2.3 s (bench/agents_load.py). ``ProcessLister`` is
+Ec2View's ``lister``: each call asks a child over a pipe for the instances (or the translated AWS
+error). The child is started on the first call, keeps its client, exits when its pipe closes and
+is replaced on the next call if it died. (docs/DESIGN.md "How far one control host goes")
 """
 
 from __future__ import annotations
@@ -37,7 +31,7 @@ class ProcessLister:
 
     def __init__(self, client_kwargs: dict[str, Any], profile: str | None, fleet: str) -> None:
         self._args = (dict(client_kwargs), profile, fleet)
-        self._ctx = multiprocessing.get_context("spawn")
+        self._ctx = multiprocessing.get_context("spawn")  # nothing of the daemon's threads or loop is copied
         self._proc: Any = None
         self._conn: Connection | None = None
         self._lock = threading.Lock()  # one listing at a time over the one pipe

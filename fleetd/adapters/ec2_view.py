@@ -1,22 +1,10 @@
 """EC2's instance list, kept by its own task so that a reconcile pass never waits on it.
 
-DescribeInstances grows with the fleet: at 2,000 instances it is two pages on AWS (seconds) and
-20-40 s on moto server (bench/agents_load.py). Inside the pass it put that whole call between a
-spot notice and the drain command. ``Ec2View`` wraps an :class:`~fleetd.adapters.ec2.Ec2Api`:
-
-- a refresher task (``run``) calls DescribeInstances at most every ``refresh_s``, and waits at
-  least as long as the last call took before the next (a slow listing is not asked back to back);
-- ``list_instances`` returns the newest listing at once, with fleetd's own writes laid over it
-  (read-your-writes): instances a launch returned are listed even if the listing predates them,
-  and instances fleetd terminated show ``shutting-down`` (what DescribeInstances shows right after
-  TerminateInstances). An overlay entry is dropped once a listing that *started after* the write
-  returned is in, so the planner never sees a fleet smaller than what fleetd bought (no double buy)
-  nor a node it already ended as running.
-- the pass stays level-based: it re-reads the newest listing every time, and a listing older than
-  ``max_age_s`` (or three describes) (the refresher failing) is not served: the last AWS error is raised instead, so the
-  loop backs off as before.
-- without the refresher running (tests that drive passes by hand, the first pass) every
-  ``list_instances`` describes synchronously, as before.
+DescribeInstances of 2,000 instances takes seconds on AWS (20-40 s on moto), and inside the pass it
+stood between a notice and its drain. ``Ec2View`` wraps an :class:`~fleetd.adapters.ec2.Ec2Api`: a
+refresher (``run``) lists at most every ``refresh_s``; ``list_instances`` returns the newest listing
+at once, fleetd's own launches and terminations laid over it; a listing past ``max_age_s`` is not
+served (the last AWS error is raised). (docs/DESIGN.md "How far one control host goes")
 """
 
 from __future__ import annotations
@@ -170,7 +158,9 @@ class Ec2View:
         self._listing = {i.instance_id: i for i in instances}
         self._listing_started = started
         self._error = None
-        # Writes that returned before this describe began are in it: forget them.
+        # Writes that returned before this describe began are in it: forget them. Until then the
+        # overlay keeps the planner from seeing fewer nodes than fleetd bought (a double buy) or a
+        # node it ended as running.
         self._launched = {k: v for k, v in self._launched.items() if v[1] >= started}
         self._terminated = {k: v for k, v in self._terminated.items() if v[0] >= started}
 
@@ -204,7 +194,7 @@ class Ec2View:
             out.setdefault(iid, inst)
         for iid, (_, wall) in self._terminated.items():
             listed = out.get(iid)
-            if listed is not None and listed.live:
+            if listed is not None and listed.live:  # as DescribeInstances shows right after TerminateInstances
                 out[iid] = dataclasses.replace(
                     listed,
                     state="shutting-down",

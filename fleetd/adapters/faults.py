@@ -1,27 +1,10 @@
 """Fault injection in front of moto: a small HTTP proxy that answers like AWS does when it fails.
 
 moto's fleets never fail and it never throttles, so tests and the local demo put this proxy
-between the adapter and moto. Rules pick an EC2 operation (and, for CreateFleet, a pool) and say
-what AWS would answer, using AWS's real payloads:
-
-- a call-level error (``RequestLimitExceeded`` with HTTP 503, ``UnauthorizedOperation`` with 403,
-  ``InsufficientInstanceCapacity`` with 500, ...) in EC2's ``<Response><Errors>`` XML;
-- for an instant CreateFleet, a per-pool failure: the failing overrides are removed from the
-  request moto sees, and each comes back in the response's ``errorSet`` with its ErrorCode, as AWS
-  reports pools that had no capacity (HTTP 200, fewer or no instances);
-- a held response: the request reaches moto (so the instances exist) but the answer is held
-  until released, to kill a controller between "EC2 launched" and "fleetd recorded it";
-- ``operation="*"`` matches every EC2 call (throttling the whole API, as a busy account sees);
-- S3 through the same proxy: ``drop("UploadPart")`` (or ``"PutObject"``) reads half of the next
-  such request's body and cuts the connection, as a network failure mid-part does.
-
-It also answers the price APIs moto lacks or fakes (fleetd/adapters/pricing_fake.py), when given
-them: ``pricing:GetProducts`` (JSON protocol, ``X-Amz-Target: AWSPriceListService.GetProducts``)
-and ``ec2:DescribeSpotPriceHistory``. Rules apply to them too (``fail("GetProducts",
-"ThrottlingException")``), answered in the JSON protocol's error shape.
-
-Everything else is forwarded unchanged. The proxy runs its own event loop in a thread, so it
-serves a controller in a subprocess as well as one in the test's loop.
+between the adapters and moto. Rules (``fail``, ``drop``, ``hold``) pick an operation and answer
+with AWS's real payloads; the price APIs moto lacks or fakes are answered here too, when given
+(fleetd/adapters/pricing_fake.py). Everything else is forwarded unchanged.
+(docs/DESIGN.md "Start-up and the production path", "Prices")
 """
 
 from __future__ import annotations
@@ -120,19 +103,28 @@ class FaultProxy:
 
     # -- rules (called from any thread) -------------------------------------------------------
     def fail(self, operation: str, code: str, *, pool: PoolId | None = None, times: int | None = 1) -> FaultRule:
+        """Answer ``operation`` with the error ``code`` as AWS does (EC2's ``<Response><Errors>``
+        XML and HTTP status: RequestLimitExceeded 503, UnauthorizedOperation 403, ...; the JSON
+        protocol's error shape for GetProducts). ``operation="*"``: every EC2 call (a throttled
+        account). ``pool`` (an instant CreateFleet): that pool's overrides are removed from what moto
+        sees and come back in ``errorSet``, as AWS reports a pool without capacity (HTTP 200)."""
         rule = FaultRule(operation, code, pool, times)
         with self._lock:
             self._rules.append(rule)
         return rule
 
     def drop(self, operation: str, *, times: int = 1) -> DropRule:
+        """S3: read half of the next ``operation`` (UploadPart or PutObject) request's body, then cut
+        the connection, as a network failure mid-part does."""
         rule = DropRule(operation, times)
         with self._lock:
             self._drops.append(rule)
         return rule
 
     def hold(self, operation: str) -> _Hold:
-        """Forward the next ``operation`` to moto but hold its answer until ``release`` is set."""
+        """Forward the next ``operation`` to moto but hold its answer until ``release`` is set: the
+        instances exist, so a controller can be killed between "EC2 launched" and "fleetd recorded
+        it"."""
         h = _Hold(operation)
         with self._lock:
             self._holds.append(h)
@@ -152,6 +144,8 @@ class FaultProxy:
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> FaultProxy:
+        # Its own event loop in a thread: it serves a controller in a subprocess as well as one in
+        # the test's loop.
         self._thread = threading.Thread(target=self._serve, name="fault-proxy", daemon=True)
         self._thread.start()
         if not self._started.wait(10):

@@ -1,24 +1,10 @@
 """On-demand prices from the AWS Price List API (``pricing:GetProducts``), with the bundled GPU
 catalog as the fallback.
 
-GetProducts answers with ``PriceList``: a list of JSON *strings* (botocore does not decode them),
-each one product::
-
-    {"product": {"sku": "...", "attributes": {"instanceType": "g5.xlarge", "regionCode": "us-east-1",
-                 "operatingSystem": "Linux", "tenancy": "Shared", "preInstalledSw": "NA",
-                 "capacitystatus": "Used", ...}},
-     "serviceCode": "AmazonEC2",
-     "terms": {"OnDemand": {"<sku>.<offerTermCode>": {"priceDimensions": {"<sku>.<offer>.<rate>":
-                 {"unit": "Hrs", "pricePerUnit": {"USD": "1.0060000000"}, ...}}, ...}}},
-     "publicationDate": "..."}
-
-One paginated request per instance type (TERM_MATCH filters), refreshed once a day: list prices
-change a few times a year, and the documents stay out of the per-pass path. An entry that does not
-have that shape is rejected and logged, never fatal. A type the API does not price, or an API that
-cannot be reached, falls back to the catalog's LICENSED prices only (fleetd/adapters/catalog.py):
-a static number from a source without a license stays unknown until the API answers, and the
-pool is excluded with that reason. Which source priced what (and the catalog's date) is logged
-once per refresh and kept in ``sources``.
+One paginated TERM_MATCH request per instance type, refreshed daily; an entry without the expected
+shape (``parse_entry``) is rejected and logged, never fatal. A type the API does not price, or an
+API that cannot be reached, falls back to the catalog's licensed prices only (catalog.py); which
+source priced what is logged once per refresh and kept in ``sources``. (docs/DESIGN.md "Prices")
 """
 
 from __future__ import annotations
@@ -69,7 +55,17 @@ def filters_for(instance_type: str, region: str) -> list[dict[str, str]]:
 
 
 def parse_entry(item: str | Mapping[str, Any]) -> OnDemandEntry:
-    """One PriceList item (a JSON string, as AWS sends it) -> its on-demand hourly price."""
+    """One PriceList item (a JSON string, as AWS sends it; botocore does not decode them) -> its
+    on-demand hourly price. The shape::
+
+        {"product": {"sku": "...", "attributes": {"instanceType": "g5.xlarge", "regionCode": "us-east-1",
+                     "operatingSystem": "Linux", "tenancy": "Shared", "preInstalledSw": "NA",
+                     "capacitystatus": "Used", ...}},
+         "serviceCode": "AmazonEC2",
+         "terms": {"OnDemand": {"<sku>.<offerTermCode>": {"priceDimensions": {"<sku>.<offer>.<rate>":
+                     {"unit": "Hrs", "pricePerUnit": {"USD": "1.0060000000"}, ...}}, ...}}},
+         "publicationDate": "..."}
+    """
     try:
         doc = json.loads(item) if isinstance(item, (str, bytes)) else item
     except json.JSONDecodeError as exc:
@@ -130,7 +126,7 @@ class OnDemandPrices:
         catalog: Catalog,
         *,
         client: Any = None,
-        refresh_s: float = DAY_S,
+        refresh_s: float = DAY_S,  # list prices change a few times a year; keeps them off the pass
         page_size: int = 100,
     ):
         self.region = region

@@ -169,6 +169,16 @@ class Launcher:
                 tg.create_task(self._stop(node, loop.time(), reason="demo over"))
 
 
+async def fleet_instances(ec2: Any, fleet: str) -> list[Mapping[str, Any]]:
+    """Every instance EC2 lists with the fleet's tag (the launcher boots a node for each)."""
+    out: list[Mapping[str, Any]] = []
+    pages = ec2.get_paginator("describe_instances").paginate(Filters=[{"Name": "tag:fleetd:fleet", "Values": [fleet]}])
+    async for page in pages:
+        for res in page["Reservations"]:
+            out += res["Instances"]
+    return out
+
+
 async def template_job_env(ec2: Any, inst: Mapping[str, Any], fleet: str = "demo") -> dict[str, str]:
     """The job a node boots with: the FLEETD_JOB__* lines of the user data in the launch template
     fleetd launched it from (its newest version; one template per fleet), as cloud-init hands

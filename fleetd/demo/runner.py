@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from fleetd.demo import configs
 from fleetd.demo.broker import start_broker
-from fleetd.demo.launcher import Launcher, template_job_env
+from fleetd.demo.launcher import Launcher, fleet_instances, template_job_env
 from fleetd.demo.monitor import WireView
 from fleetd.demo.procs import Child, Supervised
 from fleetd.demo.scenario import Scenario
@@ -231,14 +231,7 @@ def _launcher(run: DemoRun, ec2: Any, cloud: _LocalCloud, events_file: Path) -> 
     opts, workdir = run.opts, run.workdir
 
     async def describe() -> list[Mapping[str, Any]]:
-        out: list[Mapping[str, Any]] = []
-        pages = ec2.get_paginator("describe_instances").paginate(
-            Filters=[{"Name": "tag:fleetd:fleet", "Values": [configs.DEMO_FLEET]}]
-        )
-        async for page in pages:
-            for res in page["Reservations"]:
-                out += res["Instances"]
-        return out
+        return await fleet_instances(ec2, configs.DEMO_FLEET)
 
     def agent_conf(iid: str, addr: str, imds_url: str) -> Path:
         return configs.agent_toml(

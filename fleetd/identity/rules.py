@@ -1,17 +1,10 @@
 """Who gets a node certificate: a pure judgement over plain facts (no I/O, ``now`` passed in).
 
-The facts: the verified instance identity document, what EC2 says about that instance (its state
-when it carries this fleet's tag, None when it does not or does not exist), the certificate this
-controller last issued for it (the public key it bound and when that certificate ends), and the
-public key in the new request.
-
-Replays: a document is static for an instance's whole life and anyone who once read it can send
-it again, so the document alone proves little after the node's first minutes. First enrolment is
-therefore allowed only while the document is young (``max_document_age_s`` after pendingTime);
-from then on the instance is bound to the key it enrolled with (trust on first use, as Vault's
-aws-ec2 method does with its client nonce), and only a request for that same key, i.e. from the
-holder of that private key (the CSR is signed with it), renews. A replayed document with another
-key is refused while a certificate is live, and after that by its age.
+The facts: the verified instance identity document, EC2's state of that instance (None when it
+lacks this fleet's tag or does not exist), the key and expiry of the certificate last issued for
+it, and the public key in the request. A first enrolment needs a young document; after it only
+the bound key renews.
+(docs/DESIGN.md "Node identity and the threat model (fleetd/identity, agent/node/enrol.py)")
 """
 
 from __future__ import annotations
@@ -52,9 +45,13 @@ def judge(
     if ec2_state != "running":
         return f"{doc.instance_id} is {ec2_state} in EC2, not running"
     if binding is not None and binding.key_fingerprint == key_fingerprint:
+        # The CSR is signed with the bound key, so only its holder renews (trust on first use, as
+        # Vault's aws-ec2 method does with its client nonce).
         return None  # renewal by the key holder
     if binding is not None and binding.not_after > now:
         return f"a live certificate was already issued for {doc.instance_id} (to another key)"
+    # A document is static for the instance's whole life and anyone who once read it can send it
+    # again: it proves little after the node's first minutes.
     age = now - doc.pending_time.timestamp()
     if age < -CLOCK_SKEW_S:
         return f"document pendingTime is {-age:.0f} s in the future"

@@ -1,21 +1,10 @@
 """The intake's inbox: events in arrival order, telemetry coalesced to the latest sample per node.
 
-At 2,000 agents telemetry is 2,000 messages a second. When the controller falls behind (a pass
-planning the fleet, a loaded host), a FIFO of every sample grows, or the broker drops what its
-queue for us cannot hold, and a notice waits behind seconds of stale utilisation reports. A
-telemetry sample only says "this node's rates as of now": the next one from the same node
-replaces it without losing a fact. So the inbox keeps at most one pending sample per key (the
-topic: one node's telemetry channel); a newer one takes the older one's place in the line
-(the node keeps its turn) and the older one is counted as *superseded*, which is not a lost
-message. Everything else (status, notices, checkpoint receipts, trainer exits) is never
-coalesced nor dropped, and leaves in the order it came, ahead of every waiting sample: a notice
-that arrives behind 2,000 samples is the next thing handled, not the 2,001st (samples are rates
-as of now; handled a few milliseconds later they say the same).
-
-Memory: the events in the line, plus at most one telemetry sample per distinct key.
-
-An ``asyncio.Queue`` subclass (the ``_init/_put/_get`` hooks PriorityQueue uses), so the MQTT
-client library puts into it from its socket callback as into its default queue.
+At 2,000 agents a FIFO of every sample grows whenever the controller falls behind, and a notice
+waits behind seconds of stale samples. Here a newer sample replaces its node's waiting one, and
+events leave in order ahead of every sample; memory is the events plus one sample per key. An
+``asyncio.Queue`` subclass (PriorityQueue's hooks), so the MQTT client library puts into it as into
+its default queue. (docs/DESIGN.md "Wire protocol (MQTT)")
 """
 
 from __future__ import annotations
@@ -55,11 +44,15 @@ class CoalescingQueue(asyncio.Queue, Generic[T]):  # type: ignore[type-arg]
         if old is None:
             self._queue.keys.append(k)
             return
+        # Not a lost message: a sample says "this node's rates as of now", and the newer one says it
+        # without losing a fact. The node keeps its place in the line.
         self.superseded += 1
         if self._on_superseded is not None:
             self._on_superseded(old)
 
     def _get(self) -> T:
+        # Events first: a notice behind 2,000 samples is the next thing handled (samples handled a
+        # few milliseconds later say the same).
         if self._queue.events:
             event: T = self._queue.events.popleft()
             return event

@@ -1,17 +1,10 @@
 """The node registry: what the intakes have learned about each node, merged and de-duplicated.
 
-Both intakes call ``apply(event)``; the reconcile loop reads ``record(id)`` / ``records()`` or
-folds the facts into the planner's ``Node`` with ``observe(node)`` (the fields the two-signal rule
-and the rebalance policy read: last_seen_at, agent_offline_at, notice_at, notice_deadline,
-rebalance_at, ec2_state, telemetry; and left_at, which lets the planner terminate a drained node
-as soon as it has left). Urgent events wake the reconcile loop through ``wake``; telemetry does
-not (the loop's own interval picks it up).
-
-De-duplication: QoS 1 redeliveries and SQS at-least-once delivery repeat a ``dedup_key``; a
-repeat is counted and ignored. The same fact from two *sources* (IMDS notice via MQTT and the
-EventBridge warning) is not a duplicate: both are kept as independent signals.
-
-Everything runs on the event loop; no locking needed.
+Both intakes call ``apply(event)``; the reconcile loop reads ``record(id)`` / ``records()`` or folds
+the facts into the planner's ``Node`` with ``observe(node)``. Urgent events wake the loop through
+``wake``; telemetry does not. A repeated ``dedup_key`` (QoS 1 redelivery, SQS at-least-once) is
+counted and ignored; the same fact from two sources is kept as two signals. Everything runs on the
+event loop, so nothing is locked. (docs/DESIGN.md "Partitions: signals from independent sources")
 """
 
 from __future__ import annotations
@@ -156,6 +149,8 @@ class NodeRegistry:
     # ------------------------------------------------------------------ intake
     def apply(self, event: IntakeEvent) -> bool:
         """Merge one event; False if it was a duplicate delivery (nothing changed)."""
+        # A repeat is a redelivery (QoS 1, SQS at least once). The IMDS notice via MQTT and the
+        # EventBridge warning carry different keys: two independent signals, both kept.
         if not isinstance(event, AgentTelemetry) and event.dedup_key:
             if event.dedup_key in self._seen:
                 self.stats.duplicates += 1

@@ -1,19 +1,11 @@
 """EventBridge → SQS intake: the controller's second, independent view of spot events.
 
-An EventBridge rule (source ``aws.ec2``) targets one SQS queue per controller: with several
-fleets in one account, the one rule has one target queue per fleet, so every fleet receives every
-event and no consumer can take another fleet's notice away (docs/DESIGN.md "Several fleets in one
-account"). This consumer long-polls its queue, turns the three EC2 event types into the same
-internal events the MQTT intake produces (``InterruptionNotice``, ``RebalanceRecommended``) plus
-``InstanceStateChanged``, and deletes each message after it was handled. Delivery is at least
-once: a repeated EventBridge event id is dropped by the registry.
-
-An event about an instance the fleet does not know is not deleted at once: the instance may be
-one it launched seconds ago (tracked at the next reconcile pass), or the controller may have just
-restarted with an empty registry. Such a message goes back to the queue for ``unknown_retry_s``
-and is deleted once it is older than ``unknown_instance_grace_s`` (another fleet's node, on this
-fleet's copy of the event). Malformed bodies are logged once and deleted, so a poison message
-cannot come back forever.
+This consumer long-polls its fleet's own queue, turns the three EC2 event types into the internal
+events the MQTT intake produces (``InterruptionNotice``, ``RebalanceRecommended``) plus
+``InstanceStateChanged``, and deletes each message once handled (a repeat is dropped by the
+registry). An event about an unknown instance goes back to the queue until it is older than
+``unknown_instance_grace_s``; a malformed body is logged once and deleted.
+(docs/DESIGN.md "Several fleets in one account")
 """
 
 from __future__ import annotations
@@ -194,7 +186,7 @@ class SqsIntake:
         try:
             event = parse_event(body, now)
         except ProtocolError as exc:
-            self.rejected += 1
+            self.rejected += 1  # deleted, so a poison message cannot come back forever
             log.warning(
                 "intake_sqs_rejected", message_id=message.get("MessageId"), reason=str(exc)[:300], nbytes=len(body)
             )
@@ -202,6 +194,8 @@ class SqsIntake:
         if event is None:
             return None, False
         if not self.is_ours(event.instance_id):
+            # Perhaps launched seconds ago (tracked at the next pass), or the controller just
+            # restarted with an empty registry. Past the grace: another fleet's node.
             age = _age_s(message, now)
             if age is not None and age < self.unknown_grace_s:
                 self.deferred += 1

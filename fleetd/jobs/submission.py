@@ -1,20 +1,9 @@
-"""`fleetd job submit`'s other half, in the daemon: a job file handed over while fleetd runs
-becomes the job's code version, without a restart.
-
-    <state_dir>/submit.json ─► pack + upload (publish.py) ─► launch template version N+1
-                                                          ─► the loop's config, the job watcher,
-                                                             the planner's code_digest
-
-From then on new nodes boot the new version, and the planner drains every node on the old one
-(fleetd/policy/stages/code_version.py): one world never runs two versions. A job that had ended
-starts a new run (fleetd/job_watch.py ``new_version``). A restarted daemon ships the submitted
-file instead of fleetd.toml's (``submitted_job``), so a restart never goes back to old code, and
-with HA a host that takes the lead runs the version the fleet adopted (the shared state store's
-``job_adopted``), not the one its own files name.
-
-A submission that cannot be shipped (the file or its workdir unreadable by the daemon's user,
-the workdir refused by pack.py, S3 refusing the upload) is logged once with the reason and the
-job goes on with the version it runs; the next `fleetd job submit` is tried again.
+"""`fleetd job submit`'s other half, in the daemon: a job file handed over while fleetd runs becomes
+the job's code version without a restart: packed and uploaded (publish.py), a new launch template
+version, the new config into the loop, the job watcher and the planner. A submission that cannot
+be shipped (an unreadable file, a refused workdir, S3 refusing the upload) is logged once with the
+reason; the job goes on with the version it runs, and the next submit is tried again.
+(docs/DESIGN.md "The job file and its code on the nodes (fleetd/jobs, agent/supervise/workspace.py)")
 """
 
 from __future__ import annotations
@@ -39,7 +28,8 @@ SHARED_KEY = "job_adopted"
 
 
 def submitted_job(cfg: FleetdConfig) -> FleetdConfig:
-    """``cfg`` with the job file last submitted in place of fleetd.toml's, if there is one."""
+    """``cfg`` with the job file last submitted in place of fleetd.toml's, if there is one: a
+    restarted daemon never goes back to old code."""
     try:
         request = read_submit(cfg.fleet.state_dir)
     except Exception as exc:  # noqa: BLE001 - a bad request file must not stop fleetd: its own job runs

@@ -1,44 +1,11 @@
 """Deadlines: spot, on-demand or wait, from progress, deadline, throughput and changeover (pure).
 
-The rule is Uniform Progress (UP) from "Can't Be Late" (Wu et al., NSDI'24), for one node or a
-fleet, with its safety net:
-
-- the progress line: by time t a job that started at t0 and is due at D should have done
-  C x (t - t0) / (D - t0) of its C steps;
-- behind the line and short of nodes: buy on-demand now (no waiting for spot);
-- ahead of the line: spot only, wait for it; on-demand nodes already running stay until the job
-  is ahead of the line 2d x m / N later (hysteresis: cp >= ep(t + 2d x m / N), m of the N
-  target nodes on on-demand), then they go (back to spot if it is offered, else idle until spot
-  returns or the job falls behind again). UP's margin is two changeovers of the whole job (go
-  back to spot, fall behind, come back to on-demand); in a fleet only the m on-demand nodes
-  change over while the other N - m train on, so the two changeovers cost 2d x m / N of the
-  fleet's time. Keeping UP's full 2d for a fleet held two on-demand nodes of four for hours after
-  the job had the lead those changeovers need (bench/deadline.py, g4dn 4 nodes);
-- safety net: when the fleet is not full on spot and the time left is less than the work left
-  at the target size plus 2d (d: the changeover, buying a node until it trains), finish on
-  on-demand: no new spot, no return to spot. The condition holds once met (on-demand work
-  shrinks time left and work left alike), so the planner needs no memory of it.
-
-UP's guarantee (no miss when the work fits the deadline with 2d to spare) carries over; the
-statement, its assumptions and the proof are in docs/DESIGN.md "The no-miss guarantee"
-(tests/test_deadline_guarantee.py checks it through the simulator). In short: only the safety
-net keeps the deadline; the line and the hysteresis only decide cost.
-
-fleetd adds what the planner does anyway: a changeover to spot is make-before-break (the
-on-demand node trains while the spot node boots), and a fleet keeps training at a smaller size
-while one node is replaced. So a one-node job behind the line, or ahead by less than UP's
-margin, moves its on-demand node back to spot as soon as spot is offered, where UP keeps it until
-2d ahead (UP's changeover stops the job for d; fleetd's costs an overlap of d on both nodes):
-holding on-demand until then missed spot's return on the reclaim-wave trace (bench/deadline.py:
-cheaper per useful step at 14 of 15 one-node cases). The swap asks the net's slack below and 2d
-after its own re-forms. (Fleets keep on_demand_keep: the same swap cost 4 and 8 nodes up to 9 %
-more, every on-demand node moved into a pool between reclaim waves.) And inside the safety net it may
-still swap an on-demand node for spot while the slack covers losing every spot node again (d of
-the fleet's time: a pool's reclaim wave takes its nodes together, so the swapped nodes and the
-spot nodes already training can go at once) plus a reserve (SWAP_RESERVE x d) plus the re-forms
-the swap and those losses cause (stall_budget_s): UP cannot, since each of its changeovers stops
-the job for d. (A reserve of one node's loss, d / nodes, missed
-deadlines on the p3 trace at 7.5 h for 6 h of work and d >= 0.3 h, where waves take 3-6 nodes.)
+Uniform Progress from "Can't Be Late" (NSDI'24) for one node or a fleet: behind the progress line
+C x (t - t0) / (D - t0), on-demand for the shortfall; ahead, spot only, with on-demand nodes kept
+until the job is 2d x m / N ahead (``on_demand_keep``); near the end the safety net finishes on
+on-demand, swapping to spot make-before-break only while the slack covers it (``stall_budget_s``).
+Only the net keeps the deadline; the line and the hysteresis decide cost (docs/DESIGN.md
+"Placement and deadlines", "The no-miss guarantee"; sweeps: docs/measurements/2026-11-deadline.md).
 """
 
 from __future__ import annotations
@@ -143,6 +110,8 @@ def decide(i: DeadlineInputs, now: float) -> DeadlineCall:
     # A make-before-break swap to spot keeps slack for losing every spot node again (d), a reserve
     # and the re-forms it and those losses cause (DESIGN.md "The no-miss guarantee", step 3).
     swap_fits = slack is not None and slack >= d + SWAP_RESERVE * d + stalls
+    # Once met the net's condition holds (on-demand work shrinks time left and work left alike),
+    # so the planner needs no memory of it.
     if work_left_s is not None and not i.full_on_spot and time_left < work_left_s + 2 * d:
         swap = swap_fits
         return DeadlineCall(

@@ -1,30 +1,10 @@
 """Goodput from the trainers' real progress: ledger events folded from what the nodes report.
 
-Each reconcile pass hands ``GoodputTracker.observe`` the nodes as the planner sees them (their
-agents' latest telemetry folded in: step, GPU utilisation, last message) and gets back the ledger
-events that pass adds (fleetd.policy.ledger_events):
-
-- ``StepReached`` when the job's step passes the highest step so far (useful progress; a step
-  redone after a resume is not counted twice);
-- ``StepsLost`` when the job resumes below where it was (a restart from an older checkpoint):
-  the work thrown away, ``from`` the step it had reached ``to`` the one it resumed from. Nodes
-  report about once a second and not in lockstep, so a drop within ``slack`` steps (the rate
-  times a few report periods) is reporting skew, not a loss;
-- ``StepsRegained`` when, after such a drop, the job jumps back up further than it could have
-  trained since the last pass (a stale world, resumed from an older copy, replaced by one that
-  resumed at the high-water mark): the jumped-over steps counted lost were never trained again.
-  A rise that training could explain keeps the loss (when unsure, the report says more was lost,
-  never less);
-- ``RecoveryTime`` when progress resumes after a stall: the seconds from the last progress to the
-  first progress again, if longer than ``stall_after_s`` (a re-form after a notice, a lost node,
-  a scale change, a slow restart);
-- ``IdleGpuTime`` per billed node and pass: the accelerator-seconds it was paid for and not
-  training: GPU utilisation below ``idle_util_pct`` where the node reports GPUs (NVML), or, on a
-  node without GPU telemetry, no progress of its trainer in the pass (booting, waiting for a
-  rendezvous round, draining). A node without GPUs counts as one accelerator.
-
-Pure: ``now`` is passed in, no clock, no I/O; the daemon keeps one tracker per process and seeds
-it from the ledger after a restart (``resume``), so useful steps never count twice.
+Each pass ``GoodputTracker.observe`` takes the nodes as the planner sees them and returns the
+ledger events the pass adds: ``StepReached`` (a new highest step), ``StepsLost`` (a resume below
+it), ``StepsRegained`` (a jump back over steps counted lost), ``RecoveryTime`` (progress again after
+a stall) and ``IdleGpuTime`` per billed node. Pure; the daemon seeds it from the ledger after a
+restart (``resume``), so useful steps never count twice (docs/DESIGN.md "Budget semantics").
 """
 
 from __future__ import annotations
@@ -83,6 +63,8 @@ class GoodputTracker:
         rate = max((n.steps_per_s or 0.0 for n in fresh), default=0.0)
         progressed = False
         if step is not None:
+            # Nodes report about once a second and not in lockstep: a drop within ``slack`` steps is
+            # reporting skew, not a loss.
             slack = math.ceil(rate * self.skew_s)
             if self.current is not None and step < self.current - slack:
                 events.append(
@@ -114,6 +96,8 @@ class GoodputTracker:
         assert self.current is not None
         out: list[LedgerEvent] = []
         elapsed = now - self.last_pass_at if self.last_pass_at is not None else math.inf
+        # A rise that training could explain keeps the loss: when unsure, the report says more was
+        # lost, never less.
         if step - self.current > rate * elapsed + slack:
             back = min(self.unconfirmed_loss, min(step, self.highest) - self.current)
             if back > 0:
@@ -138,6 +122,8 @@ class GoodputTracker:
             if n.gpu_util_pct is not None:
                 idle = n.gpu_util_pct < self.idle_util_pct
             else:
+                # No GPU telemetry: idle when its trainer made no progress this pass (booting, waiting for
+                # a round, draining).
                 idle = n.step is None or previous is None or n.step <= previous
             if idle:
                 gpus = max(1, gpus_of.get(n.pool.instance_type, 0))

@@ -4,30 +4,8 @@
         │          │          │              │
         └──────────┴──────────┴──────────────┴─► SUCCEEDED | FAILED | CANCELLED (terminal)
 
-Why a job ends, and how fleetd tells the user's failure from the cloud's (docs/DESIGN.md,
-"Job lifecycle"):
-
-- **Success**: a node's torchrun ended with every local worker at exit code 0 (the agent reports
-  the exit as ``finished``), or the job reached ``job.total_steps``. Every rank of an elastic job
-  finishes together, so one node's success decides, unless another node's trainer fails inside
-  ``settle_s`` of it (a rank that crashed on its last step): then the failure counts.
-- **The cloud's fault, never the user's** (retried without limit, as it is today): the exit came
-  from fleetd stopping the trainer (``stopped``), from the rendezvous store going away
-  (``store-lost``), or from a node that had a notice, was leaving, or was lost; or it came within
-  ``explained_window_s`` of a notice, a node loss or a store restart anywhere in the job (a lost
-  peer makes the survivors' collectives fail).
-- **The user's failure**: any other non-zero exit, signals included: a worker killed by the
-  kernel's OOM killer (exit -9/137 with no notice) ran out of memory the job asked for. Exits of
-  several nodes within ``settle_s`` of each other are one failure (every rank hits the same bug).
-  fleetd restarts the trainers after each one, up to ``max_restarts``; the next failure FAILS
-  the job.
-
-A terminal job asks the planner to release every node: at once for SUCCEEDED and FAILED (the
-trainer has already exited; nothing is left to checkpoint): a FAILED job at once, a SUCCEEDED one
-once its final checkpoint is durable or ``release_after_s`` has passed; CANCELLED goes through the coordinated
-stop (checkpoint, then stop every node) like a budget stop.
-
-No I/O, no asyncio: ``now`` is passed in; fleetd/job_watch.py feeds it.
+Success, the user's failure against the cloud's, restarts, and how a terminal job releases its
+nodes: docs/DESIGN.md "Job lifecycle". No I/O: ``now`` is passed in; fleetd/job_watch.py feeds it.
 """
 
 from __future__ import annotations
@@ -61,6 +39,7 @@ class ExitClass(StrEnum):
 class JobSettings:
     max_restarts: int = 3  # user-code failures fleetd restarts before the job FAILS
     settle_s: float = 10.0  # exits this close together are one event
+    # A lost peer makes the survivors' collectives fail: their exits are the cloud's, not the user's.
     explained_window_s: float = 60.0  # a notice/loss/store restart this recent explains a failure
     release_after_s: float = 30.0  # a finished job's nodes go at the latest this long after it ended
     # False for folder mode: the job's code reports no step, so a running trainer is the only

@@ -1,17 +1,9 @@
 """Leader election by lease: the pure decisions (plain data in, ``now`` passed in, no I/O).
 
-One lease record per fleet lives in the distributed store (fleetd/ha/election.py writes it with
-conditional puts). It names the ``holder``, a ``generation`` (bumped on every change of holder:
-the fence every leader write is conditioned on) and a ``version`` (a fresh value on every write,
-renewals included: what a standby watches).
-
-No host compares its clock with another's. A standby measures, with its own monotonic clock, how
-long the record has stayed exactly the same; once that reaches ``lease_s`` the holder has not
-renewed for at least ``lease_s`` and the standby takes over with a write conditioned on the
-version it watched (two standbys racing: one write wins). The holder counts its own lease from
-the moment it *started* the write that renewed it, minus a guard, so it always stops acting
-before any standby can have started (a standby's clock starts after that write completed).
-This is the scheme of the DynamoDB lock client; see DESIGN.md for what it assumes.
+One lease record per fleet in the shared store (fleetd/ha/election.py writes it with conditional
+puts): ``holder``, ``generation`` (the fence every leader write is conditioned on) and ``version``
+(fresh on every write, renewals included). No clocks are compared: a standby takes over once the
+record stayed unchanged for ``lease_s`` on its own monotonic clock (docs/DESIGN.md "High availability").
 """
 
 from __future__ import annotations
@@ -120,6 +112,8 @@ def after_write(
             seen=decision.write,
             seen_since=started_at,
             held=decision.write.generation,
+            # From the send, not the answer: a standby's watch starts after the write completed, so the
+            # holder always stops acting before any standby can have started.
             valid_until=started_at + timing.lease_s - timing.guard_s,
         ), None
     # Refused: somebody else wrote first. Forget the record so the next read restarts the watch.

@@ -1,23 +1,11 @@
 """Compaction of the ledger's per-pass rows: the report's totals stay exact, the table stops
 growing with every pass.
 
-Older than the horizon (``before``):
-
-- an instance that *stopped* is rolled up with the others into one ``BillsRolledUp`` (its bill as
-  ``bills`` computes it, its idle time, its notice or loss): its start, placement, stop,
-  interruption and idle rows go. Its bill no longer changes (price changes after its stop do not
-  touch it), so the report's spend, on-demand equivalent, spend by market and pool, node-seconds,
-  instance count and idle time are the same sums. What goes: the per-instance lines of those
-  instances (the report shows counts and sums only) and their place in ``pool_history`` (not used
-  by the daemon: its pool statistics live in the state DB);
-- ``StepReached`` (every pass with progress: 8,640 a day at a 10 s interval): per
-  ``step_every_s`` bucket only the highest step is kept. The report counts the highest step ever
-  reached (kept: the highest of its bucket), a restarted daemon resumes from it, and the plot's
-  step curve keeps that resolution;
-- ``IdleGpuTime`` of instances still running: one event per instance with the sum.
-
-Prices, losses of steps, recoveries and scaling decisions are kept as they are (one row per
-decision). Pure: the store (fleetd.reconcile.ledger_store) applies the result in one transaction.
+Older than the horizon (``before``): a stopped instance's rows become its share of one
+``BillsRolledUp``; ``StepReached`` keeps the highest step per ``step_every_s`` bucket; a running
+instance's ``IdleGpuTime`` becomes one sum. Prices, lost steps, recoveries and scaling decisions
+stay one row each. Pure: fleetd.reconcile.ledger_store applies the result in one transaction
+(docs/DESIGN.md "Budget semantics").
 """
 
 from __future__ import annotations
@@ -61,6 +49,9 @@ def compact(events: Iterable[LedgerEvent], before: float, step_every_s: float = 
     drop: list[LedgerEvent] = []
     add: list[LedgerEvent] = []
     # Ended instances: every row of theirs is older than the horizon and has an event_id.
+    # A stopped instance's bill no longer changes (later prices do not touch it), so the report's sums
+    # stay exact; only its per-instance lines and its place in pool_history go (the daemon's pool
+    # statistics live in the state DB).
     stopped = {e.instance_id for e in events if isinstance(e, InstanceStopped) and e.at < before}
     rows: dict[str, list[LedgerEvent]] = {}
     for e in events:
@@ -107,6 +98,8 @@ def compact(events: Iterable[LedgerEvent], before: float, step_every_s: float = 
             continue
         if isinstance(e, StepReached):
             steps.append(e)
+            # One row per pass with progress (8,640 a day at 10 s); the report and a restarted daemon need
+            # only the highest step, so the highest of each bucket is kept.
             bucket = int(e.at // step_every_s)
             kept = best_step.get(bucket)
             if kept is None or (e.step, e.at) > (kept.step, kept.at):

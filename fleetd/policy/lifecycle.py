@@ -1,24 +1,9 @@
-"""Which nodes are lost: the rule of two independent signals.
+"""Which nodes are lost: the rule of two independent signals (pure).
 
-A node is declared lost only on a terminal EC2 state, or when signals from two *independent*
-sources agree. Signals are grouped by the fault that can cause them (their source); two signals
-with one source count once:
-
-- broker: telemetry silence and the MQTT last will both come from the node's single broker
-  connection. A node cut from the broker for 30 s while it trains fine shows both; it is not lost.
-- store: no new torchrun keep-alive heartbeat in the rendezvous store (a second connection, to a
-  second process on the control host, seen by fleetd's steering).
-- ec2: EC2's own view of the instance (DescribeInstances state, the EventBridge state-change
-  event): stopping/stopped. shutting-down/terminated is a loss on its own.
-- notice: a spot interruption notice (IMDS via the agent, or EventBridge): AWS's word, counted
-  once its deadline has passed (before it, the node is busy on its notice flow).
-
-broker + store are two connections to two processes, so a broker or store crash, a hung
-mosquitto, a full disk on one of them never takes a node out. A fault of the control host's own
-network cuts both for *every* node, so broker + store counts only while some other node is heard
-on both (the fault is on this node's side); with no such witness it takes EC2's view or a notice as
-the second source (docs/DESIGN.md, "Partitions"). A false loss restarts a healthy job and pays for
-a replacement; waiting one more pass costs a few seconds.
+A node is lost on a terminal EC2 state, or when two *sources* agree: broker (telemetry silence,
+last will), store (no new heartbeat), ec2 (stopping, stopped), notice (once its deadline passed).
+Broker + store counts only while another node is heard on both: a fault of the control host's own
+network cuts both for every node (docs/DESIGN.md "Partitions: signals from independent sources").
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """The planner's memory between passes (``PlannerMemory``, one frozen value) and how it changes.
 
-The planner is stateless (fleetd/policy/planner.py): what it must know of earlier passes comes back
-in the Observation, and ``plan`` returns the memory once its plan is taken (``Plan.memory``). Its
-callers (the reconcile loop, the simulator, the property-test driver) keep what it returns and
-apply the outcomes of what they executed (a spot launch, a stop) through these pure functions, the
-one place that says how the memory changes, so the simulator predicts the daemon it models.
-
-- ``target_nodes`` / ``last_scaling_at``: the plan's target, and when it last changed (the first
-  target too: the loop has always waited ``scaling.cooldown_s`` after sizing the job before its
-  first scaling decision, and the simulator now does the same);
-- ``spot_unavailable_since``: set when a plan reports a spot shortage or a spot launch got nothing,
-  cleared when a spot launch got capacity or a plan ends the shortage another way
-  (``spot_shortage_over``);
-- ``budget_level``: the last plan's, so a warning is emitted when the level rises, not every pass;
-- ``stop_issued_at``: when the job's StopJob was first executed.
+``plan`` returns the memory its plan leaves (``Plan.memory``). The reconcile loop, the simulator
+and the property-test driver keep it and apply what they executed (a spot launch, a stop) through
+the pure functions here, the one place that says how the memory changes, so the simulator predicts
+the daemon it models (docs/DESIGN.md "Layers"). Fields: the target and when it last changed, since
+when spot is short, the last budget level, when the job's StopJob was first executed.
 """
 
 from __future__ import annotations
@@ -56,6 +47,8 @@ def kept_memory(result: Plan) -> PlannerMemory:
 def after_plan(m: PlannerMemory, plan: Plan, now: float) -> PlannerMemory:
     """The memory once ``plan`` (made at ``now``) is taken."""
     target, scaled_at = m.target_nodes, m.last_scaling_at
+    # The first target counts as a change too: the loop has always waited scaling.cooldown_s after
+    # sizing the job before its first scaling decision, and the simulator does the same.
     if plan.target_nodes is not None and plan.target_nodes != target:
         target, scaled_at = plan.target_nodes, now
     since = m.spot_unavailable_since

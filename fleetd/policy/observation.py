@@ -1,16 +1,9 @@
 """What the planner sees on one pass: plain frozen data assembled by the caller.
 
-The daemon (fleetd/reconcile) builds it from EC2, MQTT intake, the SQLite stores and the price
-source; the simulator builds it from its virtual world. Times are on the caller's clock (the same
-clock as ``now`` passed to ``plan``). Prices are USD per instance-hour.
-
-Fields the caller keeps between passes (the planner is stateless): ``target_nodes``,
-``last_scaling_at``, ``spot_unavailable_since``, ``stop_issued_at`` and ``budget_level`` are the
-planner's memory, changed only by fleetd/policy/memory.py (the loop, the simulator and the
-property-test driver all use it); ``rebalance_prebuys_last_hour`` counts the Launches with purpose
-``rebalance-prebuy`` executed in the last hour (rebalance churn cap).
-- ``job_started_at``: when the job first ran (set once, kept): the start of a deadline job's
-  progress line (fleetd/policy/deadline.py).
+The daemon (fleetd/reconcile) builds it from EC2, the intake, the state DB and the price source;
+the simulator from its virtual world. Times are on the caller's clock (that of ``plan``'s ``now``);
+prices are USD per instance-hour. The planner's memory fields change only through
+fleetd/policy/memory.py (docs/DESIGN.md "Layers").
 """
 
 from __future__ import annotations
@@ -59,7 +52,8 @@ class Observation:
     last_durable_checkpoint_step: int | None = None
     last_durable_checkpoint_at: float | None = None
     last_checkpoint_request_at: float | None = None
-    # Scaling memory (see module docstring).
+    # The planner's memory (fleetd/policy/memory.py); rebalance_prebuys_last_hour: Launches with
+    # purpose rebalance-prebuy executed in the last hour (the churn cap).
     target_nodes: int | None = None
     last_scaling_at: float | None = None
     rebalance_prebuys_last_hour: int = 0
@@ -68,7 +62,8 @@ class Observation:
     stop_issued_at: float | None = None
     # The previous plan's Plan.budget.level: a Warn is emitted when the level rises, not every pass.
     budget_level: BudgetLevel = BudgetLevel.NORMAL
-    # When the job started (see module docstring); None: the earliest node's launch, else now.
+    # When the job first ran (set once, kept): the start of a deadline job's progress line;
+    # None: the earliest node's launch, else now.
     job_started_at: float | None = None
     # The job's code version now (a submitted job file's digest); "" when nodes run baked code.
     code_digest: str = ""

@@ -4,15 +4,8 @@ score = price / (GPUs x relative throughput of the GPU model, A10G = 1)
         x (1 + expected interruptions per node-hour x hours lost per interruption)
         x (1 + capacity.cross_az_penalty, for a pool outside the job's zone)
 
-Hours lost per interruption: capacity.interruption_cost_h (the replacement's boot and restore)
-plus the re-forms it causes (the leave and the replacement's join, each stalling every rank for
-a checkpoint and a rendezvous round: 2 x training nodes x (checkpoint_stall_s + reform_s)).
-A pool that cannot be bought is never dropped silently: it is listed with the reason.
-
-The interruption rate blends this fleet's own history (notices + losses per node-hour in the pool)
-with a prior from AWS's Spot Advisor buckets, as a Gamma-Poisson posterior mean: the prior counts
-as ``capacity.prior_weight_node_hours`` node-hours of experience, so a pool we have run for long
-is judged by what it did to us, and a new pool by what AWS says about it.
+The interruption rate blends the fleet's own history with a Spot Advisor prior; a pool that
+cannot be bought is listed with its reason (docs/DESIGN.md "Placement and deadlines").
 """
 
 from __future__ import annotations
@@ -78,6 +71,8 @@ def interruption_rate(stats: PoolStats | None, cfg: CapacityConfig) -> tuple[flo
             return 0.0, "no history, no prior"
         rate = events / stats.node_hours
         return rate, f"{events} interruptions in {stats.node_hours:.1f} node-h"
+    # Gamma-Poisson posterior mean: the prior counts as ``prior_weight_node_hours`` of experience, so
+    # a pool run for long is judged by what it did to us, a new one by what AWS says about it.
     weight = cfg.prior_weight_node_hours
     rate = (events + prior * weight) / (stats.node_hours + weight)
     return rate, (f"{events} interruptions in {stats.node_hours:.1f} node-h blended with prior {prior:.4f}/h")

@@ -2,22 +2,13 @@
 
     plan(obs: Observation, cfg: FleetdConfig, now: float) -> Plan   # Plan.memory: kept for the next pass
 
-The daemon's reconcile loop and the simulator both call it; it reads no clock and does no I/O.
-One pass, in order:
-1. lifecycle: which nodes are lost (two-signal rule), broken boots, overdue drains -> Terminate;
-   a job that is over (succeeded or failed: fleetd/policy/job_state.py) -> Terminate every node;
-2. budget: graded level from the forecast; at the cap (or when asked to stop) -> StopJob;
-3. notices -> Drain; nodes on another version of the job's code -> Drain; rebalance
-   recommendations -> pre-buy / checkpoint (never a drain); a periodic checkpoint at the
-   Young/Daly interval for the fleet's losses without notice;
-4. scaling target (bounded by the budget level), stragglers; the deadline rule's call (spot,
-   on-demand or wait; fleetd/policy/deadline.py); excess nodes -> Drain/Terminate;
-5. placement for launches: ranked, diversified spot pools first; on-demand when
-   capacity.on_demand allows it (a deadline asks for it, or hold_size after capacity.spot_wait_s)
-   and it is affordable; back to spot make-before-break after the next durable checkpoint;
-6. budget gate: every launch is cut to what fits under both caps (budget.py), with the reason.
-
-This module is only that order; each step is a stage in fleetd/policy/stages/.
+One pass, in this order (each step a stage in fleetd/policy/stages/; docs/DESIGN.md "Layers"):
+1. lifecycle: lost nodes, broken boots, overdue drains, an ended job's nodes -> Terminate;
+2. budget: graded level from the forecast; at the cap (or asked to stop) -> StopJob;
+3. notices, nodes on old code -> Drain; rebalance -> pre-buy / checkpoint; Young/Daly checkpoint;
+4. scaling target, stragglers; the deadline call (spot, on-demand or wait); excess -> Drain;
+5. placement: diversified spot first; on-demand when allowed; back to spot make-before-break;
+6. budget gate: every launch cut to what fits under both caps, with the reason.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
-"""Notices and rebalance recommendations.
+"""Notices and rebalance recommendations (pure).
 
-- An interruption notice is the real thing: drain the node (coordinated checkpoint, upload its
-  shard, leave the rendezvous) before the notice deadline; a replacement is bought through the
-  normal capacity path because the node no longer counts toward the target.
-- A rebalance recommendation is a risk signal, not a drain: pre-buy a replacement if the budget
-  allows and the hourly churn cap is not used up, ask for a checkpoint if the last durable one is
-  older than rebalance.max_checkpoint_age_s, and keep the node training until a real notice.
-- A recommendation expires: with no notice within rebalance.recommendation_expiry_s it no longer
-  counts. The node it pre-bought is then an extra beyond the target and is released first (it is
-  kept only when it replaces the risky node, i.e. that one got its notice or is gone), so the
-  fleet is back at its target and utilization scaling, which judges only a fleet at its target,
-  runs again. The churn cap counts pre-buys per hour whether or not they expired.
+A notice drains its node (coordinated checkpoint, upload, leave) before its deadline; the
+replacement comes through the normal capacity path. A recommendation is a risk signal, not a
+drain: pre-buy a replacement (budget and hourly churn cap allowing), ask for a checkpoint if the
+last durable one is old, keep the node training; it expires (docs/DESIGN.md "Rebalance
+recommendations expire").
 """
 
 from __future__ import annotations
@@ -138,6 +132,7 @@ def plan_risk(
     covered = min(len(at_risk), extras)
     uncovered = len(at_risk) - covered
     cap = cfg.rebalance.max_recommendation_replacements_per_hour
+    # The cap counts the last hour's pre-buys whether or not their recommendation expired.
     churn_left = max(0, cap - prebuys_last_hour)
     ids = ", ".join(n.instance_id for n in at_risk)
     notes = [f"rebalance recommendation for {ids}: at risk, kept training until a real notice"]

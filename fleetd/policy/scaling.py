@@ -1,25 +1,11 @@
 """Scaling: the target node count, from GPU utilisation and measured throughput per world size.
 
-Rules, first match wins:
-1. config bounds: the target always lies in [min_nodes, max_nodes];
-2. budget level SHRINK: one node fewer per pass (never below min_nodes), waiting for each drain;
-3. cool-down: no change within scaling.cooldown_s of the last one;
-4. only a fleet that is at its target and reporting is judged (throughput at n is measured at n);
-5. idle: mean GPU utilisation below scale_down_util_pct -> one node fewer;
-6. marginal efficiency: the last node adds less than min_marginal_efficiency x (1 - hysteresis)
-   of the average throughput per dollar -> one node fewer;
-7. busy (utilisation >= scale_up_util_pct), budget NORMAL and staying below warn_at with one more
-   node, and that node is expected to add at least min_marginal_efficiency of the average
-   throughput per dollar -> one node more.
-Utilisation between the two thresholds, and efficiency inside the hysteresis band, hold.
-
-"Worth its price" is relative: a node's gain in steps/s per dollar against the fleet's average
-steps/s per dollar, so a node that buys 90% of what the average node buys per dollar is worth
-it and one that buys 20% is not, whatever the job's absolute step cost. Throughput per size is
-measured from the job's real progress (fleetd/intake/signals.py: steps advanced over a window
-at a stable world size, blended across visits), GPU utilisation is each node's smoothed NVML
-reading (fleetd/intake/registry.py). Nodes without GPU telemetry (no NVML: the demo's CPU nodes)
-skip rules 5 and 7's utilisation gate: the measured throughput decides alone.
+Rules, first match wins: (1) the target lies in [min_nodes, max_nodes]; (2) budget SHRINK: one
+fewer per pass; (3) cool-down; (4) only a fleet at its target and reporting is judged; (5) mean
+utilisation below scale_down_util_pct, or (6) the last node adds less than min_marginal_efficiency
+x (1 - hysteresis) of the average steps/s per dollar: one fewer; (7) busy, budget NORMAL and below
+warn_at with one more, and that node worth min_marginal_efficiency: one more. Otherwise hold.
+Without NVML the throughput decides alone (docs/DESIGN.md "Scaling").
 """
 
 from __future__ import annotations

@@ -1,37 +1,9 @@
 """Stalled-job detection and the recovery ladder: a pure fold over what fleetd sees each tick.
 
-A job is stalled when no step has completed for longer than ``stall_after_s`` while nodes are
-billed. Nothing else in fleetd would notice: the planner counts nodes, not steps, so a job whose
-trainers all exited (the store died, training crashed) or whose ranks all hang keeps its nodes
-and burns the budget. The stall watcher (fleetd/stall_watch.py) feeds :func:`assess` plain
-data and ``now``, and carries out the actions it returns.
-
-A job that is forming a round is not stalled: the stall clock starts again at the rendezvous'
-last change (a round opened for joiners, or a new round formed; the steering sees both), for at
-most ``reforming_max_s`` after the last step. On an overloaded machine a re-form after a change
-takes a while (every worker restarts and imports torch); read as "all ranks hung", its recovery
-(poke, restart, replace) only forced more re-forms. A rendezvous that keeps changing without a
-step for longer than ``reforming_max_s`` is a stall like any other.
-
-Cause, from what fleetd can see (first match wins):
-
-1. the rendezvous store does not answer fleetd -> wait: systemd restarts it, and the agents start
-   torchrun again by themselves once it answers (agent/supervise/store_watch.py); replacing
-   nodes would not help;
-2. the store restarted during the stall, less than ``escalate_after_s`` ago -> wait: the trainers
-   are on their way back;
-3. the rendezvous is forming a round, or changed less than ``stall_after_s`` ago, and the stall
-   is younger than ``reforming_max_s`` -> wait: re-forming;
-4. every billed node that reports says its trainer is not running -> trainers exited;
-5. no billed node sent telemetry lately -> agents silent;
-6. otherwise trainers run and no step completes -> all ranks hung.
-
-Recovery, one rung per ``escalate_after_s`` while the stall lasts, each rung once per stall:
-trainers exited: restart them, then re-form, then replace the nodes; hung or silent: re-form
-(the steering pokes every torchrun into a new round; workers save their step on the way out),
-then restart the trainers, then replace the nodes (last resort, if allowed).
-
-Times are seconds on the caller's clock.
+A job is stalled when no step completed for ``stall_after_s`` while nodes are billed (the planner
+counts nodes, not steps, so nothing else would notice). fleetd/stall_watch.py feeds :func:`assess`
+plain data and ``now`` and carries out what it returns: wait while the store is down or a round
+forms, else one rung per ``escalate_after_s`` by cause (docs/DESIGN.md "Failure model").
 """
 
 from __future__ import annotations
@@ -149,6 +121,8 @@ class StallDecision:
     notes: tuple[str, ...] = field(default=())
 
 
+# First match wins. Store down or just restarted: wait; systemd restarts it and the agents start
+# torchrun again once it answers (agent/supervise/store_watch.py), so new nodes would not help.
 def _cause(obs: StallObservation, since: float, s: StallSettings) -> StallCause:
     if obs.store_reachable is False:
         return StallCause.STORE_UNREACHABLE
@@ -166,6 +140,8 @@ def _cause(obs: StallObservation, since: float, s: StallSettings) -> StallCause:
     return StallCause.RANKS_HUNG
 
 
+# On an overloaded machine a re-form takes a while (every worker restarts and imports torch);
+# read as "all ranks hung", its recovery (poke, restart, replace) only forced more re-forms.
 def _reforming(obs: StallObservation, since: float, s: StallSettings) -> bool:
     """Forming a round (or it just changed), and not for too long without a step."""
     if obs.now - since > s.reforming_max_s:

@@ -1,17 +1,9 @@
 """The checkpoint layout in S3, shared by the agent (writes, restores) and the controller (reads).
 
-Layout under ``s3://<bucket>/<prefix>/<job>/``::
-
-    step-<N>/<file>                 shard files, names relative to the checkpoint directory
-    step-<N>/_parts/<writer>.json   one WriterReceipt per node: the files it uploaded, verified
-    step-<N>/MANIFEST.json          the Manifest, written last: step N is complete iff it exists
-    latest                          LatestPointer to the newest complete step (conditional writes)
-    code/<sha256>.tar.gz            the job's code, one archive per version (job_code.py)
-
-Readers trust only manifest-complete checkpoints and verify every file against the manifest's
-size and checksum. Every object read back from S3 is parsed here; anything malformed (bad JSON,
-unknown schema, a path escaping the step directory, a manifest for another step) raises
-ProtocolError, so a bad object is rejected with a clear reason instead of being half-trusted.
+Layout and publishing: docs/DESIGN.md "Durable checkpoints". Every object read back from S3 is
+parsed here; anything malformed (bad JSON, unknown schema, a path escaping the step directory, a
+manifest for another step) raises ProtocolError, so a bad object is rejected with a clear reason
+instead of being half-trusted.
 """
 
 from __future__ import annotations

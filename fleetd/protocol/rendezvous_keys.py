@@ -1,27 +1,10 @@
 """Keys fleetd, the agents and the training ranks share in the rendezvous store (a cross-process
 contract), and the versioned values stored under them.
 
-The c10d store that hosts torchrun's rendezvous is also the fastest channel every rank can reach
-(one local TCP round trip per step), so the just-in-time checkpoint handshake runs through it:
-
-1. A requester (fleetd, or a node's agent on a spot notice without waiting for fleetd) takes the
-   next sequence number with an atomic ``add`` on :func:`request_seq_key` and writes a
-   :class:`CheckpointRequest` under :func:`request_key` for that number. Per-number keys mean two
-   requesters never overwrite each other.
-2. Every step, rank 0 reads the sequence number (``add(key, 0)``: one round trip, never blocks) and
-   the ranks agree on it with a collective, so all of them save at the same step.
-3. Each rank writes a :class:`CheckpointAck` under :func:`ack_key` and bumps :func:`ack_count_key`.
-4. With ``hold`` set, ranks then wait (they do not run ahead of a checkpoint a leave is waiting on)
-   until their agent restarts them into the next rendezvous round, or :func:`release_key` is set.
-5. Rank 0 bumps the counter under :func:`progress_key` (at most every ``PROGRESS_EVERY_S``) while
-   the job completes steps: fleetd's steering tells a node whose store connection blipped (the
-   job still advances) from a collective that hangs on a lost peer (the counter stops).
-6. The leaving node's agent writes :func:`drain_ready_key` when its shard is durable; fleetd removes
-   the node from the rendezvous and writes :func:`leave_key`; the agent stops its process tree and
-   writes :func:`left_key`.
-
-Values are JSON of frozen pydantic models with ``schema_version``; anything else is rejected with
-:class:`~fleetd.protocol.errors.ProtocolError`.
+The store is the fastest channel every rank reaches, so the checkpoint handshake runs through it:
+requests, acks, hold and release, rank 0's progress counter, and a leaver's drain-ready, leave and
+left keys (docs/DESIGN.md "One interruption, end to end"). Values are JSON of frozen pydantic
+models with ``schema_version``; anything else raises :class:`~fleetd.protocol.errors.ProtocolError`.
 """
 
 from __future__ import annotations
@@ -65,10 +48,13 @@ def _addr(addr: str) -> str:
     return addr
 
 
+# Requesters take a number with an atomic ``add``; rank 0 reads it each step with ``add(key, 0)``
+# (one round trip, never blocks) and the ranks agree on it, so all save at the same step.
 def request_seq_key(run_id: str) -> str:
     return f"{_base(run_id)}.ckpt.seq"
 
 
+# One key per request number: two requesters never overwrite each other.
 def request_key(run_id: str, seq: int) -> str:
     return f"{_base(run_id)}.ckpt.request.{seq}"
 

@@ -1,29 +1,10 @@
 """EC2's slow calls (CreateFleet, TerminateInstances) in their own task, off the reconcile pass.
 
-At fleet scale a launch or a termination is seconds of waiting on EC2 (its idempotency or
-ownership DescribeInstances first: 3-6 s at 2,000 instances on moto, bench/agents_load.py), and
-inside the pass it made the pass as slow as the cloud. The pass now decides and records (the
-launch intent, the termination request: both written before any call, as before) and hands the
-call itself to :class:`CloudCalls`, which runs the calls in two lanes, each one job at a time in
-the order the passes submitted them: terminations in one, launches in the other. A termination
-(it frees budget and quota, and ends a node the plan no longer wants) never waits behind a
-CreateFleet, whose token check alone took over a minute on a loaded moto at 2,000 instances. A
-launch still waits for the terminations submitted before it (a pass that replaces nodes ends
-the old ones first: they free quota and budget), and is dropped if one of them failed.
-The pass's time is then what fleetd itself costs.
-
-What keeps this level-based and free of double actions:
-- an instance whose termination is queued or running is not asked again (``terminating``);
-- no launch is planned while one is queued or running (``launching``): the observation cannot
-  show a launch's instances before its call returns, so a second pass would buy them again;
-- a job records its answer (instances launched, intents settled, pools failed) under
-  ``lock``, which a pass holds from its observation to its last action: a pass never sees the
-  EC2 view with a launch's instances and the state DB without them (or the other way round);
-- a throttled or failed call ends its job and drops the queued ones of both lanes (they were
-  planned from an older view; a job already on the wire in the other lane finishes); the error
-  is handed to the next pass (``take_error``), which reports it and backs the loop off as a
-  failing call inside the pass did;
-- every finished job wakes the loop (``on_done``): the next pass re-plans from its result.
+The pass decides and records (the launch intent, the termination request: both before any call)
+and hands the call to :class:`CloudCalls`, which runs it in one of two lanes, terminations and
+launches, each one job at a time in submission order. A failed call drops the queued jobs and hands
+its error to the next pass (``take_error``); every finished job wakes the loop (``on_done``)
+(docs/DESIGN.md "How far one control host goes"; docs/measurements/2026-11-load.md).
 """
 
 from __future__ import annotations
@@ -50,6 +31,8 @@ class Job:
     submitted: float = field(default_factory=time.monotonic)
 
 
+# A termination (it frees budget and quota) never waits behind a CreateFleet, whose token check
+# alone took over a minute on a loaded moto at 2,000 instances.
 LANES = ("terminate", "launch")
 
 
@@ -59,6 +42,8 @@ def _lane(job: Job) -> str:
 
 class CloudCalls:
     def __init__(self, on_done: Callable[[], None] = lambda: None) -> None:
+        # Held by a pass from its observation to its last action, and by a job recording its answer: no
+        # pass sees the EC2 view with a launch's instances and the state DB without them, or the reverse.
         self.lock = asyncio.Lock()
         self._on_done = on_done
         self._queues: dict[str, deque[Job]] = {lane: deque() for lane in LANES}
@@ -75,6 +60,8 @@ class CloudCalls:
     def terminating(self, instance_id: str) -> bool:
         return any(instance_id in j.instance_ids for j in self._jobs())
 
+    # No launch is planned while one is queued or running: the observation cannot show a launch's
+    # instances before its call returns, so a second pass would buy them again.
     @property
     def launching(self) -> bool:
         return any(j.launch for j in self._jobs())
@@ -116,6 +103,7 @@ class CloudCalls:
                 await ready.wait()
                 continue
             job = self._current[lane] = queue.popleft()
+            # A pass that replaces nodes ends the old ones first: they free quota and budget.
             if lane == "launch" and not await self._after_earlier_terminations(job):
                 del self._current[lane]
                 continue

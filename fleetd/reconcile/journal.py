@@ -1,21 +1,10 @@
 """What the controller started and had not finished when it stopped: drains and terminations.
 
-A drain is written *before* its command is sent (``drain_started_at``, with its deadline and
-reason) and marked sent after (``drain_sent_at``). So whatever instant ``fleetd run`` dies at:
-
-- before the record: nothing happened; the next pass plans the drain again (level-based);
-- after the record, before the send: the node already counts as draining (the planner never
-  plans a second drain for it); the journal sends the recorded drain once it is sure the agent did
-  not get it (no "draining"/"leaving" status after a grace period);
-- after the send, before the mark: the agent's status says it is draining, so the drain is marked
-  sent without sending it again.
-
-A termination is written before TerminateInstances (``terminate_requested_at``); one that a crash
-cut off is re-sent (TerminateInstances is idempotent) once it is overdue, so a node fleetd decided
-to let go of never keeps billing.
-
-The columns come from schema version 2 (fleetd.reconcile.schema); each state backend
-(fleetd.reconcile.state_port.StateBackend) implements the four journal operations.
+A drain is written before its command is sent (``drain_started_at``) and marked sent after
+(``drain_sent_at``); a termination is written before TerminateInstances (``terminate_requested_at``).
+So after a crash at any instant, what the agent or EC2 may not have got is sent once more
+(docs/DESIGN.md "Controller restart"). The columns come from schema version 2
+(fleetd.reconcile.schema); each state backend implements the journal operations.
 """
 
 from __future__ import annotations
@@ -26,6 +15,8 @@ from fleetd.reconcile.state_rows import DrainRecord
 __all__ = ["DrainRecord", "drain_msg_id", "mark_drain_sent", "record_drain", "unfinished_terminations", "unsent_drains"]
 
 
+# Written before the send: after a crash the node already counts as draining (no second drain is
+# planned), and the drain is re-sent only if the agent never said draining/leaving.
 async def record_drain(
     state: StateBackend, instance_id: str, now: float, deadline: float | None, reason: str
 ) -> DrainRecord:

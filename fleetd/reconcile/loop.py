@@ -1,17 +1,10 @@
 """The reconcile pass: observe EC2 and the signals -> ``plan(...)`` -> act through adapters -> record.
 
 Level-based: every pass starts from what EC2 says now, so a missed event, a crash or a restart
-costs at most one pass. Adapter failures become observations, never crashes:
-
-- a capacity error marks the pool unavailable for ``capacity.capacity_error_ttl_s``;
-- throttling (after botocore's own adaptive retries) ends the pass and backs the loop off;
-- a transient failure (5xx, network) ends the pass; the next one retries;
-- a permanent failure (permissions, bad template, ...) holds that kind of action for a while with
-  one clear log line and a metric, instead of repeating the same failing call every pass.
-
-This module is the loop and its pass; observe.py builds what the planner sees, execute.py
-carries out its actions (and turns adapter failures into outcomes), ledger_feed.py keeps the
-budget ledger in step.
+costs at most one pass; adapter failures become observations, never crashes (docs/DESIGN.md
+"Layers"). This module is the loop and its pass; observe.py builds what the planner sees,
+execute.py carries out its actions (and turns adapter failures into outcomes), ledger_feed.py
+keeps the budget ledger in step.
 """
 
 from __future__ import annotations

@@ -1,30 +1,10 @@
 """Which pass next when the loop is woken: an urgent pass now, none, or after the full pass.
 
 Pure (plain data in, ``now`` passed in): the loop (loop.py) reads its clock and the registry's
-notice count and does what this says.
-
-- Notices fold: the urgent pass plans for every notice the registry counted since the last plan
-  (full or urgent), so all the notices that arrived while one urgent pass ran are taken by ONE
-  following urgent pass, not one pass each. A wake-up with no new notice (a status, a finished
-  EC2 call) runs none: the full pass will see it.
-- A full pass cannot be starved: the urgent passes beside one running full pass may take at
-  most ``max_share`` of the time since it started; past that the next one waits until the
-  share is back under it (``resume_at``), or for the full pass's end if sooner. So a full pass
-  takes at most 1 / (1 - max_share) times as long as it would alone, and a notice waits for an
-  urgent pass at most about as long as the last urgent passes took. Seen on a loaded 2-core box
-  at 2,000 nodes (bench/agents_load.py, fleetd at 12 % of a core): with a notice every 2 s and
-  each urgent pass re-planning the fleet in more than that, urgent passes ran back to back for
-  ~90 s beside a full pass that could not finish. A first rule (at most 3 urgent passes, none
-  after 5 s of the full pass) held notices 9-13 s behind full passes that were only waiting on
-  EC2's listing, and was replaced by this share.
-- Full passes a wake-up asks for take at most ``FullPassLimits.max_share`` of the loop: the next
-  one starts no sooner than the last one's own duration x (1 - share) / share after it ended
-  (``woken_full_pass_at``); a notice meanwhile still gets its urgent pass at once. At fleet scale
-  news other than notices (statuses, finished EC2 calls) wakes the loop several times a second,
-  and each full pass re-reads and re-plans 2,000 nodes (~1 s on a loaded 2-core box): back to
-  back, they took the loop (71-96 full passes in 120 s with a 10 s interval, bench/agents_load.py)
-  and urgent passes queued behind them. A pass on its interval or a re-plan the planner asked for
-  (``replan_in_s``) is not held.
+notice count and does what this says. Notices fold: one urgent pass plans every notice counted
+since the last plan, and a wake-up with no new notice runs none. Urgent passes take at most a share
+of a running full pass's time, and full passes a wake-up asks for at most a share of the loop's
+(docs/DESIGN.md "How far one control host goes"; history: docs/measurements/2026-11-load.md).
 """
 
 from __future__ import annotations
@@ -35,6 +15,8 @@ from typing import Literal
 Step = Literal["urgent", "skip", "defer"]
 
 
+# A full pass cannot be starved: with urgent passes beside it, it takes at most
+# 1 / (1 - max_share) times as long as alone (docs/measurements/2026-11-load.md).
 @dataclass(frozen=True, slots=True)
 class UrgentLimits:
     max_share: float = 0.5  # of a running full pass's time, what urgent passes beside it may take
@@ -67,6 +49,9 @@ def resume_at(full_started_at: float, urgent_busy_s: float, limits: UrgentLimits
     return full_started_at + urgent_busy_s / limits.max_share
 
 
+# At fleet scale statuses and finished EC2 calls wake the loop several times a second; full
+# passes back to back took the loop and urgent passes queued behind them. A pass on its
+# interval, or a re-plan the planner asked for (``replan_in_s``), is not held.
 @dataclass(frozen=True, slots=True)
 class FullPassLimits:
     max_share: float = 0.5  # of the loop's time, what full passes started by wake-ups may take

@@ -1,23 +1,10 @@
 """The state DB's schema version (SQLite ``PRAGMA user_version``) and its migrations.
 
-``<state_dir>/fleetd.db`` outlives builds: a controller upgraded in place opens the file the old
-build wrote, and a rollback opens one a newer build wrote. So the file says which schema it has:
-
-- version 0: no version written (every DB before versions existed). Its tables are today's
-  ``CREATE TABLE IF NOT EXISTS`` set, except that ``pool_stats.on_demand_capacity_error_until``
-  may be missing (it was added to existing DBs ad hoc, at open, before this module).
-- version 1: version 0 with that column guaranteed.
-- version 2: ``instances`` gains the drain journal (``drain_deadline``, ``drain_reason``,
-  ``drain_sent_at``), so a drain decided before a crash is sent exactly once after it
-  (fleetd.reconcile.journal).
-
-An older file is migrated on open, step by step, in one transaction (a crash mid-migration leaves
-the old version, and the next open redoes it; every step is idempotent). A newer file is refused
-with :class:`SchemaTooNew`: an old build must not write rows whose meaning it does not know.
-
-The tables themselves are created by the stores (``CREATE TABLE IF NOT EXISTS``) before
-:func:`migrate` runs, so a new file takes the same path as an old one: created at version 0,
-migrated to the current version.
+``<state_dir>/fleetd.db`` outlives builds, so the file says which schema it has. An older file is
+migrated on open, step by step, in one transaction (a crash mid-migration leaves the old version;
+every step is idempotent); a newer one is refused with :class:`SchemaTooNew`: an old build must not
+write rows whose meaning it does not know (docs/DESIGN.md "Start-up and the production path"). The
+stores create the tables first, so a new file too is created at version 0 and migrated.
 """
 
 from __future__ import annotations
@@ -49,10 +36,14 @@ def _add_columns(db: sqlite3.Connection, table: str, columns: tuple[tuple[str, s
             db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {sql_type}")
 
 
+# Version 0: no version written (every DB before versions); the column below may be missing (it
+# was added to existing DBs ad hoc, at open). Version 1 guarantees it.
 def _to_1(db: sqlite3.Connection) -> None:
     _add_columns(db, "pool_stats", (("on_demand_capacity_error_until", "REAL"),))
 
 
+# Version 2: the drain journal (fleetd.reconcile.journal), so a drain decided before a crash is
+# sent exactly once after it.
 def _to_2(db: sqlite3.Connection) -> None:
     _add_columns(db, "instances", (("drain_deadline", "REAL"), ("drain_reason", "TEXT"), ("drain_sent_at", "REAL")))
     # A drain recorded by an older build was recorded after it was sent: it counts as sent.

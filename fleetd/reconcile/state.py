@@ -1,16 +1,10 @@
 """The reconcile loop's memory in ``<state_dir>/fleetd.db``: launches, instances, pool statistics.
 
-What must survive a restart:
-- **launches**, keyed by client token, written as an *intent* before CreateFleet is called and
-  settled afterwards. An intent still open after a crash is resolved by the fleet's tags: its
-  instances carry ``fleetd:launch=<token>``. Never a second purchase for one planned launch.
-- **instances** fleetd has seen, with the price they were bought at, the bid, and whether fleetd
-  itself terminated them (so a termination is not mistaken for an interruption).
-- **pool statistics** (node-hours, notices, losses, capacity-error TTLs for spot and on-demand
-  apart) that the placement policy learns interruption rates from.
-- small loop memory (target node count, when spot became unavailable, ...) in ``meta``.
-
-sqlite3 is blocking, so every call runs in a worker thread (one connection, one lock).
+Launches are written as an intent before CreateFleet and settled by their ``fleetd:launch`` tag
+after a crash (never a second purchase); instances keep their price, bid and whether fleetd
+terminated them (not an interruption); pool statistics feed placement's interruption rates;
+``meta`` keeps small loop memory (docs/DESIGN.md "Controller restart"). sqlite3 is blocking, so
+every call runs in a worker thread (one connection, one lock).
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Retries, for the controller and the agent alike: one mechanism, from tenacity.
 
-- ``retrying(...)``: tenacity's ``AsyncRetrying`` for a call retried until it works (start-up
-  against EC2, IMDS identity, enrolment, the rendezvous store's first answer). A stop event ends
-  the retries (the last error is raised: the caller says what stopping means).
-- ``Backoff``: the same schedule, counted by the caller, for loops that run a long session and
-  start the schedule over after each success (an MQTT connection, an SQS long poll, torchrun
-  restarts). tenacity counts attempts per call, and a session that ran for an hour before its
-  connection dropped is no "second attempt"; these loops say where a success resets it.
-
-The schedule: exponential from ``first_s``, doubling, capped at ``max_s``; with ``jitter`` each
-delay is scaled by a uniform factor in [1 - jitter, 1 + jitter], which spreads 2,000 agents that
-lost the same broker over the reconnect window instead of having them knock together. Loops with
-one instance (the controller's) need none.
+``retrying(...)`` retries a call until it works (a stop event ends it and raises the last error);
+``Backoff`` is the same schedule counted by the caller, for long sessions that start over after
+each success (an MQTT connection, the EC2 view's refresh, torchrun restarts). The schedule: exponential
+from ``first_s``, doubling, capped at ``max_s``, optionally jittered (docs/DESIGN.md "Layers").
 """
 
 from __future__ import annotations
@@ -35,6 +27,8 @@ from tenacity.wait import wait_base
 from fleetd.shared.waits import wait_set
 
 
+# Jitter spreads 2,000 agents that lost the same broker over the reconnect window instead of
+# having them knock together; loops with one instance (the controller's) need none.
 class _jittered(wait_base):
     """``base``'s delay scaled by a uniform factor in [1 - jitter, 1 + jitter]."""
 
@@ -91,6 +85,8 @@ def failure_of(state: RetryCallState) -> BaseException:
     return exc
 
 
+# Counted by the caller: tenacity counts attempts per call, and a session that ran for an hour
+# before its connection dropped is no "second attempt"; the loop says where a success resets it.
 @dataclass
 class Backoff:
     first_s: float = 0.25

@@ -1,16 +1,10 @@
 """The one decoder of torch's pickled rendezvous state, for the controller and the agent alike.
 
-torch keeps the state of run ``<run_id>`` under the store key ``torch.rendezvous.<run_id>`` as
-base64(pickle(_RendezvousState)) (torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py).
-The store is unauthenticated, so the value is untrusted: a bare ``pickle.loads`` of it would run
-whatever callable a writer on the network named. Both readers (fleetd/rendezvous/state.py, and
-agent/supervise/torchrun_main.py before a node joins) go through :func:`unpickle_rendezvous_state`,
-which resolves only the handful of classes torch puts in the value; tests/test_one_unpickler.py
-fails if a ``pickle.loads`` appears anywhere else in fleetd/ or agent/.
-
-It lives in fleetd.protocol because the agent may import nothing else of the controller's code.
-torch itself is imported only when a value names its classes (by pickle, on demand), so importing
-this module costs nothing.
+torch keeps run ``<run_id>``'s state under ``torch.rendezvous.<run_id>`` as base64(pickle(...)).
+The store is unauthenticated (docs/DESIGN.md "Node identity and the threat model"), so
+:func:`unpickle_rendezvous_state` resolves only the classes torch puts there, and
+tests/test_one_unpickler.py fails on a ``pickle.loads`` anywhere else in fleetd/ or agent/. It is in
+fleetd.shared so the agent may import it; torch is imported only when a value names its classes.
 """
 
 from __future__ import annotations

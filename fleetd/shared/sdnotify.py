@@ -1,25 +1,10 @@
 """systemd's notify protocol (sd_notify(3)) in plain Python: READY, WATCHDOG, STOPPING, STATUS.
 
-All three daemons (fleetd, fleetd-rendezvous, fleet-agent) run as ``Type=notify`` units with
-``WatchdogSec=``. The protocol is one datagram of ``KEY=VALUE`` lines sent to the unix socket named
-by ``$NOTIFY_SOCKET``, so no C library is needed. Outside systemd (no ``NOTIFY_SOCKET``) every call
-is a no-op, so the same code runs under a terminal, in tests and in the demo.
-
-The watchdog is only useful if a ping means "the daemon is doing its job", not "the event loop is
-alive": the main loop refreshes a :class:`Heartbeat` once per iteration and :func:`watchdog` pings
-systemd only while that heartbeat is fresh. A loop stuck on a hung call stops the pings, and systemd
-restarts the unit (``Restart=on-failure``). Typical use inside a daemon::
-
-    notifier = Notifier.from_environment()          # also hides NOTIFY_SOCKET from children
-    heartbeat = Heartbeat(max_silence_s=...)         # > the longest healthy loop iteration
-    async with asyncio.TaskGroup() as tg:
-        tg.create_task(watchdog(notifier, heartbeat))
-        ...                                          # start the main loop, which calls beat()
-        notifier.ready("reconciling")
-        ...                                          # on SIGTERM: notifier.stopping(); shut down
-
-This module lives in fleetd.protocol because the agent (which imports only fleetd.protocol) needs it
-as well.
+fleetd, fleetd-rendezvous and fleet-agent run as ``Type=notify`` units with ``WatchdogSec=``. A
+message is one datagram of ``KEY=VALUE`` lines to ``$NOTIFY_SOCKET``; without it every call is a
+no-op (a terminal, tests, the demo). :func:`watchdog` pings only while the main loop's
+:class:`Heartbeat` is fresh (docs/DESIGN.md "Start-up and the production path"). In fleetd.shared
+because the agent needs it too.
 """
 
 from __future__ import annotations
@@ -146,6 +131,8 @@ def _parse_watchdog(usec: str | None, pid: str | None) -> int | None:
     return value if value > 0 else None
 
 
+# A ping must mean "the daemon does its job", not "the event loop is alive": a main loop stuck
+# on a hung call stops beating, the pings stop, and systemd restarts the unit.
 class Heartbeat:
     """Proof of progress that the daemon's main loop refreshes once per iteration.
 

@@ -1,18 +1,11 @@
 """Can't Be Late's deadline baselines for a fleet of N nodes (policies.py has the single-node ones).
 
-The paper's policies are for one node; here each is extended to N nodes the plain way, with the
-mechanics every elastic job has (and fleetd too): a node bought now is paid for the changeover d
-(boot, restore) before it joins, the others keep training meanwhile, and a lost node leaves
-the job training at the smaller size; a join into a training fleet and a loss from it stall the
-members for the same re-form time fleetd pays (``reform_s``). Work is measured in seconds at the
-full size N.
-
-- `FleetGreedy`: spot nodes whenever offered, idle slots otherwise; once the time left is at most
-  the work left plus 2d (and the fleet is not full on spot), fill every slot with on-demand to
-  the end.
-- `FleetUniformProgress`: spot whenever offered; when behind the line C x t / D, fill the empty
-  slots with on-demand; on-demand nodes stay until the job is ahead of the line 2d later
-  (hysteresis), then go (replaced by spot where offered); the same safety net as greedy.
+Each is extended to N nodes the plain way, with the mechanics every elastic job (and fleetd) has:
+a node bought now pays the changeover d before it joins, a loss leaves the job at the smaller
+size, and a join or a loss stalls the members for ``reform_s``. Work is in seconds at size N.
+`FleetGreedy`: spot when offered; safety net (time left <= work left + 2d): on-demand to the end.
+`FleetUniformProgress`: also on-demand for the empty slots while behind the line C x t / D, kept
+until 2d ahead (docs/DESIGN.md "Placement and deadlines").
 """
 
 from __future__ import annotations

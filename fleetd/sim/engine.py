@@ -1,26 +1,11 @@
 """Discrete-event simulation of one training job on a spot trace.
 
-A virtual clock and a heap of timed events; no asyncio, no sleeping. The `World` replays a
-`Trace` (spot capacity appearing and being reclaimed, with notices `notice_lead_s` ahead unless
-the loss is one of the unannounced ones), bills every node it holds as the daemon's ledger does
-(``fleetd.policy.ledger.charge``: per second, the 60 s minimum owed from launch), and integrates the job's progress between events. A `Policy` reacts to the world's callbacks
-(start, capacity, notice, loss, timers) by buying and releasing nodes, changing the training
-membership, stalling, checkpointing and rolling back: everything a recovery strategy does.
-
-Capacity discovery is the same for every policy, and it is by trying, as on EC2 (CreateFleet /
-RunInstances answer InsufficientInstanceCapacity; nothing announces capacity coming back): a
-spot acquisition that comes back short (``acquire_spot`` got fewer than asked, or
-``spot_offered`` found none) makes the world call the policy's ``on_capacity`` one
-``capacity_retry_s`` later, the interval fleetd's own planner waits after a capacity error
-(`capacity.capacity_error_ttl_s`, `defaults.CAPACITY_RETRY_S`). So a policy learns of returned
-capacity at its next attempt, at most one retry interval late. ``capacity_signal="instant"`` is
-the old oracle (``on_capacity`` the instant the trace adds capacity), kept as a sensitivity
-setting; a comparison gives every policy the same one.
-
-Accounting (all in node-seconds, so policies compare on the same footing):
-paid = useful + lost work (rolled back) + stalls by reason + idle (held but not training).
-Effective time = useful / paid. Work done at a reduced size counts as useful node-time: the
-scaling-efficiency curve changes how many steps a node-second buys, not whether it was wasted.
+A virtual clock and a heap of events: the `World` replays a `Trace`, bills each node as the
+daemon's ledger does (``fleetd.policy.ledger.charge``) and integrates progress; a `Policy` reacts
+to its callbacks by buying and releasing nodes, re-forming, checkpointing, rolling back. Capacity
+is found by trying, as on EC2: a short spot attempt calls ``on_capacity`` again
+``capacity_retry_s`` later (docs/DESIGN.md "Placement and deadlines"). Accounting, in
+node-seconds: paid = useful + lost work + stalls by reason + idle; effective = useful / paid.
 """
 
 from __future__ import annotations

@@ -1,35 +1,11 @@
 """fleetd's own policy in the simulator: the daemon's planner, `fleetd.policy.planner.plan`,
 driven with a virtual clock.
 
-The simulator plays the parts the daemon's adapters play: it builds the `Observation` the
-reconcile loop would build (nodes with their phase and notices, offers, pool history, spend),
-calls ``plan(obs, cfg, now)``, and carries out each action the way fleetd's components do
-(DESIGN.md "One interruption, end to end"):
-
-- Launch: spot nodes come from the trace's free capacity; a launch that gets fewer than asked is
-  a capacity error, which marks the pool unavailable for ``capacity.capacity_error_ttl_s``, as
-  the loop does. On-demand always succeeds. A new node joins at the next rendezvous round after a
-  coordinated checkpoint, so the re-form loses no steps (cost: stall + re-form for every rank).
-- Drain: coordinated checkpoint, the node leaves the rendezvous, survivors re-form in
-  ``reform_s``. The node stays DRAINING (billed, idle) until its agent reports that its trainer
-  exited (checkpoint + shard upload + leave, `_left_delay_s`): the registry records ``left_at``
-  and the planner terminates it at once (DESIGN.md step 4). ``leaving_signal=False`` models an
-  agent that never says so: billed until reclaimed or the drain times out.
-- One membership change per pass: the joins and leaves a pass decides go through one rendezvous
-  round (one coordinated checkpoint, one re-form), as fleetd/rendezvous/decide.py completes a
-  round once every survivor and waiting newcomer is in. Event-driven passes are coalesced: the
-  notices of one reclaim wave (the same instant) wake one pass, not one each.
-- A loss with no notice: the collective hangs until the rendezvous steering drops the silent rank
-  and pokes the survivors (``silent_loss_hang_s``); they save the step they completed
-  (agent/trainer/salvage.py: only the step in flight, ``salvage_loss_s``, is lost) and re-form.
-  With sharded state (``salvage_loss_s=None``), or when no member survives the instant, the job
-  resumes from the last checkpoint instead. The planner learns of the loss later (``detect_s``,
-  the MQTT last will) and replaces the node.
-
-Passes run on every event the daemon would be woken by (notice, loss, a drained node reporting
-that it left), one reconcile interval after a pass that acted, when a time-driven input of the
-planner crosses its threshold (`_schedule_next`), and at the latest every ``tick_s`` (default
-`defaults.SIM_PASS_INTERVAL_S`: the daemon's 10 s would make a 24 h trace cost ~8,600 passes).
+It builds the `Observation` the reconcile loop would build, calls ``plan(obs, cfg, now)`` and
+carries out each action as fleetd's components do: a short spot launch is a capacity error; the
+joins and leaves of one pass are one round (one checkpoint, one re-form); a silent loss hangs the
+collective until the steering pokes the survivors. Passes run on the events that wake the daemon
+and at least every ``tick_s`` (docs/DESIGN.md "One interruption, end to end").
 """
 
 from __future__ import annotations
@@ -67,10 +43,14 @@ class FleetdPolicy(ObserveMixin, ActionsMixin):
         reform_s: float = d.FLEETD_REFORM_S.value,
         detect_s: float = d.FLEETD_LOSS_DETECT_S.value,
         silent_loss_hang_s: float = d.FLEETD_SILENT_LOSS_HANG_S.value,
+        # Survivors of a silent loss save the step they completed and lose only this; None (sharded
+        # state): the job resumes from the last checkpoint.
         salvage_loss_s: float | None = d.SALVAGE_STEP_LOSS_S.value,
         prior_interruptions_per_hour: float | None = None,
         tick_s: float | None = None,
         startup_s: float = 0.0,
+        # False: an agent that never says its trainer exited; the node is billed until reclaimed or
+        # its drain times out.
         leaving_signal: bool = True,
         progress_survives_loss: bool = False,
         upload_gb_per_s: float = d.UPLOAD_GB_PER_S.value,

@@ -1,22 +1,10 @@
 """What a scheduler that knew the whole trace in advance would pay: the reference the deadline
-policies are measured against (bench/deadline.py, issue 34).
+policies are measured against (bench/deadline.py).
 
-Offline dynamic programmes over time slots (``SLOT_S``, 3 minutes: every changeover in the sweep
-is a whole number of them) and progress, with the prices and the changeover ``d`` every policy in
-the sweep gets; progress survives a loss (Can't Be Late's model, as the sweep gives every policy):
-
-- one node (``single_node``), the omniscient optimum on the slot grid. The node idles, or runs
-  on on-demand, or on one spot node of the trace until that node is removed; every start pays
-  ``d`` at its market's price with no progress. It knows when every node will be removed; which
-  node a spot start gets is EC2's choice, as in the simulator (the one offered longest), or, as a
-  bound, its own (the one that lasts longest). Runs begin and end on slot boundaries (the
-  simulated policies need not), and capacity needs no probing;
-- a fleet of N nodes (``fleet``), a lower bound only: any k <= N nodes train in a slot (spot first,
-  up to the most the trace offers at any moment of the slot), ``k x efficiency(k)`` node-slots of
-  work, with no changeover and no re-form at all. A policy's gap to it overstates its gap to the
-  true optimum.
-
-Pure (lists and numpy arrays in, dollars out); no clock, no I/O.
+Offline dynamic programmes over ``SLOT_S`` slots and progress, with every policy's prices and
+changeover d: ``single_node``, the optimum on the slot grid; ``fleet``, a lower bound only (no
+changeover, no re-form), so a policy's gap to it is overstated. Pure: lists and numpy arrays in,
+dollars out (docs/DESIGN.md "Placement and deadlines").
 """
 
 from __future__ import annotations
@@ -29,6 +17,7 @@ import numpy as np
 from fleetd.sim.job import JobSpec
 from fleetd.sim.traces import ADD, Trace
 
+# 3 minutes: every changeover in the sweep is a whole number of slots.
 SLOT_S = 180.0
 _INF = math.inf
 

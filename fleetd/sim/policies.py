@@ -1,22 +1,11 @@
 """Recovery strategies to compare with fleetd's own (which lives in fleetd/sim/fleetd_policy.py).
 
-None of them sees spot capacity appear: "spot whenever available" below means whenever a launch
-attempt finds it (``world.spot_offered`` / ``world.acquire_spot``); a short attempt is retried
-by the world after fleetd's capacity-error TTL, as for fleetd (fleetd/sim/engine.py).
-
-Cluster jobs (a multi-node trace):
-- `OnDemandOnly`: a fixed on-demand fleet; never interrupted.
-- `CheckpointRestart`: periodic checkpoints; any loss restarts the whole job from the last one
-  after a full cluster relaunch (SkyPilot managed jobs' recovery).
-- `TorchrunElastic`: torchrun's defaults: every join or leave re-forms in 35-45 s and the workers
-  restart from the last periodic checkpoint (torchrun restarts worker processes on a change).
-
-Single-node deadline jobs (Can't Be Late, NSDI'24; restart overhead d per changeover):
-- `Greedy`: spot whenever available, idle otherwise, on-demand to the end once the deadline
-  forces it (remaining time <= remaining work + 2d): the paper's greedy baseline.
-- `UniformProgress`: the paper's policy: keep up with the progress line C x t / D using
-  on-demand when idle and behind; take spot whenever available; hysteresis on on-demand (stay
-  until ahead of the line 2d later); safety net to on-demand when remaining time < work + 2d.
+Cluster jobs: `OnDemandOnly` (a fixed on-demand fleet), `CheckpointRestart` (any loss restarts the
+whole job from its last periodic checkpoint, as SkyPilot managed jobs do), `TorchrunElastic`
+(torchrun's defaults: each join or leave re-forms in 35-45 s from the last periodic checkpoint).
+Single-node deadline jobs (Can't Be Late): `Greedy` and `UniformProgress`. None sees spot appear:
+a launch attempt finds it, retried after fleetd's capacity-error TTL (fleetd/sim/engine.py;
+docs/DESIGN.md "Placement and deadlines").
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """What every framework callback does, over the same core as a plain loop (``ElasticCheckpointer``).
 
-A framework owns the training loop, so the callbacks cannot wrap it the way a plain script does
-(``resume()`` before the loop, ``step_done`` in it, ``salvage_on_failure()`` around it). Instead a
-framework tells its callback when training begins (the model and optimizer exist, the process
-group is up), when an optimizer step completed and when training ends or fails; this session
-turns those into the checkpointer's calls:
-
-- begin: build the checkpointer, resume from the newest step any rank holds (a peer's copy over
-  the process group, S3 when no rank has one) and arm the SIGTERM watcher that saves the
-  completed step when a peer vanishes and torchrun stops this worker mid-collective;
-- every step: answer fleetd's checkpoint requests at one agreed step, hold while a node leaves,
-  save periodically (``step_done``);
-- failure: save the completed step before the worker exits (replicated state only);
-- end: save the last step, so a job restarted after it finished does not train again.
+A framework owns the training loop, so its callback cannot wrap it as a plain script does. The
+framework says when training begins, when an optimizer step completed and when training ends or
+fails; ``FrameworkSession`` turns those into the checkpointer's calls: resume and arm the SIGTERM
+watcher, ``step_done``, a salvage, a last save.
+(docs/DESIGN.md "Training loops and what each guarantees")
 """
 
 from __future__ import annotations
@@ -57,6 +49,7 @@ class FrameworkSession:
             model, torch_optimizer(optimizer), mode=self.mode, ctx=self.ctx, stateful=stateful
         )
         self.step = self.ckpt.resume()
+        # Saves the completed step when a peer vanishes and torchrun stops this worker mid-collective.
         self._watcher = TermWatcher(self.ckpt.salvage_before_exit)
         why_not = self._watcher.arm(take_over=take_over_sigterm)
         if why_not is not None:
@@ -98,7 +91,8 @@ class FrameworkSession:
             self._disarm()
 
     def end(self, step: int | None) -> None:
-        """Training finished on every rank: save its last step (collective; None: nothing new)."""
+        """Training finished on every rank: save its last step (collective; None: nothing new), so
+        a job restarted after it finished does not train again."""
         self._disarm()
         if self.ckpt is None:
             return

@@ -1,22 +1,12 @@
 """fleetd for the Hugging Face ``Trainer`` (``pip install fleetd[hf]``): one callback.
 
-    from agent.trainer.integrations.hf import FleetdCallback
-
-    fleetd = FleetdCallback()
+    fleetd = FleetdCallback()  # from agent.trainer.integrations.hf import FleetdCallback
     trainer = Trainer(model, args, train_dataset=ds, callbacks=[fleetd])
     with fleetd.salvage_on_failure():   # optional: a peer's broken collective raised
         trainer.train()
 
-Set ``max_steps`` (the job's length in optimizer steps) and leave the Trainer's own checkpoints
-off (``save_strategy="no"``): fleetd saves model, optimizer and LR scheduler in its own directory,
-at fleetd's agreed step on a notice and every ``checkpoints.interval_steps``. On start the
-callback resumes from the newest step any rank holds (a newcomer gets it from a peer, a fresh
-cluster from S3) and sets ``state.global_step`` to it, so the Trainer runs the steps that remain.
-
-What it does not restore: the data position. The Trainer decides where its dataloader starts
-before any callback runs, so a resumed run begins a new pass over the data (with
-``max_steps`` the number of updates is exact; the samples differ from an uninterrupted run, as
-they do anyway when the world size, and so the sharding, changes).
+Set ``max_steps`` and ``save_strategy="no"``: fleetd saves model, optimizer and LR scheduler in
+its own directory. (docs/DESIGN.md "Training loops and what each guarantees")
 """
 
 from __future__ import annotations
@@ -49,6 +39,10 @@ class FleetdCallback(TrainerCallback):
     ) -> Any:
         stateful = {"lr_scheduler": lr_scheduler} if lr_scheduler is not None else {}
         step = self.session.begin(model, optimizer, stateful)
+        # Resumed from the newest step any rank holds (a newcomer's from a peer, a fresh cluster's
+        # from S3): the Trainer runs the steps that remain. Not the data position: the Trainer
+        # chose where its dataloader starts before any callback ran, so a new pass over the data
+        # begins (as it does anyway when the world size, and so the sharding, changes).
         if step:
             state.global_step = step
             if state.max_steps and step >= state.max_steps:

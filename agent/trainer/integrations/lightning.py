@@ -1,21 +1,11 @@
 """fleetd for the Lightning ``Trainer`` (``pip install fleetd[lightning]``): one callback.
 
-    from agent.trainer.integrations.lightning import FleetdCallback
-
     trainer = L.Trainer(max_steps=..., callbacks=[FleetdCallback()], enable_checkpointing=False,
-                        accelerator=..., devices=local_world_size, num_nodes=world // local_world_size)
+                        devices=local_world_size, num_nodes=world // local_world_size, ...)
     trainer.fit(module, dataloader)
 
-On start the callback resumes from the newest step any rank holds (a newcomer gets it from a peer,
-a fresh cluster from S3): module, optimizer and LR schedulers, and the loop's step counter, so
-``max_steps`` counts the whole job. After every optimizer step it answers fleetd's checkpoint
-requests at one agreed step and holds while a node leaves; a failure (``on_exception``) or
-torchrun's SIGTERM while a collective hangs saves the completed step first. Lightning's own SIGTERM
-handler is replaced while training: it broadcasts inside the handler, which hangs with the very
-peer whose loss sent the signal.
-
-Not restored: the data position (a resumed run starts a new pass over its dataloader) and loop
-state beyond the step count. One optimizer (automatic or manual optimization).
+Restored: module, optimizer, LR schedulers and the step count (``max_steps`` counts the whole job);
+not the data position nor other loop state. (docs/DESIGN.md "Training loops and what each guarantees")
 """
 
 from __future__ import annotations
@@ -34,9 +24,11 @@ class FleetdCallback(Callback):
         self.session = FrameworkSession(mode=mode, ctx=ctx)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        if len(trainer.optimizers) != 1:
+        if len(trainer.optimizers) != 1:  # one optimizer, with automatic or manual optimization
             raise ValueError(f"fleetd's Lightning callback supports one optimizer, not {len(trainer.optimizers)}")
         stateful = {f"lr_scheduler_{i}": c.scheduler for i, c in enumerate(trainer.lr_scheduler_configs)}
+        # Lightning's SIGTERM handler broadcasts, which hangs with the very peer whose loss sent the
+        # signal: the session's watcher takes SIGTERM over while training.
         step = self.session.begin(pl_module, trainer.optimizers[0], stateful, take_over_sigterm=True)
         if pl_module.automatic_optimization:
             self.session.updates_start_after_the_closure()
