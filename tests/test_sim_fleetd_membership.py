@@ -110,3 +110,31 @@ def test_the_silent_loss_hang_is_the_daemons_own_config_default() -> None:
     loss = LossConfig()
     assert d.FLEETD_SILENT_LOSS_HANG_S.value == max(loss.dead_after_s, loss.hang_after_s) == 10.0
     assert "hang_after_s" in d.FLEETD_SILENT_LOSS_HANG_S.source
+
+
+def test_a_node_bought_inside_its_notice_window_never_joins_and_leaves_at_once(tmp_path) -> None:
+    # Two nodes all along; a third is offered from minute 5 and reclaimed at minute 11. fleetd's
+    # capacity retry buys it at 600 s, inside its notice window (660 - 120 s): its agent sees the
+    # notice before it starts a trainer (DESIGN.md "A wave of notices"), so nobody checkpoints or
+    # re-forms for it, and it is terminated once it says it left.
+    data = [2] * 5 + [3] * 6 + [2] * 9
+    trace = read_availability_json(json.dumps({"metadata": {"gap_seconds": 60}, "data": data}), "count")
+    cfg = FleetdConfig(
+        fleet=FleetConfig(name="m", min_nodes=1, max_nodes=3, state_dir=tmp_path),
+        capacity=CapacityConfig(instance_types=("g4dn.xlarge",), on_demand="never"),
+        budget=BudgetConfig(total_usd=10_000.0, max_usd_per_hour=100.0),
+    )
+    job = JobSpec(total_steps=1e9, max_nodes=3, checkpoint_stall_s=STALL, checkpoint_gb=10.0, no_notice_share=0.0)
+    world = World(trace, job, 0.2, 0.5, seed=1)
+    policy = FleetdPolicy(cfg, POOL, reform_s=REFORM)
+    world.run(policy)
+    assert world.actions == ["0s launch 2 spot", "600s launch 1 spot"]
+    drains = [r for r in policy.record if r.kind == "Drain"]
+    terminates = [r for r in policy.record if r.kind == "Terminate"]
+    assert [r.detail for r in terminates] == [r.detail for r in drains] == ["trace-n3"]
+    assert [r.t for r in terminates] == pytest.approx([600.0], abs=0.01)
+    assert world.notices == 1
+    # Only the first round (two nodes at t=0): no checkpoint, no second re-form.
+    assert world.overhead["re-form"] == pytest.approx(2 * REFORM)
+    assert "checkpoint" not in world.overhead
+    assert world.overhead["minimum charge"] == pytest.approx(d.MIN_CHARGE_S.value)

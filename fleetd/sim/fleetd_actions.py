@@ -143,18 +143,42 @@ class ActionsMixin:
             self._pass(world)
 
     def _admit(self, world: World, nodes: list[SimNode]) -> None:
-        """New nodes join at the next round (with the pass's other changes, if in a pass)."""
-        for n in nodes:
-            self.phase[n.id] = NodePhase.RUNNING
-            self.running_since[n.id] = world.now
+        """New nodes join at the next round (with the pass's other changes, if in a pass: that
+        round runs after this instant's notices, `FleetdPolicy._round_after_notices`)."""
         if self._joining is not None:
             self._joining.extend(nodes)
         else:
-            self._membership_round(world, nodes, [])
+            self._membership_round(world, self._ready(world, nodes), [])
+
+    def _ready(self, world: World, nodes: list[SimNode]) -> list[SimNode]:
+        """The new nodes that start training. A node noticed before its trainer started starts
+        none (DESIGN.md "A wave of notices"; the agent reads IMDS before it starts torchrun): it
+        stays out of the rendezvous, so nobody checkpoints or re-forms for it, and it leaves on
+        its drain (`_drain`). A node bought inside its notice window is noticed at once."""
+        ready = [
+            n
+            for n in nodes
+            if world.held.get(n.id) is n and self.phase.get(n.id) is NodePhase.PENDING and n.notice_at is None
+        ]
+        for n in ready:
+            self.phase[n.id] = NodePhase.RUNNING
+            self.running_since[n.id] = world.now
+        return ready
 
     def _drain(self, world: World, node_id: str) -> None:
         node = world.held.get(node_id)
-        if node is None or self.phase.get(node_id) is not NodePhase.RUNNING:
+        if node is None:
+            return
+        if self.phase.get(node_id) is NodePhase.PENDING and node.notice_at is not None:
+            # Noticed before it trained: it holds no state and is in no round, so it checkpoints
+            # nothing, pokes nobody and says it left at once (DESIGN.md: a non-member noticed ->
+            # drain_ready); the planner then terminates it.
+            self.phase[node_id] = NodePhase.DRAINING
+            self.drain_started[node_id] = world.now
+            if self.leaving_signal:
+                world.after(0.0, functools.partial(self._left, world, node))
+            return
+        if self.phase.get(node_id) is not NodePhase.RUNNING:
             return
         # The daemon marks the node DRAINING; it stays billed (idle, out of the rendezvous) until
         # it reports that it left, AWS reclaims it, or the planner's drain timeout ends it.

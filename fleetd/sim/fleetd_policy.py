@@ -10,6 +10,7 @@ and at least every ``tick_s`` (docs/DESIGN.md "One interruption, end to end").
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from fleetd.config import FleetdConfig
@@ -195,8 +196,17 @@ class FleetdPolicy(ObserveMixin, ActionsMixin):
         finally:
             joining, leaving = self._joining, self._leaving
             self._joining, self._leaving = None, []
-        self._membership_round(world, joining, leaving)
+        if joining:
+            world.queue.at(now, functools.partial(self._round_after_notices, world, joining, leaving))
+        else:
+            self._membership_round(world, joining, leaving)
         self._schedule_next(world, cfg, acted=bool(result.actions), soon=result.replan_in_s)
+
+    def _round_after_notices(self, world: World, joining: list[SimNode], leaving: list[SimNode]) -> None:
+        """The pass's round when it launched nodes: at the same instant, after that instant's
+        notices (queued at the POLICY priority), so a node bought inside its notice window is
+        known to be noticed before it would join (`_ready`)."""
+        self._membership_round(world, self._ready(world, joining), leaving)
 
     def _schedule_next(self, world: World, cfg: FleetdConfig, acted: bool, soon: float | None = None) -> None:
         """The next pass: one reconcile interval after a pass that acted (the daemon's cadence,
