@@ -137,7 +137,7 @@ class LocalCluster:
             [
                 sys.executable,
                 "-m",
-                "fleetd.rendezvous.steering",
+                "fleetd.rendezvous.steer_main",
                 "--host",
                 self.host,
                 "--port",

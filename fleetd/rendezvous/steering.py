@@ -8,15 +8,12 @@ flight. Each leaving node's phase (fleetd.protocol.interruption.Phase, read from
 ``decide.Observation.phase``) is logged as it moves (``interruption_phase``).
 
 Run it inside fleetd (``Steerer.run``), or standalone for tests and the demo:
-``python -m fleetd.rendezvous.steering --host H --port P --run-id R``.
+``python -m fleetd.rendezvous.steer_main --host H --port P --run-id R``.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import signal
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -407,40 +404,3 @@ class Steerer:
 
 
 OUTAGE_PROBE_S = 0.5
-
-
-async def _main(args: argparse.Namespace) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    client = RendezvousClient(args.host, args.port, args.run_id)  # connected by run()
-    settings = SteerSettings(
-        min_nodes=args.min_nodes,
-        max_nodes=args.max_nodes,
-        dead_after_s=args.dead_after_s,
-        hang_after_s=args.hang_after_s,
-    )
-    await Steerer(client, settings).run(stop)
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    from fleetd.shared.logs import bind_context, configure_logging
-
-    p = argparse.ArgumentParser(description="steer a torchrun c10d rendezvous (fleetd's loop, standalone)")
-    p.add_argument("--host", required=True)
-    p.add_argument("--port", type=int, required=True)
-    p.add_argument("--run-id", required=True)
-    p.add_argument("--min-nodes", type=int, default=1)
-    p.add_argument("--max-nodes", type=int, default=1 << 30)
-    p.add_argument("--dead-after-s", type=float, default=6.0)
-    p.add_argument("--hang-after-s", type=float, default=10.0)
-    args = p.parse_args(argv)
-    configure_logging("info", json=True, stream=sys.stderr)
-    bind_context(component="steering", run_id=args.run_id)
-    return asyncio.run(_main(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
