@@ -18,6 +18,7 @@ from typing import NoReturn
 from agent.supervise.warm_pool import recv_msg, send_msg
 
 ENV_SOCKET = "FLEETD_WARM_POOL"
+RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def _cold(argv: list[str]) -> NoReturn:
@@ -47,6 +48,10 @@ def main() -> None:
     if not path:
         _cold(argv)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    # Held from before the fork until the relay is in place: the worker runs (and torchrun may
+    # stop it) before the pool's reply with its pid arrives, and a SIGTERM in that window would
+    # end this launcher by default and lose the worker's salvage. Held signals arrive at the relay.
+    signal.pthread_sigmask(signal.SIG_BLOCK, RELAYED)
     try:
         _connect(conn, path, float(os.environ.get("FLEETD_WARM_WAIT_S", "30")))
         # The environment travels whole, pool socket included: a forked torchrun's own workers
@@ -56,6 +61,7 @@ def main() -> None:
     except (OSError, ConnectionError, KeyError, ValueError) as exc:
         print(f"warm_launch: pool unavailable ({exc}); starting a cold worker", file=sys.stderr)
         conn.close()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)  # exec keeps the mask: not for the worker
         _cold(argv)
         return
 
@@ -65,8 +71,9 @@ def main() -> None:
         except ProcessLookupError:
             pass
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in RELAYED:
         signal.signal(sig, relay)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)
     try:
         code = int(recv_msg(conn)[0]["exit"])
     except (OSError, ConnectionError, KeyError, ValueError):
