@@ -146,8 +146,15 @@ async def test_grows_while_the_gain_is_worth_its_price_and_drains_the_node_that_
 ) -> None:
     cfg = config(cloud, tmp_path, mosquitto, total_usd=1000.0)
     job = Job()
+    # Done once the scale-down is recorded *and* its drain has reached the node: the commander
+    # sends the DrainCommand after the ledger has the decision, a moment later on a loaded box.
     events = await run_until(
-        cfg, cloud, mosquitto, job, lambda ev, ctx: any(d.target < d.previous for d in decisions(ev)), timeout=240
+        cfg,
+        cloud,
+        mosquitto,
+        job,
+        lambda ev, ctx: bool(job.drains) and any(d.target < d.previous for d in decisions(ev)),
+        timeout=240,
     )
     moves = [(d.previous, d.target) for d in decisions(events)]
     assert moves[:3] == [(1, 2), (2, 3), (3, 2)], [d.reason for d in decisions(events)]
