@@ -58,6 +58,24 @@ def test_throughput_per_size_is_measured_from_progress_after_the_reform_pause() 
     assert rates == {1: 2.0, 2: 5.0}  # the pause before the first report at 2 nodes is not counted
 
 
+def test_a_pass_that_runs_late_does_not_inflate_the_measured_rate() -> None:
+    # A loaded control host runs the reconcile pass seconds after the telemetry it reads arrived.
+    # The window is timed by the reports' arrivals, so 3.3 steps/s stays 3.3 steps/s (timed by
+    # the passes, a first pass 6 s late made it 4.7: a node that added nothing looked worth its price).
+    arrivals, passes, reg = Clock(), Clock(), NodeRegistry()
+    sig = TrainingSignals(reg, clock=passes)
+    rate = 10 / 3
+    for i in range(1, 41):
+        arrivals.t += 1.0
+        _report(reg, arrivals, "a", int(i * rate), 2)
+        _report(reg, arrivals, "b", int(i * rate), 2)
+        passes.t = arrivals.t + (6.0 if i == 1 else 0.0)
+        if i == 1 or i % 2 == 0:
+            sig.snapshot()
+    measured = sig.snapshot().throughput_by_nodes[2]
+    assert abs(measured - rate) < 0.1, measured
+
+
 def test_cpu_nodes_scale_on_throughput_alone() -> None:
     def fleet(n: int):
         return tuple(node(f"i-{k}", (A, B)[k % 2], util=None) for k in range(n))

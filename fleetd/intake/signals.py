@@ -1,8 +1,9 @@
 """Fleet-wide training signals for the planner, folded from what the agents report.
 
 - Throughput per node count, measured from the job's real progress: while the world size the
-  nodes report stays the same (an "epoch"), the job's rate is the steps it advanced over the
-  time since the epoch's first report, once that window is MIN_WINDOW_S long. An epoch starts
+  nodes report stays the same (an "epoch"), the job's rate is the steps it advanced between the
+  epoch's first report and the newest, over the time between their arrivals (not between two
+  reconcile passes, which a loaded host delays), once that window is MIN_WINDOW_S long. An epoch starts
   with the first report of the new size, so the re-form pause (checkpoint, rendezvous, restart)
   is not counted against the size, and a one-off sample cannot decide: the window is the
   smoothing. Epochs at a size seen before are blended with what was measured then, so the
@@ -63,7 +64,7 @@ class TrainingSignals:
         )
 
     def _sample_throughput(self, now: float) -> None:
-        by_world: dict[int, list[int]] = {}
+        by_world: dict[int, list[tuple[int, float]]] = {}  # world size -> (step, when it arrived)
         for rec in self.registry.records():
             tel = rec.telemetry
             if (
@@ -74,25 +75,28 @@ class TrainingSignals:
                 or not tel.world_size
             ):
                 continue
-            by_world.setdefault(tel.world_size, []).append(tel.step)
+            by_world.setdefault(tel.world_size, []).append((tel.step, rec.telemetry_at))
         if not by_world:
             return
         # Mid-change, reports disagree on the world size: trust the one most nodes report.
         world, steps = max(by_world.items(), key=lambda kv: (len(kv[1]), kv[0]))
         nodes = max(1, world // self.nproc_per_node)
-        step = max(steps)  # synchronous job: every rank is within a step of the others
+        # Synchronous job: every rank is within a step of the others; the newest report says
+        # where the job is, and when. Timing the step by its arrival, not by this pass, keeps a
+        # pass that runs late (a loaded host) from crediting the epoch with steps from before it.
+        step, at = max(steps)
         epoch = self._epoch
         if epoch is None or epoch[0] != nodes or step < epoch[2]:
             # A new world size (or a resume from an older step): a new measurement window.
-            self._epoch = (nodes, now, step)
+            self._epoch = (nodes, at, step)
             if nodes in self._rate_by_nodes:
                 self._before_epoch[nodes] = self._rate_by_nodes[nodes]
             else:
                 self._before_epoch.pop(nodes, None)
             return
         _, started, first = epoch
-        if now - started < MIN_WINDOW_S:
+        if at - started < MIN_WINDOW_S:
             return
-        rate = (step - first) / (now - started)
+        rate = (step - first) / (at - started)
         old = self._before_epoch.get(nodes)
         self._rate_by_nodes[nodes] = rate if old is None else (1 - SMOOTHING) * old + SMOOTHING * rate
