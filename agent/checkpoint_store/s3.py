@@ -13,7 +13,9 @@ loop (botocore does that over plain http unless told not to).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import weakref
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,7 +23,7 @@ from typing import Any, BinaryIO
 
 import aiohttp
 from aiobotocore.config import AioConfig
-from aiobotocore.session import get_session
+from aiobotocore.session import AioSession, get_session
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
@@ -32,6 +34,25 @@ from agent.checkpoint_store.errors import (
     StoreError,
     StoreUnavailable,
 )
+
+# One botocore session per event loop and profile. A fresh session reads botocore's endpoint and
+# service data (megabytes of JSON) again for its first client: per checkpoint that was ~0.5 s of
+# CPU, most of an agent's (py-spy, the demo's agents, 2026-11-27). Per loop, because a session's
+# refreshable credentials hold an asyncio lock that belongs to the loop that first waited on it.
+_SESSIONS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str | None, AioSession]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _session(profile: str | None) -> AioSession:
+    per_loop = _SESSIONS.setdefault(asyncio.get_running_loop(), {})
+    if profile not in per_loop:
+        session = get_session()
+        if profile:
+            session.set_config_variable("profile", profile)
+        per_loop[profile] = session
+    return per_loop[profile]
+
 
 _NOT_FOUND = {"NoSuchKey", "NotFound", "404", "NoSuchUpload", "NoSuchBucket"}
 _PRECONDITION = {"PreconditionFailed", "412", "ConditionalRequestConflict"}
@@ -117,10 +138,7 @@ class S3Bucket:
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
         )
-        session = get_session()
-        if profile:
-            session.set_config_variable("profile", profile)
-        async with session.create_client(
+        async with _session(profile).create_client(
             "s3", region_name=region, endpoint_url=endpoint_url, config=base.merge(ours)
         ) as client:
             yield cls(client, bucket, region)
