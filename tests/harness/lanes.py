@@ -1,61 +1,90 @@
 """How `make test` spreads the suite over pytest-xdist workers (``-n N --dist loadgroup``).
 
-Most end-to-end tests wait on real timeouts (notices, cuts, cooldowns), not on the CPU. The
-longest ones (each a real demo stack: moto, mosquitto, fleetd, several agents with torchrun) are
-played in order in lanes, one lane per worker: with 2 workers one lane, so no two of them ever
-run at once and the other worker runs everything else beside it; with 3 or more workers every
-lane in GROUPS gets a worker of its own, the rest share what is left. `make test` uses 2 workers:
-with 4 (three lanes, two or three demo stacks at once) the suite took 19 min instead of ~25, and
-one of two such runs failed the scaling demo: on a saturated box the throughput it measured at 3
-nodes (4.69 steps/s) was above what the toy job can do (3.33), so node 3 looked worth its price
-and the fleet grew to 4 instead of draining it. A module whose
-module-scoped fixture plays something expensive is one group too, so the fixture runs once, not
-once per worker.
+The longest tests are demo stacks (moto, mosquitto, fleetd, several agents with torchrun): each
+takes ~0.75 of a core while it runs, and a box with too many of them at once measures nothing
+right. They play one after another in lanes: with N workers, N - 1 lanes (one with 2 workers), each
+on a worker of its own, and the other tests spread over what is left, longest first, test by test
+as with ``--dist load``. The stacks are dealt to the lanes longest first, each to the lane with the
+least work so far (their wall times below, from a run on the 2-core box), so the lanes end together.
+
+A module whose module-scoped fixture plays something expensive is one group too, so the fixture
+runs once, not once per worker; the deploy image's tests share one built image and port 8883.
 
 Why a scheduler of our own: xdist's loadgroup reads ``xdist_group`` marks by renaming each test's
 node id, which pytest 9 no longer lets it do (the groups were silently ignored). The scheduler
-below is xdist's own scope scheduler with the scope read from GROUPS instead; a test not listed
-is a scope of its own, so the rest is spread test by test as with ``--dist load``.
+below is xdist's own scope scheduler with the scope read from here instead; a test not listed is a
+scope of its own.
 """
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
-# Node id prefix -> group. Lanes balanced on the durations of a 3-worker run on the 2-core box
-# (seconds, comments; 2026-11-26). Each lane holds demo stacks (moto, mosquitto, fleetd, several
-# agents with torchrun, ~0.9 of a core each while they run), so no two run in one lane at once.
-GROUPS = {
-    "tests/test_demo.py::test_storm_": "e2e-a",  # 269
-    "tests/test_demo.py::test_a_trace_wave_": "e2e-a",  # 170
-    "tests/test_demo.py::test_short_scenario_": "e2e-a",  # 113
-    "tests/test_demo.py::test_sigterm_": "e2e-a",  # 45
-    "tests/test_demo_lifecycle.py::": "e2e-c",  # two one-node demos that end the job
-    "tests/test_demo_job_file.py::": "e2e-c",  # three demos of a job file: 175 + 120 + 70
-    "tests/test_demo.py::test_scaling_scenario_": "e2e-b",  # 195
-    "tests/test_chaos_bench.py::": "e2e-b",  # 266
-    "tests/test_demo.py::test_tiny_budget_": "e2e-b",  # 170
-    "tests/test_partitions.py::": "e2e-c",  # 184: one module-scoped scenario
-    "tests/test_framework_e2e.py::": "e2e-c",  # 60 + 50
+# Node id prefix -> its wall seconds on the 2-core box (make test, 2026-11-27). Every test under a
+# prefix stays in one lane.
+STACKS = {
+    "tests/test_demo.py::test_storm_": 283,
+    "tests/test_demo.py::test_scaling_scenario_": 199,
+    "tests/test_partitions.py::": 193,  # one module-scoped scenario
+    "tests/test_demo.py::test_a_trace_wave_": 178,
+    "tests/test_demo.py::test_short_scenario_": 175,
+    "tests/test_chaos_bench.py::": 151,
+    "tests/test_demo_job_file.py::test_a_plain_ddp_": 194,
+    "tests/test_demo_job_file.py::test_a_submitted_version_": 115,
+    "tests/test_demo_job_file.py::": 70,
+    "tests/test_demo.py::test_tiny_budget_": 129,
+    "tests/test_demo_lifecycle.py::": 139,  # two one-node demos that end the job
+    "tests/test_framework_e2e.py::": 110,
+    "tests/test_demo.py::test_sigterm_": 45,
+}
+# Node id prefix -> group, for tests that share a module fixture or a resource.
+SHARED = {
     "tests/test_agent_mqtt_tls.py::": "module-agent-mqtt-tls",
     "tests/test_deploy_mosquitto.py::": "module-deploy-mosquitto",
     "tests/test_deploy_broker_stock.py::": "module-deploy-mosquitto",  # uses its PKI fixture
-    "tests/test_deploy_image.py::": "module-deploy-image",  # one image build for both tests
-    "tests/test_deploy_flow.py::": "module-deploy-image",  # one machine at a time (port 8883); one image
+    "tests/test_deploy_image.py::": "module-deploy-image",  # one image build for both modules
+    "tests/test_deploy_flow.py::": "module-deploy-image",  # one machine at a time (port 8883)
     "tests/test_sim_policies.py::": "module-sim-policies",
 }
 
 
-def group_of(nodeid: str) -> str | None:
-    return next((g for prefix, g in GROUPS.items() if nodeid.startswith(prefix)), None)
+def lanes_for(workers: int) -> int:
+    return 1 if workers <= 2 else workers - 1
+
+
+@functools.cache
+def _deal(lanes: int) -> dict[str, int]:
+    """Stack prefix -> lane: longest first, each to the least loaded lane (LPT)."""
+    load = [0.0] * lanes
+    dealt: dict[str, int] = {}
+    for prefix, seconds in sorted(STACKS.items(), key=lambda kv: (-kv[1], kv[0])):
+        lane = min(range(lanes), key=lambda i: (load[i], i))
+        dealt[prefix] = lane
+        load[lane] += seconds
+    return dealt
+
+
+def _stack_of(nodeid: str) -> str | None:
+    # The longest matching prefix: "test_demo_job_file.py::test_a_plain_ddp_" before the module's.
+    matches = [p for p in STACKS if nodeid.startswith(p)]
+    return max(matches, key=len) if matches else None
+
+
+def group_of(nodeid: str, lanes: int = 1) -> str | None:
+    stack = _stack_of(nodeid)
+    if stack is not None:
+        return f"e2e-{_deal(lanes)[stack]}"
+    return next((g for prefix, g in SHARED.items() if nodeid.startswith(prefix)), None)
 
 
 def longest_first(items: list[pytest.Item]) -> None:
-    """Orders the work longest first: the lanes, the other slow tests, then the rest, so that the
+    """Orders the work longest first: the stacks, the other slow tests, then the rest, so that the
     many short tests fill in at the end and no lane starts late. Stable: a module keeps its order."""
 
     def rank(item: pytest.Item) -> int:
-        if (group_of(item.nodeid) or "").startswith("e2e-"):
+        if _stack_of(item.nodeid) is not None:
             return 0
         return 1 if item.get_closest_marker("slow") else 2
 
@@ -68,15 +97,10 @@ def make_scheduler(config: pytest.Config, log):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    # Two workers: one lane, so no two demo stacks ever run at once (they run beside the unit
-    # tests, as `make demo` beside a test run does). Three or more: the lanes as listed.
-    one_lane = (config.getoption("numprocesses") or 0) <= 2
+    lanes = lanes_for(int(config.getoption("numprocesses") or 0))
 
     class LaneScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            group = group_of(nodeid)
-            if group is not None and one_lane and group.startswith("e2e-"):
-                return "e2e"
-            return group or nodeid
+            return group_of(nodeid, lanes) or nodeid
 
     return LaneScheduling(config, log)
