@@ -4,8 +4,10 @@ The longest tests are demo stacks (moto, mosquitto, fleetd, several agents with 
 takes ~0.75 of a core while it runs, and a box with too many of them at once measures nothing
 right. They play one after another in lanes: with N workers, N - 1 lanes (one with 2 workers), each
 on a worker of its own, and the other tests spread over what is left, longest first, test by test
-as with ``--dist load``. The stacks are dealt to the lanes longest first, each to the lane with the
-least work so far (their wall times below, from a run on the 2-core box), so the lanes end together.
+as with ``--dist load``. The stacks are dealt to the lanes longest first, each to the lane with
+the least work so far (their wall times below), so the lanes end together. `make test` uses 2
+workers: with 3 (two lanes) the 2-core box ran at a load average of 6-10 and two load-sensitive
+tests failed (docs/measurements/2026-11-test-suite.md).
 
 A module whose module-scoped fixture plays something expensive is one group too, so the fixture
 runs once, not once per worker; the deploy image's tests share one built image and port 8883.
@@ -22,22 +24,22 @@ import functools
 
 import pytest
 
-# Node id prefix -> its wall seconds on the 2-core box (make test, 2026-11-27). Every test under a
-# prefix stays in one lane.
+# Node id prefix -> its wall seconds on the 2-core box (a fresh clone's make test, 2026-11-27).
+# Every test under a prefix stays in one lane.
 STACKS = {
-    "tests/test_demo.py::test_storm_": 283,
-    "tests/test_demo.py::test_scaling_scenario_": 199,
-    "tests/test_partitions.py::": 193,  # one module-scoped scenario
-    "tests/test_demo.py::test_a_trace_wave_": 178,
-    "tests/test_demo.py::test_short_scenario_": 175,
-    "tests/test_chaos_bench.py::": 151,
-    "tests/test_demo_job_file.py::test_a_plain_ddp_": 194,
-    "tests/test_demo_job_file.py::test_a_submitted_version_": 115,
-    "tests/test_demo_job_file.py::": 70,
-    "tests/test_demo.py::test_tiny_budget_": 129,
-    "tests/test_demo_lifecycle.py::": 139,  # two one-node demos that end the job
-    "tests/test_framework_e2e.py::": 110,
-    "tests/test_demo.py::test_sigterm_": 45,
+    "tests/test_demo.py::test_storm_": 293,
+    "tests/test_demo.py::test_a_trace_wave_": 206,
+    "tests/test_demo.py::test_scaling_scenario_": 204,
+    "tests/test_partitions.py::": 200,  # one module-scoped scenario
+    "tests/test_demo_job_file.py::test_a_plain_ddp_": 199,
+    "tests/test_demo.py::test_short_scenario_": 191,
+    "tests/test_demo_lifecycle.py::": 158,  # two one-node demos that end the job
+    "tests/test_chaos_bench.py::": 146,
+    "tests/test_demo_job_file.py::test_a_submitted_version_": 135,
+    "tests/test_demo.py::test_tiny_budget_": 131,
+    "tests/test_framework_e2e.py::": 117,
+    "tests/test_demo_job_file.py::": 66,
+    "tests/test_demo.py::test_sigterm_": 39,
 }
 # Node id prefix -> group, for tests that share a module fixture or a resource.
 SHARED = {
