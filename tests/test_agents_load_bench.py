@@ -49,6 +49,12 @@ def test_short_agents_load_run_loses_no_valid_message_and_drains_every_notice() 
             "0.5",
             "--warmup",
             "3",
+            # The bench runs its stand-ins for AWS and the agents at nice 19 so that they use only
+            # the CPU fleetd leaves. Here, on a box that is also running other tests (or CPU
+            # burners), nice 19 starved them: no notice was sent in the 20 s window. This test
+            # checks invariants, not timings, so they run on equal footing.
+            "--harness-nice",
+            "0",
         ],
         capture_output=True,
         text=True,
@@ -69,4 +75,4 @@ def test_short_agents_load_run_loses_no_valid_message_and_drains_every_notice() 
     # The malformed messages the observer sent were rejected (the last may still be in flight).
     assert 1 <= r["rejected"] <= r["malformed_sent"], r
     assert r["reconcile_passes"] > 0 and r["controller_peak_rss_mib"] > 0, r
-    assert r["harness_nice"] == 19 and r["telemetry_hz_per_agent"] > 0, r  # the offered load is reported
+    assert r["harness_nice"] == 0 and r["telemetry_hz_per_agent"] > 0, r  # the offered load is reported
