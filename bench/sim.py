@@ -106,13 +106,14 @@ def main() -> None:
         "Young/Daly periodic checkpoints": replace(base, base_config=yd),
         "sharded state: a loss without notice rolls back": replace(base, salvage_loss_s=None),
         "checkpoint stall 15 s (default 5 s)": replace(base, job=base.job.with_(checkpoint_stall_s=15.0)),
+        "a join stalls the running ranks for a leave's round only": replace(base, join_reform_s=base.reform_s),
     }
     fleetd_variants = {}
     fleetd_overheads = {}
     for k, v in variants.items():
         r = v.run("fleetd")
         fleetd_variants[k] = round(r.effective_time, 4)
-        fleetd_overheads[k] = {n: round(s / 3600.0, 2) for n, s in sorted(r.overhead_node_s.items())}
+        fleetd_overheads[k] = {n: round(s / 3600.0, 2) for n, s in sorted(r.breakdown_node_s.items())}
     for share in (0.0, 0.01, 0.2):
         job = base.job.with_(no_notice_share=share)
         fleetd_variants[f"{share:.0%} losses unannounced (default 5 %)"] = round(

@@ -281,6 +281,11 @@ class LossConfig(Group):
     # survivors re-formed) only once the job has also made no progress for hang_after_s.
     dead_after_s: Annotated[float, Field(gt=0)] = 6.0
     hang_after_s: Annotated[float, Field(gt=0)] = 10.0
+    # A member quiet on both the store (no heartbeat) and the broker (no message from its agent,
+    # which reports every second) for silent_after_s, while the job made no progress for as long,
+    # vanished or froze: it is removed and the survivors re-formed at once. A node cut from one
+    # channel, or slowed by load, still speaks on the other and waits out the rule above.
+    silent_after_s: Annotated[float, Field(gt=0)] = 2.5
 
 
 class MetricsConfig(Group):

@@ -22,6 +22,7 @@ from fleetd.publish import status_component
 from fleetd.reconcile.ledger_store import DB_NAME, LedgerStore
 from fleetd.rendezvous.client import RendezvousClient
 from fleetd.rendezvous.commander import TrainingCommander
+from fleetd.rendezvous.silence import SilenceWatch
 from fleetd.rendezvous.steering import Steerer, SteerSettings
 from fleetd.shared.logs import get_logger
 from fleetd.stall_watch import StallWatcher
@@ -139,6 +140,7 @@ def _steerer_and_commander(
             hang_after_s=cfg.loss.hang_after_s,
         ),
         on_heartbeat=intake.registry.note_store_heartbeat,
+        silence=SilenceWatch(cfg.loss.silent_after_s, intake.registry.broker_seen_at),
         known_addr=intake.registry.knows_addr,
     )
     commander = TrainingCommander(

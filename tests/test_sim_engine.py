@@ -132,15 +132,25 @@ def test_job_model_scaling_and_units():
 
 
 def test_measured_bench_results_replace_design_figures(tmp_path):
-    from fleetd.sim.defaults import FLEETD_REFORM_S, measured_overrides
+    from fleetd.sim.defaults import FLEETD_JOIN_REFORM_S, FLEETD_REFORM_S, measured_overrides
 
     assert measured_overrides(tmp_path) == {}
     (tmp_path / "rebalance.json").write_text(
-        json.dumps({"notice_to_training_s": 2.4, "default_notice_to_training_s": 41.0, "steps_lost": 0})
+        json.dumps(
+            {
+                "notice_to_training_s": 2.4,
+                "join_to_training_s": 6.1,
+                "default_notice_to_training_s": 41.0,
+                "steps_lost": 0,
+            }
+        )
     )
     found = measured_overrides(tmp_path)
     assert found["reform_s"].value == 2.4 and "bench/rebalance.py" in found["reform_s"].source
+    assert found["join_reform_s"].value == 6.1
     assert found["torchrun_reform_s"].value == 41.0
     (tmp_path / "rebalance.json").write_text("not json")
     assert measured_overrides(tmp_path) == {}
-    assert "DESIGN.md" in FLEETD_REFORM_S.source
+    # The defaults are measurements too, and say which.
+    for figure in (FLEETD_REFORM_S, FLEETD_JOIN_REFORM_S):
+        assert "measured" in figure.source and "bench/rebalance.py" in figure.source

@@ -35,6 +35,7 @@ def _run(
     leaving_signal: bool = True,
     salvage_loss_s: float | None = d.SALVAGE_STEP_LOSS_S.value,
     left_after_wave: int = 1,
+    join_reform_s: float | None = None,
 ) -> tuple[World, FleetdPolicy]:
     # 4 nodes for 20 min, then 3 of them (or all 4) reclaimed at once; no on-demand.
     data = [4] * 20 + [left_after_wave] * 20
@@ -48,7 +49,14 @@ def _run(
         total_steps=1e9, max_nodes=4, checkpoint_stall_s=STALL, checkpoint_gb=10.0, no_notice_share=no_notice_share
     )
     world = World(trace, job, 0.2, 0.5, seed=1)
-    policy = FleetdPolicy(cfg, POOL, reform_s=REFORM, leaving_signal=leaving_signal, salvage_loss_s=salvage_loss_s)
+    policy = FleetdPolicy(
+        cfg,
+        POOL,
+        reform_s=REFORM,
+        join_reform_s=join_reform_s,
+        leaving_signal=leaving_signal,
+        salvage_loss_s=salvage_loss_s,
+    )
     world.run(policy)
     return world, policy
 
@@ -70,6 +78,20 @@ def test_a_reclaim_wave_drains_together_and_each_node_is_terminated_once_it_has_
     assert world.overhead["idle (held, not training)"] == pytest.approx(3 * left_after)
 
 
+def test_a_join_round_and_a_leave_round_are_timed_and_broken_down_apart(tmp_path) -> None:
+    join = 6.5
+    world, _ = _run(tmp_path, no_notice_share=0.0, join_reform_s=join)
+    # The 4 nodes' first round is a join; the wave's round a leave (one survivor).
+    assert world.breakdown["re-form: join"] == pytest.approx(4 * join)
+    assert world.breakdown["re-form: leave"] == pytest.approx(1 * REFORM)
+    assert world.breakdown["checkpoint: before a leave"] == pytest.approx(1 * STALL)
+    # The breakdown splits the overhead, reason by reason, and loses nothing.
+    for reason, node_s in world.overhead.items():
+        parts = [v for k, v in world.breakdown.items() if k == reason or k.startswith(reason + ": ")]
+        assert sum(parts) == pytest.approx(node_s)
+    assert sum(world.breakdown.values()) == pytest.approx(sum(world.overhead.values()))
+
+
 def test_without_the_left_report_a_drained_node_is_billed_until_reclaimed(tmp_path) -> None:
     world, policy = _run(tmp_path, no_notice_share=0.0, leaving_signal=False)
     assert not [r for r in policy.record if r.kind == "Terminate"]
@@ -82,6 +104,10 @@ def test_survivors_of_a_silent_loss_hang_until_poked_then_save_the_step_they_com
     # One survivor: hangs until the steering pokes it, saves, re-forms.
     assert world.overhead["loss recovery"] == pytest.approx(1 * (d.FLEETD_SILENT_LOSS_HANG_S.value + REFORM))
     assert world.overhead["checkpoint"] == pytest.approx(1 * STALL)  # the survivor's save
+    assert world.breakdown["loss recovery: hang until the survivors are poked"] == pytest.approx(
+        d.FLEETD_SILENT_LOSS_HANG_S.value
+    )
+    assert world.breakdown["checkpoint: salvage after a silent loss"] == pytest.approx(STALL)
     # Only the step in flight is lost: SALVAGE_STEP_LOSS_S of the 4 ranks' work, not 20 min.
     lost_s = d.SALVAGE_STEP_LOSS_S.value
     assert world.steps_lost == pytest.approx(world.job.throughput(4) * lost_s)
@@ -102,14 +128,14 @@ def test_a_wave_that_takes_every_member_leaves_nobody_to_save(tmp_path) -> None:
 
 
 def test_the_silent_loss_hang_is_the_daemons_own_config_default() -> None:
-    # The simulator charges what the daemon's steering waits (fleetd.toml [loss]): a rank is
-    # dropped once its heartbeat is dead_after_s stale AND the job made no progress for
-    # hang_after_s, both counted from the loss.
+    # The simulator charges what the daemon's steering waits (fleetd.toml [loss]): a member quiet
+    # on the store and the broker for silent_after_s while the job stands still is dropped, all
+    # counted from the loss at the latest.
     from fleetd.config import LossConfig
 
     loss = LossConfig()
-    assert d.FLEETD_SILENT_LOSS_HANG_S.value == max(loss.dead_after_s, loss.hang_after_s) == 10.0
-    assert "hang_after_s" in d.FLEETD_SILENT_LOSS_HANG_S.source
+    assert d.FLEETD_SILENT_LOSS_HANG_S.value == loss.silent_after_s == 2.5
+    assert "silent_after_s" in d.FLEETD_SILENT_LOSS_HANG_S.source
 
 
 def test_a_node_bought_inside_its_notice_window_never_joins_and_leaves_at_once(tmp_path) -> None:

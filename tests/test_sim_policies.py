@@ -60,11 +60,20 @@ def test_fleetd_beats_both_baselines_on_p3(p3_results):
     assert p3_results["on-demand"]["effective_time"] > 0.99
 
 
+def test_fleetd_overhead_is_broken_down_by_cause_in_node_hours(p3_results):
+    fleetd = p3_results["fleetd"]
+    parts = fleetd["overhead_breakdown_node_hours"]
+    for label in ("re-form: join", "re-form: leave", "checkpoint: before a join", "checkpoint: before a leave"):
+        assert parts[label] > 0, parts
+    assert sum(parts.values()) == pytest.approx(sum(fleetd["overhead_node_hours"].values()), abs=0.01)
+
+
 def test_simulate_table_names_the_sources_of_its_inputs(capsys):
     assert main(["simulate", "--trace", "p3", "--policy", "torchrun-default"]) == 0
     out = capsys.readouterr().out
     assert "torchrun-default" in out and "effective" in out
     assert "DESIGN.md" in out and "Spot Advisor" in out and "Young/Daly" in out
+    assert "overhead, node-hours" in out and "checkpoint: periodic" in out
 
 
 def test_simulate_rejects_unknown_policy_and_missing_trace(capsys):

@@ -107,14 +107,31 @@ def render_table(scenario: Scenario, results: Sequence[SimResult], source_rows: 
                 {None: "-", True: "met", False: "MISSED"}[r.deadline_met],
             )
         )
-    widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(cols)]
-    fmt = "  ".join(f"{{:{'<' if i == 0 else '>'}{w}}}" for i, w in enumerate(widths))
-    lines = [head, "", fmt.format(*cols), fmt.format(*("-" * w for w in widths))]
-    lines += [fmt.format(*row) for row in rows]
+    lines = [head, "", *_grid(cols, rows), ""]
+    lines += _breakdown(results)
     lines += [
-        "",
         "effective = useful node-time / paid node-time; on-demand $ = the same node-time at on-demand prices",
         "inputs:",
     ]
     lines += [f"  {what}: {src}" for what, src in source_rows]
     return "\n".join(lines)
+
+
+def _grid(cols: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(cols)]
+    fmt = "  ".join(f"{{:{'<' if i == 0 else '>'}{w}}}" for i, w in enumerate(widths))
+    return [fmt.format(*cols), fmt.format(*("-" * w for w in widths)), *(fmt.format(*row) for row in rows)]
+
+
+def _breakdown(results: Sequence[SimResult]) -> list[str]:
+    """Paid node-hours not spent on useful work, by reason and cause, one column per policy."""
+    labels = sorted({k for r in results for k in r.breakdown_node_s})
+    if not labels:
+        return []
+    rows = [(k, *(_hours(r.breakdown_node_s.get(k, 0.0)) for r in results)) for k in labels]
+    rows.append(("total", *(f"{sum(r.breakdown_node_s.values()) / 3600:.3f}" for r in results)))
+    return ["overhead, node-hours:", *_grid(("", *(r.policy for r in results)), rows), ""]
+
+
+def _hours(node_s: float) -> str:
+    return f"{node_s / 3600:.3f}" if node_s > 0 else "-"

@@ -126,6 +126,12 @@ class NodeRegistry:
         if rec is not None and iid is not None:
             self._nodes[iid] = dataclasses.replace(rec, store_seen_at=_latest(rec.store_seen_at, at))
 
+    def broker_seen_at(self, addr: str) -> float | None:
+        """When the agent at ``addr`` last spoke through the broker (fleetd's clock), if known."""
+        iid = self._by_addr.get(addr)
+        rec = self._nodes.get(iid) if iid is not None else None
+        return None if rec is None else rec.last_seen_at
+
     def knows_addr(self, addr: str) -> bool:
         """Some node of this fleet announced ``addr`` as its address (its status over MQTT, which
         the broker accepts only under the node's own certificate name)."""

@@ -51,6 +51,15 @@ class Observation:
     # store, so progress cannot be judged and a stale heartbeat alone decides).
     progress_at: datetime | None = None
     hang_after: timedelta = timedelta(seconds=10)
+    # A node that vanished or froze goes quiet on every channel at once; one that is only slow,
+    # or cut from one of them, still speaks on the other. So a member fleetd has heard nothing
+    # from for ``silent_after`` on both independent channels (its rendezvous heartbeat advancing,
+    # its agent's messages through the broker; both on fleetd's own clock), while the job made no
+    # progress for as long, is lost at once, without waiting out dead_after and hang_after
+    # (docs/DESIGN.md "Partitions: signals from independent sources"). None: off.
+    silent_after: timedelta | None = None
+    store_seen: dict[str, datetime] = field(default_factory=dict)
+    broker_seen: dict[str, datetime] = field(default_factory=dict)
     # fleetd itself closed the rendezvous (the job is over): a closed state stays closed.
     closing: bool = False
 
@@ -148,6 +157,7 @@ def expected_members(obs: Observation) -> frozenset[str] | None:
     }
     if _holding(obs):
         stale -= obs.awaited
+    stale |= silent_everywhere(obs)
     waiting = {n.addr for n in s.waiting}
     return frozenset((obs.members - gone - stale) | waiting)
 
@@ -156,6 +166,25 @@ def wave_still_coming(obs: Observation, present: frozenset[str] | set[str]) -> f
     """Members of the round in a notice flow that are not drain-ready or told to leave yet."""
     members = obs.members or frozenset()
     return obs.in_phase(Phase.NOTICED) & members & frozenset(present)
+
+
+def silent_everywhere(obs: Observation) -> frozenset[str]:
+    """Members quiet on both channels for ``silent_after`` while the job stands still. A member
+    either channel has never named (no mapping yet) is left to the slower rule."""
+    if obs.silent_after is None or obs.members is None or obs.progress_at is None:
+        return frozenset()
+    quiet_since = obs.now - obs.silent_after
+    if obs.progress_at >= quiet_since:
+        return frozenset()
+    lost = frozenset(
+        a
+        for a in obs.members
+        if (store := obs.store_seen.get(a)) is not None
+        and store < quiet_since
+        and (broker := obs.broker_seen.get(a)) is not None
+        and broker < quiet_since
+    )
+    return lost - obs.awaited if _holding(obs) else lost
 
 
 def job_hung(obs: Observation) -> bool:
@@ -199,17 +228,25 @@ def _losses(obs: Observation, s: RendezvousState, present: frozenset[str]) -> li
     stale_members = _stale_members(obs)
     if _holding(obs):
         stale_members -= obs.awaited
-    if stale_members and not job_hung(obs):
+    gone = silent_everywhere(obs)
+    blips = stale_members - gone
+    if blips and not job_hung(obs):
         # One connection's silence while the job advances: a blip, not a loss (module docstring).
         actions.append(
             TolerateStale(
-                f"{', '.join(sorted(stale_members))}: no heartbeat for over {obs.dead_after.total_seconds():g} s "
+                f"{', '.join(sorted(blips))}: no heartbeat for over {obs.dead_after.total_seconds():g} s "
                 "but training advances; kept",
-                stale_members,
+                blips,
             )
         )
-        stale -= stale_members
-        stale_members = frozenset()
+        stale -= blips
+        stale_members = gone
+    if gone & present:
+        assert obs.silent_after is not None  # silent_everywhere is empty without it
+        quiet = obs.silent_after.total_seconds()
+        actions.append(RemoveNodes(f"silent on the store and the broker for over {quiet:g} s", gone & present))
+    stale -= gone
+    stale_members |= gone
     if stale:
         actions.append(RemoveNodes(f"no heartbeat for over {obs.dead_after.total_seconds():g} s", stale))
     if stale_members and s.complete and s.participant_addrs - stale_members and not s.has_marker:

@@ -25,6 +25,7 @@ from fleetd.rendezvous import decide
 from fleetd.rendezvous.client import KEY_COUNT, RendezvousClient, Snapshot
 from fleetd.rendezvous.errors import RendezvousError, RendezvousUnavailable
 from fleetd.rendezvous.phase_log import PhaseLog
+from fleetd.rendezvous.silence import SilenceWatch
 from fleetd.rendezvous.state import RendezvousState
 from fleetd.shared.logs import get_logger
 from fleetd.shared.waits import wait_set
@@ -73,6 +74,8 @@ class Steerer:
     # Told (address, fleetd's clock in epoch seconds) each time a node's rendezvous heartbeat
     # advances: the store-side liveness signal of the planner's loss rule (fleetd/intake).
     on_heartbeat: Callable[[str, float], None] | None = None
+    # The members' last word on the store and through the broker (decide.silent_everywhere).
+    silence: SilenceWatch = field(default_factory=SilenceWatch)
     progress_value: bytes | None = None
     progress_at: datetime | None = None
     round_seen_at: datetime | None = None  # a round just formed: its members were all alive then
@@ -139,6 +142,7 @@ class Steerer:
             coalesce=timedelta(seconds=st.coalesce_s),
             progress_at=self._progress_at(),
             hang_after=timedelta(seconds=st.hang_after_s),
+            **self.silence.observation(self.members),
         )
 
     async def _read(
@@ -203,6 +207,7 @@ class Steerer:
         for node, beat in s.last_heartbeats.items():
             if not node.is_marker and beat > self.heartbeats.get(node.addr, beat - timedelta(1)):
                 self.heartbeats[node.addr] = beat
+                self.silence.heartbeat_advanced(node.addr, now)
                 if self.on_heartbeat is not None:
                     self.on_heartbeat(node.addr, now.timestamp())
 
@@ -280,6 +285,8 @@ class Steerer:
         obs = await self.observe(now)
         self.phase_log.note(obs)
         actions = decide.steer(obs)
+        if obs.silent_after is not None:
+            self.silence.note_margin(obs, decide.silent_everywhere(obs))
         tolerated: frozenset[str] = frozenset()
         for action in actions:
             if isinstance(action, decide.TolerateStale):

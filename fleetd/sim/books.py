@@ -28,6 +28,12 @@ class SimNode:
     lost: bool = False
 
 
+def overhead_label(reason: str, detail: str = "") -> str:
+    """A line of the overhead breakdown: the reason, and its cause when one was given (e.g.
+    ``re-form: join``); ``overhead`` sums the reasons, ``breakdown`` keeps the labels."""
+    return f"{reason}: {detail}" if detail else reason
+
+
 class TrainingBooks:
     # The state this mixin works on, set up in `World.__init__` (declarations only).
     job: JobSpec
@@ -37,10 +43,11 @@ class TrainingBooks:
     steps_lost: float
     stalled_until: float
     stall_reason: str
-    _stalls: list[tuple[float, float, str]]
+    _stalls: list[tuple[float, float, str, str]]
     _uncommitted_node_s: float
     useful_node_s: float
     overhead: dict[str, float]
+    breakdown: dict[str, float]
     done_at: float | None
     _last: float
     _members: int
@@ -60,17 +67,18 @@ class TrainingBooks:
             n.member = n.id in wanted
         self._members = len(wanted)
 
-    def stall(self, seconds: float, reason: str, after_current: bool = False) -> None:
+    def stall(self, seconds: float, reason: str, after_current: bool = False, detail: str = "") -> None:
         """Every member stops training for ``seconds``: from now, overlapping any stall under
         way, or (``after_current``) once the stall under way is over (one thing after another,
-        e.g. a re-form after the checkpoint that precedes it)."""
+        e.g. a re-form after the checkpoint that precedes it). ``detail`` names its cause within
+        ``reason`` in the breakdown (``overhead_label``)."""
         self.advance()
         if seconds <= 0:
             return
         begin = max(self.now, self.stalled_until)
         end = (begin if after_current else self.now) + seconds
         if end > begin:
-            self._stalls.append((begin, end, reason))
+            self._stalls.append((begin, end, reason, detail))
             self.stalled_until = end
             self.stall_reason = reason
 
@@ -78,7 +86,7 @@ class TrainingBooks:
     def training(self) -> bool:
         return self._members > 0 and self.now >= self.stalled_until and self.done_at is None
 
-    def checkpoint(self, stall_s: float | None = None) -> bool:
+    def checkpoint(self, stall_s: float | None = None, detail: str = "") -> bool:
         """Save a checkpoint of the current progress (paying the stall). False if nothing new."""
         self.advance()
         if self.progress <= self.checkpoint_progress:
@@ -86,14 +94,14 @@ class TrainingBooks:
         self.checkpoint_progress = self.progress
         self.useful_node_s += self._uncommitted_node_s
         self._uncommitted_node_s = 0.0
-        self.stall(self.job.checkpoint_stall_s if stall_s is None else stall_s, "checkpoint")
+        self.stall(self.job.checkpoint_stall_s if stall_s is None else stall_s, "checkpoint", detail=detail)
         return True
 
-    def rollback(self) -> None:
+    def rollback(self, detail: str = "") -> None:
         """Resume from the last checkpoint: the work since then is lost."""
         self.advance()
         self.steps_lost += self.progress - self.checkpoint_progress
-        self._add_overhead("lost work", self._uncommitted_node_s)
+        self._add_overhead("lost work", self._uncommitted_node_s, detail)
         self._uncommitted_node_s = 0.0
         self.progress = self.checkpoint_progress
 
@@ -106,11 +114,11 @@ class TrainingBooks:
         share = lost / uncommitted if uncommitted > 0 else 0.0
         self.steps_lost += lost
         self.progress -= lost
-        self._add_overhead("lost work", share * self._uncommitted_node_s)
+        self._add_overhead("lost work", share * self._uncommitted_node_s, "step in flight")
         self.useful_node_s += (1.0 - share) * self._uncommitted_node_s
         self._uncommitted_node_s = 0.0
         self.checkpoint_progress = self.progress
-        self.stall(self.job.checkpoint_stall_s, "checkpoint", after_current=True)
+        self.stall(self.job.checkpoint_stall_s, "checkpoint", after_current=True, detail="salvage after a silent loss")
 
     @property
     def remaining_steps(self) -> float:
@@ -120,9 +128,11 @@ class TrainingBooks:
     def done(self) -> bool:
         return self.done_at is not None
 
-    def _add_overhead(self, reason: str, node_s: float) -> None:
+    def _add_overhead(self, reason: str, node_s: float, detail: str = "") -> None:
         if node_s > 0:
             self.overhead[reason] = self.overhead.get(reason, 0.0) + node_s
+            label = overhead_label(reason, detail)
+            self.breakdown[label] = self.breakdown.get(label, 0.0) + node_s
 
     def advance(self) -> None:
         """Integrate progress and node-time from the last call to now."""
@@ -137,11 +147,11 @@ class TrainingBooks:
         if w and self.done_at is None:
             stalled = 0.0
             while self._stalls:
-                begin, end, reason = self._stalls[0]
+                begin, end, reason, detail = self._stalls[0]
                 part = max(0.0, min(now, end) - max(self._last, begin))
                 if part:
                     stalled += part
-                    self._add_overhead(reason, w * part)
+                    self._add_overhead(reason, w * part, detail)
                 if end > now:
                     break
                 self._stalls.pop(0)

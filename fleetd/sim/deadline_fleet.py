@@ -2,7 +2,7 @@
 
 Each is extended to N nodes the plain way, with the mechanics every elastic job (and fleetd) has:
 a node bought now pays the changeover d before it joins, a loss leaves the job at the smaller
-size, and a join or a loss stalls the members for ``reform_s``. Work is in seconds at size N.
+size, and a loss stalls the members for ``reform_s`` (a join for ``join_reform_s``). Work is in seconds at size N.
 `FleetGreedy`: spot when offered; safety net (time left <= work left + 2d): on-demand to the end.
 `FleetUniformProgress`: also on-demand for the empty slots while behind the line C x t / D, kept
 until 2d ahead (docs/DESIGN.md "Placement and deadlines").
@@ -18,9 +18,10 @@ _EPS = 1e-3
 
 
 class _FleetDeadline(DeadlineCallbacks):
-    def __init__(self, changeover_s: float, reform_s: float = 0.0) -> None:
+    def __init__(self, changeover_s: float, reform_s: float = 0.0, join_reform_s: float | None = None) -> None:
         super().__init__(changeover_s)
         self.reform_s = reform_s
+        self.join_reform_s = reform_s if join_reform_s is None else join_reform_s
         self._joined: set[str] = set()
         self.safety_net = False
 
@@ -57,7 +58,7 @@ class _FleetDeadline(DeadlineCallbacks):
             world.set_members(before + alive)
             self._joined.update(n.id for n in alive)
             if before:
-                world.stall(self.reform_s, "re-form", after_current=True)
+                world.stall(self.join_reform_s, "re-form", after_current=True, detail="join")
             # The pace changed: re-decide (UP's hysteresis end is computed from the members'
             # pace; without this a fleet whose on-demand nodes were still booting at the last
             # decision kept them until the next capacity event, hours later on a quiet trace).
@@ -73,7 +74,7 @@ class _FleetDeadline(DeadlineCallbacks):
     def _left(self, world: World, nodes: list[SimNode]) -> None:
         """Members left: the survivors re-form (one round for nodes that leave together)."""
         if any(n.id in self._joined for n in nodes) and world.members():
-            world.stall(self.reform_s, "re-form", after_current=True)
+            world.stall(self.reform_s, "re-form", after_current=True, detail="leave")
         self._joined.difference_update(n.id for n in nodes)
 
     def slots(self, world: World) -> int:

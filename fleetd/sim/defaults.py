@@ -2,8 +2,8 @@
 
 A policy's result is only as honest as its inputs, so no number in fleetd/sim is written inline:
 it is a `Sourced` value here, and `fleetd simulate` prints the sources next to the results.
-Measured values from bench/rebalance.py (its last line is one JSON object) replace the DESIGN.md
-re-form figures when its results file is found (`measured_overrides`).
+Measured values from bench/rebalance.py (its last line is one JSON object) replace the re-form
+figures below when its results file is found (`measured_overrides`).
 """
 
 from __future__ import annotations
@@ -24,8 +24,21 @@ class Sourced:
 
 # --- rendezvous and recovery (DESIGN.md "Rendezvous facts measured here") -----------------
 FLEETD_REFORM_S = Sourced(
-    5.0,
-    "DESIGN.md: controller-steered leave/join, 4-6 s measured to every rank training again (midpoint)",
+    1.87,
+    "measured 2026-11-27: bench/rebalance.py notice_to_training_s median, notice -> every survivor "
+    "training at the smaller size (idle 2-core box; a toy model's checkpoint included, the job's own "
+    "save is added as the checkpoint stall); also the survivors' round after a silent loss's poke",
+)
+# A join stalls the ranks already training from the newcomer's hold-checkpoint request
+# (agent/supervise/torchrun_main.py asks before it enters the rendezvous) until every rank has
+# stepped at the larger size: their workers restart into the new round and resume. The bench
+# times it from the newcomer's torchrun start, so it also holds the newcomer's own start-up
+# before that request: an upper bound of the survivors' pause.
+FLEETD_JOIN_REFORM_S = Sourced(
+    6.67,
+    "measured 2026-11-27: bench/rebalance.py join_to_training_s median, the newcomer's torchrun "
+    "start -> every rank training at the larger size (idle 2-core box); an upper bound of the "
+    "running ranks' pause (their hold starts after the newcomer's start-up)",
 )
 TORCHRUN_REFORM_S = Sourced(40.0, "DESIGN.md: torchrun defaults, 35-45 s to re-form per join or leave (midpoint)")
 # A node lost with no notice: fleetd learns of it from two signals (lifecycle.py's rule): the
@@ -36,20 +49,21 @@ FLEETD_LOSS_DETECT_S = Sourced(
 
 
 # The survivors' hang after a loss without notice is not the planner's detection: fleetd's
-# rendezvous steering removes a rank whose rendezvous heartbeat is older than loss.dead_after_s
-# once the job has also made no progress for loss.hang_after_s, and pokes the survivors into a
-# new round (fleetd/rendezvous/decide.py). Both clocks start at the loss (the lost rank stops
-# heartbeating; the collective stops progressing), so the hang is the longer of the two. Taken
-# from the daemon's own config defaults (fleetd.config.LossConfig), not a copy of them.
+# rendezvous steering removes a member quiet on both the store (no heartbeat) and the broker (no
+# message from its agent) for loss.silent_after_s while the job made no progress for as long, and
+# pokes the survivors into a new round (fleetd/rendezvous/decide.py, silent_everywhere). All three
+# clocks start at the loss at the latest (a vanished node's last heartbeat and report come before
+# it), so the hang is at most silent_after_s. Taken from the daemon's own config default
+# (fleetd.config.LossConfig), not a copy of it.
 def _silent_loss_hang() -> Sourced:
     from fleetd.config import LossConfig
 
     loss = LossConfig()
     return Sourced(
-        max(loss.dead_after_s, loss.hang_after_s),
-        f"fleetd.toml [loss] defaults (fleetd/config.py LossConfig): a rank with no rendezvous heartbeat for "
-        f"dead_after_s {loss.dead_after_s:g} s is removed once the job made no progress for hang_after_s "
-        f"{loss.hang_after_s:g} s; the survivors are then poked into a new round",
+        loss.silent_after_s,
+        f"fleetd.toml [loss] default (fleetd/config.py LossConfig): a member quiet on the store and the "
+        f"broker for silent_after_s {loss.silent_after_s:g} s while the job made no progress is removed and "
+        f"the survivors are poked into a new round",
     )
 
 
@@ -203,7 +217,8 @@ def measured_overrides(bench_dir: Path | None = None) -> dict[str, Sourced]:
     ``bench/results/rebalance.json`` (or under $FLEETD_BENCH_RESULTS), its medians replace the
     DESIGN.md figures: ``notice_to_training_s`` -> fleetd's re-form time (notice to every
     survivor training, so it includes a toy model's checkpoint; the job's own stall is added
-    separately), ``default_notice_to_training_s`` -> torchrun's.
+    separately), ``join_to_training_s`` -> fleetd's join round, ``default_notice_to_training_s``
+    -> torchrun's.
     """
     root = bench_dir or Path(os.environ.get("FLEETD_BENCH_RESULTS", "bench/results"))
     path = root / "rebalance.json"
@@ -214,7 +229,11 @@ def measured_overrides(bench_dir: Path | None = None) -> dict[str, Sourced]:
     found: dict[str, Sourced] = {}
     if not isinstance(doc, dict):
         return found
-    for key, target in (("notice_to_training_s", "reform_s"), ("default_notice_to_training_s", "torchrun_reform_s")):
+    for key, target in (
+        ("notice_to_training_s", "reform_s"),
+        ("join_to_training_s", "join_reform_s"),
+        ("default_notice_to_training_s", "torchrun_reform_s"),
+    ):
         value = doc.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
             found[target] = Sourced(float(value), f"measured: {path} {key} (bench/rebalance.py)")

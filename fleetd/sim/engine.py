@@ -81,10 +81,11 @@ class World(TrainingBooks):
         self.steps_lost = 0.0
         self.stalled_until = 0.0
         self.stall_reason = ""
-        self._stalls: list[tuple[float, float, str]] = []  # queued (begin, end, reason)
+        self._stalls: list[tuple[float, float, str, str]] = []  # queued (begin, end, reason, detail)
         self._uncommitted_node_s = 0.0
         self.useful_node_s = 0.0
         self.overhead: dict[str, float] = {}
+        self.breakdown: dict[str, float] = {}  # the overhead by reason and cause (books.overhead_label)
         self.done_at: float | None = None
         self._last = 0.0
         self._members = 0
@@ -330,6 +331,7 @@ class World(TrainingBooks):
             notices=self.notices,
             losses_without_notice=self.unannounced,
             overhead_node_s=dict(self.overhead),
+            breakdown_node_s=dict(self.breakdown),
             on_demand_node_s=self.od_paid_released_s,
             actions=self.actions,
             timeline=self.timeline,

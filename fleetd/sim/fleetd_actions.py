@@ -64,6 +64,7 @@ class ActionsMixin:
     cfg: FleetdConfig
     startup_s: float
     reform_s: float
+    join_reform_s: float
     leaving_signal: bool
     progress_survives_loss: bool
     upload_gb_per_s: float
@@ -97,10 +98,10 @@ class ActionsMixin:
         elif isinstance(action, Terminate):
             self._terminate(world, action.instance_id)
         elif isinstance(action, RequestCheckpoint):
-            self._checkpoint(world)
+            self._checkpoint(world, "requested by the planner")
             self.last_request_at = world.now
         elif isinstance(action, StopJob):
-            self._checkpoint(world)
+            self._checkpoint(world, "before a stop")
             self.memory = after_stop(self.memory, world.now)
             world.set_members([])
             for node_id in self.phase:
@@ -109,8 +110,8 @@ class ActionsMixin:
             self.capacity_error_until = action.until
         # Warn: logged through the record only.
 
-    def _checkpoint(self, world: World) -> None:
-        world.checkpoint()
+    def _checkpoint(self, world: World, detail: str) -> None:
+        world.checkpoint(detail=detail)
         self.last_durable_at = world.now
         self.last_durable_step = int(world.progress)
 
@@ -203,18 +204,24 @@ class ActionsMixin:
         if not joining and not leaving:
             return
         before = world.members()
+        kind = " and ".join(k for k, nodes in (("join", joining), ("leave", leaving)) if nodes)
         if before:
-            self._checkpoint(world)
+            self._checkpoint(world, f"before a {kind}")
         gone = {n.id for n in leaving}
         world.set_members([n for n in before if n.id not in gone] + joining)
         if before or self.startup_s <= 0:
             # (Nobody training and a start-up time given: forming the first round is part of
             # the newcomers' start-up, the changeover d every policy pays.)
-            world.stall(self.reform_s, "re-form", after_current=True)
+            world.stall(self._round_s(joining, leaving), "re-form", after_current=True, detail=kind)
         if self.leaving_signal:
             delay = self._left_delay_s(world, len(before))
             for node in leaving:
                 world.after(delay, functools.partial(self._left, world, node))
+
+    def _round_s(self, joining: list[SimNode], leaving: list[SimNode]) -> float:
+        """Every rank's wait for the round: a leave's re-form, or a join's (the newcomer's hold
+        checkpoint request to every rank training at the larger size), the longer of the two."""
+        return max(self.join_reform_s if joining else 0.0, self.reform_s if leaving else 0.0)
 
     def _left_delay_s(self, world: World, world_size: int) -> float:
         """Drain to trainer-exited: its checkpoint stall, its shard's upload, the leave."""

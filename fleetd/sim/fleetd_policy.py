@@ -42,6 +42,8 @@ class FleetdPolicy(ObserveMixin, ActionsMixin):
         pool: PoolId,
         gpus_per_node: int = 1,
         reform_s: float = d.FLEETD_REFORM_S.value,
+        # A join's round (None: ``reform_s``); see `ActionsMixin._round_s`.
+        join_reform_s: float | None = None,
         detect_s: float = d.FLEETD_LOSS_DETECT_S.value,
         silent_loss_hang_s: float = d.FLEETD_SILENT_LOSS_HANG_S.value,
         # Survivors of a silent loss save the step they completed and lose only this; None (sharded
@@ -83,6 +85,7 @@ class FleetdPolicy(ObserveMixin, ActionsMixin):
         self.pool = pool
         self.gpus = gpus_per_node
         self.reform_s = reform_s
+        self.join_reform_s = reform_s if join_reform_s is None else join_reform_s
         self.detect_s = detect_s
         self.silent_loss_hang_s = silent_loss_hang_s
         self.salvage_loss_s = salvage_loss_s
@@ -164,13 +167,13 @@ class FleetdPolicy(ObserveMixin, ActionsMixin):
         """Hang until the steering pokes the survivors; they save the step they completed (or,
         with none left or sharded state, the job resumes from its last checkpoint); re-form."""
         self._hung_since = None
-        world.stall(self.silent_loss_hang_s, "loss recovery")
+        world.stall(self.silent_loss_hang_s, "loss recovery", detail="hang until the survivors are poked")
         if world.members() and self.salvage_loss_s is not None:
             world.salvage(self._hung_world, self.salvage_loss_s)
             self.last_durable_at, self.last_durable_step = world.now, int(world.progress)
         else:
-            world.rollback()
-        world.stall(self.reform_s, "loss recovery", after_current=True)
+            world.rollback(detail="back to the last checkpoint after a silent loss")
+        world.stall(self.reform_s, "loss recovery", after_current=True, detail="re-form")
 
     # --- one reconcile pass --------------------------------------------------------------
     def _pass(self, world: World) -> None:

@@ -58,7 +58,8 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--notice-lead-s", type=float, default=d.NOTICE_LEAD_S.value)
     g.add_argument("--no-notice-share", type=float, default=d.NO_NOTICE_SHARE.value)
     r = p.add_argument_group("recovery")
-    r.add_argument("--reform-s", type=float, default=None, help="fleetd's re-form time")
+    r.add_argument("--reform-s", type=float, default=None, help="fleetd's re-form time after a leave")
+    r.add_argument("--join-reform-s", type=float, default=None, help="fleetd's re-form time for a join")
     r.add_argument("--torchrun-reform-s", type=float, default=None, help="torchrun's re-form time")
     r.add_argument("--restart-recovery-s", type=float, default=d.CHECKPOINT_RESTART_RECOVERY_S.value)
     r.add_argument(
@@ -148,6 +149,9 @@ def build_scenario(args: argparse.Namespace, trace: Trace) -> Scenario:
     reform = args.reform_s
     if reform is None:
         reform = measured.get("reform_s", d.FLEETD_REFORM_S).value
+    join_reform = args.join_reform_s
+    if join_reform is None:
+        join_reform = measured.get("join_reform_s", d.FLEETD_JOIN_REFORM_S).value
     torchrun_reform = args.torchrun_reform_s
     if torchrun_reform is None:
         torchrun_reform = measured.get("torchrun_reform_s", d.TORCHRUN_REFORM_S).value
@@ -164,6 +168,7 @@ def build_scenario(args: argparse.Namespace, trace: Trace) -> Scenario:
         salvage_loss_s=None if args.sharded_state else d.SALVAGE_STEP_LOSS_S.value,
         base_config=base_config,
         reform_s=reform,
+        join_reform_s=join_reform,
         torchrun_reform_s=torchrun_reform,
         restart_recovery_s=args.restart_recovery_s,
         changeover_s=args.changeover_h * 3600,
@@ -211,6 +216,10 @@ def sources(scenario: Scenario) -> list[tuple[str, str]]:
     measured = d.measured_overrides()
     rows += [
         (f"fleetd re-form {scenario.reform_s:g} s", measured.get("reform_s", d.FLEETD_REFORM_S).source),
+        (
+            f"fleetd join {scenario.join_reform_s:g} s",
+            measured.get("join_reform_s", d.FLEETD_JOIN_REFORM_S).source,
+        ),
         (
             f"torchrun re-form {scenario.torchrun_reform_s:g} s",
             measured.get("torchrun_reform_s", d.TORCHRUN_REFORM_S).source,

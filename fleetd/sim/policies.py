@@ -27,7 +27,7 @@ class _Periodic:
     def arm(self, world: World) -> None:
         def tick() -> None:
             if world.training:
-                world.checkpoint()
+                world.checkpoint(detail="periodic")
             world.after(self.interval_s, tick)
 
         world.after(self.interval_s, tick)

@@ -34,6 +34,9 @@ class SimResult:
     losses_without_notice: int
     overhead_node_s: dict[str, float]
     on_demand_node_s: float
+    # The overhead by reason and cause ("re-form: join", "checkpoint: before a leave"); sums to
+    # ``overhead_node_s`` reason by reason.
+    breakdown_node_s: dict[str, float] = field(default_factory=dict)
     actions: list[str] = field(default_factory=list)
     timeline: list[Sample] = field(default_factory=list)
 
@@ -61,4 +64,7 @@ class SimResult:
             "notices": self.notices,
             "losses_without_notice": self.losses_without_notice,
             "overhead_node_hours": {k: round(v / 3600.0, 3) for k, v in sorted(self.overhead_node_s.items())},
+            "overhead_breakdown_node_hours": {
+                k: round(v / 3600.0, 3) for k, v in sorted(self.breakdown_node_s.items())
+            },
         }

@@ -43,7 +43,8 @@ class Scenario:
     budget_usd: float = 1e9
     max_usd_per_hour: float = 1e6
     on_demand: str = "deadline"  # fleetd's capacity.on_demand: never | deadline | hold_size
-    reform_s: float = d.FLEETD_REFORM_S.value
+    reform_s: float = d.FLEETD_REFORM_S.value  # a leave's round (and a silent loss's, once poked)
+    join_reform_s: float = d.FLEETD_JOIN_REFORM_S.value  # a join's round, for every elastic policy
     torchrun_reform_s: float = d.TORCHRUN_REFORM_S.value
     restart_recovery_s: float = d.CHECKPOINT_RESTART_RECOVERY_S.value
     # Deadline jobs: buying a node until it trains (d), the same for every policy.
@@ -121,11 +122,11 @@ class Scenario:
         if name == "greedy":
             if job.max_nodes == 1:
                 return Greedy(self.changeover_s)
-            return FleetGreedy(self.changeover_s, self.reform_s)
+            return FleetGreedy(self.changeover_s, self.reform_s, self.join_reform_s)
         if name == "uniform-progress":
             if job.max_nodes == 1:
                 return UniformProgress(self.changeover_s)
-            return FleetUniformProgress(self.changeover_s, self.reform_s)
+            return FleetUniformProgress(self.changeover_s, self.reform_s, self.join_reform_s)
         if name == "fleetd":
             pool = PoolId(self.instance_type, self.trace.pools()[0] if self.trace.pools() else "trace")
             if self.deadline_mode:
@@ -134,6 +135,7 @@ class Scenario:
                     self.fleetd_config(),
                     pool,
                     reform_s=self.reform_s,
+                    join_reform_s=self.join_reform_s,
                     startup_s=self.changeover_s,
                     leaving_signal=self.leaving_signal,
                     salvage_loss_s=self.salvage_loss_s,
@@ -145,6 +147,7 @@ class Scenario:
                 self.fleetd_config(),
                 pool,
                 reform_s=self.reform_s,
+                join_reform_s=self.join_reform_s,
                 leaving_signal=self.leaving_signal,
                 salvage_loss_s=self.salvage_loss_s,
             )
