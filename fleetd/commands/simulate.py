@@ -27,6 +27,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="all", help="policy name, or all (default)")
     p.add_argument("--json", action="store_true", help="print a JSON list, one object per policy")
     p.add_argument("--plot", type=Path, metavar="FILE.png", help="plot nodes, spend and progress (needs matplotlib)")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        metavar="N",
+        help="N jobs under one team budget (fleetd/policy/team.py) against the same jobs on the budget "
+        "split evenly (fleetd/sim/team.py); --budget-usd and --max-usd-per-hour are the team's",
+    )
+    p.add_argument(
+        "--region-trace",
+        type=Path,
+        action="append",
+        metavar="TRACE",
+        help="with --jobs: another region's spot capacity (repeatable); --trace is the first region",
+    )
     add_trace_arguments(p)
     add_job_arguments(p)
 
@@ -37,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
     from fleetd.sim.scenario import Scenario
     from fleetd.sim.traces import TraceError, load_trace
 
+    if args.jobs is not None:
+        return _run_team(args)
     try:
         if args.plot:
             require_matplotlib()  # before minutes of simulation, not after
@@ -67,6 +83,20 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(render_table(scenario, results, sources(scenario)))
     return 0
+
+
+def _run_team(args: argparse.Namespace) -> int:
+    from fleetd.sim import team_cli
+    from fleetd.sim.traces import TraceError
+
+    if args.jobs < 1:
+        print("fleetd simulate: --jobs must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        return team_cli.run(args)
+    except (TraceError, ValueError) as exc:
+        print(f"fleetd simulate: {exc}", file=sys.stderr)
+        return 2
 
 
 def render_table(scenario: Scenario, results: Sequence[SimResult], source_rows: Sequence[tuple[str, str]]) -> str:

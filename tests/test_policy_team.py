@@ -1,0 +1,154 @@
+"""The team allocator's rules, one by one (fleetd/policy/team.py, team_region.py; issue 33)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from fleetd.policy.team import allocate, team_room_usd_per_hour
+from fleetd.policy.team_model import JobCap, RegionOffer, TeamActionKind, TeamBudget, TeamJob, TeamSettings
+
+A = (RegionOffer("a", 1.0, 1.0),)
+AB = (RegionOffer("a", 1.0, 1.0), RegionOffer("b", 1.5, 1.4))
+
+
+def job(name: str, priority: int = 0, lo: int = 1, hi: int = 8, **kw: object) -> TeamJob:
+    return TeamJob(name=name, priority=priority, min_nodes=lo, max_nodes=hi, offers=kw.pop("offers", A), **kw)  # type: ignore[arg-type]
+
+
+def running(j: TeamJob, n: int, price: float = 1.0, region: str = "a") -> TeamJob:
+    return replace(j, region=region, node_prices=(price,) * n)
+
+
+def budget(per_hour: float, total: float = 1e6, spent: float = 0.0) -> TeamBudget:
+    return TeamBudget(total_usd=total, max_usd_per_hour=per_hour, spent_usd=spent, horizon_s=3600.0)
+
+
+def test_room_is_the_tighter_of_the_rate_cap_and_the_total_over_the_horizon() -> None:
+    assert team_room_usd_per_hour(budget(10.0, total=100.0, spent=95.0)) == pytest.approx(5.0)
+    assert team_room_usd_per_hour(budget(10.0, total=100.0, spent=0.0)) == pytest.approx(10.0)
+    assert team_room_usd_per_hour(budget(10.0, total=100.0, spent=120.0)) == 0.0
+    plan = allocate(budget(10.0, total=100.0, spent=95.0), [job("x")], {})
+    assert plan.of("x").nodes == 5 and plan.forecast_usd <= 100.0 + 1e-9
+
+
+def test_lower_priority_shrinks_first_then_pauses() -> None:
+    hi, lo = running(job("hi", 5, lo=2), 4), running(job("lo", 1, lo=2), 4)
+    plan = allocate(budget(6.0), [hi, lo], {})
+    assert (plan.of("hi").nodes, plan.of("lo").nodes) == (4, 2)
+    assert plan.of("lo").kind is TeamActionKind.SHRINK
+    plan = allocate(budget(3.0), [hi, lo], {})
+    assert (plan.of("hi").nodes, plan.of("lo").nodes) == (3, 0)
+    assert plan.of("lo").kind is TeamActionKind.PAUSE
+    assert "checkpoint first" in plan.of("lo").reason and "team budget" in plan.of("lo").reason
+
+
+def test_needs_come_before_a_higher_jobs_extras() -> None:
+    plan = allocate(budget(5.0), [job("hi", 5, lo=1), job("lo", 1, lo=2)], {})
+    assert (plan.of("hi").nodes, plan.of("lo").nodes) == (3, 2)
+
+
+def test_equal_priorities_share_in_proportion_to_their_minimum_sizes() -> None:
+    plan = allocate(budget(9.0), [job("small", lo=1, hi=20), job("big", lo=2, hi=20)], {})
+    assert (plan.of("small").nodes, plan.of("big").nodes) == (3, 6)
+
+
+def test_a_running_job_keeps_its_need_before_an_equal_priority_newcomer() -> None:
+    plan = allocate(budget(2.0), [job("new", lo=2), running(job("old", lo=2), 2)], {})
+    assert plan.of("old").kind is TeamActionKind.KEEP
+    assert plan.of("new").kind is TeamActionKind.PENDING and "team budget" in plan.of("new").reason
+
+
+def test_paused_jobs_resume_highest_priority_first() -> None:
+    paused = [replace(job(n, p, lo=2), region="a", paused=True) for n, p in (("p1", 1), ("p3", 3), ("p2", 2))]
+    plan = allocate(budget(4.0), paused, {})
+    assert [plan.of(n).kind for n in ("p3", "p2", "p1")] == [
+        TeamActionKind.RESUME,
+        TeamActionKind.RESUME,
+        TeamActionKind.PAUSED,
+    ]
+    assert "stays paused" in plan.of("p1").reason
+
+
+def test_a_job_that_cannot_start_is_pending_with_the_reason() -> None:
+    plan = allocate(budget(100.0), [job("x", lo=4)], {"a": 3})
+    a = plan.of("x")
+    assert a.kind is TeamActionKind.PENDING and a.nodes == 0
+    assert "capacity" in a.reason and "no allowed region has capacity for its 4 nodes" in a.reason
+
+
+def test_per_job_caps_hold_under_the_team_budget() -> None:
+    capped = job("capped", 5, cap=JobCap(max_usd_per_hour=3.0))
+    totalled = job("totalled", 5, spent_usd=9.0, cap=JobCap(total_usd=10.0))
+    plan = allocate(budget(100.0), [capped, totalled, job("other", 0, hi=4)], {})
+    assert plan.of("capped").nodes == 3 and "its own cap" in plan.of("capped").reason
+    assert plan.of("totalled").nodes == 1
+    assert plan.of("other").nodes == 4
+
+
+def test_a_deadline_job_gets_its_ask_first_within_its_priority_and_within_the_budget() -> None:
+    plain, dl = job("plain", 1, lo=2), job("dl", 1, lo=1, deadline_nodes=5)
+    plan = allocate(budget(7.0), [plain, dl], {})
+    assert (plan.of("dl").nodes, plan.of("plain").nodes) == (5, 2)
+    plan = allocate(budget(4.0), [plain, dl], {})
+    assert plan.of("dl").nodes == 4 and "deadline at risk" in plan.of("dl").reason
+    assert plan.of("plain").kind is TeamActionKind.PENDING
+
+
+def test_shrinking_keeps_the_cheapest_nodes() -> None:
+    j = replace(job("x"), region="a", node_prices=(3.0, 1.0, 2.0))
+    plan = allocate(budget(3.0), [j], {})
+    assert plan.of("x").nodes == 2 and plan.of("x").usd_per_hour == pytest.approx(3.0)
+
+
+def test_a_new_job_goes_to_the_cheapest_region_with_capacity() -> None:
+    offers = (RegionOffer("a", 1.0, 1.2), RegionOffer("b", 1.0, 0.9), RegionOffer("c", 1.0, 0.5))
+    plan = allocate(budget(100.0), [job("x", lo=2, hi=2, offers=offers)], {"c": 1})
+    assert plan.of("x").region == "b" and plan.of("x").kind is TeamActionKind.START
+    assert "lowest expected $0.900" in plan.of("x").reason
+
+
+def test_higher_priority_jobs_claim_region_capacity_first() -> None:
+    jobs = [job("lo", 0, lo=2, hi=2, offers=AB), job("hi", 9, lo=2, hi=2, offers=AB)]
+    plan = allocate(budget(100.0), jobs, {"a": 2, "b": 2})
+    assert (plan.of("hi").region, plan.of("lo").region) == ("a", "b")
+
+
+def test_a_running_job_stays_while_its_region_has_capacity_even_if_another_is_cheaper() -> None:
+    offers = (RegionOffer("a", 1.0, 2.0), RegionOffer("b", 0.5, 0.5))
+    plan = allocate(budget(100.0), [running(job("x", lo=2, hi=2, offers=offers), 2)], {"a": 2})
+    assert plan.of("x").region == "a" and plan.of("x").kind is TeamActionKind.KEEP
+
+
+def test_a_job_moves_when_its_region_is_dry_and_the_move_pays() -> None:
+    dry = (RegionOffer("a", 3.0, 3.0), RegionOffer("b", 1.5, 1.4))  # staying: on-demand
+    x = running(job("x", lo=2, hi=2, offers=dry, remaining_gpu_hours=100.0, checkpoint_gb=50.0), 2)
+    plan = allocate(budget(100.0), [x], {"a": 0}, TeamSettings(transfer_usd_per_gb=0.02, changeover_h=0.25))
+    a = plan.of("x")
+    assert (a.kind, a.region, a.move_from, a.nodes) == (TeamActionKind.MOVE, "b", "a", 2)
+    # saving 100 x (3.0 - 1.4) = 160 > copy 1.00 + changeover 0.25 h x $3.00/h
+    assert "it pays: saving $160.00" in a.reason and "copy $1.00" in a.reason and "changeover $0.75" in a.reason
+
+
+def test_a_job_does_not_move_when_the_move_does_not_pay() -> None:
+    dry = (RegionOffer("a", 3.0, 1.5), RegionOffer("b", 1.5, 1.4))
+    x = running(job("x", lo=2, hi=2, offers=dry, remaining_gpu_hours=2.0, checkpoint_gb=500.0), 2)
+    a = allocate(budget(100.0), [x], {"a": 0}).of("x")
+    assert (a.kind, a.region, a.nodes) == (TeamActionKind.PAUSE, "a", 0)
+    assert "a move to b does not pay" in a.reason and "checkpoint first" in a.reason
+
+
+def test_every_allotment_has_a_reason_and_the_plan_says_the_team_figures() -> None:
+    plan = allocate(budget(3.0, total=50.0, spent=10.0), [job("a", 1), job("b", 0, lo=3)], {})
+    assert all(a.reason for a in plan.allotments)
+    assert "spent $10.00 of $50.00" in plan.reason and "may burn $3.00/h" in plan.reason
+
+
+def test_bad_inputs_are_refused() -> None:
+    with pytest.raises(ValueError, match="unique"):
+        allocate(budget(1.0), [job("x"), job("x")], {})
+    with pytest.raises(ValueError, match="min_nodes"):
+        job("x", lo=3, hi=2)
+    with pytest.raises(ValueError, match="horizon"):
+        TeamBudget(1.0, 1.0, 0.0, 0.0)
