@@ -152,3 +152,75 @@ def test_bad_inputs_are_refused() -> None:
         job("x", lo=3, hi=2)
     with pytest.raises(ValueError, match="horizon"):
         TeamBudget(1.0, 1.0, 0.0, 0.0)
+
+
+# Extras by marginal value (rule 3) and resume hysteresis (rule 4).
+
+
+def test_extras_go_where_the_next_node_adds_most_useful_work_per_dollar() -> None:
+    poor = job("poor", lo=1, hi=8, useful_nodes=(1.0, 1.5, 1.9, 2.2))  # each node adds less
+    good = job("good", lo=1, hi=8)  # ideal scaling
+    plan = allocate(budget(6.0), [poor, good], {})
+    assert (plan.of("good").nodes, plan.of("poor").nodes) == (5, 1)
+
+
+def test_a_higher_priority_takes_extras_first_only_within_the_band() -> None:
+    hi = job("hi", 5, lo=1, hi=8, useful_nodes=(1.0, 1.8, 2.5))  # node 2 adds 0.8
+    lo = job("lo", 1, lo=1, hi=8)  # node 2 adds 1.0
+    wide = allocate(budget(3.0), [hi, lo], {})  # the default band, 30 %
+    assert (wide.of("hi").nodes, wide.of("lo").nodes) == (2, 1)  # 0.8 >= 0.7 x 1.0: priority
+    narrow = allocate(budget(3.0), [hi, lo], {}, TeamSettings(extra_priority_band=0.1))
+    assert (narrow.of("hi").nodes, narrow.of("lo").nodes) == (1, 2)  # 0.8 < 0.9 x 1.0: the cheaper step
+
+
+def test_no_extra_node_below_the_jobs_min_marginal_efficiency() -> None:
+    x = job("x", lo=1, hi=8, useful_nodes=(1.0, 1.9, 2.4), min_marginal_efficiency=0.7)
+    a = allocate(budget(100.0), [x], {}).of("x")
+    # node 3 adds 0.5 for $1/h against an average of 1.9 / $2/h: 53 % < 70 %
+    assert a.nodes == 2 and "its scaling: node 3" in a.reason and "min_marginal_efficiency 70%" in a.reason
+
+
+def _paused(name: str, priority: int, lo: int, at: float) -> TeamJob:
+    return replace(job(name, priority, lo=lo, hi=lo), region="a", paused=True, paused_at=at)
+
+
+def test_a_paused_job_waits_out_a_dip_until_it_fits_with_margin_or_has_waited() -> None:
+    x = _paused("x", 1, 4, at=1000.0)
+    tight = allocate(budget(100.0), [x], {"a": 5}, now=1100.0).of("x")
+    assert tight.kind is TeamActionKind.PAUSED and "waits out the dip" in tight.reason
+    assert allocate(budget(100.0), [x], {"a": 6}, now=1100.0).of("x").kind is TeamActionKind.RESUME
+    assert allocate(budget(100.0), [x], {"a": 5}, now=1000.0 + 1800.0).of("x").kind is TeamActionKind.RESUME
+    assert allocate(budget(100.0), [x], {"a": 5}).of("x").kind is TeamActionKind.RESUME  # no clock: no hold
+
+
+def test_a_paused_job_does_not_resume_when_the_total_would_not_last() -> None:
+    x = _paused("x", 1, 1, at=0.0)
+    # $1.30 left: room $1.30/h for the 1 h horizon, but not for 1 h + 2 x 0.25 h changeover
+    a = allocate(budget(10.0, total=11.3, spent=10.0), [x], {}, now=1e6).of("x")
+    assert a.kind is TeamActionKind.PAUSED and "would not keep" in a.reason
+    b = allocate(budget(10.0, total=11.6, spent=10.0), [x], {}, now=1e6).of("x")
+    assert b.kind is TeamActionKind.RESUME
+
+
+def test_a_held_job_resumes_anyway_rather_than_leave_its_room_to_a_lower_one() -> None:
+    hi, lo = _paused("hi", 5, 2, at=0.0), running(job("lo", 1, lo=1, hi=1), 1)
+    plan = allocate(budget(100.0), [hi, lo], {"a": 3}, now=60.0)  # hi fits, without margin
+    assert plan.of("hi").kind is TeamActionKind.RESUME and plan.of("lo").kind is TeamActionKind.KEEP
+
+
+def test_a_lower_job_does_not_resume_into_the_room_a_higher_one_just_left() -> None:
+    hi = running(job("hi", 5, lo=4, hi=4), 3)  # lost a node: its need no longer fits
+    lo = _paused("lo", 1, 2, at=0.0)
+    plan = allocate(budget(100.0), [hi, lo], {"a": 3}, now=120.0)
+    assert plan.of("hi").kind is TeamActionKind.PAUSE
+    assert plan.of("lo").kind is TeamActionKind.PAUSED and "the room is hi's" in plan.of("lo").reason
+
+
+def test_a_deadline_ask_above_the_minimum_shrinks_but_never_pauses_a_running_lower_job() -> None:
+    dl = running(job("dl", 5, lo=2, hi=8, deadline_nodes=6), 6)
+    lo = running(job("lo", 1, lo=2, hi=4), 2)
+    plan = allocate(budget(100.0), [dl, lo], {"a": 6})  # a dip: 6 nodes for 8
+    assert (plan.of("dl").nodes, plan.of("lo").nodes) == (4, 2)
+    assert "deadline at risk" in plan.of("dl").reason and plan.of("lo").kind is TeamActionKind.KEEP
+    new = replace(lo, region=None, node_prices=())  # a job not running yet does not hold it back
+    assert allocate(budget(100.0), [dl, new], {"a": 6}).of("dl").nodes == 6

@@ -63,6 +63,7 @@ def runs(draw: st.DrawFn) -> Run:
                 deadline_nodes=draw(st.none() | st.integers(0, 12)),
                 remaining_gpu_hours=draw(st.floats(0.0, 500.0)),
                 checkpoint_gb=draw(st.floats(0.0, 500.0)),
+                useful_nodes=tuple(draw(st.lists(st.floats(0.0, 12.0), max_size=8))),
             )
         )
     steps = []
@@ -124,11 +125,26 @@ def check_plan(plan: TeamPlan, budget: TeamBudget, jobs: list[TeamJob], capacity
             ), (hi, lo, plan.left_usd_per_hour)
 
 
-def apply(job: TeamJob, plan: TeamPlan, spent_job: float, factor: dict[str, float]) -> TeamJob:
+def check_holds(plan: TeamPlan, jobs: list[TeamJob], now: float) -> None:
+    """Hysteresis: a paused job held back although its need fits says why, is never held once it
+    has waited min_pause_s unless the total would not last, and no lower-priority job then runs."""
+    by_name = {j.name: j for j in jobs}
+    for a in plan.allotments:
+        if "waits out the dip" not in a.reason and "would not keep" not in a.reason:
+            continue
+        job = by_name[a.job]
+        assert a.kind is TeamActionKind.PAUSED and job.paused and job.paused_at is not None, a
+        if now - job.paused_at >= 1800.0:
+            assert "would not keep" in a.reason, a
+        assert not any(o.nodes and by_name[o.job].priority < job.priority for o in plan.allotments), a
+
+
+def apply(job: TeamJob, plan: TeamPlan, spent_job: float, factor: dict[str, float], now: float = 0.0) -> TeamJob:
     a = plan.of(job.name)
     offers = tuple(replace(o, node_price_per_hour=o.node_price_per_hour * factor[o.region]) for o in job.offers)
     if a.nodes == 0:
-        return replace(job, node_prices=(), paused=job.placed, spent_usd=spent_job, offers=offers)
+        paused_at = now if a.kind is TeamActionKind.PAUSE else job.paused_at
+        return replace(job, node_prices=(), paused=job.placed, spent_usd=spent_job, offers=offers, paused_at=paused_at)
     assert a.region is not None
     kept = sorted(job.node_prices)[: a.nodes] if a.region == job.region and job.running else []
     offer = job.offer(a.region)
@@ -158,12 +174,13 @@ def interrupt(jobs: list[TeamJob], capacity: dict[str, int | None]) -> list[Team
 @given(runs())
 def test_team_never_over_budget_and_priorities_hold(run: Run) -> None:
     jobs = list(run.jobs)
-    spent = 0.0
+    spent, now = 0.0, 0.0
     for dt, capacity, factor in run.steps:
         jobs = interrupt(jobs, capacity)
         budget = TeamBudget(run.total_usd, run.max_usd_per_hour, spent, run.horizon_s)
-        plan = allocate(budget, jobs, capacity)
+        plan = allocate(budget, jobs, capacity, now=now)
         check_plan(plan, budget, jobs, capacity)
+        check_holds(plan, jobs, now)
         spent += plan.burn_usd_per_hour * dt / 3600.0
         assert spent <= run.total_usd + EPS
         new = []
@@ -172,8 +189,9 @@ def test_team_never_over_budget_and_priorities_hold(run: Run) -> None:
             job_spent = job.spent_usd + a.usd_per_hour * dt / 3600.0
             if job.cap.total_usd is not None:
                 assert job_spent <= job.cap.total_usd + EPS
-            new.append(apply(job, plan, job_spent, factor))
+            new.append(apply(job, plan, job_spent, factor, now))
         jobs = new
+        now += dt
 
 
 @settings(max_examples=200, deadline=None, database=None)

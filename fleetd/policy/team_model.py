@@ -82,6 +82,13 @@ class TeamJob:
     deadline_nodes: int | None = None
     remaining_gpu_hours: float = 0.0  # useful GPU-hours of work left (a move's payback)
     checkpoint_gb: float = 0.0
+    # Its scaling model: useful node-equivalents at 1, 2, ... nodes (throughput at n nodes over one
+    # node's ideal, n x scaling efficiency; measured or modelled). () is ideal scaling; past the
+    # last entry a node adds what the last one did (scaling.py's "assumed equal" rule).
+    useful_nodes: tuple[float, ...] = ()
+    min_marginal_efficiency: float = 0.7  # its scaling.min_marginal_efficiency (the default)
+    efficiency_hysteresis: float = 0.1  # its scaling.efficiency_hysteresis: a node it has keeps a lower bar
+    paused_at: float | None = None  # when it was paused (the caller's clock); None: not recorded
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_nodes <= self.max_nodes:
@@ -101,6 +108,16 @@ class TeamJob:
     def offer(self, region: str | None) -> RegionOffer | None:
         return next((o for o in self.offers if o.region == region), None)
 
+    def useful(self, nodes: int) -> float:
+        """Useful node-equivalents at ``nodes`` nodes (its scaling model)."""
+        u = self.useful_nodes
+        if nodes <= len(u):
+            return u[nodes - 1] if nodes > 0 else 0.0
+        if not u:
+            return float(nodes)
+        last = u[-1] - (u[-2] if len(u) > 1 else 0.0)
+        return u[-1] + (nodes - len(u)) * last
+
     def need(self) -> int:
         """Nodes it asks for before any job of its priority gets more than its need."""
         if self.deadline_nodes is None:
@@ -112,6 +129,14 @@ class TeamJob:
 class TeamSettings:
     transfer_usd_per_gb: float = 0.02  # inter-region transfer (S3 to another region)
     changeover_h: float = 0.25  # buying nodes until they train, at the job's burn (d)
+    # Extras: a higher priority's next node goes first while it adds at least (1 - band) of the
+    # best useful node-equivalents per dollar on offer; outside the band the cheaper step wins.
+    extra_priority_band: float = 0.3
+    # Resume (hysteresis): a paused job's need must fit with this share to spare (nodes and USD/h),
+    # unless it has been paused min_pause_s; and the team's total must cover what is allotted with
+    # it over the horizon plus twice its changeover (it trains at least as long as it restarts).
+    resume_margin: float = 0.5
+    min_pause_s: float = 1800.0
 
 
 @dataclass(frozen=True, slots=True)

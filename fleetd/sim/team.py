@@ -15,12 +15,14 @@ after the changeover d (cold start and restore; a move also pays the checkpoint'
 billed per pass at their price from purchase to release; progress is the job's throughput at its
 training nodes (engine's scaling model). The region's cost score for a job is its spot price while
 the region has capacity for its minimum, else its on-demand price (what staying would cost).
+Each job shows the allocator its scaling model (``useful_nodes``, from the spec) and when it was
+paused; the pass's time is ``now``. ``TeamScenario.rules`` sets the allocator's knobs (sweeps).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fleetd.policy.team import allocate
 from fleetd.policy.team_model import Allotment, JobCap, RegionOffer, TeamActionKind, TeamBudget, TeamJob, TeamSettings
@@ -62,6 +64,7 @@ class TeamScenario:
     reform_s: float = d.FLEETD_REFORM_S.value + d.CHECKPOINT_STALL_S.value
     transfer_usd_per_gb: float = 0.02
     copy_gb_per_s: float = d.UPLOAD_GB_PER_S.value
+    rules: TeamSettings = TeamSettings()  # the allocator's knobs; transfer and changeover from above
 
     @property
     def duration_s(self) -> float:
@@ -74,6 +77,7 @@ class _JobState:
     region: str | None = None
     nodes: list[tuple[float, float]] = field(default_factory=list)  # (price, trains from)
     paused: bool = False
+    paused_at: float | None = None
     steps: float = 0.0
     spent: float = 0.0
     stalled_until: float = 0.0
@@ -142,6 +146,8 @@ def _team_job(sc: TeamScenario, s: _JobState, now: float, capacity: dict[str, in
         deadline_nodes=deadline_nodes,
         remaining_gpu_hours=left / spec.steps_per_node_s / 3600.0,
         checkpoint_gb=spec.checkpoint_gb,
+        useful_nodes=tuple(spec.throughput(n) / spec.steps_per_node_s for n in range(1, spec.max_nodes + 1)),
+        paused_at=s.paused_at if s.paused else None,
     )
 
 
@@ -151,7 +157,7 @@ def run_team(sc: TeamScenario, mode: str) -> TeamOutcome:
         raise ValueError(f"mode must be one of {MODES}")
     states = [_JobState(j) for j in sc.jobs]
     prices = {r.name: r.spot_price for r in sc.regions}
-    settings = TeamSettings(sc.transfer_usd_per_gb, sc.changeover_s / 3600.0)
+    settings = replace(sc.rules, transfer_usd_per_gb=sc.transfer_usd_per_gb, changeover_h=sc.changeover_s / 3600.0)
     spent, max_burn = 0.0, 0.0
     n_jobs = len(sc.jobs)
     t = 0.0
@@ -162,7 +168,7 @@ def run_team(sc: TeamScenario, mode: str) -> TeamOutcome:
         live = [s for s in states if s.active and s.job.start_s <= t]
         if mode == "team":
             budget = TeamBudget(sc.total_usd, sc.max_usd_per_hour, spent, sc.horizon_s)
-            plan = allocate(budget, [_team_job(sc, s, t, capacity) for s in live], capacity, settings)
+            plan = allocate(budget, [_team_job(sc, s, t, capacity) for s in live], capacity, settings, now=t)
             for s in live:
                 _apply(s, plan.of(s.job.name), t, sc, prices)
         else:
@@ -172,7 +178,7 @@ def run_team(sc: TeamScenario, mode: str) -> TeamOutcome:
                     for r, c in capacity.items()
                 }
                 share = TeamBudget(sc.total_usd / n_jobs, sc.max_usd_per_hour / n_jobs, s.spent, sc.horizon_s)
-                plan = allocate(share, [_team_job(sc, s, t, free)], free, settings)
+                plan = allocate(share, [_team_job(sc, s, t, free)], free, settings, now=t)
                 _apply(s, plan.of(s.job.name), t, sc, prices)
         burn = sum(p for s in states for p, _ in s.nodes)
         max_burn = max(max_burn, burn)
@@ -204,7 +210,7 @@ def _apply(s: _JobState, a: Allotment, now: float, sc: TeamScenario, prices: dic
         s.decisions.append(f"{now / 3600:.2f} h {s.job.name}: {a.reason}")
     if kind is TeamActionKind.PAUSE:
         s.nodes.clear()
-        s.paused = True
+        s.paused, s.paused_at = True, now
         s.pauses += 1
         return
     if a.nodes == 0 or a.region is None:
