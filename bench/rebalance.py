@@ -74,7 +74,14 @@ async def steered(workdir: Path, endpoint: str, cycles: int) -> dict:
     )
     cfg = CheckpointConfig(bucket=BUCKET, prefix=cluster.s3_prefix, local_dir=workdir / "agent")
     aws = AwsConfig(region="us-east-1", endpoint_url=endpoint)
-    out: dict = {"notice_s": [], "steps_lost": [], "join_s": [], "join_steps_lost": [], "phases": []}
+    out: dict = {
+        "notice_s": [],
+        "steps_lost": [],
+        "join_s": [],
+        "join_pause_s": [],
+        "join_steps_lost": [],
+        "phases": [],
+    }
     try:
         async with CheckpointStore.connect(cfg, aws, job="bench") as store:
             await store.ensure_bucket()
@@ -117,6 +124,10 @@ async def steered(workdir: Path, endpoint: str, cycles: int) -> dict:
                 t_done = await asyncio.to_thread(cluster.events.wait_training, len(live), t_join, 120, set(live))
                 first = _first_step_at(cluster, len(live), t_join, set(live))
                 out["join_s"].append(round(t_done - t_join, 3))
+                # What the join costs the running ranks: their last step at the old size to every
+                # rank training at the new one (the newcomer's own start-up is not their pause).
+                old = [e["t"] for e in cluster.events.of("step", world=len(live) - 1) if e["t"] >= t_join]
+                out["join_pause_s"].append(round(t_done - max(old, default=t_join), 3))
                 out["join_steps_lost"].append(
                     _last_before(cluster, len(live) - 1, first) - _resumed(cluster, len(live), t_join)
                 )
@@ -224,13 +235,14 @@ def main() -> int:
     print(f"{'notice -> all survivors training (s)':38} {med(s['notice_s']):>12} {d.get('notice_s', '-'):>18}")
     print(f"{'steps lost per notice':38} {max(s['steps_lost']):>12} {d.get('steps_lost', '-'):>18}")
     print(f"{'join -> all ranks training (s)':38} {med(s['join_s']):>12} {d.get('join_s', '-'):>18}")
+    print(f"{'join: running ranks paused (s)':38} {med(s['join_pause_s']):>12} {'-':>18}")
     print(f"{'steps lost per join':38} {max(s['join_steps_lost']):>12} {d.get('join_steps_lost', '-'):>18}")
     hung = f"> {args.hang_limit_s:g} (hung)" if not args.skip_default and d.get("frozen_s") is None else "-"
     print(f"{'frozen node -> survivors training (s)':38} {s['frozen_s']:>12} {d.get('frozen_s') or hung:>18}")
     print(f"{'steps lost per frozen node':38} {s['frozen_steps_lost']:>12} {'-':>18}")
     print(f"{'killed node -> survivors training (s)':38} {s['killed_s']:>12} {'-':>18}")
     print(f"{'steps lost per killed node':38} {s['killed_steps_lost']:>12} {'-':>18}")
-    print(f"samples: notice {s['notice_s']}  join {s['join_s']}")
+    print(f"samples: notice {s['notice_s']}  join {s['join_s']}  join pause {s['join_pause_s']}")
     for i, ph in enumerate(s["phases"]):
         print(
             f"notice {i + 1}: emergency path phases (s since notice) {ph['emergency']}, shard durable={ph['durable']}"
@@ -239,6 +251,7 @@ def main() -> int:
         "notice_to_training_s": med(s["notice_s"]),
         "steps_lost": max(s["steps_lost"]),
         "join_to_training_s": med(s["join_s"]),
+        "join_pause_s": med(s["join_pause_s"]),
         "join_steps_lost": max(s["join_steps_lost"]),
         "default_notice_to_training_s": d.get("notice_s"),
         "default_steps_lost": d.get("steps_lost"),
@@ -251,6 +264,7 @@ def main() -> int:
         "default_hang_limit_s": None if args.skip_default else args.hang_limit_s,
         "notice_samples_s": s["notice_s"],
         "join_samples_s": s["join_s"],
+        "join_pause_samples_s": s["join_pause_s"],
         "cpus": os.cpu_count(),
         "load_average_before": round(load_before, 2),
     }

@@ -213,8 +213,9 @@ def test_without_a_pool_the_launcher_starts_a_cold_worker(tmp_path):
 
 def test_pool_warm_up_starts_no_threads(tmp_path):
     code = (
-        "import os, threading; from agent.supervise.warm_pool import warm_torch_lazily_imported_parts as w; "
-        "import torch; w(); print(threading.active_count(), len(os.listdir('/proc/self/task')))"
+        "import os, threading; from agent.supervise.warm_pool import warm_torch_lazily_imported_parts as w, "
+        "warm_s3_client_data as w3; import torch, agent.checkpoint_store.store; w(); w3(); "
+        "print(threading.active_count(), len(os.listdir('/proc/self/task')))"
     )
     # the supervisor starts the pool with OPENBLAS_NUM_THREADS=1 (numpy's BLAS pool is a thread)
     out = subprocess.run(

@@ -27,6 +27,7 @@ from aiobotocore.session import AioSession, get_session
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from botocore.exceptions import ConnectionError as BotoConnectionError
+from botocore.loaders import Loader, create_loader
 
 from agent.checkpoint_store.errors import (
     ObjectNotFound,
@@ -50,8 +51,37 @@ def _session(profile: str | None) -> AioSession:
         session = get_session()
         if profile:
             session.set_config_variable("profile", profile)
+        session.register_component("data_loader", _shared_loader(session.get_config_variable("data_path")))
         per_loop[profile] = session
     return per_loop[profile]
+
+
+# botocore's parsed data files, shared by every session of the process (per data path). A session
+# per loop still meant parsing them again for each loop's first client: ~0.1 s of CPU in every
+# ``asyncio.run`` a training rank makes to read S3's ``latest`` when it starts after a re-form
+# (agent/trainer/resume.py). The loader only caches what it parsed (botocore shares it between
+# all clients of one session the same way); a race between threads at worst parses a file twice.
+_LOADERS: dict[str | None, Loader] = {}
+
+
+def _shared_loader(data_path: str | None) -> Loader:
+    loader = _LOADERS.get(data_path)
+    if loader is None:
+        loader = _LOADERS[data_path] = create_loader(data_path)
+    return loader
+
+
+def warm_client_data() -> None:
+    """Parse the files an S3 client reads into the shared loader. The warm pool
+    (agent/supervise/warm_pool.py) calls it once, so forked workers start with them parsed: only
+    files are read (no client, no credentials, no network, no thread)."""
+    loader = _shared_loader(get_session().get_config_variable("data_path"))
+    for name in ("endpoints", "sdk-default-configuration", "partitions", "_retry"):
+        loader.load_data_with_path(name)
+    # Under the very cache keys botocore asks with (the session's call, then the client's two).
+    loader.load_service_model("s3", type_name="service-2", api_version=None)
+    for kind in ("service-2", "endpoint-rule-set-1"):
+        loader.load_service_model("s3", kind, api_version=None)
 
 
 _NOT_FOUND = {"NoSuchKey", "NotFound", "404", "NoSuchUpload", "NoSuchBucket"}

@@ -1,8 +1,8 @@
 """``python -m agent.supervise.torchrun_main <torchrun args>``: torchrun, patched for fleetd.
 
 It polls the rendezvous every ``FLEETD_RDZV_POLL_S`` (0.1 s) instead of every second, rides
-through a store outage (store_ride.py), and before joining a running job asks it for a checkpoint
-with hold (folder mode: every round starts on the newest folder version, folder_gate.py).
+through a store outage (store_ride.py), and right before its first join of a running job (its
+warm pool ready) asks it for a checkpoint with hold (folder mode: every round starts on the newest folder version, folder_gate.py).
 Everything else is torchrun unchanged; if torch's internals changed it runs as is (slower, still
 correct). (docs/DESIGN.md "One interruption, end to end", "Rendezvous store crash")
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agent.trainer.store_link import StoreLink
@@ -98,11 +98,57 @@ def checkpoint_before_join(timeout_s: float) -> int | None:
     return None
 
 
+# How long a newcomer's first join waits for its warm pool (agent/supervise/warm_pool.py) to
+# finish importing torch (seconds; ~15 s seen on a loaded 2-core box). Past that (or a pool that
+# died) it joins anyway: warm_launch then starts its first workers cold.
+POOL_WAIT_S = 30.0
+
+
+def _wait_for_warm_pool(timeout_s: float) -> None:
+    """The pool creates its socket once torch is imported (warm_pool.serve)."""
+    import time
+
+    sock = os.environ.get("FLEETD_WARM_POOL")
+    until = time.monotonic() + timeout_s
+    while sock and not os.path.exists(sock) and time.monotonic() < until:
+        time.sleep(0.05)
+
+
+def _hold_before_first_join(timeout_s: float) -> bool:
+    """Ask the running job for its hold checkpoint when this node is about to join, not when
+    torchrun starts. The running ranks stop training at the request and resume only in the new
+    round: torchrun's own start-up and the warm pool's import of torch (seconds on a busy host)
+    would otherwise all count in their pause. False: torch changed; asked at once instead."""
+    try:
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+        original = DynamicRendezvousHandler.next_rendezvous
+    except (ImportError, AttributeError) as exc:
+        print(f"fleetd: asking for the join checkpoint at start: {exc}", file=sys.stderr)
+        checkpoint_before_join(timeout_s)
+        return False
+    asked = False
+
+    def next_rendezvous(self: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal asked
+        if not asked:  # later calls are this member's own re-forms: nothing to save for
+            asked = True
+            _wait_for_warm_pool(POOL_WAIT_S)
+            checkpoint_before_join(timeout_s)
+        return original(self, *args, **kwargs)
+
+    DynamicRendezvousHandler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]
+    return True
+
+
 def main() -> None:
     _patch(float(os.environ.get("FLEETD_RDZV_POLL_S", "0.1")))
     from agent.supervise import store_ride
 
     store_ride.install()  # a store restart no longer ends the workers (store_ride's docstring)
+    from agent.supervise import rdzv_events
+
+    rdzv_events.install()  # rendezvous events named without walking the stack (~0.5 s of a re-form)
     folder_gate = os.environ.get("FLEETD_FOLDER_GATE")  # folder_gate.GATE_ENV, set by folder_hooks.py
     if folder_gate:
         # Folder mode: the ranks cannot be asked for a checkpoint (the script imports nothing
@@ -111,7 +157,7 @@ def main() -> None:
 
         install(folder_gate)
     else:
-        checkpoint_before_join(float(os.environ.get("FLEETD_JOIN_CKPT_TIMEOUT_S", "10")))
+        _hold_before_first_join(float(os.environ.get("FLEETD_JOIN_CKPT_TIMEOUT_S", "10")))
     from torch.distributed.run import main as torchrun_main
 
     torchrun_main()

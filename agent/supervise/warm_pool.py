@@ -95,6 +95,11 @@ def _run_worker(conn: socket.socket, request: dict[str, Any], fds: list[int]) ->
             os.killpg(0, signal.SIGKILL)
 
         threading.Thread(target=die_with_launcher, daemon=True, name="warm-pool-lifeline").start()
+        # Workers of a round start within milliseconds here: a rank that is not 0 would try rank
+        # 0's store before it listens and back off for ~0.5 s (agent/supervise/master_wait.py).
+        from agent.supervise import master_wait
+
+        master_wait.install()
         argv = request["argv"]
         sys.argv = list(argv)
         if request.get("module", True):
@@ -128,6 +133,20 @@ def warm_torch_lazily_imported_parts() -> None:
     import torch
 
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+
+
+def warm_s3_client_data() -> None:
+    """Every worker's ``resume()`` reads S3's ``latest`` through a fresh botocore session, which
+    parsed botocore's data files again: ~0.1-0.3 s of CPU in each worker of each re-form. Parse
+    them once here (agent.checkpoint_store.s3.warm_client_data: files only, no thread, no network)."""
+    if "agent.checkpoint_store.s3" not in sys.modules:
+        return  # not preloaded: this pool's workers do not use the checkpoint store
+    from agent.checkpoint_store.s3 import warm_client_data
+
+    try:
+        warm_client_data()
+    except Exception as exc:  # noqa: BLE001 - a failed warm-up only costs warmth
+        print(f"warm_pool: cannot warm the S3 client data: {exc}", file=sys.stderr)
 
 
 def serve(socket_path: str, preload: list[str]) -> None:
@@ -200,6 +219,7 @@ class _Pool:
                 # The first fork (a joining node's torchrun) is served before this second of warm-up,
                 # which then overlaps with that torchrun's own start and rendezvous.
                 warm_torch_lazily_imported_parts()
+                warm_s3_client_data()
                 gc.collect()
                 gc.freeze()
                 self.warmed = True

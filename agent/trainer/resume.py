@@ -68,8 +68,10 @@ class ResumeSteps:
         newest = self._agree_max(self._newest_local())
         # A newer durable step in S3 beats every local copy: a node that dropped out of the world
         # (a slow restart) while the others trained on and then all left holds only a stale copy,
-        # and resuming from it lost every step since (108 in a demo wave). One GET of ``latest``.
-        durable = self._agree_max(self._newest_durable() if self.ctx.local_rank == 0 else NONE)
+        # and resuming from it lost every step since (108 in a demo wave). One GET of ``latest``,
+        # by rank 0 for the whole world (the MAX gives every rank its answer): one per node cost
+        # every node a botocore client, ~0.1-0.3 s of CPU, on every re-form, and N GETs at N nodes.
+        durable = self._agree_max(self._newest_durable() if self.ctx.rank == 0 else NONE)
         if newest == NONE or durable > newest:
             if self.ctx.local_rank == 0:
                 self._restore_from_s3()

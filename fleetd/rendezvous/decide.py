@@ -298,8 +298,9 @@ def _leaves(obs: Observation, s: RendezvousState, present: frozenset[str]) -> li
 
 
 def _round(obs: Observation, s: RendezvousState) -> list[SteerAction]:
-    """The round being formed: held for nodes restarting after a store restart, completed once
-    every expected node joined; the poke's markers dropped once it formed."""
+    """The round being formed: held for nodes restarting after a store restart (or still stopping
+    their workers after a poke), completed once every expected node joined; the poke's markers
+    dropped once it formed."""
     actions: list[SteerAction] = []
     if not s.complete and _holding(obs):
         missing = obs.awaited - s.participant_addrs
@@ -326,6 +327,25 @@ def _round(obs: Observation, s: RendezvousState) -> list[SteerAction]:
                 )
         elif expected and obs.min_nodes <= len(expected) <= obs.max_nodes and expected <= s.participant_addrs:
             actions.append(CompleteRound(f"all {len(expected)} expected nodes joined round {s.round}"))
+        elif expected and s.participants and not _holding(obs):
+            actions.extend(_hold_for_slow_members(obs, s, expected))
     elif s.has_marker and any(n.local_id < s.round for n in s.wait_list if n.addr == MARKER_ADDR):
         actions.append(DropMarkers(f"round {s.round} formed after the poke"))
     return actions
+
+
+def _hold_for_slow_members(obs: Observation, s: RendezvousState, expected: frozenset[str]) -> list[SteerAction]:
+    """A poke opens the next round at once (RendezvousState.poked), so torch's own last call
+    (2 s after the first node joins) would form it without a member still stopping its workers
+    (a SIGTERM salvage, a loaded box), and that member's late join would cost a second re-form.
+    When each agent left the old round by itself the round stayed closed until the last one was
+    out; hold the open round instead, for as long as expected_members waits for a member between
+    rounds: max(dead_after, hang_after) after the poke (the marker's heartbeat), then torch decides."""
+    poked_at = [t for n, t in s.last_heartbeats.items() if n.is_marker]
+    missing = (expected & (obs.members or frozenset())) - s.participant_addrs
+    if not poked_at or not missing:
+        return []
+    until = min(obs.now + HOLD_STEP, min(poked_at) + max(obs.dead_after, obs.hang_after))
+    if until <= obs.now or (s.deadline is not None and s.deadline >= min(until, obs.now + HOLD_STEP / 2)):
+        return []
+    return [HoldRound(f"round {s.round} held for {', '.join(sorted(missing))} (still leaving the last round)", until)]

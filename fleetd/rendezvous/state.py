@@ -122,6 +122,18 @@ class RendezvousState:
             last_heartbeats={**self.last_heartbeats, marker: now},
         )
 
+    def poked(self, now: datetime) -> RendezvousState:
+        """The survivors' poke: the next round, already open with this round's participants out
+        of it, and a marker in its wait list so that every agent restarts its workers.
+
+        A marker alone (the round left complete) made each agent exit the round by itself: the
+        first ones out wait-list themselves until the last one leaves and opens the next round,
+        then each needs one more 0.1 s poll to see it and join. That chain cost 0.7-2 s of a
+        notice's re-form (docs/measurements/2026-11-rendezvous.md). Opened here in one write,
+        each agent's exit finds nothing to do and its join adds it to the open round at once.
+        The agents lose nothing: torch's own exit op would remove them the same way."""
+        return self.without_nodes(set(self.participants)).with_marker(now, self.round)
+
     def without_markers(self) -> RendezvousState:
         return self._without({n for n in self.wait_list if n.is_marker}, min_nodes=1)
 

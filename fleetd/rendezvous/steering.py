@@ -319,8 +319,9 @@ class Steerer:
                     except Exception as exc:  # noqa: BLE001 - MQTT trouble must not stop steering
                         log.warning("leave_command_failed", addr=addr, error=str(exc))
             case decide.PokeSurvivors(finished=done):
+                # The next round opened in the same write as the marker (RendezvousState.poked).
                 await self.client.update(
-                    lambda s: s.with_marker(datetime.now(UTC), s.round) if s.complete and not s.has_marker else None
+                    lambda s: s.poked(datetime.now(UTC)) if s.complete and not s.has_marker else None
                 )
                 await self._forget(done)
             case decide.FinishLeaves(finished=done):
@@ -363,7 +364,7 @@ class Steerer:
         is no formed round to poke."""
         log.warning("rendezvous_reform", reason=reason)
         done = await self.client.update(
-            lambda s: s.with_marker(datetime.now(UTC), s.round) if s.complete and not s.has_marker else None
+            lambda s: s.poked(datetime.now(UTC)) if s.complete and not s.has_marker else None
         )
         return done is not None
 
