@@ -15,12 +15,14 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
+from fleetd.localnet import port_answers
 from fleetd.protocol import rendezvous_keys as keys
 from fleetd.protocol.errors import ProtocolError
 from fleetd.rendezvous import state as codec
 from fleetd.rendezvous.errors import RendezvousConflict, RendezvousUnavailable
 from fleetd.rendezvous.state import RendezvousState
 from fleetd.shared.logs import get_logger
+from fleetd.shared.waits import wait_set
 
 log = get_logger(__name__)
 T = TypeVar("T")
@@ -61,6 +63,18 @@ class RendezvousClient:
         except (RuntimeError, ValueError, TimeoutError, OSError) as exc:
             raise RendezvousUnavailable(f"rendezvous store {self.host}:{self.port} unreachable: {exc}") from None
         return self
+
+    async def reconnect_when_answering(self, stop: asyncio.Event, probe_s: float = 0.5) -> None:
+        """After an outage: a plain TCP probe every ``probe_s`` (torch's client would block
+        seconds per try and print a C++ stack trace each time), then one reconnect."""
+        while not stop.is_set():
+            if await port_answers(self.host, self.port):
+                try:
+                    await self.connect()
+                    return
+                except RendezvousUnavailable:
+                    pass  # listening but not serving yet
+            await wait_set(stop, probe_s)
 
     async def close(self) -> None:
         self._store = None

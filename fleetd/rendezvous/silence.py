@@ -22,6 +22,7 @@ from fleetd.rendezvous.decide import Observation
 from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
+LOG_STEP_S = 0.25
 
 
 @dataclass
@@ -31,6 +32,7 @@ class SilenceWatch:
     broker_seen: Callable[[str], float | None] | None = None
     store_seen: dict[str, datetime] = field(default_factory=dict)
     peak_quiet_s: float = 0.0  # longest both-channel quiet of a member not declared lost
+    _logged_peak_s: float = 0.0
 
     def heartbeat_advanced(self, addr: str, now: datetime) -> None:
         self.store_seen[addr] = now
@@ -51,6 +53,13 @@ class SilenceWatch:
         both = obs.store_seen.keys() & obs.broker_seen.keys()
         quiet = [min(obs.now - obs.store_seen[a], obs.now - obs.broker_seen[a]).total_seconds() for a in both - lost]
         peak = max(quiet, default=0.0)
-        if self.silent_after_s is not None and peak > self.peak_quiet_s and peak >= self.silent_after_s / 2:
+        # Logged from half the threshold up, in steps of LOG_STEP_S (a real loss ramps to the
+        # threshold in 50 ms passes: a line each would be noise).
+        if (
+            self.silent_after_s is not None
+            and peak >= self.silent_after_s / 2
+            and peak >= self._logged_peak_s + LOG_STEP_S
+        ):
+            self._logged_peak_s = peak
             log.info("rendezvous_quiet_peak", quiet_s=round(peak, 2), silent_after_s=self.silent_after_s)
         self.peak_quiet_s = max(self.peak_quiet_s, peak)

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import cast
 
-from fleetd.localnet import port_answers
 from fleetd.rendezvous import decide
 from fleetd.rendezvous.client import KEY_COUNT, RendezvousClient, Snapshot
 from fleetd.rendezvous.errors import RendezvousError, RendezvousUnavailable
@@ -376,8 +375,7 @@ class Steerer:
     async def run(self, stop: asyncio.Event) -> None:
         """Steer until ``stop``. A store outage (the rendezvous host restarting) is ridden through
         quietly: one line when it begins, one when the store answers again; meanwhile a plain TCP
-        probe every ``OUTAGE_PROBE_S`` (torch's client would block seconds per try and print
-        a C++ stack trace each time), then one reconnect. The next pass sees the new
+        probe every ``OUTAGE_PROBE_S``, then one reconnect (RendezvousClient). The next pass sees the new
         incarnation and re-seeds what the store lost (_store_restarted)."""
         down_since: float | None = None
         while not stop.is_set():
@@ -394,21 +392,11 @@ class Steerer:
                         error=str(exc).splitlines()[0][:200],
                         why="steering waits for the store; training does not need it meanwhile",
                     )
-                await self._reconnect_when_answering(stop)
+                await self.client.reconnect_when_answering(stop, OUTAGE_PROBE_S)
                 continue
             except RendezvousError as exc:
                 log.error("rendezvous_steer_failed", error=str(exc).splitlines()[0][:300])
             await wait_set(stop, self.settings.interval_s)
-
-    async def _reconnect_when_answering(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            if await port_answers(self.client.host, self.client.port):
-                try:
-                    await self.client.connect()
-                    return
-                except RendezvousUnavailable:
-                    pass  # listening but not serving yet
-            await wait_set(stop, OUTAGE_PROBE_S)
 
 
 OUTAGE_PROBE_S = 0.5
