@@ -139,7 +139,8 @@ def test_measured_bench_results_replace_design_figures(tmp_path):
         json.dumps(
             {
                 "notice_to_training_s": 2.4,
-                "join_to_training_s": 6.1,
+                "join_to_training_s": 4.4,  # the newcomer's whole start-up: not the running ranks' pause
+                "join_pause_s": 1.1,
                 "default_notice_to_training_s": 41.0,
                 "steps_lost": 0,
             }
@@ -147,7 +148,7 @@ def test_measured_bench_results_replace_design_figures(tmp_path):
     )
     found = measured_overrides(tmp_path)
     assert found["reform_s"].value == 2.4 and "bench/rebalance.py" in found["reform_s"].source
-    assert found["join_reform_s"].value == 6.1
+    assert found["join_reform_s"].value == 1.1
     assert found["torchrun_reform_s"].value == 41.0
     (tmp_path / "rebalance.json").write_text("not json")
     assert measured_overrides(tmp_path) == {}

@@ -24,21 +24,20 @@ class Sourced:
 
 # --- rendezvous and recovery (DESIGN.md "Rendezvous facts measured here") -----------------
 FLEETD_REFORM_S = Sourced(
-    1.87,
-    "measured 2026-11-27: bench/rebalance.py notice_to_training_s median, notice -> every survivor "
-    "training at the smaller size (idle 2-core box; a toy model's checkpoint included, the job's own "
-    "save is added as the checkpoint stall); also the survivors' round after a silent loss's poke",
+    0.667,
+    "measured 2026-11-27 (after the re-form cuts, 36ab7fa): bench/rebalance.py notice_to_training_s "
+    "median, notice -> every survivor training at the smaller size (idle 2-core box; a toy model's "
+    "checkpoint included, the job's own save is added as the checkpoint stall); also the survivors' "
+    "round after a silent loss's poke",
 )
-# A join stalls the ranks already training from the newcomer's hold-checkpoint request
-# (agent/supervise/torchrun_main.py asks before it enters the rendezvous) until every rank has
-# stepped at the larger size: their workers restart into the new round and resume. The bench
-# times it from the newcomer's torchrun start, so it also holds the newcomer's own start-up
-# before that request: an upper bound of the survivors' pause.
+# A join stalls the ranks already training from the newcomer's hold-checkpoint request, which it
+# sends right before entering the rendezvous with its warm pool ready (agent/supervise/
+# torchrun_main.py), until every rank has stepped at the larger size: their workers restart into
+# the new round and resume. The newcomer's own start-up comes before and costs them nothing.
 FLEETD_JOIN_REFORM_S = Sourced(
-    6.67,
-    "measured 2026-11-27: bench/rebalance.py join_to_training_s median, the newcomer's torchrun "
-    "start -> every rank training at the larger size (idle 2-core box); an upper bound of the "
-    "running ranks' pause (their hold starts after the newcomer's start-up)",
+    1.04,
+    "measured 2026-11-27 (36ab7fa): bench/rebalance.py join_pause_s median, the running ranks' last "
+    "step at the old size -> every rank training at the larger size (idle 2-core box)",
 )
 TORCHRUN_REFORM_S = Sourced(40.0, "DESIGN.md: torchrun defaults, 35-45 s to re-form per join or leave (midpoint)")
 # A node lost with no notice: fleetd learns of it from two signals (lifecycle.py's rule): the
@@ -217,7 +216,7 @@ def measured_overrides(bench_dir: Path | None = None) -> dict[str, Sourced]:
     ``bench/results/rebalance.json`` (or under $FLEETD_BENCH_RESULTS), its medians replace the
     DESIGN.md figures: ``notice_to_training_s`` -> fleetd's re-form time (notice to every
     survivor training, so it includes a toy model's checkpoint; the job's own stall is added
-    separately), ``join_to_training_s`` -> fleetd's join round, ``default_notice_to_training_s``
+    separately), ``join_pause_s`` -> fleetd's join round (the running ranks' pause), ``default_notice_to_training_s``
     -> torchrun's.
     """
     root = bench_dir or Path(os.environ.get("FLEETD_BENCH_RESULTS", "bench/results"))
@@ -231,7 +230,7 @@ def measured_overrides(bench_dir: Path | None = None) -> dict[str, Sourced]:
         return found
     for key, target in (
         ("notice_to_training_s", "reform_s"),
-        ("join_to_training_s", "join_reform_s"),
+        ("join_pause_s", "join_reform_s"),
         ("default_notice_to_training_s", "torchrun_reform_s"),
     ):
         value = doc.get(key)
