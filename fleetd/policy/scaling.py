@@ -34,7 +34,7 @@ def initial_target(cfg: FleetdConfig) -> int:
     return min(max(wanted, cfg.fleet.min_nodes), cfg.fleet.max_nodes)
 
 
-def _efficiency(gain: float, next_price: float, throughput: float, cost: float) -> float:
+def marginal_efficiency(gain: float, next_price: float, throughput: float, cost: float) -> float:
     """Marginal throughput per dollar of one node, as a share of the average per dollar."""
     if throughput <= 0 or cost <= 0 or next_price <= 0:
         return 0.0
@@ -149,7 +149,7 @@ def _scale_down(previous: int, f: _Measured, cfg: FleetdConfig) -> TargetDecisio
             f"scale_down_util_pct {sc.scale_down_util_pct:.0f}% (idle)",
         )
     if f.here is not None and f.below is not None and previous > lo:
-        eff = _efficiency(f.here - f.below, f.avg_price, f.here, f.cost)
+        eff = marginal_efficiency(f.here - f.below, f.avg_price, f.here, f.cost)
         floor = sc.min_marginal_efficiency * (1 - sc.efficiency_hysteresis)
         if eff < floor:
             return TargetDecision(
@@ -204,7 +204,7 @@ def _scale_up(
             previous + 1,
             f"scale up {previous}->{previous + 1}: {why} and no measurement beyond {n} nodes yet: exploring",
         )
-    eff = _efficiency(gain, price, here, f.cost)
+    eff = marginal_efficiency(gain, price, here, f.cost)
     if eff >= sc.min_marginal_efficiency:
         return TargetDecision(
             previous + 1,

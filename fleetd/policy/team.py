@@ -20,7 +20,7 @@ Rules, in order:
    the minimums left, before any extra.
 3. Extras by marginal value: one node at a time to the job whose next node adds the most useful
    node-equivalents per USD/h (``TeamJob.useful_nodes``, its scaling model), and only while that
-   node is worth its price by the job's own scaling rule (``scaling._efficiency`` >=
+   node is worth its price by the job's own scaling rule (``scaling.marginal_efficiency`` >=
    ``min_marginal_efficiency``; a node it has is judged at its average price with the hysteresis,
    as scaling.py's scale-down). Priority weighs in only within ``extra_priority_band`` (30 %): the
    highest-priority job whose next node adds at least 70 % of the best on offer goes first; ties
@@ -49,7 +49,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from fleetd.policy.scaling import _efficiency
+from fleetd.policy.scaling import marginal_efficiency
 from fleetd.policy.team_model import (
     Allotment,
     TeamActionKind,
@@ -268,9 +268,9 @@ def next_node_value(job: TeamJob, region: str, nodes: int, usd: float) -> tuple[
     if job.running and region == job.region and nodes < len(job.node_prices):
         # a node it has: judged as scaling.py's scale-down, at its average price, with hysteresis
         avg = sum(job.node_prices) / len(job.node_prices)
-        eff, bar = _efficiency(gain, avg, job.useful(nodes), nodes * avg), bar * (1 - job.efficiency_hysteresis)
+        eff, bar = marginal_efficiency(gain, avg, job.useful(nodes), nodes * avg), bar * (1 - job.efficiency_hysteresis)
     else:
-        eff = _efficiency(gain, price, job.useful(nodes), usd)
+        eff = marginal_efficiency(gain, price, job.useful(nodes), usd)
     if eff + _EPS >= bar:
         return gain / price, ""
     return gain / price, (
