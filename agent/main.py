@@ -96,6 +96,10 @@ class Agent:
         self._stop = asyncio.Event()
         self._commands: asyncio.Queue[Message | RendezvousEndpoint] = asyncio.Queue()
         self._tg: asyncio.TaskGroup | None = None
+        # Hooks started by _spawn and not finished yet: cancelled with the components at the end
+        # of the bounded shutdown, or one waiting on a trainer that is gone keeps the TaskGroup
+        # (and the agent process) alive for ever.
+        self._spawned: set[asyncio.Task[None]] = set()
         self.identity: Identity | None = None
         self.session: MqttSession | None = None
         self.hooks: NodeHooks | None = None
@@ -238,8 +242,7 @@ class Agent:
             self.notifier.ready("watching IMDS")
             await self._stop.wait()
             await self._shutdown(hooks, session)
-            for task in tasks:
-                task.cancel()
+            self._cancel_all(tasks)
         self._tg = None
 
     def _store_answers(self) -> bool:
@@ -301,10 +304,17 @@ class Agent:
         except Exception:
             log.exception("hook_failed", hook=name)
 
+    def _cancel_all(self, components: list[asyncio.Task[Any]]) -> None:
+        """The end of the bounded shutdown: every component and every hook still running."""
+        for task in [*components, *self._spawned]:
+            task.cancel()
+
     def _spawn(self, name: str, hook: Callable[..., Awaitable[None]], *args: Any) -> None:
         """Start a hook as its own task in the agent's TaskGroup (never awaited by the caller)."""
         if self._tg is not None:
-            self._tg.create_task(self._guarded(name, hook, *args), name=name)
+            task = self._tg.create_task(self._guarded(name, hook, *args), name=name)
+            self._spawned.add(task)
+            task.add_done_callback(self._spawned.discard)
 
     async def _on_spot_signal(self, sig: SpotSignal) -> None:
         assert self.identity is not None and self.session is not None and self.hooks is not None

@@ -71,3 +71,25 @@ def test_fleetds_launch_template_turns_it_on() -> None:
         node=NodeConfig(power_off_after_notice=env["FLEETD_NODE__POWER_OFF_AFTER_NOTICE"])
     ).node.power_off_after_notice
     assert NodeConfig().power_off_after_notice is False
+
+
+async def test_a_hook_still_running_at_shutdown_does_not_keep_the_agent_alive(tmp_path: Path) -> None:
+    """A hook task waiting on a trainer that is gone (a checkpoint acknowledgement that never
+    comes) is cancelled with the components at the end of the bounded shutdown."""
+    agent, _ = _agent(tmp_path, on=False)
+    never = asyncio.Event()
+
+    async def waits_for_ever() -> None:
+        await never.wait()
+
+    async def component() -> None:
+        await asyncio.Event().wait()
+
+    async with asyncio.timeout(5), asyncio.TaskGroup() as tg:
+        agent._tg = tg
+        components = [tg.create_task(component())]
+        agent._spawn("hooks.on_checkpoint", waits_for_ever)
+        await asyncio.sleep(0)
+        assert len(agent._spawned) == 1
+        agent._cancel_all(components)
+    assert not agent._spawned  # done and forgotten
