@@ -93,3 +93,31 @@ async def test_a_hook_still_running_at_shutdown_does_not_keep_the_agent_alive(tm
         assert len(agent._spawned) == 1
         agent._cancel_all(components)
     assert not agent._spawned  # done and forgotten
+
+
+def test_a_task_that_will_not_end_after_the_shutdown_exits_the_process_and_says_where(tmp_path: Path) -> None:
+    """The last bound: past the grace after the cancel, the process logs each stuck task's stack
+    and exits (a node whose agent never exits never powers off)."""
+    import subprocess
+
+    code = (
+        "import asyncio\n"
+        "from agent.main import _exit_unless_done\n"
+        "async def deaf():\n"
+        "    while True:\n"
+        "        try:\n"
+        "            await asyncio.sleep(3600)\n"
+        "        except asyncio.CancelledError:\n"
+        "            pass  # swallowed: the bug this bound is for\n"
+        "async def main():\n"
+        "    t = asyncio.create_task(deaf(), name='deaf-hook')\n"
+        "    await asyncio.sleep(0)\n"
+        "    t.cancel()\n"
+        "    _exit_unless_done(0.3, [t])\n"
+        "    await t\n"
+        "asyncio.run(main())\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1, res.stderr[-2000:]
+    out = res.stdout + res.stderr
+    assert "agent_shutdown_stuck" in out and "deaf-hook" in out and "deaf" in out
