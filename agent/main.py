@@ -219,35 +219,50 @@ class Agent:
         identity_ready: asyncio.Event | None,
     ) -> None:
         """Every component under one TaskGroup until a stop is asked for, then the bounded shutdown."""
-        hooks, watcher = parts.hooks, parts.watcher
-        async with asyncio.TaskGroup() as tg:
-            self._tg = tg
-            tasks = [
-                tg.create_task(session.run(), name="mqtt"),
-                tg.create_task(watcher.run(), name="imds-watcher"),
-                tg.create_task(parts.telemetry.run(), name="telemetry"),
-                tg.create_task(parts.trainer.run(), name="trainer-channel"),
-                tg.create_task(self._guarded("log-shipper", parts.shipper.run), name="log-shipper"),
-                tg.create_task(self._dispatch_commands(), name="commands"),
-                tg.create_task(self._guarded("hooks.run", hooks.run), name="hooks"),
-                tg.create_task(self._guarded("controller-watch", parts.controller.run), name="controller-watch"),
-                *(
-                    [tg.create_task(self._guarded("enrolment", _enrol, enrolment, identity_ready), name="enrolment")]
-                    if enrolment is not None and identity_ready is not None
-                    else []
-                ),
-                # systemd pings only while the IMDS watcher keeps polling (a stuck one would miss a notice).
-                tg.create_task(
-                    watchdog(self.notifier, Heartbeat.following(lambda: watcher.polls, 10.0)), name="watchdog"
-                ),
-            ]
-            self.notifier.ready("watching IMDS")
-            await self._stop.wait()
-            await self._shutdown(hooks, session)
-            self._cancel_all(tasks)
-            deadline = _exit_unless_done(CANCEL_GRACE_S, [*tasks, *self._spawned])
-        deadline.cancel()
-        self._tg = None
+        hooks = parts.hooks
+        bounds: list[threading.Timer] = []  # the shutdown's last bounds (_exit_unless_done)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                tasks = self._start_components(tg, parts, session, enrolment, identity_ready)
+                self.notifier.ready("watching IMDS")
+                await self._stop.wait()
+                # _shutdown is bounded by its own timeout; this covers a cancellation swallowed in it.
+                bounds.append(_exit_unless_done(self.config.node.shutdown_timeout_s + CANCEL_GRACE_S, tasks))
+                await self._shutdown(hooks, session)
+                self._cancel_all(tasks)
+                bounds.append(_exit_unless_done(CANCEL_GRACE_S, [*tasks, *self._spawned]))
+        finally:
+            for bound in bounds:
+                bound.cancel()
+            self._tg = None
+
+    def _start_components(
+        self,
+        tg: asyncio.TaskGroup,
+        parts: _NodeParts,
+        session: MqttSession,
+        enrolment: NodeEnrolment | None,
+        identity_ready: asyncio.Event | None,
+    ) -> list[asyncio.Task[Any]]:
+        watcher = parts.watcher
+        return [
+            tg.create_task(session.run(), name="mqtt"),
+            tg.create_task(watcher.run(), name="imds-watcher"),
+            tg.create_task(parts.telemetry.run(), name="telemetry"),
+            tg.create_task(parts.trainer.run(), name="trainer-channel"),
+            tg.create_task(self._guarded("log-shipper", parts.shipper.run), name="log-shipper"),
+            tg.create_task(self._dispatch_commands(), name="commands"),
+            tg.create_task(self._guarded("hooks.run", parts.hooks.run), name="hooks"),
+            tg.create_task(self._guarded("controller-watch", parts.controller.run), name="controller-watch"),
+            *(
+                [tg.create_task(self._guarded("enrolment", _enrol, enrolment, identity_ready), name="enrolment")]
+                if enrolment is not None and identity_ready is not None
+                else []
+            ),
+            # systemd pings only while the IMDS watcher keeps polling (a stuck one would miss a notice).
+            tg.create_task(watchdog(self.notifier, Heartbeat.following(lambda: watcher.polls, 10.0)), name="watchdog"),
+        ]
 
     def _store_answers(self) -> bool:
         from agent.supervise.store_watch import probe
