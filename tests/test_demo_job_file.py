@@ -88,7 +88,10 @@ def test_a_plain_ddp_script_loses_no_saved_epoch_across_notices_and_succeeds(tmp
         assert (ws / "venv" / "bin" / "python").exists()
     resumes = _rollbacks(tmp_path)
     assert len(resumes) >= 4, resumes  # each notice re-formed the world: every node resumed
-    assert [r for r in resumes if r[1] != r[2]] == [], f"a rank resumed behind the newest save: {resumes}"
+    assert [r for r in resumes if r[1] < r[2]] == [], f"a rank resumed behind the newest save: {resumes}"
+    # Ahead by one: the worker was stopped between torch.save and the print that follows it (the
+    # save counts, its line never came). Further ahead would be a save nobody made.
+    assert [r for r in resumes if r[1] > r[2] + 1] == [], f"a resume from a save never made: {resumes}"
     assert any("Epoch 59 |" in text for _t, _n, text in _lines(tmp_path)), "the script's last epoch"
     # Folder mode: fleetd sees no step, and the report does not pretend to.
     assert report["steps_lost"] is None and report["final_step"] is None and report["max_world_size"] is None

@@ -305,9 +305,11 @@ async def _until_done(run: DemoRun, events_file: Path) -> None:
     while True:
         await asyncio.sleep(1.0)
         now = time.time()
-        # Training began: a step reported, or (code that reports none: folder mode) fleetd
-        # says the job runs.
-        if run.training_since is None and (Progress.load(events_file).final_step > 0 or _job_running(run)):
+        # Training began: a step reported, or (code that reports none: folder mode) the job runs
+        # and has saved a version fleetd made durable. "Running" alone is not training: a plain
+        # script can spend tens of seconds on a loaded box importing torch and joining its
+        # process group, and a scenario played then hits nodes that have nothing to save.
+        if run.training_since is None and (Progress.load(events_file).final_step > 0 or _job_saved(run)):
             run.training_since = now
             run.training_since_loop = asyncio.get_running_loop().time()
             log.info("demo_training_started", after_s=round(now - run.started_at, 1))
@@ -338,11 +340,14 @@ def _job_over(run: DemoRun) -> bool:
     return snap is not None and snap.job is not None and snap.job.terminal
 
 
-def _job_running(run: DemoRun) -> bool:
+def _job_saved(run: DemoRun) -> bool:
+    """The job runs and a checkpoint of it is durable (fleetd's snapshot)."""
     from fleetd.demo.view import status_snapshot
 
     snap = status_snapshot(run.workdir)
-    return snap is not None and snap.job is not None and str(snap.job.state) == "running"
+    return (
+        snap is not None and snap.job is not None and str(snap.job.state) == "running" and snap.checkpoint is not None
+    )
 
 
 def _job_stopped(run: DemoRun) -> bool:
