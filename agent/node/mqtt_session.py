@@ -31,7 +31,7 @@ from fleetd.protocol.messages import (
 from fleetd.protocol.topics import CHANNEL_QOS, decode, node_topic, rendezvous_topic
 from fleetd.shared.backoff import Backoff
 from fleetd.shared.logs import get_logger
-from fleetd.shared.mqtt_options import client_kwargs
+from fleetd.shared.mqtt_options import Client, client_kwargs
 from fleetd.shared.settings import MqttConfig
 
 log = get_logger(__name__)
@@ -135,11 +135,11 @@ class MqttSession:
     async def _publish_status(self, client: aiomqtt.Client, state: NodeState) -> None:
         await client.publish(self.topic["status"], self._status(state).to_json(), qos=1, retain=True)
 
-    def _make_client(self, broker: MqttConfig) -> aiomqtt.Client:
+    def _make_client(self, broker: MqttConfig) -> Client:
         # Set at every connect: a killed agent or a dead node shows up offline without the
         # controller timing anything out.
         will = aiomqtt.Will(self.topic["status"], self._status("offline").to_json(), qos=1, retain=True)
-        return aiomqtt.Client(
+        return Client(
             identifier=f"fleet-agent-{self.fleet}-{self.instance_id}",
             will=will,
             clean_session=True,

@@ -14,7 +14,7 @@ import aiomqtt
 
 from fleetd.protocol import ProtocolError, Telemetry, decode, fleet_filter
 from fleetd.shared.logs import get_logger
-from fleetd.shared.mqtt_options import client_kwargs
+from fleetd.shared.mqtt_options import Client, client_kwargs
 from fleetd.shared.settings import MqttConfig
 
 log = get_logger(__name__)
@@ -36,7 +36,7 @@ class WireView:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                async with aiomqtt.Client(identifier="fleetd-demo-view", **client_kwargs(mqtt)) as client:
+                async with Client(identifier="fleetd-demo-view", **client_kwargs(mqtt)) as client:
                     await client.subscribe(fleet_filter(self.fleet), qos=1)
                     async for m in client.messages:
                         self.handle(str(m.topic), m.payload, loop.time())

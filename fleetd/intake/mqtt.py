@@ -37,7 +37,7 @@ from fleetd.protocol.topics import CHANNEL_QOS, decode, fleet_filter, node_topic
 from fleetd.shared.backoff import Backoff
 from fleetd.shared.failpoints import failpoint
 from fleetd.shared.logs import get_logger
-from fleetd.shared.mqtt_options import client_kwargs
+from fleetd.shared.mqtt_options import Client, client_kwargs
 from fleetd.shared.settings import MqttConfig
 
 log = get_logger(__name__)
@@ -171,7 +171,7 @@ class MqttIntake:
         while True:
             broker = self.cfg.broker(attempt)
             try:
-                async with aiomqtt.Client(
+                async with Client(
                     identifier=self.client_id,
                     clean_session=False,
                     queue_type=self._new_inbox,  # type: ignore[arg-type]

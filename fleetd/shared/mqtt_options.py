@@ -7,10 +7,17 @@ must agree on it and the agent may import only fleetd.protocol.
 
 from __future__ import annotations
 
+import asyncio
+import math
 import ssl
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+import aiomqtt
 
 from fleetd.shared.settings import MqttConfig
+
+T = TypeVar("T")
 
 
 def tls_context(cfg: MqttConfig) -> ssl.SSLContext | None:
@@ -35,3 +42,24 @@ def client_kwargs(cfg: MqttConfig, *, timeout_s: float = 10.0) -> dict[str, Any]
         kwargs["username"] = cfg.username
         kwargs["password"] = cfg.password.get_secret_value() if cfg.password else None
     return kwargs
+
+
+class Client(aiomqtt.Client):
+    """aiomqtt's client with a wait that keeps a cancellation it was sent.
+
+    aiomqtt waits for acks, the connect and the disconnect with ``asyncio.wait_for``. On Python
+    3.11 that returns the result instead of raising when a cancellation arrives in the loop
+    iteration the awaited thing completes (CPython gh-86296, fixed in 3.12), and the task runs on
+    as if nobody had cancelled it. The agent's event pump, cancelled as its last event's ack came
+    in, went back to waiting on an empty outbox: its TaskGroup never exited and the agent never
+    stopped after fleetd's shutdown command (agent_shutdown_stuck naming the mqtt task).
+    ``asyncio.timeout`` has no such race."""
+
+    async def _wait_for(self, fut: Awaitable[T], timeout: float | None) -> T:
+        if timeout is None:
+            timeout = self.timeout
+        try:
+            async with asyncio.timeout(None if timeout == math.inf else timeout):
+                return await fut
+        except TimeoutError:
+            raise aiomqtt.MqttError("Operation timed out") from None
