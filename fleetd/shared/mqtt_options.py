@@ -7,7 +7,6 @@ must agree on it and the agent may import only fleetd.protocol.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import ssl
 from collections.abc import Awaitable
@@ -16,6 +15,7 @@ from typing import Any, TypeVar
 import aiomqtt
 
 from fleetd.shared.settings import MqttConfig
+from fleetd.shared.waits import within
 
 T = TypeVar("T")
 
@@ -53,13 +53,13 @@ class Client(aiomqtt.Client):
     as if nobody had cancelled it. The agent's event pump, cancelled as its last event's ack came
     in, went back to waiting on an empty outbox: its TaskGroup never exited and the agent never
     stopped after fleetd's shutdown command (agent_shutdown_stuck naming the mqtt task).
-    ``asyncio.timeout`` has no such race."""
+    ``fleetd.shared.waits.within`` (asyncio.timeout) has no such race."""
 
     async def _wait_for(self, fut: Awaitable[T], timeout: float | None) -> T:
-        if timeout is None:
-            timeout = self.timeout
+        timeout = self.timeout if timeout is None else timeout
+        if timeout == math.inf:
+            return await fut
         try:
-            async with asyncio.timeout(None if timeout == math.inf else timeout):
-                return await fut
+            return await within(fut, timeout)
         except TimeoutError:
             raise aiomqtt.MqttError("Operation timed out") from None
