@@ -220,7 +220,7 @@ WAVE_TRACE = Path(__file__).resolve().parent.parent / "bench" / "traces" / "wave
 def test_a_trace_wave_every_removal_a_notice_none_lost(tmp_path: Path) -> None:
     """Two removals in the same millisecond, a replacement removed while it restores, a third
     removal 20 s after the first: each is a notice, each gets a replacement, no step is lost."""
-    res, report, run_id = _demo(tmp_path, "--nodes", "4", "--trace", str(WAVE_TRACE), "--duration", "120")
+    res, report, run_id = _demo(tmp_path, "--nodes", "4", "--trace", str(WAVE_TRACE), "--duration", "90")
     assert res.returncode == 0, _explain(res, tmp_path)
     log = report["notice_log"]
     assert len(log) == report["notices"] == 4, report
