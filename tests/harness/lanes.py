@@ -99,6 +99,12 @@ def longest_first(items: list[pytest.Item]) -> None:
     items.sort(key=rank)
 
 
+def _start_rank(nodeid: str) -> int:
+    if _stack_of(nodeid) is not None:
+        return 0
+    return 1 if nodeid.startswith(BESIDE_THE_LANES) else 2
+
+
 def make_scheduler(config: pytest.Config, log):
     """The scheduler for ``--dist loadgroup`` (None: xdist's own, for any other mode)."""
     if config.getvalue("dist") != "loadgroup":
@@ -110,5 +116,16 @@ def make_scheduler(config: pytest.Config, log):
     class LaneScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return group_of(nodeid, lanes) or nodeid
+
+        def schedule(self) -> None:
+            # Scopes are handed out in the workers' collection order, one per worker at first and
+            # then to whichever worker runs dry. The workers' order is the file order (the
+            # reordering in conftest does not reach it), so the chaos bench, first in it, went to
+            # a worker that then ran dry just as the lane came up and took that too. Lanes first,
+            # then what runs beside them: each starts at once on a worker of its own.
+            if self.collection is None and self.collection_is_completed:
+                for node, ids in self.registered_collections.items():
+                    self.registered_collections[node] = sorted(ids, key=_start_rank)
+            super().schedule()
 
     return LaneScheduling(config, log)
