@@ -5,9 +5,7 @@ takes ~0.75 of a core while it runs, and a box with too many of them at once mea
 right. They play one after another in lanes: with N workers, N - 1 lanes (one with 2 workers), each
 on a worker of its own, and the other tests spread over what is left, longest first, test by test
 as with ``--dist load``. The stacks are dealt to the lanes longest first, each to the lane with
-the least work so far (their wall times below), so the lanes end together. A stack in
-``BESIDE_THE_LANES`` is no lane's: it starts at once on whichever worker the lane did not take,
-so that worker's share ends when the lane's does. `make test` uses 2
+the least work so far (their wall times below), so the lanes end together. `make test` uses 2
 workers: with 3 (two lanes) the 2-core box ran at a load average of 6-10 and two load-sensitive
 tests failed (docs/measurements/2026-11-test-suite.md).
 
@@ -36,17 +34,13 @@ STACKS = {
     "tests/test_demo_job_file.py::test_a_plain_ddp_": 199,
     "tests/test_demo.py::test_short_scenario_": 191,
     "tests/test_demo_lifecycle.py::": 158,  # two one-node demos that end the job
+    "tests/test_chaos_bench.py::": 146,
     "tests/test_demo_job_file.py::test_a_submitted_version_": 135,
     "tests/test_demo.py::test_tiny_budget_": 131,
     "tests/test_framework_e2e.py::": 117,
     "tests/test_demo_job_file.py::": 66,
     "tests/test_demo.py::test_sigterm_": 39,
 }
-# Stacks that start at once on another worker, beside the lanes, not in one. With one lane the
-# lane's stacks were the wall: 1,868 s of a fresh clone's 2,052 (2026-11-27, fcd436c), while the
-# other worker ran out of work ~300 s before it. The chaos bench (136 s there, 0.73 CPU-s per wall
-# second: about what that worker's other slow tests use, so the box's load is unchanged) evens them.
-BESIDE_THE_LANES = ("tests/test_chaos_bench.py::",)
 # Node id prefix -> group, for tests that share a module fixture or a resource.
 SHARED = {
     "tests/test_agent_mqtt_tls.py::": "module-agent-mqtt-tls",
@@ -92,17 +86,11 @@ def longest_first(items: list[pytest.Item]) -> None:
     many short tests fill in at the end and no lane starts late. Stable: a module keeps its order."""
 
     def rank(item: pytest.Item) -> int:
-        if _stack_of(item.nodeid) is not None or item.nodeid.startswith(BESIDE_THE_LANES):
+        if _stack_of(item.nodeid) is not None:
             return 0
         return 1 if item.get_closest_marker("slow") else 2
 
     items.sort(key=rank)
-
-
-def _start_rank(nodeid: str) -> int:
-    if _stack_of(nodeid) is not None:
-        return 0
-    return 1 if nodeid.startswith(BESIDE_THE_LANES) else 2
 
 
 def make_scheduler(config: pytest.Config, log):
@@ -116,16 +104,5 @@ def make_scheduler(config: pytest.Config, log):
     class LaneScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return group_of(nodeid, lanes) or nodeid
-
-        def schedule(self) -> None:
-            # Scopes are handed out in the workers' collection order, one per worker at first and
-            # then to whichever worker runs dry. The workers' order is the file order (the
-            # reordering in conftest does not reach it), so the chaos bench, first in it, went to
-            # a worker that then ran dry just as the lane came up and took that too. Lanes first,
-            # then what runs beside them: each starts at once on a worker of its own.
-            if self.collection is None and self.collection_is_completed:
-                for node, ids in self.registered_collections.items():
-                    self.registered_collections[node] = sorted(ids, key=_start_rank)
-            super().schedule()
 
     return LaneScheduling(config, log)
