@@ -211,6 +211,8 @@ def test_scaling_scenario_grows_on_measured_gain_and_drains_the_node_not_worth_i
     assert f"scaling to {down['to']} nodes: removing" in log and '"action": "Drain"' in log
     assert 0 < report["spend_usd"] <= report["budget_usd"]
     assert report["useful_steps"] > 0
+    # It ended once the drained node was gone and the fleet trained at its new size, not at 170 s.
+    assert report["story_told"] is True, report
     assert _survivors(run_id) == []
 
 
@@ -232,6 +234,7 @@ def test_a_trace_wave_every_removal_a_notice_none_lost(tmp_path: Path) -> None:
     assert log[3]["at_s"] - log[0]["at_s"] >= 19.5
     assert report["steps_lost"] == 0, report
     assert report["replacements"] >= 4, report
+    assert report["story_told"] is True, report
     assert _survivors(run_id) == []
 
 
@@ -250,6 +253,8 @@ def test_storm_takes_the_whole_fleet_and_resumes_from_the_checkpoint_made_inside
     assert wipe["steps_lost"] == 0 and report["steps_lost"] == 0, report
     assert report["notices"] == len(report["notice_log"]) >= 6
     assert any(n["replacement"] for n in report["notice_log"])
+    # It ended when its story was told, not at its 240 s cap: the whole fleet trained again.
+    assert report["story_told"] is True and report["max_world_size"] == 4, report
     assert _survivors(run_id) == []
 
 

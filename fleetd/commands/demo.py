@@ -22,7 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         metavar="S",
-        help="seconds of training after the first step (default 150, or what the scenario needs; set-up adds ~30)",
+        help="seconds of training after the first step (default 150, or what the scenario needs; set-up adds "
+        "~30); a scripted story in a job that never finishes ends once told (every event played, the "
+        "whole fleet training again), and this is then a cap",
     )
     g = p.add_mutually_exclusive_group()
     g.add_argument(
@@ -73,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     import dataclasses
     import json
 
+    from fleetd.demo.configs import DEMO_JOBS
     from fleetd.demo.report import render
     from fleetd.demo.runner import DemoOptions, run_demo
     from fleetd.demo.scenario import resolve
@@ -116,6 +119,10 @@ def run(args: argparse.Namespace) -> int:
     steps = args.steps or scenario.job_steps
     if steps is not None:
         opts = dataclasses.replace(opts, steps=steps)
+    elif (scenario.steps or scenario.fleet is not None) and job in DEMO_JOBS:
+        # A story (scripted interruptions, or scaling) in a demo job that never finishes: it ends
+        # when told (a job file's code ends when it does, so it runs on).
+        opts = dataclasses.replace(opts, end_when_told=True)
     try:
         report = asyncio.run(run_demo(opts))
     except (asyncio.CancelledError, KeyboardInterrupt):

@@ -68,6 +68,8 @@ async def play_scenario(run: Any, ec2: Any, proxy: FaultProxy, events_file: Path
             for target in targets:
                 after = scenario.notice_s if step.kind != "vanish" else VANISH_TERMINATE_AFTER_S
                 reclaims.create_task(_reclaim(run, ec2, target, after))
+    run.story_played_at, run.story_fleet = time.time(), run.opts.nodes
+    log.info("demo_story_played", steps=len(scenario.steps))
 
 
 def _noticed(run: Any) -> set[str]:

@@ -183,6 +183,8 @@ async def build_report(run: Any, events_file: Path, ec2: Any, session: Any, aws:
         "on_demand_equivalent_usd": money.get("on_demand_equivalent_usd"),
         "savings_pct": money.get("savings_pct"),
         "stopped_by_budget": run.stopped_by_budget,
+        # The demo ended when its scripted story was told, before --duration (fleetd/demo/story.py).
+        "story_told": run.story_told,
         **job_section(run, progress),
         "failure": run.failure,
         "ledger": money,

@@ -65,6 +65,9 @@ class DemoOptions:
     # as deployed. True: plaintext anonymous MQTT, for debugging only.
     insecure: bool = False
     fail_at_step: int = 0  # the toy raises at this step (a bug in the job's code); 0: never
+    # A scripted story in a job that never finishes: the demo ends once the story is told
+    # (`fleetd.demo.story.told`); ``duration_s`` is then a cap.
+    end_when_told: bool = False
 
 
 @dataclass
@@ -84,6 +87,9 @@ class DemoRun:
     launcher: Launcher | None = None
     stopped_by_budget: bool = False
     job_ended: bool = False  # the job ended (succeeded, failed, cancelled) and every node is gone
+    story_played_at: float | None = None  # wall time the scenario's last step and reclaim were done
+    story_fleet: int | None = None  # the fleet's size once the story played (told: it trains whole)
+    story_told: bool = False  # the demo ended because its story was told (fleetd.demo.story)
     failure: str | None = None  # why the demo could not show the loop working
 
 
@@ -297,8 +303,9 @@ async def _watch_until_done(
 
 async def _until_done(run: DemoRun, events_file: Path) -> None:
     """The demo lasts until the job ends and fleetd has released every node, or ``duration_s`` of
-    training (set-up time is not counted; for a job that finishes, a cap), or until fleetd stops
-    the job (budget cap), or until fleetd dies."""
+    training (set-up time is not counted; for a job that finishes, a cap), or until its story is
+    told (``end_when_told``), or until fleetd stops the job (budget cap), or until fleetd dies."""
+    from fleetd.demo import story
     from fleetd.demo.progress import Progress
 
     hard_deadline = time.time() + run.opts.duration_s + 120.0  # set-up must not hang forever
@@ -315,6 +322,14 @@ async def _until_done(run: DemoRun, events_file: Path) -> None:
             log.info("demo_training_started", after_s=round(now - run.started_at, 1))
         if run.training_since is not None and now - run.training_since >= run.opts.duration_s:
             return
+        if run.opts.end_when_told and run.story_played_at is None:
+            _scale_down_played(run)
+        if run.opts.end_when_told and run.story_played_at is not None and run.story_fleet is not None:
+            told_at = story.told_at(Progress.load(events_file), run.story_played_at, run.story_fleet)
+            if told_at is not None and now >= told_at:
+                run.story_told = True
+                log.info("demo_story_told", why="every scripted event played and the whole fleet trains again")
+                return
         if run.training_since is None and now > hard_deadline:  # set-up only: a slow start is not a hang
             run.failure = f"training did not start in time; see the logs in {run.workdir}"
             log.error("demo_deadline", why=run.failure)
@@ -331,6 +346,18 @@ async def _until_done(run: DemoRun, events_file: Path) -> None:
             run.stopped_by_budget = True
             log.info("demo_budget_stop", why="fleetd stopped the job at the budget cap and released every node")
             return
+
+
+def _scale_down_played(run: DemoRun) -> None:
+    """A scaling story (a fleet shape, no scripted steps) has played once fleetd released a node
+    on its own: the node not worth its price, drained and terminated."""
+    scenario = run.opts.scenario
+    if scenario is None or scenario.fleet is None or scenario.steps or run.launcher is None:
+        return
+    injected = {target for _, _, target in run.injected}
+    if any(n.stopped_at is not None and n.instance_id not in injected for n in run.launcher.nodes.values()):
+        run.story_played_at, run.story_fleet = time.time(), len(run.launcher.live())
+        log.info("demo_story_played", why="fleetd released a node on its own (a scale-down)", fleet=run.story_fleet)
 
 
 def _job_over(run: DemoRun) -> bool:
