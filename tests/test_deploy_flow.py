@@ -96,7 +96,8 @@ file = "{JOB_DIR}/job.toml"
 
 
 # The demo's toy project as a user would submit it, paced so that it is still training when the
-# notice comes (agent/examples/toy_job/job.toml explains the keys).
+# notice comes (agent/examples/toy_job/job.toml explains the keys), with a pip setup as most
+# projects have (the toy's own only checks its virtualenv).
 JOB_TOML = """
 version = 1
 name = "toy"
@@ -190,6 +191,8 @@ def test_a_job_runs_on_the_production_path_from_control_host_to_a_node_that_powe
         project = root / JOB_DIR.lstrip("/")
         shutil.copytree(ROOT / "agent" / "examples" / "toy_job", project, ignore=shutil.ignore_patterns("__pycache__"))
         (project / "job.toml").write_text(JOB_TOML)
+        # pip in the job's virtualenv on the node image, offline: numpy is in the image already.
+        (project / "requirements.txt").write_text("numpy\n")
         for p in (project, *project.rglob("*")):
             p.chmod(0o755 if p.is_dir() else 0o644)
 
