@@ -41,6 +41,7 @@ from fleetd.reconcile.outcome import ACTIONS, Outcome, count_aws_error
 from fleetd.reconcile.ports import NodeCommander, NotDelivered
 from fleetd.reconcile.state_port import StateBackend
 from fleetd.shared.failpoints import failpoint
+from fleetd.shared.keyed_locks import KeyedLocks
 from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
@@ -90,6 +91,7 @@ class ActionExecutor:
         self._blocked_until: dict[str, float] = {}  # action kind -> time
         self._logged_permanent: set[tuple[str, str]] = set()
         self._started_at: float | None = None  # the first pass's time (the drain re-send grace)
+        self._drain_locks = KeyedLocks()  # a node's drain: record, send, mark, one at a time
 
     async def act(
         self, plan: Plan, obs: Observation, now: float, urgent_only: bool = False
@@ -156,17 +158,24 @@ class ActionExecutor:
             if isinstance(action, MarkPoolUnavailable):
                 await self.state.mark_pool_unavailable(action.pool, action.until, "planner")
             elif isinstance(action, Drain):
-                # Recorded first: from here on the node counts as draining, so no pass (of this
-                # process or the next) plans it again; the journal sends it if this send is lost.
-                record = await journal.record_drain(self.state, action.instance_id, now, action.deadline, action.reason)
-                failpoint("drain-recorded")
-                if record.sent_at is not None:
-                    # The urgent pass (loop.py) and a pass planned just before it both drained it.
-                    return self._record(Outcome(action, "done", "already sent"))
-                try:
-                    await self._send_drain(record, now)
-                except NotDelivered as exc:
-                    return self._record(Outcome(action, "failed", f"{exc}; re-sent by the drain journal"))
+                # One node's drain at a time: the urgent pass (loop.py) runs beside a full pass
+                # planned before it recorded its drain, and both drained the node; without this,
+                # the second read "not sent yet" while the first was still publishing, and the
+                # node got the command twice (a full run beside two CPU burners, 2026-11-27).
+                async with self._drain_locks.hold(action.instance_id):
+                    # Recorded first: from here on the node counts as draining, so no pass (of
+                    # this process or the next) plans it again; the journal sends it if this send
+                    # is lost.
+                    record = await journal.record_drain(
+                        self.state, action.instance_id, now, action.deadline, action.reason
+                    )
+                    failpoint("drain-recorded")
+                    if record.sent_at is not None:
+                        return self._record(Outcome(action, "done", "already sent"))
+                    try:
+                        await self._send_drain(record, now)
+                    except NotDelivered as exc:
+                        return self._record(Outcome(action, "failed", f"{exc}; re-sent by the drain journal"))
                 self._log_notice_to_drain(action.instance_id, obs)
             elif isinstance(action, RequestCheckpoint):
                 await self.commander.request_checkpoint(action.deadline, action.reason)
@@ -241,8 +250,8 @@ class ActionExecutor:
             self._started_at = now
         live = {n.instance_id for n in obs.nodes if n.ec2_state not in st.TERMINAL}
         for rec in await journal.unsent_drains(self.state):
-            if rec.instance_id not in live:
-                continue
+            if rec.instance_id not in live or self._drain_locks.busy(rec.instance_id):
+                continue  # gone, or its drain is being sent right now
             said = self.commander.node_state(rec.instance_id)
             if said in ("draining", "leaving"):
                 await journal.mark_drain_sent(self.state, rec.instance_id, now)
