@@ -37,7 +37,14 @@ from agent.doubles.fake_iid import IdentitySigner
 from agent.doubles.fake_imds import FakeImds
 from fleetd.adapters.faults import FaultProxy
 from fleetd.protocol.checkpoints import CheckpointLayout, parse_latest
-from tests.harness.deploy_box import Machine, build_control_host, copy_tree, unit_dropin, wait_active
+from tests.harness.deploy_box import (
+    Machine,
+    assert_host_port_free,
+    build_control_host,
+    copy_tree,
+    unit_dropin,
+    wait_active,
+)
 from tests.harness.ports import free_port
 
 pytestmark = pytest.mark.slow
@@ -201,6 +208,7 @@ def test_a_job_runs_on_the_production_path_from_control_host_to_a_node_that_powe
     unit_dropin(host_root, "fleetd.service", "credentials.conf", CREDENTIALS)
     host = Machine(host_root, "fleetd-control-host")
     node: Machine | None = None
+    assert_host_port_free(8883, "the control host's mosquitto (deploy/mosquitto/mosquitto.conf)")
     try:
         host.boot()
         wait_active(host, ("mosquitto", "fleetd-rendezvous", "fleetd"))

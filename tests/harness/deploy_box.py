@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -204,6 +205,29 @@ class Machine:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(10)
+
+
+def assert_host_port_free(port: int, who: str) -> None:
+    """The machines share the host's network: a port already taken on the host makes the service
+    inside fail to bind, and its clients reach the other listener instead (seen: a control host
+    left running by a killed test run kept 8883, and the next run's fleetd met its broker's
+    certificate, "certificate signature failure"). Say so plainly before booting."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            import psutil
+
+            holders = {
+                f"pid {c.pid} ({psutil.Process(c.pid).name() if c.pid else '?'})"
+                for c in psutil.net_connections("tcp")
+                if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+            }
+            raise AssertionError(
+                f"port {port} is taken on this host by {', '.join(sorted(holders)) or 'another process'}: "
+                f"{who} needs it (a machine left running by a killed test run?)"
+            ) from None
 
 
 @contextmanager
