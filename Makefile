@@ -17,10 +17,10 @@ lint: setup
 # The whole suite, every test, spread over pytest-xdist workers, with the gates (`make lint`) beside
 # it (scripts/test_with_gates.sh: their output and status come after the tests'); prints its 15
 # slowest tests at the end. Two workers: the demo stacks play one after another on one
-# (tests/harness/lanes.py), the rest runs on the other. TEST_WORKERS=N deals the stacks to N - 1 lanes; TEST_WORKERS=0 runs
-# serially. Three workers with two lanes (2026-11-27, a fresh clone) ran the 2-core box at a load
-# average of 6-10 and two tests failed there: the box has no room for two stacks at once
-# (docs/measurements/2026-11-test-suite.md).
+# (tests/harness/lanes.py), the rest runs on the other. TEST_WORKERS=N deals the stacks to N - 1
+# lanes; TEST_WORKERS=0 runs serially. Three workers with two lanes (2026-11-27, a fresh clone)
+# ran the 2-core box at a load average of 6-10 and two tests failed there: the box has no room for
+# two stacks at once (docs/measurements/2026-11-test-suite.md).
 TEST_WORKERS ?= 2
 test: setup
 	scripts/test_with_gates.sh $(TEST_WORKERS)

@@ -65,8 +65,8 @@ class DemoOptions:
     # as deployed. True: plaintext anonymous MQTT, for debugging only.
     insecure: bool = False
     fail_at_step: int = 0  # the toy raises at this step (a bug in the job's code); 0: never
-    # A scripted story in a job that never finishes: the demo ends once the story is told
-    # (`fleetd.demo.story.told`); ``duration_s`` is then a cap.
+    # A story (scripted interruptions, or scaling) in a job that never finishes: the demo ends
+    # once it is told (`fleetd.demo.story.told_at`); ``duration_s`` is then a cap.
     end_when_told: bool = False
 
 
@@ -328,7 +328,7 @@ async def _until_done(run: DemoRun, events_file: Path) -> None:
             told_at = story.told_at(Progress.load(events_file), run.story_played_at, run.story_fleet)
             if told_at is not None and now >= told_at:
                 run.story_told = True
-                log.info("demo_story_told", why="every scripted event played and the whole fleet trains again")
+                log.info("demo_story_told", why="the story played and the whole fleet trains again")
                 return
         if run.training_since is None and now > hard_deadline:  # set-up only: a slow start is not a hang
             run.failure = f"training did not start in time; see the logs in {run.workdir}"
