@@ -87,6 +87,40 @@ def launch(sock: str, env: dict, *argv: str, **kw) -> subprocess.Popen:
     )
 
 
+def _signal_state(pid: int) -> str:
+    """What a process that ignores a signal looks like from outside: its masks and what each of
+    its threads waits in. A timeout says this instead of only "timed out"."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        lines = [
+            ln
+            for ln in status
+            if ln.startswith(("State", "Threads", "SigQ", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt"))
+        ]
+        for task in sorted(os.listdir(f"/proc/{pid}/task")):
+            comm = Path(f"/proc/{pid}/task/{task}/comm").read_text().strip()
+            wchan = Path(f"/proc/{pid}/task/{task}/wchan").read_text().strip()
+            masks = [
+                ln
+                for ln in Path(f"/proc/{pid}/task/{task}/status").read_text().splitlines()
+                if ln.startswith(("SigPnd", "SigBlk"))
+            ]
+            lines.append(f"task {task} {comm} in {wchan} {' '.join(masks)}")
+        return f"pid {pid}: " + "; ".join(lines)
+    except OSError as exc:
+        return f"pid {pid}: {exc}"
+
+
+def finish(proc: subprocess.Popen, *also: int, timeout: float = 30) -> bytes:
+    """``communicate`` that, on a timeout, names the signal state of the launcher and ``also``."""
+    try:
+        return proc.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        state = "\n".join(_signal_state(pid) for pid in (proc.pid, *also))
+        proc.kill()
+        pytest.fail(f"the launcher did not exit within {timeout} s:\n{state}")
+
+
 def test_warm_worker_gets_argv_env_stdio_and_exit_code(tmp_path, pool):
     sock, env = pool
     mod = _write_module(
@@ -120,7 +154,7 @@ def test_signals_reach_the_warm_worker_and_it_dies_with_its_launcher(tmp_path, p
     worker = int(proc.stdout.readline())
     assert worker != proc.pid and psutil.pid_exists(worker)
     proc.send_signal(signal.SIGTERM)  # what torchrun does to stop a worker
-    out, _ = proc.communicate(timeout=30)
+    out = finish(proc, worker)
     assert proc.returncode == 3 and b"term" in out
 
     proc = launch(sock, env, mod)

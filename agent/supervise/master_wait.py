@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import socket
+import sys
 import time
 from datetime import timedelta
 from typing import Any
@@ -39,6 +40,11 @@ def wait_listening(host: str, port: int, timeout_s: float) -> bool:
 
 
 def install() -> bool:
+    if "torch" not in sys.modules:
+        # The pool did not preload torch: importing it here would cost this worker the cold
+        # import the pool exists to save (and start torch's thread in a worker that may never
+        # use it). A worker that imports torch itself later runs unpatched.
+        return False
     try:
         # By its full name: ``torch.distributed.rendezvous`` as an attribute is a function.
         rdzv = importlib.import_module("torch.distributed.rendezvous")

@@ -83,6 +83,9 @@ def _run_worker(conn: socket.socket, request: dict[str, Any], fds: list[int]) ->
                 os.close(fd)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
+        # A fresh mask, whatever the pool inherited: a SIGTERM blocked here would leave the worker
+        # deaf to torchrun's stop (and its salvage) until torchrun's SIGKILL.
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
