@@ -111,6 +111,14 @@ def _signal_state(pid: int) -> str:
         return f"pid {pid}: {exc}"
 
 
+def _pool_pid(sock: str) -> int:
+    return next(
+        p.pid
+        for p in psutil.process_iter(["cmdline"])
+        if sock in (p.info["cmdline"] or []) and "agent.supervise.warm_pool" in p.info["cmdline"]
+    )
+
+
 def finish(proc: subprocess.Popen, *also: int, timeout: float = 30) -> bytes:
     """``communicate`` that, on a timeout, names the signal state of the launcher and ``also``."""
     try:
@@ -133,7 +141,7 @@ def test_warm_worker_gets_argv_env_stdio_and_exit_code(tmp_path, pool):
     """,
     )
     proc = launch(sock, {**env, "WHO": "rank3"}, mod, "--x", "1")
-    out, _ = proc.communicate(timeout=30)
+    out = finish(proc, _pool_pid(sock))
     assert proc.returncode == 7
     assert out.decode().strip() == "argv ['--x', '1'] env rank3 main __main__"
 
@@ -154,7 +162,7 @@ def test_signals_reach_the_warm_worker_and_it_dies_with_its_launcher(tmp_path, p
     worker = int(proc.stdout.readline())
     assert worker != proc.pid and psutil.pid_exists(worker)
     proc.send_signal(signal.SIGTERM)  # what torchrun does to stop a worker
-    out = finish(proc, worker)
+    out = finish(proc, worker, _pool_pid(sock))
     assert proc.returncode == 3 and b"term" in out
 
     proc = launch(sock, env, mod)
@@ -185,14 +193,10 @@ def test_a_whole_tree_sigterm_leaves_a_warm_worker_time_to_save(tmp_path, pool):
     marker = tmp_path / "saved"
     proc = launch(sock, env, mod, str(marker))
     int(proc.stdout.readline())
-    pool_pid = next(
-        p.pid
-        for p in psutil.process_iter(["cmdline"])
-        if sock in (p.info["cmdline"] or []) and "agent.supervise.warm_pool" in p.info["cmdline"]
-    )
+    pool_pid = _pool_pid(sock)
     tree = process_tree(proc.pid) + process_tree(pool_pid)
     kill_tree(tree, signal.SIGTERM)
-    proc.communicate(timeout=30)
+    finish(proc, pool_pid)
     assert marker.read_text() == "saved"
     assert proc.returncode == 3, "the launcher got the worker's own exit status"
     assert psutil.wait_procs([psutil.Process(pool_pid)], timeout=10)[1] == [], (
