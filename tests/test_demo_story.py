@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fleetd.demo.progress import Progress
-from fleetd.demo.story import SETTLE_S, told_at
+from fleetd.demo.story import OVERTIME_S, SETTLE_S, told_at, training_cap_s
 
 
 def _step(t: float, rank: int, world: int, step: int) -> dict:
@@ -32,3 +32,8 @@ def test_a_whole_world_before_the_story_ended_does_not_count() -> None:
 
 def test_a_job_that_reports_no_steps_is_never_told() -> None:
     assert told_at(Progress(()), played_at=120.0, fleet_size=3) is None
+
+
+def test_a_story_not_told_by_its_duration_gets_overtime_and_a_job_does_not() -> None:
+    assert training_cap_s(90.0, end_when_told=True) == 90.0 + OVERTIME_S
+    assert training_cap_s(90.0, end_when_told=False) == 90.0

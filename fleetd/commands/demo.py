@@ -24,7 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help="seconds of training after the first step (default 150, or what the scenario needs; set-up adds "
         "~30); a scripted story in a job that never finishes ends once told (every event played, the "
-        "whole fleet training again), and this is then a cap",
+        "whole fleet training again): this then sets the story's time scale, and a story not told "
+        "by then runs up to 120 s longer",
     )
     g = p.add_mutually_exclusive_group()
     g.add_argument(

@@ -66,7 +66,8 @@ class DemoOptions:
     insecure: bool = False
     fail_at_step: int = 0  # the toy raises at this step (a bug in the job's code); 0: never
     # A story (scripted interruptions, or scaling) in a job that never finishes: the demo ends
-    # once it is told (`fleetd.demo.story.told_at`); ``duration_s`` is then a cap.
+    # once it is told (`fleetd.demo.story.told_at`), at the latest `story.OVERTIME_S` past
+    # ``duration_s``, which then places its events.
     end_when_told: bool = False
 
 
@@ -309,6 +310,7 @@ async def _until_done(run: DemoRun, events_file: Path) -> None:
     from fleetd.demo.progress import Progress
 
     hard_deadline = time.time() + run.opts.duration_s + 120.0  # set-up must not hang forever
+    cap_s = story.training_cap_s(run.opts.duration_s, run.opts.end_when_told)
     while True:
         await asyncio.sleep(1.0)
         now = time.time()
@@ -320,7 +322,7 @@ async def _until_done(run: DemoRun, events_file: Path) -> None:
             run.training_since = now
             run.training_since_loop = asyncio.get_running_loop().time()
             log.info("demo_training_started", after_s=round(now - run.started_at, 1))
-        if run.training_since is not None and now - run.training_since >= run.opts.duration_s:
+        if run.training_since is not None and now - run.training_since >= cap_s:
             return
         if run.opts.end_when_told and run.story_played_at is None:
             _scale_down_played(run)
