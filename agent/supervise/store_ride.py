@@ -190,6 +190,14 @@ def _restore_on_sync(orig_sync: Any) -> Callable[[Any], Any]:
                 # Succeeds only while the store still holds the sentinel: the first node wins.
                 self._backend.set_state(pickle.dumps(before), None)
                 _say(f"round {before.round} written back to the new store ({len(before.participants)} members)")
+            else:
+                # Said, so that a store that stays without a round says which condition failed.
+                _say(
+                    "round not written back: held round "
+                    f"{getattr(before, 'round', None)} complete={getattr(before, 'complete', None)} "
+                    f"members={len(getattr(before, 'participants', ()) or ())}; the store holds "
+                    f"{len(self._state.participants)} members"
+                )
             self._dirty, self._token, self._last_sync_time = False, None, -1
             result = orig_sync(self)  # what the store holds now (ours, or a peer's copy)
         return result
