@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from fleetd.demo.story import OVERTIME_S
+
 DEFAULT_NODES = 3
 DEFAULT_DURATION_S = 150.0
 
@@ -25,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="seconds of training after the first step (default 150, or what the scenario needs; set-up adds "
         "~30); a scripted story in a job that never finishes ends once told (every event played, the "
         "whole fleet training again): this then sets the story's time scale, and a story not told "
-        "by then runs up to 120 s longer",
+        f"by then runs up to {OVERTIME_S:g} s longer",
     )
     g = p.add_mutually_exclusive_group()
     g.add_argument(
