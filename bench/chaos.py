@@ -55,6 +55,7 @@ from bench.chaos_checks import (  # noqa: E402
     EventTail,
     checkpoint_check,
     orphan_candidates,
+    resumptions,
     spend,
     steady_now,
     steps_lost,
@@ -154,6 +155,8 @@ class Chaos:
             "steps_over_bound": lost > kind.steps_lost_bound,
             "notes": list(inj.notes),
         }
+        if lost:
+            out["resumptions"] = resumptions(self.tail.records, inj.at, time.time())
         out.update(await self.invariants())
         return out
 
@@ -208,6 +211,7 @@ class Chaos:
                     f"fault {i + 1}/{self.args.faults} {kind} ({inj.how}, {inj.target}): "
                     f"resumed={res['resumed']} recovery_s={res['recovery_s']} steps_lost={res['steps_lost']} "
                     f"step={self.tail.last_step()}"
+                    + (f" [{'; '.join(res['resumptions'])}]" if res["steps_lost"] else "")
                 )
             settled = await self.wait_steady(time.time(), time.time() + 120.0)
             final = await self.invariants()
