@@ -38,6 +38,7 @@ class _Link:
         self.lost_at: float | None = None
         self.tried_at = 0.0
         self.restore = False  # a new store: write our round back on the next sync
+        self.held: bytes | None = None  # the last complete round read from the store (pickled)
         self.handlers: list[Any] = []
 
 
@@ -179,30 +180,48 @@ def _restore_on_sync(orig_sync: Any) -> Callable[[Any], Any]:
         before = self._state
         result = orig_sync(self)
         link = getattr(self._backend, "_fleetd_link", None)
-        if link is not None and link.restore:
+        if link is None:
+            return result
+        # A read of "no state" (token None) after a complete round means the store lost it, however
+        # this node's connection learnt of it: the store never deletes its state otherwise.
+        lost_round = self._token is None and link.held is not None
+        if link.restore or lost_round:
             link.restore = False
-            if getattr(before, "complete", False) and before.participants and not self._state.participants:
+            held = _qualifies(before) or (pickle.loads(link.held) if link.held is not None else None)
+            if held is not None and not self._state.participants:
                 now = datetime.now(UTC)
                 # Every member was alive when the store went (a stale one is dropped later by the
                 # usual rules): the steering sees the same round, a newcomer lands in the wait list.
-                for node in before.participants:
-                    before.last_heartbeats[node] = now
+                for node in held.participants:
+                    held.last_heartbeats[node] = now
                 # Succeeds only while the store still holds the sentinel: the first node wins.
-                self._backend.set_state(pickle.dumps(before), None)
-                _say(f"round {before.round} written back to the new store ({len(before.participants)} members)")
+                won = self._backend.set_state(pickle.dumps(held), None)
+                _say(
+                    f"round {held.round} written back to the new store ({len(held.participants)} members)"
+                    if won is not None and won[2]
+                    else f"round {held.round} not written back: a peer wrote its copy first"
+                )
             else:
                 # Said, so that a store that stays without a round says which condition failed.
                 _say(
                     "round not written back: held round "
                     f"{getattr(before, 'round', None)} complete={getattr(before, 'complete', None)} "
-                    f"members={len(getattr(before, 'participants', ()) or ())}; the store holds "
+                    f"members={len(getattr(before, 'participants', ()) or ())}, last complete round "
+                    f"{'kept' if link.held is not None else 'none'}; the store holds "
                     f"{len(self._state.participants)} members"
                 )
             self._dirty, self._token, self._last_sync_time = False, None, -1
             result = orig_sync(self)  # what the store holds now (ours, or a peer's copy)
+        if self._token is not None:  # a real state was read: remember it only while it is a round
+            link.held = pickle.dumps(self._state) if _qualifies(self._state) is not None else None
         return result
 
     return sync
+
+
+def _qualifies(state: Any) -> Any:
+    """``state`` if it is a complete round with members (worth writing back), else None."""
+    return state if getattr(state, "complete", False) and getattr(state, "participants", None) else None
 
 
 def _none_waiting_in_outage(torch: _Torch, orig_waiting: Any, outage: float) -> Callable[[Any], int]:
