@@ -14,6 +14,7 @@ agent's leftover processes are killed first (``KillMode=mixed``).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -166,17 +167,22 @@ class Stack:
             env=self.launcher.env if self.launcher else None,
         )
 
-    @staticmethod
-    def workers(node: LocalNode) -> list[Any]:
-        """The training worker processes torchrun started on the node (leaves running the job)."""
-        out = []
-        for p in process_tree(node.agent.proc.pid)[1:]:
-            try:
-                if "train_toy" in " ".join(p.cmdline()) and not p.children():
-                    out.append(p)
-            except Exception:  # noqa: BLE001 (a process that just exited)
-                continue
-        return out
+    def workers(self, node: LocalNode) -> list[Any]:
+        """The training worker processes torchrun started on the node: the processes that said
+        ``start`` in the trainer events. A command line says too little: a worker forked from the
+        warm pool carries the pool's, and the ``warm_launch`` stand-ins for torchrun and for each
+        worker name the entry point too (killing one of those is another fault)."""
+        started = set()
+        try:
+            for line in self.events_file.read_text(errors="replace").splitlines():
+                if '"start"' in line:
+                    try:
+                        started.add(int(json.loads(line)["pid"]))
+                    except (ValueError, KeyError, TypeError):
+                        continue  # a line cut by a SIGKILLed writer
+        except FileNotFoundError:
+            return []
+        return [p for p in process_tree(node.agent.proc.pid)[1:] if p.pid in started]
 
     # -- the end --------------------------------------------------------------------------------
     async def stop(self) -> None:
