@@ -341,7 +341,25 @@ class ElasticCheckpointer(ResumeSteps):
         local_ckpt.prune(self.root, self.ctx.ckpt_keep)
         self.emit("salvaged", step=step, reason=reason, duration_s=round(time.monotonic() - started, 4))
         self.reports.saved(saved)
+        self._announce_salvage(step)
         return saved
+
+    def _announce_salvage(self, step: int) -> None:
+        """Say in the store that this node holds ``step`` (its agent uploads it next): a world that
+        forms without this node waits, bounded, for it rather than resume from an older step
+        (resume.py). Best effort, on a connection of its own with a short timeout: the worker may
+        be about to exit, and the main thread may hold the per-step link."""
+        if not self.ctx.steered or not self.ctx.s3_bucket:
+            return
+        from agent.trainer.store_link import StoreLink, StoreLinkError
+        from fleetd.protocol.rendezvous_keys import Salvaged
+
+        assert self.ctx.store_host is not None and self.ctx.store_port is not None  # steered
+        try:
+            link = StoreLink(self.ctx.store_host, self.ctx.store_port, self.ctx.run_id, timeout_s=2.0).connect()
+            link.announce_salvage(Salvaged(step=step, addr=self.ctx.node_addr or ""))
+        except (StoreLinkError, OSError) as exc:
+            self.emit("salvage_unannounced", step=step, error=str(exc)[:200])
 
     def salvage_before_exit(self, reason: str) -> SavedStep | None:
         """The SIGTERM watcher's salvage: the worker exits after it, and its main thread trains

@@ -10,14 +10,26 @@ rank (then S3 first).
 from __future__ import annotations
 
 import json
+import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.trainer import local_ckpt
 from agent.trainer.context import TrainerContext
 from agent.trainer.local_ckpt import Mode
 
+if TYPE_CHECKING:
+    from agent.trainer.store_link import StoreLink
+
 NONE = -1  # "no step": a rank holds no complete checkpoint
+# How long a world waits for a newer step a survivor outside it salvaged to reach S3 (its agent
+# uploads it on the salvage; seconds for a small model, ~1 s per GB at S3's usual per-node rate).
+SALVAGE_AWAIT_S = 30.0
+SALVAGE_POLL_S = 1.0
+
+
+def salvage_await_s() -> float:
+    return float(os.environ.get("FLEETD_SALVAGE_AWAIT_S", SALVAGE_AWAIT_S))
 
 
 def collective_device(dist: Any) -> Any:
@@ -40,6 +52,7 @@ class ResumeSteps:
     resumed_from: int | None
     last_saved: int | None
     _guard: Any
+    _link: StoreLink | None  # the steered run's link to the store (None: not steered)
 
     # The checkpointer's collectives and reporting (agent/trainer/elastic.py defines them).
     def _all_reduce(self, value: int, op: str) -> int:
@@ -72,6 +85,11 @@ class ResumeSteps:
         # by rank 0 for the whole world (the MAX gives every rank its answer): one per node cost
         # every node a botocore client, ~0.1-0.3 s of CPU, on every re-form, and N GETs at N nodes.
         durable = self._agree_max(self._newest_durable() if self.ctx.rank == 0 else NONE)
+        if self.ctx.steered and self.ctx.s3_bucket:
+            # A survivor that is not in this world (still restarting) may hold a newer salvaged
+            # step: resuming from an older one would train steps again (a worker kill, chaos).
+            awaited = self._await_salvaged(max(newest, durable)) if self.ctx.rank == 0 else NONE
+            durable = max(durable, self._agree_max(awaited))
         if newest == NONE or durable > newest:
             if self.ctx.local_rank == 0:
                 self._restore_from_s3()
@@ -101,6 +119,39 @@ class ResumeSteps:
             self._guard.step_done(step)
         self.emit("resumed", from_step=step)
         return step
+
+    def _await_salvaged(self, have: int) -> int:
+        """Rank 0: when the store names a salvaged step newer than ``have`` (every rank's newest and
+        S3's), wait up to ``salvage_await_s`` for its node's agent to make it durable; the durable
+        step then (NONE: nothing newer). Past the wait it is given up, in the store too, so the
+        next world does not wait for it again."""
+        from agent.trainer.store_link import StoreLinkError
+
+        link = self._link
+        if link is None:
+            return NONE
+        try:
+            seen = link.salvaged()
+        except StoreLinkError:
+            return NONE
+        if seen is None or seen.step <= have:
+            return NONE
+        self.emit("awaiting_salvage", step=seen.step, node=seen.addr, have=have)
+        started = time.monotonic()
+        while True:
+            durable = self._newest_durable()
+            if durable >= seen.step:
+                self.emit("salvage_durable", step=durable, waited_s=round(time.monotonic() - started, 2))
+                return durable
+            if time.monotonic() - started >= salvage_await_s():
+                break
+            time.sleep(SALVAGE_POLL_S)
+        self.emit("salvage_unreachable", step=seen.step, node=seen.addr, resuming_below=have)
+        try:
+            link.give_up_salvage(seen, max(have, 0))
+        except StoreLinkError:
+            pass
+        return durable
 
     def _newest_local(self) -> int:
         mine = local_ckpt.newest_complete(self.root, self.mode)

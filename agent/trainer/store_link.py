@@ -155,6 +155,38 @@ class StoreLink:
     def noticed(self, addr: str) -> keys.Noticed | None:
         return self._read(keys.Noticed, keys.noticed_key(self.run_id, addr))
 
+    def announce_salvage(self, value: keys.Salvaged, *, tries: int = 8) -> None:
+        """Raise the job's salvaged step to ``value.step``, never lower it (compare-and-set)."""
+        key = keys.salvaged_key(self.run_id)
+        for _ in range(tries):
+            current, raw = self._salvaged_raw()
+            if current is not None and current.step >= value.step:
+                return
+            if bytes(self._op("compare_set", key, raw, value.to_bytes())) == value.to_bytes():
+                return
+
+    def give_up_salvage(self, seen: keys.Salvaged, step: int) -> None:
+        """Lower the salvaged step to ``step`` while it is still ``seen``'s: nobody supplied it."""
+        current, raw = self._salvaged_raw()
+        if current is not None and current.step == seen.step and current.addr == seen.addr:
+            lowered = keys.Salvaged(step=step, addr=seen.addr)
+            self._op("compare_set", keys.salvaged_key(self.run_id), raw, lowered.to_bytes())
+
+    def salvaged(self) -> keys.Salvaged | None:
+        return self._salvaged_raw()[0]
+
+    def _salvaged_raw(self) -> tuple[keys.Salvaged | None, bytes]:
+        """The value and its stored bytes (b"": no key; compare_set's expected value)."""
+        key = keys.salvaged_key(self.run_id)
+        if not self._op("check", [key]):
+            return None, b""
+        raw = bytes(self._op("get", key))
+        try:
+            return keys.parse_value(keys.Salvaged, raw), raw
+        except ProtocolError as exc:
+            log.warning("store_bad_value", key=key, error=str(exc))
+            return None, raw
+
     def mark_member(self, addr: str, value: keys.Member) -> None:
         self._op("set", keys.member_key(self.run_id, addr), value.to_bytes())
 

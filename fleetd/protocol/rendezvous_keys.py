@@ -105,6 +105,13 @@ def member_key(run_id: str, addr: str) -> str:
     return f"{_base(run_id)}.node.{_addr(addr)}.member"
 
 
+def salvaged_key(run_id: str) -> str:
+    """The newest step a survivor saved after a peer's loss (its node's disk, then S3 through its
+    agent): a world that forms without that node waits, bounded, for it to become durable
+    instead of resuming from an older step (agent/trainer/resume.py)."""
+    return f"{_base(run_id)}.salvaged"
+
+
 def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -158,6 +165,14 @@ class Member(_Value):
 
     world_size: Annotated[int, Field(ge=1)]
     started_at: AwareDatetime = Field(default_factory=_now)
+
+
+class Salvaged(_Value):
+    """A survivor saved ``step`` on node ``addr`` (the highest such step is kept)."""
+
+    step: Step
+    addr: Annotated[str, Field(max_length=128)] = ""
+    at: AwareDatetime = Field(default_factory=_now)
 
 
 class Leave(_Value):
