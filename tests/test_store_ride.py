@@ -18,12 +18,13 @@ pytestmark = pytest.mark.timeout(120)
 
 SCENARIO = textwrap.dedent(
     """
-    import json, pickle, socket, subprocess, sys, time
+    import json, socket, subprocess, sys, time
     from datetime import UTC, datetime, timedelta
     from torch.distributed import TCPStore
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
     from agent.supervise import store_ride
+    from fleetd.shared.rendezvous_pickle import unpickle_rendezvous_state
 
     how = sys.argv[1]
     assert store_ride.install(outage_s=60)
@@ -68,7 +69,7 @@ SCENARIO = textwrap.dedent(
             assert time.monotonic() < deadline
             time.sleep(0.2)
     raw = client().get("torch.rendezvous.job")
-    back = pickle.loads(__import__("base64").b64decode(raw)) if raw != C10dRendezvousBackend._NULL_SENTINEL.encode() else None
+    back = unpickle_rendezvous_state(raw)
     srv.kill()
     print(json.dumps({
         "round": back.round if back else None,

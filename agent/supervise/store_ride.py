@@ -10,6 +10,7 @@ correct). (docs/DESIGN.md "Rendezvous store crash")
 
 from __future__ import annotations
 
+import copy
 import os
 import pickle
 import sys
@@ -38,7 +39,7 @@ class _Link:
         self.lost_at: float | None = None
         self.tried_at = 0.0
         self.restore = False  # a new store: write our round back on the next sync
-        self.held: bytes | None = None  # the last complete round read from the store (pickled)
+        self.held: Any = None  # a copy of the last complete round read from the store
         self.handlers: list[Any] = []
 
 
@@ -187,7 +188,7 @@ def _restore_on_sync(orig_sync: Any) -> Callable[[Any], Any]:
         lost_round = self._token is None and link.held is not None
         if link.restore or lost_round:
             link.restore = False
-            held = _qualifies(before) or (pickle.loads(link.held) if link.held is not None else None)
+            held = _qualifies(before) or (copy.deepcopy(link.held) if link.held is not None else None)
             if held is not None and not self._state.participants:
                 now = datetime.now(UTC)
                 # Every member was alive when the store went (a stale one is dropped later by the
@@ -213,7 +214,7 @@ def _restore_on_sync(orig_sync: Any) -> Callable[[Any], Any]:
             self._dirty, self._token, self._last_sync_time = False, None, -1
             result = orig_sync(self)  # what the store holds now (ours, or a peer's copy)
         if self._token is not None:  # a real state was read: remember it only while it is a round
-            link.held = pickle.dumps(self._state) if _qualifies(self._state) is not None else None
+            link.held = copy.deepcopy(self._state) if _qualifies(self._state) is not None else None
         return result
 
     return sync
