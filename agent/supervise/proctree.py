@@ -42,3 +42,27 @@ def kill_tree(procs: list[psutil.Process], sig: int = signal.SIGKILL) -> None:
             p.send_signal(sig)
         except psutil.Error:
             pass
+
+
+def kill_by_env(key: str, value: str, rounds: int = 3, wait_s: float = 2.0) -> int:
+    """SIGKILL every process whose environment holds ``key=value``; returns how many were found.
+
+    For what a tree walk cannot see: torch starts each worker in a new session, so one started
+    after the walk (torchrun restarting a failed worker while its parent is being stopped) is in
+    no group the walk found and is orphaned when torchrun dies. systemd's cgroup catches it on a
+    real node; a local node has only the environment its processes inherited. Blocking."""
+    found_total = 0
+    for _ in range(rounds):
+        found = []
+        for p in psutil.process_iter():
+            try:
+                if p.environ().get(key) == value:
+                    found.append(p)
+            except psutil.Error:
+                continue
+        if not found:
+            break
+        found_total += len(found)
+        kill_tree(found, signal.SIGKILL)
+        psutil.wait_procs(found, timeout=wait_s)
+    return found_total

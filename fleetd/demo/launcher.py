@@ -21,13 +21,16 @@ import psutil
 
 from agent.doubles.fake_iid import IdentitySigner
 from agent.doubles.fake_imds import FakeImds
-from agent.supervise.proctree import kill_tree, process_tree
+from agent.supervise.proctree import kill_by_env, kill_tree, process_tree
 from fleetd.adapters.launch_template import parse_user_data_env
 from fleetd.demo.procs import Child
 from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 FIRST_HOST_OCTET = 10  # 127.0.0.10, .11, ... (127.0.0.1 stays the control host)
+# Set in each local node's agent environment (its instance id); every process of the node
+# inherits it, so a stopped node's stragglers can be found (proctree.kill_by_env).
+NODE_ENV = "FLEETD_DEMO_NODE"
 
 
 @dataclass
@@ -126,7 +129,7 @@ class Launcher:
             f"agent-{iid}",
             [sys.executable, "-m", "agent.cli", "run", "--config", str(conf)],
             self.workdir / "nodes" / iid / "agent.log",
-            env={**self.env, **(await self.job_env(inst) if self.job_env is not None else {})},
+            env={**self.env, **(await self.job_env(inst) if self.job_env is not None else {}), NODE_ENV: iid},
         )
         log.info(
             "node_started", instance_id=iid, addr=addr, pool=f"{inst['InstanceType']}@{imds.zone}", lifecycle=lifecycle
@@ -144,6 +147,11 @@ class Launcher:
         tree = process_tree(node.agent.proc.pid)
         await node.agent.stop(timeout=3.0)
         kill_tree([p for p in tree if p.is_running()], signal.SIGKILL)
+        # A worker torchrun started during the agent's stop, in a session of its own, was not in
+        # the walk: a failing job restarts its worker every second (a test once found one alive).
+        stragglers = await asyncio.to_thread(kill_by_env, NODE_ENV, node.instance_id)
+        if stragglers:
+            log.warning("node_stragglers_killed", instance_id=node.instance_id, count=stragglers)
         await node.imds.stop()
         log.info("node_stopped", instance_id=node.instance_id, reason=reason)
 
