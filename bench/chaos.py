@@ -62,7 +62,7 @@ from bench.chaos_checks import (  # noqa: E402
     strays,
     training_again_at,
 )
-from bench.chaos_faults import DEFAULT_KINDS, KINDS, Injected, NoTarget, inject  # noqa: E402
+from bench.chaos_faults import KINDS, Injected, NoTarget, inject  # noqa: E402
 from bench.chaos_stack import Stack  # noqa: E402
 
 MARKER = "FLEETD_CHAOS_RUN"
@@ -155,7 +155,7 @@ class Chaos:
             "steps_over_bound": lost > kind.steps_lost_bound,
             "notes": list(inj.notes),
         }
-        if lost or inj.kind == "worker-slow-peer":
+        if lost:
             out["resumptions"] = resumptions(self.tail.records, inj.at, time.time())
         out.update(await self.invariants())
         return out
@@ -309,7 +309,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--quick", action="store_true", help="CI: 2 nodes, short pauses and windows")
     p.add_argument("--nodes", type=int, default=None, help="nodes the fleet asks for (default 3, quick 2)")
-    p.add_argument("--kinds", default=",".join(DEFAULT_KINDS), help=f"comma-separated fault kinds ({', '.join(KINDS)})")
+    p.add_argument("--kinds", default=",".join(KINDS), help="comma-separated fault kinds")
     p.add_argument("--budget", type=float, default=50.0)
     p.add_argument("--window", type=float, default=None, help="steady-training window, s (default 10, quick 8)")
     p.add_argument("--gap", type=float, default=4.0, help="a pause between steps longer than this is a stop, s")

@@ -8,7 +8,6 @@ proxy that every EC2 and S3 call goes through.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import signal
 import time
@@ -21,8 +20,6 @@ from fleetd.demo.configs import DEMO_CHECKPOINT_INTERVAL_STEPS
 
 # The node is gone: EC2 says terminated this long after its processes died (as fleetd.demo.play).
 NODE_TERMINATE_AFTER_S = 10.0
-# worker-slow-peer: how long the survivor's torchrun is stopped (longer than torch's 2 s last call).
-PEER_STOP_S = 8.0
 
 
 @dataclass(frozen=True)
@@ -48,14 +45,6 @@ KINDS: dict[str, Kind] = {
         Kind("mosquitto", 60, 0, "the broker SIGKILLed (or SIGTERMed) and started again, no persistence"),
         Kind("agent", 120, _INTERVAL, "one fleet-agent SIGKILLed, its leftovers killed, started again (systemd)"),
         Kind("worker", 90, _INTERVAL, "one torchrun worker SIGKILLed"),
-        # Not in the default mix (--kinds names it): the race that redid 87 steps in CI, forced.
-        Kind(
-            "worker-slow-peer",
-            120,
-            0,
-            "one torchrun worker SIGKILLed while the other node's torchrun is stopped for "
-            f"{PEER_STOP_S:.0f} s: the killed node's world forms without the survivor holding the salvage",
-        ),
         Kind(
             "node", 120, _INTERVAL, "a node's whole process tree SIGKILLed (silent loss), EC2 terminates it 10 s later"
         ),
@@ -123,35 +112,6 @@ async def _worker(stack: Stack, rng: random.Random) -> Injected:
     at = time.time()
     victim.send_signal(signal.SIGKILL)
     return Injected("worker", "SIGKILL", f"{node.instance_id} pid {victim.pid}", at, time.time())
-
-
-async def _worker_slow_peer(stack: Stack, rng: random.Random) -> Injected:
-    nodes = sorted(stack.live_nodes(), key=lambda n: n.instance_id)
-    if len(nodes) < 2:
-        raise NoTarget("needs two nodes")
-    node, peer = rng.sample(nodes, 2)
-    workers, torchruns = stack.workers(node), stack.torchruns(peer)
-    if not workers or not torchruns:
-        raise NoTarget(f"no worker on {node.instance_id} or no torchrun on {peer.instance_id}")
-    at = time.time()
-    # The peer's worker runs on (it salvages when the collective breaks); only its torchrun, which
-    # would rejoin the rendezvous, is held back.
-    for p in torchruns:
-        p.send_signal(signal.SIGSTOP)
-    try:
-        rng.choice(workers).send_signal(signal.SIGKILL)
-        await asyncio.sleep(PEER_STOP_S)
-    finally:
-        for p in torchruns:
-            with contextlib.suppress(Exception):
-                p.send_signal(signal.SIGCONT)
-    return Injected(
-        "worker-slow-peer",
-        f"SIGKILL, peer's torchrun stopped {PEER_STOP_S:.0f} s",
-        f"{node.instance_id}",
-        at,
-        time.time(),
-    )
 
 
 async def _node(stack: Stack, rng: random.Random) -> Injected:
@@ -224,11 +184,7 @@ _FAULTS: dict[str, Callable[[Stack, random.Random], Awaitable[Injected]]] = {
     "mosquitto": _service("mosquitto", "mosquitto"),
     "agent": _agent,
     "worker": _worker,
-    "worker-slow-peer": _worker_slow_peer,
     "node": _node,
     "ec2-throttle": _ec2_throttle,
     "s3-drop": _s3_drop,
 }
-
-# The mix a run draws from unless --kinds says otherwise (the forced race stays out of it).
-DEFAULT_KINDS = [k for k in KINDS if k != "worker-slow-peer"]

@@ -184,22 +184,6 @@ class Stack:
             return []
         return [p for p in process_tree(node.agent.proc.pid)[1:] if p.pid in started]
 
-    @staticmethod
-    def torchruns(node: LocalNode) -> list[Any]:
-        """The node's torchrun processes: the parents of the workers' ``warm_launch`` stand-ins (a
-        torchrun forked from the warm pool carries the pool's command line)."""
-        out: dict[int, Any] = {}
-        for p in process_tree(node.agent.proc.pid)[1:]:
-            try:
-                cmd = " ".join(p.cmdline())
-                if "agent.supervise.warm_launch" in cmd and "torchrun_main" not in cmd:
-                    parent = p.parent()
-                    if parent is not None:
-                        out[parent.pid] = parent
-            except Exception:  # noqa: BLE001 (a process that just exited)
-                continue
-        return list(out.values())
-
     # -- the end --------------------------------------------------------------------------------
     async def stop(self) -> None:
         if self._launcher_task is not None:
