@@ -107,6 +107,8 @@ def resumptions(records: list[dict], since: float, until: float) -> list[str]:
         node = r.get("node", "?")
         if r["ev"] == "salvaged":
             out.append(f"{node}: salvaged {r.get('step')}")
+        elif r["ev"] in ("awaiting_salvage", "salvage_durable", "salvage_unreachable"):
+            out.append(f"{node}: {r['ev']} {r.get('step')} (+{r['t'] - since:.1f} s)")
         elif r["ev"] == "start" and "from_step" in r:
             out.append(
                 f"{node}: rank {r.get('rank')} of {r.get('world')} from {r['from_step']} (+{r['t'] - since:.1f} s)"
