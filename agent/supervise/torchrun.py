@@ -24,7 +24,7 @@ import psutil
 
 from agent.node.log_sink import WorkerLogSink
 from agent.supervise.launch import LaunchSpec, build_command, build_env
-from agent.supervise.proctree import kill_tree, process_tree
+from agent.supervise.proctree import kill_by_env, kill_tree, process_tree
 from agent.supervise.worker_output import WorkerOutput
 from fleetd.shared.logs import get_logger
 
@@ -35,6 +35,11 @@ log = get_logger(__name__)
 class TorchrunExit:
     exit_code: int | None
     reason: str  # "finished", "failed", "stopped" (we stopped it), "lost" (killed by someone else)
+
+
+# Every process of one launch (pool, torchrun, workers) inherits this, set to the launch's own id:
+# a worker torchrun started after ``terminate`` walked the tree is found by it (proctree.kill_by_env).
+LAUNCH_ENV = "FLEETD_TORCHRUN_LAUNCH"
 
 
 @dataclass
@@ -58,6 +63,7 @@ class TorchrunProcess:
     _tree_gone: threading.Event = field(default_factory=threading.Event, repr=False)
     # The pipe the pool and torchrun write to, read by a thread into the log file and the sink.
     _output: WorkerOutput | None = field(default=None, repr=False)
+    _launch_id: str = field(default_factory=lambda: os.urandom(8).hex(), repr=False)
 
     def __post_init__(self) -> None:
         self._tree_gone.set()
@@ -109,12 +115,15 @@ class TorchrunProcess:
         if self._output is not None:
             self._output.close_writer()
 
+    def _env(self) -> dict[str, str]:
+        return {**build_env(self.spec, self.env), LAUNCH_ENV: self._launch_id}
+
     def prewarm(self) -> TorchrunProcess:
         """Start the warm pool now (it imports torch: seconds), torchrun later with ``start``.
         The agent does this while it waits for a restarted rendezvous store, so the import
         overlaps the outage instead of following it."""
         if self.spec.uses_warm_pool and self.pool is None:
-            env = build_env(self.spec, self.env)
+            env = self._env()
             try:
                 self._start_pool(env, self._open_log())
             except BaseException:
@@ -130,7 +139,7 @@ class TorchrunProcess:
 
     def start(self) -> TorchrunProcess:
         cmd = build_command(self.spec)
-        env = build_env(self.spec, self.env)
+        env = self._env()
         out: Any = self._open_log()
         self.spec.ckpt_dir.mkdir(parents=True, exist_ok=True)
         if self.spec.worker_log_dir is not None:  # the tee files of earlier torchruns: shipped already
@@ -204,6 +213,12 @@ class TorchrunProcess:
             if alive:
                 kill_tree(alive, signal.SIGKILL)
                 psutil.wait_procs(alive, timeout=5)
+            # torch starts each worker in a session of its own: one started after the walk (a
+            # failing job's torchrun restarts it every second) was orphaned when torchrun ended,
+            # and would hold its GPU and dial a dead store until its own timeout.
+            stragglers = kill_by_env(LAUNCH_ENV, self._launch_id)
+            if stragglers:
+                log.warning("torchrun_stragglers_killed", count=stragglers, node_addr=self.spec.node_addr)
         finally:
             self._tree_gone.set()
 
