@@ -57,7 +57,6 @@ class ElasticHooks(ElasticRun):
     _stopped: asyncio.Event = field(default_factory=asyncio.Event)
     starts: int = 0
     last_exit_cause: ExitCause | None = None
-    _preload: asyncio.Task[None] | None = None
     _drained: asyncio.Event = field(default_factory=asyncio.Event)  # the notice path has finished
     # The store torchrun follows; its generation is None until a leader advertised one.
     endpoint: StoreEndpoint | None = None

@@ -34,8 +34,6 @@ from fleetd.shared.waits import wait_set
 
 log = get_logger(__name__)
 
-PRELOAD_AFTER_S = 20.0
-
 
 @dataclass
 class _Between:
@@ -65,7 +63,6 @@ class ElasticRun:
     _stopped: asyncio.Event
     starts: int
     last_exit_cause: ExitCause | None
-    _preload: asyncio.Task[None] | None
     _drained: asyncio.Event
     _restart_why: str
     workspace: JobWorkspace | None
@@ -148,13 +145,6 @@ class ElasticRun:
         between.ready = None
         self.starts += 1
         await self.set_state("training")
-        if self._preload is None:
-            # The notice path reaches the rendezvous store through torch's TCPStore.
-            # Importing torch takes seconds (over 20 s measured on the loaded 2-core demo
-            # box), which used to be spent after the notice, eating the checkpoint's share
-            # of it: import it in the background, once torchrun's own start-up (which
-            # imports torch in every worker) is past.
-            self._preload = asyncio.create_task(_preload_store_client_later(PRELOAD_AFTER_S), name="preload-torch")
         return self.torchrun
 
     async def _exit_cause(self, exit_: TorchrunExit, before: StoreProbe, since: int) -> ExitCause:
@@ -231,12 +221,3 @@ class ElasticRun:
         finally:
             stop.cancel()
             restart.cancel()
-
-
-async def _preload_store_client_later(delay_s: float) -> None:
-    await asyncio.sleep(delay_s)
-    await asyncio.to_thread(_preload_store_client)
-
-
-def _preload_store_client() -> None:
-    import torch.distributed  # noqa: F401  (cached in sys.modules for StoreLink.connect)

@@ -2,18 +2,19 @@
 
 The agent calls it through ``asyncio.to_thread``; the training ranks call it directly (once per step:
 one local round trip). Key names and values are the contract in fleetd.protocol.rendezvous_keys.
-Store failures become :class:`StoreLinkError`.
+It speaks torch's store protocol without torch (fleetd/shared/c10d_store.py), so the agent never
+imports torch. Store failures become :class:`StoreLinkError`.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from datetime import timedelta
 from typing import Any, TypeVar
 
 from fleetd.protocol import rendezvous_keys as keys
 from fleetd.protocol.errors import ProtocolError
+from fleetd.shared.c10d_store import C10dStoreClient, StoreWireError
 from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
@@ -27,36 +28,32 @@ class StoreLinkError(Exception):
 class StoreLink:
     def __init__(self, host: str, port: int, run_id: str, *, timeout_s: float = 10.0) -> None:
         self.host, self.port, self.run_id = host, port, run_id
-        self._timeout = timedelta(seconds=timeout_s)
-        self._store: Any = None
+        self._timeout_s = timeout_s
+        self._store: C10dStoreClient | None = None
         self._lock = threading.Lock()
 
     def connect(self) -> StoreLink:
-        from torch.distributed import TCPStore  # type: ignore[attr-defined]  # torch re-exports TCPStore without `as`/__all__
-
         try:
-            self._store = TCPStore(self.host, self.port, is_master=False, multi_tenant=True, timeout=self._timeout)
-        except (RuntimeError, ValueError, TimeoutError, OSError) as exc:
-            raise StoreLinkError(f"rendezvous store {self.host}:{self.port} unreachable: {exc}") from None
+            self._store = C10dStoreClient(self.host, self.port, timeout_s=self._timeout_s).connect()
+        except StoreWireError as exc:
+            raise StoreLinkError(str(exc)) from None
         return self
 
     def drop(self) -> None:
         """Forget the connection (the store went away): the next call connects again."""
         with self._lock:
-            self._store = None
+            store, self._store = self._store, None
+        if store is not None:
+            store.close()
 
     def reconnect(self, timeout_s: float) -> StoreLink:
         """Connect again with a short timeout (a training rank retries between steps and must not
         block long on a store that is still down), then use the normal timeout for calls."""
-        from torch.distributed import TCPStore  # type: ignore[attr-defined]  # torch re-exports TCPStore without `as`/__all__
-
         try:
-            store = TCPStore(
-                self.host, self.port, is_master=False, multi_tenant=True, timeout=timedelta(seconds=timeout_s)
-            )
-            store.set_timeout(self._timeout)
-        except (RuntimeError, ValueError, TimeoutError, OSError) as exc:
-            raise StoreLinkError(f"rendezvous store {self.host}:{self.port} unreachable: {exc}") from None
+            store = C10dStoreClient(self.host, self.port, timeout_s=timeout_s).connect()
+        except StoreWireError as exc:
+            raise StoreLinkError(str(exc)) from None
+        store.set_timeout(self._timeout_s)
         with self._lock:
             self._store = store
         return self
@@ -70,7 +67,8 @@ class StoreLink:
                 raise StoreLinkError(f"store {name}: connection dropped")
             try:
                 return getattr(store, name)(*args)
-            except (RuntimeError, ValueError, TimeoutError) as exc:
+            except StoreWireError as exc:
+                # The client closed itself; it fails fast until drop() or reconnect(), as torch's did.
                 raise StoreLinkError(f"store {name} failed: {exc}") from None
 
     def _read(self, model: type[V], key: str) -> V | None:
