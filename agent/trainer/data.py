@@ -9,6 +9,7 @@ all-reduced gradient is the mean over the global batch.
 
 from __future__ import annotations
 
+import functools
 import random
 
 
@@ -32,9 +33,17 @@ def step_indices(step: int, global_batch: int, dataset_len: int, seed: int = 0) 
     """Indices of the global batch for (1-based) ``step``: independent of the world size."""
     per_epoch = max(1, dataset_len // global_batch)
     epoch, offset = divmod(step - 1, per_epoch)
+    order = _epoch_order(dataset_len, seed, epoch)
+    return list(order[offset * global_batch : (offset + 1) * global_batch])
+
+
+@functools.lru_cache(maxsize=2)
+def _epoch_order(dataset_len: int, seed: int, epoch: int) -> tuple[int, ...]:
+    """One epoch's permutation, shuffled once per epoch instead of once per step (a shuffle is
+    linear in the dataset: ~2 ms a step at 4,096 samples, the toy's whole forward and backward)."""
     order = list(range(dataset_len))
     random.Random(seed * 1_000_003 + epoch).shuffle(order)
-    return order[offset * global_batch : (offset + 1) * global_batch]
+    return tuple(order)
 
 
 def rank_indices(

@@ -101,13 +101,18 @@ class Launcher:
     async def sync(self, instances: Sequence[Mapping[str, Any]]) -> None:
         loop = asyncio.get_running_loop()
         await self._powered_off()
+        listed = set()
         for inst in instances:
             iid, state = inst["InstanceId"], inst["State"]["Name"]
+            listed.add(iid)
             node = self.nodes.get(iid)
             if state in ("pending", "running") and node is None:
                 self.nodes[iid] = await self._start(inst, loop.time())
             elif state not in ("pending", "running") and node is not None and node.stopped_at is None:
                 await self._stop(node, loop.time(), reason=f"EC2 state {state}")
+        for node in self.live():
+            if node.instance_id not in listed:  # terminated: fleet_instances no longer lists it
+                await self._stop(node, loop.time(), reason="EC2 state terminated")
 
     async def _start(self, inst: Mapping[str, Any], now: float) -> LocalNode:
         iid = inst["InstanceId"]
@@ -177,10 +182,20 @@ class Launcher:
                 tg.create_task(self._stop(node, loop.time(), reason="demo over"))
 
 
+# Every state but terminated: the launcher polls twice a second, and the terminated instances a
+# demo piles up were most of each answer (moto's XML and botocore's parse: ~27 ms of CPU a call
+# with 10 instances listed, 16 ms with the 4 alive). An instance missing from the answer is gone.
+NOT_TERMINATED = ("pending", "running", "shutting-down", "stopping", "stopped")
+
+
 async def fleet_instances(ec2: Any, fleet: str) -> list[Mapping[str, Any]]:
-    """Every instance EC2 lists with the fleet's tag (the launcher boots a node for each)."""
+    """Every instance of the fleet EC2 has not terminated (the launcher boots a node for each)."""
     out: list[Mapping[str, Any]] = []
-    pages = ec2.get_paginator("describe_instances").paginate(Filters=[{"Name": "tag:fleetd:fleet", "Values": [fleet]}])
+    filters = [
+        {"Name": "tag:fleetd:fleet", "Values": [fleet]},
+        {"Name": "instance-state-name", "Values": list(NOT_TERMINATED)},
+    ]
+    pages = ec2.get_paginator("describe_instances").paginate(Filters=filters)
     async for page in pages:
         for res in page["Reservations"]:
             out += res["Instances"]
