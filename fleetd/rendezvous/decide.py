@@ -9,11 +9,11 @@ independent sources").
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from fleetd.protocol.interruption import OUT, Phase, store_phase
-from fleetd.rendezvous.state import MARKER_ADDR, RendezvousState
+from fleetd.rendezvous.state import MARKER_ADDR, NodeId, RendezvousState
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +87,13 @@ class SteerAction:
 @dataclass(frozen=True, slots=True)
 class RemoveNodes(SteerAction):
     addrs: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class DropSuperseded(SteerAction):
+    """A node's earlier torchrun, still listed beside the one that replaced it."""
+
+    nodes: frozenset[NodeId]
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,8 +219,39 @@ def steer(obs: Observation) -> tuple[SteerAction, ...]:
         if obs.closing:
             return ()
         return (Reopen("closed by a torchrun that exited on an error; only fleetd ends the job"),)
+    dropped: tuple[SteerAction, ...] = ()
+    if old := superseded(s):
+        addrs = ", ".join(sorted({n.addr for n in old}))
+        dropped = (DropSuperseded(f"{addrs}: a newer torchrun of the node joined; the older one is gone", old),)
+        s = s.without_nodes(old, obs.min_nodes)
+        obs = replace(obs, state=s)
     present = s.participant_addrs | {n.addr for n in s.wait_list if n.addr != MARKER_ADDR}
-    return (*_losses(obs, s, present), *_leaves(obs, s, present), *_round(obs, s))
+    return (*dropped, *_losses(obs, s, present), *_leaves(obs, s, present), *_round(obs, s))
+
+
+def superseded(s: RendezvousState) -> frozenset[NodeId]:
+    """Entries of a node's earlier torchrun while a later one of the same node is listed too.
+
+    An agent starts a node's next torchrun only once the last has exited (agent/supervise/
+    elastic_run.py), and SIGTERM does not take torchrun out of the rendezvous: after a job
+    restart, a store outage or a stall recovery, the old entry (a participant of the last round)
+    stayed until its heartbeat went stale and training stopped advancing, 9-15 s in which the
+    new torchrun sat wait-listed behind it (a failing one-node job's restarts, 2026-11-28). The
+    entry with the newest heartbeat is the live one (one node, one clock); the others are dead."""
+    by_addr: dict[str, list[NodeId]] = {}
+    for n in set(s.participants) | s.wait_list | s.redundancy_list:
+        if not n.is_marker:
+            by_addr.setdefault(n.addr, []).append(n)
+    old: set[NodeId] = set()
+    for nodes in by_addr.values():
+        if len({n.pid for n in nodes}) < 2:
+            continue
+        beat = {n: t for n in nodes if (t := s.last_heartbeats.get(n)) is not None}
+        if len(beat) < len(nodes):
+            continue  # no heartbeat to tell them apart by: leave it to the stale rule
+        newest = max(beat, key=beat.__getitem__)
+        old |= {n for n in nodes if n.pid != newest.pid and beat[n] < beat[newest]}
+    return frozenset(old)
 
 
 def _losses(obs: Observation, s: RendezvousState, present: frozenset[str]) -> list[SteerAction]:

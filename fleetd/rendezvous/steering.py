@@ -307,6 +307,8 @@ class Steerer:
                 await self.client.update(lambda s: s.without_addrs(addrs, st.min_nodes))
                 if self.members is not None:
                     self.members = self.members - addrs
+            case decide.DropSuperseded(nodes=nodes):
+                await self.client.update(lambda s: s.without_nodes(nodes, st.min_nodes))
             case decide.TellLeave(addr=addr):
                 await self.client.tell_leave(addr, action.reason)
                 self.told_leave[addr] = obs.now
