@@ -11,6 +11,7 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -95,10 +96,25 @@ def test_project_config_starts_inside_the_stock_configuration(pki: Pki, root: Pa
             log_file = tmp_path / "var/log/mosquitto/mosquitto.log"
             log = log_file.read_text(errors="replace") if log_file.exists() else ""
             raise AssertionError(f"mosquitto refused the stock + fleetd configuration:\n{out}\n{log}") from None
-        assert proc.poll() is None
-        # The stock file's persistence is the one in force (it lands under the moved location).
-        assert (tmp_path / "var/log/mosquitto/mosquitto.log").exists()
+        # Its port answers before its SIGTERM handler is in place: a SIGTERM in between ends it
+        # without saving its database (seen once on a loaded box). "running" comes after both.
+        log_file = tmp_path / "var/log/mosquitto/mosquitto.log"  # the stock file's log is in force
+        _wait_for_line(log_file, " running", proc)
     finally:
         proc.terminate()
         proc.wait(10)
+    assert proc.returncode == 0, proc.stdout.read() if proc.stdout else ""
+    # The stock file's persistence is the one in force (it lands under the moved location).
     assert (tmp_path / "var/lib/mosquitto/mosquitto.db").exists()
+
+
+def _wait_for_line(log_file: Path, text: str, proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, (
+            f"mosquitto exited: {log_file.read_text(errors='replace') if log_file.exists() else ''}"
+        )
+        if log_file.exists() and text in log_file.read_text(errors="replace"):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no {text!r} in {log_file} after {timeout_s:.0f} s")
