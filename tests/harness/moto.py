@@ -25,6 +25,12 @@ def use_fake_credentials() -> None:
     os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
 
 
+# The session's moto runs as a thread of the pytest worker: beside two CPU burners and another
+# worker's demo stack it once took over 10 s to answer a reset (burner run 12, after the deploy
+# flow's test). A slow reset is the box, not a fault of the test it follows.
+RESET_TIMEOUT_S = 60.0
+
+
 def reset(endpoint: str) -> None:
     req = urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST")
-    urllib.request.urlopen(req, timeout=10).read()
+    urllib.request.urlopen(req, timeout=RESET_TIMEOUT_S).read()
