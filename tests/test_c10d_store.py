@@ -135,7 +135,7 @@ def test_a_store_gone_mid_connection_fails_fast_and_stays_closed(server: object)
 
 def test_the_agents_store_traffic_does_not_import_torch(server: object) -> None:
     """The agent's process reaches the store (probe, checkpoint request, salvage key) and never
-    imports torch: its ~1.6 CPU-s and ~150 MB stay in the job's processes."""
+    imports torch: its ~1.6 CPU-s and ~200 MB stay in the job's processes."""
     port = server.port  # type: ignore[attr-defined]
     server.set("fleetd.host.incarnation", b"life-1")  # type: ignore[attr-defined]
     code = f"""

@@ -2,7 +2,7 @@
 
 Why not ``torch.distributed.TCPStore``: the node agent talks to the rendezvous store (probes,
 checkpoint requests, leave marks) and nothing else of torch. Importing torch for that cost every
-agent ~1.6 CPU-s and ~150 MB of memory, and the import held the GIL in the agent's process for as
+agent ~1.6 CPU-s and ~200 MB of memory, and the import held the GIL in the agent's process for as
 long, right when a node starts. With this client the agent never imports torch; torch stays in
 the job's processes (torchrun, the workers) and in the rendezvous host, which serves the store.
 
