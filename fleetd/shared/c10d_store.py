@@ -116,7 +116,9 @@ class C10dStoreClient:
 
     def get(self, key: str) -> bytes:
         """The value, once the key exists (torch's client waits for it first, as this does)."""
-        self._query(_U8.pack(WAIT) + _U64.pack(1) + _key(key), reply="u8")
+        if self._query(_U8.pack(WAIT) + _U64.pack(1) + _key(key), reply="u8") != WAIT_STOPPED:
+            self.close()  # torch's WAIT_CANCELED: only its own client cancels a wait
+            raise StoreWireError(f"store {self.host}:{self.port}: the wait for {key} was cancelled")
         return self._query(_U8.pack(GET) + _key(key), reply="bytes")  # type: ignore[return-value]
 
     def add(self, key: str, amount: int) -> int:
