@@ -13,22 +13,21 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+from torch.distributed import TCPStore  # type: ignore[attr-defined]  # torch re-exports it without `as`/__all__
 
 from fleetd.protocol import rendezvous_keys as keys
 from fleetd.shared.c10d_store import C10dStoreClient, StoreWireError
 
-torch_dist = pytest.importorskip("torch.distributed")
-
 
 @pytest.fixture(params=[True, False], ids=["libuv", "classic"])
 def server(request: pytest.FixtureRequest) -> Iterator[object]:
-    store = torch_dist.TCPStore("127.0.0.1", 0, is_master=True, use_libuv=request.param, timeout=timedelta(seconds=5))
+    store = TCPStore("127.0.0.1", 0, is_master=True, use_libuv=request.param, timeout=timedelta(seconds=5))
     yield store
     del store
 
 
 def _torch_client(port: int) -> object:
-    return torch_dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=5))
+    return TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=5))
 
 
 def test_every_query_interoperates_with_torchs_client(server: object) -> None:
@@ -79,7 +78,7 @@ def test_a_store_that_starts_late_is_reached_within_the_timeout() -> None:
 
     def start_later() -> None:
         time.sleep(0.4)
-        started.append(torch_dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=5)))
+        started.append(TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=5)))
 
     t = threading.Thread(target=start_later)
     t.start()
@@ -96,6 +95,8 @@ def _fake_peer(answer: bytes) -> tuple[socket.socket, int]:
     srv.bind(("127.0.0.1", 0))
     srv.listen()
 
+    held: list[socket.socket] = []  # kept open: a peer that answers and then says nothing more
+
     def serve() -> None:
         while True:
             try:
@@ -104,8 +105,7 @@ def _fake_peer(answer: bytes) -> tuple[socket.socket, int]:
                 return
             conn.recv(64)
             conn.sendall(answer)
-            time.sleep(2)
-            conn.close()
+            held.append(conn)
 
     threading.Thread(target=serve, daemon=True).start()
     return srv, srv.getsockname()[1]
