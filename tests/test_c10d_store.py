@@ -70,23 +70,35 @@ def test_a_refused_connection_is_retried_until_the_timeout_then_an_error() -> No
     assert 0.2 <= time.monotonic() - began < 3
 
 
-def test_a_store_that_starts_late_is_reached_within_the_timeout() -> None:
+def test_a_store_that_starts_late_is_reached_within_the_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    refused = threading.Event()
+    connect = socket.create_connection
+
+    def noting_refusals(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        try:
+            return connect(*args, **kwargs)
+        except ConnectionRefusedError:
+            refused.set()
+            raise
+
+    monkeypatch.setattr(socket, "create_connection", noting_refusals)
     started: list[object] = []
 
-    def start_later() -> None:
-        time.sleep(0.4)
+    def start_once_refused() -> None:  # the store comes up only after the client was turned away
+        assert refused.wait(10)
         started.append(TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=5)))
 
-    t = threading.Thread(target=start_later)
+    t = threading.Thread(target=start_once_refused)
     t.start()
     try:
         client = C10dStoreClient("127.0.0.1", port, timeout_s=10).connect()
         assert client.add("k", 1) == 1
     finally:
         t.join()
+    assert refused.is_set()
 
 
 def _fake_peer(answer: bytes) -> tuple[socket.socket, int]:
