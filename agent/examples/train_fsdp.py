@@ -12,7 +12,6 @@ last durable one), so keep ``checkpoints.interval_steps`` short; a notice still 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 
@@ -60,4 +59,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from agent.trainer.worker_exit import run_worker
+
+    run_worker(main)  # sys.exit(main()) without the interpreter's teardown, which can abort

@@ -27,6 +27,8 @@ import time
 import traceback
 from typing import Any
 
+from agent.trainer import worker_exit
+
 MAX_MSG = 1 << 20
 # How long a stopped pool waits for its children before SIGKILLing them: torchrun's own grace
 # between SIGTERM and SIGKILL (PContext.close), so a worker's salvage is never cut shorter here.
@@ -113,18 +115,12 @@ def _run_worker(conn: socket.socket, request: dict[str, Any], fds: list[int]) ->
             runpy.run_path(argv[0], run_name="__main__")
         code = 0
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if not isinstance(exc.code, int) and exc.code is not None:
-            print(exc.code, file=sys.stderr)
+        code = worker_exit.status_of(exc)
     except BaseException:  # noqa: BLE001 - report like an uncaught exception would, then exit 1
         traceback.print_exc()
         code = 1
     finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+        worker_exit.exit_now(code)  # no interpreter teardown (agent/trainer/worker_exit.py)
 
 
 def warm_torch_lazily_imported_parts() -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -171,4 +170,6 @@ def _backend(choice: str, device: torch.device, local_world_size: int) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from agent.trainer.worker_exit import run_worker
+
+    run_worker(main)  # sys.exit(main()) without the interpreter's teardown, which can abort
