@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -88,4 +87,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from agent.trainer.worker_exit import run_worker
+
+    run_worker(main)  # sys.exit(main()) without the interpreter's teardown, which can abort
