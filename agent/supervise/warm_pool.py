@@ -27,8 +27,6 @@ import time
 import traceback
 from typing import Any
 
-from agent.trainer import worker_exit
-
 MAX_MSG = 1 << 20
 # How long a stopped pool waits for its children before SIGKILLing them: torchrun's own grace
 # between SIGTERM and SIGKILL (PContext.close), so a worker's salvage is never cut shorter here.
@@ -75,6 +73,10 @@ def exit_code(status: int) -> int:
 
 def _run_worker(conn: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
     """In the forked child: become the worker torchrun asked for, then exit."""
+    # Here, not at the top: warm_launch imports this module and must stay stdlib-fast; the pool
+    # has agent.trainer loaded already.
+    from agent.trainer import worker_exit
+
     code = 1
     try:
         os.setsid()
