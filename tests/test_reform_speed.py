@@ -24,7 +24,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     _RendezvousJoinOp,
 )
 
-from agent.supervise import master_wait, rdzv_events
+from agent.supervise import master_wait, rdzv_events, tail_poll
 from fleetd.rendezvous import decide
 from fleetd.rendezvous.state import NodeId, RendezvousState, encode
 
@@ -154,3 +154,35 @@ def test_botocore_data_is_parsed_once_per_process():
     # their clients parses nothing more (no request is sent).
     assert asyncio.run(make_client()) is loader and asyncio.run(make_client()) is loader
     assert len(loader._cache) == parsed
+
+
+def test_torchruns_output_copiers_poll_at_fleetds_interval(tmp_path):
+    """tail_poll.install() reaches the copiers torch's own process context creates (it passes no
+    interval), and stopping the group still copies every line the workers wrote."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        f"""
+        import sys
+        from agent.supervise import tail_poll
+        assert tail_poll.install()
+        from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std, start_processes
+        ctx = start_processes(
+            name="w",
+            entrypoint=sys.executable,
+            args={{0: ("-c", "print('from the worker')")}},
+            envs={{0: {{}}}},
+            logs_specs=DefaultLogsSpecs(log_dir={str(tmp_path)!r}, tee=Std.ALL),
+        )
+        while ctx.wait(timeout=5) is None:
+            pass
+        ctx.close()
+        print("intervals", sorted({{t._interval_sec for t in ctx._tail_logs}}))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "from the worker" in out.stdout
+    assert f"intervals [{tail_poll.POLL_S}]" in out.stdout

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import selectors
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -20,6 +22,7 @@ from agent.config import AgentConfig
 from agent.supervise.launch import LaunchSpec, build_command, build_env
 from agent.supervise.proctree import kill_tree, process_tree
 from agent.supervise.torchrun import TorchrunProcess
+from agent.supervise.warm_pool import _Pool
 
 
 def test_command_carries_the_job_spec_and_tuned_rendezvous(tmp_path):
@@ -423,3 +426,27 @@ async def test_a_bug_in_the_job_ends_torchruns_restarts_and_is_reported_failed(t
         assert states[-1] == "ready" and not runner.done() and hooks.starts == 1
         await hooks.stop()
         await asyncio.wait_for(runner, 30)
+
+
+def test_a_workers_exit_wakes_the_pool_at_once(tmp_path):
+    """The pool watches each worker's pidfd beside its listener: an exit makes the loop's select
+    ready, so the launcher (and torchrun) hear of it without waiting out the loop's 50 ms turn."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(tmp_path / "pool.sock"))
+    listener.listen()
+    pool = _Pool(listener)
+    pool.sel.register(listener, selectors.EVENT_READ)
+    worker = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        pool._watch_exit(worker.pid)
+        assert pool.sel.select(timeout=0) == []  # running: nothing to do
+        assert worker.stdin is not None
+        worker.stdin.close()  # the worker ends
+        ready = pool.sel.select(timeout=60)
+        assert [key.fd for key, _ in ready] == [pool.pidfds[worker.pid]]
+    finally:
+        worker.wait(timeout=60)
+        for pidfd in pool.pidfds.values():
+            os.close(pidfd)
+        pool.sel.close()
+        listener.close()

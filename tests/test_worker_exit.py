@@ -27,9 +27,7 @@ SCRIPT = textwrap.dedent(
 
 
 def _run(body: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", SCRIPT.format(body=body)], capture_output=True, text=True, timeout=60
-    )
+    return subprocess.run([sys.executable, "-c", SCRIPT.format(body=body)], capture_output=True, text=True, timeout=60)
 
 
 @pytest.mark.parametrize(
