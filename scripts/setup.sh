@@ -68,3 +68,18 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt
   install -c .venv/torch-constraint.txt -c constraints.txt -e '.[test,demo,lint]'
   touch "$stamp"
 fi
+
+# Bytecode, compiled once here. uv installs none, and a process started with
+# PYTHONDONTWRITEBYTECODE (set on some CI and sandbox images) writes none either: every torchrun,
+# worker, warm pool and agent then compiled torch, botocore and pydantic from source at each start.
+# That cost the demo 25 % of its CPU and ~0.7 s per join pause (a fresh clone, 2026-11-28:
+# docs/measurements/2026-11-test-suite.md). Reading bytecode needs no write access at run time.
+bytecode_stamp=.venv/.fleetd-bytecode
+if [ ! -f "$bytecode_stamp" ] || [ "$stamp" -nt "$bytecode_stamp" ]; then
+  echo "setup: compiling the installed packages' bytecode"
+  # A few packages ship files that do not compile (templates, Python 2 test data): not an error.
+  .venv/bin/python -m compileall -q -j 0 "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null 2>&1 || true
+  touch "$bytecode_stamp"
+fi
+# fleetd's own code changes with every checkout: compileall rewrites only what is out of date.
+.venv/bin/python -m compileall -q -j 0 fleetd agent >/dev/null
