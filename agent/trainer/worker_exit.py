@@ -3,22 +3,21 @@ interpreter's teardown.
 
 Why: torch's distributed backends keep C++ threads alive past ``destroy_process_group()``. With
 DDP, gloo's two ``pt_gloo_runloop`` threads and its ``gloo_tcp_loop`` thread are still running
-after ``destroy_process_group()`` and a ``gc.collect()`` (the process group stays referenced).
-They outlive the Python code and run on into interpreter finalization. A C++ thread that needs the
-GIL then is unwound by force, and the process aborts with "terminate called without an active
-exception". This happens after the job has finished and saved. torchrun reports such a job as
-failed.
+after ``destroy_process_group()`` and a ``gc.collect()`` (the process group stays referenced), so
+they live on into interpreter finalization. There, a C++ thread that needs the GIL is unwound by
+force and the process aborts with "terminate called without an active exception" (the mechanism
+pytorch#179291 describes; which thread did it here was not caught).
 
-We saw it in a two-rank gloo DCP job under load: 2 of ~15 full suite runs, rank 1 aborting
-right after printing its final step. torch's own fix, an atexit ``destroy_process_group``
-(pytorch#179291), was abandoned as more involved than it looked, and with DDP that call does
-not stop these threads anyway.
+We saw that abort in a two-rank gloo DCP job under load: 2 of ~15 full suite runs, rank 1 right
+after printing its final step. The job had finished and saved, but torchrun reported it failed.
+torch's own fix, an atexit ``destroy_process_group`` (pytorch#179291), was abandoned as more
+involved than it looked, and with DDP that call does not stop these threads anyway.
 
 A worker that has saved, reported and destroyed its process group has nothing left to do in
-teardown. Its checkpoint files and events file are written and closed as it goes (``os.write``,
-fsync'd renames). So it exits the way the agent's warm pool ends every worker it forks
-(agent/supervise/warm_pool.py): flush stdout and stderr, then exit with the status
-``sys.exit(main())`` would have given.
+teardown: its checkpoint and events files are written and closed as it goes. So it exits the way
+the agent's warm pool ends every worker it forks (agent/supervise/warm_pool.py): flush stdout and
+stderr, then exit with the status ``sys.exit(main())`` would have given. atexit handlers do not
+run.
 """
 
 from __future__ import annotations
