@@ -73,7 +73,7 @@ fi
 # PYTHONDONTWRITEBYTECODE (set on some CI and sandbox images) writes none either: every torchrun,
 # worker, warm pool and agent then compiled torch, botocore and pydantic from source at each start.
 # That cost the demo 25 % of its CPU and ~0.7 s per join pause (a fresh clone, 2026-11-28:
-# docs/measurements/2026-11-test-suite.md). Reading bytecode needs no write access at run time.
+# docs/measurements/2026-11-rendezvous.md; the suite: 2026-11-test-suite.md). Reading bytecode needs no write access at run time.
 bytecode_stamp=.venv/.fleetd-bytecode
 if [ ! -f "$bytecode_stamp" ] || [ "$stamp" -nt "$bytecode_stamp" ]; then
   echo "setup: compiling the installed packages' bytecode"
