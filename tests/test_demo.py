@@ -253,8 +253,10 @@ def test_storm_takes_the_whole_fleet_and_resumes_from_the_checkpoint_made_inside
     assert wipe["steps_lost"] == 0 and report["steps_lost"] == 0, report
     assert report["notices"] == len(report["notice_log"]) >= 6
     assert any(n["replacement"] for n in report["notice_log"])
-    # It ended when its story was told, not at its 240 s cap: the whole fleet trained again.
-    assert report["story_told"] is True and report["max_world_size"] == 4, report
+    # It ended when its story was told, not at its 240 s cap: the whole fleet (4) trained again.
+    # A world of 5 is the rendezvous cap (--nodes + 1): replacements that joined while the last
+    # noticed node was still inside its notice train beside it until it leaves (CI, 2026-11-28).
+    assert report["story_told"] is True and report["max_world_size"] in (4, 5), report
     assert _survivors(run_id) == []
 
 

@@ -123,6 +123,13 @@ def test_zero_restarts_fails_on_the_first_user_failure() -> None:
         (NodeExit("i-1", 50.0, "finished", 0), (), {}, ExitClass.SUCCESS),
         (NodeExit("i-1", 50.0, "stopped", -15), (), {}, ExitClass.INFRASTRUCTURE),
         (NodeExit("i-1", 50.0, "store-lost", 1), (), {}, ExitClass.INFRASTRUCTURE),
+        # torchrun's own rendezvous failed (a rank 0 that left as its round closed), long after any notice.
+        (
+            NodeExit("i-1", 500.0, "rendezvous-failed", 75),
+            (node("i-1"), node("i-2", lost_at=30.0)),
+            {},
+            ExitClass.INFRASTRUCTURE,
+        ),
         # The node itself was noticed, drained or lost.
         (NodeExit("i-1", 50.0, "failed", 1), (node("i-1", noticed_at=45.0),), {}, ExitClass.INFRASTRUCTURE),
         (NodeExit("i-1", 50.0, "failed", 1), (node("i-1", leaving=True),), {}, ExitClass.INFRASTRUCTURE),

@@ -161,6 +161,21 @@ def test_survivors_are_poked_once_the_leaver_left():
     assert kinds(acts) == ["PokeSurvivors"] and acts[0].finished == {"127.0.0.4"}
 
 
+def test_a_leaver_that_adds_itself_back_to_the_open_round_is_taken_out_again():
+    """Its torchrun was mid-join when fleetd removed it: left in, torch's last call would complete
+    the round with it as rank 0 and the others would wait for an address it never publishes."""
+    leaver = NodeId("127.0.0.1", 50, 0)  # sorts first: rank 0 if the round completed with it
+    s = RendezvousState(round=6, participants={leaver: 0, A: 0}, last_heartbeats={leaver: NOW, A: NOW})
+    told = {"127.0.0.1": NOW - timedelta(seconds=0.3)}
+    acts = decide.steer(obs(s, members=frozenset({"127.0.0.1"}), told_leave=told, left=frozenset(told)))
+    assert kinds(acts) == ["RemoveNodes"] and acts[0].addrs == {"127.0.0.1"}, acts
+    # Once it is out, the leave finishes as usual.
+    acts = decide.steer(
+        obs(s.without_addrs({"127.0.0.1"}), members=frozenset({"127.0.0.1"}), told_leave=told, left=frozenset(told))
+    )
+    assert "RemoveNodes" not in kinds(acts) and any(isinstance(a, decide.FinishLeaves) for a in acts), acts
+
+
 def test_a_leaver_that_never_trained_in_the_round_costs_the_others_no_re_form():
     """A replacement noticed while it restores asked for no hold checkpoint: the members train on."""
     s = complete_round(A, B)

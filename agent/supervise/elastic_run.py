@@ -34,6 +34,10 @@ from fleetd.shared.waits import wait_set
 
 log = get_logger(__name__)
 
+# Exits the agent names itself to fleetd: a tree it stopped (a drain's, a leave's) can exit 1, and
+# a lost store or a failed rendezvous exits non-zero too; each would read as the job's failure.
+OWN_VERDICTS = frozenset({ExitCause.STORE_LOST, ExitCause.RENDEZVOUS_FAILED, ExitCause.STOPPED})
+
 
 @dataclass
 class _Between:
@@ -177,9 +181,7 @@ class ElasticRun:
             TrainerExited(
                 instance_id=self.instance_id,
                 exit_code=exit_.exit_code,
-                # Its own verdict where it has one: a tree it stopped (a drain's, a
-                # leave's) can exit 1 and would read as a failure to fleetd.
-                reason=str(cause) if cause in (ExitCause.STORE_LOST, ExitCause.STOPPED) else exit_.reason,
+                reason=str(cause) if cause in OWN_VERDICTS else exit_.reason,
             )
         )
 
@@ -207,7 +209,10 @@ class ElasticRun:
         if found is None:
             return False
         between.before = found
-        log.warning("trainer_restarting", why="the rendezvous store is back", incarnation=found.incarnation)
+        why = (
+            "the rendezvous store is back" if cause is ExitCause.STORE_LOST else "its rendezvous failed; joining again"
+        )
+        log.warning("trainer_restarting", why=why, incarnation=found.incarnation)
         return True
 
     def _may_fail(self) -> bool:

@@ -15,7 +15,9 @@ from fleetd.shared.logs import get_logger
 
 log = get_logger(__name__)
 
-POLL_S = 1.0
+# Well inside one of torchrun's own restarts (a warm-pool worker re-runs ~0.4 s after it fails):
+# at 1 s a bug ran two or three times per attempt before the guard read its first failure.
+POLL_S = 0.1
 READ_MAX = 256 * 1024
 
 

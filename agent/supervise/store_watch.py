@@ -23,6 +23,7 @@ from pathlib import Path
 from tenacity import RetryCallState
 
 from agent.supervise.torchrun import TorchrunExit
+from agent.supervise.torchrun_main import RENDEZVOUS_FAILED_EXIT
 from fleetd.shared.backoff import failure_of, retrying
 from fleetd.shared.logs import get_logger
 
@@ -52,6 +53,9 @@ class ExitCause(StrEnum):
     FINISHED = "finished"  # the job completed: nothing to restart
     STOPPED = "stopped"  # this agent stopped it (drain, leave, shutdown)
     STORE_LOST = "store-lost"  # the rendezvous store died or restarted: restart once it answers
+    # torchrun's own rendezvous failed with the store fine (torchrun_main.RENDEZVOUS_FAILED_EXIT):
+    # the round, not the job's code; restart as for a lost store
+    RENDEZVOUS_FAILED = "rendezvous-failed"
     FAILED = "failed"  # training itself failed with the store fine: report, fleetd decides
 
 
@@ -107,6 +111,8 @@ def classify_exit(exit_: TorchrunExit, before: StoreProbe, after: StoreProbe, ta
     # incarnation was never read).
     if any(m in tail for m in STORE_GONE_MARKERS):
         return ExitCause.STORE_LOST
+    if exit_.exit_code == RENDEZVOUS_FAILED_EXIT and not exit_.job_failed:
+        return ExitCause.RENDEZVOUS_FAILED
     return ExitCause.FAILED
 
 

@@ -35,6 +35,8 @@ log = get_logger(__name__)
 class TorchrunExit:
     exit_code: int | None
     reason: str  # "finished", "failed", "stopped" (we stopped it), "lost" (killed by someone else)
+    # The failure guard ended it on the job's own failure: ``exit_code`` is the worker's, not torchrun's.
+    job_failed: bool = False
 
 
 # Every process of one launch (pool, torchrun, workers) inherits this, set to the launch's own id:
@@ -253,7 +255,7 @@ class TorchrunProcess:
         else:
             reason = "failed"
         log.info("torchrun_exited", pid=self.proc.pid, exit_code=code, reason=reason)
-        return TorchrunExit(code, reason)
+        return TorchrunExit(code, reason, job_failed=self._user_failure is not None)
 
     async def wait(self) -> TorchrunExit:
         return await asyncio.to_thread(self.wait_blocking)

@@ -44,6 +44,23 @@ def _patch(poll_s: float) -> bool:
         return False
 
 
+# torchrun's exit status when its own rendezvous failed (not a worker): a round completed with a
+# rank 0 that never published its address (it left as the round closed), a join that timed out.
+# The cloud's fault, never the job's: the agent starts torchrun again (agent/supervise/
+# store_watch.py) and fleetd counts no restart of the job against it. EX_TEMPFAIL; torchrun
+# itself exits 1 when a worker fails.
+RENDEZVOUS_FAILED_EXIT = 75
+
+
+def _rendezvous_failure(exc: BaseException) -> bool:
+    from torch.distributed import DistError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousGracefulExitError
+
+    if isinstance(exc, RendezvousGracefulExitError):
+        return False  # torchrun ends quietly on it (a redundant node): not a failure
+    return isinstance(exc, (RendezvousError, DistError))
+
+
 def _job_running(link: StoreLink, node_addr: str) -> bool:
     """Is a round complete with other participants (i.e. are ranks training right now)?
 
@@ -163,7 +180,14 @@ def main() -> None:
         _hold_before_first_join(float(os.environ.get("FLEETD_JOIN_CKPT_TIMEOUT_S", "10")))
     from torch.distributed.run import main as torchrun_main
 
-    torchrun_main()
+    try:
+        torchrun_main()
+    except Exception as exc:
+        if not _rendezvous_failure(exc):
+            raise
+        # torch's own traceback is already in the log (its @record wrapper printed it).
+        print(f"fleetd: torchrun's rendezvous failed ({type(exc).__name__}): no worker ran", file=sys.stderr)
+        sys.exit(RENDEZVOUS_FAILED_EXIT)
 
 
 if __name__ == "__main__":

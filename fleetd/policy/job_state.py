@@ -49,7 +49,8 @@ class JobSettings:
 
 @dataclass(frozen=True, slots=True)
 class NodeExit:
-    """One ``trainer-exited`` report (agent/supervise: finished, failed, stopped, store-lost, lost)."""
+    """One ``trainer-exited`` report (agent/supervise: finished, failed, stopped, store-lost,
+    rendezvous-failed, lost)."""
 
     instance_id: str
     at: float
@@ -112,7 +113,7 @@ def classify_exit(ex: NodeExit, obs: JobObservation, s: JobSettings) -> ExitClas
     """Whose fault one trainer exit was (module docstring)."""
     if ex.reason == "finished" and ex.exit_code in (0, None):
         return ExitClass.SUCCESS
-    if ex.reason in ("stopped", "store-lost"):
+    if ex.reason in ("stopped", "store-lost", "rendezvous-failed"):
         return ExitClass.INFRASTRUCTURE
     node = next((n for n in obs.nodes if n.instance_id == ex.instance_id), None)
     if node is not None and (node.noticed_at is not None or node.leaving or node.lost_at is not None):

@@ -309,6 +309,12 @@ def _leaves(obs: Observation, s: RendezvousState, present: frozenset[str]) -> li
         actions.append(TellLeave(f"{addr} removed from the rendezvous; stop its process tree", addr))
     if not obs.told_leave:
         return actions
+    # Removed once, a leaver's torchrun can still add itself back in the moments before its agent
+    # stops it (it was mid-join, the round open); torch then completed the round at its last call
+    # with the leaver as rank 0, and the others waited 60 s for an address it never published
+    # (the storm demo, 2026-11-28). Taken out again each pass: 50 ms against a 2 s last call.
+    for addr in sorted(frozenset(obs.told_leave) & present):
+        actions.append(RemoveNodes(f"{addr} joined again after it was told to leave", frozenset({addr})))
     done = frozenset(
         a for a, told in obs.told_leave.items() if obs.phase(a) is Phase.LEFT or obs.now - told > obs.left_timeout
     )
