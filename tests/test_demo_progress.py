@@ -117,3 +117,66 @@ def test_a_stale_world_replaced_by_one_at_the_high_water_mark_loses_only_what_it
     # Had the stale world been the last one, all 34 would be lost.
     (only,) = Progress.load(_write(tmp_path / "ev2.jsonl", recs[: -(2 + 12)])).restarts()
     assert only.steps_lost == 34
+
+
+def _wave_run(stops: dict[str, float], durable_at: dict[int, float]) -> object:
+    """The slice of a demo run `_whole_fleet` reads: a notice-all at t=10 on nodes a and b
+    (127.0.0.1-2), their replacement c (127.0.0.3), wall clock == the loop's clock."""
+    from types import SimpleNamespace
+
+    addrs = {"a": "127.0.0.1", "b": "127.0.0.2", "c": "127.0.0.3"}
+    nodes = {iid: SimpleNamespace(addr=addr, stopped_at=stops.get(iid)) for iid, addr in addrs.items()}
+    return SimpleNamespace(
+        injected=[(10.0, "notice-all", "*"), (10.0, "notice", "a"), (10.0, "notice", "b")],
+        launcher=SimpleNamespace(nodes=nodes),
+        view=SimpleNamespace(durable_at=durable_at),
+        training_since=0.0,
+        training_since_loop=0.0,
+    )
+
+
+def _start(t: float, node: str, from_step: int, world: int) -> dict:
+    return {"ev": "start", "t": t, "node": node, "rank": 0, "world": world, "from_step": from_step}
+
+
+def test_a_whole_fleet_wave_the_replacements_resume_from_the_notices_checkpoint(tmp_path: Path) -> None:
+    from fleetd.demo.report import _whole_fleet
+
+    recs = _steps(0.0, 2, 1, 100)  # the wave's hold at step 100 (t=9.9)
+    recs += [_start(40.0, "127.0.0.3", 100, 1)] + _steps(40.5, 1, 101, 110)
+    p = Progress.load(_write(tmp_path / "ev.jsonl", recs))
+    wipe = _whole_fleet(_wave_run({"a": 20.0, "b": 25.0}, {100: 18.0}), p)
+    assert wipe is not None
+    assert (wipe["via"], wipe["resume_step"], wipe["last_step_before"], wipe["steps_lost"]) == (
+        "checkpoint",
+        100,
+        100,
+        0,
+    )
+    assert wipe["durable_step_before_last_left"] == 100 and wipe["last_left_s"] == 25.0
+
+
+def test_a_whole_fleet_wave_handed_to_replacements_that_joined_inside_the_notice(tmp_path: Path) -> None:
+    """The replacement joined while both noticed nodes were still draining: one round with them
+    (state from a peer), then they left. Nothing had to be durable first, and nothing was lost."""
+    from fleetd.demo.report import _whole_fleet
+
+    recs = _steps(0.0, 2, 1, 100)
+    recs += [_start(15.0, a, 100, 3) for a in ("127.0.0.1", "127.0.0.2", "127.0.0.3")]
+    recs += _steps(15.5, 3, 101, 101)
+    recs += [_start(18.0, "127.0.0.3", 101, 1)] + _steps(18.5, 1, 102, 110)
+    p = Progress.load(_write(tmp_path / "ev.jsonl", recs))
+    wipe = _whole_fleet(_wave_run({"a": 17.0, "b": 17.5}, {}), p)
+    assert wipe is not None
+    assert (wipe["via"], wipe["resume_step"], wipe["last_step_before"], wipe["steps_lost"]) == ("peers", 100, 100, 0)
+    assert wipe["durable_step_before_last_left"] is None
+
+
+def test_a_whole_fleet_wave_counts_the_steps_the_replacements_did_not_carry_on_from(tmp_path: Path) -> None:
+    from fleetd.demo.report import _whole_fleet
+
+    recs = _steps(0.0, 2, 1, 120)  # trained past the durable 100 before the last left
+    recs += [_start(40.0, "127.0.0.3", 100, 1)]
+    p = Progress.load(_write(tmp_path / "ev.jsonl", recs))
+    wipe = _whole_fleet(_wave_run({"a": 20.0, "b": 25.0}, {100: 18.0}), p)
+    assert wipe is not None and (wipe["via"], wipe["steps_lost"]) == ("checkpoint", 20)

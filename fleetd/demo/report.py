@@ -86,38 +86,52 @@ def _notice_log(run: Any, began_wall: float | None) -> list[dict[str, Any]]:
 
 def _whole_fleet(run: Any, progress: Progress) -> dict[str, Any] | None:
     """When every node was noticed at once: the newest checkpoint durable in S3 before the last of
-    them was gone, and the step the replacements resumed from."""
+    them was gone, and where the replacements' training began.
+
+    The replacements either resume from that checkpoint once the noticed nodes are gone
+    (``via``: "checkpoint"), or, when they join while noticed nodes are still inside their notice,
+    train in one round with them and get the state from them ("peers": nothing had to reach S3
+    first). Either way their first round starts from ``resume_step``, and what the wave cost is
+    the step trained before it that this round does not carry on from."""
     waves = [at for at, kind, _ in run.injected if kind == "notice-all"]
     if not waves or run.launcher is None or run.view is None or run.training_since_loop is None:
         return None
     wave_wall = waves[-1]
     offset = run.training_since_loop - run.training_since  # wall clock -> the event loop's clock
     wave_ids = {iid for at, kind, iid in run.injected if kind == "notice" and at >= wave_wall}
-    stops = [n.stopped_at for iid, n in run.launcher.nodes.items() if iid in wave_ids]
-    if not wave_ids or any(t is None for t in stops):
-        return {
-            "nodes": len(wave_ids),
-            "last_left_s": None,
-            "durable_step_before_last_left": None,
-            "resume_step": None,
-            "steps_lost": None,
-        }
-    last_left = max(stops)
-    last_left_wall = last_left - offset
-    durable_before = [step for step, at in run.view.durable_at.items() if at <= last_left_wall]
-    last_step = max(
-        (r["step"] for r in progress.records if r["ev"] == "step" and r["t"] <= last_left_wall), default=None
-    )
-    resumed = [r for r in progress.records if r["ev"] == "start" and r["t"] > last_left_wall]
-    resume_step = int(resumed[0].get("from_step", 0)) if resumed else None
-    return {
+    nodes = run.launcher.nodes
+    stops = [n.stopped_at for iid, n in nodes.items() if iid in wave_ids]
+    unknown = {
         "nodes": len(wave_ids),
+        "last_left_s": None,
+        "durable_step_before_last_left": None,
+        "resume_step": None,
+        "steps_lost": None,
+        "via": None,
+    }
+    if not wave_ids or any(t is None for t in stops):
+        return unknown
+    last_left_wall = max(stops) - offset
+    wave_addrs = {nodes[iid].addr for iid in wave_ids if iid in nodes}
+    durable_before = [step for step, at in run.view.durable_at.items() if at <= last_left_wall]
+    starts = [r for r in progress.records if r["ev"] == "start" and r["t"] > wave_wall]
+    first = next((r for r in starts if r.get("node") not in wave_addrs), None)
+    last_step = max(
+        (r["step"] for r in progress.records if r["ev"] == "step" and r["t"] <= (first or {}).get("t", last_left_wall)),
+        default=None,
+    )
+    resume_step = int(first.get("from_step", 0)) if first is not None else None
+    # The round the replacements first trained in: every start within a moment of the first.
+    round_nodes = {r.get("node") for r in starts if first is not None and abs(r["t"] - first["t"]) < 2.0}
+    return {
+        **unknown,
         "noticed_at_s": round(wave_wall - run.training_since, 2),
         "last_left_s": round(last_left_wall - run.training_since, 2),
         "last_step_before": last_step,
         "durable_step_before_last_left": max(durable_before) if durable_before else None,
         "resume_step": resume_step,
         "steps_lost": (max(0, last_step - resume_step) if last_step is not None and resume_step is not None else None),
+        "via": None if first is None else ("peers" if round_nodes & wave_addrs else "checkpoint"),
     }
 
 
@@ -270,7 +284,7 @@ def render(report: dict[str, Any]) -> str:
                 f"{wipe['nodes']} nodes at {wipe.get('noticed_at_s')} s, last gone at {wipe['last_left_s']} s",
             ),
             ("durable before last left", wipe["durable_step_before_last_left"]),
-            ("resumed from step", wipe["resume_step"]),
+            ("replacements began at step", f"{wipe['resume_step']} (from {wipe.get('via') or 'unknown'})"),
             ("steps lost (whole fleet)", wipe["steps_lost"]),
         ]
     width = max(len(k) for k, _ in rows)
