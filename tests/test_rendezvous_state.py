@@ -340,3 +340,29 @@ def test_torch_state_holder_interface_is_what_we_patch():
     assert _BackendRendezvousStateHolder.__init__.__defaults__ == (1,)
     assert RendezvousTimeout().last_call == timedelta(seconds=30)
     assert issubclass(_BackendRendezvousStateHolder, _RendezvousStateHolder) and RendezvousSettings
+
+
+def test_leavers_the_survivors_formed_without_cost_no_second_re_form():
+    """A wave's replacements formed a round without the noticed nodes while those still stopped
+    their trees: when they report ``left``, the survivors are already training without them, and
+    a poke would re-form the same nodes once more (a salvage and a second pause)."""
+    from typing import cast
+
+    from fleetd.rendezvous.client import RendezvousClient
+    from fleetd.rendezvous.steering import Steerer
+
+    steer = Steerer(client=cast(RendezvousClient, None))
+    noticed = {"127.0.0.2", "127.0.0.3"}
+    steer.told_members = set(noticed)  # members of the formed round when told to leave
+    steer.told_leave = {a: NOW - timedelta(seconds=1) for a in noticed}
+    fresh = complete_round(C, rnd=5)  # the replacement's round, formed after they were removed
+    steer._note_round(fresh, NOW)
+    assert steer.told_members == set()
+    acts = decide.steer(
+        obs(fresh, told_leave=steer.told_leave, left=frozenset(noticed), member_leaves=frozenset(steer.told_members))
+    )
+    assert kinds(acts) == ["FinishLeaves"], acts
+    # A leaver in the round that formed (it added itself back in time) still gets its poke.
+    steer.told_members = set(noticed)
+    steer._note_round(complete_round(A, C, rnd=6), NOW)
+    assert steer.told_members == {"127.0.0.2"}

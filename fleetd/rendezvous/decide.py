@@ -323,7 +323,7 @@ def _leaves(obs: Observation, s: RendezvousState, present: frozenset[str]) -> li
     members_left = done if obs.member_leaves is None else done & obs.member_leaves
     coming = wave_still_coming(obs, present)
     if not members_left:
-        actions.append(FinishLeaves(f"{', '.join(sorted(done))} left before training in the round: no re-form", done))
+        actions.append(FinishLeaves(f"{', '.join(sorted(done))} left, not in the round training now: no re-form", done))
     elif ready:
         pass  # more leavers are told this very pass: they join this re-form
     elif coming and obs.now - min(obs.told_leave.values()) < obs.coalesce:

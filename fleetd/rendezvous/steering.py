@@ -188,7 +188,7 @@ class Steerer:
         if s is not None and s.complete and s.round != self.members_round:
             # The first sight of a complete round is its membership. Later sights of the same
             # round only shrink while its members exit to re-form; they are still expected.
-            self.members, self.members_round = s.participant_addrs, s.round
+            self._formed(s)
             self.round_seen_at = now
         if not self.adopted and s is not None:
             self.adopted = True
@@ -338,7 +338,7 @@ class Steerer:
 
                 formed = await self.client.update(complete)
                 if formed is not None:
-                    self.members, self.members_round = formed.participant_addrs, formed.round
+                    self._formed(formed)
                     log.info("rendezvous_round_completed", round=formed.round, ranks=formed.ranks_by_addr())
             case decide.HoldRound(until=until):
                 await self.client.update(
@@ -352,6 +352,12 @@ class Steerer:
                 await self.client.update(lambda s: replace(s, closed=False) if s.closed else None)
             case decide.DropMarkers():
                 await self.client.update(lambda s: s.without_markers() if s.has_marker else None)
+
+    def _formed(self, s: RendezvousState) -> None:
+        """A newly formed round is the membership; a leaver outside it needs no poke when it exits
+        (a storm's replacements formed without the noticed nodes: a poke re-formed them again)."""
+        self.members, self.members_round = s.participant_addrs, s.round
+        self.told_members &= s.participant_addrs
 
     async def _forget(self, done: frozenset[str]) -> None:
         for addr in done:
