@@ -15,6 +15,14 @@ import psutil
 from agent.supervise.proctree import kill_by_env, kill_tree, process_tree
 
 
+def _dead(pid: int) -> bool:
+    """Gone, or a zombie nobody reaped yet (whoever reaps it may do so between two looks)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def test_a_process_started_after_the_walk_in_its_own_session_is_found_by_its_environment() -> None:
     marker = f"node-{os.getpid()}-{time.monotonic_ns()}"
     env = {**os.environ, "FLEETD_TEST_NODE": marker}
@@ -27,7 +35,7 @@ def test_a_process_started_after_the_walk_in_its_own_session_is_found_by_its_env
         assert straggler.poll() is None  # the walk could not see it
         assert kill_by_env("FLEETD_TEST_NODE", marker) == 1
         # (kill_by_env reaped it: it is this test's child here, torchrun's orphan on a node)
-        assert not psutil.pid_exists(straggler.pid) or psutil.Process(straggler.pid).status() == psutil.STATUS_ZOMBIE
+        assert _dead(straggler.pid)
         assert kill_by_env("FLEETD_TEST_NODE", marker) == 0
     finally:
         for p in (parent, straggler):
@@ -63,7 +71,7 @@ def test_terminate_kills_a_worker_started_after_its_walk(tmp_path) -> None:  # n
     try:
         proc.terminate(timeout_s=1.0)
         late = int(pidfile.read_text())
-        assert not psutil.pid_exists(late) or psutil.Process(late).status() == psutil.STATUS_ZOMBIE
+        assert _dead(late)
     finally:
         proc.proc.wait()
         if late is not None and psutil.pid_exists(late):

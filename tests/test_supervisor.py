@@ -169,10 +169,11 @@ def test_signals_reach_the_warm_worker_and_it_dies_with_its_launcher(tmp_path, p
     assert proc.returncode == 3 and b"term" in out
 
     proc = launch(sock, env, mod)
-    worker = int(proc.stdout.readline())
+    # Held before the kill: the pool may reap the worker before a lookup after it would run.
+    worker_proc = psutil.Process(int(proc.stdout.readline()))
     proc.kill()  # torchrun SIGKILLs a launcher that does not stop
     proc.wait()
-    assert psutil.wait_procs([psutil.Process(worker)], timeout=10)[1] == []
+    assert psutil.wait_procs([worker_proc], timeout=10)[1] == []
 
 
 SLOW_SAVER = """
@@ -197,14 +198,13 @@ def test_a_whole_tree_sigterm_leaves_a_warm_worker_time_to_save(tmp_path, pool):
     proc = launch(sock, env, mod, str(marker))
     int(proc.stdout.readline())
     pool_pid = _pool_pid(sock)
+    pool_proc = psutil.Process(pool_pid)  # held before the stop: it may be gone before a later lookup
     tree = process_tree(proc.pid) + process_tree(pool_pid)
     kill_tree(tree, signal.SIGTERM)
     finish(proc, pool_pid)
     assert marker.read_text() == "saved"
     assert proc.returncode == 3, "the launcher got the worker's own exit status"
-    assert psutil.wait_procs([psutil.Process(pool_pid)], timeout=10)[1] == [], (
-        "the stopped pool exits after its children"
-    )
+    assert psutil.wait_procs([pool_proc], timeout=10)[1] == [], "the stopped pool exits after its children"
 
 
 def test_wait_returns_only_once_a_stopped_tree_is_gone(tmp_path):
