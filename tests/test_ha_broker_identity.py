@@ -50,6 +50,26 @@ def tls(ca: Path, cn: str) -> ssl.SSLContext:
     return ctx
 
 
+async def _until_dropped_or(stop: asyncio.Event, c: aiomqtt.Client) -> None:
+    """Stay connected until ``stop`` (returns) or the broker drops the session (MqttError). The
+    stop is checked here, not only by cancelling: a cancel that lands while aiomqtt connects can
+    be lost, and a loop over ``c.messages`` alone then never ended (a 3-worker run, 2026-11-28)."""
+
+    async def drain() -> None:
+        async for _ in c.messages:
+            pass
+
+    dropped, stopped = asyncio.ensure_future(drain()), asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({dropped, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (dropped, stopped):
+            t.cancel()
+        await asyncio.gather(dropped, stopped, return_exceptions=True)
+    if not stopped.done() or stopped.cancelled():
+        dropped.result()  # the broker's drop: MqttError, the caller reconnects
+
+
 async def two_controllers(broker: Mosquitto, ca: Path, cns: tuple[str, str], until, timeout: float) -> tuple[int, int]:
     """Two controllers (their own client ids, as HA gives them), each reconnecting when dropped
     as fleetd's intake does, until ``until(connects)`` holds (or ``timeout``); how often each
@@ -66,8 +86,7 @@ async def two_controllers(broker: Mosquitto, ca: Path, cns: tuple[str, str], unt
                     connects[k] += 1
                     await c.subscribe("fleetd/prod/nodes/+/events", qos=1)
                     await c.publish(node_topic("prod", "i-0aaaaaaaaaaaaaaaa", "commands"), b"{}", qos=1)
-                    async for _ in c.messages:
-                        pass
+                    await _until_dropped_or(stop, c)
             except aiomqtt.MqttError:
                 await asyncio.sleep(0.2)  # the intake's reconnect backoff
 
