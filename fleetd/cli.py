@@ -24,6 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "fleetd.commands.job",
         "jobs: check a job file (job check FILE), hand one to the controller (job submit FILE), list the jobs with state and spend (job list)",
     ),
+    "team": (
+        "fleetd.commands.team",
+        "one budget over several jobs: team run (the team's loop), team plan, team status",
+    ),
     "cancel": ("fleetd.commands.cancel", "stop the job for good: checkpoint, then release every node"),
     "logs": ("fleetd.commands.logs", "the job's worker output from every node, gone ones too (--follow)"),
     "config": ("fleetd.commands.config", "configuration tools (config check)"),

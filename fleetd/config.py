@@ -346,6 +346,14 @@ class HaConfig(Group):
     create_table: bool = False
 
 
+class TeamMemberConfig(Group):
+    # This job is one of a team's (`fleetd team`, fleetd/team/): before every pass the daemon reads
+    # its allotment from <fleet.state_dir>/allotment.json and plans inside it (fleet size, USD/h
+    # and total at most the share's; paused: checkpoint, stop, buy nothing). Until the first
+    # allotment comes, the job waits.
+    member: bool = False
+
+
 class FleetdConfig(CommonSettings):
     fleet: FleetConfig = FleetConfig()
     capacity: CapacityConfig = CapacityConfig(instance_types=("g5.xlarge",))
@@ -359,6 +367,7 @@ class FleetdConfig(CommonSettings):
     stall: StallConfig = StallConfig()
     enrol: EnrolConfig = EnrolConfig()
     ha: HaConfig = HaConfig()
+    team: TeamMemberConfig = TeamMemberConfig()
 
 
 def load(path: Path | None = DEFAULT_PATH) -> FleetdConfig:

@@ -10,14 +10,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, field_validator
 
-from fleetd.atomic_file import write_atomically
+from fleetd.atomic_file import read_model, write_atomically
 from fleetd.policy.job_state import JobRecord, JobState
-from fleetd.protocol.errors import ProtocolError
 
 JOB_VERSION = 1
 JOB_NAME = "job.json"
@@ -75,20 +73,8 @@ def record_of(view: JobView) -> JobRecord:
     return JobRecord(**view.model_dump(exclude={"schema_version", "code_digest"}))
 
 
-def _read(path: Path, model: type[_Versioned]) -> _Versioned | None:
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    try:
-        return model.model_validate(json.loads(raw))
-    except (ValueError, ValidationError) as exc:
-        raise ProtocolError(f"{path}: not a valid {model.__name__}: {exc}") from exc
-
-
 def read_job(state_dir: Path) -> JobView | None:
-    found = _read(Path(state_dir) / JOB_NAME, JobView)
-    return found if isinstance(found, JobView) else None
+    return read_model(Path(state_dir) / JOB_NAME, JobView)
 
 
 def write_job(state_dir: Path, view: JobView) -> None:
@@ -96,8 +82,7 @@ def write_job(state_dir: Path, view: JobView) -> None:
 
 
 def read_cancel(state_dir: Path) -> CancelRequest | None:
-    found = _read(Path(state_dir) / CANCEL_NAME, CancelRequest)
-    return found if isinstance(found, CancelRequest) else None
+    return read_model(Path(state_dir) / CANCEL_NAME, CancelRequest)
 
 
 def write_cancel(state_dir: Path, request: CancelRequest) -> Path:
@@ -110,8 +95,7 @@ def clear_cancel(state_dir: Path) -> None:
 
 
 def read_submit(state_dir: Path) -> SubmitRequest | None:
-    found = _read(Path(state_dir) / SUBMIT_NAME, SubmitRequest)
-    return found if isinstance(found, SubmitRequest) else None
+    return read_model(Path(state_dir) / SUBMIT_NAME, SubmitRequest)
 
 
 def write_submit(state_dir: Path, request: SubmitRequest) -> Path:

@@ -116,8 +116,9 @@ class PassPublisher:
             reconcile_interval_s=self.cfg.fleet.reconcile_interval_s,
             nodes=nodes,
             budget=plan.budget if plan is not None else None,
-            budget_total_usd=self.cfg.budget.total_usd,
-            budget_max_usd_per_hour=self.cfg.budget.max_usd_per_hour,
+            # A team member's caps are its share's (fleetd/team/member.py), as the planner used them.
+            budget_total_usd=getattr(reconciler, "pass_cfg", self.cfg).budget.total_usd,
+            budget_max_usd_per_hour=getattr(reconciler, "pass_cfg", self.cfg).budget.max_usd_per_hour,
             target_nodes=plan.target_nodes if plan is not None else None,
             rendezvous=self.rendezvous() if self.rendezvous is not None else None,
             checkpoint=checkpoint,

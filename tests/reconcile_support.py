@@ -45,6 +45,20 @@ BEST = PoolId("g5.xlarge", "us-east-1b")
 SECOND_BEST = PoolId("g5.xlarge", "us-east-1a")
 
 
+@contextlib.asynccontextmanager
+async def built_reconciler(cloud: Cloud, cfg: FleetdConfig, clock: FakeClock) -> AsyncIterator[Any]:
+    """A real reconcile loop for ``cfg`` on the test cloud (through the fault proxy), closed after."""
+    from fleetd.policy.planner import plan
+    from fleetd.reconcile.build import build_reconciler
+
+    async with cloud.client() as client, cloud.pricing_client() as pricing:
+        built = await build_reconciler(cfg, client, planner=plan, clock=clock, pricing_client=pricing)
+        try:
+            yield built.reconciler
+        finally:
+            await built.close()
+
+
 class FakeClock:
     """Starts at the real time (EC2 launch times are real) and only moves when told to."""
 

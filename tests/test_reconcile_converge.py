@@ -9,21 +9,14 @@ from pathlib import Path
 
 from fleetd.adapters.ec2 import TAG_FLEET, TAG_JOB, TAG_LAUNCH, TAG_POOL
 from fleetd.policy.model import Launch, Market, PoolId, Terminate
-from fleetd.policy.planner import plan
-from fleetd.reconcile.build import build_reconciler
 from fleetd.reconcile.loop import Reconciler
-from tests.reconcile_support import BEST, SECOND_BEST, Cloud, FakeClock, pools_of
+from tests.reconcile_support import BEST, SECOND_BEST, Cloud, FakeClock, built_reconciler, pools_of
 
 
 @contextlib.asynccontextmanager
 async def reconciler(cloud: Cloud, state_dir: Path, clock: FakeClock, **cfg_kw) -> AsyncIterator[Reconciler]:
-    cfg = cloud.config(state_dir, **cfg_kw)
-    async with cloud.client() as client, cloud.pricing_client() as pricing:
-        built = await build_reconciler(cfg, client, planner=plan, clock=clock, pricing_client=pricing)
-        try:
-            yield built.reconciler
-        finally:
-            await built.close()
+    async with built_reconciler(cloud, cloud.config(state_dir, **cfg_kw), clock) as r:
+        yield r
 
 
 async def converge(r: Reconciler, clock: FakeClock, passes: int = 4) -> list:

@@ -211,6 +211,11 @@ async def build_reconciler(
     own_ledger = None
     if ledger is None:
         ledger = own_ledger = await ledger_beside(state)
+    bound = None
+    if cfg.team.member:
+        from fleetd.team.member import TeamMember
+
+        bound = TeamMember(cfg.fleet.state_dir, state)
     log.info(
         "reconciler_ready", fleet=cfg.fleet.name, pools=[str(p) for p in pools], dry_run=dry_run, priors=len(priors)
     )
@@ -231,5 +236,6 @@ async def build_reconciler(
         dry_run=dry_run,
         ledger=ledger,
         fence=fence,
+        bound=bound,
     )
     return Built(reconciler, state, ec2, own_ledger)

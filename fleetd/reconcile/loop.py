@@ -41,6 +41,7 @@ from fleetd.reconcile.ports import (
     NodeObserver,
     NoObserver,
     NoSignals,
+    PassBound,
     SignalSource,
     SpendSource,
 )
@@ -109,6 +110,7 @@ class Reconciler:
         priors: Mapping[PoolId, float] | None = None,
         dry_run: bool = False,
         fence: Callable[[], object] | None = None,
+        bound: PassBound | None = None,
     ):
         # Everything a successor (a fresh loop after an HA takeover) is built from.
         self._inputs: dict[str, Any] = dict(
@@ -127,8 +129,11 @@ class Reconciler:
             dry_run=dry_run,
             ledger=ledger,
             fence=fence,
+            bound=bound,
         )
         self.cfg = cfg
+        self.bound = bound
+        self._pass_cfg = cfg  # the last full pass's config (inside a team share, when bound)
         self.ec2 = ec2
         self.prices = prices
         self.state = state
@@ -214,10 +219,14 @@ class Reconciler:
             log.warning("observe_failed", kind=exc.kind, code=exc.code, error=exc.message)
             return PassReport(now, error=exc)
         self._last_obs = obs
+        cfg = self.cfg
+        if self.bound is not None:
+            obs, cfg = await self.bound.bound(obs, cfg, now)
+        self._pass_cfg = cfg
         observed = time.perf_counter()
         # Pure and CPU-bound (~50-100 ms at 2,000 nodes): in a worker thread, so the intake keeps
         # reading (a notice must not sit in the socket while the fleet is planned).
-        plan = await asyncio.to_thread(self.planner, obs, self.cfg, now)
+        plan = await asyncio.to_thread(self.planner, obs, cfg, now)
         await self._remember(obs, plan, now)
         planned = time.perf_counter()
         for note in plan.notes:
@@ -266,11 +275,16 @@ class Reconciler:
         self._notices_planned = seen
         now = self.clock()
         obs = await self._observation.refold(last)
-        plan = await asyncio.to_thread(self.planner, obs, self.cfg, now)
+        plan = await asyncio.to_thread(self.planner, obs, self._pass_cfg, now)
         outcomes = await self._executor.act_drains(plan, obs, now)
         if outcomes:
             log.info("urgent_pass_done", drains=len(outcomes), seconds=round(self.clock() - now, 4))
         return tuple(outcomes)
+
+    @property
+    def pass_cfg(self) -> FleetdConfig:
+        """The config the last full pass planned with: a team member's is inside its share."""
+        return self._pass_cfg
 
     @property
     def pool_rows(self) -> tuple[PoolRow, ...]:

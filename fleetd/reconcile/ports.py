@@ -13,11 +13,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fleetd.policy.model import Node
 from fleetd.policy.observation import DesiredJob
 from fleetd.shared.logs import get_logger
+
+if TYPE_CHECKING:
+    from fleetd.config import FleetdConfig
+    from fleetd.policy.observation import Observation
 
 log = get_logger(__name__)
 
@@ -78,6 +82,13 @@ class SpendSource(Protocol):
     async def spent_usd(self, now: float) -> float:
         """Everything accrued so far (the budget ledger), 60 s minimum charges included."""
         ...
+
+
+class PassBound(Protocol):
+    """Bounds each pass from outside the job: a team member's allotment (fleetd/team/member.py)
+    turns into the config and observation the planner sees this pass."""
+
+    async def bound(self, obs: Observation, cfg: FleetdConfig, now: float) -> tuple[Observation, FleetdConfig]: ...
 
 
 class LedgerSink(Protocol):

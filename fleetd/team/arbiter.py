@@ -1,0 +1,173 @@
+"""``fleetd team run``: the team's one planning loop over every job (issue 33).
+
+Every ``team.interval_s``: read each job's config, status snapshot and last allotment
+(fleetd/team/inputs.py), run the team allocator (fleetd/policy/team.py) over the jobs it can plan
+for, split what the team has left into per-job totals (fleetd/policy/team_share.py) and write each
+job's allotment (fleetd/team/allotment_file.py). Each job's own daemon (``fleetd@NAME``, with
+``[team] member = true``) places and drains its nodes inside its allotment: one job's crash or
+restart stops that job only, and the single-job path every test exercises stays the one that runs.
+
+The arbiter keeps no state of its own: what it needs across passes is in the allotments it wrote
+(when a job was paused) and in the jobs' snapshots (spend, nodes). Restarted, it carries on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleetd.config import FleetdConfig, load
+from fleetd.policy.team import allocate
+from fleetd.policy.team_model import JobCap, TeamActionKind, TeamBudget, TeamJob, TeamPlan, TeamSettings
+from fleetd.policy.team_share import job_totals
+from fleetd.protocol.errors import ProtocolError
+from fleetd.shared.logs import get_logger
+from fleetd.shared.settings import ConfigError
+from fleetd.snapshot import read_snapshot
+from fleetd.team.allotment_file import AllotmentRecord, read_allotment, write_allotment
+from fleetd.team.config import TeamConfig, TeamJobEntry
+from fleetd.team.inputs import JobSeen, paused_at, team_job
+
+log = get_logger(__name__)
+
+
+def read_job(entry: TeamJobEntry) -> JobSeen:
+    """One job from its files (blocking: call it in a thread). Never raises: a job that cannot be
+    read or planned for carries the reason, and the pass goes on with the others. A job whose
+    config does not make it a member is not planned for, but its spend still counts against the
+    team's total (the team cannot steer it; it must not pretend that money is left)."""
+    try:
+        cfg: FleetdConfig = load(entry.config)
+    except ConfigError as exc:
+        return JobSeen(entry, problem=f"its config cannot be read: {exc.render()}"[:500])
+    if entry.state_dir is not None:
+        cfg = cfg.model_copy(update={"fleet": cfg.fleet.model_copy(update={"state_dir": entry.state_dir})})
+    state_dir = cfg.fleet.state_dir
+    try:
+        snapshot = read_snapshot(state_dir)
+        previous = read_allotment(state_dir)
+    except (ProtocolError, OSError) as exc:
+        return JobSeen(entry, cfg, problem=f"its state cannot be read: {exc}"[:500])
+    problem = None if cfg.team.member else f"{entry.config} does not set [team] member = true"
+    return JobSeen(entry, cfg, snapshot, previous, problem)
+
+
+@dataclass(frozen=True, slots=True)
+class TeamPass:
+    """One pass: what was read, what was decided, what was written."""
+
+    seen: tuple[JobSeen, ...]
+    plan: TeamPlan | None
+    written: tuple[AllotmentRecord, ...]
+    skipped: dict[str, str]  # job -> why it got no new allotment
+    spent_usd: float
+
+
+def settings_of(cfg: TeamConfig) -> TeamSettings:
+    t = cfg.team
+    return TeamSettings(
+        extra_priority_band=t.extra_priority_band,
+        resume_margin=t.resume_margin,
+        min_pause_s=t.min_pause_s,
+        changeover_h=t.changeover_s / 3600.0,
+    )
+
+
+def decide(cfg: TeamConfig, seen: Sequence[JobSeen], now: float) -> TeamPass:
+    """The pass's allotments from what was read (pure)."""
+    spent = sum(s.spent_usd for s in seen)
+    skipped: dict[str, str] = {}
+    jobs: list[TeamJob] = []
+    for s in seen:
+        if s.over:
+            skipped[s.entry.name] = f"the job is over ({s.snapshot.job.state if s.snapshot and s.snapshot.job else ''})"
+            continue
+        view = team_job(s)
+        if isinstance(view, str):
+            skipped[s.entry.name] = view
+        else:
+            jobs.append(view)
+    if not jobs:
+        return TeamPass(tuple(seen), None, (), skipped, spent)
+    budget = TeamBudget(cfg.team.total_usd, cfg.team.max_usd_per_hour, spent, cfg.team.horizon_s)
+    plan = allocate(budget, jobs, {}, settings_of(cfg), now=now)
+    caps = {s.entry.name: JobCap(s.entry.total_usd, s.entry.max_usd_per_hour) for s in seen}
+    totals = job_totals(plan, budget, {s.entry.name: s.spent_usd for s in seen}, caps)
+    by_name = {s.entry.name: s for s in seen}
+    written = []
+    for a in plan.allotments:
+        prev = by_name[a.job].previous
+        written.append(
+            AllotmentRecord(
+                team=cfg.team.name,
+                job=a.job,
+                written_at=now,
+                kind=a.kind.value,
+                nodes=a.nodes,
+                usd_per_hour=a.usd_per_hour,
+                total_usd=totals[a.job],
+                region=a.region,
+                reason=a.reason[:500],
+                paused_at=paused_at(TeamActionKind(a.kind), prev, now),
+            )
+        )
+    return TeamPass(tuple(seen), plan, tuple(written), skipped, spent)
+
+
+def write_pass(cfg: TeamConfig, done: TeamPass) -> None:
+    """Write every decided allotment into its job's state directory (blocking)."""
+    dirs = {s.entry.name: s.cfg.fleet.state_dir for s in done.seen if s.cfg is not None}
+    for record in done.written:
+        write_allotment(Path(dirs[record.job]), record)
+
+
+async def team_pass(cfg: TeamConfig, now: float, *, dry_run: bool = False) -> TeamPass:
+    """One pass; ``dry_run`` (``team plan``, ``team status``): decide and say, write and log nothing."""
+    seen = await asyncio.gather(*(asyncio.to_thread(read_job, e) for e in cfg.jobs))
+    done = decide(cfg, seen, now)
+    if not dry_run:
+        await asyncio.to_thread(write_pass, cfg, done)
+        _log(done)
+    return done
+
+
+def _log(done: TeamPass) -> None:
+    plan = done.plan
+    log.info(
+        "team_pass",
+        spent_usd=round(done.spent_usd, 4),
+        burn_usd_per_hour=round(plan.burn_usd_per_hour, 4) if plan else 0.0,
+        room_usd_per_hour=round(plan.room_usd_per_hour, 4) if plan else None,
+        allotments={r.job: f"{r.kind} {r.nodes} ${r.usd_per_hour:.2f}/h" for r in done.written},
+        skipped=done.skipped or None,
+    )
+    for r in done.written:
+        if r.kind not in ("keep", "paused", "pending"):
+            log.warning("team_decision", job=r.job, kind=r.kind, nodes=r.nodes, reason=r.reason)
+
+
+async def run_team(cfg: TeamConfig, clock: Callable[[], float] = time.time) -> None:
+    """Passes every ``interval_s`` until SIGTERM or SIGINT; a failed pass is logged and the next
+    one tries again (the jobs keep their last allotments meanwhile)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        while not stop.is_set():
+            try:
+                await team_pass(cfg, clock())
+            except (OSError, ValueError) as exc:
+                log.error("team_pass_failed", error=repr(exc)[:300])
+            try:
+                await asyncio.wait_for(stop.wait(), cfg.team.interval_s)
+            except TimeoutError:
+                pass
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    log.info("team_stopped")

@@ -1,0 +1,86 @@
+"""A job's daemon as a member of a team (``[team] member = true``): before every pass it reads its
+allotment (``<fleet.state_dir>/allotment.json``, written by ``fleetd team``) and plans inside it
+(fleetd/policy/team_share.py: fleet size, USD/h and total at most the share's).
+
+A pause is the job's coordinated stop (checkpoint, upload, stop every node: the planner's StopJob),
+marked in the state store as the team's, so that a resume can undo that stop and only that one: a
+stop the budget or an operator asked for is asked for again on the next pass by whoever asked. A
+resume waits until the stopped nodes are gone, so the job starts again from its durable checkpoint
+on fresh nodes, as after any stop.
+An allotment file that cannot be read is logged and the last one read stays in force (none read
+yet: the job waits); a share older than the arbiter's passes is used as it is (its total still
+bounds the job's spend) and said so in the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from pathlib import Path
+
+from fleetd.config import FleetdConfig
+from fleetd.policy.observation import DesiredJob, Observation
+from fleetd.policy.team_model import TeamActionKind
+from fleetd.policy.team_share import Share, within_share
+from fleetd.protocol.errors import ProtocolError
+from fleetd.reconcile.state_port import StateBackend
+from fleetd.shared.logs import get_logger
+from fleetd.team.allotment_file import AllotmentRecord, read_allotment
+
+log = get_logger(__name__)
+
+LIVE_EC2_STATES = ("pending", "running")
+PAUSED_KEY = "team_paused_at"  # state-store meta: when the team's pause stopped the job
+
+
+def share_of(record: AllotmentRecord) -> Share | None:
+    try:
+        kind = TeamActionKind(record.kind)
+    except ValueError:
+        log.error("team_allotment_unknown_kind", kind=record.kind)
+        return None
+    return Share(kind, record.nodes, record.usd_per_hour, record.total_usd, record.written_at, record.reason)
+
+
+class TeamMember:
+    def __init__(self, state_dir: Path, state: StateBackend):
+        self.state_dir = Path(state_dir)
+        self.state = state
+        self._share: Share | None = None
+        self._said = ""
+
+    async def _read(self) -> Share | None:
+        try:
+            record = await asyncio.to_thread(read_allotment, self.state_dir)
+        except (ProtocolError, OSError) as exc:
+            log.error("team_allotment_unreadable", error=str(exc)[:300], kept="the last allotment read")
+            return self._share
+        if record is not None:
+            self._share = share_of(record) or self._share
+        return self._share
+
+    async def bound(self, obs: Observation, cfg: FleetdConfig, now: float) -> tuple[Observation, FleetdConfig]:
+        """This pass's observation and config inside the job's share."""
+        bounded = within_share(cfg, await self._read(), now)
+        if bounded.note != self._said:
+            log.info("team_share", note=bounded.note, paused=bounded.paused)
+            self._said = bounded.note
+        paused_at = await self.state.get_meta(PAUSED_KEY)
+        if bounded.paused:
+            if obs.desired_job is DesiredJob.END:
+                return obs, bounded.cfg  # the job is over: its nodes are released as for any job
+            if paused_at is None:
+                await self.state.set_meta(PAUSED_KEY, now)
+                log.warning("team_pause", why=bounded.note)
+            return replace(obs, desired_job=DesiredJob.STOP), bounded.cfg
+        if paused_at is not None:
+            if any(n.ec2_state in LIVE_EC2_STATES for n in obs.nodes):
+                # The stopped nodes are still shutting down: new ones join only a clean start.
+                log.info("team_resume_waits", why="the paused job's nodes are still being released")
+                return replace(obs, desired_job=DesiredJob.STOP), bounded.cfg
+            await self.state.set_meta(PAUSED_KEY, None)
+            if obs.stop_issued_at is not None:
+                await self.state.set_meta("stop_issued_at", None)
+                obs = replace(obs, stop_issued_at=None)
+            log.warning("team_resume", paused_for_s=round(now - float(paused_at), 1), why=bounded.note)
+        return obs, bounded.cfg

@@ -1,0 +1,87 @@
+"""A team member's daemon reading its allotment (fleetd/team/member.py): a file it cannot read, a
+job that is over, and a resume while the paused job's nodes are still going."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fleetd.config import FleetConfig, FleetdConfig, TeamMemberConfig
+from fleetd.policy.model import Market, Node, NodePhase, PoolId
+from fleetd.policy.observation import DesiredJob, Observation
+from fleetd.reconcile.state import StateStore
+from fleetd.team.allotment_file import ALLOTMENT_NAME, AllotmentRecord, read_allotment, write_allotment
+from fleetd.team.member import PAUSED_KEY, TeamMember
+
+CFG = FleetdConfig(fleet=FleetConfig(name="j", min_nodes=1, max_nodes=4), team=TeamMemberConfig(member=True))
+
+
+def record(kind: str, nodes: int = 2) -> AllotmentRecord:
+    return AllotmentRecord(
+        team="t", job="j", written_at=100.0, kind=kind, nodes=nodes, usd_per_hour=1.0, total_usd=20.0, reason="r"
+    )
+
+
+def node(ec2_state: str) -> Node:
+    return Node(
+        instance_id="i-1",
+        pool=PoolId("g5.xlarge", "us-east-1a"),
+        market=Market.SPOT,
+        price_per_hour=0.4,
+        phase=NodePhase.RUNNING,
+        ec2_state=ec2_state,
+        launched_at=0.0,
+    )
+
+
+async def test_an_unreadable_allotment_keeps_the_last_one_read(tmp_path: Path) -> None:
+    state = await StateStore.open(tmp_path)
+    try:
+        m = TeamMember(tmp_path, state)
+        write_allotment(tmp_path, record("grow", nodes=3))
+        obs, cfg = await m.bound(Observation(), CFG, now=110.0)
+        assert obs.desired_job is DesiredJob.RUN and cfg.fleet.max_nodes == 3
+        (tmp_path / ALLOTMENT_NAME).write_text('{"schema_version": 99}')
+        obs, cfg = await m.bound(Observation(), CFG, now=120.0)
+        assert obs.desired_job is DesiredJob.RUN and cfg.fleet.max_nodes == 3
+        # A fresh daemon that never read a good one waits.
+        obs, _ = await TeamMember(tmp_path, state).bound(Observation(), CFG, now=130.0)
+        assert obs.desired_job is DesiredJob.STOP
+    finally:
+        await state.close()
+
+
+async def test_a_pause_leaves_a_finished_job_alone_and_a_resume_waits_for_the_stopped_nodes(tmp_path: Path) -> None:
+    state = await StateStore.open(tmp_path)
+    try:
+        m = TeamMember(tmp_path, state)
+        write_allotment(tmp_path, record("pause", nodes=0))
+        over = Observation(desired_job=DesiredJob.END)
+        assert (await m.bound(over, CFG, now=110.0))[0].desired_job is DesiredJob.END
+        obs, _ = await m.bound(Observation(), CFG, now=111.0)
+        assert obs.desired_job is DesiredJob.STOP and await state.get_meta(PAUSED_KEY) == 111.0
+        await state.set_meta("stop_issued_at", 111.0)
+
+        write_allotment(tmp_path, record("resume"))
+        stopping = Observation(nodes=(node("running"),), stop_issued_at=111.0)
+        obs, _ = await m.bound(stopping, CFG, now=130.0)
+        assert obs.desired_job is DesiredJob.STOP and await state.get_meta("stop_issued_at") == 111.0
+        gone = Observation(nodes=(node("terminated"),), stop_issued_at=111.0)
+        obs, _ = await m.bound(gone, CFG, now=140.0)
+        assert obs.desired_job is DesiredJob.RUN and obs.stop_issued_at is None
+        assert await state.get_meta("stop_issued_at") is None and await state.get_meta(PAUSED_KEY) is None
+    finally:
+        await state.close()
+
+
+def test_the_allotment_file_refuses_a_newer_schema_and_garbage(tmp_path: Path) -> None:
+    import pytest
+
+    from fleetd.protocol.errors import ProtocolError
+
+    assert read_allotment(tmp_path) is None
+    write_allotment(tmp_path, record("keep"))
+    assert read_allotment(tmp_path) == record("keep")
+    for bad in ('{"schema_version": 2}', "not json", '{"team": "t"}'):
+        (tmp_path / ALLOTMENT_NAME).write_text(bad)
+        with pytest.raises(ProtocolError):
+            read_allotment(tmp_path)
