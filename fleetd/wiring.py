@@ -23,7 +23,8 @@ from fleetd.reconcile.ledger_store import DB_NAME, LedgerStore
 from fleetd.rendezvous.client import RendezvousClient
 from fleetd.rendezvous.commander import TrainingCommander
 from fleetd.rendezvous.silence import SilenceWatch
-from fleetd.rendezvous.steering import Steerer, SteerSettings
+from fleetd.rendezvous.steer_settings import SteerSettings
+from fleetd.rendezvous.steering import Steerer
 from fleetd.shared.logs import get_logger
 from fleetd.stall_watch import StallWatcher
 
@@ -144,7 +145,12 @@ def _steerer_and_commander(
         known_addr=intake.registry.knows_addr,
     )
     commander = TrainingCommander(
-        client, intake.mqtt.send_command, intake.registry, signals, close_rendezvous=steerer.close_rendezvous
+        client,
+        intake.mqtt.send_command,
+        intake.registry,
+        signals,
+        close_rendezvous=steerer.close_rendezvous,
+        reopen_rendezvous=steerer.reopen_rendezvous,
     )
     steerer.on_leave = commander.tell_leave
     return steerer, commander

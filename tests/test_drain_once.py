@@ -38,6 +38,8 @@ class SlowCommander:
 
     async def stop_job(self, reason: str) -> None: ...
 
+    async def resume_job(self, reason: str) -> None: ...
+
 
 async def test_two_passes_draining_one_node_at_once_send_one_command(tmp_path: Path) -> None:
     state = await StateStore.open(tmp_path)

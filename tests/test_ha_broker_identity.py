@@ -128,3 +128,18 @@ def test_doctor_names_a_shared_identity_in_ha_as_fatal(ca: Path) -> None:
     own = identity_check(cfg("fleetd-controller-ctl-a"))
     assert own.status is Status.OK and "fleetd-controller-ctl-a" in own.detail
     assert identity_check(FleetdConfig()).status is Status.SKIP
+
+
+def test_doctor_names_a_shared_identity_between_a_teams_jobs_as_fatal(ca: Path) -> None:
+    """Several jobs' controllers on one broker (a team, or fleetd@NAME units) kick each other off
+    just as HA hosts do (the test above): each needs its own certificate."""
+    from fleetd.config import FleetConfig, TeamMemberConfig
+
+    def cfg(cn: str) -> FleetdConfig:
+        mqtt = MqttConfig(url="mqtts://127.0.0.1:8883", cert_file=ca / f"{cn}.crt", key_file=ca / f"{cn}.key")
+        return FleetdConfig(mqtt=mqtt, fleet=FleetConfig(name="ctl-a"), team=TeamMemberConfig(member=True))
+
+    shared = identity_check(cfg("fleetd-controller"))
+    assert shared.status is Status.FAIL and shared.fatal and "--controller-host ctl-a" in shared.fix
+    assert "team" in shared.detail
+    assert identity_check(cfg("fleetd-controller-ctl-a")).status is Status.OK

@@ -122,6 +122,13 @@ def test_stop_requested_by_the_job_and_overdue_stop_terminates() -> None:
     overdue = plan(observe(10.0, stop_issued_at=NOW - 181), CFG, NOW)
     assert sorted(a.instance_id for a in overdue.of_type(Terminate)) == ["i-1", "i-2"]
     assert "stop issued 181 s ago (stop_reserve_s 180)" in overdue.actions[0].reason
+    # The stop's sequence ended (checkpoint saved, agents shut down): the nodes go now, not at the
+    # reserve; a completion older than this stop (an earlier one) does not count.
+    done = plan(observe(10.0, stop_issued_at=NOW - 20, stop_completed_at=NOW - 5), CFG, NOW)
+    assert sorted(a.instance_id for a in done.of_type(Terminate)) == ["i-1", "i-2"]
+    assert "the stop is done 5 s ago" in done.actions[0].reason
+    stale = plan(observe(10.0, stop_issued_at=NOW - 20, stop_completed_at=NOW - 60), CFG, NOW)
+    assert stale.actions == ()
 
 
 def test_gate_cuts_a_launch_to_the_burn_cap() -> None:

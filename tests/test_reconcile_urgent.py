@@ -42,6 +42,9 @@ class Commander:
     async def stop_job(self, reason) -> None:
         pass
 
+    async def resume_job(self, reason) -> None:
+        pass
+
 
 class HeldLaunches(FakeEc2):
     """CreateFleet that waits until released, as a slow EC2 call at fleet scale does."""

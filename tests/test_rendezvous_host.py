@@ -22,7 +22,8 @@ from fleetd.localnet import free_port, wait_port
 from fleetd.rendezvous.client import RendezvousClient
 from fleetd.rendezvous.errors import RendezvousUnavailable
 from fleetd.rendezvous.state import encode
-from fleetd.rendezvous.steering import Steerer, SteerSettings
+from fleetd.rendezvous.steer_settings import SteerSettings
+from fleetd.rendezvous.steering import Steerer
 
 RUN = "hosttest"
 

@@ -10,7 +10,8 @@ from torch.distributed import TCPStore
 
 from fleetd.protocol import rendezvous_keys as keys
 from fleetd.rendezvous.client import RendezvousClient
-from fleetd.rendezvous.steering import Steerer, SteerSettings
+from fleetd.rendezvous.steer_settings import SteerSettings
+from fleetd.rendezvous.steering import Steerer
 from tests.test_rendezvous_host import RUN, handler, host, join_in_thread  # noqa: F401 (fixture)
 
 KNOWN, STRANGER = "127.0.0.2", "127.0.0.3"

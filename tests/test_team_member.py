@@ -21,6 +21,13 @@ def record(kind: str, nodes: int = 2) -> AllotmentRecord:
     )
 
 
+class Resumes:
+    resumed = 0
+
+    async def resume_job(self, reason: str) -> None:
+        self.resumed += 1
+
+
 def node(ec2_state: str) -> Node:
     return Node(
         instance_id="i-1",
@@ -43,9 +50,9 @@ async def test_an_unreadable_allotment_keeps_the_last_one_read(tmp_path: Path) -
         (tmp_path / ALLOTMENT_NAME).write_text('{"schema_version": 99}')
         obs, cfg = await m.bound(Observation(), CFG, now=120.0)
         assert obs.desired_job is DesiredJob.RUN and cfg.fleet.max_nodes == 3
-        # A fresh daemon that never read a good one waits.
+        # A fresh daemon that never read a good one waits: with no node, nothing to stop or buy.
         obs, _ = await TeamMember(tmp_path, state).bound(Observation(), CFG, now=130.0)
-        assert obs.desired_job is DesiredJob.STOP
+        assert obs.desired_job is DesiredJob.RUN and obs.stop_issued_at == 130.0
     finally:
         await state.close()
 
@@ -53,13 +60,14 @@ async def test_an_unreadable_allotment_keeps_the_last_one_read(tmp_path: Path) -
 async def test_a_pause_leaves_a_finished_job_alone_and_a_resume_waits_for_the_stopped_nodes(tmp_path: Path) -> None:
     state = await StateStore.open(tmp_path)
     try:
-        m = TeamMember(tmp_path, state)
+        commander = Resumes()
+        m = TeamMember(tmp_path, state, commander)  # type: ignore[arg-type]  # a partial double
         write_allotment(tmp_path, record("pause", nodes=0))
         over = Observation(desired_job=DesiredJob.END)
         assert (await m.bound(over, CFG, now=110.0))[0].desired_job is DesiredJob.END
-        obs, _ = await m.bound(Observation(), CFG, now=111.0)
+        obs, _ = await m.bound(Observation(nodes=(node("running"),)), CFG, now=111.0)
         assert obs.desired_job is DesiredJob.STOP and await state.get_meta(PAUSED_KEY) == 111.0
-        await state.set_meta("stop_issued_at", 111.0)
+        await state.set_meta("stop_issued_at", 111.0)  # the planner's StopJob, as executed
 
         write_allotment(tmp_path, record("resume"))
         stopping = Observation(nodes=(node("running"),), stop_issued_at=111.0)
@@ -69,6 +77,7 @@ async def test_a_pause_leaves_a_finished_job_alone_and_a_resume_waits_for_the_st
         obs, _ = await m.bound(gone, CFG, now=140.0)
         assert obs.desired_job is DesiredJob.RUN and obs.stop_issued_at is None
         assert await state.get_meta("stop_issued_at") is None and await state.get_meta(PAUSED_KEY) is None
+        assert commander.resumed == 1  # the rendezvous closed at the stop is opened again
     finally:
         await state.close()
 

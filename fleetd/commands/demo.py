@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 from fleetd.demo.story import OVERTIME_S
 
@@ -34,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--scenario",
         default=None,
         metavar="NAME",
-        help="scenario: default, short, storm, calm (interruptions) or scaling (grow and shrink on measured throughput per dollar); default: default",
+        help="scenario: default, short, storm, calm (interruptions) or scaling (grow and shrink on measured throughput per dollar), or team (three jobs under one team budget: a pause and a resume); default: default",
     )
     g.add_argument("--trace", type=Path, metavar="PATH", help="inject notices from a spot trace's removals")
     p.add_argument(
@@ -74,9 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import asyncio
     import dataclasses
-    import json
 
     from fleetd.demo.configs import DEMO_JOBS
     from fleetd.demo.report import render
@@ -90,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
     if args.nodes is not None and args.nodes < 1:
         print("--nodes must be >= 1", file=sys.stderr)
         return 2
+    if args.scenario == "team":
+        return _team(args)
     try:
         scenario = resolve(args.scenario, args.trace, args.duration or DEFAULT_DURATION_S)
     except (ValueError, OSError) as exc:
@@ -126,8 +128,18 @@ def run(args: argparse.Namespace) -> int:
         # A story (scripted interruptions, or scaling) in a demo job that never finishes: it ends
         # when told (a job file's code ends when it does, so it runs on).
         opts = dataclasses.replace(opts, end_when_told=True)
+    return _play(run_demo(opts), render, args)
+
+
+def _play(
+    demo: Coroutine[Any, Any, dict[str, Any]], render: Callable[[dict[str, Any]], str], args: argparse.Namespace
+) -> int:
+    """Run a demo, print its report (and write it with --report); the exit status says how it went."""
+    import asyncio
+    import json
+
     try:
-        report = asyncio.run(run_demo(opts))
+        report = asyncio.run(demo)
     except (asyncio.CancelledError, KeyboardInterrupt):
         print("fleetd demo: interrupted; every process it started was stopped", file=sys.stderr)
         return 130
@@ -139,6 +151,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"fleetd demo failed: {report['failure']}", file=sys.stderr)
         return 1
     return 0
+
+
+def _team(args: argparse.Namespace) -> int:
+    """Three jobs under one team budget (fleetd/demo/team_demo.py): its own story and report."""
+    from fleetd.demo.runner import DemoOptions
+    from fleetd.demo.team_demo import render_team, run_team_demo
+    from fleetd.shared.logs import configure_logging
+
+    configure_logging("info", json=not sys.stderr.isatty(), stream=sys.stderr)
+    opts = DemoOptions(budget_usd=args.budget, workdir=args.workdir, insecure=args.insecure, live_view=False)
+    return _play(run_team_demo(opts), render_team, args)
 
 
 def _job_choice(value: str) -> str | None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from fleetd.demo.procs import Child
 from fleetd.demo.security import DemoPki
-from fleetd.identity.acl import FLEET_ACL
+from fleetd.identity.acl import fleet_acl
 from fleetd.localnet import free_port
 from fleetd.localnet import wait_port_async as wait_port
 
@@ -75,7 +75,9 @@ class BrokerUnavailable(Exception):
     """A secure broker was asked for and mosquitto is not installed."""
 
 
-async def start_broker(workdir: Path, pki: DemoPki | None = None) -> tuple[Child, str, str]:
+async def start_broker(
+    workdir: Path, pki: DemoPki | None = None, controller_hosts: tuple[str, ...] = ()
+) -> tuple[Child, str, str]:
     """Start a broker; returns (child, url, kind). With ``pki``: TLS + client certificates + ACL
     (mosquitto required); without: plaintext and anonymous (``--insecure``)."""
     port = free_port()
@@ -90,7 +92,7 @@ async def start_broker(workdir: Path, pki: DemoPki | None = None) -> tuple[Child
         acl = None
         if pki is not None:
             acl = workdir / "mosquitto.acl"
-            acl.write_text(FLEET_ACL)
+            acl.write_text(fleet_acl(controller_hosts))
         conf.write_text(mosquitto_config(port, workdir / "mosquitto.log", pki=pki, acl=acl))
         child = await Child.start("mosquitto", [exe, "-c", str(conf)], workdir / "mosquitto.out")
         kind = "mosquitto"

@@ -136,16 +136,19 @@ def fleetd_toml(
     overrides: dict[str, dict[str, object]] | None = None,
     job: str = "toy",
     steps: int | None = None,
+    fleet: str = DEMO_FLEET,
 ) -> Path:
     """``overrides``: extra settings merged into the groups (the partition tests use it). The
-    job defined here is the nodes' job: they read it from the launch template's user data."""
+    job defined here is the nodes' job: they read it from the launch template's user data.
+    ``fleet``: the fleet's name, also its rendezvous run id and checkpoint prefix when it is not
+    the demo's own (the team demo runs several fleets side by side)."""
     path = workdir / "fleetd.toml"
     lo, hi, scaling = _fleet_size(nodes, shape)
     groups = _merge(
         {
             "aws": {"region": "us-east-1", "endpoint_url": ep.aws_url},
             "fleet": {
-                "name": DEMO_FLEET,
+                "name": fleet,
                 "min_nodes": lo,
                 "max_nodes": hi,
                 "state_dir": workdir / "state",
@@ -163,13 +166,13 @@ def fleetd_toml(
             "budget": {"total_usd": budget_usd, "max_usd_per_hour": max_usd_per_hour, "stop_reserve_s": 30.0},
             "mqtt": ep.pki.controller_mqtt(ep.mqtt_url) if ep.pki is not None else {"url": ep.mqtt_url},
             **_enrolment(ep),
-            "rendezvous": {"host": "127.0.0.1", "port": ep.rdzv_port, "run_id": "demo"},
+            "rendezvous": {"host": "127.0.0.1", "port": ep.rdzv_port, "run_id": _run_id(fleet)},
             # The scaling story has no silent loss to detect fast, and its joins restart workers on
             # a busy two-core host: a longer heartbeat timeout keeps a slow beat from reading as a loss.
             **({} if shape is None else {"loss": {"dead_after_s": 20.0}}),
             "checkpoints": {
                 "bucket": DEMO_BUCKET,
-                "prefix": "checkpoints",
+                "prefix": _prefix(fleet),
                 "keep": 3,
                 "interval_steps": DEMO_CHECKPOINT_INTERVAL_STEPS,
             },
@@ -191,6 +194,14 @@ def fleetd_toml(
     )
     path.write_text(to_toml(groups))
     return path
+
+
+def _run_id(fleet: str) -> str:
+    return "demo" if fleet == DEMO_FLEET else fleet
+
+
+def _prefix(fleet: str) -> str:
+    return "checkpoints" if fleet == DEMO_FLEET else f"checkpoints/{fleet}"
 
 
 def _fleet_size(nodes: int, shape: FleetShape | None) -> tuple[int, int, dict[str, object]]:
@@ -232,6 +243,7 @@ def agent_toml(
     steps: int,
     control_addr: str = "127.0.0.1",
     job: str = "toy",
+    fleet: str = DEMO_FLEET,
 ) -> Path:
     """``control_addr``: where this node reaches the broker and the rendezvous store. The
     partition tests give each node an address of its own for it (tests/harness/netfault.py)."""
@@ -249,7 +261,7 @@ def agent_toml(
         to_toml(
             {
                 "node": {
-                    "fleet": DEMO_FLEET,
+                    "fleet": fleet,
                     "imds_url": imds_url,
                     "node_addr": addr,
                     "state_dir": node_dir,
@@ -263,10 +275,10 @@ def agent_toml(
                 },
                 "aws": {"region": "us-east-1", "endpoint_url": ep.s3_url},
                 "mqtt": mqtt,
-                "rendezvous": {"host": control_addr, "port": ep.rdzv_port, "run_id": "demo"},
+                "rendezvous": {"host": control_addr, "port": ep.rdzv_port, "run_id": _run_id(fleet)},
                 "checkpoints": {
                     "bucket": DEMO_BUCKET,
-                    "prefix": "checkpoints",
+                    "prefix": _prefix(fleet),
                     "keep": 3,
                     "interval_steps": DEMO_CHECKPOINT_INTERVAL_STEPS,
                     "local_dir": node_dir / "checkpoints",

@@ -50,10 +50,11 @@ def _decisions(money: dict[str, Any], up: bool) -> list[dict[str, Any]]:
     return [d for d in money.get("scaling_decisions") or [] if (d["to"] > d["from"]) == up and d["to"] != d["from"]]
 
 
-async def _durable_steps(session: Any, aws: dict[str, Any]) -> list[int]:
+async def durable_steps(session: Any, aws: dict[str, Any], prefix: str = "") -> list[int]:
+    """Every step whose manifest is in the demo's bucket (under ``prefix``): the durable ones."""
     steps = []
     async with session.create_client("s3", **aws) as s3:
-        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=configs.DEMO_BUCKET)
+        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=configs.DEMO_BUCKET, Prefix=prefix)
         async for page in pages:
             for obj in page.get("Contents", []):
                 key = obj["Key"]
@@ -139,7 +140,7 @@ async def build_report(run: Any, events_file: Path, ec2: Any, session: Any, aws:
     progress = Progress.load(events_file)
     restarts = progress.restarts()
     money = await _fleetd_report(run.workdir)
-    durable = await _durable_steps(session, aws)
+    durable = await durable_steps(session, aws)
     nodes = list(run.launcher.nodes.values()) if run.launcher else []
     launched = len(nodes)
     # Replacements: instances bought after training began (the initial wave is not one).

@@ -123,7 +123,6 @@ class _LocalCloud:
 async def run_demo(opts: DemoOptions) -> dict[str, Any]:
     from aiobotocore.session import get_session
 
-    from fleetd.adapters.faults import FaultProxy
     from fleetd.demo.report import build_report
 
     run = _new_run(opts)
@@ -131,9 +130,7 @@ async def run_demo(opts: DemoOptions) -> dict[str, Any]:
     proxy: FaultProxy | None = None
     session = get_session()
     try:
-        moto_url = await _start_moto(run)
-        price_list, spot_prices = configs.demo_price_fakes()
-        proxy = FaultProxy(moto_url, price_list=price_list, spot_prices=spot_prices).start()
+        moto_url, proxy = await start_aws(run)
         cloud = await _start_cloud(run, session, moto_url, proxy.url)
         async with session.create_client("ec2", **cloud.aws) as ec2:
             launcher = run.launcher = _launcher(run, ec2, cloud, events_file)
@@ -169,6 +166,16 @@ def _new_run(opts: DemoOptions) -> DemoRun:
     return run
 
 
+async def start_aws(run: DemoRun) -> tuple[str, FaultProxy]:
+    """The local EC2 and S3 (moto server) and the fault proxy fleetd talks to, which also answers
+    the price APIs as AWS would: (moto's URL, the proxy)."""
+    from fleetd.adapters.faults import FaultProxy
+
+    moto_url = await _start_moto(run)
+    price_list, spot_prices = configs.demo_price_fakes()
+    return moto_url, FaultProxy(moto_url, price_list=price_list, spot_prices=spot_prices).start()
+
+
 async def _start_moto(run: DemoRun) -> str:
     """The local EC2 and S3 (moto server); returns its URL."""
     moto_port = free_port()
@@ -177,7 +184,7 @@ async def _start_moto(run: DemoRun) -> str:
     return f"http://127.0.0.1:{moto_port}"
 
 
-async def _demo_pki(run: DemoRun) -> DemoPki | None:
+async def _demo_pki(run: DemoRun, controllers: tuple[str, ...] = ()) -> DemoPki | None:
     """The fleet PKI (TLS, per-node certificates, ACL), or None with ``--insecure``."""
     if run.opts.insecure:
         log.warning(
@@ -186,7 +193,7 @@ async def _demo_pki(run: DemoRun) -> DemoPki | None:
             "process can publish for any node or command any agent. For debugging only.",
         )
         return None
-    return await asyncio.to_thread(DemoPki.create, run.workdir)
+    return await asyncio.to_thread(DemoPki.create, run.workdir, controllers)
 
 
 async def _start_cloud(run: DemoRun, session: Any, moto_url: str, proxy_url: str) -> _LocalCloud:

@@ -25,10 +25,16 @@ class DemoPki:
     signer: IdentitySigner  # its private half: only the fake IMDS holds it
 
     @classmethod
-    def create(cls, workdir: Path) -> DemoPki:
+    def create(cls, workdir: Path, controllers: tuple[str, ...] = ()) -> DemoPki:
+        """``controllers``: one more controller identity per name (CN=fleetd-controller-NAME), for
+        controllers sharing the broker (the team demo's jobs): one certificate between them would
+        have the broker close each one's session when the next connects."""
+        from fleetd.identity.acl import controller_cn
+
         directory = workdir / "pki"
         directory.mkdir(parents=True, exist_ok=True)
-        LocalCa.init(directory, server_names=SERVER_NAMES, clients=(CONTROLLER_CN, OBSERVER_CN))
+        clients = (CONTROLLER_CN, OBSERVER_CN, *(controller_cn(c) for c in controllers))
+        LocalCa.init(directory, server_names=SERVER_NAMES, clients=clients)
         signer = IdentitySigner.generate()
         cert = signer.write_certificate(directory / "aws-identity-rsa.pem")
         return cls(CaFiles(directory), cert, signer)

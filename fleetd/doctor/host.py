@@ -99,11 +99,12 @@ def file_checks(cfg: FleetdConfig, user: str | None) -> list[Check]:
 
 
 def identity_check(cfg: FleetdConfig) -> Check:
-    """HA: each control host needs its own MQTT identity. The broker names a session after the
-    certificate's CN (use_username_as_clientid), so two controllers with one certificate take
-    each other's session over, again and again."""
-    if cfg.ha.backend != "dynamodb":
-        return Check.skip("controller identity", "one control host")
+    """HA, and several jobs' controllers on one broker (a team): each controller needs its own
+    MQTT identity. The broker names a session after the certificate's CN
+    (use_username_as_clientid), so two controllers with one certificate take each other's session
+    over, again and again."""
+    if cfg.ha.backend != "dynamodb" and not cfg.team.member:
+        return Check.skip("controller identity", "one control host, one controller")
     if cfg.mqtt.cert_file is None:
         return Check.skip("controller identity", "no client certificate (plain MQTT)")
     from cryptography import x509
@@ -116,6 +117,18 @@ def identity_check(cfg: FleetdConfig) -> Check:
     except (OSError, ValueError) as exc:
         return Check.fail("controller identity", f"{cfg.mqtt.cert_file}: {exc}", "fleetd ca init", fatal=True)
     cn = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+    if cn == CONTROLLER_CN and cfg.team.member and cfg.ha.backend != "dynamodb":
+        name = cfg.fleet.name
+        fix = (
+            f"fleetd ca init --dir {cfg.enrol.ca_dir} --controller-host {name} (and every other job's fleet name), "
+            f"then [mqtt] cert_file/key_file = {cfg.enrol.ca_dir}/{CONTROLLER_CN}-{name}.crt/.key, and install the new acl"
+        )
+        return Check.fail(
+            "controller identity",
+            f"a team's jobs share the broker: with the shared CN={cn} each controller takes the others' session",
+            fix,
+            fatal=True,
+        )
     if cn == CONTROLLER_CN:
         from fleetd.ha.compose import host_id
 

@@ -41,11 +41,16 @@ class TrainingSignals:
         self.durable_step: int | None = None
         self.durable_at: float | None = None
         self.checkpoint_request_at: float | None = None
+        self.stop_completed_at: float | None = None
         self.desired_job = DesiredJob.RUN
         self.code_digest = ""  # the job's code version now: the daemon sets it (wiring.py, a submit)
 
     def note_checkpoint_request(self, at: float) -> None:
         self.checkpoint_request_at = at
+
+    def note_stop_completed(self, at: float | None) -> None:
+        """The stop sequence ended at ``at`` (None: a resume undid the stop)."""
+        self.stop_completed_at = at
 
     def snapshot(self) -> FleetSignals:
         for event in self.registry.drain_training_events():
@@ -61,6 +66,7 @@ class TrainingSignals:
             last_checkpoint_request_at=self.checkpoint_request_at,
             desired_job=self.desired_job,
             code_digest=self.code_digest,
+            stop_completed_at=self.stop_completed_at,
         )
 
     def _sample_throughput(self, now: float) -> None:

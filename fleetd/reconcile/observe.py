@@ -140,6 +140,7 @@ class ObservationBuilder:
             spot_unavailable_since=memory.spot_unavailable_since,
             desired_job=signals.desired_job,
             stop_issued_at=memory.stop_issued_at,
+            stop_completed_at=signals.stop_completed_at,
             budget_level=memory.budget_level,
             job_started_at=started,
             code_digest=signals.code_digest,

@@ -50,6 +50,7 @@ class FleetSignals:
     last_checkpoint_request_at: float | None = None
     desired_job: DesiredJob = DesiredJob.RUN
     code_digest: str = ""  # the job's code version now (Observation.code_digest)
+    stop_completed_at: float | None = None  # the stop sequence ended (Observation.stop_completed_at)
 
 
 class SignalSource(Protocol):
@@ -76,6 +77,10 @@ class NodeCommander(Protocol):
         ...
 
     async def stop_job(self, reason: str) -> None: ...
+
+    async def resume_job(self, reason: str) -> None:
+        """Undo a stop (a team's pause ends): the job's rendezvous takes nodes again."""
+        ...
 
 
 class SpendSource(Protocol):
@@ -129,6 +134,9 @@ class LoggingCommander:
 
     async def stop_job(self, reason: str) -> None:
         log.warning("stop_not_delivered", reason=reason, why="no node commander configured")
+
+    async def resume_job(self, reason: str) -> None:
+        log.warning("resume_not_delivered", reason=reason, why="no node commander configured")
 
 
 class NoSpend:

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -54,6 +55,7 @@ class TrainingCommander:
         signals: TrainingSignals,
         *,
         close_rendezvous: Callable[[], Awaitable[None]] | None = None,
+        reopen_rendezvous: Callable[[], Awaitable[None]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.rendezvous = rendezvous
@@ -61,9 +63,11 @@ class TrainingCommander:
         self.registry = registry
         self.signals = signals
         self.close_rendezvous = close_rendezvous
+        self.reopen_rendezvous = reopen_rendezvous
         self.clock = clock
         self._stops: asyncio.Queue[str] = asyncio.Queue()
         self.stop_done = asyncio.Event()
+        self._stopping: asyncio.Task[None] | None = None  # the stop sequence under way
 
     # ------------------------------------------------------------------ NodeCommander
     async def request_checkpoint(self, deadline: float | None, reason: str) -> None:
@@ -83,6 +87,24 @@ class TrainingCommander:
     async def stop_job(self, reason: str) -> None:
         self._stops.put_nowait(reason)
 
+    async def resume_job(self, reason: str) -> None:
+        """A stop undone (a team's pause ended, fleetd/team/member.py): stops pending from it are
+        dropped, the next stop runs its sequence again, and the rendezvous takes nodes again (it
+        was closed for good at the stop, so a fresh node's torchrun would find it closed)."""
+        while not self._stops.empty():
+            self._stops.get_nowait()
+        if self._stopping is not None and not self._stopping.done():
+            # Still waiting for the stop's checkpoint: the job goes on instead; a sequence left
+            # running would shut the resumed nodes down and close the rendezvous on them.
+            self._stopping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._stopping
+        self.stop_done.clear()
+        self.signals.note_stop_completed(None)
+        if self.reopen_rendezvous is not None:
+            await self.reopen_rendezvous()
+        log.warning("job_resumed", reason=reason)
+
     async def tell_leave(self, addr: str, reason: str) -> None:
         """Steering removed ``addr`` from the rendezvous: say so on the wire too (the store key
         already tells fleetd's agents; the command makes the decision visible to operators)."""
@@ -98,12 +120,23 @@ class TrainingCommander:
             reason = await self._stops.get()
             if self.stop_done.is_set():
                 continue  # the planner re-issues StopJob until the nodes are gone; once is enough
+            self._stopping = asyncio.create_task(self._stop(reason), name="stop-sequence")
             try:
-                await self._stop_sequence(reason)
-            except RendezvousError as exc:
-                log.error("stop_checkpoint_failed", error=str(exc), why="shutting nodes down anyway")
-                await self._shutdown_agents(reason)
-            self.stop_done.set()
+                await self._stopping
+            except asyncio.CancelledError:
+                me = asyncio.current_task()
+                if me is not None and me.cancelling():
+                    raise  # this component is being cancelled (the sequence with it), not by a resume
+                log.warning("stop_cancelled", reason=reason, why="the job resumed before its stop finished")
+
+    async def _stop(self, reason: str) -> None:
+        try:
+            await self._stop_sequence(reason)
+        except RendezvousError as exc:
+            log.error("stop_checkpoint_failed", error=str(exc), why="shutting nodes down anyway")
+            await self._shutdown_agents(reason)
+        self.stop_done.set()
+        self.signals.note_stop_completed(self.clock())
 
     async def _stop_sequence(self, reason: str) -> None:
         seq = await self.rendezvous.request_checkpoint(_short(reason), hold=True, by="fleetd")

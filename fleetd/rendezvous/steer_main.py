@@ -9,7 +9,8 @@ import signal
 import sys
 
 from fleetd.rendezvous.client import RendezvousClient
-from fleetd.rendezvous.steering import Steerer, SteerSettings
+from fleetd.rendezvous.steer_settings import SteerSettings
+from fleetd.rendezvous.steering import Steerer
 
 
 async def _main(args: argparse.Namespace) -> int:

@@ -26,27 +26,11 @@ from fleetd.rendezvous.errors import RendezvousError, RendezvousUnavailable
 from fleetd.rendezvous.phase_log import PhaseLog
 from fleetd.rendezvous.silence import SilenceWatch
 from fleetd.rendezvous.state import RendezvousState
+from fleetd.rendezvous.steer_settings import SteerSettings
 from fleetd.shared.logs import get_logger
 from fleetd.shared.waits import wait_set
 
 log = get_logger(__name__)
-
-
-@dataclass
-class SteerSettings:
-    min_nodes: int = 1
-    max_nodes: int = 1 << 30
-    interval_s: float = 0.05  # one pass is one batch of local round trips; survivors wait on it
-    left_timeout_s: float = 5.0
-    # A member whose heartbeat is this stale is removed once the job also made no progress for
-    # hang_after_s (decide.py). fleetd.toml [loss]; measured: docs/measurements/2026-11-partitions.md.
-    dead_after_s: float = 6.0
-    # After a store restart, hold the first round open this long for the nodes that trained
-    # before it (they restart torchrun seconds apart).
-    restart_hold_s: float = 30.0
-    coalesce_s: float = 3.0  # a wave's leavers re-form the survivors once (decide.Observation)
-    full_scan_s: float = 1.0  # drain keys are re-read at least this often even if no key appeared
-    hang_after_s: float = 10.0
 
 
 @dataclass
@@ -379,6 +363,11 @@ class Steerer:
         """Job end: no node may join again; torchruns exit when their workers finish."""
         self.closing = True  # and the steering does not reopen it (decide.Reopen)
         await self.client.update(lambda s: None if s.closed else s.closed_for_good())
+
+    async def reopen_rendezvous(self) -> None:
+        """A stopped job resumes (a team's pause ended): nodes may join again."""
+        self.closing = False
+        await self.client.update(lambda s: replace(s, closed=False) if s.closed else None)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Steer until ``stop``. A store outage (the rendezvous host restarting) is ridden through

@@ -27,6 +27,7 @@ from fleetd.policy.team_share import job_totals
 from fleetd.protocol.errors import ProtocolError
 from fleetd.shared.logs import get_logger
 from fleetd.shared.settings import ConfigError
+from fleetd.shared.waits import wait_set
 from fleetd.snapshot import read_snapshot
 from fleetd.team.allotment_file import AllotmentRecord, read_allotment, write_allotment
 from fleetd.team.config import TeamConfig, TeamJobEntry
@@ -163,10 +164,7 @@ async def run_team(cfg: TeamConfig, clock: Callable[[], float] = time.time) -> N
                 await team_pass(cfg, clock())
             except (OSError, ValueError) as exc:
                 log.error("team_pass_failed", error=repr(exc)[:300])
-            try:
-                await asyncio.wait_for(stop.wait(), cfg.team.interval_s)
-            except TimeoutError:
-                pass
+            await wait_set(stop, cfg.team.interval_s)
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

@@ -5,8 +5,10 @@ allotment (``<fleet.state_dir>/allotment.json``, written by ``fleetd team``) and
 A pause is the job's coordinated stop (checkpoint, upload, stop every node: the planner's StopJob),
 marked in the state store as the team's, so that a resume can undo that stop and only that one: a
 stop the budget or an operator asked for is asked for again on the next pass by whoever asked. A
-resume waits until the stopped nodes are gone, so the job starts again from its durable checkpoint
-on fresh nodes, as after any stop.
+resume waits until the stopped nodes are gone, reopens the job's rendezvous (closed for good at
+the stop) and cancels a stop sequence still under way; the job starts again from its durable
+checkpoint on fresh nodes, as after any stop. A job paused before it ever ran is not stopped (there
+is nothing to save): its planner only sees a stop already done, so it buys nothing.
 An allotment file that cannot be read is logged and the last one read stays in force (none read
 yet: the job waits); a share older than the arbiter's passes is used as it is (its total still
 bounds the job's spend) and said so in the log.
@@ -23,6 +25,7 @@ from fleetd.policy.observation import DesiredJob, Observation
 from fleetd.policy.team_model import TeamActionKind
 from fleetd.policy.team_share import Share, within_share
 from fleetd.protocol.errors import ProtocolError
+from fleetd.reconcile.ports import NodeCommander
 from fleetd.reconcile.state_port import StateBackend
 from fleetd.shared.logs import get_logger
 from fleetd.team.allotment_file import AllotmentRecord, read_allotment
@@ -43,9 +46,10 @@ def share_of(record: AllotmentRecord) -> Share | None:
 
 
 class TeamMember:
-    def __init__(self, state_dir: Path, state: StateBackend):
+    def __init__(self, state_dir: Path, state: StateBackend, commander: NodeCommander | None = None):
         self.state_dir = Path(state_dir)
         self.state = state
+        self.commander = commander
         self._share: Share | None = None
         self._said = ""
 
@@ -72,6 +76,11 @@ class TeamMember:
             if paused_at is None:
                 await self.state.set_meta(PAUSED_KEY, now)
                 log.warning("team_pause", why=bounded.note)
+            if obs.stop_issued_at is None and not any(n.ec2_state in LIVE_EC2_STATES for n in obs.nodes):
+                # Nothing runs (a job not started yet): nothing to checkpoint or stop, nothing to
+                # buy. A StopJob here would leave a stop sequence waiting for nodes that never
+                # come, and shut down the ones bought after the allotment arrives.
+                return replace(obs, stop_issued_at=now), bounded.cfg
             return replace(obs, desired_job=DesiredJob.STOP), bounded.cfg
         if paused_at is not None:
             if any(n.ec2_state in LIVE_EC2_STATES for n in obs.nodes):
@@ -83,4 +92,6 @@ class TeamMember:
                 await self.state.set_meta("stop_issued_at", None)
                 obs = replace(obs, stop_issued_at=None)
             log.warning("team_resume", paused_for_s=round(now - float(paused_at), 1), why=bounded.note)
+            if self.commander is not None:
+                await self.commander.resume_job(bounded.note)
         return obs, bounded.cfg

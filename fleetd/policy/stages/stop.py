@@ -10,9 +10,19 @@ from fleetd.policy.stages.result import assemble_plan
 
 
 def finish_stop(p: PlanPass) -> Plan:
-    elapsed = p.now - (p.obs.stop_issued_at or p.now)
+    issued = p.obs.stop_issued_at or p.now
+    elapsed = p.now - issued
     reserve = p.cfg.budget.stop_reserve_s
-    if elapsed >= reserve:
+    done = p.obs.stop_completed_at
+    if done is not None and done >= issued:
+        # Every second a stopped node stays up is paid for nothing (a team's pause, a budget stop).
+        for node in list(p.billed):
+            p.terminate(
+                node,
+                f"the stop is done {p.now - done:.0f} s ago (checkpoint saved, agents shut down): "
+                f"terminating {node.instance_id} so billing stops",
+            )
+    elif elapsed >= reserve:
         for node in list(p.billed):
             p.terminate(
                 node,

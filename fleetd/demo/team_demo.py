@@ -1,0 +1,396 @@
+"""`fleetd demo --scenario team`: three jobs of different priorities under one team budget.
+
+The local cloud is the demo's (moto behind the fault proxy, mosquitto with the fleet PKI); on it
+run three real job controllers (``fleetd run`` with ``[team] member = true``, each with its own
+``fleetd rendezvous``, state directory, checkpoint prefix and nodes), and ``fleetd team run`` over
+them, as on a control host with ``fleetd@NAME`` and ``fleetd-team``. The story, played by the
+operator's hand on the team's config (a restart of the team's loop, as ``systemctl restart
+fleetd-team`` after an edit):
+
+1. Room for all three: each job starts on one node and trains.
+2. The team's burn is cut to what two nodes cost: the team pauses the lowest-priority job, which
+   stops through its coordinated checkpoint (durable in S3) and releases its node; the others
+   train on.
+3. The burn is raised again: the paused job resumes on a fresh node from its durable checkpoint.
+
+The report says per job its state, region, spend and steps lost (from the trainers' own step
+records), the pauses and the team's spend against its budget. Region moves are not part of this
+story yet (each job's controller runs in one region): the report says 0 and why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fleetd.demo import configs
+from fleetd.demo.broker import start_broker
+from fleetd.demo.launcher import Launcher, fleet_instances, template_job_env
+from fleetd.demo.procs import Child, Supervised
+from fleetd.demo.progress import Progress
+from fleetd.demo.runner import DemoOptions, DemoRun, _demo_pki, _new_run, _start, _stop_all, start_aws
+from fleetd.localnet import free_port
+from fleetd.localnet import wait_port_async as wait_port
+from fleetd.shared.logs import get_logger
+
+log = get_logger(__name__)
+
+# (name, priority): the lowest is the one the team pauses when its burn is cut.
+TEAM_JOBS = (("prod", 10), ("dev", 5), ("sweep", 0))
+TEAM_NAME = "demo-team"
+PAUSED_JOB = "sweep"
+STEP_TIMEOUT_S = 240.0  # each act of the story on a loaded two-core box
+
+
+@dataclass
+class TeamJob:
+    name: str
+    priority: int
+    workdir: Path
+    config: Path
+    events: Path
+    launcher: Launcher | None = None
+    fleetd: Child | None = None
+
+
+@dataclass
+class Pause:
+    job: str
+    paused_at: float
+    last_step_before: int
+    released_at: float | None = None
+    durable_step: int | None = None
+    resumed_at: float | None = None
+    resumed_from: int | None = None
+    trained_past_at: float | None = None
+
+    @property
+    def steps_lost(self) -> int | None:
+        if self.resumed_from is None:
+            return None
+        return max(0, self.last_step_before - self.resumed_from)
+
+
+@dataclass
+class TeamStory:
+    jobs: dict[str, TeamJob] = field(default_factory=dict)
+    team: Child | None = None
+    team_config: Path | None = None
+    total_usd: float = 0.0
+    burn_usd_per_hour: float = 0.0
+    pauses: list[Pause] = field(default_factory=list)
+    failure: str | None = None
+
+
+def _team_toml(path: Path, jobs: dict[str, TeamJob], total_usd: float, max_usd_per_hour: float) -> Path:
+    entries = "".join(
+        f'[[jobs]]\nname = "{j.name}"\nconfig = "{j.config}"\npriority = {j.priority}\n' for j in jobs.values()
+    )
+    path.write_text(
+        f'[team]\nname = "{TEAM_NAME}"\ntotal_usd = {total_usd}\nmax_usd_per_hour = {max_usd_per_hour}\n'
+        # Compressed like the demo's notices: a pass every 2 s, and a paused job may resume at once.
+        "interval_s = 2.0\nmin_pause_s = 0.0\nresume_margin = 0.0\nchangeover_s = 60.0\n"
+        '[logging]\nlevel = "info"\njson = true\n' + entries
+    )
+    return path
+
+
+async def _restart_team(run: DemoRun, story: TeamStory, max_usd_per_hour: float) -> None:
+    """The operator edits the team's burn and restarts its loop."""
+    assert story.team_config is not None
+    if story.team is not None:
+        await story.team.stop(timeout=15.0)
+    _team_toml(story.team_config, story.jobs, story.total_usd, max_usd_per_hour)
+    story.burn_usd_per_hour = max_usd_per_hour
+    cli = [sys.executable, "-m", "fleetd.cli"]
+    story.team = await _start(run, "team", [*cli, "team", "run", "--config", str(story.team_config)])
+    log.info("demo_team_burn", max_usd_per_hour=max_usd_per_hour)
+
+
+async def _start_job(run: DemoRun, job: TeamJob, ep: configs.DemoEndpoints, ami: str, budget_usd: float) -> Supervised:
+    cli = [sys.executable, "-m", "fleetd.cli"]
+    job.workdir.mkdir(parents=True, exist_ok=True)
+    job.config = configs.fleetd_toml(
+        job.workdir,
+        ep,
+        1,
+        budget_usd,
+        10.0,
+        ami,
+        job="toy",
+        steps=None,
+        fleet=job.name,
+        overrides={"team": {"member": True}, "fleet": {"max_nodes": 1}, **_own_identity(ep, job.name)},
+    )
+    rendezvous = Supervised(
+        f"rendezvous-{job.name}", [*cli, "rendezvous", "--config", str(job.config)], job.workdir / "rendezvous.log"
+    )
+    await rendezvous.start()
+    run.children.append(rendezvous)  # type: ignore[arg-type]  # stops like a Child
+    await wait_port("127.0.0.1", ep.rdzv_port, timeout=120)
+    job.fleetd = await _start(run, f"fleetd-{job.name}", [*cli, "run", "--config", str(job.config)])
+    return rendezvous
+
+
+def _own_identity(ep: configs.DemoEndpoints, job: str) -> dict[str, dict[str, object]]:
+    """The job's controller connects with its own certificate: one shared by the three would have
+    the broker close each one's session when the next connects (use_username_as_clientid)."""
+    from fleetd.identity.acl import controller_cn
+
+    if ep.pki is None:
+        return {}
+    return {"mqtt": ep.pki.client_mqtt(ep.mqtt_url, controller_cn(job))}
+
+
+def _launcher(job: TeamJob, ec2: Any, ep: configs.DemoEndpoints, signer: Any, first_octet: int) -> Launcher:
+    def agent_conf(iid: str, addr: str, imds_url: str) -> Path:
+        return configs.agent_toml(job.workdir, ep, 1, iid, addr, imds_url, steps=1_000_000, fleet=job.name)
+
+    async def describe() -> Any:
+        return await fleet_instances(ec2, job.name)
+
+    async def terminate(iid: str) -> None:
+        await ec2.terminate_instances(InstanceIds=[iid])
+
+    # The toy's pace: at most 5 steps/s per job, so three jobs and their controllers share two cores.
+    env = {"FLEETD_EVENTS_FILE": str(job.events), "FLEETD_TOY_WORK_S": "0.2", "FLEETD_TOY_SATURATE_AT": "1"}
+    launcher = Launcher(
+        job.workdir,
+        describe,
+        agent_conf,
+        env=env,
+        terminate=terminate,
+        identity_signer=signer,
+        job_env=lambda inst: template_job_env(ec2, inst, fleet=job.name),
+    )
+    launcher._next_octet = first_octet
+    return launcher
+
+
+async def _until(what: str, check: Any, timeout_s: float = STEP_TIMEOUT_S) -> float:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if check():
+            return time.time()
+        await asyncio.sleep(1.0)
+    raise TimeoutError(f"{what}: not within {timeout_s:.0f} s")
+
+
+def _snapshot(job: TeamJob) -> Any:
+    from fleetd.demo.view import status_snapshot
+
+    return status_snapshot(job.workdir)
+
+
+async def _play(
+    run: DemoRun, story: TeamStory, node_price: float, durable: Callable[[str], Awaitable[int | None]]
+) -> None:
+    """The story's three acts (module docstring)."""
+    jobs = story.jobs
+
+    def all_train() -> bool:
+        return all(Progress.load(j.events).final_step > 0 for j in jobs.values())
+
+    await _until("every job trains", all_train)
+    run.training_since = time.time()
+    log.info("demo_team_training", after_s=round(run.training_since - run.started_at, 1))
+    await asyncio.sleep(10.0)
+
+    paused = jobs[PAUSED_JOB]
+    before = Progress.load(paused.events).final_step
+    pause = Pause(PAUSED_JOB, time.time(), before)
+    story.pauses.append(pause)
+    # What the other two burn, and half of what the lowest priority does: it must give its node back.
+    await _restart_team(run, story, _burn_without(story, PAUSED_JOB))
+
+    def released() -> bool:
+        snap = _snapshot(paused)
+        launcher = paused.launcher
+        return snap is not None and snap.stop_issued_at is not None and launcher is not None and not launcher.live()
+
+    pause.released_at = await _until(f"{PAUSED_JOB} paused and its node released", released)
+    pause.last_step_before = Progress.load(paused.events).final_step
+    # What S3 holds for the job now (a step's manifest is written last): nothing newer can come
+    # while it is paused, so this is the checkpoint a resume must start from.
+    pause.durable_step = await durable(PAUSED_JOB)
+    await asyncio.sleep(5.0)
+
+    await _restart_team(run, story, round(4.0 * node_price, 4))
+
+    def trained_past() -> bool:
+        return Progress.load(paused.events).final_step > pause.last_step_before
+
+    pause.trained_past_at = await _until(f"{PAUSED_JOB} resumed and trained past its pause", trained_past)
+    resumed = [r for r in Progress.load(paused.events).restarts() if r.at > pause.paused_at]
+    if resumed:
+        pause.resumed_at, pause.resumed_from = resumed[0].at, resumed[0].from_step
+    await asyncio.sleep(5.0)
+
+
+async def run_team_demo(opts: DemoOptions) -> dict[str, Any]:
+    from aiobotocore.session import get_session
+
+    from fleetd.adapters.faults import FaultProxy
+
+    run = _new_run(opts)
+    story = TeamStory()
+    proxy: FaultProxy | None = None
+    session = get_session()
+    try:
+        moto_url, proxy = await start_aws(run)
+        names = tuple(name for name, _ in TEAM_JOBS)
+        pki = await _demo_pki(run, names)  # a controller identity per job (fleetd ca init --controller-host)
+        broker, mqtt_url, _ = await start_broker(run.workdir, pki, names)
+        run.children.append(broker)
+        aws: dict[str, Any] = {"endpoint_url": moto_url, "region_name": "us-east-1"}
+        async with session.create_client("s3", **aws) as s3:
+            await s3.create_bucket(Bucket=configs.DEMO_BUCKET)
+        async with session.create_client("ec2", **aws) as ec2:
+            ami = (await ec2.describe_images(Owners=["amazon"]))["Images"][0]["ImageId"]
+            supervised = []
+            for i, (name, priority) in enumerate(TEAM_JOBS):
+                job = TeamJob(name, priority, run.workdir / name, Path(), run.workdir / name / "trainer-events.jsonl")
+                story.jobs[name] = job
+                ep = configs.DemoEndpoints(
+                    aws_url=proxy.url,
+                    s3_url=moto_url,
+                    mqtt_url=mqtt_url,
+                    rdzv_port=free_port(),
+                    pki=pki,
+                    enrol_port=free_port() if pki is not None else 0,
+                )
+                supervised.append(await _start_job(run, job, ep, ami, opts.budget_usd))
+                job.launcher = _launcher(job, ec2, ep, pki.signer if pki is not None else None, 10 + 50 * i)
+            node_price = _priciest_spot()
+            story.total_usd = opts.budget_usd
+            story.team_config = run.workdir / "team.toml"
+            await _restart_team(run, story, round(4.0 * node_price, 4))
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    watchers = [tg.create_task(s.watch()) for s in supervised]
+                    watchers += [tg.create_task(j.launcher.run()) for j in story.jobs.values() if j.launcher]
+                    try:
+                        await _play(run, story, node_price, lambda job: _durable_step(session, aws, job))
+                    except TimeoutError as exc:
+                        story.failure = f"{exc}; see the logs in {run.workdir}"
+                    for t in watchers:
+                        t.cancel()
+            except* Exception as group:
+                story.failure = "; ".join(repr(e) for e in group.exceptions)
+            for job in story.jobs.values():
+                if job.fleetd is not None:
+                    await job.fleetd.stop(timeout=15.0)
+            if story.team is not None:
+                await story.team.stop(timeout=15.0)
+        return build_team_report(run, story)
+    finally:
+        for job in story.jobs.values():
+            if job.launcher is not None:
+                await job.launcher.close()
+        await _stop_all(run)
+        if proxy is not None:
+            proxy.stop()
+
+
+async def _durable_step(session: Any, aws: dict[str, Any], job: str) -> int | None:
+    """The newest step of ``job`` whose manifest is in S3 (durable), None if none is."""
+    from fleetd.demo.report import durable_steps
+
+    return max(await durable_steps(session, aws, f"checkpoints/{job}/"), default=None)
+
+
+def _priciest_spot() -> float:
+    """The dearest spot price a demo node may get: the team's first burn is a multiple of it, so
+    every job fits whichever pool it is priced at."""
+    _, spot = configs.demo_price_fakes()
+    return max(p for p in spot.overrides.values() if p is not None)
+
+
+def _burn_without(story: TeamStory, paused: str) -> float:
+    """A team burn that keeps every job but ``paused`` at the allotments now in force: theirs in
+    full plus half of ``paused``'s, so only the lowest priority's need no longer fits."""
+    from fleetd.team.allotment_file import read_allotment
+
+    burns = {}
+    for job in story.jobs.values():
+        record = read_allotment(job.workdir / "state")
+        burns[job.name] = record.usd_per_hour if record is not None else 0.0
+    return round(sum(v for k, v in burns.items() if k != paused) + 0.5 * burns[paused], 4)
+
+
+def build_team_report(run: DemoRun, story: TeamStory) -> dict[str, Any]:
+    from fleetd.team.allotment_file import read_allotment
+
+    jobs: list[dict[str, Any]] = []
+    spends: list[float | None] = []
+    for job in story.jobs.values():
+        snap = _snapshot(job)
+        progress = Progress.load(job.events)
+        allotment = read_allotment(job.workdir / "state")
+        spends.append(round(snap.budget.spent_usd, 4) if snap is not None and snap.budget is not None else None)
+        jobs.append(
+            {
+                "name": job.name,
+                "priority": job.priority,
+                "state": str(snap.job.state) if snap is not None and snap.job is not None else "unknown",
+                "region": allotment.region if allotment is not None else None,
+                "allotment": allotment.kind if allotment is not None else None,
+                "final_step": progress.final_step,
+                "steps_lost": sum(r.steps_lost for r in progress.restarts()),
+                "spend_usd": spends[-1],
+            }
+        )
+    team_spend = round(sum(s for s in spends if s is not None), 4) if None not in spends else None
+    return {
+        "scenario": "team",
+        "workdir": str(run.workdir),
+        "failure": story.failure,
+        "jobs": jobs,
+        "pauses": [
+            {
+                "job": p.job,
+                "last_step_before": p.last_step_before,
+                "durable_step": p.durable_step,
+                "resumed_from": p.resumed_from,
+                "steps_lost": p.steps_lost,
+                "released_after_s": round(p.released_at - p.paused_at, 1) if p.released_at else None,
+                "training_again_after_s": (
+                    round(p.trained_past_at - p.released_at, 1) if p.trained_past_at and p.released_at else None
+                ),
+            }
+            for p in story.pauses
+        ],
+        "region_moves": [],
+        "region_moves_note": "not in this story: each job's controller runs in one region (DESIGN.md, team)",
+        "team_spend_usd": team_spend,
+        "team_budget_usd": story.total_usd,
+        "story_told": story.failure is None and bool(story.pauses) and story.pauses[0].steps_lost == 0,
+    }
+
+
+def render_team(report: dict[str, Any]) -> str:
+    lines = [f"{'job':<8} {'prio':>4} {'state':<11} {'final step':>10} {'steps lost':>10} {'spend $':>9}"]
+    for j in report["jobs"]:
+        spend = "unknown" if j["spend_usd"] is None else f"{j['spend_usd']:.4f}"
+        lines.append(
+            f"{j['name']:<8} {j['priority']:>4} {j['state']:<11} {j['final_step']:>10} {j['steps_lost']:>10} {spend:>9}"
+        )
+    for p in report["pauses"]:
+        lines.append(
+            f"pause of {p['job']}: last step {p['last_step_before']}, durable {p['durable_step']}, resumed from "
+            f"{p['resumed_from']} ({p['steps_lost']} steps lost); node released {p['released_after_s']} s after "
+            f"the cut, training again {p['training_again_after_s']} s after that"
+        )
+    spend = report["team_spend_usd"]
+    lines.append(
+        f"team spend {'unknown' if spend is None else f'${spend:.4f}'} of ${report['team_budget_usd']:.2f}; "
+        f"region moves: 0 ({report['region_moves_note']})"
+    )
+    if report["failure"]:
+        lines.append(f"the story was not told: {report['failure']}")
+    return "\n".join(lines)
