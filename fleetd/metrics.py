@@ -14,6 +14,7 @@ import math
 import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -184,7 +185,16 @@ class FleetMetrics:
         return math.nan if self._durable_at is None else max(self._clock() - self._durable_at, 0.0)
 
     def render(self, also: Sequence[CollectorRegistry] = ()) -> bytes:
-        return generate_latest(_Merged((self.registry, *also)))
+        return generate_latest(merged((self.registry, *also)))
+
+
+def merged(registries: Sequence[CollectorRegistry]) -> _Merged:
+    """Several registries as one exposition (the first to emit a family name wins)."""
+    return _Merged(registries)
+
+
+class Renders(Protocol):
+    def render(self, also: Sequence[CollectorRegistry] = ()) -> bytes: ...
 
 
 class _Merged:
@@ -209,7 +219,7 @@ class MetricsServer:
     one, where the reconcile loop's own counters live)."""
 
     def __init__(
-        self, metrics: FleetMetrics, host: str = "127.0.0.1", port: int = 9464, also: Sequence[CollectorRegistry] = ()
+        self, metrics: Renders, host: str = "127.0.0.1", port: int = 9464, also: Sequence[CollectorRegistry] = ()
     ) -> None:
         self.metrics = metrics
         self.host = host

@@ -39,5 +39,6 @@ def test_the_team_unit_runs_the_team_loop_as_the_fleetd_user_and_writes_only_job
     assert shlex.split(s["ExecStart"]) == [PROD_BIN + "fleetd", "team", "run", "--config", "/etc/fleetd/team.toml"]
     assert s["User"] == s["Group"] == service("fleetd@.service")["User"]
     assert s["ReadWritePaths"] == "/var/lib/fleetd" and s["ProtectSystem"] == "strict"
-    assert s["PrivateNetwork"] == "yes"  # it reads and writes files, nothing else
+    # Files, and /metrics on the loopback: no other address may reach it or be reached.
+    assert s["IPAddressDeny"] == "any" and s["IPAddressAllow"] == "localhost"
     assert s["Restart"] == "on-failure" and s["KillMode"] == "mixed" and int(s["TimeoutStopSec"]) >= 10

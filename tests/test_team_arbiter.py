@@ -81,8 +81,12 @@ def test_team_run_allots_every_interval_and_stops_cleanly_on_sigterm(tmp_path: P
     import sys
     import time
 
+    from fleetd.localnet import free_port
+
+    port = free_port()
     path = team_toml(tmp_path, {"a": job(tmp_path, "a")})
-    path.write_text(path.read_text().replace("max_usd_per_hour = 5\n", "max_usd_per_hour = 5\ninterval_s = 0.2\n", 1))
+    settings = f"max_usd_per_hour = 5\ninterval_s = 0.2\nmetrics_port = {port}\n"
+    path.write_text(path.read_text().replace("max_usd_per_hour = 5\n", settings, 1))
     proc = subprocess.Popen(
         [sys.executable, "-m", "fleetd.cli", "team", "run", "--config", str(path)],
         stdout=subprocess.PIPE,
@@ -100,6 +104,13 @@ def test_team_run_allots_every_interval_and_stops_cleanly_on_sigterm(tmp_path: P
                 break  # a second pass rewrote it
             time.sleep(0.05)
         assert first is not None and record is not None and record.written_at > first
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            scrape = resp.read().decode()
+        assert 'fleetd_team_budget_usd{team="lab"} 30.0' in scrape
+        assert 'fleetd_team_job_allotted_nodes{job="a",team="lab"} 2.0' in scrape
+        assert 'fleetd_team_job_spent_usd{job="a",team="lab"} 1.0' in scrape
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)
     finally:

@@ -129,11 +129,35 @@ def collect(
             "stall": None,
             "job": None,
         }
+    report["team"] = _team(state_dir, now)
     live = [n for n in report["nodes"] if n["ec2_state"] in LIVE]
     report["node_count"] = len(live)
     report["nodes_by_state"] = _tally(n["state"] for n in live)
     report["spot_nodes"] = sum(1 for n in live if n["market"] == "spot")
     return report
+
+
+def _team(state_dir: Path, now: float) -> dict[str, Any] | None:
+    """The team's allotment in force (fleetd/team/allotment_file.py), when the job is a team's."""
+    from fleetd.team.allotment_file import read_allotment
+
+    record = read_allotment(state_dir)
+    if record is None:
+        return None
+    return {**record.model_dump(exclude={"schema_version"}), "age_s": round(max(now - record.written_at, 0.0), 1)}
+
+
+def _team_line(team: dict[str, Any]) -> str:
+    """Why a team's job trains with what it has, or not at all (a pause is not a stall)."""
+    from fleetd.policy.team_share import NOT_TRAINING
+
+    kind = str(team["kind"])
+    waits = kind in {k.value for k in NOT_TRAINING}
+    label = "PAUSED" if kind in ("pause", "paused") else kind.upper()
+    head = f"team {team['team']}: {label}"
+    if not waits:
+        head += f", {team['nodes']} node(s) at most ${team['usd_per_hour']:.2f}/h"
+    return f"{head}, ${team['total_usd']:.2f} in all (allotted {team['age_s']:.0f} s ago): {team['reason']}"
 
 
 def _stall(stall: Any, now: float) -> dict[str, Any] | None:
@@ -252,6 +276,8 @@ def render(report: dict[str, Any]) -> str:
         head += "; from fleetd.db (no snapshot yet: no telemetry or budget)"
     lines.append(head)
     lines.append(_job_line(report.get("job")))
+    if report.get("team") is not None:
+        lines.append(_team_line(report["team"]))
     if report["stale"]:
         lines.append(f"STALE: no reconcile pass for {report['age_s']:.0f} s; is fleetd running?")
     columns = ("INSTANCE", "POOL", "MARKET", "$/H", "STATE", "EC2", "GPU%", "STEP/S", "STEP", "LAST CKPT")

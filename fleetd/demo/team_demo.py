@@ -94,7 +94,7 @@ def _team_toml(path: Path, jobs: dict[str, TeamJob], total_usd: float, max_usd_p
     path.write_text(
         f'[team]\nname = "{TEAM_NAME}"\ntotal_usd = {total_usd}\nmax_usd_per_hour = {max_usd_per_hour}\n'
         # Compressed like the demo's notices: a pass every 2 s, and a paused job may resume at once.
-        "interval_s = 2.0\nmin_pause_s = 0.0\nresume_margin = 0.0\nchangeover_s = 60.0\n"
+        "interval_s = 2.0\nmin_pause_s = 0.0\nresume_margin = 0.0\nchangeover_s = 60.0\nmetrics_port = 0\n"
         '[logging]\nlevel = "info"\njson = true\n' + entries
     )
     return path

@@ -153,19 +153,31 @@ def _log(done: TeamPass) -> None:
 
 async def run_team(cfg: TeamConfig, clock: Callable[[], float] = time.time) -> None:
     """Passes every ``interval_s`` until SIGTERM or SIGINT; a failed pass is logged and the next
-    one tries again (the jobs keep their last allotments meanwhile)."""
+    one tries again (the jobs keep their last allotments meanwhile). Serves ``/metrics`` on
+    ``team.metrics_port`` (0: not served)."""
+    from fleetd.metrics import MetricsServer
+    from fleetd.team.metrics import TeamMetrics
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    metrics = TeamMetrics(cfg.team.name)
+    server = None
     try:
+        if cfg.team.metrics_port:
+            server = await MetricsServer(metrics, cfg.team.metrics_host, cfg.team.metrics_port).start()
         while not stop.is_set():
+            now = clock()
             try:
-                await team_pass(cfg, clock())
+                done = await team_pass(cfg, now)
+                metrics.observe(done, total_usd=cfg.team.total_usd, max_usd_per_hour=cfg.team.max_usd_per_hour, now=now)
             except (OSError, ValueError) as exc:
                 log.error("team_pass_failed", error=repr(exc)[:300])
             await wait_set(stop, cfg.team.interval_s)
     finally:
+        if server is not None:
+            await server.stop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
     log.info("team_stopped")

@@ -43,6 +43,9 @@ class TeamGroup(Group):
     resume_margin: Annotated[float, Field(ge=0)] = 0.5
     min_pause_s: Annotated[float, Field(ge=0)] = 1800.0
     changeover_s: Annotated[float, Field(ge=0)] = 900.0
+    # /metrics of the team's loop (spend, budget, each job's allotment); 0: none.
+    metrics_host: str = "127.0.0.1"
+    metrics_port: Annotated[int, Field(ge=0, le=65535)] = 9470
 
 
 class TeamJobEntry(Group):
