@@ -199,7 +199,7 @@ async def _play(
     await _until("every job trains", all_train)
     run.training_since = time.time()
     log.info("demo_team_training", after_s=round(run.training_since - run.started_at, 1))
-    await asyncio.sleep(10.0)
+    await asyncio.sleep(5.0)  # a few steps each, at the allotments now in force
 
     paused = jobs[PAUSED_JOB]
     before = Progress.load(paused.events).final_step
@@ -218,7 +218,7 @@ async def _play(
     # What S3 holds for the job now (a step's manifest is written last): nothing newer can come
     # while it is paused, so this is the checkpoint a resume must start from.
     pause.durable_step = await durable(PAUSED_JOB)
-    await asyncio.sleep(5.0)
+    await asyncio.sleep(2.0)
 
     await _restart_team(run, story, round(4.0 * node_price, 4))
 
@@ -229,7 +229,7 @@ async def _play(
     resumed = [r for r in Progress.load(paused.events).restarts() if r.at > pause.paused_at]
     if resumed:
         pause.resumed_at, pause.resumed_from = resumed[0].at, resumed[0].from_step
-    await asyncio.sleep(5.0)
+    await asyncio.sleep(3.0)  # one more pass of every controller: the spend and states reported
 
 
 async def run_team_demo(opts: DemoOptions) -> dict[str, Any]:

@@ -41,7 +41,7 @@ STACKS = {
     "tests/test_framework_e2e.py::": 117,
     "tests/test_demo_job_file.py::": 66,
     "tests/test_demo.py::test_sigterm_": 39,
-    "tests/test_demo_team.py::": 150,  # three job controllers, their stores and nodes, the team loop
+    "tests/test_demo_team.py::": 100,  # three job controllers, their stores and nodes, the team loop
 }
 # Node id prefix -> group, for tests that share a module fixture or a resource.
 SHARED = {
