@@ -33,4 +33,5 @@ def test_the_team_pauses_its_lowest_job_with_a_checkpoint_and_resumes_it_losing_
     assert 0 < report["team_spend_usd"] <= report["team_budget_usd"]
     assert sum(j["spend_usd"] for j in jobs.values()) == pytest.approx(report["team_spend_usd"], abs=1e-3)
     assert report["region_moves"] == [] and "one region" in report["region_moves_note"]
+    assert report["others_trained_on"] and report["story_told"]
     assert _survivors(run_id) == []

@@ -63,3 +63,26 @@ async def test_a_resume_cancels_the_stop_under_way_and_reopens_the_rendezvous() 
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     assert task.cancelled()  # a cancelled component still ends cancelled (nothing swallowed)
+
+
+async def test_a_stop_whose_checkpoint_never_became_durable_waits_for_the_reserve(monkeypatch) -> None:
+    """Only a clean stop (checkpoint durable, agents told) lets the planner release nodes at once."""
+    import fleetd.rendezvous.commander as commander_mod
+
+    monkeypatch.setattr(commander_mod, "SAVE_TIMEOUT_S", 0.2)  # nobody acknowledges the checkpoint
+    store, sent = Store(), []
+
+    async def send(command) -> None:
+        sent.append(command)
+
+    registry = NodeRegistry()
+    signals = TrainingSignals(registry)
+    commander = TrainingCommander(store, send, registry, signals)  # type: ignore[arg-type]
+    task = asyncio.create_task(commander.run(None))
+    try:
+        await commander.stop_job("budget")
+        await asyncio.wait_for(commander.stop_done.wait(), 10)
+        assert signals.snapshot().stop_completed_at is None
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)

@@ -13,18 +13,20 @@ from fleetd.team.arbiter import team_pass
 from fleetd.team.config import load_team
 
 
-def job(tmp_path: Path, name: str, member: bool = True) -> Path:
+def job(tmp_path: Path, name: str, member: bool = True, written_at: float = 1000.0) -> Path:
     state = tmp_path / name
     path = tmp_path / f"{name}.toml"
     path.write_text(
         f'[aws]\nregion = "us-east-1"\n[fleet]\nname = "{name}"\nmin_nodes = 1\nmax_nodes = 2\nstate_dir = "{state}"\n'
         f"[team]\nmember = {'true' if member else 'false'}\n"
+        # A job outside the team may spend what its own budget allows: the team keeps that aside.
+        + ("" if member else "[budget]\ntotal_usd = 5.0\nmax_usd_per_hour = 1.0\n")
     )
     write_snapshot(
         state,
         StatusSnapshot(
             fleet=name,
-            written_at=0.0,
+            written_at=written_at,
             reconcile_interval_s=10.0,
             pools=(
                 PoolView(pool="g5.xlarge@us-east-1a", offered=True, spot_price=0.4, relative_throughput=1.0, gpus=1),
@@ -59,12 +61,16 @@ async def test_a_job_that_cannot_be_read_is_skipped_with_the_reason_and_the_othe
     assert "member = true" in done.skipped["b"] and "does not exist" in done.skipped["c"]
     written = read_allotment(tmp_path / "a")
     assert written is not None and written.kind == "start" and written.nodes == 2 and written.team == "lab"
-    assert written.total_usd <= 30.0 + 1e-9 and done.spent_usd == 2.0  # a and b spent $1 each: both count
+    assert done.spent_usd == 2.0  # a and b spent $1 each: both count
+    # b does not follow the team: the $5 its own budget allows is kept aside, a shares the rest.
+    assert written.total_usd <= 30.0 - 5.0 + 1e-9
     assert read_allotment(tmp_path / "b") is None
 
 
 def test_team_plan_prints_and_writes_nothing_and_a_bad_config_is_one_clear_message(tmp_path: Path, capsys) -> None:
-    path = team_toml(tmp_path, {"a": job(tmp_path, "a")})
+    import time
+
+    path = team_toml(tmp_path, {"a": job(tmp_path, "a", written_at=time.time())})
     assert main(["team", "plan", "--config", str(path)]) == 0
     out = capsys.readouterr().out
     assert "team lab: spent $1.00 of $30.00" in out and "start 2 node(s)" in out
@@ -84,7 +90,7 @@ def test_team_run_allots_every_interval_and_stops_cleanly_on_sigterm(tmp_path: P
     from fleetd.localnet import free_port
 
     port = free_port()
-    path = team_toml(tmp_path, {"a": job(tmp_path, "a")})
+    path = team_toml(tmp_path, {"a": job(tmp_path, "a", written_at=time.time())})
     settings = f"max_usd_per_hour = 5\ninterval_s = 0.2\nmetrics_port = {port}\n"
     path.write_text(path.read_text().replace("max_usd_per_hour = 5\n", settings, 1))
     proc = subprocess.Popen(

@@ -43,7 +43,7 @@ def node(ec2_state: str) -> Node:
 async def test_an_unreadable_allotment_keeps_the_last_one_read(tmp_path: Path) -> None:
     state = await StateStore.open(tmp_path)
     try:
-        m = TeamMember(tmp_path, state)
+        m = TeamMember("j", tmp_path, state)
         write_allotment(tmp_path, record("grow", nodes=3))
         obs, cfg = await m.bound(Observation(), CFG, now=110.0)
         assert obs.desired_job is DesiredJob.RUN and cfg.fleet.max_nodes == 3
@@ -51,7 +51,7 @@ async def test_an_unreadable_allotment_keeps_the_last_one_read(tmp_path: Path) -
         obs, cfg = await m.bound(Observation(), CFG, now=120.0)
         assert obs.desired_job is DesiredJob.RUN and cfg.fleet.max_nodes == 3
         # A fresh daemon that never read a good one waits: with no node, nothing to stop or buy.
-        obs, _ = await TeamMember(tmp_path, state).bound(Observation(), CFG, now=130.0)
+        obs, _ = await TeamMember("j", tmp_path, state).bound(Observation(), CFG, now=130.0)
         assert obs.desired_job is DesiredJob.RUN and obs.stop_issued_at == 130.0
     finally:
         await state.close()
@@ -61,7 +61,7 @@ async def test_a_pause_leaves_a_finished_job_alone_and_a_resume_waits_for_the_st
     state = await StateStore.open(tmp_path)
     try:
         commander = Resumes()
-        m = TeamMember(tmp_path, state, commander)  # type: ignore[arg-type]  # a partial double
+        m = TeamMember("j", tmp_path, state, commander)  # type: ignore[arg-type]  # a partial double
         write_allotment(tmp_path, record("pause", nodes=0))
         over = Observation(desired_job=DesiredJob.END)
         assert (await m.bound(over, CFG, now=110.0))[0].desired_job is DesiredJob.END
@@ -94,3 +94,31 @@ def test_the_allotment_file_refuses_a_newer_schema_and_garbage(tmp_path: Path) -
         (tmp_path / ALLOTMENT_NAME).write_text(bad)
         with pytest.raises(ProtocolError):
             read_allotment(tmp_path)
+
+
+async def test_another_jobs_allotment_is_not_taken_and_a_failed_reopen_is_retried(tmp_path: Path) -> None:
+    class Flaky:
+        calls = 0
+
+        async def resume_job(self, reason: str) -> None:
+            self.calls += 1
+            if self.calls == 1:
+                raise ConnectionError("rendezvous store restarting")
+
+    state = await StateStore.open(tmp_path)
+    try:
+        commander = Flaky()
+        m = TeamMember("j", tmp_path, state, commander)  # type: ignore[arg-type]  # a partial double
+        write_allotment(tmp_path, record("keep").model_copy(update={"job": "other"}))
+        obs, _ = await m.bound(Observation(), CFG, now=110.0)
+        assert obs.stop_issued_at == 110.0  # not its share: it waits as with none
+        await state.set_meta(PAUSED_KEY, 100.0)
+        await state.set_meta("stop_issued_at", 100.0)
+        write_allotment(tmp_path, record("resume"))
+        obs, _ = await m.bound(Observation(stop_issued_at=100.0), CFG, now=120.0)
+        assert obs.desired_job is DesiredJob.STOP and await state.get_meta(PAUSED_KEY) == 100.0  # kept: retried
+        obs, _ = await m.bound(Observation(stop_issued_at=100.0), CFG, now=130.0)
+        assert obs.desired_job is DesiredJob.RUN and obs.stop_issued_at is None and commander.calls == 2
+        assert await state.get_meta(PAUSED_KEY) is None
+    finally:
+        await state.close()

@@ -139,9 +139,13 @@ def collect(
 
 def _team(state_dir: Path, now: float) -> dict[str, Any] | None:
     """The team's allotment in force (fleetd/team/allotment_file.py), when the job is a team's."""
+    from fleetd.protocol.errors import ProtocolError
     from fleetd.team.allotment_file import read_allotment
 
-    record = read_allotment(state_dir)
+    try:
+        record = read_allotment(state_dir)
+    except (ProtocolError, OSError) as exc:
+        return {"error": str(exc)[:300]}
     if record is None:
         return None
     return {**record.model_dump(exclude={"schema_version"}), "age_s": round(max(now - record.written_at, 0.0), 1)}
@@ -151,6 +155,8 @@ def _team_line(team: dict[str, Any]) -> str:
     """Why a team's job trains with what it has, or not at all (a pause is not a stall)."""
     from fleetd.policy.team_share import NOT_TRAINING
 
+    if "error" in team:
+        return f"team: allotment unreadable ({team['error']}); the daemon keeps the last one it read"
     kind = str(team["kind"])
     waits = kind in {k.value for k in NOT_TRAINING}
     label = "PAUSED" if kind in ("pause", "paused") else kind.upper()

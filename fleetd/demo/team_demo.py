@@ -68,6 +68,7 @@ class Pause:
     resumed_at: float | None = None
     resumed_from: int | None = None
     trained_past_at: float | None = None
+    others_at_cut: dict[str, int] = field(default_factory=dict)  # the other jobs' steps at the cut
 
     @property
     def steps_lost(self) -> int | None:
@@ -204,6 +205,7 @@ async def _play(
     paused = jobs[PAUSED_JOB]
     before = Progress.load(paused.events).final_step
     pause = Pause(PAUSED_JOB, time.time(), before)
+    pause.others_at_cut = {j.name: Progress.load(j.events).final_step for j in jobs.values() if j.name != PAUSED_JOB}
     story.pauses.append(pause)
     # What the other two burn, and half of what the lowest priority does: it must give its node back.
     await _restart_team(run, story, _burn_without(story, PAUSED_JOB))
@@ -226,7 +228,8 @@ async def _play(
         return Progress.load(paused.events).final_step > pause.last_step_before
 
     pause.trained_past_at = await _until(f"{PAUSED_JOB} resumed and trained past its pause", trained_past)
-    resumed = [r for r in Progress.load(paused.events).restarts() if r.at > pause.paused_at]
+    released_at = pause.released_at
+    resumed = [r for r in Progress.load(paused.events).restarts() if r.at > released_at]
     if resumed:
         pause.resumed_at, pause.resumed_from = resumed[0].at, resumed[0].from_step
     await asyncio.sleep(3.0)  # one more pass of every controller: the spend and states reported
@@ -346,6 +349,12 @@ def build_team_report(run: DemoRun, story: TeamStory) -> dict[str, Any]:
             }
         )
     team_spend = round(sum(s for s in spends if s is not None), 4) if None not in spends else None
+    finals = {j["name"]: j for j in jobs}
+    # The others trained on through the pause: past their step at the cut, nothing lost.
+    others_on = bool(story.pauses) and all(
+        finals[n]["final_step"] > step and finals[n]["steps_lost"] == 0
+        for n, step in story.pauses[0].others_at_cut.items()
+    )
     return {
         "scenario": "team",
         "workdir": str(run.workdir),
@@ -369,7 +378,15 @@ def build_team_report(run: DemoRun, story: TeamStory) -> dict[str, Any]:
         "region_moves_note": "not in this story: each job's controller runs in one region (DESIGN.md, team)",
         "team_spend_usd": team_spend,
         "team_budget_usd": story.total_usd,
-        "story_told": story.failure is None and bool(story.pauses) and story.pauses[0].steps_lost == 0,
+        "others_trained_on": others_on,
+        "story_told": (
+            story.failure is None
+            and bool(story.pauses)
+            and story.pauses[0].steps_lost == 0
+            and others_on
+            and team_spend is not None
+            and team_spend <= story.total_usd
+        ),
     }
 
 

@@ -60,8 +60,8 @@ class Observation:
     spot_unavailable_since: float | None = None
     desired_job: DesiredJob = DesiredJob.RUN
     stop_issued_at: float | None = None
-    # When the stop's sequence ended (checkpoint durable or given up on, every agent told to shut
-    # down: fleetd/rendezvous/commander.py); nothing is left to save, the nodes may go at once.
+    # When the stop's sequence ended cleanly (checkpoint durable, every agent told to shut down:
+    # fleetd/rendezvous/commander.py); nothing is left to save, the nodes may go at once.
     stop_completed_at: float | None = None
     # The previous plan's Plan.budget.level: a Warn is emitted when the level rises, not every pass.
     budget_level: BudgetLevel = BudgetLevel.NORMAL

@@ -9,7 +9,7 @@
   total while the team's total does not bind, and its graded responses start when it does.
 - ``within_share``: the job's daemon plans inside its share. Its fleet size and USD/h become at
   most the allotment's, its total the share's; a pause, a job still pending, or no share at all
-  (the arbiter has not written one, or the daemon could not read it) stops the job through the
+  (none written yet, or none readable since the daemon started) stops the job through the
   coordinated checkpoint and buys nothing.
 """
 

@@ -131,26 +131,33 @@ class TrainingCommander:
 
     async def _stop(self, reason: str) -> None:
         try:
-            await self._stop_sequence(reason)
+            clean = await self._stop_sequence(reason)
         except RendezvousError as exc:
             log.error("stop_checkpoint_failed", error=str(exc), why="shutting nodes down anyway")
             await self._shutdown_agents(reason)
+            clean = False
         self.stop_done.set()
-        self.signals.note_stop_completed(self.clock())
+        if clean:
+            # Checkpoint durable and every agent told to shut down: nothing is left to wait for,
+            # so the planner releases the nodes now instead of at the stop reserve.
+            self.signals.note_stop_completed(self.clock())
 
-    async def _stop_sequence(self, reason: str) -> None:
+    async def _stop_sequence(self, reason: str) -> bool:
+        """True when the stop's checkpoint is durable and every agent was told to shut down."""
         seq = await self.rendezvous.request_checkpoint(_short(reason), hold=True, by="fleetd")
         self.signals.note_checkpoint_request(self.clock())
         step = await self._wait_saved(seq)
+        durable = False
         if step is None:
             log.error("stop_checkpoint_not_saved", seq=seq, why="the last durable checkpoint stands")
         else:
             durable = await self._wait_durable(step)
             log.warning("stop_checkpoint", step=step, durable=durable)
-        await self._shutdown_agents(reason)
+        told = await self._shutdown_agents(reason)
         if self.close_rendezvous is not None:
             await self.close_rendezvous()
         log.warning("job_stopped", reason=reason)
+        return durable and told
 
     async def _wait_saved(self, seq: int) -> int | None:
         deadline = time.monotonic() + SAVE_TIMEOUT_S
@@ -170,10 +177,13 @@ class TrainingCommander:
             await asyncio.sleep(POLL_S)
         return False
 
-    async def _shutdown_agents(self, reason: str) -> None:
+    async def _shutdown_agents(self, reason: str) -> bool:
+        """False when a command could not be handed to the broker."""
+        told = True
         for rec in self.registry.records():
             if rec.tracked and rec.agent_offline_at is None and rec.ec2_state not in ("terminated", "shutting-down"):
-                await self._send(ShutdownCommand(instance_id=rec.instance_id, reason=reason))
+                told = await self._send(ShutdownCommand(instance_id=rec.instance_id, reason=reason)) and told
+        return told
 
     async def _send(self, command: Command) -> bool:
         try:

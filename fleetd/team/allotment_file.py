@@ -16,6 +16,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fleetd.atomic_file import read_model, write_atomically
+from fleetd.policy.team_model import TeamActionKind
 
 ALLOTMENT_VERSION = 1
 ALLOTMENT_NAME = "allotment.json"
@@ -32,12 +33,12 @@ class AllotmentRecord(BaseModel):
     daemon runs on its last share.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     schema_version: int = ALLOTMENT_VERSION
     team: str
     job: str
     written_at: float
-    kind: str  # fleetd.policy.team_model.TeamActionKind's value
+    kind: TeamActionKind
     nodes: Annotated[int, Field(ge=0)]
     usd_per_hour: NonNegative
     total_usd: NonNegative

@@ -17,7 +17,7 @@ import asyncio
 import signal
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fleetd.config import FleetdConfig, load
@@ -30,6 +30,7 @@ from fleetd.shared.settings import ConfigError
 from fleetd.shared.waits import wait_set
 from fleetd.snapshot import read_snapshot
 from fleetd.team.allotment_file import AllotmentRecord, read_allotment, write_allotment
+from fleetd.team.claims import kept_claim, planned_claim, spend_known, stale_for_s
 from fleetd.team.config import TeamConfig, TeamJobEntry
 from fleetd.team.inputs import JobSeen, paused_at, team_job
 
@@ -79,27 +80,41 @@ def settings_of(cfg: TeamConfig) -> TeamSettings:
 
 
 def decide(cfg: TeamConfig, seen: Sequence[JobSeen], now: float) -> TeamPass:
-    """The pass's allotments from what was read (pure)."""
-    spent = sum(s.spent_usd for s in seen)
+    """The pass's allotments from what was read (pure). Money a job may still spend is kept aside
+    first (fleetd/team/claims.py); the allocator and the split get what is left."""
     skipped: dict[str, str] = {}
-    jobs: list[TeamJob] = []
+    planned: list[tuple[JobSeen, TeamJob]] = []
+    over: list[JobSeen] = []
+    seen = _one_dir_each(seen)
     for s in seen:
         if s.over:
-            skipped[s.entry.name] = f"the job is over ({s.snapshot.job.state if s.snapshot and s.snapshot.job else ''})"
+            over.append(s)
             continue
+        late = stale_for_s(s, now)
         view = team_job(s)
         if isinstance(view, str):
             skipped[s.entry.name] = view
+        elif late is not None:
+            skipped[s.entry.name] = f"its status is {late:.0f} s overdue (is fleetd@{s.entry.name} running?)"
+        elif not spend_known(s):
+            skipped[s.entry.name] = "its status says no spend yet (its daemon's first pass has not planned)"
         else:
-            jobs.append(view)
-    if not jobs:
-        return TeamPass(tuple(seen), None, (), skipped, spent)
-    budget = TeamBudget(cfg.team.total_usd, cfg.team.max_usd_per_hour, spent, cfg.team.horizon_s)
-    plan = allocate(budget, jobs, {}, settings_of(cfg), now=now)
-    caps = {s.entry.name: JobCap(s.entry.total_usd, s.entry.max_usd_per_hour) for s in seen}
-    totals = job_totals(plan, budget, {s.entry.name: s.spent_usd for s in seen}, caps)
+            planned.append((s, view))
+    claims = {s.entry.name: planned_claim(s, cfg.team.interval_s) for s, _ in planned}
+    kept = {s.entry.name: kept_claim(s) for s in seen if s.entry.name not in claims}
+    spent = sum(s.spent_usd for s in seen if spend_known(s))
+    aside = sum(c.spent_usd for c in (*claims.values(), *kept.values()))
+    kept_burn = sum(c.burn_usd_per_hour for c in kept.values())
+    written = [_over(cfg, s, now) for s in over]
+    if not planned:
+        return TeamPass(tuple(seen), None, _decreasing_first(written, seen), skipped, spent)
+    # What the others may still spend and burn is taken off the top; the planned jobs share the rest.
+    total = cfg.team.total_usd
+    budget = TeamBudget(total, max(0.0, cfg.team.max_usd_per_hour - kept_burn), min(aside, total), cfg.team.horizon_s)
+    plan = allocate(budget, [v for _, v in planned], {}, settings_of(cfg), now=now)
+    caps = {s.entry.name: JobCap(s.entry.total_usd, s.entry.max_usd_per_hour) for s, _ in planned}
+    totals = job_totals(plan, budget, {n: c.spent_usd for n, c in claims.items()}, caps)
     by_name = {s.entry.name: s for s in seen}
-    written = []
     for a in plan.allotments:
         prev = by_name[a.job].previous
         written.append(
@@ -107,16 +122,62 @@ def decide(cfg: TeamConfig, seen: Sequence[JobSeen], now: float) -> TeamPass:
                 team=cfg.team.name,
                 job=a.job,
                 written_at=now,
-                kind=a.kind.value,
+                kind=a.kind,
                 nodes=a.nodes,
                 usd_per_hour=a.usd_per_hour,
                 total_usd=totals[a.job],
                 region=a.region,
                 reason=a.reason[:500],
-                paused_at=paused_at(TeamActionKind(a.kind), prev, now),
+                paused_at=paused_at(a.kind, prev, now),
             )
         )
-    return TeamPass(tuple(seen), plan, tuple(written), skipped, spent)
+    return TeamPass(tuple(seen), plan, _decreasing_first(written, seen), skipped, spent)
+
+
+def _one_dir_each(seen: Sequence[JobSeen]) -> list[JobSeen]:
+    """Two jobs resolved to one state directory (fleetd@NAME sets it in its unit, which the team's
+    config must repeat as [[jobs]] state_dir): neither can be told its share."""
+    by_dir: dict[Path, list[str]] = {}
+    for s in seen:
+        if s.cfg is not None:
+            by_dir.setdefault(Path(s.cfg.fleet.state_dir), []).append(s.entry.name)
+    out = []
+    for s in seen:
+        where = Path(s.cfg.fleet.state_dir) if s.cfg is not None else None
+        names = by_dir.get(where, []) if where is not None else []
+        if len(names) > 1:
+            others = ", ".join(n for n in names if n != s.entry.name)
+            problem = f"shares its state directory {where} with {others}: set [[jobs]] state_dir"
+            s = replace(s, problem=problem, previous=None)
+        out.append(s)
+    return out
+
+
+def _over(cfg: TeamConfig, s: JobSeen, now: float) -> AllotmentRecord:
+    """A job that ended gets nothing more: a new run of it waits for the team's next pass."""
+    state = s.snapshot.job.state if s.snapshot is not None and s.snapshot.job is not None else "over"
+    return AllotmentRecord(
+        team=cfg.team.name,
+        job=s.entry.name,
+        written_at=now,
+        kind=TeamActionKind.PENDING,
+        nodes=0,
+        usd_per_hour=0.0,
+        total_usd=s.spent_usd,
+        reason=f"the job is over ({state}): no share until it runs again",
+    )
+
+
+def _decreasing_first(written: list[AllotmentRecord], seen: Sequence[JobSeen]) -> tuple[AllotmentRecord, ...]:
+    """Lowered totals and burns are written before raised ones: if the writes stop halfway (a
+    full disk, the loop killed), the shares in force still add up to no more than the team's."""
+    prev = {s.entry.name: s.previous for s in seen}
+
+    def change(r: AllotmentRecord) -> tuple[float, float]:
+        p = prev.get(r.job)
+        return (r.total_usd - (p.total_usd if p else 0.0), r.usd_per_hour - (p.usd_per_hour if p else 0.0))
+
+    return tuple(sorted(written, key=change))
 
 
 def write_pass(cfg: TeamConfig, done: TeamPass) -> None:

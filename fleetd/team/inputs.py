@@ -70,7 +70,7 @@ def team_job(seen: JobSeen) -> TeamJob | str:
     if offer is None:
         return "no priced spot pool in the job's status yet"
     live = [n for n in snap.live_nodes if n.ec2_state in LIVE]
-    paused = prev is not None and TeamActionKind(prev.kind) in (TeamActionKind.PAUSE, TeamActionKind.PAUSED)
+    paused = prev is not None and prev.kind in (TeamActionKind.PAUSE, TeamActionKind.PAUSED)
     placed = bool(live) or snap.checkpoint is not None or (prev is not None and prev.kind != TeamActionKind.PENDING)
     return TeamJob(
         name=seen.entry.name,

@@ -22,7 +22,6 @@ from pathlib import Path
 
 from fleetd.config import FleetdConfig
 from fleetd.policy.observation import DesiredJob, Observation
-from fleetd.policy.team_model import TeamActionKind
 from fleetd.policy.team_share import Share, within_share
 from fleetd.protocol.errors import ProtocolError
 from fleetd.reconcile.ports import NodeCommander
@@ -36,17 +35,13 @@ LIVE_EC2_STATES = ("pending", "running")
 PAUSED_KEY = "team_paused_at"  # state-store meta: when the team's pause stopped the job
 
 
-def share_of(record: AllotmentRecord) -> Share | None:
-    try:
-        kind = TeamActionKind(record.kind)
-    except ValueError:
-        log.error("team_allotment_unknown_kind", kind=record.kind)
-        return None
-    return Share(kind, record.nodes, record.usd_per_hour, record.total_usd, record.written_at, record.reason)
+def share_of(record: AllotmentRecord) -> Share:
+    return Share(record.kind, record.nodes, record.usd_per_hour, record.total_usd, record.written_at, record.reason)
 
 
 class TeamMember:
-    def __init__(self, state_dir: Path, state: StateBackend, commander: NodeCommander | None = None):
+    def __init__(self, fleet: str, state_dir: Path, state: StateBackend, commander: NodeCommander | None = None):
+        self.fleet = fleet
         self.state_dir = Path(state_dir)
         self.state = state
         self.commander = commander
@@ -59,8 +54,11 @@ class TeamMember:
         except (ProtocolError, OSError) as exc:
             log.error("team_allotment_unreadable", error=str(exc)[:300], kept="the last allotment read")
             return self._share
-        if record is not None:
-            self._share = share_of(record) or self._share
+        if record is not None and record.job != self.fleet:
+            # The team's config points another job at this state directory: not this job's share.
+            log.error("team_allotment_not_ours", job=record.job, fleet=self.fleet, kept="the last allotment read")
+        elif record is not None:
+            self._share = share_of(record)
         return self._share
 
     async def bound(self, obs: Observation, cfg: FleetdConfig, now: float) -> tuple[Observation, FleetdConfig]:
@@ -87,11 +85,15 @@ class TeamMember:
                 # The stopped nodes are still shutting down: new ones join only a clean start.
                 log.info("team_resume_waits", why="the paused job's nodes are still being released")
                 return replace(obs, desired_job=DesiredJob.STOP), bounded.cfg
+            if self.commander is not None:
+                try:
+                    await self.commander.resume_job(bounded.note)
+                except Exception as exc:  # noqa: BLE001 - the store may be restarting: the next pass retries
+                    log.warning("team_resume_retried", error=repr(exc)[:300], why="the rendezvous did not reopen")
+                    return replace(obs, desired_job=DesiredJob.STOP), bounded.cfg
             await self.state.set_meta(PAUSED_KEY, None)
             if obs.stop_issued_at is not None:
                 await self.state.set_meta("stop_issued_at", None)
                 obs = replace(obs, stop_issued_at=None)
             log.warning("team_resume", paused_for_s=round(now - float(paused_at), 1), why=bounded.note)
-            if self.commander is not None:
-                await self.commander.resume_job(bounded.note)
         return obs, bounded.cfg

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from fleetd.metrics import merged
-from fleetd.policy.team_model import TeamActionKind
 from fleetd.policy.team_share import NOT_TRAINING
 
 if TYPE_CHECKING:
@@ -50,7 +49,7 @@ class TeamMetrics:
             self.nodes.labels(team, record.job).set(record.nodes)
             self.usd.labels(team, record.job).set(record.usd_per_hour)
             self.total.labels(team, record.job).set(record.total_usd)
-            self.paused.labels(team, record.job).set(1.0 if TeamActionKind(record.kind) in NOT_TRAINING else 0.0)
+            self.paused.labels(team, record.job).set(1.0 if record.kind in NOT_TRAINING else 0.0)
         for seen in done.seen:
             if seen.snapshot is not None:
                 self.job_spent.labels(team, seen.entry.name).set(seen.spent_usd)

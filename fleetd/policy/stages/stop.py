@@ -19,7 +19,7 @@ def finish_stop(p: PlanPass) -> Plan:
         for node in list(p.billed):
             p.terminate(
                 node,
-                f"the stop is done {p.now - done:.0f} s ago (checkpoint saved, agents shut down): "
+                f"the stop is done {p.now - done:.0f} s ago (checkpoint durable, every agent told to shut down): "
                 f"terminating {node.instance_id} so billing stops",
             )
     elif elapsed >= reserve:
