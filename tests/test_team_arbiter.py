@@ -59,6 +59,7 @@ async def test_a_job_that_cannot_be_read_is_skipped_with_the_reason_and_the_othe
     done = await team_pass(cfg, now=1000.0)
     assert [r.job for r in done.written] == ["a"]
     assert "member = true" in done.skipped["b"] and "does not exist" in done.skipped["c"]
+    assert done.spend_unknown == ("c",)  # c's config names no state: its spend is not counted, and said so
     written = read_allotment(tmp_path / "a")
     assert written is not None and written.kind == "start" and written.nodes == 2 and written.team == "lab"
     assert done.spent_usd == 2.0  # a and b spent $1 each: both count

@@ -63,7 +63,7 @@ async def _report(cfg: Any, *, write: bool) -> dict[str, Any]:
                 "priority": s.entry.priority,
                 "state": str(s.snapshot.job.state) if s.snapshot and s.snapshot.job else "unknown",
                 "nodes": len(live) if s.snapshot is not None else None,
-                "spend_usd": round(s.spent_usd, 4) if s.snapshot is not None else None,
+                "spend_usd": None if s.entry.name in done.spend_unknown else round(s.spent_usd, 4),
                 "allotment": current.model_dump(exclude={"schema_version", "team", "job"}) if current else None,
                 "next": new[name].model_dump(exclude={"schema_version", "team", "job"}) if name in new else None,
                 "skipped": done.skipped.get(name),
@@ -74,6 +74,7 @@ async def _report(cfg: Any, *, write: bool) -> dict[str, Any]:
         "team_budget_usd": cfg.team.total_usd,
         "team_max_usd_per_hour": cfg.team.max_usd_per_hour,
         "team_spend_usd": round(done.spent_usd, 4),
+        "spend_unknown": list(done.spend_unknown),  # team_spend_usd is then a lower bound
         "room_usd_per_hour": round(done.plan.room_usd_per_hour, 4) if done.plan else None,
         "jobs": rows,
     }
@@ -81,8 +82,12 @@ async def _report(cfg: Any, *, write: bool) -> dict[str, Any]:
 
 def render(report: dict[str, Any], action: str) -> str:
     which = "next" if action == "plan" else "allotment"
+    unknown = report["spend_unknown"]
+    spent = f"spent ${report['team_spend_usd']:.2f}" + (
+        f" or more ({', '.join(unknown)}: spend unknown)" if unknown else ""
+    )
     lines = [
-        f"team {report['team']}: spent ${report['team_spend_usd']:.2f} of ${report['team_budget_usd']:.2f}, "
+        f"team {report['team']}: {spent} of ${report['team_budget_usd']:.2f}, "
         f"at most ${report['team_max_usd_per_hour']:.2f}/h",
         f"{'job':<16} {'prio':>4} {'state':<11} {'nodes':>5} {'spend $':>9}  {which}",
     ]

@@ -66,7 +66,12 @@ class TeamPass:
     plan: TeamPlan | None
     written: tuple[AllotmentRecord, ...]
     skipped: dict[str, str]  # job -> why it got no new allotment
-    spent_usd: float
+    spent_usd: float  # the jobs whose spend is known
+
+    @property
+    def spend_unknown(self) -> tuple[str, ...]:
+        """Jobs whose spend could not be read: ``spent_usd`` is then a lower bound."""
+        return tuple(s.entry.name for s in self.seen if not spend_known(s))
 
 
 def settings_of(cfg: TeamConfig) -> TeamSettings:

@@ -4,6 +4,7 @@ read) has no spend sample rather than a made-up 0."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -35,6 +36,9 @@ class TeamMetrics:
         self.total = Gauge("fleetd_team_job_allotted_total_usd", "What a job may have spent in all", j, registry=r)
         self.paused = Gauge("fleetd_team_job_waiting", "1 while a job is paused or pending", j, registry=r)
         self.job_spent = Gauge("fleetd_team_job_spent_usd", "A job's spend as its daemon last wrote it", j, registry=r)
+        self.unknown = Gauge(
+            "fleetd_team_spend_unknown_jobs", "Jobs whose spend is unknown (team spend is a lower bound)", t, registry=r
+        )
 
     def observe(self, done: TeamPass, *, total_usd: float, max_usd_per_hour: float, now: float) -> None:
         team = self.team
@@ -50,9 +54,14 @@ class TeamMetrics:
             self.usd.labels(team, record.job).set(record.usd_per_hour)
             self.total.labels(team, record.job).set(record.total_usd)
             self.paused.labels(team, record.job).set(1.0 if record.kind in NOT_TRAINING else 0.0)
+        unknown = set(done.spend_unknown)
+        self.unknown.labels(team).set(len(unknown))
         for seen in done.seen:
-            if seen.snapshot is not None:
+            if seen.entry.name not in unknown:
                 self.job_spent.labels(team, seen.entry.name).set(seen.spent_usd)
+            else:
+                with contextlib.suppress(KeyError):  # no sample rather than a stale one
+                    self.job_spent.remove(team, seen.entry.name)
 
     def render(self, also: Sequence[CollectorRegistry] = ()) -> bytes:
         return generate_latest(merged((self.registry, *also)))
