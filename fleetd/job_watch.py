@@ -57,6 +57,9 @@ class JobWatcher:
     record: JobRecord = field(default_factory=JobRecord)
     code_digest: str = ""  # the job's code version new nodes get (status and report show it)
     ledger: Any = None  # fleetd/reconcile/ports.py LedgerSink: each state change is recorded there too
+    # NodeCommander.resume_job: a new run undoes the last run's stop (its rendezvous, closed for
+    # good at the stop, takes nodes again; the next stop runs its checkpoint again).
+    resume: Callable[[str], Awaitable[None]] | None = None
     _persisted: JobView | None = None
     _store: Any = None  # the reconciler's state store (fleetd/reconcile/state_port.py), once open
 
@@ -229,6 +232,11 @@ class JobWatcher:
         if self._store is not None:
             await self._store.set_meta("stop_issued_at", None)
         self.signals.desired_job = DesiredJob.RUN
+        if self.resume is not None:
+            try:
+                await self.resume(f"a new run of the job (code {code_digest[:12]})")
+            except Exception as exc:  # noqa: BLE001 - the store may be restarting; its steering reopens it then
+                log.warning("job_new_run_rendezvous_not_reopened", error=repr(exc)[:300])
         log.warning("job_new_run", ended=str(ended), old=old[:12], new=code_digest[:12])
         await self._to_ledger(self.clock())
         self.wake()

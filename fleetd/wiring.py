@@ -65,6 +65,7 @@ async def production_plugins(cfg: FleetdConfig, ctx: DaemonContext, *, dry_run: 
     ledger: Any = ha.ledger if ha is not None else await LedgerStore.open(cfg.fleet.state_dir / DB_NAME)
     steerer, commander = _steerer_and_commander(cfg, intake, signals)
     _watch_job_and_stalls(cfg, ctx, intake, signals, steerer, ledger)
+    ctx.job.resume = commander.resume_job
     leader_only = _leader_components(cfg, ctx, intake, signals, steerer, commander, ha, sqs_intake)
     if ha is None and cfg.fleet.state_backup_interval_s > 0:
         # One control host: its SQLite file is the state's only copy (DynamoDB keeps its own).

@@ -132,7 +132,14 @@ async def test_a_new_version_after_the_job_ended_is_a_new_run(tmp_path: Path) ->
         await w.tick(ctx)
     assert w.record.state is JobState.FAILED and signals.desired_job is DesiredJob.END
     write_cancel(tmp_path, CancelRequest(reason="late", requested_at=clock.now))
+    resumed: list[str] = []
+
+    async def resume(reason: str) -> None:
+        resumed.append(reason)
+
+    w.resume = resume
     await w.new_version("b" * 64, JobSettings(max_restarts=1, settle_s=5.0), None)
+    assert len(resumed) == 1  # the last run's stop is undone: its rendezvous takes nodes again
     assert w.record.state is JobState.PENDING and w.record.restarts == 0 and w.code_digest == "b" * 64
     assert signals.desired_job is DesiredJob.RUN and read_cancel(tmp_path) is None
     # The old run's failures are not the new run's.
