@@ -39,6 +39,11 @@ def share_of(record: AllotmentRecord) -> Share:
     return Share(record.kind, record.nodes, record.usd_per_hour, record.total_usd, record.written_at, record.reason)
 
 
+def _runs(obs: Observation) -> bool:
+    """Some node of the job is still up in EC2 (billed)."""
+    return any(n.ec2_state in LIVE_EC2_STATES for n in obs.nodes)
+
+
 class TeamMember:
     def __init__(self, fleet: str, state_dir: Path, state: StateBackend, commander: NodeCommander | None = None):
         self.fleet = fleet
@@ -74,14 +79,14 @@ class TeamMember:
             if paused_at is None:
                 await self.state.set_meta(PAUSED_KEY, now)
                 log.warning("team_pause", why=bounded.note)
-            if obs.stop_issued_at is None and not any(n.ec2_state in LIVE_EC2_STATES for n in obs.nodes):
+            if obs.stop_issued_at is None and not _runs(obs):
                 # Nothing runs (a job not started yet): nothing to checkpoint or stop, nothing to
                 # buy. A StopJob here would leave a stop sequence waiting for nodes that never
                 # come, and shut down the ones bought after the allotment arrives.
                 return replace(obs, stop_issued_at=now), bounded.cfg
             return replace(obs, desired_job=DesiredJob.STOP), bounded.cfg
         if paused_at is not None:
-            if any(n.ec2_state in LIVE_EC2_STATES for n in obs.nodes):
+            if _runs(obs):
                 # The stopped nodes are still shutting down: new ones join only a clean start.
                 log.info("team_resume_waits", why="the paused job's nodes are still being released")
                 return replace(obs, desired_job=DesiredJob.STOP), bounded.cfg
