@@ -17,12 +17,12 @@ import asyncio
 import signal
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from fleetd.config import FleetdConfig, load
 from fleetd.policy.team import allocate
-from fleetd.policy.team_model import JobCap, TeamActionKind, TeamBudget, TeamJob, TeamPlan, TeamSettings
+from fleetd.policy.team_model import JobCap, TeamActionKind, TeamBudget, TeamJob, TeamSettings
 from fleetd.policy.team_share import job_totals
 from fleetd.protocol.errors import ProtocolError
 from fleetd.shared.logs import get_logger
@@ -33,6 +33,7 @@ from fleetd.team.allotment_file import AllotmentRecord, read_allotment, write_al
 from fleetd.team.claims import kept_claim, planned_claim, spend_known, stale_for_s
 from fleetd.team.config import TeamConfig, TeamJobEntry
 from fleetd.team.inputs import JobSeen, paused_at, team_job
+from fleetd.team.team_pass import TeamPass
 
 log = get_logger(__name__)
 
@@ -56,22 +57,6 @@ def read_job(entry: TeamJobEntry) -> JobSeen:
         return JobSeen(entry, cfg, problem=f"its state cannot be read: {exc}"[:500])
     problem = None if cfg.team.member else f"{entry.config} does not set [team] member = true"
     return JobSeen(entry, cfg, snapshot, previous, problem)
-
-
-@dataclass(frozen=True, slots=True)
-class TeamPass:
-    """One pass: what was read, what was decided, what was written."""
-
-    seen: tuple[JobSeen, ...]
-    plan: TeamPlan | None
-    written: tuple[AllotmentRecord, ...]
-    skipped: dict[str, str]  # job -> why it got no new allotment
-    spent_usd: float  # the jobs whose spend is known
-
-    @property
-    def spend_unknown(self) -> tuple[str, ...]:
-        """Jobs whose spend could not be read: ``spent_usd`` is then a lower bound."""
-        return tuple(s.entry.name for s in self.seen if not spend_known(s))
 
 
 def settings_of(cfg: TeamConfig) -> TeamSettings:

@@ -14,7 +14,7 @@ from fleetd.metrics import merged
 from fleetd.policy.team_share import NOT_TRAINING
 
 if TYPE_CHECKING:
-    from fleetd.team.arbiter import TeamPass
+    from fleetd.team.team_pass import TeamPass
 
 
 class TeamMetrics:
