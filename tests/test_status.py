@@ -199,6 +199,7 @@ def test_gpu_idle_and_input_bound_nodes_are_named_with_the_reason(tmp_path):
 
 def test_a_teams_job_shows_its_allotment_and_a_pause_says_so(tmp_path):
     from fleetd.commands.status import render
+    from fleetd.policy.team_model import TeamActionKind
     from fleetd.team.allotment_file import AllotmentRecord, write_allotment
 
     NOW = 1_800_000_000.0
@@ -221,6 +222,6 @@ def test_a_teams_job_shows_its_allotment_and_a_pause_says_so(tmp_path):
     report = collect(tmp_path, now=NOW + 5)
     assert report["team"]["kind"] == "pause" and report["team"]["age_s"] == 5.0
     assert "team lab: PAUSED, $3.50 in all (allotted 5 s ago): its need of 1 nodes" in render(report)
-    keep = paused.model_copy(update={"kind": "keep", "nodes": 2, "usd_per_hour": 0.8, "reason": "keep"})
+    keep = paused.model_copy(update={"kind": TeamActionKind.KEEP, "nodes": 2, "usd_per_hour": 0.8, "reason": "keep"})
     write_allotment(tmp_path, keep)
     assert "team lab: KEEP, 2 node(s) at most $0.80/h, $3.50 in all" in render(collect(tmp_path, now=NOW + 5))
