@@ -156,7 +156,8 @@ def _play(
 def _team(args: argparse.Namespace) -> int:
     """Three jobs under one team budget (fleetd/demo/team_demo.py): its own story and report."""
     from fleetd.demo.runner import DemoOptions
-    from fleetd.demo.team_demo import render_team, run_team_demo
+    from fleetd.demo.team_demo import run_team_demo
+    from fleetd.demo.team_report import render_team
     from fleetd.shared.logs import configure_logging
 
     configure_logging("info", json=not sys.stderr.isatty(), stream=sys.stderr)
