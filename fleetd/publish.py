@@ -107,6 +107,8 @@ class PassPublisher:
         plan = self._last_plan = report.plan or self._last_plan
         observation = getattr(report, "observation", None)
         stop_issued_at = observation.stop_issued_at if observation is not None else None
+        # A team member's caps are its share's (fleetd/team/member.py), as the planner used them.
+        caps = getattr(reconciler, "pass_cfg", self.cfg).budget
         # Building (pydantic) and writing are ~30 ms at 2,000 nodes: off the event loop.
         snap = await asyncio.to_thread(
             _build_and_write,
@@ -116,9 +118,8 @@ class PassPublisher:
             reconcile_interval_s=self.cfg.fleet.reconcile_interval_s,
             nodes=nodes,
             budget=plan.budget if plan is not None else None,
-            # A team member's caps are its share's (fleetd/team/member.py), as the planner used them.
-            budget_total_usd=getattr(reconciler, "pass_cfg", self.cfg).budget.total_usd,
-            budget_max_usd_per_hour=getattr(reconciler, "pass_cfg", self.cfg).budget.max_usd_per_hour,
+            budget_total_usd=caps.total_usd,
+            budget_max_usd_per_hour=caps.max_usd_per_hour,
             target_nodes=plan.target_nodes if plan is not None else None,
             rendezvous=self.rendezvous() if self.rendezvous is not None else None,
             checkpoint=checkpoint,
