@@ -346,12 +346,38 @@ class HaConfig(Group):
     create_table: bool = False
 
 
+class RegionSettings(Group):
+    """A region the job may run in besides [aws] region: what differs there. The job's checkpoints
+    (and code) live in a bucket of the region it runs in; an AMI, subnets and security groups are
+    regional too (unset: none, as for [capacity]'s own)."""
+
+    region: Annotated[str, Field(pattern=r"^[a-z]{2}(-[a-z]+)+-\d+$")]
+    bucket: Name
+    ami_id: str | None = None
+    subnet_ids: tuple[str, ...] = ()
+    security_group_ids: tuple[str, ...] = ()
+    instance_profile_arn: str | None = None
+    launch_template: str | None = None
+
+
 class TeamMemberConfig(Group):
     # This job is one of a team's (`fleetd team`, fleetd/team/): before every pass the daemon reads
     # its allotment from <fleet.state_dir>/allotment.json and plans inside it (fleet size, USD/h
     # and total at most the share's; paused: checkpoint, stop, buy nothing). Until the first
     # allotment comes, the job waits.
     member: bool = False
+    # Other regions the team may move this job to ([[team.regions]]): when its own runs out of spot
+    # capacity and a move pays, the team's loop allots it another; the daemon stops the job with a
+    # checkpoint, copies the job's objects to that region's bucket and starts again there
+    # (fleetd/team/region_move.py; <fleet.state_dir>/region.json records where it is).
+    regions: tuple[RegionSettings, ...] = ()
+
+    @model_validator(mode="after")
+    def _one_entry_each(self) -> TeamMemberConfig:
+        names = [r.region for r in self.regions]
+        if len(names) != len(set(names)):
+            raise ValueError("[[team.regions]]: a region is listed twice")
+        return self
 
 
 class FleetdConfig(CommonSettings):

@@ -44,10 +44,18 @@ class DaemonContext:
     last_report: PassReport | None = None
     stall: Any = None  # fleetd.stall_watch.StallWatcher, when wired in (status and metrics read it)
     job: Any = None  # fleetd.job_watch.JobWatcher, when wired in (status reads it)
+    moved_to: str | None = None  # a team move ended: `fleetd run` starts again in this region
 
     def wake_loop(self) -> None:
         """Callable from intake code (e.g. NodeRegistry(wake=ctx.wake_loop))."""
         self.wake.set()
+
+    def move_to(self, region: str) -> None:
+        """The job's objects are in ``region``'s bucket (fleetd/team/region_mover.py): stop, so that
+        `fleetd run` starts the daemon again there."""
+        log.warning("daemon_restarts_in_region", region=region)
+        self.moved_to = region
+        self.stopping.set()
 
 
 Component = Callable[[DaemonContext], Coroutine[Any, Any, None]]
@@ -131,12 +139,17 @@ async def run_daemon(
             if built is None:
                 return 0  # asked to stop before the first pass could start
             ctx.reconciler = built.reconciler
+            mover = getattr(built.reconciler.bound, "mover", None)  # a team member's (fleetd/team/member.py)
+            if mover is not None:
+                mover.on_move = ctx.move_to
             try:
                 extra = (built.ec2_view.run,) if built.ec2_view is not None else ()
                 return await _supervise(ctx, built.reconciler, plugins, notifier, passes, shutdown_timeout_s, extra)
             finally:
                 if plugins.ha is not None:
                     await plugins.ha.election.release()  # a clean stop hands over at once
+                if mover is not None:
+                    await mover.close()
                 await built.close()
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):

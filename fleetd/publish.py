@@ -128,6 +128,8 @@ class PassPublisher:
             flags={n.instance_id: f for n in nodes if (f := node_flag(n, self.cfg)) is not None},
             stall=self.stall.latest if self.stall is not None else None,
             job=self.job.view if self.job is not None else None,
+            region=self.cfg.aws.region or None,
+            capacity_errors=_capacity_errors(observation),
         )
         self.metrics.observe_snapshot(snap)
         duration = getattr(report, "duration_s", None)
@@ -153,6 +155,13 @@ class PassPublisher:
             if n.rebalance_at is not None and n.instance_id not in self._rebalanced:
                 self._rebalanced.add(n.instance_id)
                 self.metrics.count_rebalance(str(n.pool))
+
+
+def _capacity_errors(observation: Any) -> dict[str, float]:
+    """Each pool's spot capacity error still in force (pool -> until), from the pass's observation."""
+    if observation is None:
+        return {}
+    return {str(s.pool): s.capacity_error_until for s in observation.pool_stats if s.capacity_error_until is not None}
 
 
 def _build_and_write(state_dir: Any, **facts: Any) -> StatusSnapshot:

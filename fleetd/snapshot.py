@@ -26,7 +26,7 @@ from fleetd.policy.model import BudgetStatus, Node
 from fleetd.protocol.errors import ProtocolError
 from fleetd.stall_record import StallView
 
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
 SNAPSHOT_NAME = "status.json"
 
 NonNegative = Annotated[float, Field(ge=0)]
@@ -97,6 +97,8 @@ class PoolView(_Frozen):
     relative_throughput: float | None = None
     on_demand_price: float | None = None
     spot_price: float | None = None
+    # Version 2: the planner skips the pool for spot until then (a capacity error, capacity_error_ttl_s).
+    capacity_error_until: float | None = None
 
 
 class StatusSnapshot(_Frozen):
@@ -118,6 +120,8 @@ class StatusSnapshot(_Frozen):
     stall: StallView | None = None
     # The job's lifecycle (fleetd/policy/job_state.py): pending ... succeeded/failed/cancelled.
     job: JobView | None = None
+    # Version 2: the region the daemon runs in (a team job may move: fleetd/team/region_file.py).
+    region: str | None = None
 
     @field_validator("schema_version")
     @classmethod
@@ -150,6 +154,8 @@ def build_snapshot(
     flags: Mapping[str, str] | None = None,
     stall: StallView | None = None,
     job: JobView | None = None,
+    region: str | None = None,
+    capacity_errors: Mapping[str, float] | None = None,
 ) -> StatusSnapshot:
     """From the planner's own inputs and outputs of one pass (``rendezvous``: (round, world size);
     ``checkpoint``: (step, durable_at); ``node_checkpoints``: instance id -> (step, saved_at))."""
@@ -197,14 +203,15 @@ def build_snapshot(
         rendezvous=RendezvousView(round=rendezvous[0], world_size=rendezvous[1]) if rendezvous else None,
         checkpoint=CheckpointView(step=checkpoint[0], durable_at=checkpoint[1]) if checkpoint else None,
         stop_issued_at=stop_issued_at,
-        pools=tuple(pool_view(r) for r in pools),
+        pools=tuple(pool_view(r, (capacity_errors or {}).get(str(r.pool))) for r in pools),
         stall=stall,
         job=job,
+        region=region,
     )
 
 
-def pool_view(row: Any) -> PoolView:
-    """From a fleetd.reconcile.pool_offers.PoolRow."""
+def pool_view(row: Any, capacity_error_until: float | None = None) -> PoolView:
+    """From a fleetd.reconcile.pool_offers.PoolRow (and the pool's spot capacity error, if any)."""
     o = row.offer
     return PoolView(
         pool=str(row.pool),
@@ -215,6 +222,7 @@ def pool_view(row: Any) -> PoolView:
         relative_throughput=o.relative_throughput if o else None,
         on_demand_price=row.on_demand_price,
         spot_price=row.spot_price,
+        capacity_error_until=capacity_error_until,
     )
 
 

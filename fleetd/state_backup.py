@@ -18,10 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fleetd.adapters.aws_clients import open_s3, s3_client_kwargs
 from fleetd.shared.logs import get_logger
 from fleetd.shared.waits import wait_set
 
 log = get_logger(__name__)
+
+__all__ = ["open_s3", "s3_client_kwargs"]  # the state backup's clients, for existing callers
 
 DB_NAME = "fleetd.db"  # fleetd.reconcile.ledger_store.DB_NAME (not imported: no DB code needed here)
 
@@ -33,15 +36,6 @@ BACKUP_PREFIX = "_fleetd-state"  # deploy/iam: the controller's grant; never und
 
 def backup_key(cfg: Any) -> str:
     return "/".join((BACKUP_PREFIX, cfg.fleet.name, DB_NAME))
-
-
-def s3_client_kwargs(cfg: Any) -> dict[str, Any]:
-    from fleetd.reconcile.build import PRODUCTION_RETRIES
-
-    kwargs: dict[str, Any] = {"region_name": cfg.aws.region, "config": PRODUCTION_RETRIES}
-    if cfg.aws.endpoint_url:
-        kwargs["endpoint_url"] = cfg.aws.endpoint_url
-    return kwargs
 
 
 def snapshot(src: Path, dest: Path) -> str:
@@ -77,16 +71,6 @@ def _install(data: bytes, path: Path) -> None:
         os.link(tmp, path)  # fails if a DB appeared meanwhile: never replace one
     finally:
         os.unlink(tmp)
-
-
-def open_s3(cfg: Any) -> Any:
-    """An async context manager yielding an aiobotocore S3 client for fleetd's config."""
-    from aiobotocore.session import get_session
-
-    session = get_session()
-    if cfg.aws.profile:
-        session.set_config_variable("profile", cfg.aws.profile)
-    return session.create_client("s3", **s3_client_kwargs(cfg))
 
 
 async def restore_at_start(cfg: Any) -> bool:

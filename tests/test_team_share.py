@@ -141,6 +141,7 @@ def _node(iid: str, price: float, ec2_state: str = "running") -> NodeView:
     )
 
 
+NOW = 1_000.0
 ENTRY = TeamJobEntry(name="j", config=Path("/etc/fleetd/j.toml"), priority=3, max_usd_per_hour=5.0)
 
 
@@ -151,13 +152,13 @@ def test_a_job_is_priced_by_its_cheapest_useful_pool_and_placed_once_it_has_node
         _pool("g6.xlarge@a", 0.1, offered=False),
     ]
     fresh = JobSeen(ENTRY, cfg(), _snapshot(pools))
-    offer = offer_of(fresh)
+    offer = offer_of(fresh, NOW)
     assert offer is not None and offer.region == "us-east-1" and offer.node_price_per_hour == 0.41
-    view = team_job(fresh)
+    view = team_job(fresh, NOW)
     assert isinstance(view, TeamJob) and view.region is None and view.priority == 3
     assert view.cap == JobCap(None, 5.0)
     running = team_job(
-        JobSeen(ENTRY, cfg(), _snapshot(pools, [_node("i-1", 0.4), _node("i-2", 0.5, "terminated")], 2.0))
+        JobSeen(ENTRY, cfg(), _snapshot(pools, [_node("i-1", 0.4), _node("i-2", 0.5, "terminated")], 2.0)), NOW
     )
     assert isinstance(running, TeamJob) and running.region == "us-east-1"
     assert running.node_prices == (0.4,) and running.spent_usd == 2.0
@@ -167,11 +168,11 @@ def test_a_paused_job_keeps_its_pause_time_and_a_job_that_cannot_be_read_says_wh
     prev = AllotmentRecord(
         team="t", job="j", written_at=50.0, kind="pause", nodes=0, usd_per_hour=0.0, total_usd=3.0, paused_at=50.0
     )
-    view = team_job(JobSeen(ENTRY, cfg(), _snapshot([_pool("g5.xlarge@a", 0.41)]), prev))
+    view = team_job(JobSeen(ENTRY, cfg(), _snapshot([_pool("g5.xlarge@a", 0.41)]), prev), NOW)
     assert isinstance(view, TeamJob) and view.paused and view.paused_at == 50.0 and view.region == "us-east-1"
     assert paused_at(TeamActionKind.PAUSED, prev, 99.0) == 50.0
     assert paused_at(TeamActionKind.PAUSE, None, 99.0) == 99.0
     assert paused_at(TeamActionKind.KEEP, prev, 99.0) is None
-    assert "no status" in team_job(JobSeen(ENTRY, cfg()))
-    assert "no priced spot pool" in team_job(JobSeen(ENTRY, cfg(), _snapshot([_pool("x@a", 0.3, offered=False)])))
-    assert team_job(JobSeen(ENTRY, problem="its config cannot be read: boom")) == "its config cannot be read: boom"
+    assert "no status" in team_job(JobSeen(ENTRY, cfg()), NOW)
+    assert "no priced spot pool" in team_job(JobSeen(ENTRY, cfg(), _snapshot([_pool("x@a", 0.3, offered=False)])), NOW)
+    assert team_job(JobSeen(ENTRY, problem="its config cannot be read: boom"), NOW) == "its config cannot be read: boom"

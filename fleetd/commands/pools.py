@@ -73,11 +73,12 @@ def run(args: argparse.Namespace) -> int:
         from fleetd.commands.run import run_bounded
         from fleetd.config import FleetdConfig
         from fleetd.pool_listing import types_for
+        from fleetd.pool_prices import live_prices
 
         live_cfg = cfg or FleetdConfig()
         types = types_for(catalog, region, cap.instance_types if cap else (), cap.gpu if cap else None)
         try:
-            on_demand, spot, zones = run_bounded(_live(live_cfg, catalog, region, types, zones))
+            on_demand, spot, zones = run_bounded(live_prices(live_cfg, catalog, region, types, zones))
         except AwsError as exc:
             print(f"fleetd pools --live: {exc}", file=sys.stderr)
             return 1
@@ -106,38 +107,6 @@ def run(args: argparse.Namespace) -> int:
     }
     print(json.dumps(report, indent=2) if args.json else render(report))
     return 0
-
-
-async def _live(
-    cfg: Any, catalog: Any, region: str, types: list[str], zones: list[str]
-) -> tuple[dict[str, tuple[float, str]], dict[PoolId, float], list[str]]:
-    import time
-
-    from aiobotocore.session import get_session
-
-    from fleetd.adapters.ec2_pools import default_zones
-    from fleetd.adapters.price_list import OnDemandPrices
-    from fleetd.adapters.pricing import Ec2SpotPriceSource
-    from fleetd.policy.model import PoolId
-    from fleetd.reconcile.build import PRODUCTION_RETRIES, pricing_client_kwargs
-
-    session = get_session()
-    if cfg.aws.profile:
-        session.set_config_variable("profile", cfg.aws.profile)
-    ec2_kwargs: dict[str, Any] = {"region_name": region, "config": PRODUCTION_RETRIES}
-    if cfg.aws.endpoint_url:
-        ec2_kwargs["endpoint_url"] = cfg.aws.endpoint_url
-    now = time.time()
-    async with (
-        session.create_client("pricing", **pricing_client_kwargs(cfg)) as pricing,
-        session.create_client("ec2", **ec2_kwargs) as ec2,
-    ):
-        zones = zones or list(await default_zones(ec2, ()))
-        od = OnDemandPrices(region, catalog, client=pricing)
-        await od.refresh(types, now)
-        history = await Ec2SpotPriceSource(ec2).history([PoolId(t, z) for t in types for z in zones], now)
-    spot = {pool: points[-1][1] for pool, points in history.items() if points}
-    return od.quotes, spot, zones
 
 
 def _fmt(value: Any, spec: str = "") -> str:

@@ -37,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from fleetd.shared.logs import bind_context, configure_logging, get_logger
     from fleetd.shared.settings import ConfigError
     from fleetd.shared.torch_support import untested_torch
+    from fleetd.team.region_file import RegionError, effective_config
     from fleetd.wiring import production_plugins
 
     if (why := untested_torch()) is not None:
@@ -54,10 +55,12 @@ def run(args: argparse.Namespace) -> int:
     bind_context(fleet=cfg.fleet.name, component="fleetd")
     log = get_logger("fleetd.run")
 
-    async def main() -> int:
-        ready = await _ready_to_start(cfg, dry_run=args.dry_run, log=log)
+    async def once() -> tuple[int, str | None]:
+        """One run of the daemon; the region it must start again in after a team move, if any."""
+        here = effective_config(cfg)  # where the job's checkpoints are (fleetd/team/region_file.py)
+        ready = await _ready_to_start(here, dry_run=args.dry_run, log=log)
         if ready is None:
-            return 2
+            return 2, None
         ctx = DaemonContext(ready)
         if not args.dry_run:
             from fleetd.state_backup import restore_at_start
@@ -65,15 +68,26 @@ def run(args: argparse.Namespace) -> int:
             await restore_at_start(ready)  # before anything opens the DB
         plugins, ledger = await production_plugins(ready, ctx, dry_run=args.dry_run)
         try:
-            return await run_daemon(
+            status = await run_daemon(
                 ready, planner=plan, plugins=plugins, dry_run=args.dry_run, passes=args.passes, ctx=ctx
             )
         finally:
             if ledger is not None:
                 await ledger.close()
+        return status, ctx.moved_to
+
+    async def main() -> int:
+        while True:
+            status, moved_to = await once()
+            if moved_to is None:
+                return status
+            log.warning("daemon_starting_in_region", region=moved_to)
 
     try:
         status = run_bounded(main())
+    except RegionError as exc:
+        print(f"fleetd run: {exc}", file=sys.stderr)
+        status = 2
     except SchemaTooNew as exc:
         # A rollback onto a newer build's state: nothing was touched; say so in one plain line.
         print(f"fleetd run: {exc}", file=sys.stderr)

@@ -101,6 +101,8 @@ def _toml_value(v: object) -> str:
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     if isinstance(v, Path):
         return json.dumps(str(v))
+    if isinstance(v, dict):  # an inline table (e.g. one [[team.regions]] entry)
+        return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items() if x is not None) + "}"
     return json.dumps(v)
 
 

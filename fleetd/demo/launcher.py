@@ -216,4 +216,7 @@ async def template_job_env(ec2: Any, inst: Mapping[str, Any], fleet: str = "demo
         )
         return {}
     env = parse_user_data_env(base64.b64decode(data).decode())
-    return {k: v for k, v in env.items() if k.startswith("FLEETD_JOB__")}
+    # The job, and where its checkpoints are: a node in another region (a team's move) uses that
+    # region's bucket, as the user data says.
+    regional = ("FLEETD_AWS__REGION", "FLEETD_CHECKPOINTS__BUCKET")
+    return {k: v for k, v in env.items() if k.startswith("FLEETD_JOB__") or k in regional}

@@ -11,11 +11,15 @@ fleetd-team`` after an edit):
 2. The team's burn is cut to what two nodes cost: the team pauses the lowest-priority job, which
    stops through its coordinated checkpoint (durable in S3) and releases its node; the others
    train on.
-3. The burn is raised again: the paused job resumes on a fresh node from its durable checkpoint.
+3. Spot capacity is withdrawn from us-east-1 (the fault proxy answers every CreateFleet there
+   with InsufficientInstanceCapacity) and the burn is raised again. The paused job may resume, but
+   its region has no spot for it: the team reads the region as full and moves the job to
+   us-west-2 (the move pays over its remaining work). Its daemon copies the checkpoint to the
+   us-west-2 bucket, starts again there and resumes from it on a node in us-west-2; the other two
+   keep their nodes in us-east-1.
 
 The report says per job its state, region, spend and steps lost (from the trainers' own step
-records), the pauses and the team's spend against its budget. Region moves are not part of this
-story yet (each job's controller runs in one region): the report says 0 and why.
+records), the pauses, the region moves and the team's spend against its budget.
 """
 
 from __future__ import annotations
@@ -29,10 +33,21 @@ from typing import Any
 
 from fleetd.demo import configs
 from fleetd.demo.broker import start_broker
-from fleetd.demo.launcher import Launcher, fleet_instances, template_job_env
+from fleetd.demo.launcher import Launcher, template_job_env
 from fleetd.demo.procs import Supervised
 from fleetd.demo.progress import Progress
 from fleetd.demo.runner import DemoOptions, DemoRun, _demo_pki, _new_run, _start, _stop_all, start_aws
+from fleetd.demo.team_regions import (
+    OTHER,
+    Move,
+    TwoRegions,
+    dearer_elsewhere,
+    declare_work,
+    other_region,
+    region_overrides,
+    region_record,
+    withdraw_spot,
+)
 from fleetd.demo.team_report import Pause, TeamJob, TeamStory, build_team_report, job_snapshot
 from fleetd.localnet import free_port
 from fleetd.localnet import wait_port_async as wait_port
@@ -72,7 +87,9 @@ async def _restart_team(run: DemoRun, story: TeamStory, max_usd_per_hour: float)
     log.info("demo_team_burn", max_usd_per_hour=max_usd_per_hour)
 
 
-async def _start_job(run: DemoRun, job: TeamJob, ep: configs.DemoEndpoints, ami: str, budget_usd: float) -> Supervised:
+async def _start_job(
+    run: DemoRun, job: TeamJob, ep: configs.DemoEndpoints, ami: str, budget_usd: float, ami_west: str
+) -> Supervised:
     cli = [sys.executable, "-m", "fleetd.cli"]
     job.workdir.mkdir(parents=True, exist_ok=True)
     job.config = configs.fleetd_toml(
@@ -85,8 +102,15 @@ async def _start_job(run: DemoRun, job: TeamJob, ep: configs.DemoEndpoints, ami:
         job="toy",
         steps=None,
         fleet=job.name,
-        overrides={"team": {"member": True}, "fleet": {"max_nodes": 1}, **_own_identity(ep, job.name)},
+        overrides={
+            "team": {"member": True},
+            "fleet": {"max_nodes": 1},
+            **_own_identity(ep, job.name),
+            **(region_overrides(ami_west) if job.name == PAUSED_JOB else {}),
+        },
     )
+    if job.name == PAUSED_JOB:
+        declare_work(job.workdir / "toy-job.toml")
     rendezvous = Supervised(
         f"rendezvous-{job.name}", [*cli, "rendezvous", "--config", str(job.config)], job.workdir / "rendezvous.log"
     )
@@ -107,15 +131,12 @@ def _own_identity(ep: configs.DemoEndpoints, job: str) -> dict[str, dict[str, ob
     return {"mqtt": ep.pki.client_mqtt(ep.mqtt_url, controller_cn(job))}
 
 
-def _launcher(job: TeamJob, ec2: Any, ep: configs.DemoEndpoints, signer: Any, first_octet: int) -> Launcher:
+def _launcher(job: TeamJob, ec2: TwoRegions, ep: configs.DemoEndpoints, signer: Any, first_octet: int) -> Launcher:
     def agent_conf(iid: str, addr: str, imds_url: str) -> Path:
         return configs.agent_toml(job.workdir, ep, 1, iid, addr, imds_url, steps=1_000_000, fleet=job.name)
 
     async def describe() -> Any:
-        return await fleet_instances(ec2, job.name)
-
-    async def terminate(iid: str) -> None:
-        await ec2.terminate_instances(InstanceIds=[iid])
+        return await ec2.instances(job.name)
 
     # The toy's pace: at most 5 steps/s per job, so three jobs and their controllers share two cores.
     env = {"FLEETD_EVENTS_FILE": str(job.events), "FLEETD_TOY_WORK_S": "0.2", "FLEETD_TOY_SATURATE_AT": "1"}
@@ -124,9 +145,9 @@ def _launcher(job: TeamJob, ec2: Any, ep: configs.DemoEndpoints, signer: Any, fi
         describe,
         agent_conf,
         env=env,
-        terminate=terminate,
+        terminate=ec2.terminate,
         identity_signer=signer,
-        job_env=lambda inst: template_job_env(ec2, inst, fleet=job.name),
+        job_env=lambda inst: template_job_env(ec2.client_of(inst), inst, fleet=job.name),
     )
     launcher._next_octet = first_octet
     return launcher
@@ -142,7 +163,7 @@ async def _until(what: str, check: Any, timeout_s: float = STEP_TIMEOUT_S) -> fl
 
 
 async def _play(
-    run: DemoRun, story: TeamStory, node_price: float, durable: Callable[[str], Awaitable[int | None]]
+    run: DemoRun, story: TeamStory, node_price: float, durable: Callable[[str], Awaitable[int | None]], proxy: Any
 ) -> None:
     """The story's three acts (module docstring)."""
     jobs = story.jobs
@@ -175,6 +196,11 @@ async def _play(
     pause.durable_step = await durable(PAUSED_JOB)
     await asyncio.sleep(2.0)
 
+    # Act 3: us-east-1 runs out of spot, then the burn is raised: the paused job may resume, but
+    # only in the other region.
+    move = Move(PAUSED_JOB, time.time(), pause.last_step_before, durable_step=pause.durable_step)
+    story.moves.append(move)
+    withdraw_spot(proxy)
     await _restart_team(run, story, round(4.0 * node_price, 4))
 
     def trained_past() -> bool:
@@ -185,6 +211,14 @@ async def _play(
     resumed = [r for r in Progress.load(paused.events).restarts() if r.at > released_at]
     if resumed:
         pause.resumed_at, pause.resumed_from = resumed[0].at, resumed[0].from_step
+        move.resumed_at, move.resumed_from = resumed[0].at, resumed[0].from_step
+    record = region_record(paused.workdir / "state")
+    if record is not None:
+        move.moved_from, move.moved_to, move.objects = record.moved_from, record.region, record.objects
+        move.copied_at = record.moved_at
+    if paused.launcher is not None:
+        live = paused.launcher.live()
+        move.resumed_in = live[0].zone if live else None
     await asyncio.sleep(3.0)  # one more pass of every controller: the spend and states reported
 
 
@@ -206,7 +240,13 @@ async def run_team_demo(opts: DemoOptions) -> dict[str, Any]:
         aws: dict[str, Any] = {"endpoint_url": moto_url, "region_name": "us-east-1"}
         async with session.create_client("s3", **aws) as s3:
             await s3.create_bucket(Bucket=configs.DEMO_BUCKET)
-        async with session.create_client("ec2", **aws) as ec2:
+        ami_west = await other_region(session, aws)
+        dearer_elsewhere(proxy)
+        async with (
+            session.create_client("ec2", **aws) as ec2,
+            session.create_client("ec2", **{**aws, "region_name": OTHER}) as ec2_west,
+        ):
+            regions = TwoRegions(ec2, ec2_west)
             ami = (await ec2.describe_images(Owners=["amazon"]))["Images"][0]["ImageId"]
             supervised = []
             for i, (name, priority) in enumerate(TEAM_JOBS):
@@ -220,8 +260,8 @@ async def run_team_demo(opts: DemoOptions) -> dict[str, Any]:
                     pki=pki,
                     enrol_port=free_port() if pki is not None else 0,
                 )
-                supervised.append(await _start_job(run, job, ep, ami, opts.budget_usd))
-                job.launcher = _launcher(job, ec2, ep, pki.signer if pki is not None else None, 10 + 50 * i)
+                supervised.append(await _start_job(run, job, ep, ami, opts.budget_usd, ami_west))
+                job.launcher = _launcher(job, regions, ep, pki.signer if pki is not None else None, 10 + 50 * i)
             node_price = _priciest_spot()
             story.total_usd = opts.budget_usd
             story.team_config = run.workdir / "team.toml"
@@ -231,7 +271,7 @@ async def run_team_demo(opts: DemoOptions) -> dict[str, Any]:
                     watchers = [tg.create_task(s.watch()) for s in supervised]
                     watchers += [tg.create_task(j.launcher.run()) for j in story.jobs.values() if j.launcher]
                     try:
-                        await _play(run, story, node_price, lambda job: _durable_step(session, aws, job))
+                        await _play(run, story, node_price, lambda job: _durable_step(session, aws, job), proxy)
                     except TimeoutError as exc:
                         story.failure = f"{exc}; see the logs in {run.workdir}"
                     for t in watchers:

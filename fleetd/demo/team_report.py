@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from fleetd.demo.launcher import Launcher
 from fleetd.demo.procs import Child
 from fleetd.demo.progress import Progress
+from fleetd.demo.team_regions import Move
 
 if TYPE_CHECKING:
     from fleetd.demo.runner import DemoRun
@@ -54,6 +55,7 @@ class TeamStory:
     total_usd: float = 0.0
     burn_usd_per_hour: float = 0.0
     pauses: list[Pause] = field(default_factory=list)
+    moves: list[Move] = field(default_factory=list)
     failure: str | None = None
 
 
@@ -78,7 +80,9 @@ def build_team_report(run: DemoRun, story: TeamStory) -> dict[str, Any]:
                 "name": job.name,
                 "priority": job.priority,
                 "state": str(snap.job.state) if snap is not None and snap.job is not None else "unknown",
-                "region": allotment.region if allotment is not None else None,
+                # Where its daemon runs (its own status), else where its allotment places it.
+                "region": (snap.region if snap is not None and snap.region else None)
+                or (allotment.region if allotment is not None else None),
                 "allotment": allotment.kind if allotment is not None else None,
                 "final_step": progress.final_step,
                 "steps_lost": sum(r.steps_lost for r in progress.restarts()),
@@ -111,8 +115,7 @@ def build_team_report(run: DemoRun, story: TeamStory) -> dict[str, Any]:
             }
             for p in story.pauses
         ],
-        "region_moves": [],
-        "region_moves_note": "not in this story: each job's controller runs in one region (DESIGN.md, team)",
+        "region_moves": [m.as_dict() for m in story.moves],
         "team_spend_usd": team_spend,
         "team_budget_usd": story.total_usd,
         "others_trained_on": others_on,
@@ -120,6 +123,8 @@ def build_team_report(run: DemoRun, story: TeamStory) -> dict[str, Any]:
             story.failure is None
             and bool(story.pauses)
             and story.pauses[0].steps_lost == 0
+            and bool(story.moves)
+            and all(m.steps_lost == 0 and m.moved_to is not None for m in story.moves)
             and others_on
             and team_spend is not None
             and team_spend <= story.total_usd
@@ -140,11 +145,15 @@ def render_team(report: dict[str, Any]) -> str:
             f"{p['resumed_from']} ({p['steps_lost']} steps lost); node released {p['released_after_s']} s after "
             f"the cut, training again {p['training_again_after_s']} s after that"
         )
+    for m in report["region_moves"]:
+        lines.append(
+            f"move of {m['job']}: {m['from']} -> {m['to']} ({m['objects_copied']} objects copied "
+            f"{m['copied_after_s']} s after the withdrawal), resumed from {m['resumed_from']} in "
+            f"{m['resumed_in_zone']} ({m['steps_lost']} steps lost), training again "
+            f"{m['training_again_after_s']} s after the withdrawal"
+        )
     spend = report["team_spend_usd"]
-    lines.append(
-        f"team spend {'unknown' if spend is None else f'${spend:.4f}'} of ${report['team_budget_usd']:.2f}; "
-        f"region moves: 0 ({report['region_moves_note']})"
-    )
+    lines.append(f"team spend {'unknown' if spend is None else f'${spend:.4f}'} of ${report['team_budget_usd']:.2f}")
     if report["failure"]:
         lines.append(f"the story was not told: {report['failure']}")
     return "\n".join(lines)

@@ -76,6 +76,9 @@ class JobFile(_Part):
     run: RunSpec
     checkpoint: CheckpointSpec = CheckpointSpec()
     total_steps: Annotated[int, Field(ge=1)] | None = None
+    # Its expected pace at fleet.max_nodes (steps/s), used until fleetd has measured it (a deadline's
+    # work left; a team move's payback while the job is paused).
+    steps_per_s: Annotated[float, Field(gt=0)] | None = None
     deadline: AwareDatetime | None = None
     # Failures of the job's own code fleetd retries before the job FAILS.
     max_restarts: Annotated[int, Field(ge=0)] = 3
@@ -105,6 +108,7 @@ class JobFile(_Part):
             "code_uri": code_uri,
             "code_digest": code_digest,
             "total_steps": self.total_steps,
+            "steps_per_s": self.steps_per_s,
             "max_restarts": self.max_restarts,
         }
         if self.deadline is not None:

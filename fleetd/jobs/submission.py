@@ -41,6 +41,20 @@ def submitted_job(cfg: FleetdConfig) -> FleetdConfig:
     return cfg.model_copy(update={"job": cfg.job.model_copy(update={"file": request.file})})
 
 
+def job_as_run(cfg: FleetdConfig) -> FleetdConfig:
+    """``cfg`` with the job its daemon runs (the submitted or configured job file's settings:
+    total steps, pace, budget), for a reader that does not run it (the team's loop). Raises
+    ConfigError or OSError when the job file cannot be read."""
+    from fleetd.jobs.job_file import load_job_file
+    from fleetd.jobs.publish import apply_job
+
+    cfg = submitted_job(cfg)
+    if cfg.job.file is None:
+        return cfg
+    job, _ = load_job_file(cfg.job.file)
+    return apply_job(cfg, job, None)
+
+
 @dataclass
 class SubmissionWatcher:
     cfg: FleetdConfig  # what the daemon runs now; its job's code_digest is the version

@@ -11,8 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from botocore.config import Config
-
+from fleetd.adapters.aws_clients import PRODUCTION_RETRIES, ec2_client_kwargs, pricing_client_kwargs
 from fleetd.adapters.aws_errors import PermanentAwsError
 from fleetd.adapters.catalog import Catalog, bundled_catalog
 from fleetd.adapters.ec2 import AioEc2
@@ -39,16 +38,7 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
-# Production: botocore's adaptive mode retries throttling with a client-side rate limiter, so the
-# loop's own backoff only sees what is left after that.
-PRODUCTION_RETRIES = Config(retries={"mode": "adaptive", "total_max_attempts": 6}, connect_timeout=10, read_timeout=60)
-
-
-def ec2_client_kwargs(cfg: FleetdConfig) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"region_name": cfg.aws.region, "config": PRODUCTION_RETRIES}
-    if cfg.aws.endpoint_url:
-        kwargs["endpoint_url"] = cfg.aws.endpoint_url
-    return kwargs
+__all__ = ["PRODUCTION_RETRIES", "ec2_client_kwargs", "pricing_client_kwargs"]  # for existing callers
 
 
 @dataclass
@@ -78,14 +68,6 @@ async def ledger_beside(state: StateBackend) -> LedgerStore | DynamoLedger:
     if isinstance(state, DynamoStateStore):
         return DynamoLedger(state.table, state.fence)
     raise TypeError(f"no ledger beside a {type(state).__name__}: pass the ledger to build_reconciler")
-
-
-def pricing_client_kwargs(cfg: FleetdConfig) -> dict[str, Any]:
-    """The Price List API lives in a few regions only (us-east-1 answers for every region)."""
-    kwargs: dict[str, Any] = {"region_name": cfg.capacity.price_list_region, "config": PRODUCTION_RETRIES}
-    if cfg.aws.endpoint_url:
-        kwargs["endpoint_url"] = cfg.aws.endpoint_url
-    return kwargs
 
 
 def price_source(

@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from fleetd.config import FleetdConfig, load
+from fleetd.jobs.submission import job_as_run
 from fleetd.policy.team import allocate
 from fleetd.policy.team_model import JobCap, TeamActionKind, TeamBudget, TeamJob, TeamSettings
 from fleetd.policy.team_share import job_totals
@@ -32,7 +33,9 @@ from fleetd.snapshot import read_snapshot
 from fleetd.team.allotment_file import AllotmentRecord, read_allotment, write_allotment
 from fleetd.team.claims import kept_claim, planned_claim, spend_known, stale_for_s
 from fleetd.team.config import TeamConfig, TeamJobEntry
-from fleetd.team.inputs import JobSeen, paused_at, team_job
+from fleetd.team.inputs import JobSeen, dry_regions, held_in, paused_at, team_job
+from fleetd.team.region_file import RegionError, effective_config
+from fleetd.team.region_prices import RegionPricer
 from fleetd.team.team_pass import TeamPass
 
 log = get_logger(__name__)
@@ -49,6 +52,14 @@ def read_job(entry: TeamJobEntry) -> JobSeen:
         return JobSeen(entry, problem=f"its config cannot be read: {exc.render()}"[:500])
     if entry.state_dir is not None:
         cfg = cfg.model_copy(update={"fleet": cfg.fleet.model_copy(update={"state_dir": entry.state_dir})})
+    try:
+        cfg = effective_config(cfg)  # the region it runs in after a move (fleetd/team/region_file.py)
+    except RegionError as exc:
+        return JobSeen(entry, cfg, problem=str(exc)[:500])
+    try:
+        cfg = job_as_run(cfg)  # its job file's work and pace (a move's payback)
+    except (ConfigError, OSError) as exc:
+        return JobSeen(entry, cfg, problem=f"its job file cannot be read: {exc}"[:500])
     state_dir = cfg.fleet.state_dir
     try:
         snapshot = read_snapshot(state_dir)
@@ -66,6 +77,7 @@ def settings_of(cfg: TeamConfig) -> TeamSettings:
         resume_margin=t.resume_margin,
         min_pause_s=t.min_pause_s,
         changeover_h=t.changeover_s / 3600.0,
+        transfer_usd_per_gb=t.transfer_usd_per_gb,
     )
 
 
@@ -76,12 +88,13 @@ def decide(cfg: TeamConfig, seen: Sequence[JobSeen], now: float) -> TeamPass:
     planned: list[tuple[JobSeen, TeamJob]] = []
     over: list[JobSeen] = []
     seen = _one_dir_each(seen)
+    dry = dry_regions(seen, now)
     for s in seen:
         if s.over:
             over.append(s)
             continue
         late = stale_for_s(s, now)
-        view = team_job(s)
+        view = team_job(s, now)
         if isinstance(view, str):
             skipped[s.entry.name] = view
         elif late is not None:
@@ -101,7 +114,7 @@ def decide(cfg: TeamConfig, seen: Sequence[JobSeen], now: float) -> TeamPass:
     # What the others may still spend and burn is taken off the top; the planned jobs share the rest.
     total = cfg.team.total_usd
     budget = TeamBudget(total, max(0.0, cfg.team.max_usd_per_hour - kept_burn), min(aside, total), cfg.team.horizon_s)
-    plan = allocate(budget, [v for _, v in planned], {}, settings_of(cfg), now=now)
+    plan = allocate(budget, [v for _, v in planned], held_in(seen, dry), settings_of(cfg), now=now)
     caps = {s.entry.name: JobCap(s.entry.total_usd, s.entry.max_usd_per_hour) for s, _ in planned}
     totals = job_totals(plan, budget, {n: c.spent_usd for n, c in claims.items()}, caps)
     by_name = {s.entry.name: s for s in seen}
@@ -177,14 +190,26 @@ def write_pass(cfg: TeamConfig, done: TeamPass) -> None:
         write_allotment(Path(dirs[record.job]), record)
 
 
-async def team_pass(cfg: TeamConfig, now: float, *, dry_run: bool = False) -> TeamPass:
-    """One pass; ``dry_run`` (``team plan``, ``team status``): decide and say, write and log nothing."""
+async def team_pass(
+    cfg: TeamConfig, now: float, *, dry_run: bool = False, pricer: RegionPricer | None = None
+) -> TeamPass:
+    """One pass; ``dry_run`` (``team plan``, ``team status``): decide and say, write and log nothing.
+    ``pricer`` keeps other regions' prices between passes (a new one prices them now)."""
     seen = await asyncio.gather(*(asyncio.to_thread(read_job, e) for e in cfg.jobs))
+    pricer = pricer or RegionPricer(cfg.team.price_refresh_s)
+    seen = [await _priced(pricer, s, now) for s in seen]
     done = decide(cfg, seen, now)
     if not dry_run:
         await asyncio.to_thread(write_pass, cfg, done)
         _log(done)
     return done
+
+
+async def _priced(pricer: RegionPricer, s: JobSeen, now: float) -> JobSeen:
+    """``s`` with its other allowed regions priced (none listed: as it was)."""
+    if s.cfg is None or s.problem is not None or not s.cfg.team.regions:
+        return s
+    return replace(s, elsewhere=await pricer.elsewhere(s.cfg, now))
 
 
 def _log(done: TeamPass) -> None:
@@ -214,6 +239,7 @@ async def run_team(cfg: TeamConfig, clock: Callable[[], float] = time.time) -> N
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     metrics = TeamMetrics(cfg.team.name)
+    pricer = RegionPricer(cfg.team.price_refresh_s)
     server = None
     try:
         if cfg.team.metrics_port:
@@ -221,7 +247,7 @@ async def run_team(cfg: TeamConfig, clock: Callable[[], float] = time.time) -> N
         while not stop.is_set():
             now = clock()
             try:
-                done = await team_pass(cfg, now)
+                done = await team_pass(cfg, now, pricer=pricer)
                 metrics.observe(done, total_usd=cfg.team.total_usd, max_usd_per_hour=cfg.team.max_usd_per_hour, now=now)
             except (OSError, ValueError) as exc:
                 log.error("team_pass_failed", error=repr(exc)[:300])

@@ -43,6 +43,10 @@ class TeamGroup(Group):
     resume_margin: Annotated[float, Field(ge=0)] = 0.5
     min_pause_s: Annotated[float, Field(ge=0)] = 1800.0
     changeover_s: Annotated[float, Field(ge=0)] = 900.0
+    # A move's copy, per GB across regions (S3 inter-region transfer; AWS lists $0.02 between most).
+    transfer_usd_per_gb: Annotated[float, Field(ge=0)] = 0.02
+    # Other regions' spot prices are fetched at most this often.
+    price_refresh_s: Annotated[float, Field(gt=0)] = 300.0
     # /metrics of the team's loop (spend, budget, each job's allotment); 0: none.
     metrics_host: str = "127.0.0.1"
     metrics_port: Annotated[int, Field(ge=0, le=65535)] = 9470
@@ -57,6 +61,8 @@ class TeamJobEntry(Group):
     priority: int = 0
     total_usd: PositiveUsd | None = None
     max_usd_per_hour: PositiveUsd | None = None
+    # The job's checkpoint size, for what a move to another region would cost to copy.
+    checkpoint_gb: Annotated[float, Field(ge=0)] = 10.0
 
 
 class TeamConfig(FileSettings):

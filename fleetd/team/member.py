@@ -28,6 +28,7 @@ from fleetd.reconcile.ports import NodeCommander
 from fleetd.reconcile.state_port import StateBackend
 from fleetd.shared.logs import get_logger
 from fleetd.team.allotment_file import AllotmentRecord, read_allotment
+from fleetd.team.region_mover import RegionMover
 
 log = get_logger(__name__)
 
@@ -51,7 +52,9 @@ class TeamMember:
         self.state = state
         self.commander = commander
         self._share: Share | None = None
+        self._region: str | None = None  # the region the last allotment read places the job in
         self._said = ""
+        self.mover = RegionMover(fleet, self.state_dir)
 
     async def _read(self) -> Share | None:
         try:
@@ -63,7 +66,7 @@ class TeamMember:
             # The team's config points another job at this state directory: not this job's share.
             log.error("team_allotment_not_ours", job=record.job, fleet=self.fleet, kept="the last allotment read")
         elif record is not None:
-            self._share = share_of(record)
+            self._share, self._region = share_of(record), record.region
         return self._share
 
     async def bound(self, obs: Observation, cfg: FleetdConfig, now: float) -> tuple[Observation, FleetdConfig]:
@@ -73,18 +76,23 @@ class TeamMember:
             log.info("team_share", note=bounded.note, paused=bounded.paused)
             self._said = bounded.note
         paused_at = await self.state.get_meta(PAUSED_KEY)
-        if bounded.paused:
+        move_to = self.mover.target(cfg, self._region)
+        if bounded.paused or move_to is not None:
             if obs.desired_job is DesiredJob.END:
                 return obs, bounded.cfg  # the job is over: its nodes are released as for any job
             if paused_at is None:
                 await self.state.set_meta(PAUSED_KEY, now)
-                log.warning("team_pause", why=bounded.note)
-            if obs.stop_issued_at is None and not _runs(obs):
-                # Nothing runs (a job not started yet): nothing to checkpoint or stop, nothing to
-                # buy. A StopJob here would leave a stop sequence waiting for nodes that never
-                # come, and shut down the ones bought after the allotment arrives.
-                return replace(obs, stop_issued_at=now), bounded.cfg
-            return replace(obs, desired_job=DesiredJob.STOP), bounded.cfg
+                log.warning("team_pause", why=bounded.note, moving_to=move_to)
+            # Nothing runs (a job not started yet): nothing to checkpoint or stop, nothing to buy.
+            # A StopJob here would leave a stop sequence waiting for nodes that never come, and
+            # shut down the ones bought after the allotment arrives.
+            never_ran = obs.stop_issued_at is None and not _runs(obs)
+            if never_ran:
+                obs = replace(obs, stop_issued_at=now)
+            if move_to is not None and not _runs(obs) and obs.stop_issued_at is not None:
+                # Stopped, its checkpoint durable and every node gone: copy, then start over there.
+                await self.mover.step(cfg, move_to, now, bounded.note)
+            return (obs if never_ran else replace(obs, desired_job=DesiredJob.STOP)), bounded.cfg
         if paused_at is not None:
             if _runs(obs):
                 # The stopped nodes are still shutting down: new ones join only a clean start.
