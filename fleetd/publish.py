@@ -130,6 +130,7 @@ class PassPublisher:
             job=self.job.view if self.job is not None else None,
             region=self.cfg.aws.region or None,
             capacity_errors=_capacity_errors(observation),
+            throughput_by_nodes=observation.throughput_by_nodes if observation is not None else None,
         )
         self.metrics.observe_snapshot(snap)
         duration = getattr(report, "duration_s", None)

@@ -120,8 +120,10 @@ class StatusSnapshot(_Frozen):
     stall: StallView | None = None
     # The job's lifecycle (fleetd/policy/job_state.py): pending ... succeeded/failed/cancelled.
     job: JobView | None = None
-    # Version 2: the region the daemon runs in (a team job may move: fleetd/team/region_file.py).
+    # Version 2: the region the daemon runs in (a team job may move: fleetd/team/region_file.py),
+    # and the job's measured steps/s per world size (the team's scaling and deadline inputs).
     region: str | None = None
+    throughput_by_nodes: dict[int, float] = Field(default_factory=dict)
 
     @field_validator("schema_version")
     @classmethod
@@ -156,6 +158,7 @@ def build_snapshot(
     job: JobView | None = None,
     region: str | None = None,
     capacity_errors: Mapping[str, float] | None = None,
+    throughput_by_nodes: Mapping[int, float] | None = None,
 ) -> StatusSnapshot:
     """From the planner's own inputs and outputs of one pass (``rendezvous``: (round, world size);
     ``checkpoint``: (step, durable_at); ``node_checkpoints``: instance id -> (step, saved_at))."""
@@ -207,6 +210,7 @@ def build_snapshot(
         stall=stall,
         job=job,
         region=region,
+        throughput_by_nodes=dict(throughput_by_nodes or {}),
     )
 
 

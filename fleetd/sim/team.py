@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from fleetd.policy.team import allocate
+from fleetd.policy.team_asks import deadline_ask
 from fleetd.policy.team_model import Allotment, JobCap, RegionOffer, TeamActionKind, TeamBudget, TeamJob, TeamSettings
 from fleetd.sim import defaults as d
 from fleetd.sim.job import JobSpec
@@ -129,9 +130,7 @@ def _team_job(sc: TeamScenario, s: _JobState, now: float, capacity: dict[str, in
     left = max(0.0, spec.total_steps - s.steps)
     deadline_nodes = None
     if spec.deadline_s is not None:
-        time_left = max(1.0, spec.deadline_s - now - sc.changeover_s)
-        rate = 1.1 * left / time_left
-        deadline_nodes = next((n for n in range(1, spec.max_nodes + 1) if spec.throughput(n) >= rate), spec.max_nodes)
+        deadline_nodes = deadline_ask(left, spec.deadline_s - now - sc.changeover_s, spec.throughput, spec.max_nodes)
     return TeamJob(
         name=s.job.name,
         priority=s.job.priority,

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from fleetd.config import FleetdConfig
+from fleetd.policy.team_asks import deadline_ask, scaling_curve, throughput_at
 from fleetd.policy.team_model import JobCap, RegionOffer, TeamActionKind, TeamJob
 from fleetd.snapshot import PoolView, StatusSnapshot
 from fleetd.team.allotment_file import AllotmentRecord
@@ -102,17 +103,41 @@ def held_in(seen: Sequence[JobSeen], regions: frozenset[str]) -> dict[str, int]:
     return held
 
 
+def _left_steps(cfg: FleetdConfig, snap: StatusSnapshot) -> float | None:
+    """Steps of work left (its total less the highest step its nodes or checkpoint reached)."""
+    if cfg.job.total_steps is None:
+        return None
+    live = [n for n in snap.live_nodes if n.ec2_state in LIVE]
+    steps = [n.step for n in live if n.step is not None]
+    done = max([*steps, snap.checkpoint.step if snap.checkpoint is not None else 0])
+    return float(max(0, cfg.job.total_steps - done))
+
+
+def deadline_nodes(seen: JobSeen, now: float) -> int | None:
+    """What the job's deadline asks of the team (fleetd/policy/team_asks.py), within its size:
+    None without a deadline; its ``max_nodes`` while its pace is unknown (the safe side)."""
+    cfg, snap = seen.cfg, seen.snapshot
+    if cfg is None or snap is None or cfg.job.deadline is None:
+        return None
+    left = _left_steps(cfg, snap)
+    declared = cfg.job.steps_per_s / cfg.fleet.max_nodes if cfg.job.steps_per_s is not None else None
+    rate = throughput_at(snap.throughput_by_nodes, declared)
+    if left is None or rate is None:
+        return cfg.fleet.max_nodes
+    time_left = cfg.job.deadline.timestamp() - now - cfg.job.changeover_s
+    ask = deadline_ask(left, time_left, rate, cfg.fleet.max_nodes)
+    return max(max(1, cfg.fleet.min_nodes), ask)
+
+
 def remaining_gpu_hours(seen: JobSeen) -> float:
     """Useful GPU-hours of work the job has left, for a move's payback: from its total steps, its
     progress and its pace (measured by its nodes, else its config's ``job.steps_per_s`` at
     ``fleet.max_nodes``). 0 when any of them is unknown: a move is then never shown to pay."""
     cfg, snap = seen.cfg, seen.snapshot
-    if cfg is None or snap is None or cfg.job.total_steps is None:
+    left = _left_steps(cfg, snap) if cfg is not None and snap is not None else None
+    if cfg is None or snap is None or left is None:
         return 0.0
     live = [n for n in snap.live_nodes if n.ec2_state in LIVE]
-    steps = [n.step for n in live if n.step is not None]
-    done = max([*steps, snap.checkpoint.step if snap.checkpoint is not None else 0])
-    left = max(0, cfg.job.total_steps - done)
     gpus = max((p.gpus or 1 for p in snap.pools if p.offered), default=1)
     measured = sum(n.steps_per_s or 0.0 for n in live)
     if measured > 0:
@@ -150,8 +175,10 @@ def team_job(seen: JobSeen, now: float) -> TeamJob | str:
         paused=paused,
         spent_usd=seen.spent_usd,
         cap=JobCap(seen.entry.total_usd, seen.entry.max_usd_per_hour),
+        deadline_nodes=deadline_nodes(seen, now),
         remaining_gpu_hours=remaining_gpu_hours(seen),
         checkpoint_gb=seen.entry.checkpoint_gb,
+        useful_nodes=scaling_curve(snap.throughput_by_nodes),
         min_marginal_efficiency=cfg.scaling.min_marginal_efficiency,
         paused_at=prev.paused_at if paused and prev is not None else None,
     )
