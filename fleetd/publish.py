@@ -131,6 +131,7 @@ class PassPublisher:
             region=self.cfg.aws.region or None,
             capacity_errors=_capacity_errors(observation),
             throughput_by_nodes=observation.throughput_by_nodes if observation is not None else None,
+            team_member=self.cfg.team.member,
         )
         self.metrics.observe_snapshot(snap)
         duration = getattr(report, "duration_s", None)

@@ -124,6 +124,7 @@ class StatusSnapshot(_Frozen):
     # and the job's measured steps/s per world size (the team's scaling and deadline inputs).
     region: str | None = None
     throughput_by_nodes: dict[int, float] = Field(default_factory=dict)
+    team_member: bool = False  # [team] member: its allotment (none yet: it waits) is in its status
 
     @field_validator("schema_version")
     @classmethod
@@ -159,6 +160,7 @@ def build_snapshot(
     region: str | None = None,
     capacity_errors: Mapping[str, float] | None = None,
     throughput_by_nodes: Mapping[int, float] | None = None,
+    team_member: bool = False,
 ) -> StatusSnapshot:
     """From the planner's own inputs and outputs of one pass (``rendezvous``: (round, world size);
     ``checkpoint``: (step, durable_at); ``node_checkpoints``: instance id -> (step, saved_at))."""
@@ -211,6 +213,7 @@ def build_snapshot(
         job=job,
         region=region,
         throughput_by_nodes=dict(throughput_by_nodes or {}),
+        team_member=team_member,
     )
 
 

@@ -225,3 +225,23 @@ def test_a_teams_job_shows_its_allotment_and_a_pause_says_so(tmp_path):
     keep = paused.model_copy(update={"kind": TeamActionKind.KEEP, "nodes": 2, "usd_per_hour": 0.8, "reason": "keep"})
     write_allotment(tmp_path, keep)
     assert "team lab: KEEP, 2 node(s) at most $0.80/h, $3.50 in all" in render(collect(tmp_path, now=NOW + 5))
+    # Moved to another region by the team: the status says where it runs and where it came from.
+    from fleetd.team.region_file import RegionRecord, write_region
+
+    write_region(
+        tmp_path,
+        RegionRecord(job="f", region="us-west-2", moved_from="us-east-1", moved_at=NOW, objects=5, bytes=9, copy_s=0.2),
+    )
+    assert "region us-west-2: moved from us-east-1 by the team (5 objects copied in 0.2 s)" in render(
+        collect(tmp_path, now=NOW + 5)
+    )
+
+
+def test_a_team_member_with_no_allotment_yet_says_it_waits_for_one(tmp_path):
+    from fleetd.commands.status import render
+
+    NOW = 1_800_000_000.0
+    write_snapshot(tmp_path, build_snapshot(now=NOW, fleet="f", reconcile_interval_s=10.0, nodes=[], team_member=True))
+    report = collect(tmp_path, now=NOW + 5)
+    assert report["team"] == {"waiting": True}
+    assert "team: WAITING for its first allotment (is fleetd-team running?)" in render(report)

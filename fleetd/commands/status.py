@@ -129,7 +129,8 @@ def collect(
             "stall": None,
             "job": None,
         }
-    report["team"] = _team(state_dir, now)
+    report["region"] = snap.region if snap is not None else None
+    report["team"] = _team(state_dir, now, member=snap is not None and snap.team_member)
     live = [n for n in report["nodes"] if n["ec2_state"] in LIVE]
     report["node_count"] = len(live)
     report["nodes_by_state"] = _tally(n["state"] for n in live)
@@ -137,18 +138,24 @@ def collect(
     return report
 
 
-def _team(state_dir: Path, now: float) -> dict[str, Any] | None:
-    """The team's allotment in force (fleetd/team/allotment_file.py), when the job is a team's."""
+def _team(state_dir: Path, now: float, member: bool = False) -> dict[str, Any] | None:
+    """The team's allotment in force (fleetd/team/allotment_file.py), when the job is a team's
+    (a member with none yet waits for it), and its move to another region, if it moved."""
     from fleetd.protocol.errors import ProtocolError
     from fleetd.team.allotment_file import read_allotment
+    from fleetd.team.region_file import read_region
 
     try:
         record = read_allotment(state_dir)
+        moved = read_region(state_dir)
     except (ProtocolError, OSError) as exc:
         return {"error": str(exc)[:300]}
     if record is None:
-        return None
-    return {**record.model_dump(exclude={"schema_version"}), "age_s": round(max(now - record.written_at, 0.0), 1)}
+        return {"waiting": True} if member else None
+    out = {**record.model_dump(exclude={"schema_version"}), "age_s": round(max(now - record.written_at, 0.0), 1)}
+    if moved is not None:
+        out["moved"] = moved.model_dump(exclude={"schema_version", "reason"})
+    return out
 
 
 def _team_line(team: dict[str, Any]) -> str:
@@ -157,13 +164,22 @@ def _team_line(team: dict[str, Any]) -> str:
 
     if "error" in team:
         return f"team: allotment unreadable ({team['error']}); the daemon keeps the last one it read"
+    if team.get("waiting"):
+        return "team: WAITING for its first allotment (is fleetd-team running?): nothing is bought until it comes"
     kind = str(team["kind"])
     waits = kind in {k.value for k in NOT_TRAINING}
     label = "PAUSED" if kind in ("pause", "paused") else kind.upper()
     head = f"team {team['team']}: {label}"
     if not waits:
         head += f", {team['nodes']} node(s) at most ${team['usd_per_hour']:.2f}/h"
-    return f"{head}, ${team['total_usd']:.2f} in all (allotted {team['age_s']:.0f} s ago): {team['reason']}"
+    line = f"{head}, ${team['total_usd']:.2f} in all (allotted {team['age_s']:.0f} s ago): {team['reason']}"
+    moved = team.get("moved")
+    if moved:
+        line += (
+            f"\nregion {moved['region']}: moved from {moved['moved_from']} by the team "
+            f"({moved['objects']} objects copied in {moved['copy_s']:.1f} s)"
+        )
+    return line
 
 
 def _stall(stall: Any, now: float) -> dict[str, Any] | None:
