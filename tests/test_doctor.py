@@ -166,3 +166,29 @@ async def test_fleetd_run_refuses_no_credentials_but_not_an_unreachable_aws(monk
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     assert await preflight(cfg, get_session()) == []
+
+
+async def test_each_other_region_a_team_may_move_the_job_to_has_its_bucket_and_image_checked(
+    cloud: Cloud, tmp_path: Path, mosquitto, store_port: int
+) -> None:
+    from fleetd.config import RegionSettings
+
+    cfg = await good_setup(cloud, tmp_path, mosquitto, store_port)
+    west = RegionSettings(region="us-west-2", bucket="ckpt-west", ami_id="ami-12345678")
+    cfg = cfg.model_copy(update={"team": cfg.team.model_copy(update={"member": True, "regions": (west,)})})
+    found = by_name(await all_checks(cfg, None))
+    bucket, ami = found["bucket (us-west-2)"], found["ami (us-west-2)"]
+    assert bucket.status is Status.FAIL and "aws s3 mb s3://ckpt-west --region us-west-2" in bucket.fix
+    assert ami.status is Status.FAIL and "ami-12345678" in ami.detail
+    # Another region's trouble is the doctor's to report, not a reason for this region not to start.
+    assert not {c.name for c in fatal(list(found.values()))} & {"bucket (us-west-2)", "ami (us-west-2)"}
+
+    where = {"endpoint_url": cloud.moto, "region_name": "us-west-2"}
+    async with cloud.session.create_client("s3", **where) as s3:
+        await s3.create_bucket(Bucket="ckpt-west", CreateBucketConfiguration={"LocationConstraint": "us-west-2"})
+    async with cloud.session.create_client("ec2", **where) as ec2:
+        image = (await ec2.describe_images(Owners=["amazon"]))["Images"][0]["ImageId"]
+    west = west.model_copy(update={"ami_id": image})
+    cfg = cfg.model_copy(update={"team": cfg.team.model_copy(update={"regions": (west,)})})
+    found = by_name(await all_checks(cfg, None))
+    assert found["bucket (us-west-2)"].status is Status.OK and found["ami (us-west-2)"].status is Status.OK

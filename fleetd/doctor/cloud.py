@@ -5,6 +5,7 @@ security groups, AMI, launch template and event queue. Each check is one call an
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -65,12 +66,34 @@ async def account_checks(cfg: FleetdConfig, session: Any) -> list[Check]:
         out += await _quota_checks(cfg, sq)
     async with session.create_client("s3", **kw) as s3:
         out.append(await _bucket_check(cfg, s3))
+    out += await _other_region_checks(cfg, session)
     if cfg.events.sqs_queue_url:
         async with session.create_client("sqs", **kw) as sqs:
             out.append(await _queue_check(cfg, sqs))
     else:
         out.append(Check.skip("event queue", "events.sqs_queue_url unset: notices come from the agents only"))
     return out
+
+
+async def _other_region_checks(cfg: FleetdConfig, session: Any) -> list[Check]:
+    """Each [[team.regions]] entry's bucket and AMI, as a move there would need them: a move to a
+    region whose bucket cannot take the copy leaves the job stopped until it can."""
+    from fleetd.adapters.aws_clients import client_kwargs
+    from fleetd.team.region_file import allowed_regions, in_region
+
+    out: list[Check] = []
+    for region in allowed_regions(cfg)[1:]:
+        there = in_region(cfg, region)
+        async with session.create_client("s3", **client_kwargs(there)) as s3:
+            out.append(_in(region, await _bucket_check(there, s3)))
+        async with session.create_client("ec2", **client_kwargs(there)) as ec2:
+            out.append(_in(region, await _ami_check(there, ec2)))
+    return out
+
+
+def _in(region: str, check: Check) -> Check:
+    """A check of another region's resource: named for it, and never fatal to this region's start."""
+    return replace(check, name=f"{check.name} ({region})", fatal=False)
 
 
 async def _ec2_checks(cfg: FleetdConfig, ec2: Any) -> list[Check]:
