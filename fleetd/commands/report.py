@@ -53,10 +53,7 @@ def read_ledger(path: Path | None, at: float | None) -> tuple[Any, float, list[L
     """The controller's config, the report's time, the ledger's events and when each instance was
     last seen billing: SQLite on one control host, the shared table under HA. Raises
     LedgerUnreadable (report and `job list` print it)."""
-    import asyncio
-
     from fleetd.config import load
-    from fleetd.reconcile.ledger_store import DB_NAME, LedgerStore, LedgerStoreError
     from fleetd.shared.settings import ConfigError
 
     # Without an explicit file, a host with no /etc/fleetd/fleetd.toml still reports from the
@@ -68,11 +65,21 @@ def read_ledger(path: Path | None, at: float | None) -> tuple[Any, float, list[L
     except ConfigError as exc:
         raise LedgerUnreadable(2, exc.render()) from None
     now = at if at is not None else time.time()
+    return (cfg, now, *ledger_of(cfg))
+
+
+def ledger_of(cfg: Any) -> tuple[list[LedgerEvent], dict[str, float]]:
+    """The ledger's events and when each instance was last seen billing, for a loaded config
+    (SQLite in its state directory, the shared table under HA). Raises LedgerUnreadable."""
+    import asyncio
+
+    from fleetd.reconcile.ledger_store import DB_NAME, LedgerStore, LedgerStoreError
+
     if cfg.ha.backend == "dynamodb":
         from fleetd.adapters.aws_errors import AwsError
 
         try:
-            return (cfg, now, *_read_shared(cfg))
+            return _read_shared(cfg)
         except AwsError as exc:
             raise LedgerUnreadable(1, f"cannot read the shared state ({cfg.ha.table}): {exc}") from None
     db = cfg.fleet.state_dir / DB_NAME
@@ -89,10 +96,9 @@ def read_ledger(path: Path | None, at: float | None) -> tuple[Any, float, list[L
         return events, seen
 
     try:
-        events, seen = asyncio.run(read())
+        return asyncio.run(read())
     except (LedgerStoreError, sqlite3.Error) as exc:
         raise LedgerUnreadable(1, str(exc)) from None
-    return cfg, now, events, seen
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,6 +4,8 @@
   reads each job's status and writes each job's allotment, which the job's own daemon plans inside.
 - ``plan``: one pass, printed, nothing written: what the team would allot now, and why.
 - ``status``: the allotments in force, each job's spend and nodes, and the team's total.
+- ``report``: each job's spend and training from its ledger, the team's totals and moves
+  (fleetd/commands/team_report.py).
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ from fleetd.team.config import DEFAULT_TEAM_PATH
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=("run", "plan", "status"))
+    p.add_argument("action", choices=("run", "plan", "status", "report"))
     p.add_argument("--config", type=Path, default=DEFAULT_TEAM_PATH, help="the team's config (%(default)s)")
-    p.add_argument("--json", action="store_true", help="plan, status: print JSON")
+    p.add_argument("--json", action="store_true", help="plan, status, report: print JSON")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -41,6 +43,12 @@ def run(args: argparse.Namespace) -> int:
         configure_logging(cfg.logging.level, json=cfg.logging.json_lines)
         bind_context(team=cfg.team.name, component="fleetd-team")
         asyncio.run(run_team(cfg))
+        return 0
+    if args.action == "report":
+        from fleetd.commands.team_report import render_team_report, team_report
+
+        spent = team_report(cfg, time.time())
+        print(json.dumps(spent, indent=2, sort_keys=True) if args.json else render_team_report(spent))
         return 0
     report = asyncio.run(_report(cfg, write=False))
     print(json.dumps(report, indent=2, sort_keys=True) if args.json else render(report, args.action))
