@@ -47,12 +47,13 @@ def test_example_configs_pass_config_check(cli, path):
 
 @pytest.mark.parametrize("model,path", [(FleetdConfig, "examples/fleetd.toml"), (AgentConfig, "examples/agent.toml")])
 def test_example_configs_document_every_setting(model, path):
-    """Each setting appears, set or commented out, under its [group] (or [group.sub])."""
+    """Each setting appears, set or commented out, under its [group] (or [group.sub], or an array
+    of tables' [[group.sub]])."""
     text = (DEPLOY / path).read_text()
     sections: dict[str, str] = {}
     current = ""
     for line in text.splitlines():
-        header = re.match(r"^#?\s*\[([a-z_.]+)\]", line)
+        header = re.match(r"^#?\s*\[\[?([a-z_.]+)\]\]?", line)
         if header:
             current = header.group(1)
             continue

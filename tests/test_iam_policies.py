@@ -409,4 +409,7 @@ def test_a_missing_state_backup_reads_as_not_found():
     bucket = f"arn:aws:s3:::{cfg.checkpoints.bucket}"
     prefix = backup_key(cfg)
     assert allowed(load("controller-policy.json"), "s3:ListBucket", bucket, {"s3:prefix": [prefix]})
-    assert not allowed(load("controller-policy.json"), "s3:ListBucket", bucket, {"s3:prefix": ["checkpoints/"]})
+    # The job's prefix too, since a team's region move copies its checkpoint (fleetd/team/region_move.py);
+    # nothing outside the two.
+    assert allowed(load("controller-policy.json"), "s3:ListBucket", bucket, {"s3:prefix": ["checkpoints/train/"]})
+    assert not allowed(load("controller-policy.json"), "s3:ListBucket", bucket, {"s3:prefix": ["other/"]})

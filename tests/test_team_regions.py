@@ -37,7 +37,7 @@ from fleetd.team.region_file import (
     read_region,
     write_region,
 )
-from fleetd.team.region_move import copy_job_objects, copy_order, job_prefix
+from fleetd.team.region_move import copy_job_objects, copy_order, job_prefix, to_copy
 from tests.test_team_member import Resumes, node
 
 NOW = 10_000.0
@@ -120,7 +120,12 @@ def test_remaining_work_comes_from_total_steps_and_the_measured_or_declared_pace
     assert remaining_gpu_hours(declared) == pytest.approx(36_100 / 3600 * 2)  # at max_nodes 2
     nodes = (node_view("i-1", step=100, sps=2.0), node_view("i-2", step=100, sps=2.0))
     measured = JobSeen(entry(), cfg(total_steps=14_500, steps_per_s=1.0), snapshot([pool("g5@a", 0.4, 1.0)], nodes))
-    assert remaining_gpu_hours(measured) == pytest.approx(14_400 / 4.0 / 3600 * 2)
+    # Each node reports the job's pace (2 steps/s), not its share: 14,400 steps at 2/s on 2 nodes.
+    assert remaining_gpu_hours(measured) == pytest.approx(14_400 / 2.0 / 3600 * 2)
+    # Paused (no node): the pace measured before, at its full size, rather than nothing.
+    paused = snapshot([pool("g5@a", 0.4, 1.0)]).model_copy(update={"throughput_by_nodes": {1: 1.0, 2: 1.8}})
+    before = JobSeen(entry(), cfg(total_steps=3_600), paused)
+    assert remaining_gpu_hours(before) == pytest.approx(3_600 / 1.8 / 3600 * 2)
 
 
 def test_a_job_mid_move_is_not_planned_from_the_old_regions_status() -> None:
@@ -213,6 +218,13 @@ async def test_the_copy_moves_every_object_of_the_job_and_only_its_own_pointer_l
         f"{prefix}step-7/MANIFEST.json",
         f"{prefix}latest",
     ]
+    # What a resume needs: the two newest durable steps, `latest` and the code; not older steps,
+    # not a step still being uploaded (no manifest).
+    listed = [(f"{prefix}step-{n}/{f}", 1) for n in (3, 5, 7) for f in ("model.pt", "MANIFEST.json")]
+    listed += [(f"{prefix}step-9/model.pt", 1), (f"{prefix}latest", 1), (f"{prefix}code/abc.tar.gz", 1)]
+    keys = [k for k, _ in to_copy(prefix, listed)]
+    assert {k.split("/")[2] for k in keys if "/step-" in k} == {"step-5", "step-7"}
+    assert keys[-1] == f"{prefix}latest" and f"{prefix}code/abc.tar.gz" in keys
     monkeypatch.setattr(region_move, "COPY_OBJECT_MAX", 5 * 1024 * 1024)
     monkeypatch.setattr(region_move, "PART_BYTES", 5 * 1024 * 1024)
     async with aio_session.create_client("s3", **{**aws_client_kwargs, "region_name": "us-west-2"}) as s3:
@@ -275,9 +287,43 @@ async def test_a_member_stops_copies_and_asks_to_start_again_in_the_allotted_reg
         obs, _ = await fresh.bound(Observation(stop_issued_at=NOW), there, now=NOW + 300)
         assert obs.desired_job is DesiredJob.RUN and resumes.resumed == 1
         assert await state.get_meta(PAUSED_KEY) is None
+        # A paused job's allotted region is the team's guess for later: nothing moves for it.
+        assert fresh.mover.target(there, "us-east-1", training=False) is None
         # An allotment naming a region the job's config does not list moves nothing.
         write_allotment(tmp_path, allotment("eu-west-1"))
         obs, _ = await fresh.bound(Observation(), there, now=NOW + 310)
         assert fresh.mover.target(there, "eu-west-1") is None and json.loads((tmp_path / REGION_NAME).read_text())
+    finally:
+        await state.close()
+
+
+async def test_a_copy_the_team_calls_off_is_stopped_and_a_dry_run_copies_nothing(
+    tmp_path: Path, aio_session, aws_client_kwargs: dict
+) -> None:
+    await _buckets(aio_session, aws_client_kwargs)
+    endpoint = aws_client_kwargs["endpoint_url"]
+    home = cfg(tmp_path).model_copy(update={"aws": AwsConfig(region="us-east-1", endpoint_url=endpoint)})
+    state = await StateStore.open(tmp_path)
+    try:
+        dry = TeamMember("j", tmp_path, state, Resumes(), dry_run=True)  # type: ignore[arg-type]
+        write_allotment(tmp_path, allotment("us-west-2"))
+        obs, _ = await dry.bound(Observation(stop_issued_at=NOW), home, now=NOW)
+        assert obs.desired_job is DesiredJob.STOP and read_region(tmp_path) is None and dry.mover._task is None
+
+        member = TeamMember("j", tmp_path, state, Resumes())  # type: ignore[arg-type]
+        moved: list[str] = []
+        member.mover.on_move = moved.append
+        await member.bound(Observation(stop_issued_at=NOW), home, now=NOW + 1)  # the copy starts
+        task = member.mover._task
+        assert task is not None
+        write_allotment(tmp_path, allotment("us-east-1"))  # the team changes its mind at once
+        obs, _ = await member.bound(Observation(stop_issued_at=NOW), home, now=NOW + 2)
+        assert task.done() and member.mover._task is None
+        # Either it was stopped before its record (the job stays home and resumes) or the record
+        # was already written (the job is in us-west-2 now and must not resume here): never both.
+        if moved:
+            assert read_region(tmp_path) is not None and obs.desired_job is DesiredJob.STOP
+        else:
+            assert read_region(tmp_path) is None and obs.desired_job is DesiredJob.RUN
     finally:
         await state.close()

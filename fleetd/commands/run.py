@@ -79,8 +79,8 @@ def run(args: argparse.Namespace) -> int:
     async def main() -> int:
         while True:
             status, moved_to = await once()
-            if moved_to is None:
-                return status
+            if moved_to is None or status != 0:
+                return status  # (a failed stop after a move: systemd restarts it, in the new region)
             log.warning("daemon_starting_in_region", region=moved_to)
 
     try:

@@ -16,6 +16,7 @@ _COLUMNS = ("spend_usd", "on_demand_equivalent_usd", "useful_steps", "steps_lost
 def team_report(cfg: TeamConfig, now: float) -> dict[str, Any]:
     from fleetd.commands.report import LedgerUnreadable, ledger_of
     from fleetd.policy import ledger
+    from fleetd.protocol.errors import ProtocolError
     from fleetd.team.arbiter import read_job
     from fleetd.team.region_file import read_region
 
@@ -30,7 +31,12 @@ def team_report(cfg: TeamConfig, now: float) -> dict[str, Any]:
             jobs.append(row)
             continue
         row["region"] = seen.cfg.aws.region
-        moved = read_region(seen.cfg.fleet.state_dir)
+        try:
+            moved = read_region(seen.cfg.fleet.state_dir)
+        except ProtocolError as exc:
+            row["error"] = f"its region record cannot be read: {exc}"
+            jobs.append(row)
+            continue
         row["moved"] = moved.model_dump(exclude={"schema_version"}) if moved is not None else None
         try:
             events, seen_at = ledger_of(seen.cfg)

@@ -197,7 +197,7 @@ async def build_reconciler(
     if cfg.team.member:
         from fleetd.team.member import TeamMember
 
-        bound = TeamMember(cfg.fleet.name, cfg.fleet.state_dir, state, commander)
+        bound = TeamMember(cfg.fleet.name, cfg.fleet.state_dir, state, commander, dry_run=dry_run)
     log.info(
         "reconciler_ready", fleet=cfg.fleet.name, pools=[str(p) for p in pools], dry_run=dry_run, priors=len(priors)
     )

@@ -88,8 +88,13 @@ def offer_of(seen: JobSeen, now: float) -> RegionOffer | None:
 
 
 def dry_regions(seen: Sequence[JobSeen], now: float) -> frozenset[str]:
-    """Regions where some job of the team finds no spot capacity in any pool it may buy."""
-    return frozenset(s.cfg.aws.region for s in seen if s.cfg is not None and region_dry(s, now))
+    """Regions where some job of the team finds no spot capacity in any pool it may buy, named
+    by the region its status describes (a job mid-move is not read into its new region)."""
+    return frozenset(
+        s.snapshot.region
+        for s in seen
+        if s.snapshot is not None and s.snapshot.region is not None and region_dry(s, now)
+    )
 
 
 def held_in(seen: Sequence[JobSeen], regions: frozenset[str]) -> dict[str, int]:
@@ -139,12 +144,17 @@ def remaining_gpu_hours(seen: JobSeen) -> float:
         return 0.0
     live = [n for n in snap.live_nodes if n.ec2_state in LIVE]
     gpus = max((p.gpus or 1 for p in snap.pools if p.offered), default=1)
-    measured = sum(n.steps_per_s or 0.0 for n in live)
-    if measured > 0:
-        return left / measured / 3600.0 * len(live) * gpus
-    if cfg.job.steps_per_s is not None:
-        return left / cfg.job.steps_per_s / 3600.0 * cfg.fleet.max_nodes * gpus
-    return 0.0
+    # Every node reports the job's own pace (not its share of it): the fastest report is the job's.
+    reported = max((n.steps_per_s or 0.0 for n in live), default=0.0)
+    if reported > 0:
+        return left / reported / 3600.0 * len(live) * gpus
+    # No node training now (paused, stopped for a move): the pace measured before, else declared.
+    nodes = cfg.fleet.max_nodes
+    declared = cfg.job.steps_per_s / nodes if cfg.job.steps_per_s is not None else None
+    rate = throughput_at(snap.throughput_by_nodes, declared)
+    if rate is None or rate(nodes) <= 0:
+        return 0.0
+    return left / rate(nodes) / 3600.0 * nodes * gpus
 
 
 def team_job(seen: JobSeen, now: float) -> TeamJob | str:

@@ -46,7 +46,14 @@ def _runs(obs: Observation) -> bool:
 
 
 class TeamMember:
-    def __init__(self, fleet: str, state_dir: Path, state: StateBackend, commander: NodeCommander | None = None):
+    def __init__(
+        self,
+        fleet: str,
+        state_dir: Path,
+        state: StateBackend,
+        commander: NodeCommander | None = None,
+        dry_run: bool = False,
+    ):
         self.fleet = fleet
         self.state_dir = Path(state_dir)
         self.state = state
@@ -54,7 +61,7 @@ class TeamMember:
         self._share: Share | None = None
         self._region: str | None = None  # the region the last allotment read places the job in
         self._said = ""
-        self.mover = RegionMover(fleet, self.state_dir)
+        self.mover = RegionMover(fleet, self.state_dir, dry_run)
 
     async def _read(self) -> Share | None:
         try:
@@ -76,7 +83,13 @@ class TeamMember:
             log.info("team_share", note=bounded.note, paused=bounded.paused)
             self._said = bounded.note
         paused_at = await self.state.get_meta(PAUSED_KEY)
-        move_to = self.mover.target(cfg, self._region)
+        move_to = self.mover.target(cfg, self._region, training=not bounded.paused)
+        if move_to is None:
+            await self.mover.close()  # the team changed its mind mid-copy: the job stays here
+        if self.mover.moved is not None:
+            # Its objects are in the new region and the daemon is starting again there: nothing
+            # more happens here (a resume here would train from the older checkpoint).
+            return replace(obs, desired_job=DesiredJob.STOP), bounded.cfg
         if bounded.paused or move_to is not None:
             if obs.desired_job is DesiredJob.END:
                 return obs, bounded.cfg  # the job is over: its nodes are released as for any job

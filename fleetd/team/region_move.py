@@ -1,11 +1,13 @@
 """A team job's move to another region (docs/DESIGN.md "Several regions"): once the job is
-stopped with its checkpoint durable and every node gone (fleetd/team/member.py), every object
-under the job's prefix (its checkpoints and its shipped code) is copied to the new region's
-bucket, and only then is ``region.json`` written (fleetd/team/region_file.py). The daemon then
+stopped with its checkpoint durable and every node gone (fleetd/team/member.py), what it needs
+under its prefix is copied to the new region's bucket, and only then is ``region.json`` written
+(fleetd/team/region_file.py). The daemon then
 starts again in the new region (``DaemonContext.move_to``) and resumes from the copied checkpoint,
 as after any team pause.
 
-Order keeps a half-done copy harmless: step files first, each step's manifest after them (a step
+Only what a resume needs is copied: the two newest durable steps, the ``latest`` pointer and
+the job's shipped code (older retained steps stay where they are). Order keeps a half-done copy
+harmless: step files first, each step's manifest after them (a step
 without its manifest is not durable: a reader skips it), the job's ``latest`` pointer last, and
 the region record after the whole copy. A copy cut short (the daemon stopped, S3 failing) leaves
 the job where it was, stopped; the next pass starts the copy again from the top (CopyObject of an
@@ -14,6 +16,7 @@ object already there is a plain overwrite).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -25,6 +28,7 @@ from fleetd.protocol.checkpoints import LATEST_NAME, MANIFEST_NAME, CheckpointLa
 # CopyObject copies at most 5 GiB; larger objects go part by part (UploadPartCopy).
 COPY_OBJECT_MAX = 5 * 1024**3
 PART_BYTES = 512 * 1024**2
+KEEP_STEPS = 2  # durable steps copied: the newest and the one a corrupt newest falls back to
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,13 +55,31 @@ async def _listed(s3: Any, bucket: str, prefix: str) -> AsyncIterator[tuple[str,
             yield obj["Key"], int(obj["Size"])
 
 
+def to_copy(prefix: str, objects: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """What a move needs: the two newest durable steps (those with their manifest), the ``latest``
+    pointer and whatever is not a step (the job's shipped code); older retained steps stay. In
+    copy order."""
+    steps: dict[int, list[tuple[str, int]]] = {}
+    rest = []
+    for key, size in objects:
+        head = key[len(prefix) :].split("/", 1)[0]
+        if head.startswith("step-") and head[5:].isdigit() and "/" in key[len(prefix) :]:
+            steps.setdefault(int(head[5:]), []).append((key, size))
+        else:
+            rest.append((key, size))
+    durable = sorted((n for n, files in steps.items() if any(k.endswith("/" + MANIFEST_NAME) for k, _ in files)))
+    # The restore takes the newest step with a valid manifest and falls back to older ones on a
+    # corrupt file: the one before the newest goes too, so that fallback exists in the new region.
+    chosen = [*rest, *(f for n in durable[-KEEP_STEPS:] for f in steps[n])]
+    return sorted(chosen, key=lambda o: (copy_order(o[0]), o[0]))
+
+
 async def copy_job_objects(s3: Any, src: FleetdConfig, dst: FleetdConfig) -> Copied:
-    """Copy the job's objects from ``src``'s bucket to ``dst``'s (same keys), with an S3 client
-    of the destination region (S3 copies across regions server-side)."""
+    """Copy what the job needs to resume from ``src``'s bucket to ``dst``'s (same keys), with an
+    S3 client of the destination region (S3 copies across regions server-side)."""
     started = time.monotonic()
     prefix = job_prefix(src)
-    objects = [o async for o in _listed(s3, src.checkpoints.bucket, prefix)]
-    objects.sort(key=lambda o: (copy_order(o[0]), o[0]))
+    objects = to_copy(prefix, [o async for o in _listed(s3, src.checkpoints.bucket, prefix)])
     total = 0
     for key, size in objects:
         source = {"Bucket": src.checkpoints.bucket, "Key": key}
@@ -86,6 +108,8 @@ async def _copy_in_parts(s3: Any, source: dict[str, str], bucket: str, key: str,
             )
             parts.append({"PartNumber": number, "ETag": part["CopyPartResult"]["ETag"]})
         await s3.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts})
-    except Exception:
-        await s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+    except BaseException:
+        # Cancelled too (the daemon stopping, the team changing its mind): an unfinished upload's
+        # parts are billed until aborted. Shielded, so the abort itself is not cut short.
+        await asyncio.shield(s3.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id))
         raise

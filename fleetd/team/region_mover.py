@@ -22,18 +22,21 @@ log = get_logger(__name__)
 
 
 class RegionMover:
-    def __init__(self, fleet: str, state_dir: Path) -> None:
+    def __init__(self, fleet: str, state_dir: Path, dry_run: bool = False) -> None:
         self.fleet = fleet
         self.state_dir = Path(state_dir)
+        self.dry_run = dry_run  # `fleetd run --dry-run`: say what would move, copy and write nothing
         self.on_move: Callable[[str], None] | None = None
         self.moved: RegionRecord | None = None  # this process's completed move
         self._task: asyncio.Task[RegionRecord] | None = None
         self._to: str | None = None
         self._refused: str | None = None
 
-    def target(self, cfg: FleetdConfig, allotted: str | None) -> str | None:
-        """The region the job must move to, or None (it is where its allotment places it)."""
-        if allotted is None or allotted == cfg.aws.region:
+    def target(self, cfg: FleetdConfig, allotted: str | None, training: bool = True) -> str | None:
+        """The region the job must move to, or None (it is where its allotment places it). Only
+        an allotment that lets it train moves it: a paused or pending job's region is the team's
+        guess for later, and moving on every change of that guess would copy for nothing."""
+        if allotted is None or allotted == cfg.aws.region or not training:
             return None
         if allotted not in allowed_regions(cfg):
             if self._refused != allotted:
@@ -53,6 +56,11 @@ class RegionMover:
         stopped). A copy that ends well writes the region record and asks for the restart itself."""
         if self.moved is not None:
             return  # done: the daemon is starting again in the new region
+        if self.dry_run:
+            if self._to != to:
+                log.warning("team_region_move_dry_run", moving_from=cfg.aws.region, to=to, why=why)
+                self._to = to
+            return
         task = self._task
         if task is not None and self._to != to:
             await self.close()  # the team changed its mind mid-copy: copy to the new choice
@@ -85,8 +93,18 @@ class RegionMover:
             copy_s=copied.seconds,
             reason=why[:500],
         )
-        await asyncio.to_thread(write_region, self.state_dir, record)
-        self._moved(record)  # at once: from here on the job's region is the new one
+        # The record and the restart go together, even if the copy is cancelled right now: once
+        # the record is on disk the job's region is the new one (its next start reads it), so this
+        # process must not resume the job in the old one.
+        write = asyncio.ensure_future(asyncio.to_thread(write_region, self.state_dir, record))
+        try:
+            await asyncio.shield(write)
+        except asyncio.CancelledError:
+            await asyncio.wait({write})
+            if not write.cancelled() and write.exception() is None:
+                self._moved(record)
+            raise
+        self._moved(record)
         return record
 
     def _moved(self, record: RegionRecord) -> None:

@@ -53,8 +53,9 @@ class RegionPricer:
             types = types_for(catalog, region, cap.instance_types, cap.gpu)
             on_demand, spot, zones = await live_prices(there, catalog, region, types, list(cap.zones))
         except Exception as exc:  # noqa: BLE001 - an unpriced region must not stop the team's loop
-            log.warning("team_region_unpriced", region=region, error=repr(exc)[:300])
-            return kept[1] if kept is not None else None
+            log.warning("team_region_unpriced", region=region, error=repr(exc)[:300], retry_in_s=self.refresh_s)
+            self._kept[key] = (now, None)  # offers nothing until priced again, not an old price
+            return None
         rows = list_pools(
             catalog,
             region,
