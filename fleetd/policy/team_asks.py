@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from fleetd.policy.team_model import useful_at
+
 DEADLINE_MARGIN = 1.1  # the pace asked is 10 % above what finishes exactly on time
 
 
@@ -32,10 +34,10 @@ def deadline_ask(
 
 def scaling_curve(measured: Mapping[int, float]) -> tuple[float, ...]:
     """Useful node-equivalents at 1..largest measured size; () when nothing was measured."""
-    sizes = sorted(n for n, r in measured.items() if n >= 1 and r > 0)
+    sizes = _sizes(measured)
     if not sizes:
         return ()
-    per_node = measured[1] if sizes[0] == 1 else measured[sizes[0]] / sizes[0]
+    per_node = _per_node(measured, sizes)
     known = {0: 0.0, **{n: measured[n] / per_node for n in sizes}}
     points = sorted(known)
     curve = []
@@ -54,15 +56,17 @@ def throughput_at(measured: Mapping[int, float], declared_per_node: float | None
     declared rate per node at ideal scaling. None when neither is known."""
     curve = scaling_curve(measured)
     if curve:
-        sizes = sorted(n for n, r in measured.items() if n >= 1 and r > 0)
-        per_node = measured[1] if sizes[0] == 1 else measured[sizes[0]] / sizes[0]
-
-        def measured_rate(n: int) -> float:
-            k = min(n, len(curve))
-            extra = (curve[-1] - (curve[-2] if len(curve) > 1 else 0.0)) * (n - k)
-            return per_node * (curve[k - 1] + extra)
-
-        return measured_rate
+        per_node = _per_node(measured, _sizes(measured))
+        return lambda n: per_node * useful_at(curve, n)
     if declared_per_node is not None and declared_per_node > 0:
         return lambda n: declared_per_node * n
     return None
+
+
+def _sizes(measured: Mapping[int, float]) -> list[int]:
+    return sorted(n for n, r in measured.items() if n >= 1 and r > 0)
+
+
+def _per_node(measured: Mapping[int, float], sizes: list[int]) -> float:
+    """One node's pace: measured, else the smallest measured size's per node."""
+    return measured[1] if sizes[0] == 1 else measured[sizes[0]] / sizes[0]

@@ -59,6 +59,17 @@ class RegionOffer:
     usd_per_useful_gpu_hour: float
 
 
+def useful_at(curve: tuple[float, ...], nodes: int) -> float:
+    """Useful node-equivalents at ``nodes`` on ``curve`` (at 1, 2, ... nodes; () is ideal
+    scaling); past its last entry a node adds what the last one did."""
+    if nodes <= len(curve):
+        return curve[nodes - 1] if nodes > 0 else 0.0
+    if not curve:
+        return float(nodes)
+    last = curve[-1] - (curve[-2] if len(curve) > 1 else 0.0)
+    return curve[-1] + (nodes - len(curve)) * last
+
+
 @dataclass(frozen=True, slots=True)
 class TeamJob:
     """One job as the team allocator sees it.
@@ -110,13 +121,7 @@ class TeamJob:
 
     def useful(self, nodes: int) -> float:
         """Useful node-equivalents at ``nodes`` nodes (its scaling model)."""
-        u = self.useful_nodes
-        if nodes <= len(u):
-            return u[nodes - 1] if nodes > 0 else 0.0
-        if not u:
-            return float(nodes)
-        last = u[-1] - (u[-2] if len(u) > 1 else 0.0)
-        return u[-1] + (nodes - len(u)) * last
+        return useful_at(self.useful_nodes, nodes)
 
     def need(self) -> int:
         """Nodes it asks for before any job of its priority gets more than its need."""

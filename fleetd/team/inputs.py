@@ -9,7 +9,7 @@ and keeps the one it has: its daemon plans inside the last one (none yet: it wai
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from fleetd.config import FleetdConfig
@@ -118,6 +118,12 @@ def _left_steps(cfg: FleetdConfig, snap: StatusSnapshot) -> float | None:
     return float(max(0, cfg.job.total_steps - done))
 
 
+def _pace(cfg: FleetdConfig, snap: StatusSnapshot) -> Callable[[int], float] | None:
+    """The job's steps/s at n nodes: its measured curve, else its job file's pace at max_nodes."""
+    declared = cfg.job.steps_per_s / cfg.fleet.max_nodes if cfg.job.steps_per_s is not None else None
+    return throughput_at(snap.throughput_by_nodes, declared)
+
+
 def deadline_nodes(seen: JobSeen, now: float) -> int | None:
     """What the job's deadline asks of the team (fleetd/policy/team_asks.py), within its size:
     None without a deadline; its ``max_nodes`` while its pace is unknown (the safe side)."""
@@ -125,8 +131,7 @@ def deadline_nodes(seen: JobSeen, now: float) -> int | None:
     if cfg is None or snap is None or cfg.job.deadline is None:
         return None
     left = _left_steps(cfg, snap)
-    declared = cfg.job.steps_per_s / cfg.fleet.max_nodes if cfg.job.steps_per_s is not None else None
-    rate = throughput_at(snap.throughput_by_nodes, declared)
+    rate = _pace(cfg, snap)
     if left is None or rate is None:
         return cfg.fleet.max_nodes
     time_left = cfg.job.deadline.timestamp() - now - cfg.job.changeover_s
@@ -150,8 +155,7 @@ def remaining_gpu_hours(seen: JobSeen) -> float:
         return left / reported / 3600.0 * len(live) * gpus
     # No node training now (paused, stopped for a move): the pace measured before, else declared.
     nodes = cfg.fleet.max_nodes
-    declared = cfg.job.steps_per_s / nodes if cfg.job.steps_per_s is not None else None
-    rate = throughput_at(snap.throughput_by_nodes, declared)
+    rate = _pace(cfg, snap)
     if rate is None or rate(nodes) <= 0:
         return 0.0
     return left / rate(nodes) / 3600.0 * nodes * gpus

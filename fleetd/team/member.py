@@ -104,7 +104,7 @@ class TeamMember:
                 obs = replace(obs, stop_issued_at=now)
             if move_to is not None and not _runs(obs) and obs.stop_issued_at is not None:
                 # Stopped, its checkpoint durable and every node gone: copy, then start over there.
-                await self.mover.step(cfg, move_to, now, bounded.note)
+                await self.mover.step(cfg, move_to, bounded.note)
             return (obs if never_ran else replace(obs, desired_job=DesiredJob.STOP)), bounded.cfg
         if paused_at is not None:
             if _runs(obs):

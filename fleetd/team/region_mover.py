@@ -51,7 +51,7 @@ class RegionMover:
             return None
         return allotted
 
-    async def step(self, cfg: FleetdConfig, to: str, now: float, why: str) -> None:
+    async def step(self, cfg: FleetdConfig, to: str, why: str) -> None:
         """Start the copy, or see how a failed one went (call once per pass while the job is
         stopped). A copy that ends well writes the region record and asks for the restart itself."""
         if self.moved is not None:
