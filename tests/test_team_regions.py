@@ -37,7 +37,7 @@ from fleetd.team.region_file import (
     read_region,
     write_region,
 )
-from fleetd.team.region_move import copy_job_objects, copy_order, job_prefix, to_copy
+from fleetd.team.region_move import copy_job_objects, copy_order, job_prefix, layout_of, to_copy
 from tests.test_team_member import Resumes, node
 
 NOW = 10_000.0
@@ -222,7 +222,7 @@ async def test_the_copy_moves_every_object_of_the_job_and_only_its_own_pointer_l
     # not a step still being uploaded (no manifest).
     listed = [(f"{prefix}step-{n}/{f}", 1) for n in (3, 5, 7) for f in ("model.pt", "MANIFEST.json")]
     listed += [(f"{prefix}step-9/model.pt", 1), (f"{prefix}latest", 1), (f"{prefix}code/abc.tar.gz", 1)]
-    keys = [k for k, _ in to_copy(prefix, listed)]
+    keys = [k for k, _ in to_copy(layout_of(home), listed)]
     assert {k.split("/")[2] for k in keys if "/step-" in k} == {"step-5", "step-7"}
     assert keys[-1] == f"{prefix}latest" and f"{prefix}code/abc.tar.gz" in keys
     monkeypatch.setattr(region_move, "COPY_OBJECT_MAX", 5 * 1024 * 1024)

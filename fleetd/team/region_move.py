@@ -38,8 +38,12 @@ class Copied:
     seconds: float
 
 
+def layout_of(cfg: FleetdConfig) -> CheckpointLayout:
+    return CheckpointLayout(cfg.checkpoints.prefix, cfg.job.name)
+
+
 def job_prefix(cfg: FleetdConfig) -> str:
-    return CheckpointLayout(cfg.checkpoints.prefix, cfg.job.name).job_prefix
+    return layout_of(cfg).job_prefix
 
 
 def copy_order(key: str) -> int:
@@ -55,19 +59,19 @@ async def _listed(s3: Any, bucket: str, prefix: str) -> AsyncIterator[tuple[str,
             yield obj["Key"], int(obj["Size"])
 
 
-def to_copy(prefix: str, objects: list[tuple[str, int]]) -> list[tuple[str, int]]:
+def to_copy(layout: CheckpointLayout, objects: list[tuple[str, int]]) -> list[tuple[str, int]]:
     """What a move needs: the two newest durable steps (those with their manifest), the ``latest``
     pointer and whatever is not a step (the job's shipped code); older retained steps stay. In
     copy order."""
     steps: dict[int, list[tuple[str, int]]] = {}
     rest = []
     for key, size in objects:
-        head = key[len(prefix) :].split("/", 1)[0]
-        if head.startswith("step-") and head[5:].isdigit() and "/" in key[len(prefix) :]:
-            steps.setdefault(int(head[5:]), []).append((key, size))
-        else:
+        step = layout.step_of_key(key)
+        if step is None:
             rest.append((key, size))
-    durable = sorted((n for n, files in steps.items() if any(k.endswith("/" + MANIFEST_NAME) for k, _ in files)))
+        else:
+            steps.setdefault(step, []).append((key, size))
+    durable = sorted(n for n, files in steps.items() if any(k == layout.manifest_key(n) for k, _ in files))
     # The restore takes the newest step with a valid manifest and falls back to older ones on a
     # corrupt file: the one before the newest goes too, so that fallback exists in the new region.
     chosen = [*rest, *(f for n in durable[-KEEP_STEPS:] for f in steps[n])]
@@ -78,8 +82,8 @@ async def copy_job_objects(s3: Any, src: FleetdConfig, dst: FleetdConfig) -> Cop
     """Copy what the job needs to resume from ``src``'s bucket to ``dst``'s (same keys), with an
     S3 client of the destination region (S3 copies across regions server-side)."""
     started = time.monotonic()
-    prefix = job_prefix(src)
-    objects = to_copy(prefix, [o async for o in _listed(s3, src.checkpoints.bucket, prefix)])
+    layout = layout_of(src)
+    objects = to_copy(layout, [o async for o in _listed(s3, src.checkpoints.bucket, layout.job_prefix)])
     total = 0
     for key, size in objects:
         source = {"Bucket": src.checkpoints.bucket, "Key": key}
