@@ -156,6 +156,20 @@ def test_a_whole_fleet_wave_the_replacements_resume_from_the_notices_checkpoint(
     assert wipe["durable_step_before_last_left"] == 100 and wipe["last_left_s"] == 25.0
 
 
+def test_the_replacements_own_saves_are_not_the_waves_though_a_noticed_node_outlasts_them(tmp_path: Path) -> None:
+    """Run 30's timeline: the replacement resumed at the wave's 100 while b still drained its
+    long notice, trained 101 and saved it for a joiner; b left after. The wave left 100 durable."""
+    from fleetd.demo.report import _whole_fleet
+
+    recs = _steps(0.0, 2, 1, 100)
+    recs += [_start(40.0, "127.0.0.3", 100, 1)] + _steps(40.5, 1, 101, 110)
+    p = Progress.load(_write(tmp_path / "ev.jsonl", recs))
+    wipe = _whole_fleet(_wave_run({"a": 20.0, "b": 42.0}, {100: 18.0, 101: 40.6}), p)
+    assert wipe is not None
+    assert (wipe["via"], wipe["resume_step"], wipe["last_step_before"]) == ("checkpoint", 100, 100)
+    assert wipe["durable_step_before_last_left"] == 100 and wipe["last_left_s"] == 42.0
+
+
 def test_a_whole_fleet_wave_handed_to_replacements_that_joined_inside_the_notice(tmp_path: Path) -> None:
     """The replacement joined while both noticed nodes were still draining: one round with them
     (state from a peer), then they left. Nothing had to be durable first, and nothing was lost."""

@@ -1,40 +1,168 @@
-"""agent/supervise/torchrun_main.py: a newcomer asks the running job for its hold checkpoint right
-before its first join, once its warm pool is ready, not when torchrun starts (the running ranks
-pause from that request until the new round trains)."""
+"""agent/supervise/torchrun_main.py: a newcomer asks the running job for its hold checkpoint at the
+moment it enters the wait list of a formed round (what makes the running agents restart their
+workers), with its warm pool ready; never for a round still forming, where nothing trains yet.
+
+Real torch rendezvous handlers over a real TCPStore, the newcomer in its own process (two
+handlers in one process deadlock on the GIL inside a blocking store read). Deciding at the first
+``next_rendezvous`` raced the running node's own round: it formed between the newcomer's look and
+its join, and the running node restarted from step 0 in a store-outage test."""
 
 from __future__ import annotations
 
+import json
+import os
+import pickle
+import subprocess
+import sys
 import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
 
 from agent.supervise import torchrun_main
 
+NEWCOMER = """
+import json, sys, time
+from agent.supervise import torchrun_main
+from tests.test_torchrun_join_hold import handler, members, store_client
 
-def test_the_hold_is_asked_once_right_before_the_first_join_with_the_pool_warm(tmp_path, monkeypatch):
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+store = store_client(int(sys.argv[1]))
+
+def hold(timeout_s):  # what the running node's ranks would see when asked to save
+    print(json.dumps({"hold": members(store)}), flush=True)
+
+torchrun_main.checkpoint_before_join = hold
+torchrun_main._hold_when_wait_listed(1.0)
+if sys.argv[3] == "late":  # b looked while a's round formed; its first sync lands after (a slow store)
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+    sync, waited = dr._BackendRendezvousStateHolder.sync, []
+    def late_sync(self):
+        while not waited and not members(store).get("complete"):
+            time.sleep(0.05)
+        waited.append(True)
+        return sync(self)
+    dr._BackendRendezvousStateHolder.sync = late_sync
+info = handler(store, "127.0.0.2", float(sys.argv[2])).next_rendezvous()
+print(json.dumps({"rank": info.rank, "world": info.world_size}), flush=True)
+"""
+
+
+def store_client(port: int) -> Any:
+    from torch.distributed import TCPStore
+
+    return TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
+
+
+def handler(store: Any, addr: str, last_call_s: float) -> Any:
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    # Each round's rank 0 publishes its address afresh (torch's shared-store path publishes only
+    # at a handler's first round, and the handlers here re-form without restarting).
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    timeout = dr.RendezvousTimeout(join=timedelta(seconds=60), last_call=timedelta(seconds=last_call_s))
+    backend = C10dRendezvousBackend(store, "job")
+    return dr.DynamicRendezvousHandler.from_backend("job", store, backend, 1, 2, local_addr=addr, timeout=timeout)
+
+
+def members(store: Any) -> dict[str, Any]:
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    got = C10dRendezvousBackend(store, "job").get_state()
+    s = pickle.loads(got[0]) if got else None
+    if s is None:
+        return {}
+    addrs = lambda nodes: sorted(n.addr for n in nodes)  # noqa: E731
+    return {"round": s.round, "complete": s.complete, "in": addrs(s.participants), "waiting": addrs(s.wait_list)}
+
+
+@pytest.fixture
+def store(monkeypatch: pytest.MonkeyPatch) -> Any:
+    from torch.distributed import TCPStore
+
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    return TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+
+
+def _newcomer(store: Any, last_call_s: float, sync: str = "now") -> subprocess.Popen[str]:
+    cwd = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cmd = [sys.executable, "-c", NEWCOMER, str(store.port), str(last_call_s), sync]
+    return subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, text=True)
+
+
+def _until(check: Any, timeout_s: float) -> None:
+    until = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < until, "timed out"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("looks", ["after a's round formed", "while a's round forms"])
+def test_a_newcomer_asks_for_the_hold_as_it_enters_a_formed_rounds_wait_list(store, looks):
+    # A last call (2 s) long enough for b, polling once a second, to make a's next round.
+    a = handler(store, "127.0.0.1", 2.0)
+    first = threading.Thread(target=a.next_rendezvous, daemon=True)  # a's round: a alone, in 2 s
+    first.start()
+    if looks == "after a's round formed":
+        first.join(60)
+        b = _newcomer(store, 2.0)
+    else:  # the race: b starts while a's round is open, and syncs only once it has formed
+        _until(lambda: members(store).get("in"), 60)
+        b = _newcomer(store, 2.0, sync="late")
+        first.join(60)
+    try:
+        _until(lambda: members(store).get("waiting"), 120)  # b is listed: a's agent would restart now
+        a.next_rendezvous()  # ... and does
+        out, _ = b.communicate(timeout=120)
+    finally:
+        b.kill()
+    said = [json.loads(line) for line in out.splitlines()]
+    # Asked once, before b was listed, while a's round was formed: a's ranks saved what they
+    # trained. The round of both asked nothing more.
+    assert said == [
+        {"hold": {"round": 0, "complete": True, "in": ["127.0.0.1"], "waiting": []}},
+        {"rank": 1, "world": 2},
+    ]
+
+
+def test_a_newcomer_into_a_round_still_forming_asks_nothing(store):
+    a = handler(store, "127.0.0.1", 20.0)  # a's round waits out a long last call for more nodes
+    first = threading.Thread(target=a.next_rendezvous, daemon=True)
+    first.start()
+    _until(lambda: members(store).get("in"), 60)
+    b = _newcomer(store, 20.0)
+    try:
+        out, _ = b.communicate(timeout=120)  # both nodes in: the round forms at once (max_nodes)
+    finally:
+        b.kill()
+    first.join(60)
+    assert not first.is_alive()
+    assert [json.loads(line) for line in out.splitlines()] == [{"rank": 1, "world": 2}]  # no hold asked
+
+
+def test_the_hold_is_asked_once_per_formed_round_after_the_pool_is_warm(tmp_path, monkeypatch):
+    """A sync that fails on a stale state brings the wait-list decision back for the same round."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 
     calls: list[object] = []
     sock = tmp_path / "pool.sock"
-    monkeypatch.setattr(DynamicRendezvousHandler, "next_rendezvous", lambda self: calls.append("join") or "round")
-    monkeypatch.setattr(
-        torchrun_main, "checkpoint_before_join", lambda timeout_s: calls.append(("hold", sock.exists()))
-    )
     monkeypatch.setenv("FLEETD_WARM_POOL", str(sock))
-    assert torchrun_main._hold_before_first_join(1.0)
-    assert calls == []  # torchrun starting asks nothing of the running ranks
+    monkeypatch.setattr(dr.DynamicRendezvousHandler, "next_rendezvous", lambda self: calls.append("join"))
+    monkeypatch.setattr(dr._DistributedRendezvousOpExecutor, "_add_to_wait_list", lambda self: calls.append("listed"))
+    monkeypatch.setattr(torchrun_main, "checkpoint_before_join", lambda t: calls.append(("hold", sock.exists())))
+    assert torchrun_main._hold_when_wait_listed(1.0)
     threading.Timer(0.3, sock.touch).start()  # the pool finishes importing torch
-    handler = object()
-    assert DynamicRendezvousHandler.next_rendezvous(handler) == "round"  # type: ignore[arg-type]
-    assert DynamicRendezvousHandler.next_rendezvous(handler) == "round"  # type: ignore[arg-type]
-    assert calls == [("hold", True), "join", "join"]  # asked once, after the pool, before joining
+    dr.DynamicRendezvousHandler.next_rendezvous(object())
+    dr.DynamicRendezvousHandler.next_rendezvous(object())
+    assert calls == ["join", "join"]  # torchrun joining asks nothing by itself
 
+    class Executor:
+        def __init__(self, round_: int) -> None:
+            self._state = type("S", (), {"round": round_, "participants": {"a": 0}})()
 
-def test_without_a_pool_the_hold_is_asked_at_the_first_join_without_waiting(monkeypatch):
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
-
-    calls: list[str] = []
-    monkeypatch.setattr(DynamicRendezvousHandler, "next_rendezvous", lambda self: calls.append("join"))
-    monkeypatch.setattr(torchrun_main, "checkpoint_before_join", lambda timeout_s: calls.append("hold"))
-    monkeypatch.delenv("FLEETD_WARM_POOL", raising=False)
-    torchrun_main._hold_before_first_join(1.0)
-    DynamicRendezvousHandler.next_rendezvous(object())  # type: ignore[arg-type]
-    assert calls == ["hold", "join"]
+    add = dr._DistributedRendezvousOpExecutor._add_to_wait_list
+    for round_ in (3, 3, 4):
+        add(Executor(round_))
+    assert calls[2:] == [("hold", True), "listed", "listed", ("hold", True), "listed"]

@@ -1,8 +1,9 @@
 """``python -m agent.supervise.torchrun_main <torchrun args>``: torchrun, patched for fleetd.
 
 It polls the rendezvous every ``FLEETD_RDZV_POLL_S`` (0.1 s) instead of every second, rides
-through a store outage (store_ride.py), and right before its first join of a running job (its
-warm pool ready) asks it for a checkpoint with hold (folder mode: every round starts on the newest folder version, folder_gate.py).
+through a store outage (store_ride.py), and right before it enters a running job's wait list (its
+warm pool ready) asks that job for a checkpoint with hold (folder mode: every round starts on the
+newest folder version, folder_gate.py).
 Everything else is torchrun unchanged; if torch's internals changed it runs as is (slower, still
 correct). (docs/DESIGN.md "One interruption, end to end", "Rendezvous store crash")
 """
@@ -131,30 +132,46 @@ def _wait_for_warm_pool(timeout_s: float) -> None:
         time.sleep(0.05)
 
 
-def _hold_before_first_join(timeout_s: float) -> bool:
-    """Ask the running job for its hold checkpoint when this node is about to join, not when
-    torchrun starts. The running ranks stop training at the request and resume only in the new
-    round: torchrun's own start-up and the warm pool's import of torch (seconds on a busy host)
-    would otherwise all count in their pause. False: torch changed; asked at once instead."""
-    try:
-        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+def _hold_when_wait_listed(timeout_s: float) -> bool:
+    """Ask the running job for its hold checkpoint at the moment this node adds itself to the wait
+    list of a formed round: that entry is what makes the running agents restart their workers.
 
-        original = DynamicRendezvousHandler.next_rendezvous
+    Deciding earlier (at the first ``next_rendezvous``) raced the running world's own round: a
+    newcomer that looked while that round was still open asked for nothing, then found it
+    formed and wait-listed itself, and the running node restarted from its last checkpoint
+    (558 steps lost in a store-outage test on a loaded box). The join operation's own decision,
+    made on the state it just synced, has no such window. The pool wait stays at the first
+    ``next_rendezvous``: the hold should start when this node is ready to train, not while it
+    imports torch (the running ranks stop at the request). False: torch changed; asked at once."""
+    try:
+        from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+        handler, executor = dr.DynamicRendezvousHandler, dr._DistributedRendezvousOpExecutor
+        original_next, original_add = handler.next_rendezvous, executor._add_to_wait_list
     except (ImportError, AttributeError) as exc:
         print(f"fleetd: asking for the join checkpoint at start: {exc}", file=sys.stderr)
         checkpoint_before_join(timeout_s)
         return False
-    asked = False
+    pool_waited = False
+    asked_rounds: set[int] = set()
 
     def next_rendezvous(self: Any, *args: Any, **kwargs: Any) -> Any:
-        nonlocal asked
-        if not asked:  # later calls are this member's own re-forms: nothing to save for
-            asked = True
+        nonlocal pool_waited
+        if not pool_waited:  # later calls are this member's own re-forms: its pool is long ready
+            pool_waited = True
             _wait_for_warm_pool(POOL_WAIT_S)
-            checkpoint_before_join(timeout_s)
-        return original(self, *args, **kwargs)
+        return original_next(self, *args, **kwargs)
 
-    DynamicRendezvousHandler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]
+    def _add_to_wait_list(self: Any) -> None:
+        # One request per formed round: a stale local state (someone's keep-alive landed while
+        # the ranks saved) fails the sync and brings the same decision back for the same round.
+        if self._state.round not in asked_rounds and self._state.participants:
+            asked_rounds.add(self._state.round)
+            checkpoint_before_join(timeout_s)
+        original_add(self)
+
+    handler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]
+    executor._add_to_wait_list = _add_to_wait_list  # type: ignore[method-assign]
     return True
 
 
@@ -177,7 +194,7 @@ def main() -> None:
 
         install(folder_gate)
     else:
-        _hold_before_first_join(float(os.environ.get("FLEETD_JOIN_CKPT_TIMEOUT_S", "10")))
+        _hold_when_wait_listed(float(os.environ.get("FLEETD_JOIN_CKPT_TIMEOUT_S", "10")))
     from torch.distributed.run import main as torchrun_main
 
     try:
