@@ -6,6 +6,8 @@ steered (fleetd): 3 nodes; then ``--cycles`` times: a spot notice on one node (c
   checkpoint, shard upload, leave, survivors re-form) and a new node joining.
   - notice -> all survivors training again: from the notice (the emergency path starting) to the
     moment every survivor rank has completed a step at the new world size;
+  - notice -> leaver stopped: the leaving node's own time to its tree stopped (fleetd then
+    terminates it): the part of a notice it is billed for;
   - steps lost: (last step completed before the change) - (step resumed from);
   - join -> training: from the new node's torchrun starting to every rank having completed a step
     at the larger world size.
@@ -76,6 +78,7 @@ async def steered(workdir: Path, endpoint: str, cycles: int) -> dict:
     aws = AwsConfig(region="us-east-1", endpoint_url=endpoint)
     out: dict = {
         "notice_s": [],
+        "left_s": [],
         "steps_lost": [],
         "join_s": [],
         "join_pause_s": [],
@@ -112,6 +115,7 @@ async def steered(workdir: Path, endpoint: str, cycles: int) -> dict:
                 first = _first_step_at(cluster, len(live), t_notice, set(live))
                 lost = _last_before(cluster, len(live) + 1, first) - _resumed(cluster, len(live), t_notice)
                 out["notice_s"].append(round(t_done - t_notice, 3))
+                out["left_s"].append(outcome.timings.get("stopped"))
                 out["steps_lost"].append(lost)
                 out["phases"].append({"emergency": outcome.timings, "durable": outcome.durable})
 
@@ -233,6 +237,7 @@ def main() -> int:
     print(f"cpus={os.cpu_count()} load average before={load_before:.1f} after={os.getloadavg()[0]:.1f}")
     print(f"{'event':38} {'fleetd':>12} {'torchrun defaults':>18}")
     print(f"{'notice -> all survivors training (s)':38} {med(s['notice_s']):>12} {d.get('notice_s', '-'):>18}")
+    print(f"{'notice -> leaver stopped (s)':38} {med(s['left_s']):>12} {'-':>18}")
     print(f"{'steps lost per notice':38} {max(s['steps_lost']):>12} {d.get('steps_lost', '-'):>18}")
     print(f"{'join -> all ranks training (s)':38} {med(s['join_s']):>12} {d.get('join_s', '-'):>18}")
     print(f"{'join: running ranks paused (s)':38} {med(s['join_pause_s']):>12} {'-':>18}")
@@ -249,6 +254,8 @@ def main() -> int:
         )
     result = {
         "notice_to_training_s": med(s["notice_s"]),
+        # The leaver's own time, notice -> its tree stopped (then fleetd terminates it).
+        "notice_to_left_s": med(s["left_s"]),
         "steps_lost": max(s["steps_lost"]),
         "join_to_training_s": med(s["join_s"]),
         "join_pause_s": med(s["join_pause_s"]),

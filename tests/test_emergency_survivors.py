@@ -115,6 +115,39 @@ async def test_when_every_holder_is_noticed_the_node_leaves_only_once_its_copy_i
     assert outcome.step == STEP and outcome.durable
 
 
+class HeldOnlyLink(MemoryLink):
+    """This node's ranks stopped at the hold and saved nothing (agent/trainer/hold_plan.py); the
+    nodes that stay have not acknowledged yet: they are still writing their copies."""
+
+    def acks(self, seq: int) -> list[keys.CheckpointAck]:
+        return [
+            keys.CheckpointAck(seq=seq, step=STEP, rank=0, world_size=len(NODES), node_addr=NODES[0], held_only=True)
+        ]
+
+
+@pytest.mark.asyncio
+async def test_a_node_that_held_only_leaves_without_waiting_for_the_staying_nodes_save(tmp_path: Path) -> None:
+    link = HeldOnlyLink(noticed=set())
+    flow = _flow(tmp_path, link)
+    assert await asyncio.wait_for(flow._wait_saved(1, until=time.monotonic() + 3600), timeout=60) == (STEP, True)
+    outcome = await flow.run(reason="spot notice")
+    # No upload: its copy (an older one on its disk here) is not the step the job carries on from.
+    assert [kind for kind, _ in link.events] == ["drain_ready", "left"], link.events
+    assert link.events[0] == ("drain_ready", "durable=False")
+    assert outcome.step == STEP and not outcome.durable and "left at the hold" in outcome.detail
+
+
+def test_a_held_only_ack_does_not_count_as_a_survivors_copy(tmp_path: Path) -> None:
+    link = MemoryLink(noticed={NODES[1]})
+    flow = _flow(tmp_path, link)
+    assert flow._a_survivor_holds(1, STEP)  # NODES[2] saved it and stays
+    plain = MemoryLink.acks(link, 1)
+    link.acks = lambda seq: [  # type: ignore[method-assign]
+        a.model_copy(update={"held_only": a.node_addr == NODES[2]}) for a in plain
+    ]
+    assert not flow._a_survivor_holds(1, STEP)  # NODES[2] stopped without saving: nobody holds it
+
+
 class WaveLink(MemoryLink):
     """A later notice of a wave: NODES[2] already left; its ranks answered the earlier request
     (seq 1) but can never answer this node's (seq 2)."""
@@ -141,7 +174,7 @@ async def test_a_later_notice_does_not_wait_for_the_ranks_of_a_node_already_gone
     # Returns on the acknowledgements that can come (an hour's bound: waiting out the bound is
     # the old behaviour, which hangs this test into its timeout instead).
     step = await asyncio.wait_for(flow._wait_saved(2, until=time.monotonic() + 3600), timeout=60)
-    assert step == STEP
+    assert step == (STEP, False)
     outcome = await flow.run(reason="spot notice")
     assert outcome.step == STEP and outcome.durable
     assert [kind for kind, _ in link.events] == ["durable", "drain_ready", "left"], link.events

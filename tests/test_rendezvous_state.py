@@ -161,6 +161,21 @@ def test_survivors_are_poked_once_the_leaver_left():
     assert kinds(acts) == ["PokeSurvivors"] and acts[0].finished == {"127.0.0.4"}
 
 
+def test_survivors_still_writing_the_held_step_are_poked_only_once_saved():
+    """A leaver with replicated state left at the hold without waiting for their save
+    (agent/trainer/hold_plan.py): a poke now would restart their workers mid-save."""
+    s = complete_round(A, B)
+    told = {"127.0.0.4": NOW - timedelta(seconds=1)}
+    left = frozenset({"127.0.0.4"})
+    assert decide.steer(obs(s, told_leave=told, left=left, saving=frozenset({B.addr}))) == ()
+    assert kinds(decide.steer(obs(s, told_leave=told, left=left))) == ["PokeSurvivors"]
+    # Bounded: a member that never acknowledges (it died meanwhile) does not hold the rest.
+    late = {"127.0.0.4": NOW - timedelta(seconds=31)}
+    assert kinds(decide.steer(obs(s, told_leave=late, left=left, saving=frozenset({B.addr})))) == ["PokeSurvivors"]
+    # A member no longer in the round is not waited for.
+    assert kinds(decide.steer(obs(s, told_leave=told, left=left, saving=frozenset({"127.0.0.9"})))) == ["PokeSurvivors"]
+
+
 def test_a_leaver_that_adds_itself_back_to_the_open_round_is_taken_out_again():
     """Its torchrun was mid-join when fleetd removed it: left in, torch's last call would complete
     the round with it as rank 0 and the others would wait for an address it never publishes."""

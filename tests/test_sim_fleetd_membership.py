@@ -61,8 +61,10 @@ def _run(
     return world, policy
 
 
-def test_a_reclaim_wave_drains_together_and_each_node_is_terminated_once_it_has_left(tmp_path) -> None:
-    world, policy = _run(tmp_path, no_notice_share=0.0)
+@pytest.mark.parametrize("sharded", [False, True])
+def test_a_reclaim_wave_drains_together_and_each_node_is_terminated_once_it_has_left(tmp_path, sharded) -> None:
+    salvage_loss_s = None if sharded else d.SALVAGE_STEP_LOSS_S.value
+    world, policy = _run(tmp_path, no_notice_share=0.0, salvage_loss_s=salvage_loss_s)
     notice_at = 1200.0 - d.NOTICE_LEAD_S.value
     drains = [r for r in policy.record if r.kind == "Drain"]
     assert len(drains) == 3 and {r.t for r in drains} == {notice_at}
@@ -70,8 +72,10 @@ def test_a_reclaim_wave_drains_together_and_each_node_is_terminated_once_it_has_
     # idle from the drain on); plus the first round at t=0, when the 4 nodes joined.
     assert world.overhead["checkpoint"] == pytest.approx(1 * STALL)
     assert world.overhead["re-form"] == pytest.approx(4 * REFORM + 1 * REFORM)
-    # Left after checkpoint + upload of its shard (10 GB / 4 ranks at UPLOAD_GB_PER_S) + leave.
-    left_after = STALL + 10.0 / 4 / d.UPLOAD_GB_PER_S.value + REFORM
+    if sharded:  # left after its save + the upload of its shard (10 GB / 4 ranks) + the leave
+        left_after = STALL + 10.0 / 4 / d.UPLOAD_GB_PER_S.value + REFORM
+    else:  # replicated, a node stays: it stops at the hold and leaves (agent/trainer/hold_plan.py)
+        left_after = REFORM
     terminates = [r for r in policy.record if r.kind == "Terminate"]
     assert sorted(r.detail for r in terminates) == sorted(r.detail for r in drains)
     assert [r.t for r in terminates] == pytest.approx([notice_at + left_after] * 3)

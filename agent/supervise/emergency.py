@@ -70,6 +70,7 @@ class _Leaving:
     member: Any = None
     seq: int | None = None
     step: int | None = None
+    held_only: bool = False  # this node's ranks stopped at ``step`` and saved nothing
     durable: bool = False
     detail: str = ""
     upload: asyncio.Task[tuple[bool, str]] | None = None
@@ -209,9 +210,9 @@ class EmergencyFlow:
         mark("requested")
         track.to(Phase.CHECKPOINT_REQUESTED, seq=lv.seq)
         # No acknowledgement within half the notice: the wave came while the world re-formed.
-        lv.step = await self._wait_saved(lv.seq, until=t0 + budget * 0.5)
+        lv.step, lv.held_only = await self._wait_saved(lv.seq, until=t0 + budget * 0.5)
         mark("saved")
-        track.to(Phase.NO_ACK if lv.step is None else Phase.ACKED, step=lv.step)
+        track.to(Phase.NO_ACK if lv.step is None else Phase.ACKED, step=lv.step, held_only=lv.held_only)
 
     async def _upload_for_leave(
         self,
@@ -227,6 +228,8 @@ class EmergencyFlow:
         step = lv.step
         if step is None:
             lv.detail = lv.detail or "no checkpoint acknowledged before the deadline; the last durable one stands"
+        elif lv.held_only:
+            lv.detail = f"left at the hold: the nodes that stay save step {step} (agent/trainer/hold_plan.py)"
         elif not local_ckpt.step_dir(self.ckpt_dir, step).is_dir():
             # A member of an earlier world that dropped out of the one that saved step N (a
             # slow restart): the ranks that acknowledged it hold it, this node has nothing.
@@ -244,7 +247,8 @@ class EmergencyFlow:
 
     def _a_survivor_holds(self, seq: int, step: int) -> bool:
         """Does a rank that saved ``step`` live on a node that is not itself noticed?"""
-        holders = {a.node_addr for a in self.link.acks(seq) if a.step == step} - {self.node_addr, ""}
+        holders = {a.node_addr for a in self.link.acks(seq) if a.step == step and not a.held_only}
+        holders -= {self.node_addr, ""}
         return any(self.link.noticed(addr) is None for addr in holders)
 
     def _every_remaining_rank_acked(self, seq: int, acks: list[keys.CheckpointAck]) -> bool:
@@ -286,16 +290,22 @@ class EmergencyFlow:
         finally:
             mark("uploaded")
 
-    async def _wait_saved(self, seq: int, until: float) -> int | None:
+    async def _wait_saved(self, seq: int, until: float) -> tuple[int | None, bool]:
+        """The step every rank acknowledged (None: none in time), and whether this node's ranks
+        stopped at it without saving: then the nodes that stay save it, and this one need not
+        wait for their save (hold_plan.py)."""
         while time.monotonic() < until:
             acks = await self._store(self.link.acks, seq)
+            held = [a.step for a in acks if a.node_addr == self.node_addr and a.held_only]
+            if held:
+                return held[0], True
             if acks and await self._store(self._every_remaining_rank_acked, seq, acks):
                 newest: int = max(a.step for a in acks)
-                return newest
+                return newest, False
             await asyncio.sleep(self.poll_s)
         acks = await self._store(self.link.acks, seq)
-        mine = [a.step for a in acks if a.node_addr == self.node_addr]
-        return max(mine) if mine else None
+        mine = [a.step for a in acks if a.node_addr == self.node_addr and not a.held_only]
+        return (max(mine) if mine else None), False
 
     async def _wait_leave(self, until: float) -> bool:
         """True when fleetd's leave came (store key or MQTT), False when ``until`` passed first."""

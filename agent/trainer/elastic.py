@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from types import ModuleType
 from typing import Any
 
-from agent.trainer import local_ckpt, store_view
+from agent.trainer import hold_plan, local_ckpt, store_view
 from agent.trainer.context import TrainerContext
 from agent.trainer.local_ckpt import Mode, SavedStep
 from agent.trainer.reports import TrainerReports
@@ -52,6 +52,7 @@ class ElasticCheckpointer(ResumeSteps):
         self.root.mkdir(parents=True, exist_ok=True)
         self.handled_seq = 0
         self.last_saved: int | None = None
+        self.held_only_step: int | None = None  # a hold this node leaves at without saving
         self.resumed_from: int | None = None
         self._link = None
         self._view: store_view.StoreView | None = None  # rank 0's look at the store, every step
@@ -149,8 +150,10 @@ class ElasticCheckpointer(ResumeSteps):
                 self.stateful[k].load_state_dict(saved)
 
     # ------------------------------------------------------------------ save
-    def save(self, step: int) -> SavedStep | None:
-        """Save step ``step`` on every node (collective: call on all ranks at the same step)."""
+    def save(self, step: int, *, world_barrier: bool = True) -> SavedStep | None:
+        """Save step ``step`` on every node (collective: call on all ranks at the same step).
+        Without ``world_barrier`` (a hold some nodes leave at: hold_plan.py) the ranks wait only
+        for their own node's copy; replicated state only."""
         if self.last_saved == step:
             return None
         started = time.monotonic()
@@ -161,7 +164,11 @@ class ElasticCheckpointer(ResumeSteps):
                     saved = local_ckpt.save_plain(self.root, step, self._plain_state())
         else:
             saved = self._save_dcp(step, started)
-        self._barrier()  # every node's copy is in place before anyone acks or moves on
+        if world_barrier:
+            self._barrier()  # every node's copy is in place before anyone acks or moves on
+        elif self.ctx.local_rank != 0 and not hold_plan.wait_for_local_copy(self.root, step, self.ctx.hold_timeout_s):
+            # No ack may claim a copy this node lacks: fail, and torchrun restarts the worker.
+            raise RuntimeError(f"local rank 0 wrote no copy of step {step} in {self.ctx.hold_timeout_s:g} s")
         self.last_saved = step
         if saved is not None:
             local_ckpt.prune(self.root, self.ctx.ckpt_keep)
@@ -235,13 +242,20 @@ class ElasticCheckpointer(ResumeSteps):
         assert self._link is not None
         requests = [r for s in range(self.handled_seq + 1, seq + 1) if (r := self._link.request(s)) is not None]
         hold = any(r.hold for r in requests)
-        self.save(step)
+        leaving = tuple(a for r in requests for a in r.leaving)
+        c = self.ctx
+        plan = hold_plan.plan_hold(self.mode, hold, leaving, c.node_addr, c.world_size, c.local_world_size)
+        if not plan.save:
+            self.held_only_step = step  # this node leaves: the staying nodes' copies carry on
+        else:
+            self.save(step, world_barrier=plan.world_barrier)
         for s in range(self.handled_seq + 1, seq + 1):
             self._ack(s, step)
         self.handled_seq = seq
-        self.emit("checkpoint_request", seq=seq, step=step, hold=hold, reasons=[r.reason for r in requests])
+        reasons = [r.reason for r in requests]
+        self.emit("checkpoint_request", seq=seq, step=step, hold=hold, held_only=not plan.save, reasons=reasons)
         if hold:
-            self._hold(step, leaving=tuple(a for r in requests for a in r.leaving))
+            self._hold(step, leaving=leaving)
 
     def _ack(self, seq: int, step: int) -> None:
         from fleetd.protocol.rendezvous_keys import CheckpointAck
@@ -255,6 +269,7 @@ class ElasticCheckpointer(ResumeSteps):
                 world_size=self.ctx.world_size,
                 node_addr=self.ctx.node_addr,
                 local_dir=str(local_ckpt.step_dir(self.root, step)),
+                held_only=self.held_only_step == step,
             )
         )
 

@@ -136,7 +136,9 @@ class CheckpointRequest(_Value):
 
 
 class CheckpointAck(_Value):
-    """One rank saved step ``step`` for request ``seq``."""
+    """One rank saved step ``step`` for request ``seq``; with ``held_only``, it stopped at that
+    step and saved nothing: its node leaves, and nodes that stay hold the step (replicated state,
+    agent/trainer/hold_plan.py)."""
 
     seq: Seq
     step: Step
@@ -144,6 +146,7 @@ class CheckpointAck(_Value):
     world_size: Annotated[int, Field(ge=1)]
     node_addr: str = ""
     local_dir: str = ""  # the step's directory on that node
+    held_only: bool = False
     saved_at: AwareDatetime = Field(default_factory=_now)
 
 

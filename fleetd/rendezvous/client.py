@@ -196,6 +196,16 @@ class RendezvousClient:
         log.info("checkpoint_requested", seq=seq, reason=reason, hold=hold, leaving=list(leaving))
         return seq
 
+    async def latest_request_seq(self) -> int:
+        """The newest checkpoint request's number (0: none yet); never blocks."""
+        return await self._run(lambda s: int(s.add(keys.request_seq_key(self.run_id), 0)))
+
+    async def request(self, seq: int) -> keys.CheckpointRequest | None:
+        return await self._read(keys.CheckpointRequest, keys.request_key(self.run_id, seq))
+
+    async def ack_count(self, seq: int) -> int:
+        return await self._run(lambda s: int(s.add(keys.ack_count_key(self.run_id, seq), 0)))
+
     async def acks(self, seq: int) -> list[keys.CheckpointAck]:
         """Every rank's ack for request ``seq`` (ranks 0..world-1 as far as they are present)."""
         count = await self._run(lambda s: int(s.add(keys.ack_count_key(self.run_id, seq), 0)))

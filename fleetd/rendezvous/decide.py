@@ -1,10 +1,10 @@
 """What fleetd does to the rendezvous in one steering pass: a pure function of what it observed.
 
 Level-based (every pass re-reads the store), each node's phase read from its keys: a leaver's
-``drain_ready`` -> RemoveNode + TellLeave; its ``left`` (or none in time) -> PokeSurvivors; the
-survivors and waiting newcomers all in -> CompleteRound. A stale member is kept while the job's
-progress counter moves (docs/DESIGN.md "One interruption, end to end", "Partitions: signals from
-independent sources").
+``drain_ready`` -> RemoveNode + TellLeave; its ``left`` (or none in time) and the staying members'
+copies of the held step -> PokeSurvivors; the survivors and waiting newcomers all in ->
+CompleteRound. A stale member is kept while the job's progress counter moves (docs/DESIGN.md
+"One interruption, end to end", "Partitions: signals from independent sources").
 """
 
 from __future__ import annotations
@@ -47,6 +47,10 @@ class Observation:
     # leaver (kept below the trainers' own LEFT_GRACE_S, after which they re-form by themselves).
     noticed: frozenset[str] = frozenset()
     coalesce: timedelta = timedelta(seconds=3)
+    # Members that stay and have not saved the step their leavers held (agent/trainer/hold_plan.py):
+    # a poke would stop their workers mid-save. Waited for up to ``save_wait`` after the first told.
+    saving: frozenset[str] = frozenset()
+    save_wait: timedelta = timedelta(seconds=30)
     # When the steering last saw the job's progress counter change (None: no counter in the
     # store, so progress cannot be judged and a stale heartbeat alone decides).
     progress_at: datetime | None = None
@@ -334,6 +338,8 @@ def _leaves(obs: Observation, s: RendezvousState, present: frozenset[str]) -> li
         actions.append(
             FinishLeaves(f"{', '.join(sorted(done))} left; every remaining node is leaving too: no re-form", done)
         )
+    elif (obs.saving & present) and obs.now - min(obs.told_leave.values()) < obs.save_wait:
+        pass  # the members that stay still write the held step
     elif s.complete and s.participants and not s.has_marker:
         actions.append(PokeSurvivors(f"{', '.join(sorted(done))} left: survivors re-form now", done))
     else:

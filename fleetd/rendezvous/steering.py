@@ -23,6 +23,7 @@ from typing import cast
 from fleetd.rendezvous import decide
 from fleetd.rendezvous.client import KEY_COUNT, RendezvousClient, Snapshot
 from fleetd.rendezvous.errors import RendezvousError, RendezvousUnavailable
+from fleetd.rendezvous.held_step import HeldStepWatch
 from fleetd.rendezvous.phase_log import PhaseLog
 from fleetd.rendezvous.silence import SilenceWatch
 from fleetd.rendezvous.state import RendezvousState
@@ -64,6 +65,7 @@ class Steerer:
     round_seen_at: datetime | None = None  # a round just formed: its members were all alive then
     tolerated: frozenset[str] = frozenset()
     phase_log: PhaseLog = field(default_factory=PhaseLog)  # leaving nodes' phases, logged as they move
+    held: HeldStepWatch = field(default_factory=HeldStepWatch)  # the staying nodes' save (decide.saving)
     # For the stall rule (fleetd/policy/stall.py): when the rendezvous last changed shape (epoch
     # seconds) and whether a round is open now. A job forming a round is not stalled.
     rendezvous_changed_at: float | None = None
@@ -100,6 +102,7 @@ class Steerer:
         self._note_shape(s, now)
         self._note_heartbeats(s, now)
         st = self.settings
+        saving = await self.held.unsaved(self.client, self.members or frozenset(), frozenset(self.told_leave))
         if self.awaited and (
             (s is not None and s.complete and self.awaited <= s.participant_addrs)
             or (self.awaited_until is not None and now >= self.awaited_until)
@@ -122,6 +125,7 @@ class Steerer:
             awaited_until=self.awaited_until,
             member_leaves=frozenset(self.told_members),
             noticed=frozenset(noticed),
+            saving=saving,
             coalesce=timedelta(seconds=st.coalesce_s),
             progress_at=self._progress_at(),
             hang_after=timedelta(seconds=st.hang_after_s),

@@ -68,6 +68,7 @@ class ActionsMixin:
     leaving_signal: bool
     progress_survives_loss: bool
     upload_gb_per_s: float
+    salvage_loss_s: float | None
     phase: dict[str, NodePhase]
     node_pool: dict[str, PoolId]
     node_purpose: dict[str, LaunchPurpose]
@@ -214,7 +215,7 @@ class ActionsMixin:
             # the newcomers' start-up, the changeover d every policy pays.)
             world.stall(self._round_s(joining, leaving), "re-form", after_current=True, detail=kind)
         if self.leaving_signal:
-            delay = self._left_delay_s(world, len(before))
+            delay = self._left_delay_s(world, len(before), staying=len(before) > len(gone))
             for node in leaving:
                 world.after(delay, functools.partial(self._left, world, node))
 
@@ -223,8 +224,14 @@ class ActionsMixin:
         checkpoint request to every rank training at the larger size), the longer of the two."""
         return max(self.join_reform_s if joining else 0.0, self.reform_s if leaving else 0.0)
 
-    def _left_delay_s(self, world: World, world_size: int) -> float:
-        """Drain to trainer-exited: its checkpoint stall, its shard's upload, the leave."""
+    def _left_delay_s(self, world: World, world_size: int, *, staying: bool) -> float:
+        """Drain to trainer-exited. Replicated state with a node that stays: the leaver stops at
+        the hold and leaves, saving nothing (agent/trainer/hold_plan.py); charged a re-form's
+        time, above the 0.21 s measured from notice to its tree stopped (bench/rebalance.py
+        notice_to_left_s, 2026-11-28, loaded 2-core box). Else its checkpoint stall, its shard's
+        upload, the leave."""
+        if staying and self.salvage_loss_s is not None:  # replicated state (see FleetdPolicy)
+            return self.reform_s
         shard_gb = world.job.checkpoint_gb / max(1, world_size)
         return world.job.checkpoint_stall_s + shard_gb / self.upload_gb_per_s + self.reform_s
 
