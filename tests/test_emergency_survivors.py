@@ -137,6 +137,24 @@ async def test_a_node_that_held_only_leaves_without_waiting_for_the_staying_node
     assert outcome.step == STEP and not outcome.durable and "left at the hold" in outcome.detail
 
 
+@pytest.mark.asyncio
+async def test_a_node_with_several_ranks_goes_only_once_every_one_stopped(tmp_path: Path) -> None:
+    """Its tree is killed right after: a rank still short of the hold would never ack, and the
+    later leavers of a wave would wait for it."""
+    link = HeldOnlyLink(noticed=set())
+    two = [
+        keys.CheckpointAck(
+            seq=1, step=STEP, rank=r, world_size=4, node_addr=NODES[0], held_only=True, local_world_size=2
+        )
+        for r in (0, 1)
+    ]
+    link.acks = lambda seq: two[:1]  # type: ignore[method-assign]
+    flow = _flow(tmp_path, link)
+    assert await flow._wait_saved(1, until=time.monotonic() + 0.2) == (None, False)  # kept waiting
+    link.acks = lambda seq: two  # type: ignore[method-assign]
+    assert await flow._wait_saved(1, until=time.monotonic() + 3600) == (STEP, True)
+
+
 def test_a_held_only_ack_does_not_count_as_a_survivors_copy(tmp_path: Path) -> None:
     link = MemoryLink(noticed={NODES[1]})
     flow = _flow(tmp_path, link)

@@ -296,9 +296,9 @@ class EmergencyFlow:
         wait for their save (hold_plan.py)."""
         while time.monotonic() < until:
             acks = await self._store(self.link.acks, seq)
-            held = [a.step for a in acks if a.node_addr == self.node_addr and a.held_only]
-            if held:
-                return held[0], True
+            held = [a for a in acks if a.node_addr == self.node_addr and a.held_only]
+            if held and len({a.rank for a in held}) >= held[0].local_world_size:
+                return held[0].step, True  # every rank here stopped: its tree may go
             if acks and await self._store(self._every_remaining_rank_acked, seq, acks):
                 newest: int = max(a.step for a in acks)
                 return newest, False

@@ -243,8 +243,7 @@ class ElasticCheckpointer(ResumeSteps):
         requests = [r for s in range(self.handled_seq + 1, seq + 1) if (r := self._link.request(s)) is not None]
         hold = any(r.hold for r in requests)
         leaving = tuple(a for r in requests for a in r.leaving)
-        c = self.ctx
-        plan = hold_plan.plan_hold(self.mode, hold, leaving, c.node_addr, c.world_size, c.local_world_size)
+        plan = hold_plan.agreed_plan(self.mode, hold, leaving, self.ctx, self._all_reduce)
         if not plan.save:
             self.held_only_step = step  # this node leaves: the staying nodes' copies carry on
         else:
@@ -255,7 +254,7 @@ class ElasticCheckpointer(ResumeSteps):
         reasons = [r.reason for r in requests]
         self.emit("checkpoint_request", seq=seq, step=step, hold=hold, held_only=not plan.save, reasons=reasons)
         if hold:
-            self._hold(step, leaving=leaving)
+            self._hold(step, leaving=leaving, extra_grace_s=plan.extra_grace_s)
 
     def _ack(self, seq: int, step: int) -> None:
         from fleetd.protocol.rendezvous_keys import CheckpointAck
@@ -270,20 +269,22 @@ class ElasticCheckpointer(ResumeSteps):
                 node_addr=self.ctx.node_addr,
                 local_dir=str(local_ckpt.step_dir(self.root, step)),
                 held_only=self.held_only_step == step,
+                local_world_size=self.ctx.local_world_size,
             )
         )
 
-    def _hold(self, step: int, leaving: tuple[str, ...] = ()) -> None:
+    def _hold(self, step: int, leaving: tuple[str, ...] = (), extra_grace_s: float = 0.0) -> None:
         """Do not run ahead of a checkpoint a leave waits on. Normally the agent's torchrun
         restarts this worker into the next round while it waits here (fleetd pokes it).
 
         Without fleetd (its steering process down), nobody pokes: once every leaving node has
-        stopped and ``LEFT_GRACE_S`` passed, the worker fails on purpose so torchrun re-forms
-        without the departed node (a failure restart instead of a membership restart)."""
+        stopped and ``LEFT_GRACE_S`` (+ ``extra_grace_s``) passed, the worker fails on purpose so
+        torchrun re-forms without the departed node (a failure restart, not a membership one)."""
         assert self._link is not None
         self.emit("hold", step=step, leaving=list(leaving))
         until = time.monotonic() + self.ctx.hold_timeout_s
         all_left_at: float | None = None
+        grace_s = LEFT_GRACE_S + extra_grace_s
         while time.monotonic() < until:
             if self._link.released(self.handled_seq):
                 self.emit("released", step=step)
@@ -294,10 +295,10 @@ class ElasticCheckpointer(ResumeSteps):
                 all_left_at = None
             elif leaving and all_left_at is None and all(self._link.has_left(a) for a in leaving):
                 all_left_at = time.monotonic()
-            if all_left_at is not None and time.monotonic() - all_left_at > LEFT_GRACE_S:
+            if all_left_at is not None and time.monotonic() - all_left_at > grace_s:
                 self.emit("hold_abandoned", step=step)
                 raise RuntimeError(
-                    f"{', '.join(leaving)} left {LEFT_GRACE_S:g} s ago and no re-rendezvous came "
+                    f"{', '.join(leaving)} left {grace_s:g} s ago and no re-rendezvous came "
                     "(fleetd's steering down?): restarting so torchrun re-forms without them"
                 )
             newest = self._link.latest_request_seq()

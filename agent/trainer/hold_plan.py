@@ -10,20 +10,29 @@ until the slowest save ends), only a wait on the node's own copy (its local rank
 The survivors' workers are not restarted before their acks are in: fleetd's steering waits for
 them (fleetd/rendezvous/held_step.py).
 
-Every rank reaches the same plan from the same inputs (the requests agreed at this step, the
-world's shape), so the collectives stay matched. Sharded state and a world that is leaving
-whole save as before: every shard, or every copy, is needed.
+Every rank must follow one plan or the collectives mismatch (a rank in a barrier the others
+skip hangs). Each rank reads the requests itself, and a late read differs, so the ranks agree
+on the plan (`agreed_plan`): the node count from the world, and the inputs checked equal on
+every rank, else everybody saves as before. Sharded state and a world that is leaving whole save
+as before too: every shard, or every copy, is needed. Without fleetd's steering the survivors
+re-form by themselves after the leavers left (agent/trainer/elastic.py ``_hold``); when the
+leavers did not wait for the save, that grace also covers the steering's save wait, so a node
+that saved fast never restarts one still saving.
 (docs/DESIGN.md "One interruption, end to end")
 """
 
 from __future__ import annotations
 
 import time
+import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.trainer import local_ckpt
+from agent.trainer.context import TrainerContext
 from agent.trainer.local_ckpt import Mode
+from fleetd.protocol.rendezvous_keys import HELD_SAVE_WAIT_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,20 +40,33 @@ class HoldPlan:
     save: bool  # this rank's node writes its copy of the step (its local rank 0 does)
     world_barrier: bool  # every rank waits for every node's copy before it acks
 
+    @property
+    def extra_grace_s(self) -> float:
+        """How much longer the survivors hold before re-forming by themselves once the leavers
+        left: the steering's save wait, when the leavers did not wait for the save."""
+        return 0.0 if self.world_barrier else HELD_SAVE_WAIT_S
+
 
 SAVE_EVERYWHERE = HoldPlan(save=True, world_barrier=True)
 
 
-def plan_hold(
-    mode: Mode, hold: bool, leaving: tuple[str, ...], node_addr: str, world_size: int, local_world_size: int
+def agreed_plan(
+    mode: Mode, hold: bool, leaving: tuple[str, ...], ctx: TrainerContext, all_reduce: Callable[[int, str], int]
 ) -> HoldPlan:
+    """The plan of the whole world (a collective: every rank calls it when it answers)."""
+    nodes = all_reduce(int(ctx.local_rank == 0), "SUM")
+    digest = zlib.crc32(repr((mode, hold, sorted(set(leaving)))).encode())
+    if all_reduce(digest, "MAX") != all_reduce(digest, "MIN"):
+        return SAVE_EVERYWHERE  # a rank read the requests differently: the old way is safe
+    return plan_hold(mode, hold, leaving, ctx.node_addr, nodes)
+
+
+def plan_hold(mode: Mode, hold: bool, leaving: tuple[str, ...], node_addr: str, nodes: int) -> HoldPlan:
     """The plan for answering requests agreed at one step: ``hold`` if any of them holds,
-    ``leaving`` every node address they name."""
-    if not hold or not leaving or mode != "state_dict" or local_world_size < 1:
+    ``leaving`` every node address they name, ``nodes`` in the world."""
+    if not hold or not leaving or mode != "state_dict":
         return SAVE_EVERYWHERE
-    if world_size % local_world_size:
-        return SAVE_EVERYWHERE  # nodes of unequal sizes: the node count cannot be told
-    if len(set(leaving)) >= world_size // local_world_size:
+    if len(set(leaving)) >= nodes:
         # Nobody may stay (the names can include nodes already gone: the count errs towards
         # saving). A node noticed whose request has not come yet counts as staying: it saves,
         # and its own leave then uploads that copy (agent/supervise/emergency.py).

@@ -135,6 +135,11 @@ class CheckpointRequest(_Value):
     requested_by: Annotated[str, Field(max_length=128)] = ""
 
 
+# How long fleetd's steering waits for the staying nodes' copies of a step their leavers held
+# without saving (agent/trainer/hold_plan.py) before it re-forms them anyway.
+HELD_SAVE_WAIT_S = 30.0
+
+
 class CheckpointAck(_Value):
     """One rank saved step ``step`` for request ``seq``; with ``held_only``, it stopped at that
     step and saved nothing: its node leaves, and nodes that stay hold the step (replicated state,
@@ -147,6 +152,7 @@ class CheckpointAck(_Value):
     node_addr: str = ""
     local_dir: str = ""  # the step's directory on that node
     held_only: bool = False
+    local_world_size: Annotated[int, Field(ge=1)] = 1  # ranks on that node (a leaver waits for all)
     saved_at: AwareDatetime = Field(default_factory=_now)
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from fleetd.protocol.interruption import OUT, Phase, store_phase
+from fleetd.protocol.rendezvous_keys import HELD_SAVE_WAIT_S
 from fleetd.rendezvous.state import MARKER_ADDR, NodeId, RendezvousState
 
 
@@ -50,7 +51,7 @@ class Observation:
     # Members that stay and have not saved the step their leavers held (agent/trainer/hold_plan.py):
     # a poke would stop their workers mid-save. Waited for up to ``save_wait`` after the first told.
     saving: frozenset[str] = frozenset()
-    save_wait: timedelta = timedelta(seconds=30)
+    save_wait: timedelta = timedelta(seconds=HELD_SAVE_WAIT_S)
     # When the steering last saw the job's progress counter change (None: no counter in the
     # store, so progress cannot be judged and a stale heartbeat alone decides).
     progress_at: datetime | None = None
