@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -44,8 +45,10 @@ if sys.argv[3] == "late":  # b looked while a's round formed; its first sync lan
         waited.append(True)
         return sync(self)
     dr._BackendRendezvousStateHolder.sync = late_sync
-info = handler(store, "127.0.0.2", float(sys.argv[2])).next_rendezvous()
-print(json.dumps({"rank": info.rank, "world": info.world_size}), flush=True)
+h = handler(store, "127.0.0.2", float(sys.argv[2]))
+for _ in range(int(sys.argv[4])):  # its first join, then re-forms of its own (its agent restarting)
+    info = h.next_rendezvous()
+    print(json.dumps({"rank": info.rank, "world": info.world_size}), flush=True)
 """
 
 
@@ -86,9 +89,9 @@ def store(monkeypatch: pytest.MonkeyPatch) -> Any:
     return TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
 
 
-def _newcomer(store: Any, last_call_s: float, sync: str = "now") -> subprocess.Popen[str]:
+def _newcomer(store: Any, last_call_s: float, sync: str = "now", joins: int = 2) -> subprocess.Popen[str]:
     cwd = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    cmd = [sys.executable, "-c", NEWCOMER, str(store.port), str(last_call_s), sync]
+    cmd = [sys.executable, "-c", NEWCOMER, str(store.port), str(last_call_s), sync, str(joins)]
     return subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, text=True)
 
 
@@ -114,15 +117,19 @@ def test_a_newcomer_asks_for_the_hold_as_it_enters_a_formed_rounds_wait_list(sto
         first.join(60)
     try:
         _until(lambda: members(store).get("waiting"), 120)  # b is listed: a's agent would restart now
-        a.next_rendezvous()  # ... and does
+        a.next_rendezvous()  # ... and does: round 1, a and b
+        _until(lambda: members(store).get("waiting"), 120)  # b restarts its own workers
+        a.next_rendezvous()  # round 2, a and b again
         out, _ = b.communicate(timeout=120)
     finally:
         b.kill()
     said = [json.loads(line) for line in out.splitlines()]
     # Asked once, before b was listed, while a's round was formed: a's ranks saved what they
-    # trained. The round of both asked nothing more.
+    # trained. b's own re-form asked nothing: its round's ranks were stopping, not training (a
+    # request there waited out its timeout while the others formed a round without it).
     assert said == [
         {"hold": {"round": 0, "complete": True, "in": ["127.0.0.1"], "waiting": []}},
+        {"rank": 1, "world": 2},
         {"rank": 1, "world": 2},
     ]
 
@@ -132,7 +139,7 @@ def test_a_newcomer_into_a_round_still_forming_asks_nothing(store):
     first = threading.Thread(target=a.next_rendezvous, daemon=True)
     first.start()
     _until(lambda: members(store).get("in"), 60)
-    b = _newcomer(store, 20.0)
+    b = _newcomer(store, 20.0, joins=1)
     try:
         out, _ = b.communicate(timeout=120)  # both nodes in: the round forms at once (max_nodes)
     finally:
@@ -143,7 +150,8 @@ def test_a_newcomer_into_a_round_still_forming_asks_nothing(store):
 
 
 def test_the_hold_is_asked_once_per_formed_round_after_the_pool_is_warm(tmp_path, monkeypatch):
-    """A sync that fails on a stale state brings the wait-list decision back for the same round."""
+    """A sync that fails on a stale state brings the wait-list decision back for the same round;
+    a member's own round asks nothing, a round formed without it does."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 
     calls: list[object] = []
@@ -154,15 +162,18 @@ def test_the_hold_is_asked_once_per_formed_round_after_the_pool_is_warm(tmp_path
     monkeypatch.setattr(torchrun_main, "checkpoint_before_join", lambda t: calls.append(("hold", sock.exists())))
     assert torchrun_main._hold_when_wait_listed(1.0)
     threading.Timer(0.3, sock.touch).start()  # the pool finishes importing torch
-    dr.DynamicRendezvousHandler.next_rendezvous(object())
-    dr.DynamicRendezvousHandler.next_rendezvous(object())
-    assert calls == ["join", "join"]  # torchrun joining asks nothing by itself
+    dr.DynamicRendezvousHandler.next_rendezvous(object())  # a handler torch no longer shapes so
+    assert calls == ["join"]  # torchrun joining asks nothing by itself
 
-    class Executor:
-        def __init__(self, round_: int) -> None:
-            self._state = type("S", (), {"round": round_, "participants": {"a": 0}})()
+    def state(round_: int) -> Any:
+        return SimpleNamespace(round=round_, participants={"a": 0})
 
     add = dr._DistributedRendezvousOpExecutor._add_to_wait_list
-    for round_ in (3, 3, 4):
-        add(Executor(round_))
-    assert calls[2:] == [("hold", True), "listed", "listed", ("hold", True), "listed"]
+    for round_ in (3, 3, 4):  # a newcomer: a formed round 3, the same again, then round 4
+        add(SimpleNamespace(_state=state(round_)))
+    assert calls[1:] == [("hold", True), "listed", "listed", ("hold", True), "listed"]
+    del calls[:]
+    dr.DynamicRendezvousHandler.next_rendezvous(SimpleNamespace(_state_holder=SimpleNamespace(state=state(5))))
+    add(SimpleNamespace(_state=state(5)))  # its own round 5, left to restart its workers
+    add(SimpleNamespace(_state=state(6)))  # round 6 formed without it: that world trained
+    assert calls == ["join", "listed", ("hold", True), "listed"]

@@ -140,7 +140,9 @@ def _hold_when_wait_listed(timeout_s: float) -> bool:
     newcomer that looked while that round was still open asked for nothing, then found it
     formed and wait-listed itself, and the running node restarted from its last checkpoint
     (558 steps lost in a store-outage test on a loaded box). The join operation's own decision,
-    made on the state it just synced, has no such window. The pool wait stays at the first
+    made on the state it just synced, has no such window. A member's own re-form asks nothing; a
+    member that finds a round formed without it (it restarted late) asks like a newcomer: that
+    world trained and restarts for it. The pool wait stays at the first
     ``next_rendezvous``: the hold should start when this node is ready to train, not while it
     imports torch (the running ranks stop at the request). False: torch changed; asked at once."""
     try:
@@ -154,19 +156,30 @@ def _hold_when_wait_listed(timeout_s: float) -> bool:
         return False
     pool_waited = False
     asked_rounds: set[int] = set()
+    trained_in: int | None = None  # the newest round this torchrun joined (None: a newcomer)
 
     def next_rendezvous(self: Any, *args: Any, **kwargs: Any) -> Any:
-        nonlocal pool_waited
+        nonlocal pool_waited, trained_in
         if not pool_waited:  # later calls are this member's own re-forms: its pool is long ready
             pool_waited = True
             _wait_for_warm_pool(POOL_WAIT_S)
-        return original_next(self, *args, **kwargs)
+        info = original_next(self, *args, **kwargs)
+        state = getattr(getattr(self, "_state_holder", None), "state", None)
+        trained_in = getattr(state, "round", trained_in)
+        return info
 
     def _add_to_wait_list(self: Any) -> None:
+        formed = self._state.round
+        # A member restarting its own workers leaves its round and, while the others are still
+        # in it, wait-lists on that same round: nobody is training to save for (its ranks are
+        # stopping too), and a request there waited out the whole timeout for acks that never
+        # came while the others formed a round without it (worlds of 2, 3, 2 and 4 in one scale-up
+        # under load). A round formed after its own did train without it: that one is asked.
+        own_round = trained_in is not None and formed <= trained_in
         # One request per formed round: a stale local state (someone's keep-alive landed while
         # the ranks saved) fails the sync and brings the same decision back for the same round.
-        if self._state.round not in asked_rounds and self._state.participants:
-            asked_rounds.add(self._state.round)
+        if not own_round and formed not in asked_rounds and self._state.participants:
+            asked_rounds.add(formed)
             checkpoint_before_join(timeout_s)
         original_add(self)
 
