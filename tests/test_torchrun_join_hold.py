@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -35,18 +35,21 @@ def hold(timeout_s):  # what the running node's ranks would see when asked to sa
     print(json.dumps({"hold": members(store)}), flush=True)
 
 torchrun_main.checkpoint_before_join = hold
+torchrun_main._patch(0.1)  # polls as in production: every 0.1 s, not every second
 torchrun_main._hold_when_wait_listed(1.0)
-if sys.argv[3] == "late":  # b looked while a's round formed; its first sync lands after (a slow store)
+if sys.argv[2] == "late":  # b looked while a's round formed; its first sync lands after (a slow store)
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
     sync, waited = dr._BackendRendezvousStateHolder.sync, []
     def late_sync(self):
+        if not waited:
+            print(json.dumps({"entered": members(store)}), flush=True)
         while not waited and not members(store).get("complete"):
             time.sleep(0.05)
         waited.append(True)
         return sync(self)
     dr._BackendRendezvousStateHolder.sync = late_sync
-h = handler(store, "127.0.0.2", float(sys.argv[2]))
-for _ in range(int(sys.argv[4])):  # its first join, then re-forms of its own (its agent restarting)
+h = handler(store, "127.0.0.2")
+for _ in range(int(sys.argv[3])):  # its first join, then re-forms of its own (its agent restarting)
     info = h.next_rendezvous()
     print(json.dumps({"rank": info.rank, "world": info.world_size}), flush=True)
 """
@@ -58,14 +61,17 @@ def store_client(port: int) -> Any:
     return TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
 
 
-def handler(store: Any, addr: str, last_call_s: float) -> Any:
+def handler(store: Any, addr: str) -> Any:
+    """A node of a job of 1-2 nodes: a round of both forms at once (max_nodes); a round of one
+    only when the test calls its last call (_call_last_call), never by a timer that a loaded box
+    could miss (a subprocess importing torch takes ~15 s there)."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
     # Each round's rank 0 publishes its address afresh (torch's shared-store path publishes only
     # at a handler's first round, and the handlers here re-form without restarting).
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    timeout = dr.RendezvousTimeout(join=timedelta(seconds=60), last_call=timedelta(seconds=last_call_s))
+    timeout = dr.RendezvousTimeout(join=timedelta(seconds=600), last_call=timedelta(seconds=600))
     backend = C10dRendezvousBackend(store, "job")
     return dr.DynamicRendezvousHandler.from_backend("job", store, backend, 1, 2, local_addr=addr, timeout=timeout)
 
@@ -81,6 +87,19 @@ def members(store: Any) -> dict[str, Any]:
     return {"round": s.round, "complete": s.complete, "in": addrs(s.participants), "waiting": addrs(s.wait_list)}
 
 
+def _call_last_call(store: Any) -> None:
+    """What fleetd's steering does to complete a round (CompleteRound): its last call ends now."""
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    backend = C10dRendezvousBackend(store, "job")
+    while True:
+        raw, token = backend.get_state() or (None, None)
+        state = pickle.loads(raw)
+        state.deadline = datetime.now(UTC) - timedelta(seconds=1)
+        if (result := backend.set_state(pickle.dumps(state), token)) is not None and result[2]:
+            return
+
+
 @pytest.fixture
 def store(monkeypatch: pytest.MonkeyPatch) -> Any:
     from torch.distributed import TCPStore
@@ -89,9 +108,9 @@ def store(monkeypatch: pytest.MonkeyPatch) -> Any:
     return TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
 
 
-def _newcomer(store: Any, last_call_s: float, sync: str = "now", joins: int = 2) -> subprocess.Popen[str]:
+def _newcomer(store: Any, sync: str = "now", joins: int = 2) -> subprocess.Popen[str]:
     cwd = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    cmd = [sys.executable, "-c", NEWCOMER, str(store.port), str(last_call_s), sync, str(joins)]
+    cmd = [sys.executable, "-c", NEWCOMER, str(store.port), sync, str(joins)]
     return subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, text=True)
 
 
@@ -104,16 +123,20 @@ def _until(check: Any, timeout_s: float) -> None:
 
 @pytest.mark.parametrize("looks", ["after a's round formed", "while a's round forms"])
 def test_a_newcomer_asks_for_the_hold_as_it_enters_a_formed_rounds_wait_list(store, looks):
-    # A last call (2 s) long enough for b, polling once a second, to make a's next round.
-    a = handler(store, "127.0.0.1", 2.0)
-    first = threading.Thread(target=a.next_rendezvous, daemon=True)  # a's round: a alone, in 2 s
+    a = handler(store, "127.0.0.1")
+    first = threading.Thread(target=a.next_rendezvous, daemon=True)  # a's round: a alone
     first.start()
+    _until(lambda: members(store).get("in"), 60)
+    said = []
     if looks == "after a's round formed":
+        _call_last_call(store)
         first.join(60)
-        b = _newcomer(store, 2.0)
-    else:  # the race: b starts while a's round is open, and syncs only once it has formed
-        _until(lambda: members(store).get("in"), 60)
-        b = _newcomer(store, 2.0, sync="late")
+        b = _newcomer(store)
+    else:  # the race: b looks while a's round is open, and syncs only once it has formed
+        b = _newcomer(store, sync="late")
+        assert b.stdout is not None
+        said.append(json.loads(b.stdout.readline()))  # b is in its join, a's round still open
+        _call_last_call(store)
         first.join(60)
     try:
         _until(lambda: members(store).get("waiting"), 120)  # b is listed: a's agent would restart now
@@ -123,7 +146,9 @@ def test_a_newcomer_asks_for_the_hold_as_it_enters_a_formed_rounds_wait_list(sto
         out, _ = b.communicate(timeout=120)
     finally:
         b.kill()
-    said = [json.loads(line) for line in out.splitlines()]
+    said += [json.loads(line) for line in out.splitlines()]
+    if looks == "while a's round forms":
+        assert said.pop(0) == {"entered": {"round": 0, "complete": False, "in": ["127.0.0.1"], "waiting": []}}
     # Asked once, before b was listed, while a's round was formed: a's ranks saved what they
     # trained. b's own re-form asked nothing: its round's ranks were stopping, not training (a
     # request there waited out its timeout while the others formed a round without it).
@@ -135,11 +160,11 @@ def test_a_newcomer_asks_for_the_hold_as_it_enters_a_formed_rounds_wait_list(sto
 
 
 def test_a_newcomer_into_a_round_still_forming_asks_nothing(store):
-    a = handler(store, "127.0.0.1", 20.0)  # a's round waits out a long last call for more nodes
-    first = threading.Thread(target=a.next_rendezvous, daemon=True)
+    a = handler(store, "127.0.0.1")
+    first = threading.Thread(target=a.next_rendezvous, daemon=True)  # a's round waits for more nodes
     first.start()
     _until(lambda: members(store).get("in"), 60)
-    b = _newcomer(store, 20.0, joins=1)
+    b = _newcomer(store, joins=1)
     try:
         out, _ = b.communicate(timeout=120)  # both nodes in: the round forms at once (max_nodes)
     finally:

@@ -175,12 +175,16 @@ def _hold_when_wait_listed(timeout_s: float) -> bool:
         # stopping too), and a request there waited out the whole timeout for acks that never
         # came while the others formed a round without it (worlds of 2, 3, 2 and 4 in one scale-up
         # under load). A round formed after its own did train without it: that one is asked.
-        own_round = trained_in is not None and formed <= trained_in
+        # (Equal, not at-or-below: a store that came back empty counts rounds from 0 again.)
+        own_round = formed == trained_in
         # One request per formed round: a stale local state (someone's keep-alive landed while
         # the ranks saved) fails the sync and brings the same decision back for the same round.
         if not own_round and formed not in asked_rounds and self._state.participants:
             asked_rounds.add(formed)
-            checkpoint_before_join(timeout_s)
+            try:
+                checkpoint_before_join(timeout_s)
+            except Exception as exc:  # noqa: BLE001 - a failure to ask never stops the join
+                print(f"fleetd: no checkpoint before joining: {exc!r}", file=sys.stderr)
         original_add(self)
 
     handler.next_rendezvous = next_rendezvous  # type: ignore[method-assign]

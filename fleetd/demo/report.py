@@ -87,7 +87,8 @@ def _notice_log(run: Any, began_wall: float | None) -> list[dict[str, Any]]:
 
 def _whole_fleet(run: Any, progress: Progress) -> dict[str, Any] | None:
     """When every node was noticed at once: the newest checkpoint durable in S3 before the last of
-    them was gone (or the replacements started, if sooner), and where their training began.
+    them was gone (a step trained before the replacements began: their own saves are not the
+    wave's), and where their training began.
 
     The replacements either resume from that checkpoint once the noticed nodes are gone
     (``via``: "checkpoint"), or, when they join while noticed nodes are still inside their notice,
@@ -116,17 +117,21 @@ def _whole_fleet(run: Any, progress: Progress) -> dict[str, Any] | None:
     wave_addrs = {nodes[iid].addr for iid in wave_ids if iid in nodes}
     starts = [r for r in progress.records if r["ev"] == "start" and r["t"] > wave_wall]
     first = next((r for r in starts if r.get("node") not in wave_addrs), None)
-    # What the wave left durable: up to the last noticed node's exit, but never past the
-    # replacements' first start. A last leaver inside a long notice can outlast their first
-    # round, whose own saves (a join's hold checkpoint) are theirs, not the wave's (run 30 of
-    # the test suite: the replacements resumed at the wave's 1068, trained 1069 and saved it
-    # for a joiner while the last noticed node still drained, and the report counted 1069).
-    cut = min(last_left_wall, first["t"]) if first is not None else last_left_wall
-    durable_before = [step for step, at in run.view.durable_at.items() if at <= cut]
     last_step = max(
         (r["step"] for r in progress.records if r["ev"] == "step" and r["t"] <= (first or {}).get("t", last_left_wall)),
         default=None,
     )
+    # What the wave left durable: up to the last noticed node's exit, and no step past the last
+    # one trained before the replacements began. A last leaver inside a long notice can outlast
+    # their first round, whose own saves (a join's hold checkpoint) are theirs, not the wave's
+    # (run 30 of the test suite: the replacements resumed at the wave's 1068, trained 1069 and
+    # saved it for a joiner while the last noticed node still drained; 1069 was counted). By
+    # step, not by time: an upload's time is when its agent reported it, a moment after S3 had it.
+    durable_before = [
+        step
+        for step, at in run.view.durable_at.items()
+        if at <= last_left_wall and (last_step is None or step <= last_step)
+    ]
     resume_step = int(first.get("from_step", 0)) if first is not None else None
     # The round the replacements first trained in: every start within a moment of the first.
     round_nodes = {r.get("node") for r in starts if first is not None and abs(r["t"] - first["t"]) < 2.0}
