@@ -236,7 +236,10 @@ def _flow(tmp_path: Path, link: Link, *, sharded: bool = False) -> EmergencyFlow
         tmp_path,
         uploader=Uploader(),
         poll_s=0.01,
-        leave_wait_s=0.05,
+        # The leave wait is bounded from the notice, so the steps before it spend from it: 1 s
+        # leaves a loaded box room to reach the store read (0.05 s did not, burner run 33). The
+        # no_ack case still times out first: its ack wait runs to half of the 8 s deadline.
+        leave_wait_s=1.0,
     )
 
 
