@@ -16,12 +16,12 @@ lint: setup
 
 # The whole suite, every test, spread over pytest-xdist workers, with the gates (`make lint`) beside
 # it (scripts/test_with_gates.sh: their output and status come after the tests'); prints its 15
-# slowest tests at the end. Two workers: the demo stacks play one after another on one
-# (tests/harness/lanes.py), the rest runs on the other. TEST_WORKERS=N deals the stacks to N - 1
-# lanes; TEST_WORKERS=0 runs serially. Three workers with two lanes (2026-11-27, a fresh clone)
-# ran the 2-core box at a load average of 6-10 and two tests failed there: the box has no room for
-# two stacks at once (docs/measurements/2026-11-test-suite.md).
-TEST_WORKERS ?= 2
+# slowest tests at the end. Three workers: the demo stacks play one after another in two lanes
+# (tests/harness/lanes.py), each on a worker of its own, and the rest fills in around them. A fresh
+# clone on the idle 2-core box (2026-11-29): 1,300 s with three workers, ~1,630 s with two (the
+# one lane was the wall). TEST_WORKERS=N deals the stacks to N - 1 lanes (one lane for N = 2);
+# TEST_WORKERS=0 runs serially (docs/measurements/2026-11-test-suite.md).
+TEST_WORKERS ?= 3
 test: setup
 	scripts/test_with_gates.sh $(TEST_WORKERS)
 

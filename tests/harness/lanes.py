@@ -5,9 +5,11 @@ takes ~0.75 of a core while it runs, and a box with too many of them at once mea
 right. They play one after another in lanes: with N workers, N - 1 lanes (one with 2 workers), each
 on a worker of its own, and the other tests spread over what is left, longest first, test by test
 as with ``--dist load``. The stacks are dealt to the lanes longest first, each to the lane with
-the least work so far (their wall times below), so the lanes end together. `make test` uses 2
-workers: with 3 (two lanes) the 2-core box ran at a load average of 6-10 and two load-sensitive
-tests failed (docs/measurements/2026-11-test-suite.md).
+the least work so far (their wall times below), so the lanes end together. `make test` uses 3
+workers, two lanes: a stack takes ~0.6 of a core while it runs, so two of them and the smaller
+tests keep the 2-core box ~87 % busy (2026-11-29: 1,300 s from a fresh clone, against ~1,630 s
+with one lane, which was the wall). An earlier try of two lanes (2026-11-27) failed two tests,
+one of them a product race fixed since (docs/measurements/2026-11-test-suite.md).
 
 A module whose module-scoped fixture plays something expensive is one group too, so the fixture
 runs once, not once per worker; the deploy image's tests share one built image and port 8883.
