@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
@@ -27,9 +26,10 @@ from agent import __version__
 from agent.config import AgentConfig
 from agent.hooks import AgentContext, HooksFactory, LoggingHooks, NodeHooks
 from agent.node.deadman import ControllerWatch, run_shutdown_command
-from agent.node.enrol import NodeEnrolment, mqtt_with_identity
+from agent.node.enrol import NodeEnrolment, enrol_and_renew, mqtt_with_identity
 from agent.node.imds import Identity, ImdsClient, SpotSignal, SpotWatcher, read_identity
 from agent.node.journal import JournalWriter
+from agent.node.last_bound import CANCEL_GRACE_S, exit_unless_done
 from agent.node.log_batcher import LogBatcher, LogShipper
 from agent.node.log_sink import WorkerLogSink
 from agent.node.mqtt_session import MqttSession
@@ -67,14 +67,6 @@ def default_hooks_factory(config: AgentConfig) -> HooksFactory:
         return LoggingHooks
     # Folder mode: a script that only saves to a folder (agent/supervise/folder_hooks.py).
     return FolderHooks.from_context if config.job.checkpoint_dir is not None else ElasticHooks.from_context
-
-
-async def _enrol(enrolment: NodeEnrolment, ready: asyncio.Event) -> None:
-    """Get the node's certificate (retrying until the controller answers), let the MQTT session
-    connect with it, then renew it before it ends, for the life of the agent."""
-    await enrolment.ensure()
-    ready.set()
-    await enrolment.run()
 
 
 @dataclass(frozen=True)
@@ -220,7 +212,7 @@ class Agent:
     ) -> None:
         """Every component under one TaskGroup until a stop is asked for, then the bounded shutdown."""
         hooks = parts.hooks
-        bounds: list[threading.Timer] = []  # the shutdown's last bounds (_exit_unless_done)
+        bounds: list[threading.Timer] = []  # the shutdown's last bounds (exit_unless_done)
         try:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
@@ -228,10 +220,10 @@ class Agent:
                 self.notifier.ready("watching IMDS")
                 await self._stop.wait()
                 # _shutdown is bounded by its own timeout; this covers a cancellation swallowed in it.
-                bounds.append(_exit_unless_done(self.config.node.shutdown_timeout_s + CANCEL_GRACE_S, tasks))
+                bounds.append(exit_unless_done(self.config.node.shutdown_timeout_s + CANCEL_GRACE_S, tasks))
                 await self._shutdown(hooks, session)
                 self._cancel_all(tasks)
-                bounds.append(_exit_unless_done(CANCEL_GRACE_S, [*tasks, *self._spawned]))
+                bounds.append(exit_unless_done(CANCEL_GRACE_S, [*tasks, *self._spawned]))
         finally:
             for bound in bounds:
                 bound.cancel()
@@ -256,7 +248,11 @@ class Agent:
             tg.create_task(self._guarded("hooks.run", parts.hooks.run), name="hooks"),
             tg.create_task(self._guarded("controller-watch", parts.controller.run), name="controller-watch"),
             *(
-                [tg.create_task(self._guarded("enrolment", _enrol, enrolment, identity_ready), name="enrolment")]
+                [
+                    tg.create_task(
+                        self._guarded("enrolment", enrol_and_renew, enrolment, identity_ready), name="enrolment"
+                    )
+                ]
                 if enrolment is not None and identity_ready is not None
                 else []
             ),
@@ -399,31 +395,6 @@ class Agent:
             await hooks.on_shutdown(command)
         finally:
             self.request_stop()
-
-
-# Cancelled tasks end in milliseconds; one still running this long after the bounded shutdown
-# swallowed its cancellation or waits on something that cannot be cancelled.
-CANCEL_GRACE_S = 5.0
-
-
-def _exit_unless_done(grace_s: float, tasks: list[asyncio.Task[Any]]) -> threading.Timer:
-    """The last bound of the shutdown: a process that never exits keeps a node billing (its
-    power-off never comes) and, in the demo, outlives it. Past ``grace_s`` after the tasks were
-    cancelled, log what each one still awaits and exit the process."""
-
-    def stuck() -> None:
-        pending = [t for t in tasks if not t.done()]
-        stacks = {
-            t.get_name(): [f"{f.f_code.co_filename}:{f.f_lineno} {f.f_code.co_name}" for f in t.get_stack()]
-            for t in pending
-        }
-        log.error("agent_shutdown_stuck", grace_s=grace_s, tasks=stacks)
-        os._exit(1)
-
-    timer = threading.Timer(grace_s, stuck)
-    timer.daemon = True
-    timer.start()
-    return timer
 
 
 async def run_agent(config: AgentConfig, hooks_factory: HooksFactory | None = None) -> None:

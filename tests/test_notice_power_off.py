@@ -102,7 +102,7 @@ def test_a_task_that_will_not_end_after_the_shutdown_exits_the_process_and_says_
 
     code = (
         "import asyncio\n"
-        "from agent.main import _exit_unless_done\n"
+        "from agent.node.last_bound import exit_unless_done\n"
         "async def deaf():\n"
         "    while True:\n"
         "        try:\n"
@@ -113,7 +113,7 @@ def test_a_task_that_will_not_end_after_the_shutdown_exits_the_process_and_says_
         "    t = asyncio.create_task(deaf(), name='deaf-hook')\n"
         "    await asyncio.sleep(0)\n"
         "    t.cancel()\n"
-        "    _exit_unless_done(0.3, [t])\n"
+        "    exit_unless_done(0.3, [t])\n"
         "    await t\n"
         "asyncio.run(main())\n"
     )

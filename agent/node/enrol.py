@@ -201,3 +201,11 @@ class NodeEnrolment:
         while True:
             await asyncio.sleep(self.renew_in_s(datetime.now(UTC)))
             await self.ensure()
+
+
+async def enrol_and_renew(enrolment: NodeEnrolment, ready: asyncio.Event) -> None:
+    """Get the node's certificate (retrying until the controller answers), let the MQTT session
+    connect with it, then renew it before it ends, for the life of the agent."""
+    await enrolment.ensure()
+    ready.set()
+    await enrolment.run()
