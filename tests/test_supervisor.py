@@ -313,6 +313,22 @@ def test_stop_kills_the_whole_tree_including_new_sessions(tmp_path):
     assert psutil.wait_procs(tree, timeout=10)[1] == []
 
 
+def test_a_failure_read_after_our_own_kill_leaves_the_exit_stopped(tmp_path):
+    """A leave SIGKILLs the tree; a worker can die before torchrun does, torchrun logs its death
+    as a failure, and the failure guard reads that line: our stop, not a bug in the job (burner
+    run 37 recorded "failed" and waited for a restart command that never came)."""
+    spec = LaunchSpec(
+        entrypoint="train.py", module=False, warm_pool=False, rdzv_poll_s=None, ckpt_dir=tmp_path / "ckpt"
+    )
+    proc = TorchrunProcess(spec)
+    proc.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    proc.kill()
+    assert proc.stopping
+    proc.fail(-9)  # what the guard would call on the worker's logged death
+    exit_ = proc.wait_blocking()
+    assert (exit_.reason, exit_.job_failed) == ("stopped", False)
+
+
 @contextlib.asynccontextmanager
 async def _hooks_beside_a_store(
     tmp_path, run_id: str, instance_id: str, train_args: tuple[str, ...] = ("--steps", "100000")

@@ -48,7 +48,7 @@ async def wait_guarded(
             await asyncio.wait({waiting}, timeout=POLL_S)
             text, offset = await asyncio.to_thread(_read_from, log_path, offset)
             failure = scanner.feed(text) if text else None
-            if failure is not None and may_act() and not waiting.done():
+            if failure is not None and may_act() and not torchrun.stopping and not waiting.done():
                 log.error(
                     "trainer_user_failure",
                     exit_code=failure.exit_code,

@@ -172,6 +172,11 @@ class TorchrunProcess:
         )
         return self
 
+    @property
+    def stopping(self) -> bool:
+        """True once we stopped it (kill, terminate): what its workers do after that is our doing."""
+        return self._stopping
+
     def kill(self) -> None:
         """SIGKILL the whole tree now (the node has been removed from the rendezvous)."""
         if self.proc is None:
@@ -226,7 +231,12 @@ class TorchrunProcess:
 
     def fail(self, exit_code: int, timeout_s: float = 10.0) -> None:
         """End torchrun because the job's code failed (blocking): the same tree stop as
-        ``terminate``, reported as a failure, not as our stop."""
+        ``terminate``, reported as a failure, not as our stop. After our own stop (a leave's
+        SIGKILL reaches the workers before torchrun, which logs their deaths as failures) it
+        changes nothing: the exit stays "stopped" (burner run 37)."""
+        if self._stopping:
+            log.info("torchrun_failure_after_our_stop", exit_code=exit_code, pid=self.proc.pid if self.proc else None)
+            return
         self._user_failure = exit_code
         self.terminate(timeout_s)
 
