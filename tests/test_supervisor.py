@@ -321,7 +321,7 @@ def test_a_failure_read_after_our_own_kill_leaves_the_exit_stopped(tmp_path):
         entrypoint="train.py", module=False, warm_pool=False, rdzv_poll_s=None, ckpt_dir=tmp_path / "ckpt"
     )
     proc = TorchrunProcess(spec)
-    proc.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    proc.proc = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"], start_new_session=True)
     proc.kill()
     assert proc.stopping
     proc.fail(-9)  # what the guard would call on the worker's logged death
