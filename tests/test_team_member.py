@@ -122,3 +122,44 @@ async def test_another_jobs_allotment_is_not_taken_and_a_failed_reopen_is_retrie
         assert await state.get_meta(PAUSED_KEY) is None
     finally:
         await state.close()
+
+
+async def test_a_job_held_with_nothing_running_is_never_stopped_again(tmp_path: Path) -> None:
+    """A StopJob with no node would start a stop sequence waiting for nodes that never come. The
+    team demo's move (a CI run, 2026-11-29) found one: resumed in its region, the job met no spot
+    there and was moved before it ever ran; a pass between the move and the restart in the new
+    region planned a second StopJob of a job already stopped once."""
+    from fleetd.policy.model import StopJob
+    from fleetd.policy.planner import plan
+    from fleetd.team.region_file import RegionRecord
+
+    class Refuses:
+        async def resume_job(self, reason: str) -> None:
+            raise ConnectionError("rendezvous store restarting")
+
+    def stops(obs: Observation, now: float) -> list[StopJob]:
+        return [a for a in plan(obs, CFG, now).actions if isinstance(a, StopJob)]
+
+    state = await StateStore.open(tmp_path)
+    try:
+        # Moved (its checkpoint copied, the restart asked for): the passes left plan nothing.
+        m = TeamMember("j", tmp_path, state, Resumes())  # type: ignore[arg-type]  # a partial double
+        write_allotment(tmp_path, record("keep"))
+        m.mover.moved = RegionRecord(
+            job="j", region="us-west-2", moved_from="us-east-1", moved_at=1.0, objects=1, bytes=2, copy_s=0.1
+        )
+        obs, _ = await m.bound(Observation(), CFG, now=110.0)
+        assert obs.stop_issued_at == 110.0 and stops(obs, 110.0) == []
+        # Still running there (not a state the mover reaches, but the stop it would need): StopJob.
+        obs, _ = await m.bound(Observation(nodes=(node("running"),)), CFG, now=111.0)
+        assert obs.desired_job is DesiredJob.STOP and len(stops(obs, 111.0)) == 1
+
+        # Paused, its stop done and cleared by a resume that then failed to reopen the rendezvous.
+        await state.set_meta(PAUSED_KEY, 100.0)
+        write_allotment(tmp_path, record("resume"))
+        retried = TeamMember("j", tmp_path, state, Refuses())  # type: ignore[arg-type]
+        obs, _ = await retried.bound(Observation(), CFG, now=120.0)
+        assert obs.stop_issued_at == 120.0 and stops(obs, 120.0) == []
+        assert await state.get_meta(PAUSED_KEY) == 100.0  # the resume is retried on the next pass
+    finally:
+        await state.close()

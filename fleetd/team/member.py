@@ -7,8 +7,9 @@ marked in the state store as the team's, so that a resume can undo that stop and
 stop the budget or an operator asked for is asked for again on the next pass by whoever asked. A
 resume waits until the stopped nodes are gone, reopens the job's rendezvous (closed for good at
 the stop) and cancels a stop sequence still under way; the job starts again from its durable
-checkpoint on fresh nodes, as after any stop. A job paused before it ever ran is not stopped (there
-is nothing to save): its planner only sees a stop already done, so it buys nothing.
+checkpoint on fresh nodes, as after any stop. A job held with no node running (paused before it
+ever ran, moved before it got a node, or between a move and its restart in the new region) is not
+stopped (there is nothing to save): its planner only sees a stop already done, so it buys nothing.
 An allotment file that cannot be read is logged and the last one read stays in force (none read
 yet: the job waits); a share older than the arbiter's passes is used as it is (its total still
 bounds the job's spend) and said so in the log.
@@ -43,6 +44,19 @@ def share_of(record: AllotmentRecord) -> Share:
 def _runs(obs: Observation) -> bool:
     """Some node of the job is still up in EC2 (billed)."""
     return any(n.ec2_state in LIVE_EC2_STATES for n in obs.nodes)
+
+
+def _held(obs: Observation, now: float) -> Observation:
+    """The pass's observation for a job that must not train here now (paused, moving, moved).
+    Something runs: the planner stops it through its coordinated checkpoint (StopJob). Nothing
+    runs (a job not started yet, or resumed but never placed): there is nothing to checkpoint or
+    stop, so its planner sees a stop already done and buys nothing. A StopJob there would leave a
+    stop sequence waiting for nodes that never come, shut down the ones bought after the
+    allotment arrives, and (between a move and the restart in the new region) count as a second
+    stop of a job stopped once."""
+    if obs.stop_issued_at is None and not _runs(obs):
+        return replace(obs, stop_issued_at=now)
+    return replace(obs, desired_job=DesiredJob.STOP)
 
 
 class TeamMember:
@@ -89,23 +103,18 @@ class TeamMember:
         if self.mover.moved is not None:
             # Its objects are in the new region and the daemon is starting again there: nothing
             # more happens here (a resume here would train from the older checkpoint).
-            return replace(obs, desired_job=DesiredJob.STOP), bounded.cfg
+            return _held(obs, now), bounded.cfg
         if bounded.paused or move_to is not None:
             if obs.desired_job is DesiredJob.END:
                 return obs, bounded.cfg  # the job is over: its nodes are released as for any job
             if paused_at is None:
                 await self.state.set_meta(PAUSED_KEY, now)
                 log.warning("team_pause", why=bounded.note, moving_to=move_to)
-            # Nothing runs (a job not started yet): nothing to checkpoint or stop, nothing to buy.
-            # A StopJob here would leave a stop sequence waiting for nodes that never come, and
-            # shut down the ones bought after the allotment arrives.
-            never_ran = obs.stop_issued_at is None and not _runs(obs)
-            if never_ran:
-                obs = replace(obs, stop_issued_at=now)
-            if move_to is not None and not _runs(obs) and obs.stop_issued_at is not None:
+            held = _held(obs, now)
+            if move_to is not None and not _runs(held) and held.stop_issued_at is not None:
                 # Stopped, its checkpoint durable and every node gone: copy, then start over there.
                 await self.mover.step(cfg, move_to, bounded.note)
-            return (obs if never_ran else replace(obs, desired_job=DesiredJob.STOP)), bounded.cfg
+            return held, bounded.cfg
         if paused_at is not None:
             if _runs(obs):
                 # The stopped nodes are still shutting down: new ones join only a clean start.
@@ -116,7 +125,7 @@ class TeamMember:
                     await self.commander.resume_job(bounded.note)
                 except Exception as exc:  # noqa: BLE001 - the store may be restarting: the next pass retries
                     log.warning("team_resume_retried", error=repr(exc)[:300], why="the rendezvous did not reopen")
-                    return replace(obs, desired_job=DesiredJob.STOP), bounded.cfg
+                    return _held(obs, now), bounded.cfg
             await self.state.set_meta(PAUSED_KEY, None)
             if obs.stop_issued_at is not None:
                 await self.state.set_meta("stop_issued_at", None)
