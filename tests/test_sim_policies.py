@@ -126,6 +126,7 @@ def _mean_cost(runs) -> float:
     return statistics.fmean(r.cost_usd for r in runs)
 
 
+@pytest.mark.slow  # the 200-offset experiment: ~20 CPU-s, the full suite's
 def test_uniform_progress_is_cheaper_than_greedy_and_nobody_is_late(deadline_runs):
     assert all(len(v) == OFFSETS for v in deadline_runs.values())
     for name in ("on-demand", "greedy", "uniform-progress"):
@@ -134,6 +135,7 @@ def test_uniform_progress_is_cheaper_than_greedy_and_nobody_is_late(deadline_run
     assert _mean_cost(deadline_runs["greedy"]) < _mean_cost(deadline_runs["on-demand"])
 
 
+@pytest.mark.slow  # the 200-offset experiment: ~20 CPU-s, the full suite's
 def test_fleetd_meets_every_deadline_with_the_same_changeover_as_everyone(deadline_runs):
     # Every policy has d = 0.2 h now (fleetd had 0.05 h before: not like for like). fleetd's
     # cost against Uniform Progress is measured by bench/deadline.py, where it still loses a little.
