@@ -44,7 +44,6 @@ class Node:
             cluster.spec(addr),
             entrypoint=str(SCRIPT),
             module=False,
-            warm_pool=False,
             args=("100000", str(SAVE_EVERY), "--snapshot_path", str(self.folder / "snapshot.pt"), "--sleep", "0.03"),
         )
 

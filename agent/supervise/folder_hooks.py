@@ -81,8 +81,9 @@ class FolderHooks(ElasticHooks):
         base = ElasticHooks.from_context(ctx)
         values = {f.name: getattr(base, f.name) for f in fields(ElasticHooks)}
         folder = FolderSettings.from_job(ctx.config.job, base.workspace)
-        # Signals go to torchrun's children, which must be the script itself: no warm pool.
-        spec = replace(base.spec, warm_pool=False)
+        # The script's workers are forked from the warm pool like the library's: a signal sent to
+        # torchrun's children (its warm_launch stand-ins) is relayed to the script.
+        spec = base.spec
         if folder is not None:  # torchrun gates each round's workers on one version (folder_gate.py)
             spec = replace(spec, extra_env=(*spec.extra_env, (GATE_ENV, folder.gate(spec.ckpt_dir).model_dump_json())))
         values["spec"] = spec
@@ -208,19 +209,23 @@ class FolderHooks(ElasticHooks):
         await self.publish_event(result.to_event(self.instance_id))
 
     def _job_pids(self) -> list[int]:
+        """torchrun's tree and the warm pool's (where the script's processes were forked)."""
         if self.torchrun is None or self.torchrun.pid is None:
             return []
-        return [p.pid for p in process_tree(self.torchrun.pid)]
+        roots = [self.torchrun.pid] + ([self.torchrun.pool.pid] if self.torchrun.pool is not None else [])
+        return [p.pid for root in roots for p in process_tree(root)]
 
     def _workers(self) -> list[psutil.Process]:
-        """torchrun's own children: the training processes (their children, data loaders, are not
-        signalled: a loader killed by an uncaught SIGUSR1 would take its worker down with it)."""
+        """torchrun's own children, one per rank: the script's processes, or with the warm pool
+        their warm_launch stand-ins, which relay a signal to the script (torchrun itself was forked
+        in the pool, so they are found in its tree). Their children, data loaders, are not
+        signalled: a loader killed by an uncaught SIGUSR1 would take its worker down with it."""
         if self.torchrun is None or self.torchrun.pid is None:
             return []
-        try:
-            return psutil.Process(self.torchrun.pid).children(recursive=False)
-        except psutil.NoSuchProcess:
-            return []
+        out = _children(self.torchrun.pid, recursive=False)  # a cold torchrun's (no pool)
+        if self.torchrun.pool is not None:
+            out += [p for p in _children(self.torchrun.pool.pid, recursive=True) if _is_stand_in(p)]
+        return out
 
     def _workers_started(self) -> bool:
         """torchrun has started its workers once (it does after its first round completes)."""
@@ -307,6 +312,22 @@ class FolderHooks(ElasticHooks):
             self.leave_event.set()  # the drain stops the tree and says ``left``
             return
         await super().on_leave(command)
+
+
+def _children(pid: int, *, recursive: bool) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=recursive)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _is_stand_in(proc: psutil.Process) -> bool:
+    """A worker's warm_launch, as torchrun started it (the pool's own forks keep the pool's
+    command line)."""
+    try:
+        return "agent.supervise.warm_launch" in proc.cmdline()
+    except psutil.Error:
+        return False
 
 
 def _seconds_until(deadline: datetime | None, default: float) -> float:

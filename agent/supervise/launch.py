@@ -82,7 +82,7 @@ class LaunchSpec:
     # agent's own working directory (an entrypoint baked into the image).
     cwd: Path | None = None
     # Fork workers from a process that has torch imported (agent/supervise/warm_pool.py): a restarted
-    # worker starts in milliseconds instead of seconds. Module entrypoints only.
+    # worker starts in milliseconds instead of seconds. A module or a script (folder mode's).
     warm_pool: bool = True
     warm_preload: tuple[str, ...] = WARM_PRELOAD
     # torchrun tees each worker's output through files here, every line prefixed with its global
@@ -93,7 +93,7 @@ class LaunchSpec:
 
     @property
     def uses_warm_pool(self) -> bool:
-        return self.warm_pool and self.module
+        return self.warm_pool
 
     @classmethod
     def from_config(cls, cfg: AgentConfig, node_addr: str, **overrides: Any) -> LaunchSpec:
@@ -173,7 +173,8 @@ def build_command(spec: LaunchSpec) -> list[str]:
     if spec.worker_log_dir is not None:
         cmd += ["--tee=3", f"--log-dir={spec.worker_log_dir}"]
     if spec.uses_warm_pool:
-        cmd += ["-m", "agent.supervise.warm_launch", spec.entrypoint]
+        cmd += ["-m", "agent.supervise.warm_launch"]
+        cmd += [spec.entrypoint] if spec.module else ["--script", spec.entrypoint]
     else:
         if spec.module:
             cmd.append("-m")

@@ -84,7 +84,9 @@ class TorchrunProcess:
 
     def _start_pool(self, env: dict[str, str], out: Any) -> None:
         sock = self.pool_socket = self._pool_socket()
-        preload = [*self.spec.warm_preload, self.spec.entrypoint]
+        # A module entrypoint is imported too (its own imports warmed; warm_pool runs it afresh).
+        # A script is not: importing it would run it.
+        preload = [*self.spec.warm_preload, *([self.spec.entrypoint] if self.spec.module else [])]
         cmd = [self.spec.python, "-m", "agent.supervise.warm_pool", "--socket", sock]
         for name in preload:
             cmd += ["--preload", name]

@@ -1,9 +1,11 @@
-"""``python -m agent.supervise.warm_launch <module> [args...]``: torchrun's worker entrypoint when the node
-has a warm pool (agent/supervise/warm_pool.py). Stdlib only, so it starts fast.
+"""``python -m agent.supervise.warm_launch <module> [args...]`` (or ``--script <path> [args...]``):
+torchrun's worker entrypoint when the node has a warm pool (agent/supervise/warm_pool.py). Stdlib
+only, so it starts fast.
 
 It asks the pool (``$FLEETD_WARM_POOL``) to fork the worker with this process's argv, environment,
-cwd and stdio; relays SIGTERM/SIGINT/SIGHUP to it; and exits with its status. Without a pool it
-execs an ordinary (cold) ``python -m <module>``.
+cwd and stdio; relays SIGTERM/SIGINT/SIGHUP and the user signals to it (folder mode asks a script
+to save with SIGUSR1, agent/supervise/folder_hooks.py); and exits with its status. Without a pool
+it execs an ordinary (cold) ``python -m <module>`` or ``python <path>``.
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ from typing import NoReturn
 from agent.supervise.warm_pool import recv_msg, send_msg
 
 ENV_SOCKET = "FLEETD_WARM_POOL"
-RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+SCRIPT_FLAG = "--script"
 
 
-def _cold(argv: list[str]) -> NoReturn:
-    os.execv(sys.executable, [sys.executable, "-u", "-m", *argv])
+def _cold(argv: list[str], module: bool) -> NoReturn:
+    os.execv(sys.executable, [sys.executable, "-u", *(["-m"] if module else []), *argv])
 
 
 def _connect(conn: socket.socket, path: str, wait_s: float) -> None:
@@ -41,12 +44,17 @@ def _connect(conn: socket.socket, path: str, wait_s: float) -> None:
 
 def main() -> None:
     argv = sys.argv[1:]
+    module = not (argv and argv[0] == SCRIPT_FLAG)
+    if not module:
+        argv = argv[1:]
     if not argv:
-        print("usage: python -m agent.supervise.warm_launch <module> [args...]", file=sys.stderr)
+        print(
+            f"usage: python -m agent.supervise.warm_launch (<module> | {SCRIPT_FLAG} <path>) [args...]", file=sys.stderr
+        )
         sys.exit(2)
     path = os.environ.get(ENV_SOCKET)
     if not path:
-        _cold(argv)
+        _cold(argv, module)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     # Held from before the fork until the relay is in place: the worker runs (and torchrun may
     # stop it) before the pool's reply with its pid arrives, and a SIGTERM in that window would
@@ -56,13 +64,13 @@ def main() -> None:
         _connect(conn, path, float(os.environ.get("FLEETD_WARM_WAIT_S", "30")))
         # The environment travels whole, pool socket included: a forked torchrun's own workers
         # are forked from the same pool.
-        send_msg(conn, {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "module": True}, [0, 1, 2])
+        send_msg(conn, {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "module": module}, [0, 1, 2])
         pid = recv_msg(conn)[0]["pid"]
     except (OSError, ConnectionError, KeyError, ValueError) as exc:
         print(f"warm_launch: pool unavailable ({exc}); starting a cold worker", file=sys.stderr)
         conn.close()
         signal.pthread_sigmask(signal.SIG_UNBLOCK, RELAYED)  # exec keeps the mask: not for the worker
-        _cold(argv)
+        _cold(argv, module)
         return
 
     def relay(sig: int, _frame: object) -> None:

@@ -114,6 +114,9 @@ def _run_worker(conn: socket.socket, request: dict[str, Any], fds: list[int]) ->
             sys.modules.pop(argv[0], None)
             runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
         else:
+            # As ``python <path>`` would: the script's own folder first on the path, where the
+            # pool (``python -m``) had its working directory.
+            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
             runpy.run_path(argv[0], run_name="__main__")
         code = 0
     except SystemExit as exc:
