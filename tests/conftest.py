@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -121,6 +123,29 @@ def mosquitto_factory() -> Iterator:
     yield make
     for b in brokers:
         b.close()
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    """A warm worker pool (agent/supervise/warm_pool.py) that preloads only ``json``: its socket,
+    and an environment whose PYTHONPATH has ``tmp_path`` (where a test writes its modules)."""
+    from agent.supervise.proctree import kill_tree, process_tree
+
+    sock = str(tmp_path / "pool.sock")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agent.supervise.warm_pool", "--socket", sock, "--preload", "json"],
+        env=env,
+        start_new_session=True,
+        stderr=subprocess.DEVNULL,
+    )
+    until = time.monotonic() + 60
+    while not os.path.exists(sock) and time.monotonic() < until and proc.poll() is None:
+        time.sleep(0.05)
+    assert os.path.exists(sock), f"the warm pool never listened (exit {proc.poll()})"
+    yield sock, env
+    kill_tree(process_tree(proc.pid), signal.SIGKILL)
+    proc.wait()
 
 
 @pytest.fixture(scope="session")

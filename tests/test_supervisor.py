@@ -62,25 +62,6 @@ def _write_module(pkg_dir: Path, name: str, body: str) -> str:
     return f"{pkg_dir.name}.{name}"
 
 
-@pytest.fixture
-def pool(tmp_path):
-    sock = str(tmp_path / "pool.sock")
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agent.supervise.warm_pool", "--socket", sock, "--preload", "json"],
-        env=env,
-        start_new_session=True,
-        stderr=subprocess.PIPE,
-    )
-    for _ in range(200):
-        if os.path.exists(sock):
-            break
-        time.sleep(0.05)
-    yield sock, env
-    kill_tree(process_tree(proc.pid), signal.SIGKILL)
-    proc.wait()
-
-
 def launch(sock: str, env: dict, *argv: str, **kw) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "agent.supervise.warm_launch", *argv],

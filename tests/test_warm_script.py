@@ -7,14 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
 from agent.supervise.launch import LaunchSpec, build_command
-from agent.supervise.proctree import kill_tree, process_tree
 
 REPORT = """
 import os, sys
@@ -25,10 +23,10 @@ sys.exit(5)
 """
 
 ON_USR1 = """
-import os, signal, sys, time
+import os, signal, sys
 signal.signal(signal.SIGUSR1, lambda *_: (print("usr1", flush=True), sys.exit(4)))
 print(os.getpid(), flush=True)
-time.sleep(60)
+signal.pause()
 """
 
 
@@ -39,23 +37,6 @@ def test_a_script_is_launched_through_the_warm_pool():
     assert cmd[-6:] == ["-m", "agent.supervise.warm_launch", "--script", "train.py", "30", "3"]
     cold = build_command(LaunchSpec(entrypoint="train.py", module=False, warm_pool=False, args=("30",)))
     assert cold[-2:] == ["train.py", "30"] and "agent.supervise.warm_launch" not in cold
-
-
-@pytest.fixture
-def pool(tmp_path):
-    sock = str(tmp_path / "pool.sock")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agent.supervise.warm_pool", "--socket", sock, "--preload", "json"],
-        start_new_session=True,
-        stderr=subprocess.PIPE,
-    )
-    until = time.monotonic() + 60
-    while not os.path.exists(sock) and time.monotonic() < until:
-        time.sleep(0.05)
-    assert os.path.exists(sock), "the pool never listened"
-    yield sock
-    kill_tree(process_tree(proc.pid), signal.SIGKILL)
-    proc.wait()
 
 
 def _script(folder: Path, body: str) -> Path:
@@ -83,7 +64,7 @@ def test_a_script_runs_as_python_would_run_it(tmp_path, pool, warm):
     """Forked from the pool or exec'd cold: the same argv, ``__main__``, the script's folder first
     on the path (a module beside it imports), and its exit status."""
     script = _script(tmp_path / "code", REPORT)
-    proc = _launch(pool if warm else None, tmp_path / "code", "train.py", "--epochs", "3")
+    proc = _launch(pool[0] if warm else None, tmp_path / "code", "train.py", "--epochs", "3")
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 5, err.decode()[-2000:]
     first, second = out.decode().splitlines()
@@ -100,7 +81,7 @@ def test_sigusr1_reaches_a_warm_script(tmp_path, pool):
     """Folder mode asks the script to save with SIGUSR1 sent to torchrun's children, here the
     script's warm_launch stand-in: it relays, the script's handler runs, its status comes back."""
     _script(tmp_path / "code", ON_USR1)
-    proc = _launch(pool, tmp_path / "code", "train.py")
+    proc = _launch(pool[0], tmp_path / "code", "train.py")
     assert proc.stdout is not None
     worker = int(proc.stdout.readline())
     assert worker != proc.pid and psutil.pid_exists(worker)
