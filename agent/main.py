@@ -26,7 +26,7 @@ from agent import __version__
 from agent.config import AgentConfig
 from agent.hooks import AgentContext, HooksFactory, LoggingHooks, NodeHooks
 from agent.node.deadman import ControllerWatch, run_shutdown_command
-from agent.node.enrol import NodeEnrolment, enrol_and_renew, mqtt_with_identity
+from agent.node.enrol import NodeEnrolment, enrol_and_renew, enrolment_for
 from agent.node.imds import Identity, ImdsClient, SpotSignal, SpotWatcher, read_identity
 from agent.node.journal import JournalWriter
 from agent.node.last_bound import CANCEL_GRACE_S, exit_unless_done
@@ -112,7 +112,12 @@ class Agent:
             if identity is None:
                 return
             self._adopt_identity(identity)
-            enrolment, mqtt_cfg, identity_ready = self._enrolment(imds, identity)
+            # Enrolment runs beside the IMDS watcher, never before it: a node waiting for its
+            # certificate (the controller not up yet) still sees its notice and is READY for
+            # systemd at once, so the boot (cloud-final) does not wait on the controller.
+            enrolment, mqtt_cfg, identity_ready = enrolment_for(
+                node.enrol_url, node.state_dir, self.config.mqtt, imds, identity.instance_id
+            )
             outbox = Outbox(node.state_dir / "outbox.jsonl")
             await outbox.open()
             session = self.session = self._mqtt_session(identity, mqtt_cfg, outbox, identity_ready)
@@ -132,22 +137,6 @@ class Agent:
             aws = self.config.aws.with_region(region, "instance (IMDS zone)")
             self.config = self.config.model_copy(update={"aws": aws})
         log.info("aws_region", region=self.config.aws.region, source=self.config.aws.region_source)
-
-    def _enrolment(
-        self, imds: ImdsClient, identity: Identity
-    ) -> tuple[NodeEnrolment | None, MqttConfig, asyncio.Event | None]:
-        """With ``node.enrol_url``: the enrolment, the broker connection with its certificate, and
-        the event the MQTT session waits on before connecting. Without: the configured broker."""
-        # Enrolment runs beside the IMDS watcher, never before it: a node waiting for its
-        # certificate (the controller not up yet) still sees its notice and is READY for
-        # systemd at once, so the boot (cloud-final) does not wait on the controller.
-        node = self.config.node
-        enrolment, mqtt_cfg, identity_ready = None, self.config.mqtt, None
-        if node.enrol_url:
-            enrolment = NodeEnrolment(node.enrol_url, imds, identity.instance_id, node.state_dir / "identity")
-            mqtt_cfg = mqtt_with_identity(mqtt_cfg, enrolment.files)
-            identity_ready = asyncio.Event()
-        return enrolment, mqtt_cfg, identity_ready
 
     def _mqtt_session(
         self, identity: Identity, mqtt_cfg: MqttConfig, outbox: Outbox, identity_ready: asyncio.Event | None

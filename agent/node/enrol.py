@@ -209,3 +209,14 @@ async def enrol_and_renew(enrolment: NodeEnrolment, ready: asyncio.Event) -> Non
     await enrolment.ensure()
     ready.set()
     await enrolment.run()
+
+
+def enrolment_for(
+    enrol_url: str | None, state_dir: Path, mqtt: MqttConfig, imds: ImdsClient, instance_id: str
+) -> tuple[NodeEnrolment | None, MqttConfig, asyncio.Event | None]:
+    """With an ``enrol_url``: the enrolment, the broker connection with its certificate, and the
+    event the MQTT session waits on before connecting. Without: the configured broker as it is."""
+    if not enrol_url:
+        return None, mqtt, None
+    enrolment = NodeEnrolment(enrol_url, imds, instance_id, state_dir / "identity")
+    return enrolment, mqtt_with_identity(mqtt, enrolment.files), asyncio.Event()

@@ -91,10 +91,6 @@ class LaunchSpec:
     # workers write to torchrun's stdout directly and no line names its rank.
     worker_log_dir: Path | None = None
 
-    @property
-    def uses_warm_pool(self) -> bool:
-        return self.warm_pool
-
     @classmethod
     def from_config(cls, cfg: AgentConfig, node_addr: str, **overrides: Any) -> LaunchSpec:
         r, j, c = cfg.rendezvous, cfg.job, cfg.checkpoints
@@ -154,7 +150,7 @@ def build_command(spec: LaunchSpec) -> list[str]:
         ]
     )
     launcher = ["-m", "agent.supervise.torchrun_main"] if spec.rdzv_poll_s else ["-m", "torch.distributed.run"]
-    if spec.uses_warm_pool:
+    if spec.warm_pool:
         # torchrun itself is forked from the warm pool too (it imports torch as well).
         launcher = ["-m", "agent.supervise.warm_launch", launcher[1]]
     cmd = [
@@ -172,7 +168,7 @@ def build_command(spec: LaunchSpec) -> list[str]:
     ]
     if spec.worker_log_dir is not None:
         cmd += ["--tee=3", f"--log-dir={spec.worker_log_dir}"]
-    if spec.uses_warm_pool:
+    if spec.warm_pool:
         cmd += ["-m", "agent.supervise.warm_launch"]
         cmd += [spec.entrypoint] if spec.module else ["--script", spec.entrypoint]
     else:

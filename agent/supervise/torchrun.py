@@ -126,7 +126,7 @@ class TorchrunProcess:
         """Start the warm pool now (it imports torch: seconds), torchrun later with ``start``.
         The agent does this while it waits for a restarted rendezvous store, so the import
         overlaps the outage instead of following it."""
-        if self.spec.uses_warm_pool and self.pool is None:
+        if self.spec.warm_pool and self.pool is None:
             env = self._env()
             try:
                 self._start_pool(env, self._open_log())
@@ -149,7 +149,7 @@ class TorchrunProcess:
         if self.spec.worker_log_dir is not None:  # the tee files of earlier torchruns: shipped already
             shutil.rmtree(self.spec.worker_log_dir, ignore_errors=True)
         try:
-            if self.spec.uses_warm_pool and self.pool is None:
+            if self.spec.warm_pool and self.pool is None:
                 self._start_pool(env, out)
             elif self.pool_socket is not None:
                 env["FLEETD_WARM_POOL"] = self.pool_socket

@@ -169,31 +169,9 @@ class StateStore:
     ) -> None:
         """Write the launch before buying it. Other open intents are abandoned: the loop is
         level-based, so only the launch planned now is worth resuming."""
-
-        def tx(db: sqlite3.Connection) -> None:
-            db.execute(
-                "UPDATE launches SET status=?, settled_at=?, detail='superseded by a new plan' "
-                "WHERE status=? AND token != ?",
-                (ABANDONED, now, OPEN, token),
-            )
-            db.execute(
-                "INSERT OR IGNORE INTO launches (token, seq, planned_at, count, market, pools, purpose,"
-                " max_price_per_hour, reason, status) VALUES (?,?,?,?,?,?,?,?,?,?)",
-                (
-                    token,
-                    seq,
-                    now,
-                    count,
-                    str(market),
-                    json.dumps([str(p) for p in pools]),
-                    purpose,
-                    max_price_per_hour,
-                    reason,
-                    OPEN,
-                ),
-            )
-
-        await self._run(tx)
+        pools_json = json.dumps([str(p) for p in pools])
+        row = (token, seq, now, count, str(market), pools_json, purpose, max_price_per_hour, reason, OPEN)
+        await self._run(state_sql.record_intent_tx, token, now, row)
 
     async def settle_launch(
         self, token: str, status: str, instance_ids: Iterable[str], now: float, detail: str = ""
@@ -209,30 +187,7 @@ class StateStore:
         return await self._select_launches(" WHERE status=?" if status else "", (status,) if status else ())
 
     async def _select_launches(self, where: str, args: tuple[Any, ...]) -> list[LaunchRow]:
-        sql = (
-            "SELECT token, seq, planned_at, count, market, pools, purpose, max_price_per_hour, status,"
-            f" instance_ids, settled_at FROM launches{where} ORDER BY seq, planned_at"
-        )
-
-        def q(db: sqlite3.Connection) -> list[LaunchRow]:
-            return [
-                LaunchRow(
-                    r[0],
-                    r[1],
-                    r[2],
-                    r[3],
-                    Market(r[4]),
-                    tuple(PoolId.parse(p) for p in json.loads(r[5])),
-                    r[6],
-                    r[7],
-                    r[8],
-                    tuple(json.loads(r[9])),
-                    r[10],
-                )
-                for r in db.execute(sql, args)
-            ]
-
-        return await self._run(q)
+        return await self._run(state_sql.select_launches, where, args)
 
     async def unresolved_launches(self, since: float) -> list[LaunchRow]:
         """Open intents, and launches abandoned since ``since`` without instances: their
@@ -253,28 +208,7 @@ class StateStore:
     async def record_launched(self, seen: Sequence[SeenInstance], max_price_per_hour: float | None, now: float) -> None:
         """Instances a launch returned (before DescribeInstances shows them)."""
 
-        def tx(db: sqlite3.Connection) -> None:
-            for s in seen:
-                db.execute(
-                    "INSERT OR IGNORE INTO instances (instance_id, pool, market, price_per_hour,"
-                    " max_price_per_hour, launched_at, launch_token, ec2_state, first_seen_at,"
-                    " last_seen_at, accounted_until) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                    (
-                        s.instance_id,
-                        str(s.pool),
-                        str(s.market),
-                        s.price_per_hour,
-                        max_price_per_hour,
-                        s.launched_at or now,
-                        s.launch_token,
-                        s.ec2_state,
-                        now,
-                        now,
-                        s.launched_at or now,
-                    ),
-                )
-
-        await self._run(tx)
+        await self._run(state_sql.record_launched_tx, seen, max_price_per_hour, now)
 
     async def sync_instances(self, seen: Sequence[SeenInstance], now: float) -> SyncReport:
         """Fold one DescribeInstances answer into the table: adopt unknown instances, accrue

@@ -1,5 +1,6 @@
-"""The state DB's schema and the SQL steps several StateStore transactions share (accrue node-hours,
-close an instance, fold a DescribeInstances answer in; migrations are fleetd.reconcile.schema's). Runs inside the store's worker thread only."""
+"""The state DB's schema and the SQL behind StateStore's calls: the steps several transactions share
+(accrue node-hours, close an instance, fold a DescribeInstances answer in) and the launch table's
+writes and reads (migrations are fleetd.reconcile.schema's). Runs inside the store's worker thread only."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import json
 import sqlite3
 from collections.abc import Sequence
 
-from fleetd.reconcile.state_rows import TERMINAL, DrainRecord, SeenInstance, SyncReport
+from fleetd.policy.model import Market, PoolId
+from fleetd.reconcile.state_rows import ABANDONED, OPEN, TERMINAL, DrainRecord, LaunchRow, SeenInstance, SyncReport
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS launches (
@@ -225,3 +227,65 @@ def sync_instances_tx(db: sqlite3.Connection, seen: Sequence[SeenInstance], now:
             accrue(db, iid, row[4], row[1], end)
             ended.append((iid, close_instance(db, iid, end, row[2], row[3], row[4], "")))
     return SyncReport(tuple(adopted), tuple(ended)), bool(adopted or ended or changed)
+
+
+def record_intent_tx(db: sqlite3.Connection, token: str, now: float, row: tuple[object, ...]) -> None:
+    """The launch planned now (``row``: the launches table's columns, token to status), written
+    before it is bought; every other open intent abandoned."""
+    db.execute(
+        "UPDATE launches SET status=?, settled_at=?, detail='superseded by a new plan' WHERE status=? AND token != ?",
+        (ABANDONED, now, OPEN, token),
+    )
+    db.execute(
+        "INSERT OR IGNORE INTO launches (token, seq, planned_at, count, market, pools, purpose,"
+        " max_price_per_hour, reason, status) VALUES (?,?,?,?,?,?,?,?,?,?)",
+        row,
+    )
+
+
+def select_launches(db: sqlite3.Connection, where: str, args: tuple[object, ...]) -> list[LaunchRow]:
+    sql = (
+        "SELECT token, seq, planned_at, count, market, pools, purpose, max_price_per_hour, status,"
+        f" instance_ids, settled_at FROM launches{where} ORDER BY seq, planned_at"
+    )
+    return [
+        LaunchRow(
+            r[0],
+            r[1],
+            r[2],
+            r[3],
+            Market(r[4]),
+            tuple(PoolId.parse(p) for p in json.loads(r[5])),
+            r[6],
+            r[7],
+            r[8],
+            tuple(json.loads(r[9])),
+            r[10],
+        )
+        for r in db.execute(sql, args)
+    ]
+
+
+def record_launched_tx(
+    db: sqlite3.Connection, seen: Sequence[SeenInstance], max_price_per_hour: float | None, now: float
+) -> None:
+    """Instances a launch returned (before DescribeInstances shows them)."""
+    for s in seen:
+        db.execute(
+            "INSERT OR IGNORE INTO instances (instance_id, pool, market, price_per_hour,"
+            " max_price_per_hour, launched_at, launch_token, ec2_state, first_seen_at,"
+            " last_seen_at, accounted_until) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                s.instance_id,
+                str(s.pool),
+                str(s.market),
+                s.price_per_hour,
+                max_price_per_hour,
+                s.launched_at or now,
+                s.launch_token,
+                s.ec2_state,
+                now,
+                now,
+                s.launched_at or now,
+            ),
+        )

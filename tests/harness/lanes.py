@@ -23,6 +23,7 @@ scope of its own.
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
 
@@ -57,7 +58,10 @@ SHARED = {
 
 
 def lanes_for(workers: int) -> int:
-    return 1 if workers <= 2 else workers - 1
+    """N - 1 lanes for N workers (one for two); ``TEST_LANES`` sets the count (at most N - 1)."""
+    default = 1 if workers <= 2 else workers - 1
+    asked = int(os.environ.get("TEST_LANES", "0") or 0)
+    return max(1, min(asked, default)) if asked > 0 else default
 
 
 @functools.cache
