@@ -9,7 +9,9 @@ the least work so far (their wall times below), so the lanes end together. `make
 workers, two lanes: a stack takes ~0.6 of a core while it runs, so two of them and the smaller
 tests keep the 2-core box ~87 % busy (2026-11-29: 1,300 s from a fresh clone, against ~1,630 s
 with one lane, which was the wall). An earlier try of two lanes (2026-11-27) failed two tests,
-one of them a product race fixed since (docs/measurements/2026-11-test-suite.md).
+one of them a product race fixed since (docs/measurements/2026-11-test-suite.md). ``TEST_LANES``
+caps the lanes, to try more workers than lanes + 1: four workers with two lanes kept the box
+~99 % busy and took 1,380 s, no faster than three (2026-11-29, docs/measurements).
 
 A module whose module-scoped fixture plays something expensive is one group too, so the fixture
 runs once, not once per worker; the deploy image's tests share one built image and port 8883.
