@@ -37,7 +37,8 @@ test-deploy: setup
 # 1,178 tests: 217 s with two workers, 174-180 s with three, 161 s with four). At 1,346 tests it
 # had grown to 196-198 s; the two 20-CPU-s experiments (2,000 budget runs, the 200-offset deadline
 # sweep) moved to the full suite, and the working loop draws 200 budget runs: 1,344 tests, 153 s;
-# 1,348 tests, 166 s (2026-11-29).
+# 1,348 tests, 166 s (2026-11-29); later that day 159-222 s as the box's own speed moved (a fixed
+# Python loop took 1.3-2.5 CPU-s; docs/measurements/2026-11-test-suite.md).
 test-fast: setup
 	.venv/bin/python -m pytest -m "not slow" -n 4 --durations=10
 
