@@ -11,7 +11,8 @@ tests keep the 2-core box ~87 % busy (2026-11-29: 1,300 s from a fresh clone, ag
 with one lane, which was the wall). An earlier try of two lanes (2026-11-27) failed two tests,
 one of them a product race fixed since (docs/measurements/2026-11-test-suite.md). ``TEST_LANES``
 caps the lanes, to try more workers than lanes + 1: four workers with two lanes kept the box
-~99 % busy and took 1,380 s, no faster than three (2026-11-29, docs/measurements).
+~99 % busy and took 1,380 s, three 1,427 s the same day: within one run's noise (2026-11-29,
+docs/measurements).
 
 A module whose module-scoped fixture plays something expensive is one group too, so the fixture
 runs once, not once per worker; the deploy image's tests share one built image and port 8883.
