@@ -207,7 +207,6 @@ class StateStore:
     # -- instances ------------------------------------------------------------------------------
     async def record_launched(self, seen: Sequence[SeenInstance], max_price_per_hour: float | None, now: float) -> None:
         """Instances a launch returned (before DescribeInstances shows them)."""
-
         await self._run(state_sql.record_launched_tx, seen, max_price_per_hour, now)
 
     async def sync_instances(self, seen: Sequence[SeenInstance], now: float) -> SyncReport:
