@@ -18,10 +18,11 @@ lint: setup
 # it (scripts/test_with_gates.sh: their output and status come after the tests'); prints its 15
 # slowest tests at the end. Three workers: the demo stacks play one after another in two lanes
 # (tests/harness/lanes.py), each on a worker of its own, and the rest fills in around them. A fresh
-# clone on the idle 2-core box (2026-11-29): 1,287-1,427 s with three workers as the box's own speed
-# moved, ~1,630 s with two (the one lane was the wall). TEST_WORKERS=N deals the stacks to N - 1 lanes (one lane for N = 2);
-# TEST_WORKERS=0 runs serially; TEST_LANES=L caps the lanes (four workers and two lanes: 1,380 s,
-# three 1,427 s the same day) (docs/measurements/2026-11-test-suite.md).
+# clone on the idle 2-core box (2026-11-29): 1,287-1,427 s with three workers as the box's own
+# speed moved, ~1,630 s with two (the one lane was the wall). TEST_WORKERS=N deals the stacks to
+# N - 1 lanes (one lane for N = 2); TEST_WORKERS=0 runs serially; TEST_LANES=L caps the lanes
+# (four workers and two lanes: 1,380 s, three 1,427 s the same day;
+# docs/measurements/2026-11-test-suite.md).
 TEST_WORKERS ?= 3
 test: setup
 	scripts/test_with_gates.sh $(TEST_WORKERS)

@@ -64,7 +64,7 @@ def lanes_for(workers: int) -> int:
     """N - 1 lanes for N workers (one for two); ``TEST_LANES`` sets the count (at most N - 1)."""
     default = 1 if workers <= 2 else workers - 1
     asked = int(os.environ.get("TEST_LANES", "0") or 0)
-    return max(1, min(asked, default)) if asked > 0 else default
+    return min(asked, default) if asked > 0 else default
 
 
 @functools.cache
